@@ -1,0 +1,21 @@
+#!/bin/sh
+# Installs the Debian packages the build needs when any is missing: as root
+# through apt-get, otherwise prints the one line to run. Quiet when all are there.
+set -e
+PKGS="build-essential pkg-config libyaml-dev check libsubunit-dev libopenblas-dev lcov libjansson-dev python3 valgrind"
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" = 0 ]; then
+    echo "deps: installing$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+else
+    echo "deps: missing packages:$missing" >&2
+    echo "deps: run: sudo apt-get install -y$missing" >&2
+    exit 1
+fi

@@ -1,0 +1,43 @@
+/* The dsv4moe command line: shared helpers of the subcommands. */
+#ifndef DSV4MOE_CLI_H
+#define DSV4MOE_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "dsv4moe/config.h"
+
+/* Exit statuses of every subcommand. */
+enum { EXIT_OK = 0, EXIT_CHECK_FAILED = 1, EXIT_BAD_INPUT = 2 };
+
+/* Prints "dsv4moe <cmd>: <message>" to stderr; returns EXIT_BAD_INPUT. */
+int cli_fail(const char *cmd, const dsv4_error *err);
+int cli_failf(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/*
+ * Collects the config options shared by every subcommand that builds a layer:
+ * --preset P, --config FILE, --layer N, --set key=value (repeatable).
+ * Returns 1 when argv[*i] was one of them (advancing *i past its value),
+ * 0 when it was not, -1 on error (printed).
+ */
+typedef struct cli_config_opts {
+    const char *preset;
+    const char *config_file;
+    const char *layer;
+    const char *sets[64];
+    int nsets;
+} cli_config_opts;
+int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *o);
+/* Builds and validates the config; returns EXIT_OK or prints and returns EXIT_BAD_INPUT. */
+int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg);
+extern const char CLI_CONFIG_HELP[];
+
+/* Parses a whole decimal integer in [lo, hi]; prints and returns -1 on error. */
+int cli_parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* Takes the value of option argv[*i]; prints and returns NULL when missing. */
+const char *cli_value(const char *cmd, int argc, char **argv, int *i);
+
+int cmd_gen(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_ref(int argc, char **argv);
+
+#endif

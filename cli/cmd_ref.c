@@ -1,0 +1,155 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "dsv4moe/ref.h"
+#include "dsv4moe/safetensors.h"
+#include "dsv4moe/weights.h"
+
+static const char REF_HELP[] =
+    "usage: dsv4moe ref --weights W.safetensors|DIR --input X.safetensors --layer N\n"
+    "                   [--preset P | --config FILE] [--set KEY=VALUE ...] --out Y.safetensors\n"
+    "                   [--threads N]\n\n"
+    "Runs the deterministic reference of one MoE layer (SPEC.md) and writes y (BF16 [T, H]),\n"
+    "topk_ids (I32 [T, K], pruned slots hold E) and topk_weights (F32 [T, K]). The output\n"
+    "bytes do not depend on --threads. Prints the routing and clamp statistics and the hash.\n\n"
+    "%s"
+    "  --weights PATH       checkpoint: a file, a folder, or an index (split or stacked layout)\n"
+    "  --input FILE         x BF16 [T, H] and input_ids I32 [T]\n"
+    "  --out FILE           where to write the outputs (atomically)\n"
+    "  --threads N          worker threads (default: online CPUs)\n";
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cmd_ref(int argc, char **argv)
+{
+    const char *cmd = "ref";
+    cli_config_opts co = {0};
+    const char *wpath = NULL, *ipath = NULL, *opath = NULL;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t threads = ncpu > 0 ? (ncpu > 64 ? 64 : ncpu) : 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val;
+        int r = cli_config_arg(cmd, argc, argv, &i, &co);
+        if (r < 0)
+            return EXIT_BAD_INPUT;
+        if (r)
+            continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf(REF_HELP, CLI_CONFIG_HELP);
+            return EXIT_OK;
+        }
+        if (!(val = cli_value(cmd, argc, argv, &i)))
+            return EXIT_BAD_INPUT;
+        if (!strcmp(a, "--weights"))
+            wpath = val;
+        else if (!strcmp(a, "--input"))
+            ipath = val;
+        else if (!strcmp(a, "--out"))
+            opath = val;
+        else if (!strcmp(a, "--threads")) {
+            if (cli_parse_i64(cmd, a, val, 1, 256, &threads))
+                return EXIT_BAD_INPUT;
+        } else
+            return cli_failf(cmd, "unknown option '%s' (see dsv4moe ref --help)", a);
+    }
+    if (!wpath || !ipath || !opath)
+        return cli_failf(cmd, "--weights, --input and --out are required (see dsv4moe ref --help)");
+    dsv4_config cfg;
+    int rc = cli_config_build(cmd, &co, &cfg);
+    if (rc)
+        return rc;
+    dsv4_error err;
+    dsv4_error_clear(&err);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    dsv4_ref *ref = NULL;
+    dsv4_st_writer *w = NULL;
+    uint16_t *x = NULL, *y = NULL;
+    int32_t *ids = NULL, *topk = NULL;
+    float *topw = NULL;
+    rc = EXIT_BAD_INPUT;
+    double t0 = now();
+    if (dsv4_checkpoint_open(wpath, &ck, &err) || dsv4_st_open(ipath, &in, &err)) {
+        cli_fail(cmd, &err);
+        goto done;
+    }
+    const dsv4_tensor_info *tx = dsv4_st_find(in, "x"), *ti = dsv4_st_find(in, "input_ids");
+    if (!tx || tx->dtype != DSV4_DTYPE_BF16 || tx->ndim != 2 || tx->shape[1] != cfg.dim) {
+        cli_failf(cmd, "%s: tensor 'x' must exist as BF16 [T, dim = %lld]", ipath, (long long)cfg.dim);
+        goto done;
+    }
+    int64_t T = tx->shape[0], H = cfg.dim, K = cfg.n_activated;
+    if (ti && (ti->dtype != DSV4_DTYPE_I32 || ti->ndim != 1 || ti->shape[0] != T)) {
+        cli_failf(cmd, "%s: tensor 'input_ids' must be I32 [T = %lld]", ipath, (long long)T);
+        goto done;
+    }
+    if (!ti && dsv4_config_is_hash_layer(&cfg)) {
+        cli_failf(cmd, "%s: tensor 'input_ids' is required: layer %lld is a hash layer", ipath, (long long)cfg.layer);
+        goto done;
+    }
+    x = malloc((size_t)(T * H + 1) * sizeof *x);
+    ids = malloc((size_t)(T + 1) * sizeof *ids);
+    y = malloc((size_t)(T * H + 1) * sizeof *y);
+    topk = malloc((size_t)(T * K + 1) * sizeof *topk);
+    topw = malloc((size_t)(T * K + 1) * sizeof *topw);
+    if (!x || !ids || !y || !topk || !topw) {
+        cli_failf(cmd, "out of memory for %lld tokens", (long long)T);
+        goto done;
+    }
+    memcpy(x, tx->data, (size_t)(T * H) * sizeof *x);
+    if (ti)
+        memcpy(ids, ti->data, (size_t)T * sizeof *ids);
+    if (dsv4_ref_create(&cfg, ck, (int)threads, &ref, &err)) {
+        cli_fail(cmd, &err);
+        goto done;
+    }
+    double t1 = now();
+    dsv4_ref_output out = {.y = y, .topk_ids = topk, .topk_weights = topw};
+    if (dsv4_ref_forward(ref, T, x, ti ? ids : NULL, &out, &err)) {
+        cli_fail(cmd, &err);
+        goto done;
+    }
+    double t2 = now();
+    int64_t sy[2] = {T, H}, sk[2] = {T, K};
+    char hash[32];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)dsv4_ref_hash(&cfg, T, &out));
+    if (dsv4_st_writer_create(&w, &err) || dsv4_st_writer_add(w, "y", DSV4_DTYPE_BF16, 2, sy, y, &err) ||
+        dsv4_st_writer_add(w, "topk_ids", DSV4_DTYPE_I32, 2, sk, topk, &err) ||
+        dsv4_st_writer_add(w, "topk_weights", DSV4_DTYPE_F32, 2, sk, topw, &err) ||
+        dsv4_st_writer_set_metadata(w, "ref_hash", hash, &err) || dsv4_st_writer_write(w, opath, NULL, NULL, &err)) {
+        cli_fail(cmd, &err);
+        goto done;
+    }
+    const dsv4_ref_stats *s = &out.stats;
+    printf("dsv4moe ref: layer %lld (%s), %lld tokens, %lld threads: load %.2f s, forward %.2f s\n",
+           (long long)cfg.layer, dsv4_config_is_hash_layer(&cfg) ? "hash" : "non-hash", (long long)T,
+           (long long)threads, t1 - t0, t2 - t1);
+    printf("  routing: %lld slots kept, %lld pruned, %lld non-finite rows\n", (long long)s->kept_slots,
+           (long long)s->pruned_slots, (long long)s->nonfinite_rows);
+    printf("  clamp (L = %g): routed g %llu, u %llu of %llu; shared g %llu, u %llu of %llu\n",
+           (double)cfg.swiglu_limit, (unsigned long long)s->routed_g_clamped, (unsigned long long)s->routed_u_clamped,
+           (unsigned long long)s->routed_values, (unsigned long long)s->shared_g_clamped,
+           (unsigned long long)s->shared_u_clamped, (unsigned long long)s->shared_values);
+    printf("  wrote %s (hash %s)\n", opath, hash);
+    rc = EXIT_OK;
+done:
+    dsv4_st_writer_free(w);
+    dsv4_ref_free(ref);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+    free(x);
+    free(ids);
+    free(y);
+    free(topk);
+    free(topw);
+    return rc;
+}

@@ -1,0 +1,102 @@
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+const char CLI_CONFIG_HELP[] =
+    "  --preset NAME        start from a preset (default v4-flash; see `dsv4moe help presets`)\n"
+    "  --config FILE        apply a config file of `key = value` lines\n"
+    "  --layer N            the layer id (required)\n"
+    "  --set KEY=VALUE      set one SPEC.md section 8 key; repeatable, applied last\n";
+
+int cli_fail(const char *cmd, const dsv4_error *err)
+{
+    fprintf(stderr, "dsv4moe %s: %s (%s)\n", cmd, err->message[0] ? err->message : "error",
+            dsv4_status_str(err->status));
+    return EXIT_BAD_INPUT;
+}
+
+int cli_failf(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dsv4moe %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return EXIT_BAD_INPUT;
+}
+
+const char *cli_value(const char *cmd, int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        cli_failf(cmd, "option %s needs a value", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cli_parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || errno == ERANGE || v < lo || v > hi) {
+        cli_failf(cmd, "option %s: '%s' is not an integer in [%lld, %lld]", opt, s, (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *o)
+{
+    const char *a = argv[*i];
+    const char **slot = !strcmp(a, "--preset") ? &o->preset
+                        : !strcmp(a, "--config") ? &o->config_file
+                        : !strcmp(a, "--layer")  ? &o->layer
+                                                 : NULL;
+    if (slot) {
+        if (!(*slot = cli_value(cmd, argc, argv, i)))
+            return -1;
+        return 1;
+    }
+    if (!strcmp(a, "--set")) {
+        const char *v = cli_value(cmd, argc, argv, i);
+        if (!v)
+            return -1;
+        if (o->nsets == (int)(sizeof o->sets / sizeof o->sets[0])) {
+            cli_failf(cmd, "too many --set options (at most %zu)", sizeof o->sets / sizeof o->sets[0]);
+            return -1;
+        }
+        o->sets[o->nsets++] = v;
+        return 1;
+    }
+    return 0;
+}
+
+int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg)
+{
+    dsv4_error err;
+    dsv4_error_clear(&err);
+    if (dsv4_config_preset(o->preset ? o->preset : "v4-flash", cfg, &err))
+        return cli_fail(cmd, &err);
+    if (o->config_file && dsv4_config_load_file(cfg, o->config_file, &err))
+        return cli_fail(cmd, &err);
+    if (o->layer && dsv4_config_set(cfg, "layer", o->layer, &err))
+        return cli_fail(cmd, &err);
+    for (int k = 0; k < o->nsets; k++) {
+        if (dsv4_config_set_kv(cfg, o->sets[k], &err)) {
+            fprintf(stderr, "dsv4moe %s: --set %s: %s\n", cmd, o->sets[k], err.message);
+            return EXIT_BAD_INPUT;
+        }
+    }
+    if (cfg->layer < 0)
+        return cli_failf(cmd, "the layer id is required: pass --layer N");
+    if (dsv4_config_validate(cfg, &err))
+        return cli_fail(cmd, &err);
+    return EXIT_OK;
+}

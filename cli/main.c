@@ -1,0 +1,96 @@
+/* dsv4moe: the command-line tool. Exit status 0 ok, 1 check failed, 2 bad input. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "dsv4moe/config.h"
+
+static int cmd_pending(const char *name, const char *what, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: dsv4moe %s ...\n\n%s\n\nThis subcommand is not part of this build yet.\n", name, what);
+            return EXIT_OK;
+        }
+    fprintf(stderr, "dsv4moe %s: not part of this build yet (%s)\n", name, what);
+    return EXIT_BAD_INPUT;
+}
+
+typedef struct {
+    const char *name;
+    const char *summary;
+    int (*fn)(int, char **);
+} command;
+
+static int cmd_plan(int c, char **v) { return cmd_pending("plan", "print the execution plan or the refusal", c, v); }
+static int cmd_run(int c, char **v) { return cmd_pending("run", "run scenario matrices and write reports", c, v); }
+static int cmd_diff(int c, char **v) { return cmd_pending("diff", "compare two output files by the SPEC.md metrics", c, v); }
+static int cmd_bench(int c, char **v) { return cmd_pending("bench", "time the backends against the reference", c, v); }
+
+static const command commands[] = {
+    {"gen", "write a deterministic synthetic layer and its input", cmd_gen},
+    {"inspect", "list a checkpoint's tensors, dtypes, shapes and layout", cmd_inspect},
+    {"ref", "run the deterministic reference layer", cmd_ref},
+    {"plan", "print the execution plan or the refusal", cmd_plan},
+    {"run", "run scenario matrices and write reports", cmd_run},
+    {"diff", "compare two output files", cmd_diff},
+    {"bench", "time the backends", cmd_bench},
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dsv4moe <command> [options]   (dsv4moe <command> --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "  %-9s %s\n", "help", "this text; `help presets`, `help keys`");
+    fprintf(f, "\nexit status: 0 ok, 1 a check failed, 2 bad input\n");
+}
+
+static int help(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "presets")) {
+        for (const char *const *p = dsv4_config_preset_names(); *p; p++) {
+            dsv4_config c;
+            dsv4_config_preset(*p, &c, NULL);
+            printf("%-14s H %-5lld I %-5lld E %-4lld K %lld  hash layers %lld of %lld  routed %s  shared %s\n", *p,
+                   (long long)c.dim, (long long)c.moe_inter_dim, (long long)c.n_routed_experts,
+                   (long long)c.n_activated, (long long)c.n_hash_layers, (long long)c.n_layers,
+                   dsv4_weight_format_name(c.routed_format), dsv4_weight_format_name(c.shared_format));
+        }
+        return EXIT_OK;
+    }
+    if (argc > 1 && !strcmp(argv[1], "keys")) {
+        dsv4_config c;
+        dsv4_config_init(&c);
+        for (const char *const *k = dsv4_config_keys(); *k; k++) {
+            char v[64];
+            dsv4_config_get(&c, *k, v, sizeof v, NULL);
+            printf("%-18s %s\n", *k, v);
+        }
+        return EXIT_OK;
+    }
+    usage(stdout);
+    return EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_BAD_INPUT;
+    }
+    const char *name = argv[1];
+    if (!strcmp(name, "--help") || !strcmp(name, "-h") || !strcmp(name, "help"))
+        return help(argc - 1, argv + 1);
+    if (!strcmp(name, "--version")) {
+        printf("dsv4moe %s\n", DSV4_VERSION);
+        return EXIT_OK;
+    }
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        if (!strcmp(name, commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "dsv4moe: unknown command '%s'\n", name);
+    usage(stderr);
+    return EXIT_BAD_INPUT;
+}

@@ -1,0 +1,447 @@
+/*
+ * Number formats (SPEC.md section 5).
+ *
+ * Every encoder works on the IEEE bit pattern with integer arithmetic, so the
+ * result never depends on the floating-point rounding mode, on flush-to-zero
+ * or on libm. The only fp32 arithmetic left is what the contract itself
+ * defines in fp32: the fp32 scale amax / 448, the division by it, and the
+ * final decode(q) * scale products. Products and quotients by a power-of-two
+ * ue8m0 scale are exact (or round to values that encode to the same code, see
+ * scale_inverse), so the ue8m0 paths are bit-identical under any rounding mode.
+ */
+#include <string.h>
+
+#include "dsv4moe/formats.h"
+#include "err.h"
+
+#define F32_ABS_MASK 0x7FFFFFFFu
+#define F32_INF_BITS 0x7F800000u
+#define F32_QNAN_BITS 0x7FC00000u
+
+static inline uint32_t f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static inline float f32_from_bits(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* ---- bf16 ---- */
+
+uint16_t dsv4_f32_to_bf16(float x)
+{
+    uint32_t u = f32_bits(x);
+    /* Truncating a NaN could leave an all-zero payload (= Inf); force the quiet bit. */
+    if ((u & F32_ABS_MASK) > F32_INF_BITS)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    /* RNE on the dropped 16 bits; a carry into the exponent is the correct rounding, Inf included. */
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+float dsv4_bf16_to_f32(uint16_t b) { return f32_from_bits((uint32_t)b << 16); }
+
+float dsv4_round_bf16(float x) { return dsv4_bf16_to_f32(dsv4_f32_to_bf16(x)); }
+
+/* ---- fp8 e4m3fn ---- */
+
+/* Magnitude bits of e4m3 code c (0..0x7F) as fp32: normals rebias 7 -> 127; subnormals m * 2^-9. */
+#define E4M3_SUB(m)                                                                                       \
+    ((m) == 0   ? 0u                                                                                      \
+     : (m) == 1 ? 0x3B000000u /* 2^-9 */                                                                  \
+     : (m) == 2 ? 0x3B800000u /* 2^-8 */                                                                  \
+     : (m) == 3 ? 0x3BC00000u /* 1.5 * 2^-8 */                                                            \
+     : (m) == 4 ? 0x3C000000u /* 2^-7 */                                                                  \
+     : (m) == 5 ? 0x3C200000u /* 1.25 * 2^-7 */                                                           \
+     : (m) == 6 ? 0x3C400000u /* 1.5 * 2^-7 */                                                            \
+                : 0x3C600000u /* 1.75 * 2^-7 */)
+#define E4M3_MAG(c)                                                                                       \
+    ((c) == 0x7F ? F32_QNAN_BITS : (c) >= 8 ? ((((c) >> 3) + 120u) << 23) | (((c)&7u) << 20) : E4M3_SUB(c))
+#define E4M3_BITS(c) ((((c)&0x80u) << 24) | E4M3_MAG((c)&0x7Fu))
+#define E4M3_R4(c) E4M3_BITS(c), E4M3_BITS((c) + 1u), E4M3_BITS((c) + 2u), E4M3_BITS((c) + 3u)
+#define E4M3_R16(c) E4M3_R4(c), E4M3_R4((c) + 4u), E4M3_R4((c) + 8u), E4M3_R4((c) + 12u)
+#define E4M3_R64(c) E4M3_R16(c), E4M3_R16((c) + 16u), E4M3_R16((c) + 32u), E4M3_R16((c) + 48u)
+
+/* A constant table (not filled at run time) so that decoding needs no initialisation or locking. */
+static const uint32_t e4m3_lut[256] = {E4M3_R64(0u), E4M3_R64(64u), E4M3_R64(128u), E4M3_R64(192u)};
+
+static inline float e4m3_decode(uint8_t c) { return f32_from_bits(e4m3_lut[c]); }
+
+float dsv4_e4m3_to_f32(uint8_t code) { return e4m3_decode(code); }
+
+/*
+ * One formula for normals and subnormals: t holds the significand aligned so
+ * that a right shift by sh leaves the e4m3 code (exponent field and mantissa)
+ * in units of the target's last place; the shift rounds to nearest even.
+ * Normals (fp32 exponent >= 121, i.e. >= 2^-6) rebias and drop 20 bits; below
+ * that the explicit significand is shifted further, and anything under 2^-10
+ * (sh capped at 31 to stay defined) rounds to zero. A carry out of the mantissa
+ * moves to the next binade by itself. Selects rather than branches, because
+ * this runs over every weight of a checkpoint.
+ */
+static inline uint8_t e4m3_encode(float x)
+{
+    uint32_t u = f32_bits(x);
+    uint32_t a = u & F32_ABS_MASK;
+    uint32_t e = a >> 23;
+    uint32_t normal = e >= 121u;
+    uint32_t t = normal ? a - (120u << 23) : (a & 0x7FFFFFu) | 0x800000u;
+    uint32_t sh = normal ? 20u : (141u - e > 31u ? 31u : 141u - e);
+    uint32_t r = (t + (1u << (sh - 1u)) - 1u + ((t >> sh) & 1u)) >> sh;
+    r = a >= 0x43E00000u ? 0x7Eu : r; /* >= 448, Inf too: saturate */
+    r = a > F32_INF_BITS ? 0x7Fu : r;
+    return (uint8_t)(((u >> 24) & 0x80u) | r);
+}
+
+uint8_t dsv4_f32_to_e4m3(float x) { return e4m3_encode(x); }
+
+/* ---- fp4 e2m1 ---- */
+
+static const float e2m1_lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static inline float e2m1_decode(uint8_t n) { return e2m1_lut[n & 0xFu]; }
+
+float dsv4_e2m1_to_f32(uint8_t nibble) { return e2m1_decode(nibble); }
+
+/*
+ * The code is the number of midpoints below |x|. Comparing magnitude bits as
+ * integers is exact and orders every non-negative float; ">" at a midpoint
+ * whose lower code is even and ">=" where the upper one is even gives ties to
+ * the even code. NaN bits exceed every threshold, so NaN lands on 7 (+6) as
+ * the header documents.
+ */
+static inline uint8_t e2m1_encode(float x)
+{
+    uint32_t u = f32_bits(x);
+    uint32_t a = u & F32_ABS_MASK;
+    uint32_t r = (uint32_t)(a > 0x3E800000u)    /* 0.25 -> 0 */
+                 + (uint32_t)(a >= 0x3F400000u) /* 0.75 -> 2 */
+                 + (uint32_t)(a > 0x3FA00000u)  /* 1.25 -> 2 */
+                 + (uint32_t)(a >= 0x3FE00000u) /* 1.75 -> 4 */
+                 + (uint32_t)(a > 0x40200000u)  /* 2.5 -> 4 */
+                 + (uint32_t)(a >= 0x40600000u) /* 3.5 -> 6 */
+                 + (uint32_t)(a > 0x40A00000u); /* 5 -> 6 */
+    uint32_t sign = a > F32_INF_BITS ? 0u : (u >> 28) & 8u;
+    return (uint8_t)(sign | r);
+}
+
+uint8_t dsv4_f32_to_e2m1(float x) { return e2m1_encode(x); }
+
+/* ---- ue8m0 ---- */
+
+float dsv4_ue8m0_to_f32(uint8_t b)
+{
+    if (b == 255)
+        return f32_from_bits(F32_QNAN_BITS);
+    /* b = 0 is 2^-127, an fp32 subnormal: only the top mantissa bit. */
+    return f32_from_bits(b ? (uint32_t)b << 23 : 0x00400000u);
+}
+
+/* 2^(127 - b) for b in [0, 254]: the exact reciprocal of the scale (2^-127 is a subnormal). */
+static inline float scale_inverse(uint8_t b)
+{
+    uint32_t e = 254u - b;
+    return f32_from_bits(e ? e << 23 : 0x00400000u);
+}
+
+/* Positive finite nonzero magnitude bits a = m * 2^e with m in [2^23, 2^24); returns e. */
+static int f32_split(uint32_t a, uint32_t *m)
+{
+    int e = (int)(a >> 23);
+    uint32_t f = a & 0x7FFFFFu;
+    if (e) {
+        *m = f | 0x800000u;
+        return e - 150;
+    }
+    e = -149;
+    while (!(f & 0x800000u)) {
+        f <<= 1;
+        e--;
+    }
+    *m = f;
+    return e;
+}
+
+/*
+ * With amax = ma * 2^ea and limit = ml * 2^el (both significands normalised to
+ * [2^23, 2^24)), amax <= limit * 2^k holds first at k = ea - el when ma <= ml,
+ * else at k = ea - el + 1: integer-exact, no division, no log2.
+ * A limit that is not positive and finite has no meaningful scale: 255 (NaN).
+ */
+uint8_t dsv4_ue8m0_scale_for(float amax, float limit)
+{
+    uint32_t ua = f32_bits(amax), ul = f32_bits(limit);
+    if ((ua & F32_ABS_MASK) > F32_INF_BITS)
+        return 255;
+    if (ul - 1u >= F32_INF_BITS - 1u) /* ul == 0 (+0), negative, Inf or NaN */
+        return 255;
+    if (ua == F32_INF_BITS)
+        return 254;
+    if (!(amax >= DSV4_AMAX_FLOOR)) /* negatives (even -Inf) and -0 too: max(amax, floor) */
+        ua = f32_bits(DSV4_AMAX_FLOOR);
+    uint32_t ma, ml;
+    int ea = f32_split(ua, &ma);
+    int el = f32_split(ul, &ml);
+    int k = ea - el + (ma > ml);
+    int b = k + 127;
+    return (uint8_t)(b < 0 ? 0 : b > 254 ? 254 : b);
+}
+
+/* ---- weight quantizers ---- */
+
+static dsv4_status check_args(const float *w, int64_t n, int64_t k, const void *q, const void *scales,
+                              const char *name, dsv4_error *err)
+{
+    const char *where = name ? name : "weight";
+    if (n < 0 || k < 0)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, where, "bad shape [%lld, %lld]: dims must be >= 0",
+                           (long long)n, (long long)k);
+    if (!w || !q || !scales)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, where, "NULL %s passed to the quantizer",
+                           !w ? "weights" : !q ? "code buffer" : "scale buffer");
+    return DSV4_OK;
+}
+
+/*
+ * Called once a region is known to hold a non-finite value: rows [r0, r1) of
+ * w, row-major, are scanned from the left so the report names the first one.
+ * Callers guarantee that every earlier element in row-major order is finite.
+ */
+static dsv4_status report_nonfinite(const float *w, int64_t k, int64_t r0, int64_t r1, const char *name,
+                                    dsv4_error *err)
+{
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = 0; c < k; c++) {
+            float v = w[r * k + c];
+            if ((f32_bits(v) & F32_ABS_MASK) >= F32_INF_BITS)
+                return dsv4_seterr(err, DSV4_ERR_NUMERIC, name ? name : "weight",
+                                   "element [%lld, %lld] is %g; weights to quantize must be finite",
+                                   (long long)r, (long long)c, (double)v);
+        }
+    return dsv4_seterr(err, DSV4_ERR_INTERNAL, name ? name : "weight", "non-finite value vanished");
+}
+
+/* max |w| over a region as magnitude bits: integer max orders non-negative floats, and any
+ * non-finite value makes the result >= F32_INF_BITS. */
+static inline uint32_t amax_bits(const float *w, int64_t stride, int64_t rows, int64_t cols)
+{
+    uint32_t m = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *p = w + r * stride;
+        for (int64_t c = 0; c < cols; c++) {
+            uint32_t a = f32_bits(p[c]) & F32_ABS_MASK;
+            m = a > m ? a : m;
+        }
+    }
+    return m;
+}
+
+dsv4_status dsv4_quant_fp8_block(const float *w, int64_t n, int64_t k, dsv4_scale_format scale_format,
+                                 uint8_t *q, void *scales, const char *name, dsv4_error *err)
+{
+    dsv4_status st = check_args(w, n, k, q, scales, name, err);
+    if (st)
+        return st;
+    if (scale_format != DSV4_SCALE_UE8M0 && scale_format != DSV4_SCALE_FP32)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, name ? name : "weight", "unknown scale format %d",
+                           (int)scale_format);
+    const int64_t B = DSV4_FP8_BLOCK;
+    int64_t nb_k = (k + B - 1) / B;
+    for (int64_t r0 = 0; r0 < n; r0 += B) {
+        int64_t rows = n - r0 < B ? n - r0 : B;
+        /* One block at a time: 128 x 128 fp32 (64 KiB) stays in cache between the two passes. */
+        for (int64_t bk = 0; bk < nb_k; bk++) {
+            int64_t c0 = bk * B, cols = k - c0 < B ? k - c0 : B;
+            const float *wb = w + r0 * k + c0;
+            uint32_t mb = amax_bits(wb, k, rows, cols);
+            if (mb >= F32_INF_BITS)
+                return report_nonfinite(w, k, r0, r0 + rows, name, err);
+            float amax = f32_from_bits(mb);
+            amax = amax < DSV4_AMAX_FLOOR ? DSV4_AMAX_FLOOR : amax;
+            int64_t si = (r0 / B) * nb_k + bk;
+            uint8_t *qb = q + r0 * k + c0;
+            if (scale_format == DSV4_SCALE_UE8M0) {
+                uint8_t b = dsv4_ue8m0_scale_for(amax, DSV4_E4M3_MAX);
+                ((uint8_t *)scales)[si] = b;
+                /* w * 2^(127-b) equals w / 2^(b-127) exactly, and is cheaper. */
+                float inv = scale_inverse(b);
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < cols; c++)
+                        qb[r * k + c] = e4m3_encode(wb[r * k + c] * inv);
+            } else {
+                float s = amax / DSV4_E4M3_MAX;
+                ((float *)scales)[si] = s;
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < cols; c++)
+                        qb[r * k + c] = e4m3_encode(wb[r * k + c] / s);
+            }
+        }
+    }
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_quant_fp4_block(const float *w, int64_t n, int64_t k, uint8_t *q, uint8_t *scales,
+                                 const char *name, dsv4_error *err)
+{
+    dsv4_status st = check_args(w, n, k, q, scales, name, err);
+    if (st)
+        return st;
+    const int64_t G = DSV4_FP4_GROUP;
+    if (k % G)
+        return dsv4_seterr(err, DSV4_ERR_SHAPE, name ? name : "weight",
+                           "fp4 needs K a multiple of %d, got [%lld, %lld]", (int)G, (long long)n,
+                           (long long)k);
+    int64_t ng = k / G;
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t g = 0; g < ng; g++) {
+            const float *wg = w + r * k + g * G;
+            uint32_t mb = amax_bits(wg, 0, 1, G);
+            /* Groups run in row-major order, so the first non-finite is in this row. */
+            if (mb >= F32_INF_BITS)
+                return report_nonfinite(w, k, r, r + 1, name, err);
+            float amax = f32_from_bits(mb);
+            uint8_t b = dsv4_ue8m0_scale_for(amax, DSV4_E2M1_MAX);
+            scales[r * ng + g] = b;
+            float inv = scale_inverse(b);
+            uint8_t *qg = q + (r * k + g * G) / 2;
+            for (int64_t j = 0; j < G; j += 2)
+                qg[j / 2] = (uint8_t)(e2m1_encode(wg[j] * inv) | (e2m1_encode(wg[j + 1] * inv) << 4));
+        }
+    }
+    return DSV4_OK;
+}
+
+/* ---- dequantizers ---- */
+
+/* Rows beyond n are not read: the range is clipped to [0, n). */
+static void clip_rows(int64_t n, int64_t *n0, int64_t *rows)
+{
+    if (*n0 < 0) {
+        *rows += *n0;
+        *n0 = 0;
+    }
+    if (*rows > n - *n0)
+        *rows = n - *n0;
+}
+
+void dsv4_dequant_fp8_rows(const uint8_t *q, const void *scales, dsv4_scale_format scale_format, int64_t n,
+                           int64_t k, int64_t n0, int64_t rows, float *out)
+{
+    if (!q || !scales || !out || k <= 0)
+        return;
+    clip_rows(n, &n0, &rows);
+    const int64_t B = DSV4_FP8_BLOCK;
+    int64_t nb_k = (k + B - 1) / B;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t row = n0 + r;
+        const uint8_t *qr = q + row * k;
+        float *o = out + r * k;
+        for (int64_t bk = 0; bk < nb_k; bk++) {
+            int64_t si = (row / B) * nb_k + bk;
+            float s = scale_format == DSV4_SCALE_FP32 ? ((const float *)scales)[si]
+                                                      : dsv4_ue8m0_to_f32(((const uint8_t *)scales)[si]);
+            int64_t c1 = (bk + 1) * B < k ? (bk + 1) * B : k;
+            for (int64_t c = bk * B; c < c1; c++)
+                o[c] = e4m3_decode(qr[c]) * s;
+        }
+    }
+}
+
+void dsv4_dequant_fp4_rows(const uint8_t *q, const uint8_t *scales, int64_t n, int64_t k, int64_t n0,
+                           int64_t rows, float *out)
+{
+    if (!q || !scales || !out || k <= 0 || k % DSV4_FP4_GROUP)
+        return;
+    clip_rows(n, &n0, &rows);
+    const int64_t G = DSV4_FP4_GROUP, ng = k / G;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t row = n0 + r;
+        const uint8_t *qr = q + row * (k / 2);
+        const uint8_t *sr = scales + row * ng;
+        float *o = out + r * k;
+        for (int64_t g = 0; g < ng; g++) {
+            float s = dsv4_ue8m0_to_f32(sr[g]);
+            for (int64_t j = g * G; j < (g + 1) * G; j += 2) {
+                uint8_t byte = qr[j / 2];
+                o[j] = e2m1_decode(byte & 0xFu) * s;
+                o[j + 1] = e2m1_decode(byte >> 4) * s;
+            }
+        }
+    }
+}
+
+void dsv4_dequant_bf16_rows(const uint16_t *w, int64_t k, int64_t n0, int64_t rows, float *out)
+{
+    if (!w || !out || k <= 0 || rows <= 0 || n0 < 0)
+        return;
+    const uint16_t *src = w + n0 * k;
+    for (int64_t i = 0; i < rows * k; i++)
+        out[i] = dsv4_bf16_to_f32(src[i]);
+}
+
+/* ---- activation quantizer ---- */
+
+/*
+ * Choices the header leaves open:
+ * - NaN: amax ignores NaN elements, so a NaN changes neither the group's
+ *   scale nor any other element's value; the NaN element itself gets code
+ *   0x7F | sign and out NaN (decode(NaN code) * s).
+ * - Inf: counted in amax. UE8M0: scale_for(Inf) = 254, so s = 2^127, the Inf
+ *   element saturates to 448 * 2^127 = Inf and the finite ones are quantized
+ *   against that scale (all but the huge ones become 0).
+ *   FP32: s = Inf, finite elements give 0 and the Inf element NaN (Inf / Inf).
+ * - The clamp to +-448 is the saturation built into e4m3_encode (which also
+ *   keeps NaN), so no separate clamp is needed.
+ * - NONE copies x to out and leaves codes and scales untouched.
+ */
+void dsv4_act_quant_row(const float *x, int64_t k, dsv4_act_quant mode, float *out, uint8_t *codes,
+                        float *scales)
+{
+    if (!x || !out || k <= 0)
+        return;
+    if (mode == DSV4_ACT_QUANT_NONE) {
+        if (out != x)
+            memmove(out, x, (size_t)k * sizeof *out);
+        return;
+    }
+    const int64_t B = DSV4_FP8_BLOCK;
+    for (int64_t g0 = 0; g0 < k; g0 += B) {
+        int64_t len = k - g0 < B ? k - g0 : B;
+        uint32_t mb = 0;
+        for (int64_t i = 0; i < len; i++) {
+            uint32_t a = f32_bits(x[g0 + i]) & F32_ABS_MASK;
+            a = a > F32_INF_BITS ? 0u : a;
+            mb = a > mb ? a : mb;
+        }
+        float amax = f32_from_bits(mb);
+        amax = amax < DSV4_AMAX_FLOOR ? DSV4_AMAX_FLOOR : amax;
+        float s;
+        if (mode == DSV4_ACT_QUANT_UE8M0) {
+            uint8_t b = dsv4_ue8m0_scale_for(amax, DSV4_E4M3_MAX);
+            s = dsv4_ue8m0_to_f32(b);
+            float inv = scale_inverse(b);
+            for (int64_t i = g0; i < g0 + len; i++) {
+                uint8_t c = e4m3_encode(x[i] * inv);
+                if (codes)
+                    codes[i] = c;
+                out[i] = e4m3_decode(c) * s;
+            }
+        } else {
+            s = amax / DSV4_E4M3_MAX;
+            for (int64_t i = g0; i < g0 + len; i++) {
+                uint8_t c = e4m3_encode(x[i] / s);
+                if (codes)
+                    codes[i] = c;
+                out[i] = e4m3_decode(c) * s;
+            }
+        }
+        if (scales)
+            scales[g0 / B] = s;
+    }
+}

@@ -1,0 +1,1216 @@
+/*
+ * safetensors reader, writer and multi-file checkpoints.
+ *
+ * File format: an 8-byte little-endian header length N, N bytes of UTF-8
+ * JSON (an object: tensor name -> {dtype, shape, data_offsets}, plus an
+ * optional "__metadata__" string map), then the data section. The rules
+ * checked here follow the reference Rust implementation (huggingface/
+ * safetensors): offsets are relative to the data section, and the tensors,
+ * sorted by offset, must tile it exactly: no overlap, no gap, nothing left.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dsv4moe/safetensors.h"
+#include "err.h"
+
+/* ---------------- dtypes ---------------- */
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtype_table[DSV4_DTYPE_COUNT] = {
+    [DSV4_DTYPE_BOOL] = {"BOOL", 1},       [DSV4_DTYPE_U8] = {"U8", 1},
+    [DSV4_DTYPE_I8] = {"I8", 1},           [DSV4_DTYPE_U16] = {"U16", 2},
+    [DSV4_DTYPE_I16] = {"I16", 2},         [DSV4_DTYPE_F16] = {"F16", 2},
+    [DSV4_DTYPE_BF16] = {"BF16", 2},       [DSV4_DTYPE_U32] = {"U32", 4},
+    [DSV4_DTYPE_I32] = {"I32", 4},         [DSV4_DTYPE_F32] = {"F32", 4},
+    [DSV4_DTYPE_U64] = {"U64", 8},         [DSV4_DTYPE_I64] = {"I64", 8},
+    [DSV4_DTYPE_F64] = {"F64", 8},         [DSV4_DTYPE_F8_E4M3] = {"F8_E4M3", 1},
+    [DSV4_DTYPE_F8_E5M2] = {"F8_E5M2", 1}, [DSV4_DTYPE_F8_E8M0] = {"F8_E8M0", 1},
+};
+
+const char *dsv4_dtype_name(dsv4_dtype dtype)
+{
+    return (unsigned)dtype < DSV4_DTYPE_COUNT ? dtype_table[dtype].name : "?";
+}
+
+size_t dsv4_dtype_size(dsv4_dtype dtype)
+{
+    return (unsigned)dtype < DSV4_DTYPE_COUNT ? dtype_table[dtype].size : 0;
+}
+
+dsv4_status dsv4_dtype_parse(const char *name, dsv4_dtype *out)
+{
+    if (!name || !out)
+        return DSV4_ERR_INVALID_ARG;
+    for (int i = 0; i < DSV4_DTYPE_COUNT; i++)
+        if (strcmp(name, dtype_table[i].name) == 0) {
+            *out = (dsv4_dtype)i;
+            return DSV4_OK;
+        }
+    return DSV4_ERR_FORMAT;
+}
+
+const char *dsv4_layout_name(dsv4_layout layout)
+{
+    switch (layout) {
+    case DSV4_LAYOUT_SPLIT: return "split";
+    case DSV4_LAYOUT_STACKED: return "stacked";
+    case DSV4_LAYOUT_UNKNOWN: break;
+    }
+    return "unknown";
+}
+
+/* ---------------- helpers ---------------- */
+
+/* The XSI strerror_r (we build without _GNU_SOURCE): strerror is not thread-safe. */
+static const char *errstr(int e, char *buf, size_t n)
+{
+    if (strerror_r(e, buf, n) != 0)
+        snprintf(buf, n, "error %d", e);
+    return buf;
+}
+
+/* "path: tensor 'key'", the `where` of every per-tensor message. Sized like a
+ * message so a long path does not cut the key out of the message itself. */
+typedef struct {
+    char s[DSV4_ERROR_MESSAGE_MAX];
+} where_buf;
+
+static const char *twhere(where_buf *w, const char *path, const char *key)
+{
+    snprintf(w->s, sizeof w->s, "%s: tensor '%s'", path, key);
+    return w->s;
+}
+
+static const char *jtype(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "a value of unknown type";
+}
+
+static void shape_str(char *buf, size_t n, const int64_t *shape, int ndim)
+{
+    size_t off = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (off < n)
+        snprintf(buf + off, n - off, "]");
+}
+
+/* numel and nbytes of a shape, false on 64-bit overflow (*which says of which). */
+static bool shape_size(dsv4_dtype dt, const int64_t *shape, int ndim, uint64_t *numel, uint64_t *nbytes,
+                       const char **which)
+{
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        if (__builtin_mul_overflow(n, (uint64_t)shape[i], &n)) {
+            *which = "element count";
+            return false;
+        }
+    *numel = n;
+    if (__builtin_mul_overflow(n, (uint64_t)dsv4_dtype_size(dt), nbytes)) {
+        *which = "size in bytes";
+        return false;
+    }
+    return true;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* dir + "/" + name, without doubling a trailing '/'. */
+static char *join_path(const char *dir, const char *name)
+{
+    size_t a = strlen(dir), b = strlen(name);
+    bool slash = a > 0 && dir[a - 1] != '/';
+    char *p = malloc(a + slash + b + 1);
+    if (!p)
+        return NULL;
+    memcpy(p, dir, a);
+    if (slash)
+        p[a] = '/';
+    memcpy(p + a + slash, name, b + 1);
+    return p;
+}
+
+static int cmp_str_ptr(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* ---------------- reader ---------------- */
+
+struct dsv4_st_file {
+    char *path;
+    void *map; /* the whole file, so never of length 0 (a file is >= 8 bytes) */
+    size_t map_len;
+    dsv4_tensor_info *tensors; /* by data offset */
+    size_t n;
+    const dsv4_tensor_info **by_name;
+    char **meta; /* key, value, key, value, ... */
+    size_t n_meta;
+};
+
+void dsv4_st_close(dsv4_st_file *f)
+{
+    if (!f)
+        return;
+    for (size_t i = 0; i < f->n; i++)
+        free((char *)f->tensors[i].name);
+    for (size_t i = 0; i < 2 * f->n_meta; i++)
+        free(f->meta[i]);
+    free(f->meta);
+    free(f->tensors);
+    free(f->by_name);
+    if (f->map)
+        munmap(f->map, f->map_len);
+    free(f->path);
+    free(f);
+}
+
+const char *dsv4_st_path(const dsv4_st_file *f) { return f ? f->path : NULL; }
+size_t dsv4_st_count(const dsv4_st_file *f) { return f ? f->n : 0; }
+
+const dsv4_tensor_info *dsv4_st_tensor(const dsv4_st_file *f, size_t index)
+{
+    return f && index < f->n ? &f->tensors[index] : NULL;
+}
+
+static int cmp_info_name(const void *a, const void *b)
+{
+    const dsv4_tensor_info *x = *(const dsv4_tensor_info *const *)a, *y = *(const dsv4_tensor_info *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+static const dsv4_tensor_info *find_sorted(const dsv4_tensor_info *const *v, size_t n, const char *name)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(v[mid]->name, name);
+        if (c == 0)
+            return v[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+const dsv4_tensor_info *dsv4_st_find(const dsv4_st_file *f, const char *name)
+{
+    return f && name ? find_sorted(f->by_name, f->n, name) : NULL;
+}
+
+const char *dsv4_st_metadata(const dsv4_st_file *f, const char *key)
+{
+    if (!f || !key)
+        return NULL;
+    for (size_t i = 0; i < f->n_meta; i++)
+        if (strcmp(f->meta[2 * i], key) == 0)
+            return f->meta[2 * i + 1];
+    return NULL;
+}
+
+/* A non-negative JSON integer, or a message in `why`. */
+static bool json_uint(const json_t *v, uint64_t *out, char *why, size_t n)
+{
+    if (!json_is_integer(v)) {
+        snprintf(why, n, "is %s, not an integer", jtype(v));
+        return false;
+    }
+    json_int_t x = json_integer_value(v);
+    if (x < 0) {
+        snprintf(why, n, "is %lld, which is negative", (long long)x);
+        return false;
+    }
+    *out = (uint64_t)x;
+    return true;
+}
+
+static dsv4_status parse_metadata(dsv4_st_file *f, const json_t *m, dsv4_error *err)
+{
+    if (!json_is_object(m))
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "__metadata__ is %s, not an object of strings",
+                           jtype(m));
+    size_t n = json_object_size(m);
+    f->meta = calloc(2 * n + 1, sizeof *f->meta);
+    if (!f->meta)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, f->path, "out of memory for %zu metadata entries", n);
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)m, k, v) {
+        if (!json_is_string(v))
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path,
+                               "__metadata__ value of '%s' is %s, not a string (metadata is a string map)", k,
+                               jtype(v));
+        char *ks = strdup(k), *vs = strdup(json_string_value(v));
+        f->meta[2 * f->n_meta] = ks;
+        f->meta[2 * f->n_meta + 1] = vs;
+        f->n_meta++; /* both are freed by dsv4_st_close, NULL or not */
+        if (!ks || !vs)
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, f->path, "out of memory");
+    }
+    return DSV4_OK;
+}
+
+/* Validates one header entry into t (name already set); data_size bounds it. */
+static dsv4_status parse_entry(const char *path, const char *key, const json_t *e, uint64_t data_size,
+                               dsv4_tensor_info *t, dsv4_error *err)
+{
+    where_buf wb;
+    const char *w = twhere(&wb, path, key);
+    char why[160], shp[256];
+    if (!json_is_object(e))
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "entry is %s, not an object with dtype, shape and data_offsets",
+                           jtype(e));
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)e, k, v) {
+        if (strcmp(k, "dtype") && strcmp(k, "shape") && strcmp(k, "data_offsets"))
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, w,
+                               "unknown key '%s' in the entry (allowed: dtype, shape, data_offsets)", k);
+    }
+    const json_t *dt = json_object_get(e, "dtype"), *sh = json_object_get(e, "shape"),
+                 *of = json_object_get(e, "data_offsets");
+    if (!dt || !sh || !of)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "entry lacks '%s' (dtype, shape and data_offsets are required)",
+                           !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+
+    if (!json_is_string(dt))
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "dtype is %s, not a string", jtype(dt));
+    if (dsv4_dtype_parse(json_string_value(dt), &t->dtype))
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "unknown dtype '%s'", json_string_value(dt));
+
+    if (!json_is_array(sh))
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "shape is %s, not an array of integers", jtype(sh));
+    size_t nd = json_array_size(sh);
+    if (nd > DSV4_MAX_DIMS)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "shape has %zu dimensions, more than the limit of %d", nd,
+                           DSV4_MAX_DIMS);
+    t->ndim = (int)nd;
+    for (size_t i = 0; i < nd; i++) {
+        uint64_t d;
+        if (!json_uint(json_array_get(sh, i), &d, why, sizeof why))
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "shape[%zu] %s (dimensions are integers >= 0)", i, why);
+        t->shape[i] = (int64_t)d;
+    }
+    const char *which = "";
+    if (!shape_size(t->dtype, t->shape, t->ndim, &t->numel, &t->nbytes, &which)) {
+        shape_str(shp, sizeof shp, t->shape, t->ndim);
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "%s of %s %s overflows 64 bits", which,
+                           dsv4_dtype_name(t->dtype), shp);
+    }
+
+    if (!json_is_array(of))
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "data_offsets is %s, not an array [begin, end]", jtype(of));
+    if (json_array_size(of) != 2)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "data_offsets has %zu entries, not 2 [begin, end]",
+                           json_array_size(of));
+    uint64_t be[2];
+    for (size_t i = 0; i < 2; i++)
+        if (!json_uint(json_array_get(of, i), &be[i], why, sizeof why))
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "data_offsets[%zu] %s (offsets are integers >= 0)", i, why);
+    if (be[0] > be[1])
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "data_offsets [%llu, %llu]: begin is after end",
+                           (unsigned long long)be[0], (unsigned long long)be[1]);
+    if (be[1] - be[0] != t->nbytes) {
+        shape_str(shp, sizeof shp, t->shape, t->ndim);
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w,
+                           "data_offsets [%llu, %llu] span %llu bytes, but %s %s needs %llu",
+                           (unsigned long long)be[0], (unsigned long long)be[1], (unsigned long long)(be[1] - be[0]),
+                           dsv4_dtype_name(t->dtype), shp, (unsigned long long)t->nbytes);
+    }
+    if (be[1] > data_size)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w,
+                           "data_offsets [%llu, %llu] run past the end of the %llu-byte data section "
+                           "(file truncated?)",
+                           (unsigned long long)be[0], (unsigned long long)be[1], (unsigned long long)data_size);
+    t->offset = be[0];
+    return DSV4_OK;
+}
+
+/* Data order: offset, then end (so empty tensors come before a non-empty one
+ * at the same offset, as in the Rust sort by (begin, end)), then name. */
+static int cmp_info_offset(const void *a, const void *b)
+{
+    const dsv4_tensor_info *x = a, *y = b;
+    if (x->offset != y->offset)
+        return x->offset < y->offset ? -1 : 1;
+    if (x->nbytes != y->nbytes)
+        return x->nbytes < y->nbytes ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* The sorted tensors must tile [0, data_size) exactly. */
+static dsv4_status check_tiling(const dsv4_st_file *f, uint64_t data_size, dsv4_error *err)
+{
+    where_buf wb;
+    uint64_t pos = 0;
+    for (size_t i = 0; i < f->n; i++) {
+        const dsv4_tensor_info *t = &f->tensors[i];
+        uint64_t end = t->offset + t->nbytes;
+        if (t->offset < pos) {
+            const dsv4_tensor_info *p = &f->tensors[i - 1];
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, f->path, t->name),
+                               "data_offsets [%llu, %llu] overlap tensor '%s' at [%llu, %llu] "
+                               "(tensors must not overlap)",
+                               (unsigned long long)t->offset, (unsigned long long)end, p->name,
+                               (unsigned long long)p->offset, (unsigned long long)(p->offset + p->nbytes));
+        }
+        if (t->offset > pos)
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, f->path, t->name),
+                               "data_offsets [%llu, %llu] leave a gap: bytes [%llu, %llu) of the data section "
+                               "belong to no tensor (tensors must be contiguous)",
+                               (unsigned long long)t->offset, (unsigned long long)end, (unsigned long long)pos,
+                               (unsigned long long)t->offset);
+        pos = end;
+    }
+    if (pos != data_size)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path,
+                           "bytes [%llu, %llu) at the end of the data section belong to no tensor "
+                           "(the tensors must cover the whole data section)",
+                           (unsigned long long)pos, (unsigned long long)data_size);
+    return DSV4_OK;
+}
+
+static dsv4_status parse_file(dsv4_st_file *f, dsv4_error *err)
+{
+    const unsigned char *p = f->map;
+    uint64_t fsize = f->map_len, hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | p[i];
+    if (hlen == 0)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "header length is 0 (the header must be a JSON object)");
+    if (hlen > DSV4_ST_MAX_HEADER)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "header length %llu exceeds the limit of %u bytes",
+                           (unsigned long long)hlen, DSV4_ST_MAX_HEADER);
+    if (hlen > fsize - 8)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "header length %llu exceeds file size %llu (truncated?)",
+                           (unsigned long long)hlen, (unsigned long long)fsize);
+    uint64_t data_size = fsize - 8 - hlen;
+
+    json_error_t je;
+    json_t *root = json_loadb((const char *)p + 8, (size_t)hlen, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+    if (!root)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path,
+                           "header is not valid JSON: %s at line %d, column %d (byte %d of the header)", je.text,
+                           je.line, je.column, je.position);
+    dsv4_status st = DSV4_OK;
+    if (!json_is_object(root)) {
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "header is %s, not a JSON object", jtype(root));
+        goto done;
+    }
+    size_t n = json_object_size(root);
+    f->tensors = calloc(n + 1, sizeof *f->tensors);
+    f->by_name = calloc(n + 1, sizeof *f->by_name);
+    if (!f->tensors || !f->by_name) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, f->path, "out of memory for %zu tensors", n);
+        goto done;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        if (strcmp(key, "__metadata__") == 0) {
+            if ((st = parse_metadata(f, v, err)))
+                goto done;
+            continue;
+        }
+        if (!key[0]) {
+            st = dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "a tensor has an empty name");
+            goto done;
+        }
+        dsv4_tensor_info *t = &f->tensors[f->n];
+        if (!(t->name = strdup(key))) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, f->path, "out of memory");
+            goto done;
+        }
+        f->n++; /* from here on the name belongs to f */
+        if ((st = parse_entry(f->path, key, v, data_size, t, err)))
+            goto done;
+        t->file = f->path;
+    }
+    qsort(f->tensors, f->n, sizeof *f->tensors, cmp_info_offset);
+    if ((st = check_tiling(f, data_size, err)))
+        goto done;
+    const unsigned char *data = p + 8 + hlen;
+    for (size_t i = 0; i < f->n; i++) {
+        f->tensors[i].data = data + f->tensors[i].offset;
+        f->by_name[i] = &f->tensors[i];
+    }
+    qsort(f->by_name, f->n, sizeof *f->by_name, cmp_info_name);
+done:
+    json_decref(root);
+    return st;
+}
+
+dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err)
+{
+    if (!out)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_st_open", "out must not be NULL");
+    *out = NULL;
+    if (!path)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_st_open", "path must not be NULL");
+    char eb[128];
+    dsv4_st_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
+    }
+    dsv4_status st = DSV4_OK;
+    /* O_NONBLOCK: opening a FIFO must not hang before fstat can refuse it;
+     * it changes nothing for a regular file. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open: %s", errstr(errno, eb, sizeof eb));
+        goto fail;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot stat: %s", errstr(errno, eb, sizeof eb));
+        goto fail;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "not a regular file");
+        goto fail;
+    }
+    if (sb.st_size < 8) {
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, path,
+                         "file is %lld bytes, shorter than the 8-byte header length that starts a safetensors file",
+                         (long long)sb.st_size);
+        goto fail;
+    }
+    if ((uint64_t)sb.st_size > SIZE_MAX) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "file of %lld bytes cannot be mapped", (long long)sb.st_size);
+        goto fail;
+    }
+    /* The whole file is mapped: its length is >= 8, so an empty data section
+     * never asks mmap for 0 bytes, and data pointers of empty tensors stay
+     * inside (or one past) the mapping. */
+    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot map %lld bytes: %s", (long long)sb.st_size,
+                         errstr(errno, eb, sizeof eb));
+        goto fail;
+    }
+    f->map = map;
+    f->map_len = (size_t)sb.st_size;
+    close(fd); /* the mapping keeps the file */
+    fd = -1;
+    if ((st = parse_file(f, err)))
+        goto fail;
+    *out = f;
+    return DSV4_OK;
+fail:
+    if (fd >= 0)
+        close(fd);
+    dsv4_st_close(f);
+    return st;
+}
+
+/* ---------------- writer ---------------- */
+
+typedef struct {
+    char *name;
+    dsv4_dtype dtype;
+    int ndim;
+    int64_t shape[DSV4_MAX_DIMS];
+    uint64_t nbytes;
+    const void *data;
+} wtensor;
+
+struct dsv4_st_writer {
+    wtensor *t;
+    size_t n, cap;
+    /* Open-addressing set of names for the duplicate check: index + 1, 0 = empty. */
+    size_t *slots;
+    size_t nslots;
+    char **meta; /* key, value, ... */
+    size_t n_meta, cap_meta;
+    uint64_t total; /* data section size so far */
+};
+
+static uint64_t hash_name(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* The slot holding `name`, or the empty slot where it would go. */
+static size_t *slot_for(const dsv4_st_writer *w, const char *name)
+{
+    size_t mask = w->nslots - 1, i = (size_t)hash_name(name) & mask;
+    while (w->slots[i] && strcmp(w->t[w->slots[i] - 1].name, name) != 0)
+        i = (i + 1) & mask;
+    return &w->slots[i];
+}
+
+/* Keeps the set at most half full. */
+static bool grow_slots(dsv4_st_writer *w)
+{
+    if (2 * (w->n + 1) <= w->nslots)
+        return true;
+    size_t ns = w->nslots ? 2 * w->nslots : 64;
+    size_t *old = w->slots, on = w->nslots;
+    if (!(w->slots = calloc(ns, sizeof *w->slots))) {
+        w->slots = old;
+        return false;
+    }
+    w->nslots = ns;
+    for (size_t i = 0; i < on; i++)
+        if (old[i])
+            *slot_for(w, w->t[old[i] - 1].name) = old[i];
+    free(old);
+    return true;
+}
+
+dsv4_status dsv4_st_writer_create(dsv4_st_writer **out, dsv4_error *err)
+{
+    if (!out)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "safetensors writer", "out must not be NULL");
+    if (!(*out = calloc(1, sizeof **out)))
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "safetensors writer", "out of memory");
+    return DSV4_OK;
+}
+
+void dsv4_st_writer_free(dsv4_st_writer *w)
+{
+    if (!w)
+        return;
+    for (size_t i = 0; i < w->n; i++)
+        free(w->t[i].name);
+    for (size_t i = 0; i < 2 * w->n_meta; i++)
+        free(w->meta[i]);
+    free(w->t);
+    free(w->slots);
+    free(w->meta);
+    free(w);
+}
+
+/* jansson refuses strings that are not UTF-8; the header must be UTF-8. */
+static bool valid_utf8(const char *s)
+{
+    json_t *j = json_string(s);
+    json_decref(j);
+    return j != NULL;
+}
+
+dsv4_status dsv4_st_writer_add(dsv4_st_writer *w, const char *name, dsv4_dtype dtype, int ndim,
+                               const int64_t *shape, const void *data, dsv4_error *err)
+{
+    const char *ww = "safetensors writer";
+    if (!w || !name)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, ww, "writer and name must not be NULL");
+    where_buf wb;
+    snprintf(wb.s, sizeof wb.s, "%s: tensor '%s'", ww, name);
+    if (!name[0])
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, ww, "a tensor name must not be empty");
+    if (strcmp(name, "__metadata__") == 0)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, wb.s, "the name is reserved for the metadata map");
+    if (!valid_utf8(name))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, wb.s, "the name is not valid UTF-8");
+    if ((unsigned)dtype >= DSV4_DTYPE_COUNT)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, wb.s, "dtype %d is not a dsv4_dtype", (int)dtype);
+    if (ndim < 0 || ndim > DSV4_MAX_DIMS)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, wb.s, "ndim %d is outside [0, %d]", ndim, DSV4_MAX_DIMS);
+    if (ndim > 0 && !shape)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, wb.s, "shape must not be NULL when ndim is %d", ndim);
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0)
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, wb.s, "shape[%d] = %lld is negative", i,
+                               (long long)shape[i]);
+    uint64_t numel, nbytes, total;
+    const char *which = "";
+    char shp[256];
+    shape_str(shp, sizeof shp, shape, ndim);
+    if (!shape_size(dtype, shape, ndim, &numel, &nbytes, &which))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, wb.s, "%s of %s %s overflows 64 bits", which,
+                           dsv4_dtype_name(dtype), shp);
+    /* Offsets are JSON integers, which jansson (and most readers) hold signed. */
+    if (__builtin_add_overflow(w->total, nbytes, &total) || total > (uint64_t)INT64_MAX)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, wb.s, "the data section would exceed 2^63 - 1 bytes");
+    if (!grow_slots(w))
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, wb.s, "out of memory");
+    size_t *slot = slot_for(w, name);
+    if (*slot)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, wb.s, "a tensor of this name was already added");
+    if (w->n == w->cap) {
+        size_t cap = w->cap ? 2 * w->cap : 64;
+        wtensor *nt = realloc(w->t, cap * sizeof *nt);
+        if (!nt)
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, wb.s, "out of memory");
+        w->t = nt;
+        w->cap = cap;
+    }
+    wtensor *t = &w->t[w->n];
+    memset(t, 0, sizeof *t);
+    if (!(t->name = strdup(name)))
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, wb.s, "out of memory");
+    t->dtype = dtype;
+    t->ndim = ndim;
+    if (ndim > 0)
+        memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    t->nbytes = nbytes;
+    t->data = data;
+    w->total = total;
+    *slot = ++w->n;
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_st_writer_set_metadata(dsv4_st_writer *w, const char *key, const char *value, dsv4_error *err)
+{
+    const char *ww = "safetensors writer";
+    if (!w || !key || !value)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, ww, "writer, key and value must not be NULL");
+    for (size_t i = 0; i < w->n_meta; i++)
+        if (strcmp(w->meta[2 * i], key) == 0)
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, ww, "metadata key '%s' was already set", key);
+    if (!valid_utf8(key) || !valid_utf8(value))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, ww, "metadata key '%s' or its value is not valid UTF-8", key);
+    if (w->n_meta == w->cap_meta) {
+        size_t cap = w->cap_meta ? 2 * w->cap_meta : 8;
+        char **nm = realloc(w->meta, 2 * cap * sizeof *nm);
+        if (!nm)
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, ww, "out of memory");
+        w->meta = nm;
+        w->cap_meta = cap;
+    }
+    char *k = strdup(key), *v = strdup(value);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, ww, "out of memory");
+    }
+    w->meta[2 * w->n_meta] = k;
+    w->meta[2 * w->n_meta + 1] = v;
+    w->n_meta++;
+    return DSV4_OK;
+}
+
+/* The header JSON, in declaration order, "__metadata__" first; NULL when out of memory. */
+static char *build_header(const dsv4_st_writer *w)
+{
+    json_t *root = json_object();
+    bool ok = root != NULL;
+    if (ok && w->n_meta) {
+        json_t *m = json_object();
+        ok = m && json_object_set_new(root, "__metadata__", m) == 0;
+        for (size_t i = 0; ok && i < w->n_meta; i++)
+            ok = json_object_set_new(m, w->meta[2 * i], json_string(w->meta[2 * i + 1])) == 0;
+    }
+    uint64_t off = 0;
+    for (size_t i = 0; ok && i < w->n; i++) {
+        const wtensor *t = &w->t[i];
+        json_t *e = json_object(), *sh = json_array(), *of = json_array();
+        ok = e && sh && of;
+        for (int d = 0; ok && d < t->ndim; d++)
+            ok = json_array_append_new(sh, json_integer((json_int_t)t->shape[d])) == 0;
+        ok = ok && json_array_append_new(of, json_integer((json_int_t)off)) == 0 &&
+             json_array_append_new(of, json_integer((json_int_t)(off + t->nbytes))) == 0;
+        /* Key order as the Rust implementation writes it. */
+        ok = ok && json_object_set_new(e, "dtype", json_string(dsv4_dtype_name(t->dtype))) == 0;
+        ok = ok && json_object_set(e, "shape", sh) == 0 && json_object_set(e, "data_offsets", of) == 0;
+        json_decref(sh);
+        json_decref(of);
+        ok = ok && json_object_set(root, t->name, e) == 0;
+        json_decref(e);
+        off += t->nbytes;
+    }
+    char *s = ok ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    return s;
+}
+
+/* write(2) in chunks (Linux writes at most ~2 GiB at once), retrying short writes. */
+static int write_all(int fd, const void *buf, uint64_t n)
+{
+    const char *p = buf;
+    while (n > 0) {
+        size_t chunk = n > (1u << 30) ? (size_t)1 << 30 : (size_t)n;
+        ssize_t r = write(fd, p, chunk);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r < 0 ? errno : ENOSPC;
+        p += r;
+        n -= (uint64_t)r;
+    }
+    return 0;
+}
+
+dsv4_status dsv4_st_writer_write(dsv4_st_writer *w, const char *path, dsv4_st_fill_fn fill, void *user,
+                                 dsv4_error *err)
+{
+    if (!w || !path || !path[0])
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "safetensors writer", "writer and path must not be NULL");
+    where_buf wb;
+    char eb[128];
+    for (size_t i = 0; !fill && i < w->n; i++)
+        if (!w->t[i].data)
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, twhere(&wb, path, w->t[i].name),
+                               "no data was given and there is no fill callback");
+    char *json = build_header(w);
+    if (!json)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory for the header");
+    /* Padded with spaces to a multiple of 8, as the Rust writer does, so the
+     * data section starts 8-byte aligned in the file. */
+    size_t jl = strlen(json), hl = jl + (8 - jl % 8) % 8;
+    if (hl > DSV4_ST_MAX_HEADER) {
+        free(json);
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, path, "header of %zu bytes exceeds the limit of %u", hl,
+                           DSV4_ST_MAX_HEADER);
+    }
+    unsigned char *head = malloc(8 + hl);
+    if (!head) {
+        free(json);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory for the header");
+    }
+    for (int i = 0; i < 8; i++)
+        head[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    memcpy(head + 8, json, jl);
+    memset(head + 8 + jl, ' ', hl - jl);
+    free(json);
+
+    /* A fresh temporary name next to the destination (so rename stays within
+     * one file system); O_EXCL and a counter avoid clashing with a concurrent
+     * writer without any global state. */
+    size_t tl = strlen(path) + 64;
+    char *tmp = malloc(tl);
+    dsv4_status st = DSV4_OK;
+    int fd = -1, e;
+    if (!tmp) {
+        free(head);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
+    }
+    for (unsigned c = 0; fd < 0 && c < 10000; c++) {
+        snprintf(tmp, tl, "%s.tmp.%ld.%u", path, (long)getpid(), c);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) {
+            st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot create temporary file %s: %s", tmp,
+                             errstr(errno, eb, sizeof eb));
+            free(head);
+            free(tmp);
+            return st;
+        }
+    }
+    if (fd < 0) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot find a free temporary name next to it");
+        free(head);
+        free(tmp);
+        return st;
+    }
+    if ((e = write_all(fd, head, 8 + hl))) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write %s: %s", tmp, errstr(e, eb, sizeof eb));
+        goto fail;
+    }
+    for (size_t i = 0; i < w->n; i++) {
+        const wtensor *t = &w->t[i];
+        if (t->data) {
+            e = write_all(fd, t->data, t->nbytes);
+        } else {
+            void *buf = t->nbytes <= SIZE_MAX - 1 ? calloc(1, (size_t)t->nbytes + 1) : NULL;
+            if (!buf) {
+                st = dsv4_seterr(err, DSV4_ERR_NOMEM, twhere(&wb, path, t->name), "out of memory for %llu bytes",
+                                 (unsigned long long)t->nbytes);
+                goto fail;
+            }
+            /* The callback reports into a record of our own, so its message
+             * can be put after the file and key, and a failure it returned
+             * without a message still gets one. */
+            dsv4_error ce;
+            dsv4_error_clear(&ce);
+            st = fill(user, i, t->name, buf, t->nbytes, &ce);
+            if (st) {
+                free(buf);
+                if (ce.message[0])
+                    dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed: %s", ce.message);
+                else
+                    dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed (%s)",
+                                dsv4_status_str(st));
+                goto fail;
+            }
+            e = write_all(fd, buf, t->nbytes);
+            free(buf);
+        }
+        if (e) {
+            st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write %s: %s", tmp, errstr(e, eb, sizeof eb));
+            goto fail;
+        }
+    }
+    e = close(fd) ? errno : 0; /* close can report a deferred write error */
+    fd = -1;
+    if (e) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write %s: %s", tmp, errstr(e, eb, sizeof eb));
+        goto fail;
+    }
+    if (rename(tmp, path) != 0) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot rename %s into place: %s", tmp,
+                         errstr(errno, eb, sizeof eb));
+        goto fail;
+    }
+    free(head);
+    free(tmp);
+    return DSV4_OK;
+fail:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    free(head);
+    free(tmp);
+    return st;
+}
+
+/* ---------------- checkpoints ---------------- */
+
+struct dsv4_checkpoint {
+    dsv4_st_file **files;
+    size_t n_files;
+    const dsv4_tensor_info **tensors; /* by name */
+    size_t n;
+    dsv4_layout layout;
+    const char *prefix;
+};
+
+void dsv4_checkpoint_close(dsv4_checkpoint *ck)
+{
+    if (!ck)
+        return;
+    for (size_t i = 0; i < ck->n_files; i++)
+        dsv4_st_close(ck->files[i]);
+    free(ck->files);
+    free(ck->tensors);
+    free(ck);
+}
+
+size_t dsv4_checkpoint_file_count(const dsv4_checkpoint *ck) { return ck ? ck->n_files : 0; }
+
+const char *dsv4_checkpoint_file_path(const dsv4_checkpoint *ck, size_t index)
+{
+    return ck && index < ck->n_files ? dsv4_st_path(ck->files[index]) : NULL;
+}
+
+size_t dsv4_checkpoint_tensor_count(const dsv4_checkpoint *ck) { return ck ? ck->n : 0; }
+
+const dsv4_tensor_info *dsv4_checkpoint_tensor(const dsv4_checkpoint *ck, size_t index)
+{
+    return ck && index < ck->n ? ck->tensors[index] : NULL;
+}
+
+const dsv4_tensor_info *dsv4_checkpoint_find(const dsv4_checkpoint *ck, const char *name)
+{
+    return ck && name ? find_sorted(ck->tensors, ck->n, name) : NULL;
+}
+
+dsv4_layout dsv4_checkpoint_layout(const dsv4_checkpoint *ck) { return ck ? ck->layout : DSV4_LAYOUT_UNKNOWN; }
+const char *dsv4_checkpoint_prefix(const dsv4_checkpoint *ck) { return ck && ck->prefix ? ck->prefix : ""; }
+
+/* Opens dir/names[i] for every name into ck->files (names sorted, distinct). */
+static dsv4_status open_files(dsv4_checkpoint *ck, const char *dir, const char *const *names, size_t n,
+                              dsv4_error *err)
+{
+    if (!(ck->files = calloc(n + 1, sizeof *ck->files)))
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        char *p = dir[0] ? join_path(dir, names[i]) : strdup(names[i]);
+        if (!p)
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+        dsv4_status st = dsv4_st_open(p, &ck->files[i], err);
+        free(p);
+        if (st)
+            return st;
+        ck->n_files++;
+    }
+    return DSV4_OK;
+}
+
+/* A folder without an index: every regular *.safetensors file in it. */
+static dsv4_status open_folder(dsv4_checkpoint *ck, const char *dir, dsv4_error *err)
+{
+    char eb[128];
+    DIR *d = opendir(dir);
+    if (!d)
+        return dsv4_seterr(err, DSV4_ERR_IO, dir, "cannot open folder: %s", errstr(errno, eb, sizeof eb));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    dsv4_status st = DSV4_OK;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!ends_with(de->d_name, ".safetensors"))
+            continue;
+        char *p = join_path(dir, de->d_name);
+        struct stat sb;
+        bool reg = p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+        free(p);
+        if (!reg)
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            char **nn = realloc(names, nc * sizeof *nn);
+            if (!nn) {
+                st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+                goto done;
+            }
+            names = nn;
+            cap = nc;
+        }
+        if (!(names[n] = strdup(de->d_name))) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+            goto done;
+        }
+        n++;
+    }
+    if (n == 0) {
+        st = dsv4_seterr(err, DSV4_ERR_NOT_FOUND, dir,
+                         "folder holds neither model.safetensors.index.json nor any *.safetensors file");
+        goto done;
+    }
+    qsort(names, n, sizeof *names, cmp_str_ptr);
+    st = open_files(ck, dir, (const char *const *)names, n, err);
+done:
+    closedir(d);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return st;
+}
+
+static bool plain_name(const char *s) { return s[0] && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, ".."); }
+
+/* The file index of `name` in ck->files, which were opened from sorted `names`. */
+static size_t name_index(const char *const *names, size_t n, const char *name)
+{
+    const char *const *p = bsearch(&name, names, n, sizeof *names, cmp_str_ptr);
+    return p ? (size_t)(p - names) : n;
+}
+
+static dsv4_status open_index(dsv4_checkpoint *ck, const char *idx, dsv4_error *err)
+{
+    json_error_t je;
+    json_t *root = json_load_file(idx, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        if (json_error_code(&je) == json_error_cannot_open_file)
+            return dsv4_seterr(err, DSV4_ERR_IO, idx, "cannot open: %s", je.text);
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, idx, "not valid JSON: %s at line %d, column %d", je.text, je.line,
+                           je.column);
+    }
+    dsv4_status st = DSV4_OK;
+    const char **names = NULL; /* point into root */
+    char *dir = NULL;
+    where_buf wb;
+    json_t *wm = json_object_get(root, "weight_map"), *meta = json_object_get(root, "metadata");
+    if (!json_is_object(root) || !json_is_object(wm)) {
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, idx, "an index is an object holding a \"weight_map\" object");
+        goto done;
+    }
+    if (meta && !json_is_object(meta)) {
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, idx, "\"metadata\" is %s, not an object", jtype(meta));
+        goto done;
+    }
+    size_t nk = json_object_size(wm), n = 0;
+    if (nk == 0) {
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, idx, "weight_map lists no tensors");
+        goto done;
+    }
+    if (!(names = calloc(nk, sizeof *names))) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, idx, "out of memory");
+        goto done;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(wm, key, v) {
+        if (!json_is_string(v)) {
+            st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key), "weight_map value is %s, not a file name",
+                             jtype(v));
+            goto done;
+        }
+        if (!plain_name(json_string_value(v))) {
+            st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key),
+                             "file name '%s' is not a plain name in the index's folder (no '/', '.' or '..')",
+                             json_string_value(v));
+            goto done;
+        }
+        names[n++] = json_string_value(v);
+    }
+    qsort(names, n, sizeof *names, cmp_str_ptr);
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        if (u == 0 || strcmp(names[u - 1], names[i]))
+            names[u++] = names[i];
+    const char *slash = strrchr(idx, '/');
+    size_t dl = slash ? (size_t)(slash - idx) + 1 : 0;
+    if (!(dir = malloc(dl + 1))) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, idx, "out of memory");
+        goto done;
+    }
+    memcpy(dir, idx, dl);
+    dir[dl] = '\0';
+    if ((st = open_files(ck, dir, names, u, err)))
+        goto done;
+    /* Every listed key is in its file... */
+    json_object_foreach(wm, key, v) {
+        const dsv4_st_file *f = ck->files[name_index(names, u, json_string_value(v))];
+        if (!dsv4_st_find(f, key)) {
+            st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key),
+                             "listed in the index for file %s, which does not hold it", dsv4_st_path(f));
+            goto done;
+        }
+    }
+    /* ...and every tensor of the files is listed, for its own file. */
+    for (size_t i = 0; i < ck->n_files; i++) {
+        const dsv4_st_file *f = ck->files[i];
+        for (size_t j = 0; j < f->n; j++) {
+            const char *tn = f->tensors[j].name;
+            json_t *lv = json_object_get(wm, tn);
+            if (!lv) {
+                st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, f->path, tn), "not listed in the index %s", idx);
+                goto done;
+            }
+            size_t li = name_index(names, u, json_string_value(lv));
+            if (li != i) {
+                st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, tn),
+                                 "the key is in two files, %s and %s (a key must be in one file)",
+                                 dsv4_st_path(ck->files[li]), f->path);
+                goto done;
+            }
+        }
+    }
+done:
+    free(dir);
+    free(names);
+    json_decref(root);
+    return st;
+}
+
+/* Whether s starts with "layers.<digits>.<part>" (part like "ffn."). */
+static bool layer_key(const char *s, const char *part)
+{
+    if (strncmp(s, "layers.", 7) != 0)
+        return false;
+    s += 7;
+    if (*s < '0' || *s > '9')
+        return false;
+    while (*s >= '0' && *s <= '9')
+        s++;
+    return *s == '.' && strncmp(s + 1, part, strlen(part)) == 0;
+}
+
+/* Over the name-sorted union of all keys, so no file order can change the result. */
+static dsv4_status detect_layout(dsv4_checkpoint *ck, const char *where, dsv4_error *err)
+{
+    const dsv4_tensor_info *split = NULL, *stk = NULL, *stk_model = NULL;
+    for (size_t i = 0; i < ck->n; i++) {
+        const dsv4_tensor_info *t = ck->tensors[i];
+        if (!split && layer_key(t->name, "ffn."))
+            split = t;
+        if (!stk && layer_key(t->name, "mlp."))
+            stk = t;
+        if (!stk_model && strncmp(t->name, "model.", 6) == 0 && layer_key(t->name + 6, "mlp."))
+            stk_model = t;
+    }
+    if (split && (stk || stk_model)) {
+        const dsv4_tensor_info *s = stk ? stk : stk_model;
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, where,
+                           "mixes the split layout (key '%s' in %s) with the stacked layout (key '%s' in %s)",
+                           split->name, split->file, s->name, s->file);
+    }
+    if (stk && stk_model)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, where,
+                           "mixes stacked keys with and without the 'model.' prefix ('%s' in %s, '%s' in %s)",
+                           stk_model->name, stk_model->file, stk->name, stk->file);
+    ck->layout = split ? DSV4_LAYOUT_SPLIT : (stk || stk_model) ? DSV4_LAYOUT_STACKED : DSV4_LAYOUT_UNKNOWN;
+    ck->prefix = stk_model ? "model." : "";
+    return DSV4_OK;
+}
+
+/* All tensors of all files, by name; a key in two files is an error. */
+static dsv4_status merge_tensors(dsv4_checkpoint *ck, const char *where, dsv4_error *err)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < ck->n_files; i++)
+        n += ck->files[i]->n;
+    if (!(ck->tensors = calloc(n + 1, sizeof *ck->tensors)))
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, where, "out of memory for %zu tensors", n);
+    for (size_t i = 0; i < ck->n_files; i++)
+        for (size_t j = 0; j < ck->files[i]->n; j++)
+            ck->tensors[ck->n++] = &ck->files[i]->tensors[j];
+    qsort(ck->tensors, ck->n, sizeof *ck->tensors, cmp_info_name);
+    where_buf wb;
+    for (size_t i = 1; i < ck->n; i++)
+        if (strcmp(ck->tensors[i - 1]->name, ck->tensors[i]->name) == 0)
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, where, ck->tensors[i]->name),
+                               "the key is in two files, %s and %s (a key must be in one file)",
+                               ck->tensors[i - 1]->file, ck->tensors[i]->file);
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out, dsv4_error *err)
+{
+    if (!out)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_checkpoint_open", "out must not be NULL");
+    *out = NULL;
+    if (!path || !path[0])
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_checkpoint_open", "path must not be NULL or empty");
+    char eb[128];
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open: %s", errstr(errno, eb, sizeof eb));
+    dsv4_checkpoint *ck = calloc(1, sizeof *ck);
+    if (!ck)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
+    dsv4_status st;
+    if (S_ISDIR(sb.st_mode)) {
+        char *idx = join_path(path, "model.safetensors.index.json");
+        if (!idx)
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
+        else if (stat(idx, &sb) != 0)
+            st = open_folder(ck, path, err);
+        else if (!S_ISREG(sb.st_mode))
+            st = dsv4_seterr(err, DSV4_ERR_IO, idx, "not a regular file");
+        else
+            st = open_index(ck, idx, err);
+        free(idx);
+    } else if (!S_ISREG(sb.st_mode)) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "neither a regular file nor a folder");
+    } else if (ends_with(path, ".json")) {
+        st = open_index(ck, path, err);
+    } else {
+        const char *one = path;
+        st = open_files(ck, "", &one, 1, err);
+    }
+    if (!st)
+        st = merge_tensors(ck, path, err);
+    if (!st)
+        st = detect_layout(ck, path, err);
+    if (st) {
+        dsv4_checkpoint_close(ck);
+        return st;
+    }
+    *out = ck;
+    return DSV4_OK;
+}

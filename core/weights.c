@@ -1,0 +1,275 @@
+#include <stdio.h>
+#include <string.h>
+
+#include "dsv4moe/formats.h"
+#include "dsv4moe/weights.h"
+#include "err.h"
+
+float dsv4_load_bf16(const uint8_t *p, int64_t i)
+{
+    uint16_t b = (uint16_t)(p[2 * i] | (p[2 * i + 1] << 8));
+    return dsv4_bf16_to_f32(b);
+}
+
+float dsv4_load_f32(const uint8_t *p, int64_t i)
+{
+    float f;
+    memcpy(&f, p + 4 * i, 4);
+    return f;
+}
+
+int32_t dsv4_load_i32(const uint8_t *p, int64_t i)
+{
+    int32_t v;
+    memcpy(&v, p + 4 * i, 4);
+    return v;
+}
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static const char *proj_name(dsv4_proj p) { return p == DSV4_PROJ_W1 ? "w1" : p == DSV4_PROJ_W3 ? "w3" : "w2"; }
+
+static void shape_str(const dsv4_tensor_info *t, char *buf, size_t n)
+{
+    size_t off = (size_t)snprintf(buf, n, "%s [", dsv4_dtype_name(t->dtype));
+    for (int i = 0; i < t->ndim && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (off < n)
+        snprintf(buf + off, n - off, "]");
+}
+
+/* Looks up `key` and checks dtype and shape; `dtypes` lists the accepted dtypes (COUNT-terminated). */
+static dsv4_status expect(const dsv4_checkpoint *ck, const char *key, const dsv4_dtype *dtypes, int ndim,
+                          const int64_t *shape, const dsv4_tensor_info **out, dsv4_error *err)
+{
+    const dsv4_tensor_info *t = dsv4_checkpoint_find(ck, key);
+    if (!t)
+        return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, key, "tensor is missing from the checkpoint");
+    bool dt_ok = false;
+    char want_dt[64] = "";
+    for (const dsv4_dtype *d = dtypes; *d != DSV4_DTYPE_COUNT; d++) {
+        dt_ok |= t->dtype == *d;
+        strncat(want_dt, d == dtypes ? "" : " or ", sizeof want_dt - strlen(want_dt) - 1);
+        strncat(want_dt, dsv4_dtype_name(*d), sizeof want_dt - strlen(want_dt) - 1);
+    }
+    bool sh_ok = t->ndim == ndim;
+    for (int i = 0; sh_ok && i < ndim; i++)
+        sh_ok = t->shape[i] == shape[i];
+    if (!dt_ok || !sh_ok) {
+        char got[128], want[128];
+        shape_str(t, got, sizeof got);
+        size_t off = (size_t)snprintf(want, sizeof want, "%s [", want_dt);
+        for (int i = 0; i < ndim && off < sizeof want; i++)
+            off += (size_t)snprintf(want + off, sizeof want - off, "%s%lld", i ? ", " : "", (long long)shape[i]);
+        if (off < sizeof want)
+            snprintf(want + off, sizeof want - off, "]");
+        char where[300];
+        snprintf(where, sizeof where, "%s: tensor '%s'", t->file, key);
+        return dsv4_seterr(err, DSV4_ERR_SHAPE, where, "is %s, expected %s by the [N, K] contract", got, want);
+    }
+    *out = t;
+    return DSV4_OK;
+}
+
+static const dsv4_dtype DT_BF16[] = {DSV4_DTYPE_BF16, DSV4_DTYPE_COUNT};
+static const dsv4_dtype DT_F32[] = {DSV4_DTYPE_F32, DSV4_DTYPE_COUNT};
+static const dsv4_dtype DT_I32[] = {DSV4_DTYPE_I32, DSV4_DTYPE_COUNT};
+static const dsv4_dtype DT_E4M3[] = {DSV4_DTYPE_F8_E4M3, DSV4_DTYPE_COUNT};
+static const dsv4_dtype DT_E8M0[] = {DSV4_DTYPE_F8_E8M0, DSV4_DTYPE_COUNT};
+static const dsv4_dtype DT_FP4[] = {DSV4_DTYPE_I8, DSV4_DTYPE_U8, DSV4_DTYPE_COUNT};
+
+static dsv4_status matrix_split(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert, dsv4_proj proj,
+                                dsv4_matrix_view *m, dsv4_error *err)
+{
+    char key[160], skey[170];
+    if (expert == DSV4_SHARED_EXPERT)
+        snprintf(key, sizeof key, "layers.%lld.ffn.shared_experts.%s", (long long)c->layer, proj_name(proj));
+    else
+        snprintf(key, sizeof key, "layers.%lld.ffn.experts.%lld.%s", (long long)c->layer, (long long)expert,
+                 proj_name(proj));
+    snprintf(skey, sizeof skey, "%s.scale", key);
+    strncat(key, ".weight", sizeof key - strlen(key) - 1);
+
+    dsv4_weight_format fmt = expert == DSV4_SHARED_EXPERT ? c->shared_format : c->routed_format;
+    int64_t n = m->n, k = m->k;
+    const dsv4_tensor_info *w = NULL, *s = NULL;
+    dsv4_status st;
+    m->format = fmt;
+    m->scale_format = c->weight_scale;
+    m->scales = NULL;
+    switch (fmt) {
+    case DSV4_FORMAT_BF16: {
+        int64_t sh[2] = {n, k};
+        if ((st = expect(ck, key, DT_BF16, 2, sh, &w, err)))
+            return st;
+        m->row_bytes = (uint64_t)k * 2;
+        break;
+    }
+    case DSV4_FORMAT_FP8: {
+        int64_t sh[2] = {n, k}, ssh[2] = {cdiv(n, 128), cdiv(k, 128)};
+        if ((st = expect(ck, key, DT_E4M3, 2, sh, &w, err)) ||
+            (st = expect(ck, skey, c->weight_scale == DSV4_SCALE_FP32 ? DT_F32 : DT_E8M0, 2, ssh, &s, err)))
+            return st;
+        m->row_bytes = (uint64_t)k;
+        break;
+    }
+    case DSV4_FORMAT_FP4: {
+        int64_t sh[2] = {n, k / 2}, ssh[2] = {n, k / 32};
+        if ((st = expect(ck, key, DT_FP4, 2, sh, &w, err)) || (st = expect(ck, skey, DT_E8M0, 2, ssh, &s, err)))
+            return st;
+        m->row_bytes = (uint64_t)k / 2;
+        break;
+    }
+    }
+    m->key = w->name;
+    m->data = w->data;
+    m->scales = s ? s->data : NULL;
+    return DSV4_OK;
+}
+
+static dsv4_status matrix_stacked(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert,
+                                  dsv4_proj proj, dsv4_matrix_view *m, dsv4_error *err)
+{
+    const char *p = dsv4_checkpoint_prefix(ck);
+    char key[192];
+    int64_t H = c->dim, I = c->moe_inter_dim, E = c->n_routed_experts;
+    const dsv4_tensor_info *t = NULL;
+    dsv4_status st;
+    m->format = DSV4_FORMAT_BF16;
+    m->scale_format = DSV4_SCALE_UE8M0;
+    m->scales = NULL;
+    m->row_bytes = (uint64_t)m->k * 2;
+    if (expert == DSV4_SHARED_EXPERT) {
+        const char *nm = proj == DSV4_PROJ_W1 ? "gate" : proj == DSV4_PROJ_W3 ? "up" : "down";
+        snprintf(key, sizeof key, "%slayers.%lld.mlp.shared_experts.%s_proj.weight", p, (long long)c->layer, nm);
+        int64_t sh[2] = {m->n, m->k};
+        if ((st = expect(ck, key, DT_BF16, 2, sh, &t, err)))
+            return st;
+        m->data = t->data;
+    } else if (proj == DSV4_PROJ_W2) {
+        snprintf(key, sizeof key, "%slayers.%lld.mlp.experts.down_proj", p, (long long)c->layer);
+        int64_t sh[3] = {E, H, I};
+        if ((st = expect(ck, key, DT_BF16, 3, sh, &t, err)))
+            return st;
+        m->data = (const uint8_t *)t->data + (uint64_t)expert * (uint64_t)H * (uint64_t)I * 2;
+    } else {
+        snprintf(key, sizeof key, "%slayers.%lld.mlp.experts.gate_up_proj", p, (long long)c->layer);
+        int64_t sh[3] = {E, 2 * I, H};
+        if ((st = expect(ck, key, DT_BF16, 3, sh, &t, err)))
+            return st;
+        /* Rows [0, I) are the gate (w1), rows [I, 2I) the up projection (w3). */
+        uint64_t row0 = (uint64_t)expert * 2 * (uint64_t)I + (proj == DSV4_PROJ_W3 ? (uint64_t)I : 0);
+        m->data = (const uint8_t *)t->data + row0 * (uint64_t)H * 2;
+    }
+    m->key = t->name;
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert, dsv4_proj proj,
+                                dsv4_matrix_view *out, dsv4_error *err)
+{
+    if (!ck || !c || !out)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "weights", "checkpoint, config and output must not be NULL");
+    if (expert != DSV4_SHARED_EXPERT && (expert < 0 || expert >= c->n_routed_experts))
+        return dsv4_seterr(err, DSV4_ERR_RANGE, "weights", "expert id %lld is outside [0, %lld)",
+                           (long long)expert, (long long)c->n_routed_experts);
+    if (expert == DSV4_SHARED_EXPERT && c->n_shared_experts == 0)
+        return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, "weights", "the config has no shared expert (n_shared_experts = 0)");
+    dsv4_matrix_view m;
+    memset(&m, 0, sizeof m);
+    m.n = proj == DSV4_PROJ_W2 ? c->dim : c->moe_inter_dim;
+    m.k = proj == DSV4_PROJ_W2 ? c->moe_inter_dim : c->dim;
+    dsv4_status st;
+    switch (dsv4_checkpoint_layout(ck)) {
+    case DSV4_LAYOUT_SPLIT: st = matrix_split(ck, c, expert, proj, &m, err); break;
+    case DSV4_LAYOUT_STACKED: st = matrix_stacked(ck, c, expert, proj, &m, err); break;
+    default:
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, dsv4_checkpoint_file_count(ck) ? dsv4_checkpoint_file_path(ck, 0) : "checkpoint",
+                           "no DSV4 MoE layout detected (neither layers.N.ffn.* nor [model.]layers.N.mlp.* keys)");
+    }
+    if (st == DSV4_OK)
+        *out = m;
+    return st;
+}
+
+dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c, dsv4_router_view *out,
+                                dsv4_error *err)
+{
+    if (!ck || !c || !out)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "weights", "checkpoint, config and output must not be NULL");
+    dsv4_layout lay = dsv4_checkpoint_layout(ck);
+    if (lay == DSV4_LAYOUT_UNKNOWN)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, "checkpoint", "no DSV4 MoE layout detected");
+    const char *p = dsv4_checkpoint_prefix(ck);
+    long long L = (long long)c->layer;
+    int64_t E = c->n_routed_experts, H = c->dim;
+    char gate[192], bias[192], tid[192], pn[192], pw[192], pb[192];
+    if (lay == DSV4_LAYOUT_SPLIT) {
+        snprintf(gate, sizeof gate, "layers.%lld.ffn.gate.weight", L);
+        snprintf(bias, sizeof bias, "layers.%lld.ffn.gate.bias", L);
+        snprintf(tid, sizeof tid, "layers.%lld.ffn.gate.tid2eid", L);
+        snprintf(pn, sizeof pn, "layers.%lld.ffn.norm_predictor.norm", L);
+        snprintf(pw, sizeof pw, "layers.%lld.ffn.norm_predictor.weight", L);
+        snprintf(pb, sizeof pb, "layers.%lld.ffn.norm_predictor.bias", L);
+    } else {
+        snprintf(gate, sizeof gate, "%slayers.%lld.mlp.gate.weight", p, L);
+        snprintf(bias, sizeof bias, "%slayers.%lld.mlp.gate.e_score_correction_bias", p, L);
+        snprintf(tid, sizeof tid, "%slayers.%lld.mlp.gate.tid2eid", p, L);
+        snprintf(pn, sizeof pn, "%slayers.%lld.mlp.norm_predictor.norm", p, L);
+        snprintf(pw, sizeof pw, "%slayers.%lld.mlp.norm_predictor.weight", p, L);
+        snprintf(pb, sizeof pb, "%slayers.%lld.mlp.norm_predictor.bias", p, L);
+    }
+    dsv4_router_view r;
+    memset(&r, 0, sizeof r);
+    const dsv4_tensor_info *t;
+    dsv4_status st;
+    int64_t sg[2] = {E, H}, se[1] = {E}, st2[2] = {c->vocab_size, c->n_activated};
+    if ((st = expect(ck, gate, DT_BF16, 2, sg, &t, err)))
+        return st;
+    r.gate_key = t->name;
+    r.gate = t->data;
+    if (dsv4_config_is_hash_layer(c)) {
+        if ((st = expect(ck, tid, DT_I32, 2, st2, &t, err)))
+            return st;
+        r.tid2eid = t->data;
+    } else {
+        if (dsv4_checkpoint_find(ck, bias)) {
+            if ((st = expect(ck, bias, DT_F32, 1, se, &t, err)))
+                return st;
+            r.bias = t->data;
+        }
+        if (c->top_p < 1.0f && c->top_p_predictor == DSV4_PREDICTOR_CONST) {
+            if ((st = expect(ck, pn, DT_F32, 1, se, &t, err)))
+                return st;
+            r.pred_norm = t->data;
+        } else if (c->top_p < 1.0f && c->top_p_predictor == DSV4_PREDICTOR_LINEAR) {
+            if ((st = expect(ck, pw, DT_F32, 2, sg, &t, err)))
+                return st;
+            r.pred_weight = t->data;
+            if ((st = expect(ck, pb, DT_F32, 1, se, &t, err)))
+                return st;
+            r.pred_bias = t->data;
+        }
+    }
+    *out = r;
+    return DSV4_OK;
+}
+
+void dsv4_matrix_dequant_rows(const dsv4_matrix_view *m, int64_t n0, int64_t rows, float *out)
+{
+    switch (m->format) {
+    case DSV4_FORMAT_BF16:
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *src = m->data + (uint64_t)(n0 + r) * m->row_bytes;
+            for (int64_t j = 0; j < m->k; j++)
+                out[r * m->k + j] = dsv4_load_bf16(src, j);
+        }
+        break;
+    case DSV4_FORMAT_FP8:
+        dsv4_dequant_fp8_rows(m->data, m->scales, m->scale_format, m->n, m->k, n0, rows, out);
+        break;
+    case DSV4_FORMAT_FP4:
+        dsv4_dequant_fp4_rows(m->data, m->scales, m->n, m->k, n0, rows, out);
+        break;
+    }
+}

@@ -1,0 +1,98 @@
+/*
+ * dsv4moe: number formats shared by every backend (SPEC.md section 5).
+ *
+ * All conversions are pure integer/IEEE arithmetic, independent of the
+ * floating-point environment's rounding mode, so the reference and every
+ * fast path agree to the bit.
+ */
+#ifndef DSV4MOE_FORMATS_H
+#define DSV4MOE_FORMATS_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include "status.h"
+#include "config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DSV4_E4M3_MAX 448.0f
+#define DSV4_E2M1_MAX 6.0f
+#define DSV4_AMAX_FLOOR 1e-4f   /* floor of amax in every quantizer */
+#define DSV4_FP8_BLOCK 128      /* weight block edge, activation group size */
+#define DSV4_FP4_GROUP 32       /* fp4 scale group along K */
+
+/* ---- bf16: round to nearest even; NaN stays NaN (quiet, sign kept). ---- */
+uint16_t dsv4_f32_to_bf16(float x);
+float dsv4_bf16_to_f32(uint16_t b);
+/* bf16(x) as a float: dsv4_bf16_to_f32(dsv4_f32_to_bf16(x)). */
+float dsv4_round_bf16(float x);
+
+/*
+ * ---- fp8 e4m3fn: bias 7, max 448, no infinity, NaN = S.1111.111. ----
+ * From fp32: round to nearest even, saturate to +-448 (+-Inf too);
+ * NaN gives 0x7F with the sign bit of the input. Subnormals are exact.
+ */
+uint8_t dsv4_f32_to_e4m3(float x);
+float dsv4_e4m3_to_f32(uint8_t code); /* 0x7F / 0xFF decode to NaN */
+
+/*
+ * ---- fp4 e2m1: magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign. ----
+ * From fp32: round to nearest, ties to even code; saturate to +-6 (+-Inf too).
+ * e2m1 has no NaN: a NaN input gives +6 (0x7); quantizers reject NaN before
+ * they get here. Packed storage: byte k/2, low nibble even k, high nibble odd k.
+ */
+uint8_t dsv4_f32_to_e2m1(float x); /* returns a nibble 0..15 */
+float dsv4_e2m1_to_f32(uint8_t nibble); /* only the low 4 bits are used */
+
+/* ---- ue8m0: one byte b, value 2^(b - 127); b = 255 is NaN. ---- */
+float dsv4_ue8m0_to_f32(uint8_t b);
+/*
+ * The ue8m0 byte of the smallest power of two s with amax <= limit * s,
+ * i.e. s = 2^ceil(log2(amax / limit)) computed exactly (no rounding of the
+ * division). amax is floored at DSV4_AMAX_FLOOR; the result is clamped to
+ * [0, 254]. limit is 448 for e4m3 and 6 for e2m1.
+ */
+uint8_t dsv4_ue8m0_scale_for(float amax, float limit);
+
+/*
+ * ---- Weight block quantizers (input fp32 [N, K], row-major). ----
+ * fp8: blocks of 128x128 (edge blocks partial); per block amax
+ * (floored at 1e-4), scale ue8m0 (s = 2^ceil(log2(amax/448))) or fp32
+ * (s = amax / 448); q = e4m3(w / s). Scale grid [ceil(N/128), ceil(K/128)]:
+ * `scales` is uint8_t[] for UE8M0 and float[] for FP32.
+ * fp4: groups of 1x32 along K (K % 32 == 0 required); ue8m0 scale with limit 6;
+ * q packed two per byte into [N, K/2]; scales uint8_t [N, K/32].
+ * A non-finite weight gives DSV4_ERR_NUMERIC naming `name` and the element
+ * [n, k]; outputs are then unspecified. `name` may be NULL.
+ */
+dsv4_status dsv4_quant_fp8_block(const float *w, int64_t n, int64_t k, dsv4_scale_format scale_format,
+                                 uint8_t *q, void *scales, const char *name, dsv4_error *err);
+dsv4_status dsv4_quant_fp4_block(const float *w, int64_t n, int64_t k, uint8_t *q, uint8_t *scales,
+                                 const char *name, dsv4_error *err);
+
+/* Dequantize rows [n0, n0 + rows) of a quantized [N, K] matrix into out[rows, K] (fp32). */
+void dsv4_dequant_fp8_rows(const uint8_t *q, const void *scales, dsv4_scale_format scale_format, int64_t n,
+                           int64_t k, int64_t n0, int64_t rows, float *out);
+void dsv4_dequant_fp4_rows(const uint8_t *q, const uint8_t *scales, int64_t n, int64_t k, int64_t n0,
+                           int64_t rows, float *out);
+/* Dequantize rows of a bf16 [N, K] matrix. */
+void dsv4_dequant_bf16_rows(const uint16_t *w, int64_t k, int64_t n0, int64_t rows, float *out);
+
+/*
+ * ---- Activation quantizer: one row of K values, groups of 128 along K ----
+ * (the last group may be partial). amax = max(max|x|, 1e-4) per group;
+ * UE8M0: s = 2^ceil(log2(amax/448)); FP32: s = amax / 448;
+ * q = e4m3(clamp(x / s, -448, 448)); out[i] = e4m3_to_f32(q) * s, the value
+ * the GEMM sees. NONE copies x. `codes` (K bytes) and `scales`
+ * (ceil(K/128) floats) may be NULL when the caller only needs `out`.
+ * x and out may alias. NaN inputs propagate as NaN.
+ */
+void dsv4_act_quant_row(const float *x, int64_t k, dsv4_act_quant mode, float *out, uint8_t *codes,
+                        float *scales);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

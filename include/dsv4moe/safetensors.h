@@ -1,0 +1,166 @@
+/*
+ * dsv4moe: safetensors files and multi-file checkpoints.
+ *
+ * The reader validates everything before it hands out a pointer: header
+ * length, JSON syntax (duplicate keys rejected), dtype names, shape products
+ * (64-bit overflow), data offsets (inside the data section, no overlap, no
+ * gap, the whole data section covered), and truncation. Every failure names
+ * the file and, where there is one, the tensor key.
+ *
+ * The writer never leaves partial output: it writes to a temporary file in
+ * the destination's folder and renames it into place only when complete.
+ */
+#ifndef DSV4MOE_SAFETENSORS_H
+#define DSV4MOE_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dsv4_dtype {
+    DSV4_DTYPE_BOOL = 0,
+    DSV4_DTYPE_U8,
+    DSV4_DTYPE_I8,
+    DSV4_DTYPE_U16,
+    DSV4_DTYPE_I16,
+    DSV4_DTYPE_F16,
+    DSV4_DTYPE_BF16,
+    DSV4_DTYPE_U32,
+    DSV4_DTYPE_I32,
+    DSV4_DTYPE_F32,
+    DSV4_DTYPE_U64,
+    DSV4_DTYPE_I64,
+    DSV4_DTYPE_F64,
+    DSV4_DTYPE_F8_E4M3,
+    DSV4_DTYPE_F8_E5M2,
+    DSV4_DTYPE_F8_E8M0,
+    DSV4_DTYPE_COUNT
+} dsv4_dtype;
+
+/* The safetensors name ("BF16", "F8_E4M3", ...); "?" for an invalid value. */
+const char *dsv4_dtype_name(dsv4_dtype dtype);
+/* Bytes per element; 0 for an invalid value. */
+size_t dsv4_dtype_size(dsv4_dtype dtype);
+/* Parses a safetensors dtype name; DSV4_ERR_FORMAT for an unknown one. */
+dsv4_status dsv4_dtype_parse(const char *name, dsv4_dtype *out);
+
+#define DSV4_MAX_DIMS 8
+/* Largest header accepted, as in the reference safetensors implementation. */
+#define DSV4_ST_MAX_HEADER (100u * 1024u * 1024u)
+
+typedef struct dsv4_tensor_info {
+    const char *name;
+    const char *file;  /* path of the file that holds it */
+    dsv4_dtype dtype;
+    int ndim;
+    int64_t shape[DSV4_MAX_DIMS];
+    uint64_t numel;
+    uint64_t nbytes;
+    uint64_t offset;   /* from the start of the data section */
+    const void *data;  /* read-only mapping, valid until the file is closed */
+} dsv4_tensor_info;
+
+/* ---------------- one file ---------------- */
+
+typedef struct dsv4_st_file dsv4_st_file;
+
+/* Opens and validates a file (memory-mapped). */
+dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err);
+/* NULL is a no-op. */
+void dsv4_st_close(dsv4_st_file *file);
+const char *dsv4_st_path(const dsv4_st_file *file);
+/* Tensors in order of their data offsets; at one offset the empty tensors
+ * come first, then by name (the Rust order: (begin, end), then name). */
+size_t dsv4_st_count(const dsv4_st_file *file);
+const dsv4_tensor_info *dsv4_st_tensor(const dsv4_st_file *file, size_t index);
+/* NULL when absent. */
+const dsv4_tensor_info *dsv4_st_find(const dsv4_st_file *file, const char *name);
+/* A value of the "__metadata__" map, or NULL. */
+const char *dsv4_st_metadata(const dsv4_st_file *file, const char *key);
+
+/* ---------------- writer ---------------- */
+
+typedef struct dsv4_st_writer dsv4_st_writer;
+
+/*
+ * Produces the bytes of tensor `index` (in order of dsv4_st_writer_add calls)
+ * into buf[0, nbytes). Called only for tensors declared with data == NULL,
+ * in declaration order, once each, with a zeroed buffer (non-NULL even when
+ * nbytes is 0) that the writer frees. Return DSV4_OK, or an error (filling
+ * err) to abandon the whole file; the writer's own message then names the
+ * file and the tensor and quotes err's message.
+ */
+typedef dsv4_status (*dsv4_st_fill_fn)(void *user, size_t index, const char *name, void *buf, uint64_t nbytes,
+                                       dsv4_error *err);
+
+dsv4_status dsv4_st_writer_create(dsv4_st_writer **out, dsv4_error *err);
+/* NULL is a no-op. */
+void dsv4_st_writer_free(dsv4_st_writer *writer);
+/*
+ * Declares a tensor. `data` (nbytes as implied by dtype and shape) is copied
+ * at write time, not now, so it must stay valid until dsv4_st_writer_write;
+ * pass NULL to have the fill callback produce it. Duplicate names, empty
+ * names, ndim outside [0, 8], negative dims and overflowing sizes are errors.
+ */
+dsv4_status dsv4_st_writer_add(dsv4_st_writer *writer, const char *name, dsv4_dtype dtype, int ndim,
+                               const int64_t *shape, const void *data, dsv4_error *err);
+/* Adds a "__metadata__" entry (string to string, UTF-8); a key set twice is an error. */
+dsv4_status dsv4_st_writer_set_metadata(dsv4_st_writer *writer, const char *key, const char *value,
+                                        dsv4_error *err);
+/*
+ * Writes the file atomically: "<path>.tmp.<pid>.<n>" next to it, renamed
+ * into place when complete, removed on any error. Header keys and data in
+ * declaration order, "__metadata__" first; the header is padded with spaces
+ * to a multiple of 8 bytes. `fill` may be NULL when every tensor has data.
+ */
+dsv4_status dsv4_st_writer_write(dsv4_st_writer *writer, const char *path, dsv4_st_fill_fn fill, void *user,
+                                 dsv4_error *err);
+
+/* ---------------- checkpoints ---------------- */
+
+typedef enum dsv4_layout {
+    DSV4_LAYOUT_UNKNOWN = 0, /* neither layout's keys were found */
+    DSV4_LAYOUT_SPLIT = 1,   /* official release: layers.{i}.ffn.experts.{e}.w1.weight ... */
+    DSV4_LAYOUT_STACKED = 2  /* HF transformers export: [model.]layers.{i}.mlp.experts.gate_up_proj ... */
+} dsv4_layout;
+
+const char *dsv4_layout_name(dsv4_layout layout);
+
+typedef struct dsv4_checkpoint dsv4_checkpoint;
+
+/*
+ * Opens a checkpoint: one .safetensors file, a folder holding
+ * model.safetensors.index.json (its weight_map names the files; every listed
+ * key must be in its file and every tensor of those files must be listed),
+ * a folder of .safetensors files without an index (all of them, sorted by
+ * name), or the path of an index file itself (any path ending in ".json").
+ * A key present in two files is an error; a folder with neither an index
+ * nor a .safetensors file is DSV4_ERR_NOT_FOUND. The layout is detected
+ * from the keys of all files together (split: a key starting
+ * "layers.<digits>.ffn."; stacked: one starting "[model.]layers.<digits>.mlp.";
+ * neither: DSV4_LAYOUT_UNKNOWN); a checkpoint mixing split and stacked
+ * keys, or stacked keys with and without the "model." prefix, is an error
+ * naming one key of each kind.
+ */
+dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out, dsv4_error *err);
+/* NULL is a no-op. */
+void dsv4_checkpoint_close(dsv4_checkpoint *ckpt);
+size_t dsv4_checkpoint_file_count(const dsv4_checkpoint *ckpt);
+const char *dsv4_checkpoint_file_path(const dsv4_checkpoint *ckpt, size_t index);
+/* All tensors, sorted by name. */
+size_t dsv4_checkpoint_tensor_count(const dsv4_checkpoint *ckpt);
+const dsv4_tensor_info *dsv4_checkpoint_tensor(const dsv4_checkpoint *ckpt, size_t index);
+/* NULL when absent. */
+const dsv4_tensor_info *dsv4_checkpoint_find(const dsv4_checkpoint *ckpt, const char *name);
+dsv4_layout dsv4_checkpoint_layout(const dsv4_checkpoint *ckpt);
+/* Key prefix of the stacked layout: "model." or "" (always "" for split). */
+const char *dsv4_checkpoint_prefix(const dsv4_checkpoint *ckpt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,76 @@
+/*
+ * dsv4moe: a layer's weights as views into an open checkpoint.
+ *
+ * The views point into the checkpoint's read-only mappings (no copy); they
+ * are valid while the checkpoint is open. Every tensor is checked against
+ * the [N = out, K = in] contract of SPEC.md section 6 for its layout and
+ * format, and a mismatch is an error naming the key, its dtype and shape,
+ * and what was expected.
+ */
+#ifndef DSV4MOE_WEIGHTS_H
+#define DSV4MOE_WEIGHTS_H
+
+#include <stdint.h>
+#include "config.h"
+#include "safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dsv4_proj {
+    DSV4_PROJ_W1 = 0, /* gate, [I, H] */
+    DSV4_PROJ_W3 = 1, /* up,   [I, H] */
+    DSV4_PROJ_W2 = 2  /* down, [H, I] */
+} dsv4_proj;
+
+#define DSV4_SHARED_EXPERT (-1)
+
+/* One [n, k] weight matrix in its stored format. Rows may be unaligned in memory. */
+typedef struct dsv4_matrix_view {
+    const char *key;                /* key of the weight tensor */
+    dsv4_weight_format format;      /* as stored: bf16, fp8 (e4m3) or fp4 (packed e2m1) */
+    dsv4_scale_format scale_format; /* fp8 only */
+    int64_t n, k;
+    const uint8_t *data;            /* row r starts at data + r * row_bytes */
+    uint64_t row_bytes;
+    const uint8_t *scales;          /* fp8: [ceil(n/128), ceil(k/128)]; fp4: [n, k/32]; NULL for bf16 */
+} dsv4_matrix_view;
+
+/* The router's tensors. Optional ones are NULL when the layer has none. */
+typedef struct dsv4_router_view {
+    const char *gate_key;
+    const uint8_t *gate;        /* bf16 [E, H] */
+    const uint8_t *bias;        /* f32 [E], non-hash layers (may be absent: zero bias) */
+    const uint8_t *tid2eid;     /* i32 [V, K], hash layers */
+    const uint8_t *pred_norm;   /* f32 [E], top_p_predictor const */
+    const uint8_t *pred_weight; /* f32 [E, H], top_p_predictor linear */
+    const uint8_t *pred_bias;   /* f32 [E], top_p_predictor linear */
+} dsv4_router_view;
+
+/*
+ * The view of projection `proj` of routed expert `expert` (0 .. E-1) or of
+ * the shared expert (DSV4_SHARED_EXPERT). Split layout: the tensor's dtype
+ * must match the config's routed_format / shared_format (and weight_scale for
+ * fp8). Stacked layout: bf16 whatever the config says (quantizing at load is
+ * the consumer's choice).
+ */
+dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, int64_t expert,
+                                dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err);
+
+/* The router tensors of cfg->layer; tid2eid required on hash layers, predictor tensors as configured. */
+dsv4_status dsv4_weights_router(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, dsv4_router_view *out,
+                                dsv4_error *err);
+
+/* Dequantizes rows [n0, n0 + rows) of a view into out[rows, k] as fp32. */
+void dsv4_matrix_dequant_rows(const dsv4_matrix_view *m, int64_t n0, int64_t rows, float *out);
+
+/* Unaligned little-endian loads for the raw pointers of the views. */
+float dsv4_load_bf16(const uint8_t *p, int64_t index);
+float dsv4_load_f32(const uint8_t *p, int64_t index);
+int32_t dsv4_load_i32(const uint8_t *p, int64_t index);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

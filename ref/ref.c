@@ -1,0 +1,521 @@
+/* The reference layer: binding a checkpoint, and the forward (SPEC.md sections 2-5). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4moe/formats.h"
+#include "dsv4moe/ref.h"
+#include "dsv4moe/weights.h"
+#include "err.h"
+#include "parallel.h"
+#include "ref_internal.h"
+
+/* A matrix as the reference consumes it: a view into the checkpoint, or owned quantized bytes. */
+typedef struct {
+    dsv4_matrix_view v;
+    uint8_t *owned_q, *owned_s;
+} matrix;
+
+struct dsv4_ref {
+    dsv4_config cfg;
+    int threads;
+    dsv4_router_view router;
+    float *gate;      /* [E, H] fp32 */
+    float *bias;      /* [E] or NULL */
+    int32_t *tid2eid; /* [V, K] or NULL */
+    float *pred_norm, *pred_w, *pred_b;
+    matrix *experts;  /* [E][3] */
+    matrix shared[3];
+};
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static dsv4_status quantize_owned(const dsv4_config *c, dsv4_weight_format fmt, matrix *m, dsv4_error *err)
+{
+    int64_t n = m->v.n, k = m->v.k;
+    float *w = malloc((size_t)(n * k) * sizeof *w);
+    if (!w)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, m->v.key, "out of memory quantizing at load");
+    dsv4_matrix_dequant_rows(&m->v, 0, n, w);
+    dsv4_status st;
+    if (fmt == DSV4_FORMAT_FP8) {
+        size_t ssz = c->weight_scale == DSV4_SCALE_FP32 ? 4 : 1;
+        m->owned_q = malloc((size_t)(n * k));
+        m->owned_s = malloc((size_t)(cdiv(n, 128) * cdiv(k, 128)) * ssz);
+        st = !m->owned_q || !m->owned_s
+                 ? dsv4_seterr(err, DSV4_ERR_NOMEM, m->v.key, "out of memory quantizing at load")
+                 : dsv4_quant_fp8_block(w, n, k, c->weight_scale, m->owned_q, m->owned_s, m->v.key, err);
+        m->v.row_bytes = (uint64_t)k;
+        m->v.scale_format = c->weight_scale;
+    } else {
+        m->owned_q = malloc((size_t)(n * k / 2));
+        m->owned_s = malloc((size_t)(n * (k / 32)));
+        st = !m->owned_q || !m->owned_s
+                 ? dsv4_seterr(err, DSV4_ERR_NOMEM, m->v.key, "out of memory quantizing at load")
+                 : dsv4_quant_fp4_block(w, n, k, m->owned_q, m->owned_s, m->v.key, err);
+        m->v.row_bytes = (uint64_t)k / 2;
+    }
+    free(w);
+    if (st == DSV4_OK) {
+        m->v.format = fmt;
+        m->v.data = m->owned_q;
+        m->v.scales = m->owned_s;
+    }
+    return st;
+}
+
+static dsv4_status bind_matrix(dsv4_ref *r, const dsv4_checkpoint *ck, int64_t e, int p, matrix *m, dsv4_error *err)
+{
+    dsv4_status st = dsv4_weights_matrix(ck, &r->cfg, e, (dsv4_proj)p, &m->v, err);
+    if (st)
+        return st;
+    dsv4_weight_format want = e == DSV4_SHARED_EXPERT ? r->cfg.shared_format : r->cfg.routed_format;
+    if (m->v.format != want) /* a bf16 stacked export under a quantized config */
+        return quantize_owned(&r->cfg, want, m, err);
+    return DSV4_OK;
+}
+
+static float *copy_f32(const uint8_t *p, int64_t n)
+{
+    float *o = malloc((size_t)(n > 0 ? n : 1) * sizeof *o);
+    if (o)
+        for (int64_t i = 0; i < n; i++)
+            o[i] = dsv4_load_f32(p, i);
+    return o;
+}
+
+void dsv4_ref_free(dsv4_ref *r)
+{
+    if (!r)
+        return;
+    if (r->experts) {
+        for (int64_t i = 0; i < 3 * r->cfg.n_routed_experts; i++) {
+            free(r->experts[i].owned_q);
+            free(r->experts[i].owned_s);
+        }
+        free(r->experts);
+    }
+    for (int p = 0; p < 3; p++) {
+        free(r->shared[p].owned_q);
+        free(r->shared[p].owned_s);
+    }
+    free(r->gate);
+    free(r->bias);
+    free(r->tid2eid);
+    free(r->pred_norm);
+    free(r->pred_w);
+    free(r->pred_b);
+    free(r);
+}
+
+const dsv4_config *dsv4_ref_config(const dsv4_ref *r) { return r ? &r->cfg : NULL; }
+
+dsv4_status dsv4_ref_create(const dsv4_config *cfg, const dsv4_checkpoint *ck, int threads, dsv4_ref **out,
+                            dsv4_error *err)
+{
+    if (!cfg || !ck || !out)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref", "config, checkpoint and output must not be NULL");
+    *out = NULL;
+    if (threads < 1 || threads > 256)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref", "threads %d is outside [1, 256]", threads);
+    dsv4_status st = dsv4_config_validate(cfg, err);
+    if (st)
+        return st;
+    dsv4_ref *r = calloc(1, sizeof *r);
+    if (!r)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref", "out of memory");
+    r->cfg = *cfg;
+    r->threads = threads;
+    const dsv4_config *c = &r->cfg;
+    int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
+    if ((st = dsv4_weights_router(ck, c, &r->router, err)))
+        goto fail;
+    r->gate = malloc((size_t)(E * H) * sizeof *r->gate);
+    if (!r->gate)
+        goto nomem;
+    for (int64_t i = 0; i < E * H; i++)
+        r->gate[i] = dsv4_load_bf16(r->router.gate, i);
+    if (r->router.bias && !(r->bias = copy_f32(r->router.bias, E)))
+        goto nomem;
+    if (r->router.tid2eid) {
+        r->tid2eid = malloc((size_t)(c->vocab_size * K) * sizeof *r->tid2eid);
+        if (!r->tid2eid)
+            goto nomem;
+        for (int64_t i = 0; i < c->vocab_size * K; i++)
+            r->tid2eid[i] = dsv4_load_i32(r->router.tid2eid, i);
+    }
+    if (r->router.pred_norm && !(r->pred_norm = copy_f32(r->router.pred_norm, E)))
+        goto nomem;
+    if (r->router.pred_weight &&
+        (!(r->pred_w = copy_f32(r->router.pred_weight, E * H)) || !(r->pred_b = copy_f32(r->router.pred_bias, E))))
+        goto nomem;
+    r->experts = calloc((size_t)(3 * E), sizeof *r->experts);
+    if (!r->experts)
+        goto nomem;
+    for (int64_t e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++)
+            if ((st = bind_matrix(r, ck, e, p, &r->experts[3 * e + p], err)))
+                goto fail;
+    if (c->n_shared_experts > 0)
+        for (int p = 0; p < 3; p++)
+            if ((st = bind_matrix(r, ck, DSV4_SHARED_EXPERT, p, &r->shared[p], err)))
+                goto fail;
+    *out = r;
+    return DSV4_OK;
+nomem:
+    st = dsv4_seterr(err, DSV4_ERR_NOMEM, "ref", "out of memory binding layer %lld", (long long)c->layer);
+fail:
+    dsv4_ref_free(r);
+    return st;
+}
+
+/* ---------------- forward ---------------- */
+
+typedef struct {
+    const dsv4_ref *r;
+    const float *xf;     /* [T, H] */
+    const int32_t *in_ids;
+    int32_t *ids;        /* [T, K] */
+    float *w;            /* [T, K] */
+    int32_t *kept;       /* [T] */
+    unsigned char *nonfinite; /* [T] */
+} route_job;
+
+static void route_tokens(void *p, int64_t b, int64_t e)
+{
+    route_job *j = p;
+    const dsv4_ref *r = j->r;
+    const dsv4_config *c = &r->cfg;
+    int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
+    float *l = malloc((size_t)E * 2 * sizeof *l);
+    float norms[K];
+    if (!l) /* cannot happen in practice; leave the fallback rows deterministic */
+        return;
+    float *s = l + E;
+    bool hash = dsv4_config_is_hash_layer(c);
+    for (int64_t t = b; t < e; t++) {
+        const float *x = j->xf + t * H;
+        int32_t *ids = j->ids + t * K;
+        float *w = j->w + t * K;
+        bool finite = true;
+        for (int64_t ex = 0; ex < E; ex++) {
+            l[ex] = dsv4_ref_dot(x, r->gate + ex * H, H);
+            if (c->gate_logits == DSV4_GATE_LOGITS_BF16)
+                l[ex] = dsv4_round_bf16(l[ex]);
+            finite = finite && isfinite(l[ex]);
+        }
+        j->nonfinite[t] = !finite;
+        if (!finite) {
+            for (int64_t k = 0; k < K; k++) {
+                ids[k] = (int32_t)k;
+                w[k] = c->route_scale / (float)K;
+            }
+            j->kept[t] = (int32_t)K;
+            continue;
+        }
+        dsv4_ref_scores(c, l, s);
+        dsv4_ref_select(c, s, r->bias, hash ? r->tid2eid + (int64_t)j->in_ids[t] * K : NULL, ids, w);
+        int kept = (int)K;
+        if (!hash && c->top_p < 1.0f) {
+            for (int64_t k = 0; k < K; k++) {
+                int32_t ex = ids[k];
+                if (c->top_p_predictor == DSV4_PREDICTOR_CONST)
+                    norms[k] = r->pred_norm[ex];
+                else if (c->top_p_predictor == DSV4_PREDICTOR_LINEAR) {
+                    float v = dsv4_ref_dot(r->pred_w + (int64_t)ex * H, x, H) + r->pred_b[ex];
+                    norms[k] = v > 0.0f ? v : 0.0f;
+                } else
+                    norms[k] = 1.0f;
+            }
+            kept = dsv4_ref_top_p(c, ids, w, norms);
+        }
+        j->kept[t] = kept;
+    }
+    free(l);
+}
+
+/* One FFN (routed expert or shared) over a list of tokens. */
+typedef struct {
+    const dsv4_config *c;
+    const matrix *m;         /* w1, w3, w2 */
+    bool quant_act;
+    dsv4_act_quant aq;
+    bool clamp;
+    const float *xq;         /* [T, H] activations as this FFN's GEMMs see them */
+    const int64_t *tok;      /* tokens of this FFN */
+    const float *tw;         /* router weight per listed token (NULL: weight 1, shared) */
+    int64_t n;
+    float *w13;              /* [2 I, H] dequantized */
+    float *w2;               /* [H, I] */
+    float *h;                /* [n, I] */
+    float *o;                /* [n, H] */
+    uint64_t *gclamp, *uclamp; /* per I-chunk counters, summed after the join */
+} ffn_job;
+
+#define ROWS_PER_CHUNK 64
+
+static void dequant_w13(void *p, int64_t b, int64_t e)
+{
+    ffn_job *j = p;
+    int64_t I = j->c->moe_inter_dim, H = j->c->dim;
+    for (int64_t r = b; r < e; r++) {
+        int which = r < I ? 0 : 1;
+        dsv4_matrix_dequant_rows(&j->m[which].v, r - which * I, 1, j->w13 + r * H);
+    }
+}
+
+static void dequant_w2(void *p, int64_t b, int64_t e)
+{
+    ffn_job *j = p;
+    dsv4_matrix_dequant_rows(&j->m[2].v, b, e - b, j->w2 + b * j->c->moe_inter_dim);
+}
+
+/* g, u, clamp, silu, router weight before w2: h[t, i] for i in [b, e). */
+static void ffn_up(void *p, int64_t b, int64_t e)
+{
+    ffn_job *j = p;
+    const dsv4_config *c = j->c;
+    int64_t I = c->moe_inter_dim, H = c->dim;
+    float L = c->swiglu_limit;
+    uint64_t gc = 0, uc = 0;
+    for (int64_t q = 0; q < j->n; q++) {
+        const float *x = j->xq + j->tok[q] * H;
+        for (int64_t i = b; i < e; i++) {
+            float g = dsv4_round_bf16(dsv4_ref_dot(x, j->w13 + i * H, H));
+            float u = dsv4_round_bf16(dsv4_ref_dot(x, j->w13 + (I + i) * H, H));
+            if (j->clamp && L > 0.0f) {
+                if (g > L) {
+                    g = L;
+                    gc++;
+                }
+                if (u > L || u < -L) {
+                    u = u > L ? L : -L;
+                    uc++;
+                }
+            }
+            float h = dsv4_ref_siluf(g) * u;
+            if (j->tw && c->weight_point == DSV4_WEIGHT_BEFORE_W2)
+                h = h * j->tw[q];
+            j->h[q * I + i] = dsv4_round_bf16(h);
+        }
+    }
+    j->gclamp[b / ROWS_PER_CHUNK] = gc;
+    j->uclamp[b / ROWS_PER_CHUNK] = uc;
+}
+
+static void ffn_down(void *p, int64_t b, int64_t e)
+{
+    ffn_job *j = p;
+    int64_t I = j->c->moe_inter_dim, H = j->c->dim;
+    for (int64_t q = 0; q < j->n; q++)
+        for (int64_t r = b; r < e; r++)
+            j->o[q * H + r] = dsv4_round_bf16(dsv4_ref_dot(j->h + q * I, j->w2 + r * I, I));
+}
+
+/* Quantizes each listed token's h (bf16 already) for the down projection. */
+static void quant_h(ffn_job *j)
+{
+    int64_t I = j->c->moe_inter_dim;
+    if (!j->quant_act)
+        return;
+    for (int64_t q = 0; q < j->n; q++)
+        dsv4_act_quant_row(j->h + q * I, I, j->aq, j->h + q * I, NULL, NULL);
+}
+
+static void run_ffn(ffn_job *j, int threads, uint64_t *gclamped, uint64_t *uclamped)
+{
+    int64_t I = j->c->moe_inter_dim, H = j->c->dim;
+    dsv4_parallel_for(threads, 2 * I, ROWS_PER_CHUNK, dequant_w13, j);
+    dsv4_parallel_for(threads, H, ROWS_PER_CHUNK, dequant_w2, j);
+    int64_t chunks = cdiv(I, ROWS_PER_CHUNK);
+    memset(j->gclamp, 0, (size_t)chunks * sizeof *j->gclamp);
+    memset(j->uclamp, 0, (size_t)chunks * sizeof *j->uclamp);
+    dsv4_parallel_for(threads, I, ROWS_PER_CHUNK, ffn_up, j);
+    for (int64_t k = 0; k < chunks; k++) {
+        *gclamped += j->gclamp[k];
+        *uclamped += j->uclamp[k];
+    }
+    quant_h(j);
+    dsv4_parallel_for(threads, H, ROWS_PER_CHUNK, ffn_down, j);
+}
+
+dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const int32_t *in_ids, dsv4_ref_output *out,
+                             dsv4_error *err)
+{
+    if (!r || !out || !out->y || (T > 0 && !x))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "handle, x and out->y must not be NULL");
+    if (T < 0)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "token count %lld is negative", (long long)T);
+    const dsv4_config *c = &r->cfg;
+    int64_t E = c->n_routed_experts, H = c->dim, I = c->moe_inter_dim, K = c->n_activated;
+    bool hash = dsv4_config_is_hash_layer(c);
+    if (hash && T > 0 && !in_ids)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward",
+                           "layer %lld is a hash layer: input_ids are required", (long long)c->layer);
+    if (hash)
+        for (int64_t t = 0; t < T; t++) {
+            if (in_ids[t] < 0 || in_ids[t] >= c->vocab_size) {
+                char where[64];
+                snprintf(where, sizeof where, "input_ids[%lld]", (long long)t);
+                return dsv4_seterr(err, DSV4_ERR_RANGE, where, "token id %d is outside [0, vocab_size = %lld)",
+                                   in_ids[t], (long long)c->vocab_size);
+            }
+            for (int64_t k = 0; k < K; k++) {
+                int32_t ex = r->tid2eid[(int64_t)in_ids[t] * K + k];
+                if (ex < 0 || ex >= E) {
+                    char where[96];
+                    snprintf(where, sizeof where, "tid2eid[%d, %lld]", in_ids[t], (long long)k);
+                    return dsv4_seterr(err, DSV4_ERR_RANGE, where,
+                                       "expert id %d (token %lld) is outside [0, n_routed_experts = %lld)", ex,
+                                       (long long)t, (long long)E);
+                }
+            }
+        }
+
+    dsv4_status st = DSV4_OK;
+    size_t TH = (size_t)(T * H), TK = (size_t)(T * K);
+    float *xf = malloc((TH ? TH : 1) * sizeof *xf);
+    float *xr = malloc((TH ? TH : 1) * sizeof *xr); /* routed GEMM activations */
+    float *xs = malloc((TH ? TH : 1) * sizeof *xs); /* shared GEMM activations */
+    float *y = calloc(TH ? TH : 1, sizeof *y);
+    int32_t *ids = malloc((TK ? TK : 1) * sizeof *ids);
+    float *w = malloc((TK ? TK : 1) * sizeof *w);
+    int32_t *kept = malloc((size_t)(T ? T : 1) * sizeof *kept);
+    unsigned char *nonfinite = malloc((size_t)(T ? T : 1));
+    int64_t *tok = malloc((size_t)(T ? T : 1) * sizeof *tok);
+    float *tw = malloc((size_t)(T ? T : 1) * sizeof *tw);
+    float *w13 = malloc((size_t)(2 * I * H) * sizeof *w13);
+    float *w2 = malloc((size_t)(H * I) * sizeof *w2);
+    float *h = malloc((size_t)((T ? T : 1) * I) * sizeof *h);
+    float *o = malloc((TH ? TH : 1) * sizeof *o);
+    int64_t chunks = cdiv(I, ROWS_PER_CHUNK);
+    uint64_t *gcl = malloc((size_t)chunks * sizeof *gcl), *ucl = malloc((size_t)chunks * sizeof *ucl);
+    if (!xf || !xr || !xs || !y || !ids || !w || !kept || !nonfinite || !tok || !tw || !w13 || !w2 || !h || !o ||
+        !gcl || !ucl) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, "ref forward", "out of memory for %lld tokens", (long long)T);
+        goto done;
+    }
+    dsv4_ref_stats stats;
+    memset(&stats, 0, sizeof stats);
+    stats.tokens = T;
+    for (size_t i = 0; i < TH; i++) {
+        uint16_t b = x[i];
+        xf[i] = dsv4_bf16_to_f32(b);
+    }
+    bool rq = c->routed_format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
+    bool sq = c->shared_format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(xr + t * H, xf + t * H, (size_t)H * sizeof *xr);
+        memcpy(xs + t * H, xf + t * H, (size_t)H * sizeof *xs);
+        if (rq)
+            dsv4_act_quant_row(xr + t * H, H, c->act_quant, xr + t * H, NULL, NULL);
+        if (sq)
+            dsv4_act_quant_row(xs + t * H, H, c->act_quant, xs + t * H, NULL, NULL);
+    }
+
+    route_job rj = {r, xf, in_ids, ids, w, kept, nonfinite};
+    dsv4_parallel_for(r->threads, T, 1, route_tokens, &rj);
+    for (int64_t t = 0; t < T; t++) {
+        stats.nonfinite_rows += nonfinite[t];
+        stats.kept_slots += kept[t];
+    }
+    stats.pruned_slots = T * K - stats.kept_slots;
+
+    ffn_job fj = {.c = c, .aq = c->act_quant, .clamp = true, .tok = tok, .w13 = w13, .w2 = w2, .h = h, .o = o,
+                  .gclamp = gcl, .uclamp = ucl};
+    /* Routed experts in ascending id: each token's y accumulates in that order. */
+    for (int64_t ex = 0; ex < E; ex++) {
+        int64_t n = 0;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t k = 0; k < K; k++)
+                if (ids[t * K + k] == ex) {
+                    tok[n] = t;
+                    tw[n++] = w[t * K + k];
+                }
+        if (!n)
+            continue;
+        fj.m = &r->experts[3 * ex];
+        fj.quant_act = rq;
+        fj.xq = xr;
+        fj.tw = tw;
+        fj.n = n;
+        run_ffn(&fj, r->threads, &stats.routed_g_clamped, &stats.routed_u_clamped);
+        stats.routed_values += (uint64_t)(n * I);
+        for (int64_t q = 0; q < n; q++) {
+            float *yt = y + tok[q] * H;
+            const float *ot = o + q * H;
+            if (c->weight_point == DSV4_WEIGHT_AFTER_W2)
+                for (int64_t i = 0; i < H; i++)
+                    yt[i] += tw[q] * ot[i];
+            else
+                for (int64_t i = 0; i < H; i++)
+                    yt[i] += ot[i];
+        }
+    }
+    if (c->n_shared_experts > 0 && T > 0) {
+        for (int64_t t = 0; t < T; t++)
+            tok[t] = t;
+        fj.m = r->shared;
+        fj.quant_act = sq;
+        fj.xq = xs;
+        fj.tw = NULL;
+        fj.n = T;
+        fj.clamp = c->shared_clamp;
+        run_ffn(&fj, r->threads, &stats.shared_g_clamped, &stats.shared_u_clamped);
+        stats.shared_values = (uint64_t)(T * I);
+        for (size_t i = 0; i < TH; i++)
+            y[i] += o[i];
+    }
+    for (size_t i = 0; i < TH; i++)
+        out->y[i] = dsv4_f32_to_bf16(y[i]);
+    if (out->topk_ids)
+        memcpy(out->topk_ids, ids, TK * sizeof *ids);
+    if (out->topk_weights)
+        memcpy(out->topk_weights, w, TK * sizeof *w);
+    if (out->kept_counts)
+        memcpy(out->kept_counts, kept, (size_t)T * sizeof *kept);
+    out->stats = stats;
+done:
+    free(xf);
+    free(xr);
+    free(xs);
+    free(y);
+    free(ids);
+    free(w);
+    free(kept);
+    free(nonfinite);
+    free(tok);
+    free(tw);
+    free(w13);
+    free(w2);
+    free(h);
+    free(o);
+    free(gcl);
+    free(ucl);
+    return st;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+uint64_t dsv4_ref_hash(const dsv4_config *c, int64_t T, const dsv4_ref_output *out)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    if (!c || !out || T < 0)
+        return h;
+    if (out->y)
+        h = fnv(h, out->y, (size_t)(T * c->dim) * sizeof *out->y);
+    if (out->topk_ids)
+        h = fnv(h, out->topk_ids, (size_t)(T * c->n_activated) * sizeof *out->topk_ids);
+    if (out->topk_weights)
+        h = fnv(h, out->topk_weights, (size_t)(T * c->n_activated) * sizeof *out->topk_weights);
+    return h;
+}

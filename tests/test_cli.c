@@ -1,0 +1,156 @@
+/* The dsv4moe binary as a user runs it: exit statuses and messages. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "testutil.h"
+
+Suite *cli_suite(void);
+
+static char out_buf[1 << 16];
+
+/* Runs `dsv4moe ARGS` with stdout and stderr captured into out_buf; returns the exit status. */
+static int run_cli(const char *args)
+{
+    const char *cli = getenv("DSV4MOE_CLI");
+    ck_assert_msg(cli != NULL, "DSV4MOE_CLI is not set (run through make test)");
+    char log[512], cmd[4096];
+    tu_path(log, sizeof log, "cli_out.txt");
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>&1", cli, args, log);
+    int rc = system(cmd);
+    FILE *f = fopen(log, "r");
+    size_t n = f ? fread(out_buf, 1, sizeof out_buf - 1, f) : 0;
+    out_buf[n] = '\0';
+    if (f)
+        fclose(f);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static int run_sh(const char *cmd) { int rc = system(cmd); return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1; }
+
+START_TEST(help_for_every_command)
+{
+    const char *cmds[] = {"gen", "inspect", "ref", "plan", "run", "diff", "bench"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char a[64];
+        snprintf(a, sizeof a, "%s --help", cmds[i]);
+        ck_assert_int_eq(run_cli(a), 0);
+        ck_assert_ptr_nonnull(strstr(out_buf, "usage: dsv4moe"));
+    }
+    ck_assert_int_eq(run_cli("--help"), 0);
+    ck_assert_ptr_nonnull(strstr(out_buf, "inspect"));
+    ck_assert_int_eq(run_cli("help presets"), 0);
+    ck_assert_ptr_nonnull(strstr(out_buf, "v4-flash"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "mini-topp"));
+    ck_assert_int_eq(run_cli("help keys"), 0);
+    ck_assert_ptr_nonnull(strstr(out_buf, "swiglu_limit"));
+    ck_assert_int_eq(run_cli("--version"), 0);
+    ck_assert_int_eq(run_cli(""), 2);
+    ck_assert_int_eq(run_cli("frobnicate"), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "unknown command 'frobnicate'"));
+    ck_assert_int_eq(run_cli("ref"), 2);
+}
+END_TEST
+
+START_TEST(gen_then_inspect_then_independent_parser)
+{
+    char dir[512], args[2048];
+    tu_path(dir, sizeof dir, "cli_gen");
+    snprintf(args, sizeof args, "gen --preset mini --layer 1 --tokens 8 --seed 3 --threads 2 --out %s", dir);
+    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "clamp probe"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "split layout"));
+    snprintf(args, sizeof args, "inspect %s/model.safetensors", dir);
+    ck_assert_int_eq(run_cli(args), 0);
+    ck_assert_ptr_nonnull(strstr(out_buf, "layout split"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "layers.1.ffn.experts.0.w1.weight"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "F8_E8M0"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "[256, 64]"));
+    snprintf(args, sizeof args, "inspect --quiet %s", dir); /* a folder without an index */
+    ck_assert_int_eq(run_cli(args), 0);
+    ck_assert_ptr_nonnull(strstr(out_buf, "2 files"));
+    const char *src = getenv("DSV4MOE_SRC");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "python3 %s/tests/tools/st_check.py %s/model.safetensors >/dev/null "
+             "--expect layers.1.ffn.experts.0.w1.weight:I8:128,128 "
+             "--expect layers.1.ffn.experts.0.w1.scale:F8_E8M0:128,8 "
+             "--expect layers.1.ffn.experts.15.w2.weight:I8:256,64 "
+             "--expect layers.1.ffn.shared_experts.w1.weight:F8_E4M3:128,256 "
+             "--expect layers.1.ffn.shared_experts.w1.scale:F8_E8M0:1,2 "
+             "--expect layers.1.ffn.gate.weight:BF16:16,256 --expect layers.1.ffn.gate.bias:F32:16",
+             src ? src : ".", dir);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(cmd, sizeof cmd,
+             "python3 %s/tests/tools/st_check.py %s/input.safetensors >/dev/null --expect x:BF16:8,256 "
+             "--expect input_ids:I32:8",
+             src ? src : ".", dir);
+    ck_assert_int_eq(run_sh(cmd), 0);
+}
+END_TEST
+
+START_TEST(corrupt_files_exit_2_naming_file)
+{
+    char dir[512], args[2048], cmd[4096];
+    tu_path(dir, sizeof dir, "cli_bad");
+    snprintf(args, sizeof args, "gen --preset tiny --layer 1 --tokens 2 --out %s --probe-tokens 0", dir);
+    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
+    /* Truncations at several points: inside the length, the header and the data. */
+    const long cuts[] = {3, 9, 100, 5000, 40000};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        snprintf(cmd, sizeof cmd, "head -c %ld %s/model.safetensors > %s/cut.safetensors", cuts[i], dir, dir);
+        ck_assert_int_eq(run_sh(cmd), 0);
+        snprintf(args, sizeof args, "inspect %s/cut.safetensors", dir);
+        ck_assert_int_eq(run_cli(args), 2);
+        ck_assert_msg(strstr(out_buf, "cut.safetensors") != NULL, "message does not name the file: %s", out_buf);
+    }
+    /* A dtype name broken inside the header names the key. */
+    snprintf(cmd, sizeof cmd, "sed 's/\"BF16\"/\"BF17\"/' %s/model.safetensors > %s/dt.safetensors", dir, dir);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "inspect %s/dt.safetensors", dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "dt.safetensors"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "BF17"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "layers.1.ffn."));
+    snprintf(args, sizeof args, "inspect %s/none.safetensors", dir);
+    ck_assert_int_eq(run_cli(args), 2);
+}
+END_TEST
+
+START_TEST(bad_options_exit_2)
+{
+    char dir[512], args[2048];
+    tu_path(dir, sizeof dir, "cli_never");
+    snprintf(args, sizeof args, "gen --preset mini --layer 9 --out %s", dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "'layer'"));
+    snprintf(args, sizeof args, "gen --preset mini --layer 1 --set top_p=2 --out %s", dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "'top_p'"));
+    snprintf(args, sizeof args, "gen --preset mini --layer 1 --set nokey=2 --out %s", dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "nokey"));
+    ck_assert_int_eq(run_cli("gen --preset nosuch --layer 1"), 2);
+    ck_assert_int_eq(run_cli("gen --preset mini"), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "--layer"));
+    ck_assert_int_eq(run_cli("gen --preset mini --layer 1 --tokens -4"), 2);
+    ck_assert_int_eq(run_cli("gen --preset mini --layer 1 --tokens"), 2);
+    ck_assert_int_eq(run_cli("gen --bogus"), 2);
+    ck_assert(!tu_file_exists(dir));
+}
+END_TEST
+
+Suite *cli_suite(void)
+{
+    Suite *s = suite_create("cli");
+    TCase *tc = tcase_create("cli");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, help_for_every_command);
+    tcase_add_test(tc, gen_then_inspect_then_independent_parser);
+    tcase_add_test(tc, corrupt_files_exit_2_naming_file);
+    tcase_add_test(tc, bad_options_exit_2);
+    suite_add_tcase(s, tc);
+    return s;
+}
