@@ -5,9 +5,12 @@
  * result never depends on the floating-point rounding mode, on flush-to-zero
  * or on libm. The only fp32 arithmetic left is what the contract itself
  * defines in fp32: the fp32 scale amax / 448, the division by it, and the
- * final decode(q) * scale products. Products and quotients by a power-of-two
- * ue8m0 scale are exact (or round to values that encode to the same code, see
- * scale_inverse), so the ue8m0 paths are bit-identical under any rounding mode.
+ * decode(q) * scale products; with fp32 scales these round (in the default
+ * round-to-nearest mode the library expects). Products by a power-of-two
+ * ue8m0 scale or its reciprocal are exact, except a result below the fp32
+ * normal range, which is far under half the smallest e4m3/e2m1 step and so
+ * encodes to zero whichever way it rounded: the ue8m0 paths are bit-identical
+ * under any rounding mode.
  */
 #include <string.h>
 
@@ -344,8 +347,12 @@ void dsv4_dequant_fp8_rows(const uint8_t *q, const void *scales, dsv4_scale_form
         float *o = out + r * k;
         for (int64_t bk = 0; bk < nb_k; bk++) {
             int64_t si = (row / B) * nb_k + bk;
-            float s = scale_format == DSV4_SCALE_FP32 ? ((const float *)scales)[si]
-                                                      : dsv4_ue8m0_to_f32(((const uint8_t *)scales)[si]);
+            /* fp32 scales may sit at any offset of a mapped file: load them bytewise. */
+            float s;
+            if (scale_format == DSV4_SCALE_FP32)
+                memcpy(&s, (const uint8_t *)scales + 4 * si, sizeof s);
+            else
+                s = dsv4_ue8m0_to_f32(((const uint8_t *)scales)[si]);
             int64_t c1 = (bk + 1) * B < k ? (bk + 1) * B : k;
             for (int64_t c = bk * B; c < c1; c++)
                 o[c] = e4m3_decode(qr[c]) * s;
@@ -388,14 +395,32 @@ void dsv4_dequant_bf16_rows(const uint16_t *w, int64_t k, int64_t n0, int64_t ro
 /* ---- activation quantizer ---- */
 
 /*
+ * Every NaN this writes (x NaN; Inf / Inf or 0 * Inf with an fp32 scale of
+ * Inf) is the quiet NaN with the sign of x, never one produced by arithmetic:
+ * the sign of a generated NaN differs between CPUs (x86's default NaN is
+ * negative, ARM's positive, RISC-V's canonical), and the reference must not.
+ */
+static inline void act_store(float xi, uint8_t c, float s, float *out, uint8_t *code)
+{
+    uint32_t sign = f32_bits(xi) & 0x80000000u;
+    if ((c & 0x7Fu) == 0x7Fu)
+        c = (uint8_t)((sign >> 24) | 0x7Fu);
+    float o = e4m3_decode(c) * s;
+    *out = (f32_bits(o) & F32_ABS_MASK) > F32_INF_BITS ? f32_from_bits(sign | F32_QNAN_BITS) : o;
+    if (code)
+        *code = c;
+}
+
+/*
  * Choices the header leaves open:
  * - NaN: amax ignores NaN elements, so a NaN changes neither the group's
  *   scale nor any other element's value; the NaN element itself gets code
- *   0x7F | sign and out NaN (decode(NaN code) * s).
+ *   0x7F | sign(x) and out NaN.
  * - Inf: counted in amax. UE8M0: scale_for(Inf) = 254, so s = 2^127, the Inf
  *   element saturates to 448 * 2^127 = Inf and the finite ones are quantized
  *   against that scale (all but the huge ones become 0).
- *   FP32: s = Inf, finite elements give 0 and the Inf element NaN (Inf / Inf).
+ *   FP32: s = Inf, so by the definition every out of the group is NaN
+ *   (0 * Inf, Inf / Inf); finite elements keep code 0, Inf ones get 0x7F.
  * - The clamp to +-448 is the saturation built into e4m3_encode (which also
  *   keeps NaN), so no separate clamp is needed.
  * - NONE copies x to out and leaves codes and scales untouched.
@@ -425,20 +450,17 @@ void dsv4_act_quant_row(const float *x, int64_t k, dsv4_act_quant mode, float *o
         if (mode == DSV4_ACT_QUANT_UE8M0) {
             uint8_t b = dsv4_ue8m0_scale_for(amax, DSV4_E4M3_MAX);
             s = dsv4_ue8m0_to_f32(b);
+            /* x * 2^(127-b) equals x / s exactly. */
             float inv = scale_inverse(b);
             for (int64_t i = g0; i < g0 + len; i++) {
-                uint8_t c = e4m3_encode(x[i] * inv);
-                if (codes)
-                    codes[i] = c;
-                out[i] = e4m3_decode(c) * s;
+                float xi = x[i]; /* read before the store: out may alias x */
+                act_store(xi, e4m3_encode(xi * inv), s, out + i, codes ? codes + i : NULL);
             }
         } else {
             s = amax / DSV4_E4M3_MAX;
             for (int64_t i = g0; i < g0 + len; i++) {
-                uint8_t c = e4m3_encode(x[i] / s);
-                if (codes)
-                    codes[i] = c;
-                out[i] = e4m3_decode(c) * s;
+                float xi = x[i];
+                act_store(xi, e4m3_encode(xi / s), s, out + i, codes ? codes + i : NULL);
             }
         }
         if (scales)

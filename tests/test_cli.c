@@ -142,6 +142,44 @@ START_TEST(bad_options_exit_2)
 }
 END_TEST
 
+
+START_TEST(ref_writes_outputs_and_rejects_bad_input)
+{
+    char dir[512], args[4096], cmd[4096];
+    tu_path(dir, sizeof dir, "cli_ref");
+    snprintf(args, sizeof args, "gen --preset mini --layer 0 --tokens 12 --out %s --probe-tokens 0", dir);
+    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
+    snprintf(args, sizeof args,
+             "ref --preset mini --layer 0 --weights %s/model.safetensors --input %s/input.safetensors --out %s/y.safetensors "
+             "--threads 2",
+             dir, dir, dir);
+    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "hash"));
+    const char *src = getenv("DSV4MOE_SRC");
+    snprintf(cmd, sizeof cmd,
+             "python3 %s/tests/tools/st_check.py %s/y.safetensors >/dev/null --expect y:BF16:12,256 "
+             "--expect topk_ids:I32:12,4 --expect topk_weights:F32:12,4",
+             src ? src : ".", dir);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    /* A dim that disagrees with the checkpoint names the tensor. */
+    snprintf(args, sizeof args,
+             "ref --preset mini --layer 0 --set moe_inter_dim=256 --weights %s/model.safetensors --input %s/input.safetensors "
+             "--out %s/y2.safetensors",
+             dir, dir, dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "layers.0.ffn.experts.0.w1.weight"));
+    snprintf(args, sizeof args, "%s/y2.safetensors", dir);
+    ck_assert(!tu_file_exists(args));
+    /* The wrong layer id: its keys are not in the file. */
+    snprintf(args, sizeof args,
+             "ref --preset mini --layer 2 --weights %s/model.safetensors --input %s/input.safetensors --out %s/y3.safetensors",
+             dir, dir, dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "layers.2.ffn.gate.weight"));
+    ck_assert_int_eq(run_cli("ref --preset mini --layer 0"), 2);
+}
+END_TEST
+
 Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -151,6 +189,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, gen_then_inspect_then_independent_parser);
     tcase_add_test(tc, corrupt_files_exit_2_naming_file);
     tcase_add_test(tc, bad_options_exit_2);
+    tcase_add_test(tc, ref_writes_outputs_and_rejects_bad_input);
     suite_add_tcase(s, tc);
     return s;
 }

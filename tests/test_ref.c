@@ -549,6 +549,82 @@ START_TEST(checkpoint_shape_mismatch_names_key)
 }
 END_TEST
 
+
+START_TEST(stacked_checkpoint_matches_split_and_quantizes_at_load)
+{
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_preset("mini-bf16", &c, NULL), DSV4_OK);
+    c.layer = 2;
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    dsv4_error e;
+    char split[512], stacked[512], in[512];
+    ck_assert_int_eq(dsv4_gen_weights(&c, &o, tu_path(split, sizeof split, "st_split.safetensors"), &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_gen_input(&c, &o, 24, tu_path(in, sizeof in, "st_in.safetensors"), &e), DSV4_OK);
+    o.layout = DSV4_LAYOUT_STACKED;
+    o.model_prefix = true;
+    ck_assert_int_eq(dsv4_gen_weights(&c, &o, tu_path(stacked, sizeof stacked, "st_stacked.safetensors"), &e),
+                     DSV4_OK);
+    dsv4_st_file *inf;
+    ck_assert_int_eq(dsv4_st_open(in, &inf, &e), DSV4_OK);
+    const uint16_t *xsrc = dsv4_st_find(inf, "x")->data;
+    uint16_t x[24 * 256], y[24 * 256];
+    memcpy(x, xsrc, sizeof x);
+    uint64_t hashes[4];
+    const char *paths[2] = {split, stacked};
+    for (int q = 0; q < 4; q++) {
+        dsv4_config cq = c;
+        if (q >= 2) { /* the same stacked bf16 export, quantized at load */
+            cq.routed_format = q == 2 ? DSV4_FORMAT_FP8 : DSV4_FORMAT_FP4;
+            cq.shared_format = DSV4_FORMAT_FP8;
+            cq.act_quant = DSV4_ACT_QUANT_UE8M0;
+        }
+        dsv4_checkpoint *ck;
+        ck_assert_int_eq(dsv4_checkpoint_open(paths[q == 0 ? 0 : 1], &ck, &e), DSV4_OK);
+        dsv4_ref *r;
+        ck_assert_msg(dsv4_ref_create(&cq, ck, 2, &r, &e) == DSV4_OK, "%s", e.message);
+        dsv4_ref_output out = {.y = y};
+        ck_assert_int_eq(dsv4_ref_forward(r, 24, x, NULL, &out, &e), DSV4_OK);
+        hashes[q] = dsv4_ref_hash(&cq, 24, &out);
+        dsv4_ref_free(r);
+        dsv4_checkpoint_close(ck);
+    }
+    ck_assert_uint_eq(hashes[0], hashes[1]);
+    ck_assert_uint_ne(hashes[1], hashes[2]);
+    ck_assert_uint_ne(hashes[2], hashes[3]);
+    dsv4_st_close(inf);
+}
+END_TEST
+
+START_TEST(empty_batch_and_bad_arguments)
+{
+    toy t = toy_one_expert();
+    char path[512];
+    toy_write(&t, tu_path(path, sizeof path, "toy_empty.safetensors"));
+    dsv4_checkpoint *ck;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_checkpoint_open(path, &ck, &e), DSV4_OK);
+    dsv4_ref *r;
+    ck_assert_int_eq(dsv4_ref_create(&t.c, ck, 1, &r, &e), DSV4_OK);
+    uint16_t y[4] = {0x1234, 0x1234, 0x1234, 0x1234};
+    dsv4_ref_output out = {.y = y};
+    ck_assert_int_eq(dsv4_ref_forward(r, 0, NULL, NULL, &out, &e), DSV4_OK);
+    ck_assert_int_eq(out.stats.tokens, 0);
+    ck_assert_int_eq(out.stats.kept_slots, 0);
+    ck_assert_uint_eq(y[0], 0x1234);
+    ck_assert_int_eq(dsv4_ref_forward(r, -1, NULL, NULL, &out, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_ref_forward(r, 1, NULL, NULL, &out, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_ref_free(r);
+    dsv4_ref_free(NULL);
+    ck_assert_int_eq(dsv4_ref_create(&t.c, ck, 0, &r, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_config bad = t.c;
+    bad.n_activated = 3;
+    ck_assert_int_eq(dsv4_ref_create(&bad, ck, 1, &r, &e), DSV4_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(e.message, "n_activated"));
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
+
 /* ---------------- canonical cases: hashes ---------------- */
 
 typedef struct {
@@ -559,11 +635,11 @@ typedef struct {
 
 /* Pinned: the reference's output for seed 1, 32 tokens. A change is a change of numerics. */
 static const canon canonical[] = {
-    {"mini", 0, 0},
-    {"mini", 1, 0},
-    {"mini-fp8", 2, 0},
-    {"mini-bf16", 3, 0},
-    {"mini-topp", 1, 0},
+    {"mini", 0, 0x48e0200f3511c03eULL},
+    {"mini", 1, 0x60c5ebd0665633a1ULL},
+    {"mini-fp8", 2, 0x911ca0389f98e611ULL},
+    {"mini-bf16", 3, 0x9a72f16e90c41dcaULL},
+    {"mini-topp", 1, 0xe0e8bf2dd5d27673ULL},
 };
 
 static uint64_t run_canonical(const canon *k, int threads, dsv4_ref_stats *stats)
@@ -644,6 +720,8 @@ Suite *ref_suite(void)
     tcase_add_test(tc, non_finite_row_is_isolated);
     tcase_add_test(tc, top_p_in_the_layer);
     tcase_add_test(tc, checkpoint_shape_mismatch_names_key);
+    tcase_add_test(tc, stacked_checkpoint_matches_split_and_quantizes_at_load);
+    tcase_add_test(tc, empty_batch_and_bad_arguments);
     suite_add_tcase(s, tc);
     TCase *tk = tcase_create("canonical");
     tcase_set_timeout(tk, 300);

@@ -52,7 +52,8 @@ float dsv4_ue8m0_to_f32(uint8_t b);
  * The ue8m0 byte of the smallest power of two s with amax <= limit * s,
  * i.e. s = 2^ceil(log2(amax / limit)) computed exactly (no rounding of the
  * division). amax is floored at DSV4_AMAX_FLOOR; the result is clamped to
- * [0, 254]. limit is 448 for e4m3 and 6 for e2m1.
+ * [0, 254] (+Inf amax gives 254). A NaN amax, or a limit that is not positive
+ * and finite, gives 255 (NaN). limit is 448 for e4m3 and 6 for e2m1.
  */
 uint8_t dsv4_ue8m0_scale_for(float amax, float limit);
 

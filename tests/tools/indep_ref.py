@@ -1,0 +1,409 @@
+#!/usr/bin/env python3
+"""Independent NumPy implementation of the DeepSeek-V4 MoE layer (SPEC.md sections 2-5),
+written from SPEC.md only, compared against the C reference's output file.
+
+usage: indep_ref.py --weights W.safetensors --input X.safetensors --out-ref Y.safetensors
+                    --set key=value ...
+Exit 0 when >= 99 % of y elements are bit-identical and topk_ids are identical, else 1.
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+F32 = np.float32
+
+# --------------------------------------------------------------------------- safetensors
+
+
+def read_st(path):
+    with open(path, "rb") as f:
+        buf = f.read()
+    (n,) = struct.unpack("<Q", buf[:8])
+    hdr = json.loads(buf[8:8 + n].decode("utf-8"))
+    base = 8 + n
+    out = {}
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        raw = buf[base + a: base + b]
+        dt = v["dtype"]
+        shape = tuple(v["shape"])
+        if dt == "BF16":
+            u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            arr = u.view(F32)
+        elif dt == "F32":
+            arr = np.frombuffer(raw, dtype="<f4").astype(F32)
+        elif dt == "I32":
+            arr = np.frombuffer(raw, dtype="<i4").astype(np.int64)
+        elif dt in ("I8", "U8", "F8_E4M3", "F8_E8M0"):
+            arr = np.frombuffer(raw, dtype=np.uint8).copy()
+        else:
+            raise SystemExit("unsupported dtype %s for %s" % (dt, k))
+        out[k] = (dt, arr.reshape(shape))
+    return out
+
+
+# --------------------------------------------------------------------------- number formats
+
+
+def bf16(a):
+    """fp32 -> bf16 (RNE on the uint32 bits), returned as fp32 values. NaN stays NaN."""
+    a = np.ascontiguousarray(np.asarray(a, dtype=F32))
+    u = a.view(np.uint32)
+    nan = np.isnan(a)
+    r = (u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    r = np.where(nan, (u | np.uint32(0x00400000)) & np.uint32(0xFFFF0000), r).astype(np.uint32)
+    return r.view(F32)
+
+
+def _e4m3_table():
+    vals = np.zeros(256, dtype=np.float64)
+    for c in range(256):
+        s = -1.0 if c & 0x80 else 1.0
+        e = (c >> 3) & 0xF
+        m = c & 7
+        if e == 15 and m == 7:
+            vals[c] = np.nan
+        elif e == 0:
+            vals[c] = s * m * 2.0 ** -9
+        else:
+            vals[c] = s * (1 + m / 8.0) * 2.0 ** (e - 7)
+    return vals
+
+
+E4M3 = _e4m3_table()
+E2M1_MAG = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float64)
+E2M1 = np.concatenate([E2M1_MAG, -E2M1_MAG])
+
+
+def _round_to_table(x, pos_vals):
+    """Round |x| to nearest of ascending pos_vals (codes 0..n-1), ties to even code, saturating.
+    Returns signed float64 values."""
+    x = np.asarray(x, dtype=np.float64)
+    ax = np.abs(x)
+    n = len(pos_vals)
+    hi = np.searchsorted(pos_vals, ax, side="left")  # first >= ax
+    hi = np.clip(hi, 0, n - 1)
+    lo = np.clip(hi - 1, 0, n - 1)
+    vlo = pos_vals[lo]
+    vhi = pos_vals[hi]
+    dlo = ax - vlo
+    dhi = vhi - ax
+    pick_hi = (dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0))
+    pick_hi |= ax <= vlo  # exact or below the lowest
+    code = np.where(pick_hi, hi, lo)
+    code = np.where(ax >= pos_vals[-1], n - 1, code)
+    r = pos_vals[code]
+    return np.where(np.signbit(x), -r, r)
+
+
+E4M3_POS = E4M3[:127]  # codes 0..0x7E, ascending, max 448
+
+
+def e4m3_round(x):
+    return _round_to_table(x, E4M3_POS)
+
+
+def ue8m0(b):
+    b = np.asarray(b, dtype=np.int64)
+    v = np.ldexp(1.0, (b - 127).astype(np.int32))
+    return np.where(b == 255, np.nan, v)
+
+
+def act_quant(x, mode):
+    """x: fp32 [T, K]. Returns the fp32 values the GEMM sees."""
+    if mode == "none":
+        return x
+    T, K = x.shape
+    out = np.empty_like(x, dtype=F32)
+    for g0 in range(0, K, 128):
+        blk = x[:, g0:g0 + 128].astype(F32)
+        amax = np.maximum(np.max(np.abs(blk), axis=1), F32(1e-4)).astype(F32)
+        if mode == "ue8m0":
+            a64 = amax.astype(np.float64)
+            _, e = np.frexp(a64 / 448.0)
+            e = e.astype(np.int64)
+            # adjust to the smallest power of two s with amax <= 448 s (exact comparisons)
+            for _ in range(3):
+                too_small = a64 > 448.0 * np.ldexp(1.0, e.astype(np.int32))
+                e = np.where(too_small, e + 1, e)
+            for _ in range(3):
+                can_lower = a64 <= 448.0 * np.ldexp(1.0, (e - 1).astype(np.int32))
+                e = np.where(can_lower, e - 1, e)
+            s = np.ldexp(1.0, e.astype(np.int32)).astype(F32)
+        elif mode == "fp32":
+            s = (amax / F32(448.0)).astype(F32)
+        else:
+            raise SystemExit("bad act_quant " + mode)
+        q = (blk / s[:, None]).astype(F32)
+        q = np.clip(q, F32(-448.0), F32(448.0))
+        q = e4m3_round(q).astype(F32)
+        out[:, g0:g0 + 128] = (q * s[:, None]).astype(F32)
+    return out
+
+
+def dot(xa, W):
+    """xa fp32 [T, K], W fp32 [N, K] -> fp32 [T, N]; exact products, double accumulation."""
+    return (xa.astype(np.float64) @ W.astype(np.float64).T).astype(F32)
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def load_weight(st, key):
+    """Returns (fp32 dequantized [N, K], format)."""
+    dt, q = st[key + ".weight"]
+    if dt == "BF16":
+        return q.astype(F32), "bf16"
+    if dt == "F8_E4M3":
+        sdt, s = st[key + ".scale"]
+        sv = ue8m0(s).astype(F32) if sdt == "F8_E8M0" else s.astype(F32)
+        N, K = q.shape
+        S = np.repeat(np.repeat(sv, 128, axis=0), 128, axis=1)[:N, :K]
+        W = (E4M3[q].astype(F32) * S).astype(F32)
+        return W, "fp8"
+    if dt == "I8":
+        sdt, s = st[key + ".scale"]
+        assert sdt == "F8_E8M0", key
+        N, K2 = q.shape
+        lo = q & 0xF
+        hi = q >> 4
+        codes = np.empty((N, K2 * 2), dtype=np.uint8)
+        codes[:, 0::2] = lo
+        codes[:, 1::2] = hi
+        S = np.repeat(ue8m0(s), 32, axis=1)
+        W = (E2M1[codes] * S).astype(F32)
+        return W, "fp4"
+    raise SystemExit("unexpected dtype %s for %s" % (dt, key))
+
+
+# --------------------------------------------------------------------------- layer
+
+
+def exp32(v):
+    """fp32 exp computed in double and rounded once."""
+    return np.exp(np.asarray(v, dtype=np.float64)).astype(F32)
+
+
+def ffn(xin, W1, W3, W2, fmt13, fmt2, aq, L, clamp, w=None, weight_point="before_w2"):
+    """xin fp32 (bf16 values) [n, H]. Returns o (bf16 values, fp32) [n, H] before the router weight
+    for after_w2, or with it folded in for before_w2."""
+    xq = act_quant(xin, aq if fmt13 != "bf16" else "none")
+    g = bf16(dot(xq, W1))
+    u = bf16(dot(xq, W3))
+    if clamp and L > 0:
+        Lf = F32(L)
+        u = np.clip(u, -Lf, Lf).astype(F32)
+        g = np.minimum(g, Lf).astype(F32)
+    silu = (g / (F32(1.0) + exp32(-g))).astype(F32)
+    h = (silu * u).astype(F32)
+    if w is not None and weight_point == "before_w2":
+        h = (h * w[:, None]).astype(F32)
+    hb = bf16(h)
+    hq = act_quant(hb, aq if fmt2 != "bf16" else "none")
+    o = bf16(dot(hq, W2))
+    return o
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weights", required=True)
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--out-ref", required=True)
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--verbose", "-v", action="store_true")
+    args = ap.parse_args()
+
+    cfg = dict(dim="4096", moe_inter_dim="2048", n_routed_experts="256", n_activated="6",
+               n_shared_experts="1", n_hash_layers="3", layer="-1", score_func="sqrtsoftplus",
+               gate_logits="fp32", route_scale="1.5", norm_eps="0", swiglu_limit="10",
+               shared_clamp="true", weight_point="before_w2", top_p="1", top_p_min_keep="1",
+               top_p_renorm="false", top_p_predictor="none", routed_format="fp4",
+               shared_format="fp8", weight_scale="ue8m0", act_quant="ue8m0")
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        cfg[k.strip()] = v.strip()
+    H = int(cfg["dim"]); I = int(cfg["moe_inter_dim"]); E = int(cfg["n_routed_experts"])
+    K = int(cfg["n_activated"]); layer = int(cfg["layer"]); nh = int(cfg["n_hash_layers"])
+    route_scale = F32(float(cfg["route_scale"])); L = float(cfg["swiglu_limit"])
+    score = cfg["score_func"]; top_p = float(cfg["top_p"])
+    tb = lambda s: s.lower() in ("true", "1", "yes", "on")
+    shared_clamp = tb(cfg["shared_clamp"]); renorm = tb(cfg["top_p_renorm"])
+    min_keep = int(cfg["top_p_min_keep"]); pred = cfg["top_p_predictor"]
+    wp = cfg["weight_point"]; aq = cfg["act_quant"]; eps = F32(float(cfg["norm_eps"]))
+    n_shared = int(cfg["n_shared_experts"])
+    assert layer >= 0
+
+    st = read_st(args.weights)
+    inp = read_st(args.input)
+    x = inp["x"][1].astype(F32)
+    ids_in = inp["input_ids"][1]
+    T = x.shape[0]
+    assert x.shape[1] == H
+    p = "layers.%d.ffn." % layer
+
+    # ---- router (section 2)
+    Wg = st[p + "gate.weight"][1].astype(F32)
+    logits = dot(x, Wg)
+    if cfg["gate_logits"] == "bf16":
+        logits = bf16(logits)
+    l64 = logits.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if score == "sqrtsoftplus":
+            sp = np.where(l64 > 20, l64, np.log1p(np.exp(np.minimum(l64, 20)))).astype(F32)
+            s = np.sqrt(sp).astype(F32)
+        elif score == "sigmoid":
+            if not os.environ.get("IV_SIG64"):
+                s = (F32(1.0) / (F32(1.0) + exp32(-logits))).astype(F32)
+            else:
+                s = (1.0 / (1.0 + np.exp(-l64))).astype(F32)
+        elif score == "softmax":
+            m = l64.max(axis=1, keepdims=True)
+            ex = np.exp(l64 - m)
+            if not os.environ.get("IV_SM64"):
+                m32 = logits.max(axis=1, keepdims=True)
+                ex32 = exp32((logits - m32).astype(F32))
+                tot32 = np.zeros((T, 1), dtype=F32)
+                for e in range(E):
+                    tot32 = (tot32 + ex32[:, e:e + 1]).astype(F32)
+                s = (ex32 / tot32).astype(F32)
+            else:
+                s = (ex / ex.sum(axis=1, keepdims=True)).astype(F32)
+        else:
+            raise SystemExit("bad score_func")
+    hash_layer = layer < nh
+    idx = np.zeros((T, K), dtype=np.int64)
+    if hash_layer:
+        tid = st[p + "gate.tid2eid"][1]
+        V = tid.shape[0]
+        if np.any(ids_in < 0) or np.any(ids_in >= V):
+            raise SystemExit("input id out of range")
+        idx = tid[ids_in].astype(np.int64)
+        if np.any(idx < 0) or np.any(idx >= E):
+            raise SystemExit("tid2eid entry out of range")
+    else:
+        bias = st[p + "gate.bias"][1].astype(F32)
+        b = (s + bias[None, :]).astype(F32)
+        for t in range(T):
+            order = sorted(range(E), key=lambda e: (-float(b[t, e]), e))
+            idx[t] = order[:K]
+    w = np.take_along_axis(s, idx, axis=1).astype(F32)
+    if score != "softmax":
+        tot = np.zeros(T, dtype=F32)
+        for j in range(K):
+            tot = (tot + w[:, j]).astype(F32)
+        w = (w / (tot + eps)[:, None]).astype(F32)
+    w = (w * route_scale).astype(F32)
+    bad = ~np.all(np.isfinite(logits), axis=1)
+    for t in np.nonzero(bad)[0]:
+        idx[t] = np.arange(K)
+        w[t] = (route_scale / F32(K)).astype(F32)
+
+    # ---- top-p (section 3)
+    if not hash_layer and top_p < 1.0:
+        if pred == "none":
+            nrm = np.ones((T, E), dtype=F32)
+        elif pred == "const":
+            nrm = np.broadcast_to(st[p + "norm_predictor.norm"][1].astype(F32), (T, E))
+        elif pred == "linear":
+            P = st[p + "norm_predictor.weight"][1].astype(F32)
+            p0 = st[p + "norm_predictor.bias"][1].astype(F32)
+            nrm = np.maximum(F32(0), (dot(x, P) + p0[None, :]).astype(F32)).astype(F32)
+        else:
+            raise SystemExit("bad predictor")
+        for t in range(T):
+            c = (w[t] * nrm[t, idx[t]]).astype(F32)
+            order = sorted(range(K), key=lambda j: (-float(c[j]), int(idx[t, j])))
+            total = F32(0)
+            for j in order:
+                total = F32(total + c[j])
+            thr = F32(F32(top_p) * total)
+            run = F32(0)
+            keep = []
+            for j in order:
+                keep.append(j)
+                run = F32(run + c[j])
+                if run >= thr and len(keep) >= min_keep:
+                    break
+            orig_sum = F32(0)
+            for j in range(K):
+                orig_sum = F32(orig_sum + w[t, j])
+            kept_sum = F32(0)
+            for j in range(K):
+                if j in keep:
+                    kept_sum = F32(kept_sum + w[t, j])
+            for j in range(K):
+                if j not in keep:
+                    idx[t, j] = E
+                    w[t, j] = 0
+                elif renorm and kept_sum > 0:
+                    w[t, j] = F32(w[t, j] * F32(orig_sum / kept_sum))
+            if args.verbose and len(keep) < K:
+                print("t%d pruned %d: c=%s" % (t, K - len(keep), c))
+
+    # ---- experts (section 4)
+    y = np.zeros((T, H), dtype=F32)
+    for e in range(E):
+        rows, slots = np.nonzero(idx == e)
+        if len(rows) == 0:
+            continue
+        q = p + "experts.%d." % e
+        W1, f1 = load_weight(st, q + "w1")
+        W3, _ = load_weight(st, q + "w3")
+        W2, f2 = load_weight(st, q + "w2")
+        we = w[rows, slots].astype(F32)
+        o = ffn(x[rows], W1, W3, W2, f1, f2, aq, L, True, we, wp)
+        if wp == "after_w2":
+            o = (we[:, None] * o).astype(F32)
+        # rows are distinct (one slot per expert per token)
+        y[rows] = (y[rows] + o).astype(F32)
+    if n_shared:
+        q = p + "shared_experts."
+        W1, f1 = load_weight(st, q + "w1")
+        W3, _ = load_weight(st, q + "w3")
+        W2, f2 = load_weight(st, q + "w2")
+        o = ffn(x, W1, W3, W2, f1, f2, aq, L, shared_clamp, None, wp)
+        y = (y + bf16(o)).astype(F32)
+    yb = bf16(y)
+
+    # ---- compare
+    ref = read_st(args.out_ref)
+    ry = ref["y"][1].astype(F32)
+    rid = ref["topk_ids"][1]
+    rw = ref["topk_weights"][1].astype(F32)
+
+    def ordered(a):
+        u = (np.ascontiguousarray(a).view(np.uint32) >> 16).astype(np.int64)
+        return np.where(u & 0x8000, -(u & 0x7FFF), u)
+
+    bits_a = np.ascontiguousarray(yb).view(np.uint32)
+    bits_b = np.ascontiguousarray(ry).view(np.uint32)
+    same = bits_a == bits_b
+    frac = same.mean()
+    ulp = np.abs(ordered(yb) - ordered(ry))
+    id_mis = int(np.sum(idx != rid))
+    wdiff = float(np.max(np.abs(w - rw)))
+    print("y bit-identical: %.6f (%d/%d)  max ulp: %d  topk_ids mismatches: %d  "
+          "max |dw|: %.3g" % (frac, same.sum(), same.size, ulp.max(), id_mis, wdiff))
+    if args.verbose or id_mis or frac < 1:
+        for t, j in zip(*np.nonzero(idx != rid)):
+            print("  ids differ t%d slot%d: mine %d (w %.8g) ref %d (w %.8g)"
+                  % (t, j, idx[t, j], w[t, j], rid[t, j], rw[t, j]))
+        bad_el = np.argwhere(~same)
+        for t, h in bad_el[:10]:
+            print("  y differs t%d h%d: mine %.8g ref %.8g (%d ulp)"
+                  % (t, h, yb[t, h], ry[t, h], ulp[t, h]))
+        badt = np.unique(bad_el[:, 0]) if len(bad_el) else []
+        print("  tokens with y diffs: %s" % list(badt)[:40])
+    np.savez("/tmp/iv/last_mine.npz", y=yb, ids=idx, w=w)
+    ok = frac >= 0.99 and id_mis == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
