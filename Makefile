@@ -22,6 +22,8 @@ BUILD ?= build
 PREFIX ?= /usr/local
 OUT ?= out
 DESTDIR ?=
+# The interpreter with Debian's python3-numpy, for the independent implementation test.
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
 OPT ?= -O2
 SANFLAGS ?=
@@ -97,6 +99,7 @@ $(TEST_BIN): $(TEST_OBJS) $(LIB_A)
 # Runs the suite of this build variant; tests find the CLI and data through the environment.
 test-run: $(TEST_BIN) $(CLI)
 	DSV4MOE_CLI=$(abspath $(CLI)) DSV4MOE_TMP=$(abspath $(BUILD)/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
+	  DSV4MOE_PYTHON=$(PYTHON) \
 	  CK_DEFAULT_TIMEOUT=600 $(TEST_BIN)
 
 test: deps

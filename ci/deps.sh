@@ -2,7 +2,7 @@
 # Installs the Debian packages the build needs when any is missing: as root
 # through apt-get, otherwise prints the one line to run. Quiet when all are there.
 set -e
-PKGS="build-essential pkg-config libyaml-dev check libsubunit-dev libopenblas-dev lcov libjansson-dev python3 valgrind"
+PKGS="build-essential pkg-config libyaml-dev check libsubunit-dev libopenblas-dev lcov libjansson-dev python3 python3-numpy valgrind"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "dsv4moe/config.h"
 #include "testutil.h"
 
 Suite *cli_suite(void);
@@ -180,6 +181,77 @@ START_TEST(ref_writes_outputs_and_rejects_bad_input)
 }
 END_TEST
 
+
+/* The reference against tests/tools/indep_ref.py, a NumPy implementation written from SPEC.md alone. */
+static const struct {
+    const char *preset;
+    int layer;
+    const char *sets;
+} indep_cases[] = {
+    {"mini", 0, ""},
+    {"mini", 1, "gate_logits=bf16"},
+    {"mini-fp8", 2, "weight_point=after_w2"},
+    {"mini-bf16", 3, "score_func=sigmoid shared_clamp=false"},
+    {"mini-topp", 1, "top_p_renorm=true top_p_min_keep=2"},
+    {"mini-topp", 2, "top_p_predictor=const top_p=0.6 score_func=softmax"},
+};
+
+START_TEST(ref_agrees_with_independent_implementation)
+{
+    const char *py = getenv("DSV4MOE_PYTHON");
+    if (!py || !py[0])
+        py = "python3";
+    char probe[600];
+    snprintf(probe, sizeof probe, "%s -c 'import numpy' 2>/dev/null", py);
+    ck_assert_msg(run_sh(probe) == 0, "%s has no numpy (ci/deps.sh installs python3-numpy)", py);
+    int i = _i;
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_preset(indep_cases[i].preset, &c, NULL), DSV4_OK);
+    c.layer = indep_cases[i].layer;
+    char sets[512] = "", all[4096] = "";
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s", indep_cases[i].sets);
+    for (char *kv = strtok(tmp, " "); kv; kv = strtok(NULL, " ")) {
+        ck_assert_int_eq(dsv4_config_set_kv(&c, kv, NULL), DSV4_OK);
+        strcat(sets, " --set ");
+        strcat(sets, kv);
+    }
+    for (const char *const *k = dsv4_config_keys(); *k; k++) {
+        char v[64], one[128];
+        dsv4_config_get(&c, *k, v, sizeof v, NULL);
+        snprintf(one, sizeof one, " --set %s=%s", *k, v);
+        strcat(all, one);
+    }
+    char dir[512], args[4096], cmd[8192];
+    char name[32];
+    snprintf(name, sizeof name, "cli_indep_%d", i);
+    tu_path(dir, sizeof dir, name);
+    snprintf(args, sizeof args, "gen --preset %s --layer %d%s --tokens 48 --seed 11 --probe-tokens 0 --out %s",
+             indep_cases[i].preset, indep_cases[i].layer, sets, dir);
+    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
+    snprintf(args, sizeof args,
+             "ref --preset %s --layer %d%s --weights %s/model.safetensors --input %s/input.safetensors "
+             "--out %s/y.safetensors",
+             indep_cases[i].preset, indep_cases[i].layer, sets, dir, dir, dir);
+    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
+    const char *src = getenv("DSV4MOE_SRC");
+    snprintf(cmd, sizeof cmd,
+             "%s %s/tests/tools/indep_ref.py --weights %s/model.safetensors --input %s/input.safetensors "
+             "--out-ref %s/y.safetensors%s > %s/indep.txt 2>&1",
+             py, src ? src : ".", dir, dir, dir, all, dir);
+    int rc = run_sh(cmd);
+    snprintf(args, sizeof args, "%s/indep.txt", dir);
+    FILE *f = fopen(args, "r");
+    size_t n = f ? fread(out_buf, 1, sizeof out_buf - 1, f) : 0;
+    out_buf[n] = '\0';
+    if (f)
+        fclose(f);
+    ck_assert_msg(rc == 0, "case %d: %s", i, out_buf);
+    /* Both sides accumulate in double: every element agrees to the bit here. */
+    ck_assert_msg(strstr(out_buf, "max ulp: 0 ") != NULL, "case %d: %s", i, out_buf);
+}
+END_TEST
+
 Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -190,6 +262,8 @@ Suite *cli_suite(void)
     tcase_add_test(tc, corrupt_files_exit_2_naming_file);
     tcase_add_test(tc, bad_options_exit_2);
     tcase_add_test(tc, ref_writes_outputs_and_rejects_bad_input);
+    tcase_add_loop_test(tc, ref_agrees_with_independent_implementation, 0,
+                        (int)(sizeof indep_cases / sizeof indep_cases[0]));
     suite_add_tcase(s, tc);
     return s;
 }

@@ -99,7 +99,8 @@ def _round_to_table(x, pos_vals):
     code = np.where(pick_hi, hi, lo)
     code = np.where(ax >= pos_vals[-1], n - 1, code)
     r = pos_vals[code]
-    return np.where(np.signbit(x), -r, r)
+    r = np.where(np.signbit(x), -r, r)
+    return np.where(np.isnan(x), np.nan, r)
 
 
 E4M3_POS = E4M3[:127]  # codes 0..0x7E, ascending, max 448
@@ -136,6 +137,7 @@ def act_quant(x, mode):
                 can_lower = a64 <= 448.0 * np.ldexp(1.0, (e - 1).astype(np.int32))
                 e = np.where(can_lower, e - 1, e)
             s = np.ldexp(1.0, e.astype(np.int32)).astype(F32)
+            s = np.where(np.isfinite(amax), s, amax).astype(F32)  # inf amax: s = inf (exact rule)
         elif mode == "fp32":
             s = (amax / F32(448.0)).astype(F32)
         else:
@@ -383,9 +385,9 @@ def main():
 
     bits_a = np.ascontiguousarray(yb).view(np.uint32)
     bits_b = np.ascontiguousarray(ry).view(np.uint32)
-    same = bits_a == bits_b
+    same = (bits_a == bits_b) | (np.isnan(yb) & np.isnan(ry))  # NaN payloads not compared
     frac = same.mean()
-    ulp = np.abs(ordered(yb) - ordered(ry))
+    ulp = np.where(same, 0, np.abs(ordered(yb) - ordered(ry)))
     id_mis = int(np.sum(idx != rid))
     wdiff = float(np.max(np.abs(w - rw)))
     print("y bit-identical: %.6f (%d/%d)  max ulp: %d  topk_ids mismatches: %d  "
@@ -400,7 +402,6 @@ def main():
                   % (t, h, yb[t, h], ry[t, h], ulp[t, h]))
         badt = np.unique(bad_el[:, 0]) if len(bad_el) else []
         print("  tokens with y diffs: %s" % list(badt)[:40])
-    np.savez("/tmp/iv/last_mine.npz", y=yb, ids=idx, w=w)
     ok = frac >= 0.99 and id_mis == 0
     return 0 if ok else 1
 
