@@ -28,7 +28,7 @@ PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo pyth
 OPT ?= -O2
 SANFLAGS ?=
 COVFLAGS ?=
-WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+WARN := -Wall -Wextra -Werror -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 CPPFLAGS_ALL := -Iinclude -Icore -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
 CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
 # The reference's numerics must not depend on the compiler fusing a*b+c.
@@ -117,9 +117,19 @@ run: deps
 cuda:
 	@sh ci/build-cuda.sh $(BUILD)/cuda $(CUDA_SRCS)
 
+BENCH_BIN := $(BUILD)/bench/bench_core
+
+$(BUILD)/bench/%.o: bench/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BENCH_BIN): $(BUILD)/bench/bench_core.o $(LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
+
 bench: deps
-	@$(MAKE) --no-print-directory all
-	@echo "bench: no benchmarks yet (the CPU backend issue adds them)"
+	@$(MAKE) --no-print-directory all $(BENCH_BIN)
+	@mkdir -p $(OUT)/bench
+	$(BENCH_BIN) $(OUT)/bench/core.json $(OUT)/bench
 
 coverage: deps
 	@$(MAKE) --no-print-directory BUILD=build/cov OPT=-O0 COVFLAGS=--coverage test-run
