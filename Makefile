@@ -36,7 +36,7 @@ CFLAGS_REF := -ffp-contract=off
 LDLIBS_ALL := -ljansson -lm -pthread
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -pthread)
 
-LIB_SRCS := $(wildcard core/*.c) $(wildcard ref/*.c)
+LIB_SRCS := $(wildcard core/*.c) $(wildcard ref/*.c) $(wildcard fast/*/*.c)
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS := $(wildcard cli/*.c)
 CLI_OBJS := $(CLI_SRCS:%.c=$(BUILD)/%.o)
@@ -91,7 +91,7 @@ $(BUILD)/tests/main.o: tests/main.c $(BUILD)/tests/suites.h
 
 $(BUILD)/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests -Iref $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CPPFLAGS_ALL) -Itests -Iref -Ifast $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(TEST_BIN): $(TEST_OBJS) $(LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $(TEST_OBJS) $(LIB_A) $(LDLIBS_ALL) $(CHECK_LIBS)

@@ -180,6 +180,7 @@ typedef struct {
     float *w;            /* [T, K] */
     int32_t *kept;       /* [T] */
     unsigned char *nonfinite; /* [T] */
+    int failed;          /* a worker could not allocate its scratch */
 } route_job;
 
 static void route_tokens(void *p, int64_t b, int64_t e)
@@ -188,11 +189,12 @@ static void route_tokens(void *p, int64_t b, int64_t e)
     const dsv4_ref *r = j->r;
     const dsv4_config *c = &r->cfg;
     int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
-    float *l = malloc((size_t)E * 2 * sizeof *l);
-    float norms[K];
-    if (!l) /* cannot happen in practice; leave the fallback rows deterministic */
+    float *l = malloc((size_t)(2 * E + K) * sizeof *l);
+    if (!l) {
+        j->failed = 1; /* each worker writes the same value: no race on what is read */
         return;
-    float *s = l + E;
+    }
+    float *s = l + E, *norms = l + 2 * E;
     bool hash = dsv4_config_is_hash_layer(c);
     for (int64_t t = b; t < e; t++) {
         const float *x = j->xf + t * H;
@@ -205,13 +207,15 @@ static void route_tokens(void *p, int64_t b, int64_t e)
                 l[ex] = dsv4_round_bf16(l[ex]);
             finite = finite && isfinite(l[ex]);
         }
-        j->nonfinite[t] = !finite;
+        if (j->nonfinite)
+            j->nonfinite[t] = !finite;
         if (!finite) {
             for (int64_t k = 0; k < K; k++) {
                 ids[k] = (int32_t)k;
                 w[k] = c->route_scale / (float)K;
             }
-            j->kept[t] = (int32_t)K;
+            if (j->kept)
+                j->kept[t] = (int32_t)K;
             continue;
         }
         dsv4_ref_scores(c, l, s);
@@ -230,130 +234,21 @@ static void route_tokens(void *p, int64_t b, int64_t e)
             }
             kept = dsv4_ref_top_p(c, ids, w, norms);
         }
-        j->kept[t] = kept;
+        if (j->kept)
+            j->kept[t] = kept;
     }
     free(l);
 }
 
-/* One FFN (routed expert or shared) over a list of tokens. */
-typedef struct {
-    const dsv4_config *c;
-    const matrix *m;         /* w1, w3, w2 */
-    bool quant_act;
-    dsv4_act_quant aq;
-    bool clamp;
-    const float *xq;         /* [T, H] activations as this FFN's GEMMs see them */
-    const int64_t *tok;      /* tokens of this FFN */
-    const float *tw;         /* router weight per listed token (NULL: weight 1, shared) */
-    int64_t n;
-    float *w13;              /* [2 I, H] dequantized */
-    float *w2;               /* [H, I] */
-    float *h;                /* [n, I] */
-    float *o;                /* [n, H] */
-    uint64_t *gclamp, *uclamp; /* per I-chunk counters, summed after the join */
-} ffn_job;
-
-#define ROWS_PER_CHUNK 64
-
-static void dequant_w13(void *p, int64_t b, int64_t e)
+dsv4_status dsv4_ref_route(const dsv4_ref *r, int threads, int64_t T, const float *xf, const int32_t *in_ids,
+                           int32_t *ids, float *w, int32_t *kept, unsigned char *nonfinite, dsv4_error *err)
 {
-    ffn_job *j = p;
-    int64_t I = j->c->moe_inter_dim, H = j->c->dim;
-    for (int64_t r = b; r < e; r++) {
-        int which = r < I ? 0 : 1;
-        dsv4_matrix_dequant_rows(&j->m[which].v, r - which * I, 1, j->w13 + r * H);
-    }
-}
-
-static void dequant_w2(void *p, int64_t b, int64_t e)
-{
-    ffn_job *j = p;
-    dsv4_matrix_dequant_rows(&j->m[2].v, b, e - b, j->w2 + b * j->c->moe_inter_dim);
-}
-
-/* g, u, clamp, silu, router weight before w2: h[t, i] for i in [b, e). */
-static void ffn_up(void *p, int64_t b, int64_t e)
-{
-    ffn_job *j = p;
-    const dsv4_config *c = j->c;
-    int64_t I = c->moe_inter_dim, H = c->dim;
-    float L = c->swiglu_limit;
-    uint64_t gc = 0, uc = 0;
-    for (int64_t q = 0; q < j->n; q++) {
-        const float *x = j->xq + j->tok[q] * H;
-        for (int64_t i = b; i < e; i++) {
-            float g = dsv4_round_bf16(dsv4_ref_dot(x, j->w13 + i * H, H));
-            float u = dsv4_round_bf16(dsv4_ref_dot(x, j->w13 + (I + i) * H, H));
-            if (j->clamp && L > 0.0f) {
-                if (g > L) {
-                    g = L;
-                    gc++;
-                }
-                if (u > L || u < -L) {
-                    u = u > L ? L : -L;
-                    uc++;
-                }
-            }
-            float h = dsv4_ref_siluf(g) * u;
-            if (j->tw && c->weight_point == DSV4_WEIGHT_BEFORE_W2)
-                h = h * j->tw[q];
-            j->h[q * I + i] = dsv4_round_bf16(h);
-        }
-    }
-    j->gclamp[b / ROWS_PER_CHUNK] = gc;
-    j->uclamp[b / ROWS_PER_CHUNK] = uc;
-}
-
-static void ffn_down(void *p, int64_t b, int64_t e)
-{
-    ffn_job *j = p;
-    int64_t I = j->c->moe_inter_dim, H = j->c->dim;
-    for (int64_t q = 0; q < j->n; q++)
-        for (int64_t r = b; r < e; r++)
-            j->o[q * H + r] = dsv4_round_bf16(dsv4_ref_dot(j->h + q * I, j->w2 + r * I, I));
-}
-
-/* Quantizes each listed token's h (bf16 already) for the down projection. */
-static void quant_h(ffn_job *j)
-{
-    int64_t I = j->c->moe_inter_dim;
-    if (!j->quant_act)
-        return;
-    for (int64_t q = 0; q < j->n; q++)
-        dsv4_act_quant_row(j->h + q * I, I, j->aq, j->h + q * I, NULL, NULL);
-}
-
-static void run_ffn(ffn_job *j, int threads, uint64_t *gclamped, uint64_t *uclamped)
-{
-    int64_t I = j->c->moe_inter_dim, H = j->c->dim;
-    dsv4_parallel_for(threads, 2 * I, ROWS_PER_CHUNK, dequant_w13, j);
-    dsv4_parallel_for(threads, H, ROWS_PER_CHUNK, dequant_w2, j);
-    int64_t chunks = cdiv(I, ROWS_PER_CHUNK);
-    memset(j->gclamp, 0, (size_t)chunks * sizeof *j->gclamp);
-    memset(j->uclamp, 0, (size_t)chunks * sizeof *j->uclamp);
-    dsv4_parallel_for(threads, I, ROWS_PER_CHUNK, ffn_up, j);
-    for (int64_t k = 0; k < chunks; k++) {
-        *gclamped += j->gclamp[k];
-        *uclamped += j->uclamp[k];
-    }
-    quant_h(j);
-    dsv4_parallel_for(threads, H, ROWS_PER_CHUNK, ffn_down, j);
-}
-
-dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const int32_t *in_ids, dsv4_ref_output *out,
-                             dsv4_error *err)
-{
-    if (!r || !out || !out->y || (T > 0 && !x))
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "handle, x and out->y must not be NULL");
-    if (T < 0)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "token count %lld is negative", (long long)T);
     const dsv4_config *c = &r->cfg;
-    int64_t E = c->n_routed_experts, H = c->dim, I = c->moe_inter_dim, K = c->n_activated;
-    bool hash = dsv4_config_is_hash_layer(c);
-    if (hash && T > 0 && !in_ids)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward",
-                           "layer %lld is a hash layer: input_ids are required", (long long)c->layer);
-    if (hash)
+    int64_t E = c->n_routed_experts, K = c->n_activated;
+    if (dsv4_config_is_hash_layer(c)) {
+        if (T > 0 && !in_ids)
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward",
+                               "layer %lld is a hash layer: input_ids are required", (long long)c->layer);
         for (int64_t t = 0; t < T; t++) {
             if (in_ids[t] < 0 || in_ids[t] >= c->vocab_size) {
                 char where[64];
@@ -372,58 +267,201 @@ dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const in
                 }
             }
         }
+    }
+    route_job rj = {r, xf, in_ids, ids, w, kept, nonfinite, 0};
+    dsv4_parallel_for(threads, T, 1, route_tokens, &rj);
+    if (rj.failed)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref forward", "out of memory routing %lld tokens", (long long)T);
+    return DSV4_OK;
+}
 
+/* One FFN (routed expert or shared) over n rows, on intermediate rows [i0, i0 + ni). */
+typedef struct {
+    const dsv4_config *c;
+    const matrix *m;         /* w1, w3, w2 */
+    bool clamp;
+    const float *xq;         /* [n, H] activations as this FFN's GEMMs see them */
+    const float *tw;         /* router weight per row (NULL: weight 1, shared) */
+    int64_t n, i0, ni;
+    float *w13;              /* [2 ni, H] dequantized: w1 rows, then w3 rows */
+    float *w2;               /* [H, I] */
+    float *h;                /* [n, ni] */
+    float *out;              /* [n, H] */
+    uint64_t *gclamp, *uclamp; /* per chunk of ni, summed after the join */
+} ffn_job;
+
+#define ROWS_PER_CHUNK 64
+
+static void dequant_w13(void *p, int64_t b, int64_t e)
+{
+    ffn_job *j = p;
+    int64_t H = j->c->dim;
+    for (int64_t r = b; r < e; r++) {
+        int which = r < j->ni ? 0 : 1;
+        dsv4_matrix_dequant_rows(&j->m[which].v, j->i0 + r - which * j->ni, 1, j->w13 + r * H);
+    }
+}
+
+static void dequant_w2(void *p, int64_t b, int64_t e)
+{
+    ffn_job *j = p;
+    dsv4_matrix_dequant_rows(&j->m[2].v, b, e - b, j->w2 + b * j->c->moe_inter_dim);
+}
+
+/* g, u, clamp, silu, router weight before w2: h[q, i] for i in [b, e) of the shard. */
+static void ffn_up(void *p, int64_t b, int64_t e)
+{
+    ffn_job *j = p;
+    const dsv4_config *c = j->c;
+    int64_t H = c->dim, ni = j->ni;
+    float L = c->swiglu_limit;
+    uint64_t gc = 0, uc = 0;
+    for (int64_t q = 0; q < j->n; q++) {
+        const float *x = j->xq + q * H;
+        for (int64_t i = b; i < e; i++) {
+            float g = dsv4_round_bf16(dsv4_ref_dot(x, j->w13 + i * H, H));
+            float u = dsv4_round_bf16(dsv4_ref_dot(x, j->w13 + (ni + i) * H, H));
+            if (j->clamp && L > 0.0f) {
+                if (g > L) {
+                    g = L;
+                    gc++;
+                }
+                if (u > L || u < -L) {
+                    u = u > L ? L : -L;
+                    uc++;
+                }
+            }
+            float h = dsv4_ref_siluf(g) * u;
+            if (j->tw && c->weight_point == DSV4_WEIGHT_BEFORE_W2)
+                h = h * j->tw[q];
+            j->h[q * ni + i] = dsv4_round_bf16(h);
+        }
+    }
+    j->gclamp[b / ROWS_PER_CHUNK] = gc;
+    j->uclamp[b / ROWS_PER_CHUNK] = uc;
+}
+
+static void ffn_down(void *p, int64_t b, int64_t e)
+{
+    ffn_job *j = p;
+    int64_t I = j->c->moe_inter_dim, H = j->c->dim;
+    for (int64_t q = 0; q < j->n; q++)
+        for (int64_t r = b; r < e; r++)
+            j->out[q * H + r] = dsv4_ref_dot(j->h + q * j->ni, j->w2 + r * I + j->i0, j->ni);
+}
+
+dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, int64_t expert, int64_t n, const float *x,
+                                 const float *w, int64_t i0, int64_t ni, float *out, uint64_t *gclamped,
+                                 uint64_t *uclamped, dsv4_error *err)
+{
+    const dsv4_config *c = &r->cfg;
+    int64_t E = c->n_routed_experts, H = c->dim, I = c->moe_inter_dim;
+    bool shared = expert == DSV4_SHARED_EXPERT;
+    if ((!shared && (expert < 0 || expert >= E)) || (shared && c->n_shared_experts == 0) || i0 < 0 || ni < 0 ||
+        i0 + ni > I || n < 0)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref ffn",
+                           "expert %lld, rows %lld, intermediate range [%lld, %lld) of %lld", (long long)expert,
+                           (long long)n, (long long)i0, (long long)(i0 + ni), (long long)I);
+    if (n == 0 || ni == 0) {
+        if (n > 0)
+            memset(out, 0, (size_t)(n * H) * sizeof *out);
+        return DSV4_OK;
+    }
+    dsv4_weight_format fmt = shared ? c->shared_format : c->routed_format;
+    bool quant = fmt != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
+    int64_t chunks = cdiv(ni, ROWS_PER_CHUNK);
+    float *xq = malloc((size_t)(n * H) * sizeof *xq);
+    float *w13 = malloc((size_t)(2 * ni * H) * sizeof *w13);
+    float *w2 = malloc((size_t)(H * I) * sizeof *w2);
+    float *h = malloc((size_t)(n * ni) * sizeof *h);
+    uint64_t *gcl = calloc((size_t)chunks, sizeof *gcl), *ucl = calloc((size_t)chunks, sizeof *ucl);
     dsv4_status st = DSV4_OK;
+    if (!xq || !w13 || !w2 || !h || !gcl || !ucl) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, "ref ffn", "out of memory for %lld rows", (long long)n);
+        goto done;
+    }
+    memcpy(xq, x, (size_t)(n * H) * sizeof *xq);
+    if (quant)
+        for (int64_t q = 0; q < n; q++)
+            dsv4_act_quant_row(xq + q * H, H, c->act_quant, xq + q * H, NULL, NULL);
+    ffn_job j = {.c = c, .m = shared ? r->shared : &r->experts[3 * expert], .clamp = shared ? c->shared_clamp : true,
+                 .xq = xq, .tw = w, .n = n, .i0 = i0, .ni = ni, .w13 = w13, .w2 = w2, .h = h, .out = out,
+                 .gclamp = gcl, .uclamp = ucl};
+    dsv4_parallel_for(threads, 2 * ni, ROWS_PER_CHUNK, dequant_w13, &j);
+    dsv4_parallel_for(threads, H, ROWS_PER_CHUNK, dequant_w2, &j);
+    dsv4_parallel_for(threads, ni, ROWS_PER_CHUNK, ffn_up, &j);
+    for (int64_t k = 0; k < chunks; k++) {
+        *gclamped += gcl[k];
+        *uclamped += ucl[k];
+    }
+    if (quant) /* the down projection's activations; i0 is 128-aligned so the groups are the row's */
+        for (int64_t q = 0; q < n; q++)
+            dsv4_act_quant_row(h + q * ni, ni, c->act_quant, h + q * ni, NULL, NULL);
+    dsv4_parallel_for(threads, H, ROWS_PER_CHUNK, ffn_down, &j);
+done:
+    free(xq);
+    free(w13);
+    free(w2);
+    free(h);
+    free(gcl);
+    free(ucl);
+    return st;
+}
+
+void dsv4_ref_accumulate(const dsv4_config *c, int64_t H, const float *o, float w, float *y)
+{
+    if (c->weight_point == DSV4_WEIGHT_AFTER_W2)
+        for (int64_t i = 0; i < H; i++)
+            y[i] += w * o[i];
+    else
+        for (int64_t i = 0; i < H; i++)
+            y[i] += o[i];
+}
+
+void dsv4_ref_round_rows(float *v, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        v[i] = dsv4_round_bf16(v[i]);
+}
+
+dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const int32_t *in_ids, dsv4_ref_output *out,
+                             dsv4_error *err)
+{
+    if (!r || !out || !out->y || (T > 0 && !x))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "handle, x and out->y must not be NULL");
+    if (T < 0)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "token count %lld is negative", (long long)T);
+    const dsv4_config *c = &r->cfg;
+    int64_t E = c->n_routed_experts, H = c->dim, I = c->moe_inter_dim, K = c->n_activated;
     size_t TH = (size_t)(T * H), TK = (size_t)(T * K);
+    dsv4_status st = DSV4_OK;
     float *xf = malloc((TH ? TH : 1) * sizeof *xf);
-    float *xr = malloc((TH ? TH : 1) * sizeof *xr); /* routed GEMM activations */
-    float *xs = malloc((TH ? TH : 1) * sizeof *xs); /* shared GEMM activations */
     float *y = calloc(TH ? TH : 1, sizeof *y);
     int32_t *ids = malloc((TK ? TK : 1) * sizeof *ids);
     float *w = malloc((TK ? TK : 1) * sizeof *w);
     int32_t *kept = malloc((size_t)(T ? T : 1) * sizeof *kept);
     unsigned char *nonfinite = malloc((size_t)(T ? T : 1));
-    int64_t *tok = malloc((size_t)(T ? T : 1) * sizeof *tok);
-    float *tw = malloc((size_t)(T ? T : 1) * sizeof *tw);
-    float *w13 = malloc((size_t)(2 * I * H) * sizeof *w13);
-    float *w2 = malloc((size_t)(H * I) * sizeof *w2);
-    float *h = malloc((size_t)((T ? T : 1) * I) * sizeof *h);
+    int64_t *tok = malloc((TK ? TK : 1) * sizeof *tok);
+    float *tw = malloc((TK ? TK : 1) * sizeof *tw);
+    float *xg = malloc((TH ? TH : 1) * sizeof *xg);
     float *o = malloc((TH ? TH : 1) * sizeof *o);
-    int64_t chunks = cdiv(I, ROWS_PER_CHUNK);
-    uint64_t *gcl = malloc((size_t)chunks * sizeof *gcl), *ucl = malloc((size_t)chunks * sizeof *ucl);
-    if (!xf || !xr || !xs || !y || !ids || !w || !kept || !nonfinite || !tok || !tw || !w13 || !w2 || !h || !o ||
-        !gcl || !ucl) {
+    if (!xf || !y || !ids || !w || !kept || !nonfinite || !tok || !tw || !xg || !o) {
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, "ref forward", "out of memory for %lld tokens", (long long)T);
         goto done;
     }
     dsv4_ref_stats stats;
     memset(&stats, 0, sizeof stats);
     stats.tokens = T;
-    for (size_t i = 0; i < TH; i++) {
-        uint16_t b = x[i];
-        xf[i] = dsv4_bf16_to_f32(b);
-    }
-    bool rq = c->routed_format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
-    bool sq = c->shared_format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
-    for (int64_t t = 0; t < T; t++) {
-        memcpy(xr + t * H, xf + t * H, (size_t)H * sizeof *xr);
-        memcpy(xs + t * H, xf + t * H, (size_t)H * sizeof *xs);
-        if (rq)
-            dsv4_act_quant_row(xr + t * H, H, c->act_quant, xr + t * H, NULL, NULL);
-        if (sq)
-            dsv4_act_quant_row(xs + t * H, H, c->act_quant, xs + t * H, NULL, NULL);
-    }
-
-    route_job rj = {r, xf, in_ids, ids, w, kept, nonfinite};
-    dsv4_parallel_for(r->threads, T, 1, route_tokens, &rj);
+    for (size_t i = 0; i < TH; i++)
+        xf[i] = dsv4_bf16_to_f32(x[i]);
+    if ((st = dsv4_ref_route(r, r->threads, T, xf, in_ids, ids, w, kept, nonfinite, err)))
+        goto done;
     for (int64_t t = 0; t < T; t++) {
         stats.nonfinite_rows += nonfinite[t];
         stats.kept_slots += kept[t];
     }
     stats.pruned_slots = T * K - stats.kept_slots;
 
-    ffn_job fj = {.c = c, .aq = c->act_quant, .clamp = true, .tok = tok, .w13 = w13, .w2 = w2, .h = h, .o = o,
-                  .gclamp = gcl, .uclamp = ucl};
     /* Routed experts in ascending id: each token's y accumulates in that order. */
     for (int64_t ex = 0; ex < E; ex++) {
         int64_t n = 0;
@@ -431,38 +469,25 @@ dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const in
             for (int64_t k = 0; k < K; k++)
                 if (ids[t * K + k] == ex) {
                     tok[n] = t;
-                    tw[n++] = w[t * K + k];
+                    tw[n] = w[t * K + k];
+                    memcpy(xg + n * H, xf + t * H, (size_t)H * sizeof *xg);
+                    n++;
                 }
         if (!n)
             continue;
-        fj.m = &r->experts[3 * ex];
-        fj.quant_act = rq;
-        fj.xq = xr;
-        fj.tw = tw;
-        fj.n = n;
-        run_ffn(&fj, r->threads, &stats.routed_g_clamped, &stats.routed_u_clamped);
+        if ((st = dsv4_ref_ffn_partial(r, r->threads, ex, n, xg, tw, 0, I, o, &stats.routed_g_clamped,
+                                       &stats.routed_u_clamped, err)))
+            goto done;
+        dsv4_ref_round_rows(o, n * H);
         stats.routed_values += (uint64_t)(n * I);
-        for (int64_t q = 0; q < n; q++) {
-            float *yt = y + tok[q] * H;
-            const float *ot = o + q * H;
-            if (c->weight_point == DSV4_WEIGHT_AFTER_W2)
-                for (int64_t i = 0; i < H; i++)
-                    yt[i] += tw[q] * ot[i];
-            else
-                for (int64_t i = 0; i < H; i++)
-                    yt[i] += ot[i];
-        }
+        for (int64_t q = 0; q < n; q++)
+            dsv4_ref_accumulate(c, H, o + q * H, tw[q], y + tok[q] * H);
     }
     if (c->n_shared_experts > 0 && T > 0) {
-        for (int64_t t = 0; t < T; t++)
-            tok[t] = t;
-        fj.m = r->shared;
-        fj.quant_act = sq;
-        fj.xq = xs;
-        fj.tw = NULL;
-        fj.n = T;
-        fj.clamp = c->shared_clamp;
-        run_ffn(&fj, r->threads, &stats.shared_g_clamped, &stats.shared_u_clamped);
+        if ((st = dsv4_ref_ffn_partial(r, r->threads, DSV4_SHARED_EXPERT, T, xf, NULL, 0, I, o,
+                                       &stats.shared_g_clamped, &stats.shared_u_clamped, err)))
+            goto done;
+        dsv4_ref_round_rows(o, (int64_t)TH);
         stats.shared_values = (uint64_t)(T * I);
         for (size_t i = 0; i < TH; i++)
             y[i] += o[i];
@@ -478,8 +503,6 @@ dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const in
     out->stats = stats;
 done:
     free(xf);
-    free(xr);
-    free(xs);
     free(y);
     free(ids);
     free(w);
@@ -487,12 +510,8 @@ done:
     free(nonfinite);
     free(tok);
     free(tw);
-    free(w13);
-    free(w2);
-    free(h);
+    free(xg);
     free(o);
-    free(gcl);
-    free(ucl);
     return st;
 }
 

@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 #include "dsv4moe/config.h"
+#include "dsv4moe/ref.h"
 
 /* Deterministic transcendental functions: double-precision range reduction and
    polynomials of fixed form, rounded once to float. Same bits everywhere. */
@@ -38,5 +39,33 @@ void dsv4_ref_select(const dsv4_config *cfg, const float *scores, const float *b
  * is the predictor's estimate for slot j. Returns the number of slots kept.
  */
 int dsv4_ref_top_p(const dsv4_config *cfg, int32_t *ids, float *weights, const float *norms);
+
+/*
+ * The layer's pieces, shared by dsv4_ref_forward and the distributed driver so
+ * that a sharded run computes each value with the same operations.
+ */
+
+/* Routing of T tokens: xf [T, H] (bf16 values). ids, w [T, K]; kept and nonfinite [T] may be NULL.
+   Range errors as dsv4_ref_forward. */
+dsv4_status dsv4_ref_route(const dsv4_ref *ref, int threads, int64_t tokens, const float *xf, const int32_t *input_ids,
+                           int32_t *ids, float *w, int32_t *kept, unsigned char *nonfinite, dsv4_error *err);
+
+/*
+ * One FFN over n rows: routed expert `expert` or DSV4_SHARED_EXPERT; x [n, H]
+ * (bf16 values, not yet activation-quantized); w [n] router weights (NULL
+ * for the shared expert); intermediate rows [i0, i0 + ni) (i0 a multiple of
+ * 128). out [n, H] receives the down projection summed over those rows, in
+ * fp32, not rounded: over [0, I) bf16(out) is the expert output o. Clamp hits
+ * are added to *g_clamped and *u_clamped. Thread-safe on a shared handle.
+ */
+dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *ref, int threads, int64_t expert, int64_t n, const float *x,
+                                 const float *w, int64_t i0, int64_t ni, float *out, uint64_t *g_clamped,
+                                 uint64_t *u_clamped, dsv4_error *err);
+
+/* y[0, H) += o (before_w2) or w o (after_w2), in fp32. o is an expert output (bf16 values). */
+void dsv4_ref_accumulate(const dsv4_config *cfg, int64_t H, const float *o, float w, float *y);
+
+/* Rounds n values to bf16 in place. */
+void dsv4_ref_round_rows(float *v, int64_t n);
 
 #endif
