@@ -58,7 +58,7 @@ typedef struct dsv4_coll_record {
     uint64_t seq;        /* per-group sequence number on this rank, from 0 */
     dsv4_coll_op op;
     dsv4_group group;
-    dsv4_dtype dtype;
+    dsv4_dtype dtype;    /* U8 for barrier */
     uint64_t count;      /* elements: per rank (all_reduce, all_gather), sent in total (all_to_allv), 0 (barrier) */
     uint64_t counts_hash;/* all_to_allv: FNV-1a of this rank's send counts then recv counts; else 0 */
     char tag[DSV4_COMM_TAG_MAX]; /* the caller's label, e.g. "step 3 meta", "chunk 1 dispatch" */
@@ -77,7 +77,15 @@ dsv4_status dsv4_comm_groups_init(dsv4_comm_groups *groups, int world, int tp, i
 
 typedef struct dsv4_comm dsv4_comm;
 
-/* This rank's id in the world, and its index and the size of one of its groups. */
+/*
+ * Argument errors (NULL buffer with elements, invalid dtype or group, sizes
+ * that overflow) return DSV4_ERR_INVALID_ARG before the collective is issued
+ * (no trace record, no sequence number) and poison the world, since the peers
+ * would otherwise wait for this rank until the timeout. A NULL comm only
+ * returns DSV4_ERR_INVALID_ARG. err is left untouched on success.
+ */
+
+/* This rank's id in the world, and its index and the size of one of its groups (-1 for NULL or a bad group). */
 int dsv4_comm_rank(const dsv4_comm *comm);
 int dsv4_comm_group_rank(const dsv4_comm *comm, dsv4_group group);
 int dsv4_comm_group_size(const dsv4_comm *comm, dsv4_group group);
@@ -86,7 +94,8 @@ int dsv4_comm_group_size(const dsv4_comm *comm, dsv4_group group);
    (bf16 summed in fp32 in ascending rank order, rounded once). */
 dsv4_status dsv4_comm_all_reduce(dsv4_comm *comm, dsv4_group group, dsv4_dtype dtype, void *buf, uint64_t count,
                                  const char *tag, dsv4_error *err);
-/* recv[group_size * count] = concatenation of every group rank's send[count], in group order. */
+/* recv[group_size * count] = concatenation of every group rank's send[count], in group order.
+   send may be this rank's own block of recv (recv + group_rank * count elements); no other overlap. */
 dsv4_status dsv4_comm_all_gather(dsv4_comm *comm, dsv4_group group, dsv4_dtype dtype, const void *send,
                                  uint64_t count, void *recv, const char *tag, dsv4_error *err);
 /*

@@ -81,7 +81,8 @@ typedef struct dsv4_budget {
 
 /* 80 GiB device, reserve_mb 1024, nothing taken. NULL is a no-op. */
 void dsv4_budget_init(dsv4_budget *budget);
-/* Bytes the layer may use for its workspace: device - taken - reserve (0 if negative). */
+/* Bytes the layer may use for its workspace: device - taken - reserve (0 if negative), with
+   reserve = max(reserve_mb MiB, 2 GiB, device_bytes / 20). 0 for NULL. */
 uint64_t dsv4_budget_available(const dsv4_budget *budget);
 
 typedef enum dsv4_router_kind {
@@ -117,7 +118,8 @@ void dsv4_plan_free(dsv4_plan *plan);
 const dsv4_config *dsv4_plan_config(const dsv4_plan *plan);
 const dsv4_topology *dsv4_plan_topology(const dsv4_plan *plan);
 dsv4_router_kind dsv4_plan_router(const dsv4_plan *plan);
-/* The executor of an eager step with `tokens` on this rank, and of graph replays. */
+/* The executor of a step whose largest rank holds `tokens`: the graph executor when graph_replay
+   and the step can replay, else the eager one (a step that cannot replay runs eager). */
 dsv4_executor_kind dsv4_plan_executor(const dsv4_plan *plan, int64_t tokens, bool graph_replay);
 /* Tokens per chunk (a multiple of 128, or max_tokens_per_rank when smaller). */
 int64_t dsv4_plan_chunk_tokens(const dsv4_plan *plan);
@@ -132,7 +134,10 @@ int64_t dsv4_plan_inter_count(const dsv4_plan *plan);
 /* Whether a step with `max_tokens` (the world's largest) may replay a graph: a bucket holds it. */
 bool dsv4_plan_can_replay(const dsv4_plan *plan, int64_t max_tokens);
 
-/* Workspace bytes of a step whose largest rank holds `tokens` (chunked as planned). */
+/* Workspace bytes of a step whose largest rank holds `tokens` (chunked as planned): eager, the
+   chunk workspace at min(tokens, chunk); replayed, the graph executor's at the smallest bucket
+   holding `tokens`. Both include the step's metadata collective (64 bytes per world rank, the
+   whole workspace of a 0-token step). The memory model is in docs/planner.md. */
 uint64_t dsv4_plan_workspace_bytes(const dsv4_plan *plan, int64_t tokens, bool graph_replay);
 /* The maximum over every T in [0, max_tokens_per_rank] and both step kinds; within the budget. */
 uint64_t dsv4_plan_workspace_max(const dsv4_plan *plan);

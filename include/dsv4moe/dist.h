@@ -1,0 +1,86 @@
+/*
+ * dsv4moe: the distributed driver. Runs one step of the layer over ranks
+ * simulated as threads of one process (the `sim` communicator), with the
+ * reference backend, following each rank's plan:
+ *
+ *   1. one fixed-size metadata all_gather over the world, issued by every
+ *      rank in eager and graph steps alike: it agrees on the step's max T
+ *      and whether it replays a graph (only if every rank can);
+ *   2. the same number of chunks on every rank (dsv4_plan_chunks of the max
+ *      T); each chunk issues its collectives even when the rank has 0 rows,
+ *      and a 0-row chunk computes nothing;
+ *   3. ep > 1: token-slots go to the ranks holding their experts and the
+ *      expert outputs come back through all_to_allv (counts, rows, expert
+ *      ids, weights; outputs); the home rank accumulates them in ascending
+ *      expert id, so the result is bit-identical to the single-rank
+ *      reference;
+ *   4. tp > 1: each rank computes its share of moe_inter_dim for every
+ *      token-slot, and one all_reduce per chunk sums the partial down
+ *      projections (ascending rank order, identical on every rank) before
+ *      they are rounded and combined. TP ranks hold the same tokens.
+ */
+#ifndef DSV4MOE_DIST_H
+#define DSV4MOE_DIST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "comm.h"
+#include "config.h"
+#include "plan.h"
+#include "safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dsv4_dist_rank {
+    /* inputs */
+    int64_t tokens;
+    const uint16_t *x;          /* bf16 [tokens, H] */
+    const int32_t *input_ids;   /* [tokens]; required on hash layers */
+    bool can_replay;            /* this rank could replay a captured graph this step */
+    /* outputs (caller's buffers; ids and weights may be NULL) */
+    uint16_t *y;                /* bf16 [tokens, H] */
+    int32_t *topk_ids;          /* [tokens, K], pruned slots E */
+    float *topk_weights;        /* [tokens, K] */
+    /* filled by the driver */
+    bool replayed;              /* the step ran as a graph replay */
+    int64_t step_max_tokens;    /* the world's largest T this step */
+    int64_t chunks;
+    dsv4_status status;         /* this rank's result */
+    dsv4_error error;
+    dsv4_coll_record *trace;    /* this rank's collectives (free with dsv4_dist_rank_release) */
+    size_t trace_len;
+} dsv4_dist_rank;
+
+typedef struct dsv4_dist_options {
+    uint32_t struct_size;       /* sizeof(dsv4_dist_options), set by init */
+    int timeout_ms;             /* the communicator's deadlock timeout */
+    /*
+     * Testing only: this rank skips the step's metadata collective when it
+     * could replay a graph, as the defective engine in the review does. The
+     * sim communicator must report it. -1 (the default) disables it.
+     */
+    int fault_skip_meta_rank;
+} dsv4_dist_options;
+
+/* timeout 5000 ms, no fault. NULL is a no-op. */
+void dsv4_dist_options_init(dsv4_dist_options *opt);
+
+/*
+ * Plans every rank of `topo` (topo->rank is ignored) and runs one step.
+ * Returns the first failing rank's status (with its error), DSV4_OK when all
+ * succeeded; every rank's own status, error and trace are in ranks[].
+ * A refused plan is returned before any thread starts.
+ */
+dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
+                              const dsv4_budget *budget, const dsv4_dist_options *opt, dsv4_dist_rank *ranks,
+                              dsv4_error *err);
+
+/* Frees a rank's trace. NULL is a no-op. */
+void dsv4_dist_rank_release(dsv4_dist_rank *rank);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

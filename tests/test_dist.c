@@ -1,0 +1,337 @@
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dsv4moe/dist.h"
+#include "dsv4moe/formats.h"
+#include "dsv4moe/gen.h"
+#include "dsv4moe/ref.h"
+#include "testutil.h"
+
+Suite *dist_suite(void);
+
+/* A generated layer and enough input tokens for every rank. */
+typedef struct {
+    dsv4_config c;
+    dsv4_checkpoint *ck;
+    dsv4_st_file *in;
+    const uint16_t *x;  /* [pool, H] */
+    const int32_t *ids; /* [pool] */
+    int64_t pool;
+} layer;
+
+static layer make_layer(const char *preset, int64_t l, const char *tag)
+{
+    layer L;
+    memset(&L, 0, sizeof L);
+    ck_assert_int_eq(dsv4_config_preset(preset, &L.c, NULL), DSV4_OK);
+    L.c.layer = l;
+    L.pool = 400;
+    char w[512], in[512], name[96];
+    snprintf(name, sizeof name, "dist_%s.safetensors", tag);
+    tu_path(w, sizeof w, name);
+    snprintf(name, sizeof name, "dist_%s_in.safetensors", tag);
+    tu_path(in, sizeof in, name);
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    o.seed = 5;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_gen_weights(&L.c, &o, w, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_gen_input(&L.c, &o, L.pool, in, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_checkpoint_open(w, &L.ck, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_st_open(in, &L.in, &e), DSV4_OK);
+    L.x = dsv4_st_find(L.in, "x")->data;
+    L.ids = dsv4_st_find(L.in, "input_ids")->data;
+    return L;
+}
+
+static void free_layer(layer *L)
+{
+    dsv4_st_close(L->in);
+    dsv4_checkpoint_close(L->ck);
+}
+
+static dsv4_topology topo_of(int world, int tp, int dp, int ep, int64_t max_tokens)
+{
+    dsv4_topology t;
+    dsv4_topology_init(&t);
+    t.world_size = world;
+    t.tp = tp;
+    t.dp = dp;
+    t.ep = ep;
+    t.max_tokens_per_rank = max_tokens;
+    t.role = DSV4_ROLE_MIXED;
+    return t;
+}
+
+/* Each rank takes `counts[r]` tokens from the pool, starting at offs[r] (the same for a tp group). */
+typedef struct {
+    dsv4_dist_rank r[DSV4_COMM_MAX_RANKS];
+    uint16_t *y[DSV4_COMM_MAX_RANKS];
+    int32_t *ids[DSV4_COMM_MAX_RANKS];
+    float *w[DSV4_COMM_MAX_RANKS];
+} ranks_io;
+
+static void setup_io(ranks_io *io, const layer *L, int world, const int64_t *counts, const int64_t *offs)
+{
+    memset(io, 0, sizeof *io);
+    int64_t H = L->c.dim, K = L->c.n_activated;
+    for (int r = 0; r < world; r++) {
+        ck_assert(offs[r] + counts[r] <= L->pool);
+        io->y[r] = calloc((size_t)(counts[r] * H + 1), 2);
+        io->ids[r] = calloc((size_t)(counts[r] * K + 1), 4);
+        io->w[r] = calloc((size_t)(counts[r] * K + 1), 4);
+        io->r[r] = (dsv4_dist_rank){.tokens = counts[r], .x = L->x + offs[r] * H, .input_ids = L->ids + offs[r],
+                                    .y = io->y[r], .topk_ids = io->ids[r], .topk_weights = io->w[r]};
+    }
+}
+
+static void free_io(ranks_io *io, int world)
+{
+    for (int r = 0; r < world; r++) {
+        dsv4_dist_rank_release(&io->r[r]);
+        free(io->y[r]);
+        free(io->ids[r]);
+        free(io->w[r]);
+    }
+}
+
+/* The single-rank reference on the same tokens. */
+static void ref_alone(const layer *L, int64_t off, int64_t n, uint16_t *y, int32_t *ids)
+{
+    dsv4_ref *r;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_ref_create(&L->c, L->ck, 1, &r, &e), DSV4_OK);
+    uint16_t *x = malloc((size_t)(n * L->c.dim + 1) * 2);
+    memcpy(x, L->x + off * L->c.dim, (size_t)(n * L->c.dim) * 2);
+    dsv4_ref_output out = {.y = y, .topk_ids = ids};
+    ck_assert_msg(dsv4_ref_forward(r, n, x, L->ids + off, &out, &e) == DSV4_OK, "%s", e.message);
+    free(x);
+    dsv4_ref_free(r);
+}
+
+static dsv4_budget big_budget(void)
+{
+    dsv4_budget b;
+    dsv4_budget_init(&b);
+    return b;
+}
+
+static const struct {
+    const char *preset;
+    int64_t layer;
+} ep_layers[] = {{"mini", 0}, {"mini", 1}, {"mini-topp", 1}, {"mini-fp8", 2}, {"mini-bf16", 3}};
+
+START_TEST(ep_reproduces_single_rank_bit_for_bit)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "ep%d", _i);
+    layer L = make_layer(ep_layers[_i].preset, ep_layers[_i].layer, tag);
+    int64_t H = L.c.dim, K = L.c.n_activated;
+    const int64_t counts[8] = {37, 0, 5, 130, 1, 0, 64, 9};
+    for (int ep = 2; ep <= 8; ep *= 2) {
+        int64_t offs[8];
+        for (int r = 0, o = 0; r < ep; o += (int)counts[r], r++)
+            offs[r] = o;
+        ranks_io io;
+        setup_io(&io, &L, ep, counts, offs);
+        dsv4_topology t = topo_of(ep, 1, ep, ep, 256);
+        t.chunk_tokens = 128; /* rank 3's 130 tokens take two chunks; every rank runs two */
+        dsv4_budget b = big_budget();
+        dsv4_dist_options o;
+        dsv4_dist_options_init(&o);
+        dsv4_error e;
+        ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, &o, io.r, &e) == DSV4_OK, "ep %d: %s", ep, e.message);
+        for (int r = 0; r < ep; r++) {
+            ck_assert_int_eq(io.r[r].chunks, counts[3] > 128 && ep > 3 ? 2 : 1);
+            uint16_t *y = calloc((size_t)(counts[r] * H + 1), 2);
+            int32_t *ids = calloc((size_t)(counts[r] * K + 1), 4);
+            ref_alone(&L, offs[r], counts[r], y, ids);
+            ck_assert_msg(memcmp(y, io.y[r], (size_t)(counts[r] * H) * 2) == 0, "%s layer %lld ep %d rank %d differs",
+                          ep_layers[_i].preset, (long long)ep_layers[_i].layer, ep, r);
+            ck_assert_int_eq(memcmp(ids, io.ids[r], (size_t)(counts[r] * K) * 4), 0);
+            free(y);
+            free(ids);
+        }
+        free_io(&io, ep);
+    }
+    free_layer(&L);
+}
+END_TEST
+
+START_TEST(tp_shards_agree_with_reference)
+{
+    /* mini-bf16 (I = 128): tp = 2 gives 64-row shards, which bf16 weights allow. */
+    layer B = make_layer("mini-bf16", 1, "tpbf16");
+    int64_t H = B.c.dim;
+    const int64_t counts[2] = {40, 40}, offs[2] = {3, 3};
+    ranks_io io;
+    setup_io(&io, &B, 2, counts, offs);
+    dsv4_topology t = topo_of(2, 2, 1, 1, 256);
+    dsv4_budget b = big_budget();
+    dsv4_error e;
+    dsv4_status st = dsv4_dist_forward(&B.c, B.ck, &t, &b, NULL, io.r, &e);
+    ck_assert_msg(st == DSV4_OK, "%s", e.message);
+    uint16_t *y = calloc((size_t)(40 * H + 1), 2);
+    int32_t ids[160];
+    ref_alone(&B, 3, 40, y, ids);
+    int64_t same = 0, close = 0;
+    for (int64_t i = 0; i < 40 * H; i++) {
+        float a = dsv4_bf16_to_f32(y[i]), v0 = dsv4_bf16_to_f32(io.y[0][i]), v1 = dsv4_bf16_to_f32(io.y[1][i]);
+        ck_assert(v0 == v1 || (v0 != v0 && v1 != v1)); /* both tp ranks hold the same output */
+        same += a == v0;
+        float d = a - v0;
+        close += (d < 0 ? -d : d) <= 0.02f * (a < 0 ? -a : a) + 1e-3f;
+    }
+    ck_assert_msg(close == 40 * H, "%lld of %lld within tolerance", (long long)close, (long long)(40 * H));
+    ck_assert_msg(same > 40 * H * 9 / 10, "only %lld of %lld bit-identical", (long long)same, (long long)(40 * H));
+    free(y);
+    free_io(&io, 2);
+    free_layer(&B);
+}
+END_TEST
+
+/* The fingerprint sequence of rank r: (group, seq, op, dtype, tag) of each collective. */
+static int same_sequence(const dsv4_dist_rank *a, const dsv4_dist_rank *b)
+{
+    if (a->trace_len != b->trace_len)
+        return 0;
+    for (size_t i = 0; i < a->trace_len; i++) {
+        const dsv4_coll_record *x = &a->trace[i], *y = &b->trace[i];
+        if (x->group != y->group || x->seq != y->seq || x->op != y->op || x->dtype != y->dtype ||
+            strcmp(x->tag, y->tag))
+            return 0;
+        if (x->op != DSV4_COLL_ALL_TO_ALLV && x->count != y->count)
+            return 0;
+    }
+    return 1;
+}
+
+START_TEST(per_rank_token_vectors_give_identical_sequences)
+{
+    layer L = make_layer("mini", 2, "sym");
+    const int64_t vecs[5][4] = {
+        {0, 0, 0, 0},      /* all-empty decode step */
+        {0, 3, 7, 1},      /* one rank empty */
+        {1, 1, 1, 1},
+        {300, 2, 0, 5},    /* one rank above the largest capture bucket (64): eager for all */
+        {64, 64, 0, 64},   /* a bucket exactly */
+    };
+    for (int v = 0; v < 5; v++) {
+        for (int graph = 0; graph < 2; graph++) {
+            int64_t offs[4] = {0, 0, 0, 0};
+            for (int r = 1; r < 4; r++)
+                offs[r] = offs[r - 1] + vecs[v][r - 1];
+            ranks_io io;
+            setup_io(&io, &L, 4, vecs[v], offs);
+            dsv4_topology t = topo_of(4, 1, 4, 4, 512);
+            t.backend = DSV4_BACKEND_CUDA;
+            t.sm = 90;
+            t.role = DSV4_ROLE_DECODE;
+            t.cuda_graph = graph;
+            t.n_buckets = graph ? 4 : 0;
+            const int64_t bk[4] = {8, 16, 32, 64};
+            memcpy(t.buckets, bk, sizeof bk);
+            /* Rank 2 runs eager in the first vectors (a rank-local fallback); from vector 2 on,
+               every rank that fits a bucket could replay. */
+            for (int r = 0; r < 4; r++)
+                io.r[r].can_replay = graph && vecs[v][r] <= 64 && (v >= 2 || r != 2);
+            dsv4_budget b = big_budget();
+            dsv4_error e;
+            ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io.r, &e) == DSV4_OK, "vec %d graph %d: %s", v,
+                          graph, e.message);
+            for (int r = 0; r < 4; r++) {
+                ck_assert_msg(same_sequence(&io.r[0], &io.r[r]), "vec %d graph %d: rank %d's collectives differ", v,
+                              graph, r);
+                ck_assert_uint_gt(io.r[r].trace_len, 0); /* the meta collective at least, even at T = 0 */
+                /* A step replays only when every rank can: never with rank 2 eager, never above a bucket. */
+                int want = graph && v >= 2 && v != 3;
+                ck_assert_msg(io.r[r].replayed == want, "vec %d graph %d rank %d replayed %d", v, graph, r,
+                              io.r[r].replayed);
+            }
+            free_io(&io, 4);
+        }
+    }
+    free_layer(&L);
+}
+END_TEST
+
+START_TEST(asymmetric_schedule_is_reported_not_hung)
+{
+    layer L = make_layer("mini", 1, "fault");
+    const int64_t counts[4] = {4, 4, 4, 4}, offs[4] = {0, 4, 8, 12};
+    for (int ep = 1; ep <= 4; ep *= 4) {
+        ranks_io io;
+        setup_io(&io, &L, 4, counts, offs);
+        dsv4_topology t = topo_of(4, 1, 4, ep, 64);
+        t.backend = DSV4_BACKEND_CUDA;
+        t.sm = 90;
+        t.role = DSV4_ROLE_DECODE;
+        t.cuda_graph = true;
+        t.n_buckets = 1;
+        t.buckets[0] = 8;
+        for (int r = 0; r < 4; r++)
+            io.r[r].can_replay = true;
+        dsv4_dist_options o;
+        dsv4_dist_options_init(&o);
+        o.timeout_ms = 200;
+        o.fault_skip_meta_rank = 1;
+        dsv4_budget b = big_budget();
+        dsv4_error e;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        ck_assert_int_eq(dsv4_dist_forward(&L.c, L.ck, &t, &b, &o, io.r, &e), DSV4_ERR_COMM);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        ck_assert_msg(dt < 3.0, "took %.2f s", dt);
+        /* Some rank's report names rank 1, the one that skipped the step's collective. */
+        int named = 0;
+        for (int r = 0; r < 4; r++)
+            named |= io.r[r].status == DSV4_ERR_COMM && strstr(io.r[r].error.message, "rank 1") != NULL;
+        ck_assert_msg(named, "no report names rank 1: %s", e.message);
+        free_io(&io, 4);
+    }
+    free_layer(&L);
+}
+END_TEST
+
+START_TEST(refusals_and_bad_inputs_before_any_thread)
+{
+    layer L = make_layer("mini", 1, "refuse");
+    const int64_t counts[2] = {3, 300}, offs[2] = {0, 3};
+    ranks_io io;
+    setup_io(&io, &L, 2, counts, offs);
+    dsv4_topology t = topo_of(2, 1, 2, 2, 256);
+    dsv4_budget b = big_budget();
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io.r, &e), DSV4_ERR_RANGE);
+    ck_assert_ptr_nonnull(strstr(e.message, "max_tokens_per_rank"));
+    io.r[1].tokens = 3;
+    t.dispatch = DSV4_DISPATCH_LOW_LATENCY;
+    t.role = DSV4_ROLE_PREFILL;
+    ck_assert_int_eq(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io.r, &e), DSV4_ERR_REFUSED);
+    ck_assert_ptr_nonnull(strstr(e.message, "role"));
+    /* tp ranks must hold the same tokens */
+    dsv4_topology tt = topo_of(2, 2, 1, 1, 256);
+    ck_assert_int_eq(dsv4_dist_forward(&L.c, L.ck, &tt, &b, NULL, io.r, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(e.message, "tp group"));
+    free_io(&io, 2);
+    free_layer(&L);
+}
+END_TEST
+
+Suite *dist_suite(void)
+{
+    Suite *s = suite_create("dist");
+    TCase *tc = tcase_create("dist");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, ep_reproduces_single_rank_bit_for_bit, 0, (int)(sizeof ep_layers / sizeof ep_layers[0]));
+    tcase_add_test(tc, tp_shards_agree_with_reference);
+    tcase_add_test(tc, per_rank_token_vectors_give_identical_sequences);
+    tcase_add_test(tc, asymmetric_schedule_is_reported_not_hung);
+    tcase_add_test(tc, refusals_and_bad_inputs_before_any_thread);
+    suite_add_tcase(s, tc);
+    return s;
+}
