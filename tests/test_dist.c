@@ -152,6 +152,16 @@ START_TEST(ep_reproduces_single_rank_bit_for_bit)
             ck_assert_msg(memcmp(y, io.y[r], (size_t)(counts[r] * H) * 2) == 0, "%s layer %lld ep %d rank %d differs",
                           ep_layers[_i].preset, (long long)ep_layers[_i].layer, ep, r);
             ck_assert_int_eq(memcmp(ids, io.ids[r], (size_t)(counts[r] * K) * 4), 0);
+            /* The driver's buffers were measured; a rank with tokens holds some, and the plan
+               accounts for the step it ran. */
+            ck_assert_uint_gt(io.r[r].workspace_planned, 0);
+            if (counts[r] > 0)
+                ck_assert_uint_gt(io.r[r].workspace_peak, (uint64_t)(counts[r] * H * 4));
+            ck_assert_msg(io.r[r].workspace_peak <= io.r[r].workspace_planned, "rank %d: peak %llu above plan %llu", r,
+                          (unsigned long long)io.r[r].workspace_peak, (unsigned long long)io.r[r].workspace_planned);
+            if (getenv("DSV4MOE_PRINT_WORKSPACE"))
+                fprintf(stderr, "ep %d rank %d T %lld: planned %llu peak %llu\n", ep, r, (long long)counts[r],
+                        (unsigned long long)io.r[r].workspace_planned, (unsigned long long)io.r[r].workspace_peak);
             free(y);
             free(ids);
         }

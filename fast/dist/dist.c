@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsv4moe/alloc.h"
 #include "dsv4moe/dist.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/ref.h"
@@ -38,6 +39,7 @@ typedef struct {
     dsv4_dist_rank *io;
     int rank;
     const dsv4_dist_options *opt;
+    dsv4_allocator *acct; /* this rank's workspace, measured against the plan */
 } rank_ctx;
 
 /* A token-slot of this rank's chunk: token (chunk-relative), slot, expert, weight. */
@@ -84,11 +86,11 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
     dsv4_status st = DSV4_OK;
     uint64_t gdummy = 0, udummy = 0;
     int64_t nk = n * K;
-    float *xf = malloc((size_t)(n * H + 1) * sizeof *xf);
-    int32_t *ids = malloc((size_t)(nk + 1) * sizeof *ids);
-    float *w = malloc((size_t)(nk + 1) * sizeof *w);
-    slot *sl = malloc((size_t)(nk + 1) * sizeof *sl);
-    float *acc = calloc((size_t)(n * H + 1), sizeof *acc);
+    float *xf = dsv4_alloc(rc->acct, (size_t)(n * H + 1) * sizeof *xf);
+    int32_t *ids = dsv4_alloc(rc->acct, (size_t)(nk + 1) * sizeof *ids);
+    float *w = dsv4_alloc(rc->acct, (size_t)(nk + 1) * sizeof *w);
+    slot *sl = dsv4_alloc(rc->acct, (size_t)(nk + 1) * sizeof *sl);
+    float *acc = dsv4_alloc(rc->acct, (size_t)(n * H + 1) * sizeof *acc);
     float *shared = NULL, *o = NULL, *xs = NULL, *rx = NULL, *ro = NULL, *rw = NULL;
     uint16_t *sendx = NULL, *recvx = NULL, *sendo = NULL, *recvo = NULL;
     int32_t *sende = NULL, *recve = NULL;
@@ -112,13 +114,13 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
             if (ids[t * K + k] != (int32_t)E)
                 sl[ns++] = (slot){t, (int32_t)k, ids[t * K + k], w[t * K + k]};
     qsort(sl, (size_t)ns, sizeof *sl, cmp_slot_expert);
-    o = malloc((size_t)(ns * H + 1) * sizeof *o);
+    o = dsv4_alloc(rc->acct, (size_t)(ns * H + 1) * sizeof *o);
     if (!o) {
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %lld slots", (long long)ns);
         goto done;
     }
     if (c->n_shared_experts > 0) {
-        shared = malloc((size_t)(n * H + 1) * sizeof *shared);
+        shared = dsv4_alloc(rc->acct, (size_t)(n * H + 1) * sizeof *shared);
         if (!shared) {
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory");
             goto done;
@@ -147,18 +149,18 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
             scH[j] = sc[j] * (uint64_t)H;
             rcH[j] = rcn[j] * (uint64_t)H;
         }
-        sendx = malloc((size_t)(ns * H + 1) * sizeof *sendx);
-        sende = malloc((size_t)(ns + 1) * sizeof *sende);
-        sendw = malloc((size_t)(ns + 1) * sizeof *sendw);
-        recvx = malloc((size_t)(nr * (uint64_t)H + 1) * sizeof *recvx);
-        recve = malloc((size_t)(nr + 1) * sizeof *recve);
-        recvw = malloc((size_t)(nr + 1) * sizeof *recvw);
-        rx = malloc((size_t)(nr * (uint64_t)H + 1) * sizeof *rx);
-        ro = malloc((size_t)(nr * (uint64_t)H + 1) * sizeof *ro);
-        rw = malloc((size_t)(nr + 1) * sizeof *rw);
-        rs = malloc((size_t)(nr + 1) * sizeof *rs);
-        sendo = malloc((size_t)(nr * (uint64_t)H + 1) * sizeof *sendo);
-        recvo = malloc((size_t)(ns * H + 1) * sizeof *recvo);
+        sendx = dsv4_alloc(rc->acct, (size_t)(ns * H + 1) * sizeof *sendx);
+        sende = dsv4_alloc(rc->acct, (size_t)(ns + 1) * sizeof *sende);
+        sendw = dsv4_alloc(rc->acct, (size_t)(ns + 1) * sizeof *sendw);
+        recvx = dsv4_alloc(rc->acct, (size_t)(nr * (uint64_t)H + 1) * sizeof *recvx);
+        recve = dsv4_alloc(rc->acct, (size_t)(nr + 1) * sizeof *recve);
+        recvw = dsv4_alloc(rc->acct, (size_t)(nr + 1) * sizeof *recvw);
+        rx = dsv4_alloc(rc->acct, (size_t)(nr * (uint64_t)H + 1) * sizeof *rx);
+        ro = dsv4_alloc(rc->acct, (size_t)(nr * (uint64_t)H + 1) * sizeof *ro);
+        rw = dsv4_alloc(rc->acct, (size_t)(nr + 1) * sizeof *rw);
+        rs = dsv4_alloc(rc->acct, (size_t)(nr + 1) * sizeof *rs);
+        sendo = dsv4_alloc(rc->acct, (size_t)(nr * (uint64_t)H + 1) * sizeof *sendo);
+        recvo = dsv4_alloc(rc->acct, (size_t)(ns * H + 1) * sizeof *recvo);
         if (!sendx || !sende || !sendw || !recvx || !recve || !recvw || !rx || !ro || !rw || !rs || !sendo ||
             !recvo) {
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %llu received slots",
@@ -209,10 +211,10 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
             TRY(dsv4_ref_ffn_partial(rc->ref, 1, DSV4_SHARED_EXPERT, n, xf, NULL, 0, I, shared, &gdummy, &udummy, err));
     } else {
         int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
-        xs = malloc((size_t)(ns * H + 1) * sizeof *xs);
-        float *ws = malloc((size_t)(ns + 1) * sizeof *ws);
+        xs = dsv4_alloc(rc->acct, (size_t)(ns * H + 1) * sizeof *xs);
+        float *ws = dsv4_alloc(rc->acct, (size_t)(ns + 1) * sizeof *ws);
         if (!xs || !ws) {
-            free(ws);
+            dsv4_release(rc->acct, ws);
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory");
             goto done;
         }
@@ -226,19 +228,19 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
             }
             st = dsv4_ref_ffn_partial(rc->ref, 1, sl[a].e, b - a, xs, ws, i0, ni, o + a * H, &gdummy, &udummy, err);
             if (st) {
-                free(ws);
+                dsv4_release(rc->acct, ws);
                 goto done;
             }
             a = b;
         }
-        free(ws);
+        dsv4_release(rc->acct, ws);
         if (shared)
             TRY(dsv4_ref_ffn_partial(rc->ref, 1, DSV4_SHARED_EXPERT, n, xf, NULL, i0, ni, shared, &gdummy, &udummy,
                                      err));
         if (tp->tp > 1) {
             /* One all_reduce of the partial down projections, slots then shared rows. */
             uint64_t len = (uint64_t)(ns * H) + (shared ? (uint64_t)(n * H) : 0);
-            float *buf = malloc((size_t)(len + 1) * sizeof *buf);
+            float *buf = dsv4_alloc(rc->acct, (size_t)(len + 1) * sizeof *buf);
             if (!buf) {
                 st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory");
                 goto done;
@@ -252,7 +254,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
                 if (shared)
                     memcpy(shared, buf + ns * H, (size_t)(n * H) * sizeof *shared);
             }
-            free(buf);
+            dsv4_release(rc->acct, buf);
             if (st)
                 goto done;
         }
@@ -262,26 +264,26 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
         dsv4_ref_round_rows(shared, n * H);
     combine(c, n, sl, ns, o, shared, acc, io->y + c0 * H);
 done:
-    free(acc);
-    free(xf);
-    free(ids);
-    free(w);
-    free(sl);
-    free(shared);
-    free(o);
-    free(xs);
-    free(rx);
-    free(ro);
-    free(rw);
-    free(rs);
-    free(sendx);
-    free(recvx);
-    free(sendo);
-    free(recvo);
-    free(sende);
-    free(recve);
-    free(sendw);
-    free(recvw);
+    dsv4_release(rc->acct, acc);
+    dsv4_release(rc->acct, xf);
+    dsv4_release(rc->acct, ids);
+    dsv4_release(rc->acct, w);
+    dsv4_release(rc->acct, sl);
+    dsv4_release(rc->acct, shared);
+    dsv4_release(rc->acct, o);
+    dsv4_release(rc->acct, xs);
+    dsv4_release(rc->acct, rx);
+    dsv4_release(rc->acct, ro);
+    dsv4_release(rc->acct, rw);
+    dsv4_release(rc->acct, rs);
+    dsv4_release(rc->acct, sendx);
+    dsv4_release(rc->acct, recvx);
+    dsv4_release(rc->acct, sendo);
+    dsv4_release(rc->acct, recvo);
+    dsv4_release(rc->acct, sende);
+    dsv4_release(rc->acct, recve);
+    dsv4_release(rc->acct, sendw);
+    dsv4_release(rc->acct, recvw);
     return st;
 }
 
@@ -310,6 +312,7 @@ static void *rank_main(void *p)
     io->replayed = all_replay && dsv4_plan_can_replay(rc->plan, maxT);
     int64_t nch = dsv4_plan_chunks(rc->plan, maxT), ct = dsv4_plan_chunk_tokens(rc->plan);
     io->chunks = nch;
+    io->workspace_planned = dsv4_plan_workspace_bytes(rc->plan, maxT, io->replayed);
     for (int64_t ch = 0; ch < nch; ch++) {
         int64_t b = ch * ct, e = b + ct < T ? b + ct : T;
         if ((st = run_chunk(rc, b < T ? b : T, e > b ? e - b : 0, err)))
@@ -317,6 +320,7 @@ static void *rank_main(void *p)
     }
 out:
     io->status = st;
+    io->workspace_peak = dsv4_allocator_stats(rc->acct).peak;
     size_t n = 0;
     const dsv4_coll_record *tr = dsv4_comm_trace(rc->comm, &n);
     io->trace = n ? malloc(n * sizeof *io->trace) : NULL;
@@ -346,6 +350,7 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
                            DSV4_COMM_MAX_RANKS);
     int64_t H = cfg->dim;
     dsv4_plan *plans[DSV4_COMM_MAX_RANKS] = {0};
+    dsv4_allocator *acct[DSV4_COMM_MAX_RANKS] = {0};
     rank_ctx ctx[DSV4_COMM_MAX_RANKS];
     pthread_t th[DSV4_COMM_MAX_RANKS];
     bool started[DSV4_COMM_MAX_RANKS] = {0};
@@ -381,7 +386,8 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
     for (int r = 0; r < world; r++) {
         dsv4_topology t = *topo;
         t.rank = r;
-        if ((st = dsv4_plan_create(cfg, &t, budget, &plans[r], err)))
+        if ((st = dsv4_plan_create(cfg, &t, budget, &plans[r], err)) ||
+            (st = dsv4_allocator_create(0, &acct[r], err)))
             goto done;
     }
     dsv4_comm_groups groups;
@@ -392,7 +398,7 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
         (st = dsv4_sim_world_create(&groups, &so, &sw, err)) || (st = dsv4_ref_create(cfg, ckpt, 1, &ref, err)))
         goto done;
     for (int r = 0; r < world; r++) {
-        ctx[r] = (rank_ctx){cfg, ref, plans[r], dsv4_sim_world_comm(sw, r), &ranks[r], r, opt};
+        ctx[r] = (rank_ctx){cfg, ref, plans[r], dsv4_sim_world_comm(sw, r), &ranks[r], r, opt, acct[r]};
         started[r] = pthread_create(&th[r], NULL, rank_main, &ctx[r]) == 0;
         if (!started[r]) {
             /* Without its thread the rank never arrives: the others get the deadlock report. */
@@ -412,7 +418,9 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
 done:
     dsv4_ref_free(ref);
     dsv4_sim_world_free(sw);
-    for (int r = 0; r < world; r++)
+    for (int r = 0; r < world; r++) {
         dsv4_plan_free(plans[r]);
+        dsv4_allocator_free(acct[r]);
+    }
     return st;
 }

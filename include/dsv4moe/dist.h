@@ -47,6 +47,9 @@ typedef struct dsv4_dist_rank {
     bool replayed;              /* the step ran as a graph replay */
     int64_t step_max_tokens;    /* the world's largest T this step */
     int64_t chunks;
+    uint64_t workspace_planned; /* the plan's workspace for this step (dsv4_plan_workspace_bytes) */
+    uint64_t workspace_peak;    /* the driver's buffers at their peak, through the accounting allocator;
+                                   the reference's fp32 copies of weights are not counted */
     dsv4_status status;         /* this rank's result */
     dsv4_error error;
     dsv4_coll_record *trace;    /* this rank's collectives (free with dsv4_dist_rank_release) */
