@@ -33,6 +33,9 @@ extern const char CLI_CONFIG_HELP[];
 
 /* Parses a whole decimal integer in [lo, hi]; prints and returns -1 on error. */
 int cli_parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* Returns 0 when `arg` is one of the NULL-terminated `options`; else prints "unknown option"
+   (or "unexpected argument") naming the command's --help and returns -1. */
+int cli_known(const char *cmd, const char *arg, const char *const *options);
 /* Takes the value of option argv[*i]; prints and returns NULL when missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 

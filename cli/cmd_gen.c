@@ -71,7 +71,8 @@ int cmd_gen(int argc, char **argv)
             opt.model_prefix = true;
             continue;
         }
-        if (!(val = cli_value(cmd, argc, argv, &i)))
+        static const char *const value_opts[] = {"--tokens", "--seed", "--threads", "--layout", "--out", "--weights", "--input", "--probe-tokens", "--probe-experts", NULL};
+        if (cli_known(cmd, a, value_opts) || !(val = cli_value(cmd, argc, argv, &i)))
             return EXIT_BAD_INPUT;
         if (!strcmp(a, "--tokens")) {
             if (cli_parse_i64(cmd, a, val, 0, 1 << 24, &tokens))
@@ -109,6 +110,8 @@ int cmd_gen(int argc, char **argv)
     }
     if ((wpath != NULL) != (ipath != NULL))
         return cli_failf(cmd, "--weights and --input go together");
+    if (wpath && !strcmp(wpath, ipath))
+        return cli_failf(cmd, "--weights and --input name the same file '%s'", wpath);
     if (out_dir && wpath)
         return cli_failf(cmd, "--out conflicts with --weights/--input: give one or the other");
     dsv4_config cfg;

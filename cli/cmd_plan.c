@@ -145,7 +145,8 @@ int cmd_plan(int argc, char **argv)
             printf(PLAN_HELP, CLI_CONFIG_HELP);
             return EXIT_OK;
         }
-        if (!(val = cli_value(cmd, argc, argv, &i)))
+        static const char *const value_opts[] = {"--world", "--tp", "--dp", "--ep", "--rank", "--sm", "--role", "--backend", "--graph", "--buckets", "--max-tokens", "--chunk", "--dispatch", "--executor", "--device-gib", "--taken-gib", "--reserve-mb", "--tokens", NULL};
+        if (cli_known(cmd, a, value_opts) || !(val = cli_value(cmd, argc, argv, &i)))
             return EXIT_BAD_INPUT;
         int e = 0, k;
         if (!strcmp(a, "--world")) {
@@ -190,7 +191,9 @@ int cmd_plan(int argc, char **argv)
                 budget.reserve_mb = (uint64_t)v;
         } else if (!strcmp(a, "--tokens")) {
             e = cli_parse_i64(cmd, a, val, 0, INT64_C(1) << 40, &v);
-            if (!e && nextra < (int)(sizeof extra / sizeof extra[0]))
+            if (!e && nextra == (int)(sizeof extra / sizeof extra[0]))
+                return cli_failf(cmd, "too many --tokens options (at most %zu)", sizeof extra / sizeof extra[0]);
+            if (!e)
                 extra[nextra++] = v;
         } else {
             return cli_failf(cmd, "unknown option '%s' (see dsv4moe plan --help)", a);

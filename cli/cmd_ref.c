@@ -47,7 +47,8 @@ int cmd_ref(int argc, char **argv)
             printf(REF_HELP, CLI_CONFIG_HELP);
             return EXIT_OK;
         }
-        if (!(val = cli_value(cmd, argc, argv, &i)))
+        static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", NULL};
+        if (cli_known(cmd, a, value_opts) || !(val = cli_value(cmd, argc, argv, &i)))
             return EXIT_BAD_INPUT;
         if (!strcmp(a, "--weights"))
             wpath = val;

@@ -30,6 +30,18 @@ int cli_failf(const char *cmd, const char *fmt, ...)
     return EXIT_BAD_INPUT;
 }
 
+int cli_known(const char *cmd, const char *arg, const char *const *options)
+{
+    for (const char *const *o = options; *o; o++)
+        if (!strcmp(arg, *o))
+            return 0;
+    if (arg[0] != '-')
+        cli_failf(cmd, "unexpected argument '%s' (see dsv4moe %s --help)", arg, cmd);
+    else
+        cli_failf(cmd, "unknown option '%s' (see dsv4moe %s --help)", arg, cmd);
+    return -1;
+}
+
 const char *cli_value(const char *cmd, int argc, char **argv, int *i)
 {
     if (*i + 1 >= argc) {
@@ -94,7 +106,7 @@ int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg
             return EXIT_BAD_INPUT;
         }
     }
-    if (cfg->layer < 0)
+    if (cfg->layer < 0 && !o->layer)
         return cli_failf(cmd, "the layer id is required: pass --layer N");
     if (dsv4_config_validate(cfg, &err))
         return cli_fail(cmd, &err);

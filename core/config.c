@@ -1,6 +1,8 @@
 #include <errno.h>
 #include <stdarg.h>
+#include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,12 +181,18 @@ _Static_assert(sizeof(dsv4_score_func) == sizeof(int), "enums are stored as int"
 
 static const char *key_names[NKEYS + 1];
 
-const char *const *dsv4_config_keys(void)
+static pthread_once_t key_names_once = PTHREAD_ONCE_INIT;
+
+static void fill_key_names(void)
 {
-    /* Filled on every call; the content is constant so concurrent callers write the same bytes. */
     for (size_t i = 0; i < NKEYS; i++)
         key_names[i] = keys[i].name;
     key_names[NKEYS] = NULL;
+}
+
+const char *const *dsv4_config_keys(void)
+{
+    pthread_once(&key_names_once, fill_key_names);
     return key_names;
 }
 
@@ -347,6 +355,8 @@ static dsv4_status parse_float(const char *key, const char *s, float *out, dsv4_
         return bad(err, key, "value '%s' is not a number", s);
     if (!isfinite(v) || fabs(v) > 3.0e38)
         return bad(err, key, "value '%s' is not a finite fp32 number", s);
+    if (v != 0 && fabs(v) < FLT_MIN)
+        return bad(err, key, "value '%s' is below the smallest normal fp32 number (%g)", s, (double)FLT_MIN);
     *out = (float)v;
     return DSV4_OK;
 }

@@ -1,4 +1,5 @@
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,7 @@ typedef struct {
     dsv4_status st;
     dsv4_error err;
     const char *name;
+    pthread_mutex_t mu; /* guards st and err */
 } quant_job;
 
 static void quant_rows(void *p, int64_t b, int64_t e)
@@ -137,9 +139,13 @@ static void quant_rows(void *p, int64_t b, int64_t e)
             j->q[2 * i + 1] = (uint8_t)(v >> 8);
         }
     }
-    if (st && j->st == DSV4_OK) { /* generated values are finite, so this is a bug guard */
-        j->st = st;
-        j->err = err;
+    if (st) { /* generated values are finite, so this is a bug guard */
+        pthread_mutex_lock(&j->mu);
+        if (j->st == DSV4_OK) {
+            j->st = st;
+            j->err = err;
+        }
+        pthread_mutex_unlock(&j->mu);
     }
 }
 
@@ -192,18 +198,32 @@ static dsv4_status fill_tensor(void *user, size_t index, const char *name, void 
         int32_t *perm = malloc((size_t)E * sizeof *perm);
         if (!perm)
             return dsv4_seterr(err, DSV4_ERR_NOMEM, name, "out of memory");
+        int64_t K = c->n_activated;
+        int64_t *swapped = malloc((size_t)K * sizeof *swapped);
+        if (!swapped) {
+            free(perm);
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, name, "out of memory");
+        }
+        for (int64_t e = 0; e < E; e++)
+            perm[e] = (int32_t)e;
         for (int64_t v = 0; v < c->vocab_size; v++) {
-            /* A partial Fisher-Yates shuffle: K distinct experts per token id. */
-            for (int64_t e = 0; e < E; e++)
-                perm[e] = (int32_t)e;
-            for (int64_t j = 0; j < c->n_activated; j++) {
+            /* A partial Fisher-Yates shuffle: K distinct experts per token id; the swaps are
+               undone afterwards so each row starts from the identity in O(K). */
+            for (int64_t j = 0; j < K; j++) {
                 int64_t r = j + dsv4_rng_below(k, (uint64_t)(v * E + j), (uint32_t)(E - j));
                 int32_t tmp = perm[j];
                 perm[j] = perm[r];
                 perm[r] = tmp;
-                put_i32(buf, v * c->n_activated + j, perm[j]);
+                swapped[j] = r;
+                put_i32(buf, v * K + j, perm[j]);
+            }
+            for (int64_t j = K - 1; j >= 0; j--) {
+                int32_t tmp = perm[j];
+                perm[j] = perm[swapped[j]];
+                perm[swapped[j]] = tmp;
             }
         }
+        free(swapped);
         free(perm);
         break;
     }
@@ -241,9 +261,11 @@ static dsv4_status fill_tensor(void *user, size_t index, const char *name, void 
             g->pending_scale = p;
         }
         g->pending_bytes = sb;
-        quant_job j = {g->mat, n, k, f, c->weight_scale, buf, g->pending_scale, DSV4_OK, {0}, name};
+        quant_job j = {g->mat, n, k, f, c->weight_scale, buf, g->pending_scale, DSV4_OK, {0}, name,
+                       PTHREAD_MUTEX_INITIALIZER};
         /* fp8 block rows are 128 high; fp4 and bf16 rows are independent. */
         dsv4_parallel_for(g->o->threads, n, 128, quant_rows, &j);
+        pthread_mutex_destroy(&j.mu);
         if (j.st) {
             if (err)
                 *err = j.err;
@@ -484,6 +506,9 @@ dsv4_status dsv4_gen_probe_clamp(const dsv4_checkpoint *ckpt, const dsv4_config 
 {
     if (!ckpt || !cfg || !input || !out)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "probe", "arguments must not be NULL");
+    if (max_tokens < 1 || max_experts < 1)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "probe", "max_tokens %lld and max_experts %lld must be >= 1",
+                           (long long)max_tokens, (long long)max_experts);
     dsv4_status st = dsv4_config_validate(cfg, err);
     if (st)
         return st;

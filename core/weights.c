@@ -170,6 +170,9 @@ dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ck, const dsv4_config *c,
 {
     if (!ck || !c || !out)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "weights", "checkpoint, config and output must not be NULL");
+    dsv4_status vst = dsv4_config_validate(c, err);
+    if (vst)
+        return vst;
     if (expert != DSV4_SHARED_EXPERT && (expert < 0 || expert >= c->n_routed_experts))
         return dsv4_seterr(err, DSV4_ERR_RANGE, "weights", "expert id %lld is outside [0, %lld)",
                            (long long)expert, (long long)c->n_routed_experts);
@@ -197,6 +200,9 @@ dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c,
 {
     if (!ck || !c || !out)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "weights", "checkpoint, config and output must not be NULL");
+    dsv4_status vst = dsv4_config_validate(c, err);
+    if (vst)
+        return vst;
     dsv4_layout lay = dsv4_checkpoint_layout(ck);
     if (lay == DSV4_LAYOUT_UNKNOWN)
         return dsv4_seterr(err, DSV4_ERR_FORMAT, "checkpoint", "no DSV4 MoE layout detected");

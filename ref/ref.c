@@ -1,5 +1,6 @@
 /* The reference layer: binding a checkpoint, and the forward (SPEC.md sections 2-5). */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,26 @@ dsv4_status dsv4_ref_create(const dsv4_config *cfg, const dsv4_checkpoint *ck, i
     if (r->router.pred_weight &&
         (!(r->pred_w = copy_f32(r->router.pred_weight, E * H)) || !(r->pred_b = copy_f32(r->router.pred_bias, E))))
         goto nomem;
+    /* A NaN bias or predictor value would silently corrupt the ordering of every later expert. */
+    {
+        const struct {
+            const float *v;
+            int64_t n;
+            const char *what;
+        } vecs[] = {{r->bias, E, "gate bias"},
+                    {r->pred_norm, E, "norm_predictor.norm"},
+                    {r->pred_w, E * H, "norm_predictor.weight"},
+                    {r->pred_b, E, "norm_predictor.bias"}};
+        for (size_t q = 0; q < sizeof vecs / sizeof vecs[0]; q++)
+            for (int64_t i = 0; vecs[q].v && i < vecs[q].n; i++)
+                if (!isfinite(vecs[q].v[i])) {
+                    char where[96];
+                    snprintf(where, sizeof where, "layer %lld %s", (long long)c->layer, vecs[q].what);
+                    st = dsv4_seterr(err, DSV4_ERR_NUMERIC, where, "element %lld is %g; routing tensors must be finite",
+                                     (long long)i, (double)vecs[q].v[i]);
+                    goto fail;
+                }
+    }
     r->experts = calloc((size_t)(3 * E), sizeof *r->experts);
     if (!r->experts)
         goto nomem;
@@ -180,7 +201,7 @@ typedef struct {
     float *w;            /* [T, K] */
     int32_t *kept;       /* [T] */
     unsigned char *nonfinite; /* [T] */
-    int failed;          /* a worker could not allocate its scratch */
+    atomic_int failed;   /* a worker could not allocate its scratch */
 } route_job;
 
 static void route_tokens(void *p, int64_t b, int64_t e)
@@ -191,7 +212,7 @@ static void route_tokens(void *p, int64_t b, int64_t e)
     int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
     float *l = malloc((size_t)(2 * E + K) * sizeof *l);
     if (!l) {
-        j->failed = 1; /* each worker writes the same value: no race on what is read */
+        atomic_store(&j->failed, 1);
         return;
     }
     float *s = l + E, *norms = l + 2 * E;
@@ -220,6 +241,22 @@ static void route_tokens(void *p, int64_t b, int64_t e)
         }
         dsv4_ref_scores(c, l, s);
         dsv4_ref_select(c, s, r->bias, hash ? r->tid2eid + (int64_t)j->in_ids[t] * K : NULL, ids, w);
+        /* Finite logits so negative that every selected score underflows to 0 give 0/0 weights:
+           the row takes the fallback of non-finite rows rather than poisoning its output. */
+        bool wfinite = true;
+        for (int64_t k = 0; k < K; k++)
+            wfinite = wfinite && isfinite(w[k]);
+        if (!wfinite) {
+            if (j->nonfinite)
+                j->nonfinite[t] = 1;
+            for (int64_t k = 0; k < K; k++) {
+                ids[k] = (int32_t)k;
+                w[k] = c->route_scale / (float)K;
+            }
+            if (j->kept)
+                j->kept[t] = (int32_t)K;
+            continue;
+        }
         int kept = (int)K;
         if (!hash && c->top_p < 1.0f) {
             for (int64_t k = 0; k < K; k++) {
@@ -240,8 +277,7 @@ static void route_tokens(void *p, int64_t b, int64_t e)
     free(l);
 }
 
-dsv4_status dsv4_ref_route(const dsv4_ref *r, int threads, int64_t T, const float *xf, const int32_t *in_ids,
-                           int32_t *ids, float *w, int32_t *kept, unsigned char *nonfinite, dsv4_error *err)
+dsv4_status dsv4_ref_check_ids(const dsv4_ref *r, int64_t T, const int32_t *in_ids, dsv4_error *err)
 {
     const dsv4_config *c = &r->cfg;
     int64_t E = c->n_routed_experts, K = c->n_activated;
@@ -268,9 +304,19 @@ dsv4_status dsv4_ref_route(const dsv4_ref *r, int threads, int64_t T, const floa
             }
         }
     }
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_ref_route(const dsv4_ref *r, int threads, int64_t T, const float *xf, const int32_t *in_ids,
+                           int32_t *ids, float *w, int32_t *kept, unsigned char *nonfinite, dsv4_error *err)
+{
+    dsv4_status st = dsv4_ref_check_ids(r, T, in_ids, err);
+    if (st)
+        return st;
     route_job rj = {r, xf, in_ids, ids, w, kept, nonfinite, 0};
+    atomic_init(&rj.failed, 0);
     dsv4_parallel_for(threads, T, 1, route_tokens, &rj);
-    if (rj.failed)
+    if (atomic_load(&rj.failed))
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref forward", "out of memory routing %lld tokens", (long long)T);
     return DSV4_OK;
 }
@@ -429,8 +475,9 @@ dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const in
 {
     if (!r || !out || !out->y || (T > 0 && !x))
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "handle, x and out->y must not be NULL");
-    if (T < 0)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "token count %lld is negative", (long long)T);
+    if (T < 0 || T > DSV4_REF_MAX_TOKENS)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "token count %lld is outside [0, %d]",
+                           (long long)T, DSV4_REF_MAX_TOKENS);
     const dsv4_config *c = &r->cfg;
     int64_t E = c->n_routed_experts, H = c->dim, I = c->moe_inter_dim, K = c->n_activated;
     size_t TH = (size_t)(T * H), TK = (size_t)(T * K);
@@ -443,8 +490,10 @@ dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const in
     unsigned char *nonfinite = malloc((size_t)(T ? T : 1));
     int64_t *tok = malloc((TK ? TK : 1) * sizeof *tok);
     float *tw = malloc((TK ? TK : 1) * sizeof *tw);
-    float *xg = malloc((TH ? TH : 1) * sizeof *xg);
-    float *o = malloc((TH ? TH : 1) * sizeof *o);
+    /* One expert can collect up to T*K rows: a hash table row may name it twice. */
+    size_t rows_max = (size_t)(TK > (size_t)T ? TK : (size_t)T);
+    float *xg = malloc((rows_max ? rows_max : 1) * (size_t)H * sizeof *xg);
+    float *o = malloc((rows_max ? rows_max : 1) * (size_t)H * sizeof *o);
     if (!xf || !y || !ids || !w || !kept || !nonfinite || !tok || !tw || !xg || !o) {
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, "ref forward", "out of memory for %lld tokens", (long long)T);
         goto done;

@@ -45,6 +45,9 @@ int dsv4_ref_top_p(const dsv4_config *cfg, int32_t *ids, float *weights, const f
  * that a sharded run computes each value with the same operations.
  */
 
+/* The range checks of a forward's input ids on hash layers (input_ids[t], tid2eid[v, j]). */
+dsv4_status dsv4_ref_check_ids(const dsv4_ref *ref, int64_t tokens, const int32_t *input_ids, dsv4_error *err);
+
 /* Routing of T tokens: xf [T, H] (bf16 values). ids, w [T, K]; kept and nonfinite [T] may be NULL.
    Range errors as dsv4_ref_forward. */
 dsv4_status dsv4_ref_route(const dsv4_ref *ref, int threads, int64_t tokens, const float *xf, const int32_t *input_ids,

@@ -139,6 +139,15 @@ START_TEST(bad_options_exit_2)
     ck_assert_int_eq(run_cli("gen --preset mini --layer 1 --tokens -4"), 2);
     ck_assert_int_eq(run_cli("gen --preset mini --layer 1 --tokens"), 2);
     ck_assert_int_eq(run_cli("gen --bogus"), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "unknown option '--bogus'"));
+    ck_assert_int_eq(run_cli("ref --weights a --input b --out c --verbose"), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "unknown option '--verbose'"));
+    ck_assert_int_eq(run_cli("gen stray"), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "unexpected argument 'stray'"));
+    ck_assert_int_eq(run_cli("gen --preset mini --layer -3"), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "value -3"));
+    ck_assert_int_eq(run_cli("gen --preset mini --layer 1 --weights same.st --input same.st"), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "same file"));
     ck_assert(!tu_file_exists(dir));
 }
 END_TEST

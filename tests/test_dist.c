@@ -323,6 +323,23 @@ START_TEST(refusals_and_bad_inputs_before_any_thread)
     t.role = DSV4_ROLE_PREFILL;
     ck_assert_int_eq(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io.r, &e), DSV4_ERR_REFUSED);
     ck_assert_ptr_nonnull(strstr(e.message, "role"));
+    /* A bad token id on one rank is that rank's error, found before any collective waits on it. */
+    layer H0 = make_layer("mini", 0, "badid");
+    const int64_t c2[2] = {4, 4}, o2[2] = {0, 4};
+    ranks_io io2;
+    setup_io(&io2, &H0, 2, c2, o2);
+    int32_t bad[4] = {1, 2, 99999, 3};
+    io2.r[1].input_ids = bad;
+    dsv4_topology th = topo_of(2, 1, 2, 2, 256);
+    struct timespec a0, a1;
+    clock_gettime(CLOCK_MONOTONIC, &a0);
+    ck_assert_int_eq(dsv4_dist_forward(&H0.c, H0.ck, &th, &b, NULL, io2.r, &e), DSV4_ERR_RANGE);
+    clock_gettime(CLOCK_MONOTONIC, &a1);
+    ck_assert_ptr_nonnull(strstr(e.message, "rank 1"));
+    ck_assert_ptr_nonnull(strstr(e.message, "input_ids[2]"));
+    ck_assert(a1.tv_sec - a0.tv_sec < 2);
+    free_io(&io2, 2);
+    free_layer(&H0);
     /* tp ranks must hold the same tokens */
     dsv4_topology tt = topo_of(2, 2, 1, 1, 256);
     ck_assert_int_eq(dsv4_dist_forward(&L.c, L.ck, &tt, &b, NULL, io.r, &e), DSV4_ERR_INVALID_ARG);

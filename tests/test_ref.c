@@ -625,6 +625,55 @@ START_TEST(empty_batch_and_bad_arguments)
 }
 END_TEST
 
+
+START_TEST(hostile_routing_tensors)
+{
+    /* A hash table row naming one expert twice: that expert runs twice for the token. */
+    toy t = toy_one_expert();
+    t.c = small_cfg(4, 2);
+    t.c.n_hash_layers = 1;
+    for (int x = 0; x < 4; x++)
+        toy_expert(&t, x, 1.0f + (float)x, 0, 1.0f, 0, W2_ID);
+    for (int v = 0; v < 8; v++)
+        t.tid[v * 2] = t.tid[v * 2 + 1] = 2;
+    float x[12] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0}, y[12], w[6];
+    int32_t in[3] = {0, 5, 7}, ids[6];
+    dsv4_ref_stats s;
+    dsv4_error e;
+    ck_assert_msg(toy_run(&t, "toy_dup.safetensors", 3, x, in, y, ids, w, &s, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_int_eq(ids[0], 2);
+    ck_assert_int_eq(ids[1], 2);
+    ck_assert(w[0] == 0.5f && w[1] == 0.5f); /* equal scores on both slots */
+    float o = bf(bf(dsv4_ref_siluf(3.0f) * 1.0f * 0.5f) * 1.0f); /* before_w2: h carries the weight */
+    ck_assert(y[0] == bf(o + o));
+    ck_assert_int_eq(s.kept_slots, 6);
+
+    /* Logits so negative that every score underflows to 0: the fallback, counted, not NaN. */
+    toy z;
+    memset(&z, 0, sizeof z);
+    z.c = small_cfg(4, 2);
+    for (int x2 = 0; x2 < 4; x2++) {
+        z.gate[x2 * 4] = -200.0f;
+        toy_expert(&z, x2, 1.0f, 0, 1.0f, 0, W2_ID);
+    }
+    float x1[4] = {1, 0, 0, 0}, y1[4], w1[2];
+    int32_t ids1[2];
+    ck_assert_int_eq(toy_run(&z, "toy_zero.safetensors", 1, x1, NULL, y1, ids1, w1, &s, &e), DSV4_OK);
+    ck_assert_int_eq(s.nonfinite_rows, 1);
+    ck_assert_int_eq(ids1[0], 0);
+    ck_assert_int_eq(ids1[1], 1);
+    ck_assert(w1[0] == 0.5f && w1[1] == 0.5f);
+    ck_assert(y1[0] == y1[0]); /* not NaN */
+
+    /* A NaN in the selection bias is refused at creation. */
+    z.gate[0] = 0.0f;
+    z.bias[2] = NAN;
+    ck_assert_int_eq(toy_run(&z, "toy_nanbias.safetensors", 1, x1, NULL, y1, ids1, w1, &s, &e), DSV4_ERR_NUMERIC);
+    ck_assert_ptr_nonnull(strstr(e.message, "gate bias"));
+    ck_assert_ptr_nonnull(strstr(e.message, "element 2"));
+}
+END_TEST
+
 /* ---------------- canonical cases: hashes ---------------- */
 
 typedef struct {
@@ -722,6 +771,7 @@ Suite *ref_suite(void)
     tcase_add_test(tc, checkpoint_shape_mismatch_names_key);
     tcase_add_test(tc, stacked_checkpoint_matches_split_and_quantizes_at_load);
     tcase_add_test(tc, empty_batch_and_bad_arguments);
+    tcase_add_test(tc, hostile_routing_tensors);
     suite_add_tcase(s, tc);
     TCase *tk = tcase_create("canonical");
     tcase_set_timeout(tk, 300);

@@ -344,6 +344,9 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
     if (opt->struct_size != sizeof *opt)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist options", "struct_size %u is not %zu", opt->struct_size,
                            sizeof *opt);
+    dsv4_status vst = dsv4_config_validate(cfg, err);
+    if (vst)
+        return vst;
     int world = topo->world_size;
     if (world < 1 || world > DSV4_COMM_MAX_RANKS)
         return dsv4_seterr(err, DSV4_ERR_REFUSED, "plan", "world_size %d is outside [1, %d]", world,
@@ -397,6 +400,14 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
     if ((st = dsv4_comm_groups_init(&groups, world, topo->tp, topo->dp, topo->ep, err)) ||
         (st = dsv4_sim_world_create(&groups, &so, &sw, err)) || (st = dsv4_ref_create(cfg, ckpt, 1, &ref, err)))
         goto done;
+    /* A rank's bad input would otherwise surface as its peers' deadlock reports. */
+    for (int r = 0; r < world; r++)
+        if ((st = dsv4_ref_check_ids(ref, ranks[r].tokens, ranks[r].input_ids, err))) {
+            char msg[DSV4_ERROR_MESSAGE_MAX];
+            snprintf(msg, sizeof msg, "%s", err ? err->message : "");
+            dsv4_seterr(err, st, "dist", "rank %d: %s", r, msg);
+            goto done;
+        }
     for (int r = 0; r < world; r++) {
         ctx[r] = (rank_ctx){cfg, ref, plans[r], dsv4_sim_world_comm(sw, r), &ranks[r], r, opt, acct[r]};
         started[r] = pthread_create(&th[r], NULL, rank_main, &ctx[r]) == 0;
@@ -408,13 +419,15 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
     for (int r = 0; r < world; r++)
         if (started[r])
             pthread_join(th[r], NULL);
-    for (int r = 0; r < world; r++)
-        if (ranks[r].status) {
-            st = ranks[r].status;
-            if (err)
-                *err = ranks[r].error;
-            break;
-        }
+    /* The cause, not its echo: a rank's own error before the others' communication errors. */
+    for (int pass = 0; pass < 2 && !st; pass++)
+        for (int r = 0; r < world; r++)
+            if (ranks[r].status && (pass == 1 || ranks[r].status != DSV4_ERR_COMM)) {
+                st = ranks[r].status;
+                if (err)
+                    *err = ranks[r].error;
+                break;
+            }
 done:
     dsv4_ref_free(ref);
     dsv4_sim_world_free(sw);

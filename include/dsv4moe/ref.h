@@ -22,10 +22,13 @@ extern "C" {
 
 typedef struct dsv4_ref dsv4_ref;
 
+/* The most tokens one forward takes. */
+#define DSV4_REF_MAX_TOKENS (1 << 24)
+
 /* What the reference saw in one forward, so reports can explain a difference. */
 typedef struct dsv4_ref_stats {
     int64_t tokens;
-    int64_t nonfinite_rows;    /* rows whose logits were not finite (SPEC.md 2.5) */
+    int64_t nonfinite_rows;    /* rows whose logits or routing weights were not finite (SPEC.md 2.5) */
     int64_t kept_slots;        /* routed (token, expert) pairs computed */
     int64_t pruned_slots;      /* slots set to the sentinel by top-p */
     uint64_t routed_values;    /* g (and u) values of routed experts */
