@@ -228,27 +228,17 @@ static void route_tokens(void *p, int64_t b, int64_t e)
                 l[ex] = dsv4_round_bf16(l[ex]);
             finite = finite && isfinite(l[ex]);
         }
+        if (finite) {
+            dsv4_ref_scores(c, l, s);
+            dsv4_ref_select(c, s, r->bias, hash ? r->tid2eid + (int64_t)j->in_ids[t] * K : NULL, ids, w);
+            /* Finite logits so negative that every selected score underflows to 0 give 0/0
+               weights: such a row takes the fallback too rather than poisoning its output. */
+            for (int64_t k = 0; k < K; k++)
+                finite = finite && isfinite(w[k]);
+        }
         if (j->nonfinite)
             j->nonfinite[t] = !finite;
         if (!finite) {
-            for (int64_t k = 0; k < K; k++) {
-                ids[k] = (int32_t)k;
-                w[k] = c->route_scale / (float)K;
-            }
-            if (j->kept)
-                j->kept[t] = (int32_t)K;
-            continue;
-        }
-        dsv4_ref_scores(c, l, s);
-        dsv4_ref_select(c, s, r->bias, hash ? r->tid2eid + (int64_t)j->in_ids[t] * K : NULL, ids, w);
-        /* Finite logits so negative that every selected score underflows to 0 give 0/0 weights:
-           the row takes the fallback of non-finite rows rather than poisoning its output. */
-        bool wfinite = true;
-        for (int64_t k = 0; k < K; k++)
-            wfinite = wfinite && isfinite(w[k]);
-        if (!wfinite) {
-            if (j->nonfinite)
-                j->nonfinite[t] = 1;
             for (int64_t k = 0; k < K; k++) {
                 ids[k] = (int32_t)k;
                 w[k] = c->route_scale / (float)K;

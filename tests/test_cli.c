@@ -15,18 +15,9 @@ static char out_buf[1 << 16];
 /* Runs `dsv4moe ARGS` with stdout and stderr captured into out_buf; returns the exit status. */
 static int run_cli(const char *args)
 {
-    const char *cli = getenv("DSV4MOE_CLI");
-    ck_assert_msg(cli != NULL, "DSV4MOE_CLI is not set (run through make test)");
-    char log[512], cmd[4096];
-    tu_path(log, sizeof log, "cli_out.txt");
-    snprintf(cmd, sizeof cmd, "%s %s >%s 2>&1", cli, args, log);
-    int rc = system(cmd);
-    FILE *f = fopen(log, "r");
-    size_t n = f ? fread(out_buf, 1, sizeof out_buf - 1, f) : 0;
-    out_buf[n] = '\0';
-    if (f)
-        fclose(f);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    int rc = tu_run_cli(args, "cli_out.txt", out_buf, sizeof out_buf);
+    ck_assert_msg(rc != -2, "DSV4MOE_CLI is not set (run through make test)");
+    return rc;
 }
 
 static int run_sh(const char *cmd) { int rc = system(cmd); return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1; }

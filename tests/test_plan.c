@@ -703,22 +703,7 @@ END_TEST
 
 static char cli_out[1 << 16];
 
-static int run_cli(const char *args)
-{
-    const char *cli = getenv("DSV4MOE_CLI");
-    if (!cli)
-        return -2;
-    char log[512], cmd[4096];
-    tu_path(log, sizeof log, "plan_cli_out.txt");
-    snprintf(cmd, sizeof cmd, "%s %s >%s 2>&1", cli, args, log);
-    int rc = system(cmd);
-    FILE *f = fopen(log, "r");
-    size_t n = f ? fread(cli_out, 1, sizeof cli_out - 1, f) : 0;
-    cli_out[n] = '\0';
-    if (f)
-        fclose(f);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
+static int run_cli(const char *args) { return tu_run_cli(args, "plan_cli_out.txt", cli_out, sizeof cli_out); }
 
 START_TEST(cli_plan)
 {

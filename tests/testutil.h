@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 /* A scratch folder for this test binary ($DSV4MOE_TMP, created on demand). */
 static inline const char *tu_tmpdir(void)
@@ -38,6 +39,29 @@ static inline int tu_file_exists(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0;
+}
+
+/*
+ * Runs `$DSV4MOE_CLI ARGS` with stdout and stderr captured into out[0, n) (NUL-terminated);
+ * `log` names the capture file in the scratch folder. Returns the exit status, -1 when the
+ * command did not exit normally, -2 when DSV4MOE_CLI is not set (run through make test).
+ */
+static inline int tu_run_cli(const char *args, const char *log, char *out, size_t n)
+{
+    const char *cli = getenv("DSV4MOE_CLI");
+    if (!cli)
+        return -2;
+    char path[512], cmd[8192];
+    tu_path(path, sizeof path, log);
+    if ((size_t)snprintf(cmd, sizeof cmd, "%s %s >%s 2>&1", cli, args, path) >= sizeof cmd)
+        return -1;
+    int rc = system(cmd);
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(out, 1, n - 1, f) : 0;
+    out[got] = '\0';
+    if (f)
+        fclose(f);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 #endif
