@@ -33,10 +33,10 @@ CPPFLAGS_ALL := -Iinclude -Icore -Iref -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 
 CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
 # The reference's numerics must not depend on the compiler fusing a*b+c.
 CFLAGS_REF := -ffp-contract=off
-LDLIBS_ALL := -ljansson -lm -pthread
+LDLIBS_ALL := -ljansson -lyaml -lm -pthread
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -pthread)
 
-LIB_SRCS := $(wildcard core/*.c) $(wildcard ref/*.c) $(wildcard fast/*/*.c)
+LIB_SRCS := $(wildcard core/*.c) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard scenarios/*.c)
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS := $(wildcard cli/*.c)
 CLI_OBJS := $(CLI_SRCS:%.c=$(BUILD)/%.o)
