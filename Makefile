@@ -33,10 +33,10 @@ CPPFLAGS_ALL := -Iinclude -Icore -Iref -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 
 CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
 # The reference's numerics must not depend on the compiler fusing a*b+c.
 CFLAGS_REF := -ffp-contract=off
-LDLIBS_ALL := -ljansson -lyaml -lm -pthread
+LDLIBS_ALL := -ljansson -lyaml -lopenblas -lm -pthread
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -pthread)
 
-LIB_SRCS := $(wildcard core/*.c) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard scenarios/*.c)
+LIB_SRCS := $(wildcard core/*.c) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard compare/*.c) $(wildcard scenarios/*.c)
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS := $(wildcard cli/*.c)
 CLI_OBJS := $(CLI_SRCS:%.c=$(BUILD)/%.o)
@@ -126,10 +126,16 @@ $(BUILD)/bench/%.o: bench/%.c
 $(BENCH_BIN): $(BUILD)/bench/bench_core.o $(LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
 
+BENCH_CPU_BIN := $(BUILD)/bench/bench_cpu
+
+$(BENCH_CPU_BIN): $(BUILD)/bench/bench_cpu.o $(LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
+
 bench: deps
-	@$(MAKE) --no-print-directory all $(BENCH_BIN)
+	@$(MAKE) --no-print-directory all $(BENCH_BIN) $(BENCH_CPU_BIN)
 	@mkdir -p $(OUT)/bench
 	$(BENCH_BIN) $(OUT)/bench/core.json $(OUT)/bench
+	$(BENCH_CPU_BIN) $(OUT)/bench/cpu.json $(OUT)/bench
 
 coverage: deps
 	@$(MAKE) --no-print-directory BUILD=build/cov OPT=-O0 COVFLAGS=--coverage test-run

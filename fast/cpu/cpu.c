@@ -1,0 +1,1398 @@
+/*
+ * The CPU production backend (fast/cpu): one rank, router LOCAL, every expert
+ * on this rank. SPEC.md sections 2-5 on OpenBLAS sgemm.
+ *
+ * Per chunk of at most dsv4_plan_chunk_tokens(plan) tokens:
+ *   1. x bf16 -> fp32; router logits by sgemm x[Tc, H] . Wg^T; per token scores,
+ *      top-K (ties to the lower id), weights, norm top-p (sentinel E) as SPEC.md 2-3;
+ *   2. act_quant of x (routed and shared modes), once per token;
+ *   3. token-slots permuted into per-expert groups by a stable counting sort:
+ *      ascending expert id, tokens ascending inside a group;
+ *   4. per expert with rows, in ascending id (empty experts launch nothing):
+ *        gate/up GEMM, fused epilogue (bf16 g/u, SwiGLU clamp with counts, silu,
+ *        router weight before_w2, bf16 h, act_quant h), down GEMM, combine into fp32 y
+ *        (bf16(o), or w bf16(o) after_w2). Ascending experts per token by construction;
+ *   5. the shared expert over the chunk (shared_clamp), y += bf16(o); out = bf16(y).
+ *
+ * GEMM regimes (per group, by its row count n; groups of at most LARGE_ROWS rows run in
+ * expert-parallel batches, one expert per worker at a time, single-threaded GEMMs):
+ *   - n <= SMALL_ROWS: "fused": dot products against weight rows decoded on the fly
+ *     from fp4/fp8/bf16 (AVX2+FMA+F16C when the CPU has them), threads over weight rows;
+ *     the weights are read once from their stored bytes, so T = 1 is bandwidth-bound;
+ *   - larger n: "tiles": weight rows dequantized to fp32 in tiles of at most TILE_ROWS
+ *     rows into per-thread scratch, then cblas_sgemm on the tile (one OpenBLAS thread
+ *     per worker; our workers over tiles). The scratch is bounded independent of T.
+ * The SIMD decoders give the same fp32 values as dsv4_matrix_dequant_rows (the scalar
+ * fallback uses it), checked by tests/test_cpu.c.
+ *
+ * Memory: every byte through two accounting allocators owned by the backend: `persist`
+ * (router tensors, quantized-at-load weights of a bf16 stacked checkpoint) and `ws`
+ * (the workspace: chunk buffers, group buffers, tile scratch), kept between forwards
+ * and grown only as needed; its peak is workspace_peak.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+#ifdef I
+#undef I /* complex.h through OpenBLAS's cblas.h */
+#endif
+
+#include "dsv4moe/alloc.h"
+#include "dsv4moe/backend.h"
+#include "dsv4moe/formats.h"
+#include "dsv4moe/plan.h"
+#include "dsv4moe/weights.h"
+#include "../backend/backend_impl.h"
+#include "err.h"
+#include "parallel.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CPU_X86 1
+#else
+#define CPU_X86 0
+#endif
+
+/* OpenBLAS's own thread count (declared here: not every cblas.h has it). */
+void openblas_set_num_threads(int num_threads);
+
+#define SMALL_ROWS 16    /* groups up to this many rows take the fused decode-dot path */
+#define TILE_ROWS 256    /* weight rows per dequantized tile (tiles path) */
+#define LARGE_ROWS 256   /* groups above this run alone, threads inside their GEMMs */
+#define BATCH_BYTES (64ll << 20) /* group buffers of one expert-parallel batch */
+#define NBUF 20
+
+enum { B_XF, B_XQ, B_XQS, B_Y, B_LOG, B_IDS, B_W, B_KEPT, B_NONF, B_CNT, B_OFF, B_STOK, B_SW, B_XG, B_GU, B_HB, B_O,
+       B_TILE };
+
+typedef struct {
+    dsv4_matrix_view v;
+    uint8_t *own_q, *own_s; /* quantized at load (bf16 stacked checkpoint under a quantized config) */
+} cmat;
+
+typedef struct cpu_be {
+    dsv4_config cfg;
+    int threads;
+    int64_t chunk, max_tokens;
+    bool simd, avx512;
+    dsv4_allocator *persist, *ws;
+    float *gate;      /* [E, H] fp32 (bf16 values) */
+    float *bias;      /* [E] or NULL */
+    int32_t *tid2eid; /* [V, K] or NULL */
+    float *pred_norm, *pred_w, *pred_b;
+    cmat *experts;    /* [E][3] */
+    cmat shared[3];
+    struct {
+        void *p;
+        size_t n;
+    } buf[NBUF];
+    dsv4_backend_stats stats;
+    _Atomic int nomem;               /* a worker could not allocate */
+} cpu_be;
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static void *ensure(cpu_be *b, int id, size_t bytes)
+{
+    if (bytes == 0)
+        bytes = 1;
+    if (b->buf[id].n >= bytes)
+        return b->buf[id].p;
+    dsv4_release(b->ws, b->buf[id].p);
+    b->buf[id].p = dsv4_alloc(b->ws, bytes);
+    b->buf[id].n = b->buf[id].p ? bytes : 0;
+    return b->buf[id].p;
+}
+
+/* ---------------- scalar helpers (bit-identical to core/formats.c) ---------------- */
+
+static inline uint32_t fbits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline float ffrom(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline float rbf16(float x)
+{
+    uint32_t u = fbits(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return ffrom(((u >> 16) | 0x0040u) << 16);
+    return ffrom(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
+}
+static inline uint16_t tobf16(float x)
+{
+    uint32_t u = fbits(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float ue8m0f(uint8_t b)
+{
+    if (b == 255)
+        return NAN;
+    return ffrom(b ? (uint32_t)b << 23 : 0x00400000u);
+}
+static inline float ldf32(const uint8_t *p)
+{
+    float f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+
+/* ---------------- SIMD weight decoders and kernels ---------------- */
+
+enum { F_BF16 = 0, F_FP8 = 1, F_FP4 = 2 };
+
+/* Row r of a view: data and the scale pointer the decoders take. */
+static inline const uint8_t *row_data(const dsv4_matrix_view *m, int64_t r) { return m->data + (uint64_t)r * m->row_bytes; }
+static inline const uint8_t *row_scales(const dsv4_matrix_view *m, int64_t r)
+{
+    if (m->format == DSV4_FORMAT_FP4)
+        return m->scales + r * (m->k / 32);
+    if (m->format == DSV4_FORMAT_FP8)
+        return m->scales + (r / 128) * cdiv(m->k, 128) * (m->scale_format == DSV4_SCALE_FP32 ? 4 : 1);
+    return NULL;
+}
+static inline bool simd_ok(const dsv4_matrix_view *m) { return m->k % 32 == 0; }
+
+#if CPU_X86
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define AINL __attribute__((always_inline)) inline
+
+/* Decodes elements [32c, 32c + 32) of a row into w[0..3] (fp32, scaled). */
+TGT static AINL void dec32(int fmt, const uint8_t *row, const uint8_t *scl, int sfp32, int64_t c, __m256 w[4])
+{
+    if (fmt == F_FP4) {
+        const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+        const __m128i m0f = _mm_set1_epi8(0x0F);
+        __m128i bb = _mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c));
+        __m128i lo = _mm_and_si128(bb, m0f), hi = _mm_and_si128(_mm_srli_epi16(bb, 4), m0f);
+        __m128i vl = _mm_shuffle_epi8(lut, lo), vh = _mm_shuffle_epi8(lut, hi);
+        __m128i e0 = _mm_unpacklo_epi8(vl, vh), e1 = _mm_unpackhi_epi8(vl, vh);
+        __m256 sv = _mm256_set1_ps(ue8m0f(scl[c]) * 0.5f);
+        w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)), sv);
+        w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))), sv);
+        w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)), sv);
+        w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8))), sv);
+    } else if (fmt == F_FP8) {
+        int64_t bk = c >> 2;
+        float s = sfp32 ? ldf32(scl + 4 * bk) : ue8m0f(scl[bk]);
+        __m256 sv = _mm256_set1_ps(s * 256.0f);
+        const __m256i mmag = _mm256_set1_epi16(0x3F80), msgn = _mm256_set1_epi16((short)0x8000);
+        for (int h = 0; h < 2; h++) {
+            __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(row + 32 * c + 16 * h)));
+            __m256i hf = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(v, 7), mmag),
+                                         _mm256_and_si256(_mm256_slli_epi16(v, 8), msgn));
+            w[2 * h] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hf)), sv);
+            w[2 * h + 1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hf, 1)), sv);
+        }
+    } else {
+        for (int i = 0; i < 4; i++) {
+            __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 64 * c + 16 * i)));
+            w[i] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        }
+    }
+}
+
+TGT static AINL float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+/* RB rows of X against one weight row; NA accumulators per row (4 for RB <= 2, else 2). */
+TGT static AINL void dot_block(int fmt, int RB, const uint8_t *row, const uint8_t *scl, int sfp32, int64_t nc,
+                               const float *X, int64_t ldx, float *out, int64_t ldo)
+{
+    __m256 acc[4][4];
+    for (int r = 0; r < RB; r++)
+        for (int a = 0; a < 4; a++)
+            acc[r][a] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < nc; c++) {
+        __m256 w[4];
+        dec32(fmt, row, scl, sfp32, c, w);
+        for (int r = 0; r < RB; r++) {
+            const float *x = X + r * ldx + 32 * c;
+            if (RB <= 2) {
+                for (int a = 0; a < 4; a++)
+                    acc[r][a] = _mm256_fmadd_ps(w[a], _mm256_loadu_ps(x + 8 * a), acc[r][a]);
+            } else {
+                acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), acc[r][1]);
+                acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), acc[r][1]);
+            }
+        }
+    }
+    for (int r = 0; r < RB; r++) {
+        __m256 s = RB <= 2 ? _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]))
+                           : _mm256_add_ps(acc[r][0], acc[r][1]);
+        out[r * ldo] = hsum(s);
+    }
+}
+
+TGT static AINL void dot_rows_fmt(int fmt, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n,
+                                  const float *X, int64_t ldx, float *C, int64_t ldc)
+{
+    int64_t nc = m->k / 32;
+    int sfp32 = m->scale_format == DSV4_SCALE_FP32;
+    for (int64_t j = 0; j < nr; j++) {
+        const uint8_t *row = row_data(m, r0 + j), *scl = row_scales(m, r0 + j);
+        int64_t q = 0;
+        for (; q + 4 <= n; q += 4)
+            dot_block(fmt, 4, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+        for (; q + 2 <= n; q += 2)
+            dot_block(fmt, 2, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+        if (q < n)
+            dot_block(fmt, 1, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+    }
+}
+
+TGT static void dot_rows_simd(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X,
+                              int64_t ldx, float *C, int64_t ldc)
+{
+    if (m->format == DSV4_FORMAT_FP4)
+        dot_rows_fmt(F_FP4, m, r0, nr, n, X, ldx, C, ldc);
+    else if (m->format == DSV4_FORMAT_FP8)
+        dot_rows_fmt(F_FP8, m, r0, nr, n, X, ldx, C, ldc);
+    else
+        dot_rows_fmt(F_BF16, m, r0, nr, n, X, ldx, C, ldc);
+}
+
+TGT static AINL void dequant_fmt(int fmt, const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out)
+{
+    int64_t nc = m->k / 32, k = m->k;
+    int sfp32 = m->scale_format == DSV4_SCALE_FP32;
+    for (int64_t j = 0; j < nr; j++) {
+        const uint8_t *row = row_data(m, r0 + j), *scl = row_scales(m, r0 + j);
+        float *o = out + j * k;
+        for (int64_t c = 0; c < nc; c++) {
+            __m256 w[4];
+            dec32(fmt, row, scl, sfp32, c, w);
+            for (int a = 0; a < 4; a++)
+                _mm256_storeu_ps(o + 32 * c + 8 * a, w[a]);
+        }
+    }
+}
+
+TGT static void dequant_simd(const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out)
+{
+    if (m->format == DSV4_FORMAT_FP4)
+        dequant_fmt(F_FP4, m, r0, nr, out);
+    else if (m->format == DSV4_FORMAT_FP8)
+        dequant_fmt(F_FP8, m, r0, nr, out);
+    else
+        dequant_fmt(F_BF16, m, r0, nr, out);
+}
+
+/*
+ * AVX-512 fp4 decode-dot: a 16-entry table permute turns nibble codes into fp32 directly
+ * (vpermps uses the low 4 bits of each lane). The even elements of a 32-group come from the
+ * low nibbles and the odd ones from the high nibbles, so X is given "split": within each
+ * 32-block, elements 0, 2, .., 30 then 1, 3, .., 31 (split_rows below).
+ */
+#define TGT512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+static float ue8m0_table[256];
+static const float e2m1_table[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+TGT512 static AINL void fp4_block512(int RB, const uint8_t *row, const uint8_t *scl, int64_t nc, const float *X,
+                                     int64_t ldx, float *out, int64_t ldo)
+{
+    const __m512 tab = _mm512_loadu_ps(e2m1_table);
+    __m512 acc[8][2];
+    for (int r = 0; r < RB; r++)
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    __m512 acc2[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; /* RB == 1: a second chain */
+    int64_t c = 0;
+    if (RB == 1) {
+        for (; c + 2 <= nc; c += 2) {
+            __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c)));
+            __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c + 16)));
+            __m512 s0 = _mm512_set1_ps(ue8m0_table[scl[c]]), s1 = _mm512_set1_ps(ue8m0_table[scl[c + 1]]);
+            __m512 we0 = _mm512_mul_ps(_mm512_permutexvar_ps(v0, tab), s0);
+            __m512 wo0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), tab), s0);
+            __m512 we1 = _mm512_mul_ps(_mm512_permutexvar_ps(v1, tab), s1);
+            __m512 wo1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), tab), s1);
+            acc[0][0] = _mm512_fmadd_ps(we0, _mm512_loadu_ps(X + 32 * c), acc[0][0]);
+            acc[0][1] = _mm512_fmadd_ps(wo0, _mm512_loadu_ps(X + 32 * c + 16), acc[0][1]);
+            acc2[0] = _mm512_fmadd_ps(we1, _mm512_loadu_ps(X + 32 * c + 32), acc2[0]);
+            acc2[1] = _mm512_fmadd_ps(wo1, _mm512_loadu_ps(X + 32 * c + 48), acc2[1]);
+        }
+    }
+    for (; c < nc; c++) {
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c)));
+        __m512 sv = _mm512_set1_ps(ue8m0_table[scl[c]]);
+        __m512 we = _mm512_mul_ps(_mm512_permutexvar_ps(v, tab), sv);
+        __m512 wo = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab), sv);
+        for (int r = 0; r < RB; r++) {
+            const float *x = X + r * ldx + 32 * c;
+            acc[r][0] = _mm512_fmadd_ps(we, _mm512_loadu_ps(x), acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(x + 16), acc[r][1]);
+        }
+    }
+    if (RB == 1)
+        acc[0][0] = _mm512_add_ps(acc[0][0], _mm512_add_ps(acc2[0], acc2[1]));
+    for (int r = 0; r < RB; r++)
+        out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+TGT512 static void dot_rows_fp4_512(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *XS,
+                                    int64_t ldx, float *C, int64_t ldc)
+{
+    int64_t nc = m->k / 32;
+    for (int64_t j = 0; j < nr; j++) {
+        const uint8_t *row = row_data(m, r0 + j), *scl = row_scales(m, r0 + j);
+        int64_t q = 0;
+        for (; q + 8 <= n; q += 8)
+            fp4_block512(8, row, scl, nc, XS + q * ldx, ldx, C + q * ldc + j, ldc);
+        for (; q + 4 <= n; q += 4)
+            fp4_block512(4, row, scl, nc, XS + q * ldx, ldx, C + q * ldc + j, ldc);
+        for (; q + 2 <= n; q += 2)
+            fp4_block512(2, row, scl, nc, XS + q * ldx, ldx, C + q * ldc + j, ldc);
+        if (q < n)
+            fp4_block512(1, row, scl, nc, XS + q * ldx, ldx, C + q * ldc + j, ldc);
+    }
+}
+
+/* AVX-512 fp8 decode-dot: e4m3 -> fp16 bits (value * 2^-8) -> fp32 by vcvtph2ps, natural order. */
+TGT512 static AINL void fp8_block512(int RB, const uint8_t *row, const uint8_t *scl, int sfp32, int64_t nc,
+                                     const float *X, int64_t ldx, float *out, int64_t ldo)
+{
+    const __m512i mmag = _mm512_set1_epi16(0x3F80), msgn = _mm512_set1_epi16((short)0x8000);
+    __m512 acc[8][2];
+    for (int r = 0; r < RB; r++)
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    __m512 sv = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nc; c++) {
+        if ((c & 3) == 0) {
+            int64_t bk = c >> 2;
+            sv = _mm512_set1_ps((sfp32 ? ldf32(scl + 4 * bk) : ue8m0_table[scl[bk]]) * 256.0f);
+        }
+        __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * c)));
+        __m512i h = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi16(v, 7), mmag),
+                                    _mm512_and_si512(_mm512_slli_epi16(v, 8), msgn));
+        __m512 w0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), sv);
+        __m512 w1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), sv);
+        for (int r = 0; r < RB; r++) {
+            const float *x = X + r * ldx + 32 * c;
+            acc[r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), acc[r][1]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+TGT512 static void dot_rows_fp8_512(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X,
+                                    int64_t ldx, float *C, int64_t ldc)
+{
+    int64_t nc = m->k / 32;
+    int sfp32 = m->scale_format == DSV4_SCALE_FP32;
+    for (int64_t j = 0; j < nr; j++) {
+        const uint8_t *row = row_data(m, r0 + j), *scl = row_scales(m, r0 + j);
+        int64_t q = 0;
+        for (; q + 8 <= n; q += 8)
+            fp8_block512(8, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+        for (; q + 4 <= n; q += 4)
+            fp8_block512(4, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+        for (; q + 2 <= n; q += 2)
+            fp8_block512(2, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+        if (q < n)
+            fp8_block512(1, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+    }
+}
+
+static bool cpu_has_avx512(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
+static bool cpu_has_simd(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+#else
+static float ue8m0_table[256];
+static bool cpu_has_avx512(void) { return false; }
+static void dot_rows_fp4_512(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *XS,
+                             int64_t ldx, float *C, int64_t ldc)
+{
+    (void)m, (void)r0, (void)nr, (void)n, (void)XS, (void)ldx, (void)C, (void)ldc;
+}
+static void dot_rows_fp8_512(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X,
+                             int64_t ldx, float *C, int64_t ldc)
+{
+    (void)m, (void)r0, (void)nr, (void)n, (void)X, (void)ldx, (void)C, (void)ldc;
+}
+static bool cpu_has_simd(void) { return false; }
+static void dot_rows_simd(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X,
+                          int64_t ldx, float *C, int64_t ldc)
+{
+    (void)m, (void)r0, (void)nr, (void)n, (void)X, (void)ldx, (void)C, (void)ldc;
+}
+static void dequant_simd(const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out)
+{
+    (void)m, (void)r0, (void)nr, (void)out;
+}
+#endif
+
+/* Dequantizes rows [r0, r0 + nr) to fp32 [nr, k]: the SIMD decoder or dsv4_matrix_dequant_rows. */
+static void dequant_rows(bool simd, const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out)
+{
+    if (simd && simd_ok(m))
+        dequant_simd(m, r0, nr, out);
+    else
+        dsv4_matrix_dequant_rows(m, r0, nr, out);
+}
+
+/* C[q, j] = X[q, :] . W[r0 + j, :] for j < nr, q < n; tmp: k floats (scalar path). */
+static void dot_rows(bool simd, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X,
+                     int64_t ldx, float *C, int64_t ldc, float *tmp)
+{
+    if (simd) {
+        dot_rows_simd(m, r0, nr, n, X, ldx, C, ldc);
+        return;
+    }
+    int64_t k = m->k;
+    for (int64_t j = 0; j < nr; j++) {
+        dsv4_matrix_dequant_rows(m, r0 + j, 1, tmp);
+        for (int64_t q = 0; q < n; q++) {
+            const float *x = X + q * ldx;
+            float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            int64_t i = 0;
+            for (; i + 4 <= k; i += 4) {
+                s0 += x[i] * tmp[i];
+                s1 += x[i + 1] * tmp[i + 1];
+                s2 += x[i + 2] * tmp[i + 2];
+                s3 += x[i + 3] * tmp[i + 3];
+            }
+            for (; i < k; i++)
+                s0 += x[i] * tmp[i];
+            C[q * ldc + j] = (s0 + s1) + (s2 + s3);
+        }
+    }
+}
+
+/* Exposed to tests/test_cpu.c through a prototype there: the SIMD decoder against the library's. */
+void dsv4_cpu_dequant_rows_for_test(const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out);
+void dsv4_cpu_dequant_rows_for_test(const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out)
+{
+    dequant_rows(cpu_has_simd(), m, r0, nr, out);
+}
+
+/* ---------------- GEMM: C[n, na + nb] = X[n, k] . [A; B]^T ---------------- */
+
+/* Per-worker scratch: a dequantized tile, split X rows (fp4 AVX-512 path), one decoded row. */
+typedef struct {
+    float *tile; /* TILE_ROWS * kmax */
+    float *xs;   /* SMALL_ROWS * kmax */
+    float *row;  /* kmax */
+} wscratch;
+
+static size_t wscratch_floats(const dsv4_config *c)
+{
+    int64_t kmax = c->dim > c->moe_inter_dim ? c->dim : c->moe_inter_dim;
+    return (size_t)((TILE_ROWS + SMALL_ROWS + 1) * kmax);
+}
+
+static wscratch worker_scratch(cpu_be *b, float *base, int w)
+{
+    const dsv4_config *c = &b->cfg;
+    int64_t kmax = c->dim > c->moe_inter_dim ? c->dim : c->moe_inter_dim;
+    float *p = base + (size_t)w * wscratch_floats(c);
+    wscratch ws = {p, p + TILE_ROWS * kmax, p + (TILE_ROWS + SMALL_ROWS) * kmax};
+    return ws;
+}
+
+/* The fp4 AVX-512 kernel's X layout: within each 32-block, even elements then odd ones. */
+static void split_rows(const float *X, int64_t ldx, int64_t n, int64_t k, float *XS)
+{
+    for (int64_t q = 0; q < n; q++) {
+        const float *x = X + q * ldx;
+        float *o = XS + q * k;
+        for (int64_t c = 0; c < k; c += 32)
+            for (int i = 0; i < 16; i++) {
+                o[c + i] = x[c + 2 * i];
+                o[c + 16 + i] = x[c + 2 * i + 1];
+            }
+    }
+}
+
+static bool use_fp4_512(const cpu_be *b, const dsv4_matrix_view *m)
+{
+    return b->avx512 && m->format == DSV4_FORMAT_FP4 && m->k % 32 == 0;
+}
+
+/* Fused decode-dot of weight rows [r0, r0 + nr) of m; XS is X split when use_fp4_512. */
+static void fused_rows(const cpu_be *b, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n,
+                       const float *X, int64_t ldx, const float *XS, float *C, int64_t ldc, float *row)
+{
+    if (use_fp4_512(b, m))
+        dot_rows_fp4_512(m, r0, nr, n, XS, m->k, C, ldc);
+    else if (b->avx512 && m->format == DSV4_FORMAT_FP8 && m->k % 32 == 0)
+        dot_rows_fp8_512(m, r0, nr, n, X, ldx, C, ldc);
+    else
+        dot_rows(b->simd && simd_ok(m), m, r0, nr, n, X, ldx, C, ldc, row);
+}
+
+/* One tile: dequantize rows [r0, r0 + rows) and sgemm into C columns [col, col + rows). */
+static void tile_gemm(const cpu_be *b, const dsv4_matrix_view *m, int64_t r0, int64_t rows, int64_t col, int64_t n,
+                      const float *X, int64_t ldx, float *C, int64_t ldc, float *scr)
+{
+    dequant_rows(b->simd, m, r0, rows, scr);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rows, (int)m->k, 1.0f, X, (int)ldx, scr,
+                (int)m->k, 0.0f, C + col, (int)ldc);
+}
+
+/* Single-threaded matmul inside one worker (the expert-parallel batches). */
+static void mm_serial(const cpu_be *b, const wscratch *ws, const dsv4_matrix_view *ma, const dsv4_matrix_view *mb,
+                      int64_t n, const float *X, int64_t ldx, float *C, int64_t ldc)
+{
+    int64_t na = ma->n;
+    if (n <= SMALL_ROWS) {
+        const float *XS = NULL;
+        if (use_fp4_512(b, ma) || (mb && use_fp4_512(b, mb))) {
+            split_rows(X, ldx, n, ma->k, ws->xs);
+            XS = ws->xs;
+        }
+        fused_rows(b, ma, 0, na, n, X, ldx, XS, C, ldc, ws->row);
+        if (mb)
+            fused_rows(b, mb, 0, mb->n, n, X, ldx, XS, C + na, ldc, ws->row);
+        return;
+    }
+    for (int64_t r0 = 0; r0 < na; r0 += TILE_ROWS)
+        tile_gemm(b, ma, r0, na - r0 < TILE_ROWS ? na - r0 : TILE_ROWS, r0, n, X, ldx, C, ldc, ws->tile);
+    if (mb)
+        for (int64_t r0 = 0; r0 < mb->n; r0 += TILE_ROWS)
+            tile_gemm(b, mb, r0, mb->n - r0 < TILE_ROWS ? mb->n - r0 : TILE_ROWS, na + r0, n, X, ldx, C, ldc,
+                      ws->tile);
+}
+
+typedef struct {
+    cpu_be *b;
+    const dsv4_matrix_view *ma, *mb; /* mb may be NULL */
+    int64_t n, k;
+    const float *X, *XS;
+    int64_t ldx;
+    float *C;
+    int64_t ldc;
+    int64_t tile, tiles_a, tiles; /* tiles path */
+    int workers;
+    float *wbase;                 /* worker scratch */
+} mm_job;
+
+static void mm_fused(void *p, int64_t lo, int64_t hi)
+{
+    mm_job *j = p;
+    int64_t na = j->ma->n;
+    float *row = NULL; /* the scalar path's decoded row */
+    bool simd = j->b->simd && simd_ok(j->ma) && (!j->mb || simd_ok(j->mb));
+    if (!simd && !(row = dsv4_alloc(j->b->ws, (size_t)j->k * sizeof *row))) {
+        atomic_store(&j->b->nomem, 1);
+        return;
+    }
+    if (lo < na) {
+        int64_t e = hi < na ? hi : na;
+        fused_rows(j->b, j->ma, lo, e - lo, j->n, j->X, j->ldx, j->XS, j->C + lo, j->ldc, row);
+    }
+    if (hi > na) {
+        int64_t s = lo > na ? lo : na;
+        fused_rows(j->b, j->mb, s - na, hi - s, j->n, j->X, j->ldx, j->XS, j->C + s, j->ldc, row);
+    }
+    dsv4_release(j->b->ws, row);
+}
+
+static void mm_tiles(void *p, int64_t w, int64_t wend)
+{
+    mm_job *j = p;
+    (void)wend;
+    wscratch ws = worker_scratch(j->b, j->wbase, (int)w);
+    int64_t na = j->ma->n;
+    for (int64_t t = w; t < j->tiles; t += j->workers) {
+        const dsv4_matrix_view *m = t < j->tiles_a ? j->ma : j->mb;
+        int64_t r0 = (t < j->tiles_a ? t : t - j->tiles_a) * j->tile;
+        int64_t rows = m->n - r0 < j->tile ? m->n - r0 : j->tile;
+        int64_t col = (t < j->tiles_a ? 0 : na) + r0;
+        tile_gemm(j->b, m, r0, rows, col, j->n, j->X, j->ldx, j->C, j->ldc, ws.tile);
+    }
+}
+
+/* Threads inside one matmul: over weight rows (fused) or over tiles (sgemm). */
+static dsv4_status matmul_par(cpu_be *b, float *wbase, const dsv4_matrix_view *ma, const dsv4_matrix_view *mb,
+                              int64_t n, const float *X, int64_t ldx, float *C, int64_t ldc, dsv4_error *err)
+{
+    int64_t k = ma->k, tot = ma->n + (mb ? mb->n : 0);
+    mm_job j = {.b = b, .ma = ma, .mb = mb, .n = n, .k = k, .X = X, .ldx = ldx, .C = C, .ldc = ldc, .wbase = wbase};
+    if (n <= SMALL_ROWS) {
+        if (use_fp4_512(b, ma) || (mb && use_fp4_512(b, mb))) {
+            wscratch ws = worker_scratch(b, wbase, 0);
+            split_rows(X, ldx, n, k, ws.xs);
+            j.XS = ws.xs;
+        }
+        int th = (double)tot * (double)k * (double)n < 4e5 ? 1 : b->threads;
+        atomic_store(&b->nomem, 0);
+        dsv4_parallel_for(th, tot, 16, mm_fused, &j);
+        if (atomic_load(&b->nomem))
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, "cpu backend", "out of memory for the decode scratch");
+        return DSV4_OK;
+    }
+    int64_t rows_max = mb && mb->n > ma->n ? mb->n : ma->n;
+    int64_t tile = cdiv(cdiv(rows_max, b->threads), 16) * 16;
+    if (tile > TILE_ROWS)
+        tile = TILE_ROWS;
+    j.tile = tile;
+    j.tiles_a = cdiv(ma->n, tile);
+    j.tiles = j.tiles_a + (mb ? cdiv(mb->n, tile) : 0);
+    j.workers = b->threads < j.tiles ? b->threads : (int)j.tiles;
+    if ((double)n * (double)tot * (double)k < 2e6)
+        j.workers = 1;
+    dsv4_parallel_for(j.workers, j.workers, 1, mm_tiles, &j);
+    return DSV4_OK;
+}
+
+/* ---------------- the FFN of one group ---------------- */
+
+typedef struct {
+    const dsv4_config *c;
+    const float *GU; /* [n, 2I] */
+    float *HB;       /* [n, I] */
+    const float *tw; /* [n] or NULL */
+    bool clamp, quant, before;
+    int64_t I;
+    _Atomic uint64_t *gc, *uc;
+} epi_job;
+
+static inline float silu(float g) { return g / (1.0f + expf(-g)); }
+
+static void epilogue(void *p, int64_t lo, int64_t hi)
+{
+    epi_job *j = p;
+    int64_t I = j->I;
+    float L = j->c->swiglu_limit;
+    bool clamp = j->clamp && L > 0.0f;
+    uint64_t gc = 0, uc = 0;
+    for (int64_t q = lo; q < hi; q++) {
+        const float *gr = j->GU + q * 2 * I, *ur = gr + I;
+        float *h = j->HB + q * I;
+        bool mulw = j->tw && j->before;
+        float w = mulw ? j->tw[q] : 1.0f;
+        for (int64_t i = 0; i < I; i++) {
+            float g = rbf16(gr[i]), u = rbf16(ur[i]);
+            if (clamp) {
+                if (g > L) {
+                    g = L;
+                    gc++;
+                }
+                if (u > L || u < -L) {
+                    u = u > L ? L : -L;
+                    uc++;
+                }
+            }
+            float v = silu(g) * u;
+            if (mulw)
+                v = v * w;
+            h[i] = rbf16(v);
+        }
+        if (j->quant)
+            dsv4_act_quant_row(h, I, j->c->act_quant, h, NULL, NULL);
+    }
+    atomic_fetch_add(j->gc, gc);
+    atomic_fetch_add(j->uc, uc);
+}
+
+/* X [n, H] activations as the GEMMs see them; O [n, H] receives the fp32 down projection.
+   Threads inside (par) or on the calling worker only (ws != NULL). */
+static dsv4_status ffn(cpu_be *b, float *wbase, const wscratch *ws, const cmat *m, bool clamp, int64_t n,
+                       const float *X, const float *tw, float *GU, float *HB, float *O, _Atomic uint64_t *gcl,
+                       _Atomic uint64_t *ucl, dsv4_error *err)
+{
+    const dsv4_config *c = &b->cfg;
+    int64_t H = c->dim, I = c->moe_inter_dim;
+    dsv4_status st = DSV4_OK;
+    if (ws)
+        mm_serial(b, ws, &m[0].v, &m[1].v, n, X, H, GU, 2 * I);
+    else if ((st = matmul_par(b, wbase, &m[0].v, &m[1].v, n, X, H, GU, 2 * I, err)))
+        return st;
+    bool quant = m[2].v.format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
+    epi_job ej = {c, GU, HB, tw, clamp, quant, c->weight_point == DSV4_WEIGHT_BEFORE_W2, I, gcl, ucl};
+    if (ws)
+        epilogue(&ej, 0, n);
+    else
+        dsv4_parallel_for((double)n * (double)I < 65536 ? 1 : b->threads, n, 1, epilogue, &ej);
+    if (ws) {
+        mm_serial(b, ws, &m[2].v, NULL, n, HB, I, O, H);
+        return DSV4_OK;
+    }
+    return matmul_par(b, wbase, &m[2].v, NULL, n, HB, I, O, H, err);
+}
+
+/* y[tok[q]] += bf16(O[q]) (or w bf16(O[q]) after_w2) for the rows of groups in order; columns in parallel. */
+typedef struct {
+    float *y;
+    const float *O;
+    const int32_t *tok; /* NULL: row q is token q */
+    const float *tw;    /* NULL: weight 1 */
+    int64_t n, H;
+} comb_job;
+
+static void combine(void *p, int64_t lo, int64_t hi)
+{
+    comb_job *j = p;
+    for (int64_t q = 0; q < j->n; q++) {
+        float *y = j->y + (j->tok ? j->tok[q] : q) * j->H;
+        const float *o = j->O + q * j->H;
+        if (j->tw) {
+            float w = j->tw[q];
+            for (int64_t i = lo; i < hi; i++)
+                y[i] += w * rbf16(o[i]);
+        } else
+            for (int64_t i = lo; i < hi; i++)
+                y[i] += rbf16(o[i]);
+    }
+}
+
+/* ---------------- expert-parallel batches of routed groups ---------------- */
+
+typedef struct {
+    cpu_be *b;
+    float *wbase;
+    int64_t e0, e1;     /* experts [e0, e1) of the batch, ascending */
+    const int64_t *off; /* slot offsets per expert */
+    int64_t base;       /* off[e0]: the batch's first slot */
+    const int32_t *stok;
+    const float *sw, *xq;
+    float *XG, *GU, *HB, *O; /* indexed by slot - base */
+    _Atomic int64_t next;
+    _Atomic uint64_t gc, uc;
+} batch_job;
+
+static void batch_worker(void *p, int64_t w, int64_t wend)
+{
+    batch_job *j = p;
+    (void)wend;
+    cpu_be *b = j->b;
+    const dsv4_config *c = &b->cfg;
+    int64_t H = c->dim, I = c->moe_inter_dim;
+    wscratch ws = worker_scratch(b, j->wbase, (int)w);
+    for (;;) {
+        int64_t e = j->e0 + atomic_fetch_add(&j->next, 1);
+        if (e >= j->e1)
+            break;
+        int64_t n = j->off[e + 1] - j->off[e], r = j->off[e] - j->base;
+        if (n == 0)
+            continue;
+        float *XG = j->XG + r * H;
+        for (int64_t q = 0; q < n; q++)
+            memcpy(XG + q * H, j->xq + (int64_t)j->stok[j->off[e] + q] * H, (size_t)H * sizeof *XG);
+        ffn(b, NULL, &ws, &b->experts[3 * e], true, n, XG, j->sw + j->off[e], j->GU + r * 2 * I, j->HB + r * I,
+            j->O + r * H, &j->gc, &j->uc, NULL);
+    }
+}
+
+/* ---------------- router ---------------- */
+
+typedef struct {
+    cpu_be *b;
+    const float *xf, *logits;
+    const int32_t *in_ids;
+    int32_t *ids, *kept;
+    float *w;
+    unsigned char *nonf;
+} route_job;
+
+static inline bool before(float ka, int32_t ia, float kb, int32_t ib) { return ka > kb || (ka == kb && ia < ib); }
+
+static void route(void *p, int64_t lo, int64_t hi)
+{
+    route_job *j = p;
+    const cpu_be *b = j->b;
+    const dsv4_config *c = &b->cfg;
+    int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
+    bool hash = dsv4_config_is_hash_layer(c);
+    float s[E], key[K], contrib[K], norms[K];
+    int order[K];
+    for (int64_t t = lo; t < hi; t++) {
+        const float *l = j->logits + t * E;
+        int32_t *ids = j->ids + t * K;
+        float *w = j->w + t * K;
+        bool finite = true;
+        float lb[E];
+        for (int64_t e = 0; e < E; e++) {
+            lb[e] = c->gate_logits == DSV4_GATE_LOGITS_BF16 ? rbf16(l[e]) : l[e];
+            finite = finite && isfinite(lb[e]);
+        }
+        j->nonf[t] = !finite;
+        if (!finite) {
+            for (int64_t k = 0; k < K; k++) {
+                ids[k] = (int32_t)k;
+                w[k] = c->route_scale / (float)K;
+            }
+            j->kept[t] = (int32_t)K;
+            continue;
+        }
+        /* scores (SPEC.md 2.2) */
+        if (c->score_func == DSV4_SCORE_SQRTSOFTPLUS) {
+            for (int64_t e = 0; e < E; e++)
+                s[e] = sqrtf(lb[e] > 20.0f ? lb[e] : log1pf(expf(lb[e])));
+        } else if (c->score_func == DSV4_SCORE_SIGMOID) {
+            for (int64_t e = 0; e < E; e++)
+                s[e] = 1.0f / (1.0f + expf(-lb[e]));
+        } else {
+            float mx = lb[0], sum = 0.0f;
+            for (int64_t e = 1; e < E; e++)
+                mx = lb[e] > mx ? lb[e] : mx;
+            for (int64_t e = 0; e < E; e++) {
+                s[e] = expf(lb[e] - mx);
+                sum += s[e];
+            }
+            for (int64_t e = 0; e < E; e++)
+                s[e] = s[e] / sum;
+        }
+        /* selection (2.3) */
+        if (hash) {
+            for (int64_t k = 0; k < K; k++)
+                ids[k] = b->tid2eid[(int64_t)j->in_ids[t] * K + k];
+        } else {
+            int64_t n = 0;
+            for (int64_t e = 0; e < E; e++) {
+                float v = b->bias ? s[e] + b->bias[e] : s[e];
+                if (n == K && !before(v, (int32_t)e, key[K - 1], ids[K - 1]))
+                    continue;
+                int64_t pos = n < K ? n++ : K - 1;
+                while (pos > 0 && before(v, (int32_t)e, key[pos - 1], ids[pos - 1])) {
+                    key[pos] = key[pos - 1];
+                    ids[pos] = ids[pos - 1];
+                    pos--;
+                }
+                key[pos] = v;
+                ids[pos] = (int32_t)e;
+            }
+        }
+        /* weights (2.4) */
+        float sum = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            w[k] = s[ids[k]];
+            sum += w[k];
+        }
+        if (c->score_func != DSV4_SCORE_SOFTMAX) {
+            float den = sum + c->norm_eps;
+            for (int64_t k = 0; k < K; k++)
+                w[k] = w[k] / den;
+        }
+        for (int64_t k = 0; k < K; k++)
+            w[k] = w[k] * c->route_scale;
+        int64_t keep = K;
+        /* norm top-p (3) */
+        if (!hash && c->top_p < 1.0f) {
+            const float *x = j->xf + t * H;
+            for (int64_t k = 0; k < K; k++) {
+                int32_t ex = ids[k];
+                if (c->top_p_predictor == DSV4_PREDICTOR_CONST)
+                    norms[k] = b->pred_norm[ex];
+                else if (c->top_p_predictor == DSV4_PREDICTOR_LINEAR) {
+                    const float *pw = b->pred_w + (int64_t)ex * H;
+                    float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+                    int64_t i = 0;
+                    for (; i + 4 <= H; i += 4) {
+                        a0 += pw[i] * x[i];
+                        a1 += pw[i + 1] * x[i + 1];
+                        a2 += pw[i + 2] * x[i + 2];
+                        a3 += pw[i + 3] * x[i + 3];
+                    }
+                    for (; i < H; i++)
+                        a0 += pw[i] * x[i];
+                    float v = ((a0 + a1) + (a2 + a3)) + b->pred_b[ex];
+                    norms[k] = v > 0.0f ? v : 0.0f;
+                } else
+                    norms[k] = 1.0f;
+            }
+            for (int64_t k = 0; k < K; k++) {
+                contrib[k] = w[k] * norms[k];
+                int64_t pos = k;
+                while (pos > 0 && before(contrib[k], ids[k], contrib[order[pos - 1]], ids[order[pos - 1]])) {
+                    order[pos] = order[pos - 1];
+                    pos--;
+                }
+                order[pos] = (int)k;
+            }
+            float total = 0.0f;
+            for (int64_t r = 0; r < K; r++)
+                total += contrib[order[r]];
+            float thr = c->top_p * total, cum = 0.0f;
+            for (int64_t r = 0; r < K; r++) {
+                cum += contrib[order[r]];
+                if (cum >= thr) {
+                    keep = r + 1;
+                    break;
+                }
+            }
+            if (keep < c->top_p_min_keep)
+                keep = c->top_p_min_keep;
+            float orig = 0.0f, kw = 0.0f;
+            for (int64_t k = 0; k < K; k++)
+                orig += w[k];
+            for (int64_t r = keep; r < K; r++) {
+                ids[order[r]] = (int32_t)E;
+                w[order[r]] = 0.0f;
+            }
+            for (int64_t k = 0; k < K; k++)
+                kw += w[k];
+            if (c->top_p_renorm && keep < K && kw > 0.0f) {
+                float sc = orig / kw;
+                for (int64_t k = 0; k < K; k++)
+                    w[k] = w[k] * sc;
+            }
+        }
+        j->kept[t] = (int32_t)keep;
+    }
+}
+
+typedef struct {
+    const cpu_be *b;
+    const float *xf;
+    float *logits;
+    int64_t Tc;
+} logit_job;
+
+static void logits_rows(void *p, int64_t lo, int64_t hi)
+{
+    logit_job *j = p;
+    const dsv4_config *c = &j->b->cfg;
+    int64_t E = c->n_routed_experts, H = c->dim;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo), (int)E, (int)H, 1.0f, j->xf + lo * H,
+                (int)H, j->b->gate, (int)H, 0.0f, j->logits + lo * E, (int)E);
+}
+
+/* ---------------- per-row conversions ---------------- */
+
+typedef struct {
+    const uint16_t *x;
+    float *xf, *xq, *xqs;
+    int64_t H;
+    dsv4_act_quant mode;
+    bool qr, qs; /* quantize into xq / xqs (else they alias xf) */
+} conv_job;
+
+static void convert_rows(void *p, int64_t lo, int64_t hi)
+{
+    conv_job *j = p;
+    int64_t H = j->H;
+    for (int64_t t = lo; t < hi; t++) {
+        float *xf = j->xf + t * H;
+        const uint16_t *x = j->x + t * H;
+        for (int64_t i = 0; i < H; i++)
+            xf[i] = ffrom((uint32_t)x[i] << 16);
+        if (j->qr)
+            dsv4_act_quant_row(xf, H, j->mode, j->xq + t * H, NULL, NULL);
+        if (j->qs && j->xqs != j->xq)
+            dsv4_act_quant_row(xf, H, j->mode, j->xqs + t * H, NULL, NULL);
+    }
+}
+
+typedef struct {
+    const float *y;
+    uint16_t *out;
+} out_job;
+
+static void output_rows(void *p, int64_t lo, int64_t hi)
+{
+    out_job *j = p;
+    for (int64_t i = lo; i < hi; i++)
+        j->out[i] = tobf16(j->y[i]);
+}
+
+/* ---------------- forward ---------------- */
+
+static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int32_t *in_ids, dsv4_forward_out *out,
+                               dsv4_error *err)
+{
+    cpu_be *b = p;
+    const dsv4_config *c = &b->cfg;
+    int64_t E = c->n_routed_experts, H = c->dim, I = c->moe_inter_dim, K = c->n_activated;
+    bool hash = dsv4_config_is_hash_layer(c);
+    if (T == 0) {
+        b->stats.forwards++;
+        return DSV4_OK;
+    }
+    /* Hash layers: every id checked before anything is written (as the reference). */
+    if (hash) {
+        if (!in_ids)
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "cpu forward",
+                               "layer %lld is a hash layer: input_ids are required", (long long)c->layer);
+        for (int64_t t = 0; t < T; t++) {
+            if (in_ids[t] < 0 || in_ids[t] >= c->vocab_size) {
+                char where[64];
+                snprintf(where, sizeof where, "input_ids[%lld]", (long long)t);
+                return dsv4_seterr(err, DSV4_ERR_RANGE, where, "token id %d is outside [0, vocab_size = %lld)",
+                                   in_ids[t], (long long)c->vocab_size);
+            }
+            for (int64_t k = 0; k < K; k++) {
+                int32_t ex = b->tid2eid[(int64_t)in_ids[t] * K + k];
+                if (ex < 0 || ex >= E) {
+                    char where[96];
+                    snprintf(where, sizeof where, "tid2eid[%d, %lld]", in_ids[t], (long long)k);
+                    return dsv4_seterr(err, DSV4_ERR_RANGE, where,
+                                       "expert id %d (token %lld) is outside [0, n_routed_experts = %lld)", ex,
+                                       (long long)t, (long long)E);
+                }
+            }
+        }
+    }
+    openblas_set_num_threads(1); /* our workers own the cores; each sgemm runs on its caller */
+    bool qr = c->routed_format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
+    bool qs = c->n_shared_experts > 0 && c->shared_format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
+    int64_t Tc0 = T < b->chunk ? T : b->chunk;
+    size_t TH = (size_t)(Tc0 * H), TK = (size_t)(Tc0 * K);
+    float *xf = ensure(b, B_XF, TH * sizeof(float));
+    float *xq = qr ? ensure(b, B_XQ, TH * sizeof(float)) : xf;
+    float *xqs = !qs ? xf : qr ? xq : ensure(b, B_XQS, TH * sizeof(float));
+    float *y = ensure(b, B_Y, TH * sizeof(float));
+    float *logits = ensure(b, B_LOG, (size_t)(Tc0 * E) * sizeof(float));
+    int32_t *ids = ensure(b, B_IDS, TK * sizeof(int32_t));
+    float *w = ensure(b, B_W, TK * sizeof(float));
+    int32_t *kept = ensure(b, B_KEPT, (size_t)Tc0 * sizeof(int32_t));
+    unsigned char *nonf = ensure(b, B_NONF, (size_t)Tc0);
+    int64_t *cnt = ensure(b, B_CNT, (size_t)(E + 1) * sizeof(int64_t));
+    int64_t *off = ensure(b, B_OFF, (size_t)(E + 1) * sizeof(int64_t));
+    int32_t *stok = ensure(b, B_STOK, TK * sizeof(int32_t));
+    float *sw = ensure(b, B_SW, TK * sizeof(float));
+    if (!xf || !xq || !xqs || !y || !logits || !ids || !w || !kept || !nonf || !cnt || !off || !stok || !sw)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "cpu forward", "out of memory for a chunk of %lld tokens",
+                           (long long)Tc0);
+    uint64_t rg = 0, ru = 0, sg = 0, su = 0, launches = 0, skips = 0, nonfinite = 0;
+    dsv4_status st = DSV4_OK;
+    for (int64_t t0 = 0; t0 < T; t0 += b->chunk) {
+        int64_t Tc = T - t0 < b->chunk ? T - t0 : b->chunk;
+        /* 1-2: convert and quantize x, route */
+        conv_job cj = {x + t0 * H, xf, xq, xqs, H, c->act_quant, qr, qs};
+        dsv4_parallel_for(Tc * H < 65536 ? 1 : b->threads, Tc, 8, convert_rows, &cj);
+        logit_job lj = {b, xf, logits, Tc};
+        dsv4_parallel_for((double)Tc * E * H < 4e6 ? 1 : b->threads, Tc, 16, logits_rows, &lj);
+        route_job rj = {b, xf, logits, hash ? in_ids + t0 : NULL, ids, kept, w, nonf};
+        dsv4_parallel_for(Tc * E < 8192 ? 1 : b->threads, Tc, 16, route, &rj);
+        for (int64_t t = 0; t < Tc; t++)
+            nonfinite += nonf[t];
+        if (out->topk_ids)
+            memcpy(out->topk_ids + t0 * K, ids, (size_t)(Tc * K) * sizeof *ids);
+        if (out->topk_weights)
+            memcpy(out->topk_weights + t0 * K, w, (size_t)(Tc * K) * sizeof *w);
+        if (out->kept_counts)
+            memcpy(out->kept_counts + t0, kept, (size_t)Tc * sizeof *kept);
+        /* 3: stable counting sort of the kept slots by expert */
+        memset(cnt, 0, (size_t)(E + 1) * sizeof *cnt);
+        for (int64_t i = 0; i < Tc * K; i++) {
+            int32_t e = ids[i];
+            if (e < 0 || e > E)
+                return dsv4_seterr(err, DSV4_ERR_INTERNAL, "cpu forward",
+                                   "slot %lld holds expert id %d outside [0, %lld] (E is the sentinel)",
+                                   (long long)(t0 + i / K), e, (long long)E);
+            cnt[e]++;
+        }
+        int64_t maxn = c->n_shared_experts > 0 ? Tc : 0;
+        off[0] = 0;
+        for (int64_t e = 0; e < E; e++) {
+            off[e + 1] = off[e] + cnt[e];
+            maxn = cnt[e] > maxn ? cnt[e] : maxn;
+        }
+        for (int64_t e = 0; e < E; e++)
+            cnt[e] = off[e];
+        for (int64_t i = 0; i < Tc * K; i++) {
+            int32_t e = ids[i];
+            if (e == E)
+                continue;
+            stok[cnt[e]] = (int32_t)(i / K);
+            sw[cnt[e]] = w[i];
+            cnt[e]++;
+        }
+        /* Group buffers: a batch of groups (or one large group, or the shared expert). */
+        int64_t rowbytes = (2 * H + 3 * I) * (int64_t)sizeof(float);
+        int64_t cap = BATCH_BYTES / rowbytes;
+        cap = cap > maxn ? cap : maxn;
+        cap = cap < Tc * K ? cap : Tc * K;
+        cap = cap > maxn ? cap : maxn;
+        float *XG = ensure(b, B_XG, (size_t)(cap * H) * sizeof(float));
+        float *GU = ensure(b, B_GU, (size_t)(cap * 2 * I) * sizeof(float));
+        float *HB = ensure(b, B_HB, (size_t)(cap * I) * sizeof(float));
+        float *O = ensure(b, B_O, (size_t)(cap * H) * sizeof(float));
+        float *wbase = ensure(b, B_TILE, (size_t)b->threads * wscratch_floats(c) * sizeof(float));
+        if (!XG || !GU || !HB || !O || !wbase)
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, "cpu forward", "out of memory for groups of %lld rows",
+                               (long long)cap);
+        memset(y, 0, (size_t)(Tc * H) * sizeof *y);
+        /* 4: routed experts in ascending id: large groups alone (threads inside the GEMMs), the others in
+           batches of consecutive experts (one expert per worker at a time); each batch is combined in
+           slot order, i.e. ascending expert id per token. */
+        bool after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
+        int64_t e = 0;
+        while (e < E) {
+            int64_t n = off[e + 1] - off[e];
+            if (n == 0) {
+                skips++;
+                e++;
+                continue;
+            }
+            if (n > LARGE_ROWS) {
+                const int32_t *tok = stok + off[e];
+                const float *tw = sw + off[e];
+                for (int64_t q = 0; q < n; q++)
+                    memcpy(XG + q * H, xq + (int64_t)tok[q] * H, (size_t)H * sizeof *XG);
+                _Atomic uint64_t gc = 0, uc = 0;
+                if ((st = ffn(b, wbase, NULL, &b->experts[3 * e], true, n, XG, tw, GU, HB, O, &gc, &uc, err)))
+                    return st;
+                rg += atomic_load(&gc);
+                ru += atomic_load(&uc);
+                launches++;
+                comb_job cb = {y, O, tok, after ? tw : NULL, n, H};
+                dsv4_parallel_for(n * H < 262144 ? 1 : b->threads, H, 64, combine, &cb);
+                e++;
+                continue;
+            }
+            int64_t e1 = e, rows = 0, groups = 0;
+            while (e1 < E) {
+                int64_t n1 = off[e1 + 1] - off[e1];
+                if (n1 > LARGE_ROWS || rows + n1 > cap)
+                    break;
+                rows += n1;
+                groups += n1 > 0;
+                skips += n1 == 0;
+                e1++;
+            }
+            batch_job bj = {.b = b, .wbase = wbase, .e0 = e, .e1 = e1, .off = off, .base = off[e], .stok = stok,
+                            .sw = sw, .xq = xq, .XG = XG, .GU = GU, .HB = HB, .O = O};
+            atomic_init(&bj.next, 0);
+            atomic_init(&bj.gc, 0);
+            atomic_init(&bj.uc, 0);
+            int workers = groups < b->threads ? (int)groups : b->threads;
+            if ((double)rows * (double)H * (double)I < 2e5)
+                workers = 1;
+            dsv4_parallel_for(workers, workers, 1, batch_worker, &bj);
+            rg += atomic_load(&bj.gc);
+            ru += atomic_load(&bj.uc);
+            launches += (uint64_t)groups;
+            comb_job cb = {y, O, stok + off[e], after ? sw + off[e] : NULL, rows, H};
+            dsv4_parallel_for(rows * H < 262144 ? 1 : b->threads, H, 64, combine, &cb);
+            e = e1;
+        }
+        /* 5: shared expert */
+        if (c->n_shared_experts > 0) {
+            _Atomic uint64_t gc = 0, uc = 0;
+            if ((st = ffn(b, wbase, NULL, b->shared, c->shared_clamp, Tc, xqs, NULL, GU, HB, O, &gc, &uc, err)))
+                return st;
+            sg += atomic_load(&gc);
+            su += atomic_load(&uc);
+            launches++;
+            comb_job cb = {y, O, NULL, NULL, Tc, H};
+            dsv4_parallel_for(Tc * H < 262144 ? 1 : b->threads, H, 64, combine, &cb);
+        }
+        out_job oj = {y, out->y + t0 * H};
+        dsv4_parallel_for(Tc * H < 262144 ? 1 : b->threads, Tc * H, 4096, output_rows, &oj);
+    }
+    b->stats.forwards++;
+    b->stats.tokens += (uint64_t)T;
+    b->stats.launches += launches;
+    b->stats.empty_skips += skips;
+    b->stats.nonfinite_rows += nonfinite;
+    b->stats.routed_g_clamped += rg;
+    b->stats.routed_u_clamped += ru;
+    b->stats.shared_g_clamped += sg;
+    b->stats.shared_u_clamped += su;
+    return DSV4_OK;
+}
+
+/* ---------------- create / free ---------------- */
+
+static pthread_once_t table_once = PTHREAD_ONCE_INIT;
+
+static void init_tables(void)
+{
+    for (int i = 0; i < 256; i++)
+        ue8m0_table[i] = ue8m0f((uint8_t)i);
+}
+
+static dsv4_backend_stats cpu_stats(const void *p)
+{
+    const cpu_be *b = p;
+    dsv4_backend_stats s = b->stats;
+    s.workspace_peak = dsv4_allocator_stats(b->ws).peak;
+    return s;
+}
+
+static void cpu_free(void *p)
+{
+    cpu_be *b = p;
+    if (!b)
+        return;
+    for (int i = 0; i < NBUF; i++)
+        dsv4_release(b->ws, b->buf[i].p);
+    if (b->experts) {
+        for (int64_t i = 0; i < 3 * b->cfg.n_routed_experts; i++) {
+            dsv4_release(b->persist, b->experts[i].own_q);
+            dsv4_release(b->persist, b->experts[i].own_s);
+        }
+        dsv4_release(b->persist, b->experts);
+    }
+    for (int i = 0; i < 3; i++) {
+        dsv4_release(b->persist, b->shared[i].own_q);
+        dsv4_release(b->persist, b->shared[i].own_s);
+    }
+    dsv4_release(b->persist, b->gate);
+    dsv4_release(b->persist, b->bias);
+    dsv4_release(b->persist, b->tid2eid);
+    dsv4_release(b->persist, b->pred_norm);
+    dsv4_release(b->persist, b->pred_w);
+    dsv4_release(b->persist, b->pred_b);
+    dsv4_allocator_free(b->ws);
+    dsv4_allocator_free(b->persist);
+    free(b);
+}
+
+static const dsv4_backend_vtable cpu_vtable = {"cpu", cpu_forward, cpu_stats, cpu_free};
+
+/* A bf16 (stacked) matrix under a quantized config: quantized here exactly as the reference does. */
+static dsv4_status quantize_at_load(cpu_be *b, dsv4_weight_format fmt, cmat *m, dsv4_error *err)
+{
+    int64_t n = m->v.n, k = m->v.k;
+    float *w = dsv4_alloc(b->persist, (size_t)(n * k) * sizeof *w);
+    if (!w)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, m->v.key, "out of memory quantizing at load");
+    dsv4_matrix_dequant_rows(&m->v, 0, n, w);
+    dsv4_status st;
+    if (fmt == DSV4_FORMAT_FP8) {
+        size_t ssz = b->cfg.weight_scale == DSV4_SCALE_FP32 ? 4 : 1;
+        m->own_q = dsv4_alloc(b->persist, (size_t)(n * k));
+        m->own_s = dsv4_alloc(b->persist, (size_t)(cdiv(n, 128) * cdiv(k, 128)) * ssz);
+        st = !m->own_q || !m->own_s ? dsv4_seterr(err, DSV4_ERR_NOMEM, m->v.key, "out of memory quantizing at load")
+                                    : dsv4_quant_fp8_block(w, n, k, b->cfg.weight_scale, m->own_q, m->own_s,
+                                                           m->v.key, err);
+        m->v.row_bytes = (uint64_t)k;
+        m->v.scale_format = b->cfg.weight_scale;
+    } else {
+        m->own_q = dsv4_alloc(b->persist, (size_t)(n * k / 2));
+        m->own_s = dsv4_alloc(b->persist, (size_t)(n * (k / 32)));
+        st = !m->own_q || !m->own_s ? dsv4_seterr(err, DSV4_ERR_NOMEM, m->v.key, "out of memory quantizing at load")
+                                    : dsv4_quant_fp4_block(w, n, k, m->own_q, m->own_s, m->v.key, err);
+        m->v.row_bytes = (uint64_t)k / 2;
+    }
+    dsv4_release(b->persist, w);
+    if (st == DSV4_OK) {
+        m->v.format = fmt;
+        m->v.data = m->own_q;
+        m->v.scales = m->own_s;
+    }
+    return st;
+}
+
+static dsv4_status bind(cpu_be *b, const dsv4_checkpoint *ck, int64_t e, int p, cmat *m, dsv4_error *err)
+{
+    dsv4_status st = dsv4_weights_matrix(ck, &b->cfg, e, (dsv4_proj)p, &m->v, err);
+    if (st)
+        return st;
+    dsv4_weight_format want = e == DSV4_SHARED_EXPERT ? b->cfg.shared_format : b->cfg.routed_format;
+    return m->v.format != want ? quantize_at_load(b, want, m, err) : DSV4_OK;
+}
+
+static float *copy_f32(cpu_be *b, const uint8_t *p, int64_t n)
+{
+    float *o = dsv4_alloc(b->persist, (size_t)(n > 0 ? n : 1) * sizeof *o);
+    if (o)
+        for (int64_t i = 0; i < n; i++)
+            o[i] = dsv4_load_f32(p, i);
+    return o;
+}
+
+dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, int threads, void **impl,
+                                    const dsv4_backend_vtable **vt, dsv4_error *err)
+{
+    const dsv4_config *cfg = dsv4_plan_config(plan);
+    dsv4_router_kind rk = dsv4_plan_router(plan);
+    if (rk != DSV4_ROUTER_LOCAL)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend cpu",
+                           "router %s is not supported by the cpu backend (it runs router local on one rank; the "
+                           "distributed routers run through fast/dist)",
+                           dsv4_router_kind_name(rk));
+    if (dsv4_plan_expert_count(plan) != cfg->n_routed_experts || dsv4_plan_inter_count(plan) != cfg->moe_inter_dim)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend cpu",
+                           "the plan shards the layer (experts %lld of %lld, inter %lld of %lld): the cpu backend "
+                           "runs the whole layer on one rank (tp 1, ep 1)",
+                           (long long)dsv4_plan_expert_count(plan), (long long)cfg->n_routed_experts,
+                           (long long)dsv4_plan_inter_count(plan), (long long)cfg->moe_inter_dim);
+    dsv4_status st = dsv4_config_validate(cfg, err);
+    if (st)
+        return st;
+    cpu_be *b = calloc(1, sizeof *b);
+    if (!b)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "backend cpu", "out of memory");
+    b->cfg = *cfg;
+    b->threads = threads;
+    b->chunk = dsv4_plan_chunk_tokens(plan);
+    b->max_tokens = dsv4_plan_topology(plan)->max_tokens_per_rank;
+    if (b->chunk < 1)
+        b->chunk = b->max_tokens > 0 ? b->max_tokens : 128;
+    b->simd = cpu_has_simd() && !getenv("DSV4MOE_CPU_NO_SIMD");
+    b->avx512 = b->simd && cpu_has_avx512() && !getenv("DSV4MOE_CPU_NO_AVX512");
+    pthread_once(&table_once, init_tables);
+    b->stats.workspace_planned = dsv4_plan_workspace_max(plan);
+    atomic_init(&b->nomem, 0);
+    if ((st = dsv4_allocator_create(0, &b->persist, err)) || (st = dsv4_allocator_create(0, &b->ws, err)))
+        goto fail;
+    const dsv4_config *c = &b->cfg;
+    int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
+    dsv4_router_view rv;
+    if ((st = dsv4_weights_router(ck, c, &rv, err)))
+        goto fail;
+    b->gate = dsv4_alloc(b->persist, (size_t)(E * H) * sizeof *b->gate);
+    if (!b->gate)
+        goto nomem;
+    for (int64_t i = 0; i < E * H; i++)
+        b->gate[i] = dsv4_load_bf16(rv.gate, i);
+    if (rv.bias && !(b->bias = copy_f32(b, rv.bias, E)))
+        goto nomem;
+    if (rv.tid2eid) {
+        b->tid2eid = dsv4_alloc(b->persist, (size_t)(c->vocab_size * K) * sizeof *b->tid2eid);
+        if (!b->tid2eid)
+            goto nomem;
+        for (int64_t i = 0; i < c->vocab_size * K; i++)
+            b->tid2eid[i] = dsv4_load_i32(rv.tid2eid, i);
+    }
+    if (rv.pred_norm && !(b->pred_norm = copy_f32(b, rv.pred_norm, E)))
+        goto nomem;
+    if (rv.pred_weight && (!(b->pred_w = copy_f32(b, rv.pred_weight, E * H)) || !(b->pred_b = copy_f32(b, rv.pred_bias, E))))
+        goto nomem;
+    b->experts = dsv4_alloc(b->persist, (size_t)(3 * E) * sizeof *b->experts);
+    if (!b->experts)
+        goto nomem;
+    for (int64_t e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++)
+            if ((st = bind(b, ck, e, p, &b->experts[3 * e + p], err)))
+                goto fail;
+    if (c->n_shared_experts > 0)
+        for (int p = 0; p < 3; p++)
+            if ((st = bind(b, ck, DSV4_SHARED_EXPERT, p, &b->shared[p], err)))
+                goto fail;
+    *impl = b;
+    *vt = &cpu_vtable;
+    return DSV4_OK;
+nomem:
+    st = dsv4_seterr(err, DSV4_ERR_NOMEM, "backend cpu", "out of memory binding layer %lld", (long long)c->layer);
+fail:
+    cpu_free(b);
+    return st;
+}

@@ -1,0 +1,58 @@
+/*
+ * dsv4moe: the backend interface. A backend executes a plan on one rank:
+ * created from a config, a checkpoint and the plan (which decides the
+ * layout; the backend only executes it), it runs forwards, reports its
+ * workspace and statistics, and is freed. Implementations: "ref" (the
+ * deterministic reference) and "cpu" (OpenBLAS); "cuda" later.
+ */
+#ifndef DSV4MOE_BACKEND_H
+#define DSV4MOE_BACKEND_H
+
+#include <stdint.h>
+#include "config.h"
+#include "plan.h"
+#include "safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dsv4_backend dsv4_backend;
+
+/* Outputs of one forward; the caller owns the buffers. y is required, the others may be NULL. */
+typedef struct dsv4_forward_out {
+    uint16_t *y;          /* bf16 [T, H] */
+    int32_t *topk_ids;    /* [T, K] after pruning (pruned slots E) */
+    float *topk_weights;  /* [T, K] after pruning (pruned slots 0) */
+    int32_t *kept_counts; /* [T] */
+} dsv4_forward_out;
+
+typedef struct dsv4_backend_stats {
+    uint64_t forwards;
+    uint64_t tokens;
+    uint64_t launches;          /* expert GEMM groups executed */
+    uint64_t empty_skips;       /* experts or chunks with 0 rows that launched nothing */
+    uint64_t nonfinite_rows;
+    uint64_t routed_g_clamped, routed_u_clamped, shared_g_clamped, shared_u_clamped;
+    uint64_t workspace_peak;    /* measured through the accounting allocator */
+    uint64_t workspace_planned; /* dsv4_plan_workspace_max of the plan */
+} dsv4_backend_stats;
+
+/*
+ * Creates the backend named by plan's topology (ref or cpu). The config must
+ * be the plan's; the checkpoint must outlive the backend. threads >= 1.
+ */
+dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads,
+                                dsv4_backend **out, dsv4_error *err);
+/* NULL is a no-op. */
+void dsv4_backend_free(dsv4_backend *backend);
+const char *dsv4_backend_name(const dsv4_backend *backend);
+/* One forward of T tokens on this rank (T >= 0, at most the plan's max_tokens_per_rank). */
+dsv4_status dsv4_backend_forward(dsv4_backend *backend, int64_t tokens, const uint16_t *x, const int32_t *input_ids,
+                                 dsv4_forward_out *out, dsv4_error *err);
+dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *backend);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

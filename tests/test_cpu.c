@@ -1,0 +1,466 @@
+/* The CPU backend against the reference, through the backend interface (SPEC.md section 7 metrics). */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4moe/backend.h"
+#include "dsv4moe/compare.h"
+#include "dsv4moe/formats.h"
+#include "dsv4moe/gen.h"
+#include "dsv4moe/plan.h"
+#include "dsv4moe/safetensors.h"
+#include "dsv4moe/weights.h"
+#include "testutil.h"
+
+Suite *cpu_suite(void);
+
+/* fast/cpu/cpu.c: the CPU backend's weight decoder (SIMD where available). */
+void dsv4_cpu_dequant_rows_for_test(const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out);
+
+typedef struct {
+    const char *name;
+    const char *preset;
+    int64_t layer;
+    int64_t tokens;
+    int64_t chunk;       /* topology chunk_tokens (0: planner) */
+    float swiglu_limit;  /* < 0: preset's */
+    int shared_clamp;    /* -1: preset's */
+    int after_w2;        /* -1: preset's */
+    int threads;
+} cpu_case;
+
+static dsv4_plan *make_plan(const dsv4_config *c, dsv4_backend_kind kind, int64_t chunk)
+{
+    dsv4_topology topo;
+    dsv4_topology_init(&topo);
+    topo.backend = kind;
+    topo.chunk_tokens = chunk;
+    dsv4_budget bud;
+    dsv4_budget_init(&bud);
+    dsv4_plan *p = NULL;
+    dsv4_error e;
+    dsv4_status st = dsv4_plan_create(c, &topo, &bud, &p, &e);
+    ck_assert_msg(st == DSV4_OK, "plan: %s", e.message);
+    return p;
+}
+
+static dsv4_config case_config(const cpu_case *k)
+{
+    dsv4_config c;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_config_preset(k->preset, &c, &e), DSV4_OK);
+    c.layer = k->layer;
+    if (k->swiglu_limit >= 0)
+        c.swiglu_limit = k->swiglu_limit;
+    if (k->shared_clamp >= 0)
+        c.shared_clamp = k->shared_clamp != 0;
+    if (k->after_w2 >= 0)
+        c.weight_point = k->after_w2 ? DSV4_WEIGHT_AFTER_W2 : DSV4_WEIGHT_BEFORE_W2;
+    ck_assert_msg(dsv4_config_validate(&c, &e) == DSV4_OK, "%s", e.message);
+    return c;
+}
+
+/* Generates the layer and input of a case; returns the open checkpoint and input file. */
+static void case_data(const cpu_case *k, const dsv4_config *c, dsv4_checkpoint **ck, dsv4_st_file **in)
+{
+    char wp[512], ip[512], n1[128], n2[128];
+    snprintf(n1, sizeof n1, "cpu_%s_l%lld_w.safetensors", k->preset, (long long)k->layer);
+    snprintf(n2, sizeof n2, "cpu_%s_l%lld_T%lld_in.safetensors", k->preset, (long long)k->layer,
+             (long long)k->tokens);
+    tu_path(wp, sizeof wp, n1);
+    tu_path(ip, sizeof ip, n2);
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    o.seed = 7;
+    o.threads = 2;
+    dsv4_error e;
+    /* The weights depend on the preset and layer only (the switches act at run time). */
+    if (!tu_file_exists(wp))
+        ck_assert_msg(dsv4_gen_weights(c, &o, wp, &e) == DSV4_OK, "%s", e.message);
+    o.seed = 11;
+    ck_assert_msg(dsv4_gen_input(c, &o, k->tokens, ip, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_checkpoint_open(wp, ck, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_st_open(ip, in, &e) == DSV4_OK, "%s", e.message);
+}
+
+typedef struct {
+    uint16_t *y;
+    int32_t *ids, *kept;
+    float *w;
+    dsv4_backend_stats stats;
+} run_out;
+
+static void run_backend(const dsv4_config *c, dsv4_backend_kind kind, int64_t chunk, int threads,
+                        const dsv4_checkpoint *ck, int64_t T, const uint16_t *x, const int32_t *in_ids, run_out *r)
+{
+    dsv4_plan *p = make_plan(c, kind, chunk);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_backend_create(p, ck, threads, &b, &e) == DSV4_OK, "create: %s", e.message);
+    ck_assert_str_eq(dsv4_backend_name(b), kind == DSV4_BACKEND_CPU ? "cpu" : "ref");
+    int64_t H = c->dim, K = c->n_activated;
+    r->y = calloc((size_t)(T * H + 1), sizeof *r->y);
+    r->ids = calloc((size_t)(T * K + 1), sizeof *r->ids);
+    r->w = calloc((size_t)(T * K + 1), sizeof *r->w);
+    r->kept = calloc((size_t)(T + 1), sizeof *r->kept);
+    dsv4_forward_out o = {r->y, r->ids, r->w, r->kept};
+    ck_assert_msg(dsv4_backend_forward(b, T, x, in_ids, &o, &e) == DSV4_OK, "forward: %s", e.message);
+    r->stats = dsv4_backend_get_stats(b);
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+}
+
+static void free_out(run_out *r)
+{
+    free(r->y);
+    free(r->ids);
+    free(r->w);
+    free(r->kept);
+}
+
+static void check_case(const cpu_case *k)
+{
+    dsv4_config c = case_config(k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(k, &c, &ck, &in);
+    int64_t T = k->tokens, H = c.dim, K = c.n_activated, E = c.n_routed_experts;
+    const uint16_t *x = T ? dsv4_st_find(in, "x")->data : NULL;
+    const int32_t *ids = T ? dsv4_st_find(in, "input_ids")->data : NULL;
+    run_out ref, cpu;
+    run_backend(&c, DSV4_BACKEND_REF, k->chunk, 2, ck, T, x, ids, &ref);
+    run_backend(&c, DSV4_BACKEND_CPU, k->chunk, k->threads, ck, T, x, ids, &cpu);
+
+    dsv4_compare_metrics m;
+    ck_assert(dsv4_compare_bf16(cpu.y, ref.y, T * H, &m));
+    char line[512];
+    dsv4_compare_format(&m, line, sizeof line);
+    int64_t id_diff = 0, kept_diff = 0;
+    double wmax = 0;
+    for (int64_t i = 0; i < T * K; i++) {
+        id_diff += cpu.ids[i] != ref.ids[i];
+        double d = fabs((double)cpu.w[i] - ref.w[i]);
+        wmax = d > wmax ? d : wmax;
+    }
+    for (int64_t t = 0; t < T; t++)
+        kept_diff += cpu.kept[t] != ref.kept[t];
+    printf("cpu_suite %-24s T %4lld: %s; topk_ids differ %lld; kept differ %lld; max |dw| %.3g; "
+           "clamp routed g/u %llu/%llu (ref %llu/%llu) shared %llu/%llu; launches %llu skips %llu; "
+           "workspace peak %llu planned %llu\n",
+           k->name, (long long)T, line, (long long)id_diff, (long long)kept_diff, wmax,
+           (unsigned long long)cpu.stats.routed_g_clamped, (unsigned long long)cpu.stats.routed_u_clamped,
+           (unsigned long long)ref.stats.routed_g_clamped, (unsigned long long)ref.stats.routed_u_clamped,
+           (unsigned long long)cpu.stats.shared_g_clamped, (unsigned long long)cpu.stats.shared_u_clamped,
+           (unsigned long long)cpu.stats.launches, (unsigned long long)cpu.stats.empty_skips,
+           (unsigned long long)cpu.stats.workspace_peak, (unsigned long long)cpu.stats.workspace_planned);
+    /* Routing: identical for these seeds (no near-ties in the data). */
+    ck_assert_msg(id_diff == 0, "%s: %lld topk ids differ", k->name, (long long)id_diff);
+    ck_assert_msg(kept_diff == 0, "%s: %lld kept counts differ", k->name, (long long)kept_diff);
+    ck_assert_msg(wmax < 1e-5, "%s: router weights differ by %g", k->name, wmax);
+    for (int64_t i = 0; i < T * K; i++)
+        ck_assert(cpu.ids[i] >= 0 && cpu.ids[i] <= E);
+    /* Output: SPEC.md section 7. */
+    ck_assert_msg(m.finite_ok, "%s: %lld non-finite values where the reference is finite", k->name,
+                  (long long)m.bad_nonfinite);
+    if (T > 0) {
+        ck_assert_msg(m.deepgemm_diff < 1e-3, "%s: diff %g", k->name, m.deepgemm_diff);
+        ck_assert_msg(m.nmse < 1e-3, "%s: nmse %g", k->name, m.nmse);
+        ck_assert_msg(m.ulp_p99 <= 2, "%s: bf16 ulp p99 %u", k->name, m.ulp_p99);
+        ck_assert_msg(m.tol_violations * 1000 <= m.n, "%s: %lld of %lld past atol=rtol=0.035", k->name,
+                      (long long)m.tol_violations, (long long)m.n);
+    }
+    /* Statistics */
+    ck_assert_uint_eq(cpu.stats.forwards, 1);
+    ck_assert_uint_eq(cpu.stats.tokens, (uint64_t)T);
+    ck_assert_uint_eq(cpu.stats.nonfinite_rows, ref.stats.nonfinite_rows);
+    ck_assert(cpu.stats.workspace_planned > 0);
+    if (T > 0) {
+        ck_assert(cpu.stats.workspace_peak > 0);
+        ck_assert(cpu.stats.launches > 0);
+        /* clamp hits may differ only where a g or u sits at the bf16 rounding of L */
+        double rg = (double)ref.stats.routed_u_clamped, cg = (double)cpu.stats.routed_u_clamped;
+        ck_assert_msg(fabs(rg - cg) <= 0.02 * rg + 2, "%s: u clamp hits %g vs %g", k->name, cg, rg);
+        if (c.swiglu_limit == 0.0f)
+            ck_assert_uint_eq(cpu.stats.routed_u_clamped + cpu.stats.routed_g_clamped, 0);
+    } else {
+        ck_assert_uint_eq(cpu.stats.launches, 0);
+    }
+    free_out(&ref);
+    free_out(&cpu);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+
+#define CASE(fn, ...)                                                                                       \
+    START_TEST(fn)                                                                                          \
+    {                                                                                                       \
+        cpu_case k = {__VA_ARGS__};                                                                         \
+        check_case(&k);                                                                                     \
+    }                                                                                                       \
+    END_TEST
+
+/*                name                  preset       layer T    chunk L    sclamp after threads */
+CASE(mini_fp4_t77, "mini fp4/fp8", "mini", 1, 77, 0, -1, -1, -1, 2)
+CASE(mini_fp4_hash_t77, "mini hash layer", "mini", 0, 77, 0, -1, -1, -1, 2)
+CASE(mini_fp8_t77, "mini-fp8", "mini-fp8", 1, 77, 0, -1, -1, -1, 2)
+CASE(mini_bf16_t77, "mini-bf16", "mini-bf16", 1, 77, 0, -1, -1, -1, 2)
+CASE(mini_bf16_hash_t77, "mini-bf16 hash", "mini-bf16", 0, 77, 0, -1, -1, -1, 2)
+CASE(mini_noclamp_t77, "mini no clamp", "mini", 1, 77, 0, 0.0f, -1, -1, 2)
+CASE(mini_topp_t77, "mini-topp", "mini-topp", 1, 77, 0, -1, -1, -1, 2)
+CASE(mini_topp_noclamp_t77, "mini-topp no clamp", "mini-topp", 1, 77, 0, 0.0f, -1, -1, 2)
+CASE(mini_after_w2_t77, "mini after_w2 noshclamp", "mini", 1, 77, 0, -1, 0, 1, 2)
+CASE(mini_fp8_after_t77, "mini-fp8 after_w2", "mini-fp8", 1, 77, 0, -1, 0, 1, 1)
+CASE(mini_t1, "mini T=1", "mini", 1, 1, 0, -1, -1, -1, 2)
+CASE(mini_hash_t1, "mini hash T=1", "mini", 0, 1, 0, -1, -1, -1, 2)
+CASE(mini_fp8_t1, "mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 2)
+CASE(mini_bf16_t1, "mini-bf16 T=1", "mini-bf16", 1, 1, 0, -1, -1, -1, 2)
+CASE(mini_t0, "mini T=0", "mini", 1, 0, 0, -1, -1, -1, 2)
+CASE(mini_chunked_t300, "mini chunk 128 T=300", "mini", 1, 300, 128, -1, -1, -1, 2)
+CASE(mini_topp_chunked_t300, "mini-topp chunk 128", "mini-topp", 1, 300, 128, -1, -1, -1, 2)
+CASE(mini_hash_chunked_t300, "mini hash chunk 128", "mini", 0, 300, 128, -1, -1, -1, 1)
+CASE(tiny_t77, "tiny bf16", "tiny", 1, 77, 0, -1, -1, -1, 2)
+/* group sizes around the fused/tiles switch (8 rows) and past a lone large group (256 rows) */
+CASE(mini_t5, "mini T=5", "mini", 1, 5, 0, -1, -1, -1, 2)
+CASE(mini_t30, "mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2)
+CASE(mini_fp8_t30, "mini-fp8 T=30", "mini-fp8", 1, 30, 0, -1, -1, -1, 2)
+CASE(mini_bf16_t30, "mini-bf16 T=30", "mini-bf16", 1, 30, 0, -1, -1, -1, 2)
+CASE(mini_t1100, "mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 2)
+
+/* The scalar fallback (no SIMD) gives the same answers. */
+START_TEST(scalar_fallback)
+{
+    setenv("DSV4MOE_CPU_NO_SIMD", "1", 1);
+    cpu_case k1 = {"scalar mini", "mini", 1, 77, 0, -1, -1, -1, 2};
+    check_case(&k1);
+    cpu_case k2 = {"scalar mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 2};
+    check_case(&k2);
+    unsetenv("DSV4MOE_CPU_NO_SIMD");
+    /* AVX2 kernels only (where the CPU has AVX-512, its kernels are the default) */
+    setenv("DSV4MOE_CPU_NO_AVX512", "1", 1);
+    cpu_case k3 = {"avx2 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2};
+    check_case(&k3);
+    cpu_case k4 = {"avx2 mini-fp8 T=5", "mini-fp8", 1, 5, 0, -1, -1, -1, 2};
+    check_case(&k4);
+    unsetenv("DSV4MOE_CPU_NO_AVX512");
+}
+END_TEST
+
+/* The backend's decoders give exactly dsv4_matrix_dequant_rows's values. */
+START_TEST(decoders_match_library)
+{
+    const char *presets[] = {"mini", "mini-fp8", "mini-bf16"};
+    for (int pi = 0; pi < 3; pi++) {
+        cpu_case k = {"dec", presets[pi], 1, 1, 0, -1, -1, -1, 1};
+        dsv4_config c = case_config(&k);
+        dsv4_checkpoint *ck = NULL;
+        dsv4_st_file *in = NULL;
+        case_data(&k, &c, &ck, &in);
+        for (int64_t ex = -1; ex < 3; ex++) {
+            if (ex == DSV4_SHARED_EXPERT && c.n_shared_experts == 0)
+                continue;
+            for (int p = 0; p < 3; p++) {
+                dsv4_matrix_view v;
+                dsv4_error e;
+                ck_assert_int_eq(dsv4_weights_matrix(ck, &c, ex, (dsv4_proj)p, &v, &e), DSV4_OK);
+                size_t nn = (size_t)(v.n * v.k);
+                float *a = malloc(nn * sizeof *a), *b = malloc(nn * sizeof *b);
+                dsv4_matrix_dequant_rows(&v, 0, v.n, a);
+                dsv4_cpu_dequant_rows_for_test(&v, 0, v.n, b);
+                for (size_t i = 0; i < nn; i++)
+                    ck_assert_msg(a[i] == b[i] || (isnan(a[i]) && isnan(b[i])), "%s %s [%zu]: %a vs %a",
+                                  presets[pi], v.key, i, (double)a[i], (double)b[i]);
+                free(a);
+                free(b);
+            }
+        }
+        dsv4_st_close(in);
+        dsv4_checkpoint_close(ck);
+    }
+}
+END_TEST
+
+START_TEST(hash_bad_input_id_is_range_error)
+{
+    cpu_case k = {"bad id", "mini", 0, 5, 0, -1, -1, -1, 2};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    int64_t T = 5, H = c.dim;
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    int32_t ids[5];
+    memcpy(ids, dsv4_st_find(in, "input_ids")->data, sizeof ids);
+    ids[3] = (int32_t)c.vocab_size;
+    uint16_t *y = calloc((size_t)(T * H), sizeof *y);
+    dsv4_backend_kind kinds[2] = {DSV4_BACKEND_REF, DSV4_BACKEND_CPU};
+    for (int i = 0; i < 2; i++) {
+        dsv4_plan *p = make_plan(&c, kinds[i], 0);
+        dsv4_backend *b = NULL;
+        dsv4_error e;
+        ck_assert_int_eq(dsv4_backend_create(p, ck, 2, &b, &e), DSV4_OK);
+        dsv4_forward_out o = {y, NULL, NULL, NULL};
+        ck_assert_int_eq(dsv4_backend_forward(b, T, x, ids, &o, &e), DSV4_ERR_RANGE);
+        ck_assert_msg(strstr(e.message, "input_ids[3]") != NULL, "%s", e.message);
+        ids[3] = -1;
+        ck_assert_int_eq(dsv4_backend_forward(b, T, x, ids, &o, &e), DSV4_ERR_RANGE);
+        ids[3] = (int32_t)c.vocab_size;
+        ck_assert_int_eq(dsv4_backend_forward(b, T, x, NULL, &o, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_int_eq(dsv4_backend_forward(b, -1, x, ids, &o, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_int_eq(dsv4_backend_forward(b, 4097, x, ids, &o, &e), DSV4_ERR_INVALID_ARG);
+        dsv4_backend_free(b);
+        dsv4_plan_free(p);
+    }
+    free(y);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
+
+START_TEST(refusals_name_backend_and_router)
+{
+    cpu_case k = {"refuse", "mini", 1, 1, 0, -1, -1, -1, 2};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    dsv4_error e;
+    dsv4_backend *b = NULL;
+    /* cuda: not in this backend set */
+    dsv4_topology topo;
+    dsv4_topology_init(&topo);
+    topo.backend = DSV4_BACKEND_CUDA;
+    topo.sm = 90;
+    dsv4_budget bud;
+    dsv4_budget_init(&bud);
+    dsv4_plan *p = NULL;
+    ck_assert_msg(dsv4_plan_create(&c, &topo, &bud, &p, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_int_eq(dsv4_backend_create(p, ck, 2, &b, &e), DSV4_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.message, "cuda") != NULL, "%s", e.message);
+    ck_assert_ptr_null(b);
+    dsv4_plan_free(p);
+    /* cpu with an expert-parallel router */
+    dsv4_topology_init(&topo);
+    topo.backend = DSV4_BACKEND_CPU;
+    topo.world_size = 2;
+    topo.dp = 2;
+    topo.ep = 2;
+    ck_assert_msg(dsv4_plan_create(&c, &topo, &bud, &p, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_int_eq(dsv4_backend_create(p, ck, 2, &b, &e), DSV4_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.message, dsv4_router_kind_name(dsv4_plan_router(p))) != NULL, "%s", e.message);
+    ck_assert_msg(strstr(e.message, "router") != NULL, "%s", e.message);
+    dsv4_plan_free(p);
+    /* bad arguments */
+    p = make_plan(&c, DSV4_BACKEND_CPU, 0);
+    ck_assert_int_eq(dsv4_backend_create(p, ck, 0, &b, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_create(NULL, ck, 1, &b, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_plan_free(p);
+    dsv4_backend_free(NULL);
+    ck_assert_str_eq(dsv4_backend_name(NULL), "none");
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
+
+/* Two forwards on one backend: the same bytes, stats accumulate, the workspace does not grow. */
+START_TEST(repeat_forward_is_stable)
+{
+    cpu_case k = {"repeat", "mini", 1, 77, 0, -1, -1, -1, 2};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    int64_t T = 77, H = c.dim;
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CPU, 0);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_backend_create(p, ck, 2, &b, &e), DSV4_OK);
+    uint16_t *y1 = calloc((size_t)(T * H), 2), *y2 = calloc((size_t)(T * H), 2);
+    dsv4_forward_out o1 = {y1, NULL, NULL, NULL}, o2 = {y2, NULL, NULL, NULL};
+    ck_assert_int_eq(dsv4_backend_forward(b, T, x, ids, &o1, &e), DSV4_OK);
+    uint64_t peak1 = dsv4_backend_get_stats(b).workspace_peak;
+    ck_assert_int_eq(dsv4_backend_forward(b, T, x, ids, &o2, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_backend_forward(b, 0, NULL, NULL, &o2, &e), DSV4_OK);
+    dsv4_backend_stats s = dsv4_backend_get_stats(b);
+    ck_assert(memcmp(y1, y2, (size_t)(T * H) * 2) == 0);
+    ck_assert_uint_eq(s.forwards, 3);
+    ck_assert_uint_eq(s.tokens, 2 * (uint64_t)T);
+    ck_assert_uint_eq(s.workspace_peak, peak1);
+    free(y1);
+    free(y2);
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
+
+START_TEST(compare_metrics_basics)
+{
+    uint16_t a[4], b[4];
+    float va[4] = {1.0f, -2.0f, 0.5f, 0.0f};
+    for (int i = 0; i < 4; i++)
+        a[i] = b[i] = dsv4_f32_to_bf16(va[i]);
+    dsv4_compare_metrics m;
+    ck_assert(dsv4_compare_bf16(a, b, 4, &m));
+    ck_assert(m.max_abs == 0 && m.nmse == 0 && m.deepgemm_diff == 0 && m.ulp_max == 0 && m.finite_ok);
+    a[0] = (uint16_t)(a[0] + 1); /* one ulp up */
+    a[1] = (uint16_t)(a[1] + 2); /* -2 two ulps away from zero... more negative */
+    ck_assert(dsv4_compare_bf16(a, b, 4, &m));
+    ck_assert_uint_eq(m.ulp_max, 2);
+    ck_assert_int_eq(m.ulp_nonzero, 2);
+    ck_assert(m.max_abs > 0 && m.deepgemm_diff > 0);
+    a[2] = 0x7FC0; /* NaN where the reference is finite */
+    ck_assert(dsv4_compare_bf16(a, b, 4, &m));
+    ck_assert(!m.finite_ok);
+    ck_assert_int_eq(m.bad_nonfinite, 1);
+    /* the ulp distance crosses zero: +0 and the smallest negative are one apart */
+    uint16_t p0 = 0x0000, n1 = 0x8001;
+    ck_assert(dsv4_compare_bf16(&p0, &n1, 1, &m));
+    ck_assert_uint_eq(m.ulp_max, 1);
+    ck_assert(dsv4_compare_bf16(NULL, NULL, 0, &m));
+    ck_assert_int_eq(m.n, 0);
+}
+END_TEST
+
+Suite *cpu_suite(void)
+{
+    Suite *s = suite_create("cpu");
+    TCase *tc = tcase_create("cpu");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, compare_metrics_basics);
+    tcase_add_test(tc, decoders_match_library);
+    tcase_add_test(tc, mini_fp4_t77);
+    tcase_add_test(tc, mini_fp4_hash_t77);
+    tcase_add_test(tc, mini_fp8_t77);
+    tcase_add_test(tc, mini_bf16_t77);
+    tcase_add_test(tc, mini_bf16_hash_t77);
+    tcase_add_test(tc, mini_noclamp_t77);
+    tcase_add_test(tc, mini_topp_t77);
+    tcase_add_test(tc, mini_topp_noclamp_t77);
+    tcase_add_test(tc, mini_after_w2_t77);
+    tcase_add_test(tc, mini_fp8_after_t77);
+    tcase_add_test(tc, mini_t1);
+    tcase_add_test(tc, mini_hash_t1);
+    tcase_add_test(tc, mini_fp8_t1);
+    tcase_add_test(tc, mini_bf16_t1);
+    tcase_add_test(tc, mini_t0);
+    tcase_add_test(tc, mini_chunked_t300);
+    tcase_add_test(tc, mini_topp_chunked_t300);
+    tcase_add_test(tc, mini_hash_chunked_t300);
+    tcase_add_test(tc, tiny_t77);
+    tcase_add_test(tc, mini_t5);
+    tcase_add_test(tc, mini_t30);
+    tcase_add_test(tc, mini_fp8_t30);
+    tcase_add_test(tc, mini_bf16_t30);
+    tcase_add_test(tc, mini_t1100);
+    tcase_add_test(tc, scalar_fallback);
+    tcase_add_test(tc, hash_bad_input_id_is_range_error);
+    tcase_add_test(tc, refusals_name_backend_and_router);
+    tcase_add_test(tc, repeat_forward_is_stable);
+    suite_add_tcase(s, tc);
+    return s;
+}
