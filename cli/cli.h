@@ -43,5 +43,6 @@ int cmd_gen(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_ref(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_run(int argc, char **argv);
 
 #endif

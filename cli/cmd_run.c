@@ -1,0 +1,228 @@
+/* dsv4moe run: run scenario matrices, write report.json and junit.xml, print a summary. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "dsv4moe/run.h"
+#include "dsv4moe/scenario.h"
+
+static const char RUN_HELP[] =
+    "usage: dsv4moe run FILE.yaml... [--report DIR] [--cache DIR] [--backend ref|cpu]\n"
+    "                   [--filter SUBSTRING] [--threads N]\n\n"
+    "Expands each scenario file into its cases (docs/scenarios.md), runs every case's checks\n"
+    "(numerics, determinism, symmetry, memory, empty, clamp_exercised, refusal) and writes\n"
+    "DIR/report.json and DIR/junit.xml. Prints a summary and the details of every failing case.\n\n"
+    "  --report DIR         where the reports go (default out)\n"
+    "  --cache DIR          generated weights and inputs, reused between runs (default DIR/cache)\n"
+    "  --backend B          run ref or cpu in place of every case's ref/cpu backend\n"
+    "                       (cases on cuda keep theirs)\n"
+    "  --filter SUBSTRING   only the cases whose name contains SUBSTRING\n"
+    "  --threads N          threads of the backend and the reference (default 2)\n\n"
+    "exit status: 0 every case passed (or skipped), 1 a case failed, 2 bad input\n";
+
+typedef struct {
+    bool tty;
+    size_t base, total;
+    double t0;
+} progress_state;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void on_progress(void *user, size_t done, size_t total, const dsv4_case_result *last)
+{
+    progress_state *p = user;
+    (void)total;
+    if (!p->tty)
+        return;
+    size_t d = p->base + done;
+    double el = now_s() - p->t0;
+    double left = d ? el / (double)d * (double)(p->total - d) : 0;
+    const char *name = dsv4_case_name(last);
+    size_t nl = strlen(name);
+    fprintf(stderr, "\r\033[K[%zu/%zu] %s  %.0f s left  %s%s", d, p->total, dsv4_result_name(dsv4_case_status(last)),
+            left, nl > 60 ? "..." : "", nl > 60 ? name + nl - 57 : name);
+    fflush(stderr);
+}
+
+static int mkdir_p(const char *path)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf)
+        return -1;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++)
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char s = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return -1;
+            buf[i] = s;
+        }
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    const char *cmd = "run";
+    const char *report = "out", *cache = NULL, *filter = NULL;
+    int backend = -1;
+    int64_t threads = 2;
+    const char **files = calloc((size_t)argc + 1, sizeof *files);
+    int nfiles = 0;
+    if (!files)
+        return cli_failf(cmd, "out of memory");
+    static const char *const opts[] = {"--report", "--cache", "--backend", "--filter", "--threads", NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(RUN_HELP, stdout);
+            free(files);
+            return EXIT_OK;
+        }
+        if (a[0] != '-' || !strcmp(a, "-")) {
+            files[nfiles++] = a;
+            continue;
+        }
+        if (cli_known(cmd, a, opts)) {
+            free(files);
+            return EXIT_BAD_INPUT;
+        }
+        const char *v = cli_value(cmd, argc, argv, &i);
+        if (!v) {
+            free(files);
+            return EXIT_BAD_INPUT;
+        }
+        if (!strcmp(a, "--report"))
+            report = v;
+        else if (!strcmp(a, "--cache"))
+            cache = v;
+        else if (!strcmp(a, "--filter"))
+            filter = v;
+        else if (!strcmp(a, "--backend")) {
+            if (!strcmp(v, "ref"))
+                backend = 0;
+            else if (!strcmp(v, "cpu"))
+                backend = 1;
+            else {
+                free(files);
+                return cli_failf(cmd, "option --backend: '%s' is not ref or cpu", v);
+            }
+        } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads)) {
+            free(files);
+            return EXIT_BAD_INPUT;
+        }
+    }
+    if (nfiles == 0) {
+        free(files);
+        return cli_failf(cmd, "no scenario file given (see dsv4moe run --help)");
+    }
+
+    /* Load every file first: a malformed one is bad input before anything runs. */
+    dsv4_scenario **scns = calloc((size_t)nfiles, sizeof *scns);
+    if (!scns) {
+        free(files);
+        return cli_failf(cmd, "out of memory");
+    }
+    int rc = EXIT_OK;
+    dsv4_error err;
+    dsv4_error_clear(&err);
+    size_t total = 0;
+    for (int f = 0; f < nfiles; f++) {
+        if (dsv4_scenario_load(files[f], &scns[f], &err) != DSV4_OK) {
+            fprintf(stderr, "dsv4moe run: %s\n", err.message);
+            rc = EXIT_BAD_INPUT;
+            goto out;
+        }
+        for (size_t i = 0; i < dsv4_scenario_count(scns[f]); i++)
+            total += !filter || strstr(dsv4_scenario_get(scns[f], i)->name, filter);
+    }
+    if (total == 0) {
+        rc = cli_failf(cmd, "no case %s%s%s", filter ? "matches --filter '" : "to run", filter ? filter : "",
+                       filter ? "'" : "");
+        goto out;
+    }
+    if (mkdir_p(report) != 0) {
+        rc = cli_failf(cmd, "cannot create the report folder '%s': %s", report, strerror(errno));
+        goto out;
+    }
+    char cache_buf[4200];
+    if (!cache) {
+        snprintf(cache_buf, sizeof cache_buf, "%s/cache", report);
+        cache = cache_buf;
+    }
+
+    progress_state ps = {isatty(2) != 0, 0, total, now_s()};
+    dsv4_run_options ro;
+    dsv4_run_options_init(&ro);
+    ro.cache_dir = cache;
+    ro.backend = backend;
+    ro.filter = filter;
+    ro.threads = (int)threads;
+    ro.progress = on_progress;
+    ro.progress_user = &ps;
+    dsv4_run_results *res = NULL;
+    double t0 = now_s();
+    for (int f = 0; f < nfiles; f++) {
+        size_t before = dsv4_run_count(res);
+        if (dsv4_run_scenario(scns[f], &ro, &res, &err) != DSV4_OK) {
+            if (ps.tty)
+                fputs("\r\033[K", stderr);
+            fprintf(stderr, "dsv4moe run: %s: %s\n", files[f], err.message);
+            dsv4_run_results_free(res);
+            rc = EXIT_BAD_INPUT;
+            goto out;
+        }
+        ps.base += dsv4_run_count(res) - before;
+    }
+    double wall = now_s() - t0;
+    if (ps.tty)
+        fputs("\r\033[K", stderr);
+
+    char jpath[4200], xpath[4200];
+    snprintf(jpath, sizeof jpath, "%s/report.json", report);
+    snprintf(xpath, sizeof xpath, "%s/junit.xml", report);
+    if (dsv4_report_json(res, NULL, jpath, &err) || dsv4_report_junit(res, NULL, xpath, &err)) {
+        fprintf(stderr, "dsv4moe run: %s\n", err.message);
+        dsv4_run_results_free(res);
+        rc = EXIT_BAD_INPUT;
+        goto out;
+    }
+
+    dsv4_run_summary s = dsv4_run_summarize(res);
+    printf("dsv4moe run: %zu cases: %zu passed, %zu failed, %zu skipped, %zu errors in %.1f s\n", s.cases, s.passed,
+           s.failed, s.skipped, s.errors, wall);
+    for (size_t i = 0; i < dsv4_run_count(res); i++) {
+        const dsv4_case_result *c = dsv4_run_get(res, i);
+        dsv4_result st = dsv4_case_status(c);
+        if (st != DSV4_RESULT_FAIL && st != DSV4_RESULT_ERROR)
+            continue;
+        printf("\n%s %s\n", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", dsv4_case_name(c));
+        for (int b = 0; b < DSV4_CHECK_COUNT; b++) {
+            const char *detail;
+            dsv4_result r = dsv4_case_check(c, 1u << b, &detail);
+            if (r == DSV4_RESULT_FAIL || r == DSV4_RESULT_ERROR)
+                printf("  %-16s %s: %s\n", dsv4_check_name(1u << b), dsv4_result_name(r), detail);
+        }
+    }
+    printf("\nreports: %s, %s\n", jpath, xpath);
+    rc = s.failed || s.errors ? EXIT_CHECK_FAILED : EXIT_OK;
+    dsv4_run_results_free(res);
+out:
+    for (int f = 0; f < nfiles; f++)
+        dsv4_scenario_free(scns[f]);
+    free(scns);
+    free(files);
+    return rc;
+}

@@ -1,0 +1,1502 @@
+/*
+ * The scenario runner (dsv4moe/run.h): data generation with a cache, the
+ * checks of every case, and the JSON and JUnit reports. The rules of each
+ * check are in docs/scenarios.md ("Checks").
+ */
+#include <errno.h>
+#include <math.h>
+#include <regex.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "dsv4moe/dist.h"
+#include "dsv4moe/backend.h"
+#include "dsv4moe/gen.h"
+#include "dsv4moe/ref.h"
+#include "dsv4moe/run.h"
+#include "err.h"
+
+#define RUN_CACHE_VERSION "dsv4moe-cache-1"
+/* The clamp must be seen once a case has this many tokens (see docs/scenarios.md). */
+#define CLAMP_MIN_TOKENS 8
+/* Tokens of the determinism check when rank 0 has none. */
+#define DETERMINISM_TOKENS 16
+
+/* ---------------- results ---------------- */
+
+typedef struct {
+    dsv4_result r;
+    char *detail;
+} check_rec;
+
+struct dsv4_case_result {
+    char *name;
+    char *scn_name, *scn_path; /* the scenario's name and path */
+    size_t scn;   /* index into results->scns */
+    size_t index; /* in its scenario */
+    int line, col, explicit_index;
+    int *axis_index; /* [n_axes of its scenario] or NULL */
+    dsv4_result status;
+    double seconds;
+    unsigned requested;
+    check_rec checks[DSV4_CHECK_COUNT];
+    bool has_metrics;
+    dsv4_compare_metrics m;
+    dsv4_case_memory mem;
+    /* what the case was */
+    char *preset;
+    dsv4_config cfg;
+    dsv4_topology topo;
+    int n_ranks;
+    int64_t *tokens;
+    bool *replay;
+    uint64_t seed;
+    dsv4_expect expect;
+    char *regex;
+    char *backend; /* the backend that produced the numerics, or NULL */
+};
+
+typedef struct {
+    char *name, *path;
+    size_t n_axes;
+    char **axis_names;
+} scn_rec;
+
+struct dsv4_run_results {
+    dsv4_case_result **cases;
+    size_t n, cap;
+    scn_rec *scns;
+    size_t nscn;
+};
+
+const char *dsv4_result_name(dsv4_result r)
+{
+    switch (r) {
+    case DSV4_RESULT_PASS: return "pass";
+    case DSV4_RESULT_FAIL: return "fail";
+    case DSV4_RESULT_SKIP: return "skip";
+    case DSV4_RESULT_ERROR: return "error";
+    }
+    return "?";
+}
+
+void dsv4_run_options_init(dsv4_run_options *opt)
+{
+    if (!opt)
+        return;
+    memset(opt, 0, sizeof *opt);
+    opt->struct_size = sizeof *opt;
+    opt->cache_dir = NULL;
+    opt->backend = -1;
+    opt->threads = 2;
+}
+
+static char *xstrdup(const char *s)
+{
+    if (!s)
+        return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+static char *xvasprintf(const char *fmt, va_list ap)
+{
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    if (n < 0)
+        return NULL;
+    char *s = malloc((size_t)n + 1);
+    if (s)
+        vsnprintf(s, (size_t)n + 1, fmt, ap);
+    return s;
+}
+
+static int bit_index(unsigned bit)
+{
+    for (int i = 0; i < DSV4_CHECK_COUNT; i++)
+        if (bit == 1u << i)
+            return i;
+    return -1;
+}
+
+/* Sets a check's result (the first setting wins unless `force`). */
+static void set_check(dsv4_case_result *c, unsigned bit, dsv4_result r, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void set_check(dsv4_case_result *c, unsigned bit, dsv4_result r, const char *fmt, ...)
+{
+    int i = bit_index(bit);
+    if (i < 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    char *d = xvasprintf(fmt, ap);
+    va_end(ap);
+    free(c->checks[i].detail);
+    c->checks[i].detail = d;
+    c->checks[i].r = r;
+}
+
+static bool check_set(const dsv4_case_result *c, unsigned bit) { return c->checks[bit_index(bit)].detail != NULL; }
+
+/* Every requested check not yet decided gets `r` with the detail. */
+static void set_rest(dsv4_case_result *c, dsv4_result r, const char *detail)
+{
+    for (int i = 0; i < DSV4_CHECK_COUNT; i++)
+        if ((c->requested & (1u << i)) && !c->checks[i].detail)
+            set_check(c, 1u << i, r, "%s", detail);
+}
+
+static void case_free(dsv4_case_result *c)
+{
+    if (!c)
+        return;
+    free(c->name);
+    free(c->scn_name);
+    free(c->scn_path);
+    free(c->axis_index);
+    for (int i = 0; i < DSV4_CHECK_COUNT; i++)
+        free(c->checks[i].detail);
+    free(c->preset);
+    free(c->tokens);
+    free(c->replay);
+    free(c->regex);
+    free(c->backend);
+    free(c);
+}
+
+void dsv4_run_results_free(dsv4_run_results *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->n; i++)
+        case_free(r->cases[i]);
+    free(r->cases);
+    for (size_t i = 0; i < r->nscn; i++) {
+        free(r->scns[i].name);
+        free(r->scns[i].path);
+        for (size_t a = 0; a < r->scns[i].n_axes; a++)
+            free(r->scns[i].axis_names[a]);
+        free(r->scns[i].axis_names);
+    }
+    free(r->scns);
+    free(r);
+}
+
+size_t dsv4_run_count(const dsv4_run_results *r) { return r ? r->n : 0; }
+const dsv4_case_result *dsv4_run_get(const dsv4_run_results *r, size_t i)
+{
+    return r && i < r->n ? r->cases[i] : NULL;
+}
+
+dsv4_run_summary dsv4_run_summarize(const dsv4_run_results *r)
+{
+    dsv4_run_summary s;
+    memset(&s, 0, sizeof s);
+    for (size_t i = 0; r && i < r->n; i++) {
+        const dsv4_case_result *c = r->cases[i];
+        s.cases++;
+        s.seconds += c->seconds;
+        switch (c->status) {
+        case DSV4_RESULT_PASS: s.passed++; break;
+        case DSV4_RESULT_FAIL: s.failed++; break;
+        case DSV4_RESULT_SKIP: s.skipped++; break;
+        case DSV4_RESULT_ERROR: s.errors++; break;
+        }
+    }
+    return s;
+}
+
+const char *dsv4_case_name(const dsv4_case_result *c) { return c ? c->name : NULL; }
+dsv4_result dsv4_case_status(const dsv4_case_result *c) { return c ? c->status : DSV4_RESULT_ERROR; }
+double dsv4_case_seconds(const dsv4_case_result *c) { return c ? c->seconds : 0; }
+size_t dsv4_case_index(const dsv4_case_result *c) { return c ? c->index : 0; }
+
+dsv4_result dsv4_case_check(const dsv4_case_result *c, unsigned bit, const char **detail)
+{
+    int i = bit_index(bit);
+    if (!c || i < 0) {
+        if (detail)
+            *detail = "no such check";
+        return DSV4_RESULT_ERROR;
+    }
+    if (!c->checks[i].detail) {
+        if (detail)
+            *detail = "not requested";
+        return DSV4_RESULT_SKIP;
+    }
+    if (detail)
+        *detail = c->checks[i].detail;
+    return c->checks[i].r;
+}
+
+bool dsv4_case_metrics(const dsv4_case_result *c, dsv4_compare_metrics *out)
+{
+    if (!c || !c->has_metrics)
+        return false;
+    if (out)
+        *out = c->m;
+    return true;
+}
+
+dsv4_case_memory dsv4_case_memory_of(const dsv4_case_result *c)
+{
+    dsv4_case_memory m;
+    memset(&m, 0, sizeof m);
+    return c ? c->mem : m;
+}
+
+const char *dsv4_case_scenario(const dsv4_case_result *c) { return c ? c->scn_name : NULL; }
+const char *dsv4_case_file(const dsv4_case_result *c) { return c ? c->scn_path : NULL; }
+
+/* ---------------- helpers ---------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t fnv1a(uint64_t h, const char *s)
+{
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static dsv4_status mkdir_p(const char *path, dsv4_error *err)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "bad cache folder '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char save = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return dsv4_seterr(err, DSV4_ERR_IO, buf, "cannot create folder: %s", strerror(errno));
+            buf[i] = save;
+        }
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return dsv4_seterr(err, DSV4_ERR_IO, path, "not a folder");
+    return DSV4_OK;
+}
+
+/* The config fields the generated weights depend on, with the seed. */
+static uint64_t weights_key(const dsv4_config *c, uint64_t seed, char *desc, size_t n)
+{
+    snprintf(desc, n,
+             RUN_CACHE_VERSION " weights H=%lld I=%lld E=%lld K=%lld S=%lld hash=%lld V=%lld L=%lld layer=%lld "
+                               "topp=%d pred=%d routed=%d shared=%d wscale=%d seed=%llu",
+             (long long)c->dim, (long long)c->moe_inter_dim, (long long)c->n_routed_experts,
+             (long long)c->n_activated, (long long)c->n_shared_experts, (long long)c->n_hash_layers,
+             (long long)c->vocab_size, (long long)c->n_layers, (long long)c->layer, c->top_p < 1.0f,
+             (int)c->top_p_predictor, (int)c->routed_format, (int)c->shared_format, (int)c->weight_scale,
+             (unsigned long long)seed);
+    return fnv1a(0xcbf29ce484222325ull, desc);
+}
+
+static uint64_t input_key(const dsv4_config *c, uint64_t seed)
+{
+    char desc[256];
+    snprintf(desc, sizeof desc, RUN_CACHE_VERSION " input H=%lld V=%lld seed=%llu", (long long)c->dim,
+             (long long)c->vocab_size, (unsigned long long)seed);
+    return fnv1a(0xcbf29ce484222325ull, desc);
+}
+
+/* Opens the cached weights, generating them when absent or unreadable. */
+static dsv4_status open_weights(const char *dir, const dsv4_config *cfg, uint64_t seed, dsv4_checkpoint **ck,
+                                dsv4_error *err)
+{
+    char desc[512], path[4200];
+    uint64_t h = weights_key(cfg, seed, desc, sizeof desc);
+    snprintf(path, sizeof path, "%s/w-%016llx.safetensors", dir, (unsigned long long)h);
+    if (access(path, R_OK) == 0 && dsv4_checkpoint_open(path, ck, NULL) == DSV4_OK)
+        return DSV4_OK;
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    o.seed = seed;
+    o.threads = 2;
+    dsv4_status st = dsv4_gen_weights(cfg, &o, path, err);
+    if (st)
+        return st;
+    return dsv4_checkpoint_open(path, ck, err);
+}
+
+/* Opens the cached input pool of at least `tokens` tokens. */
+static dsv4_status open_input(const char *dir, const dsv4_config *cfg, uint64_t seed, int64_t tokens,
+                              dsv4_st_file **in, dsv4_error *err)
+{
+    char path[4200];
+    /* Pools grow in powers of two from 256 tokens, so cases of different sizes share one file
+       (an element depends only on (seed, index), so a longer pool starts with the shorter one). */
+    int64_t pool = 256;
+    while (pool < tokens)
+        pool *= 2;
+    snprintf(path, sizeof path, "%s/in-%016llx-%lld.safetensors", dir, (unsigned long long)input_key(cfg, seed),
+             (long long)pool);
+    if (access(path, R_OK) == 0 && dsv4_st_open(path, in, NULL) == DSV4_OK)
+        return DSV4_OK;
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    o.seed = seed;
+    dsv4_status st = dsv4_gen_input(cfg, &o, pool, path, err);
+    if (st)
+        return st;
+    return dsv4_st_open(path, in, err);
+}
+
+static bool all_bf16(const dsv4_config *c)
+{
+    return c->routed_format == DSV4_FORMAT_BF16 && c->shared_format == DSV4_FORMAT_BF16;
+}
+
+/* The per-quant tolerance; fills why on failure. */
+static bool within_tolerance(const dsv4_config *c, const dsv4_compare_metrics *m, char *why, size_t n)
+{
+    if (m->bad_nonfinite > 0) {
+        snprintf(why, n, "%lld non-finite values where the reference is finite", (long long)m->bad_nonfinite);
+        return false;
+    }
+    if (all_bf16(c)) {
+        if (!(m->deepgemm_diff < 1e-4) || m->ulp_p99 > 1) {
+            snprintf(why, n, "bf16 tolerance (deepgemm_diff < 1e-4, ulp_p99 <= 1) broken: diff %.3g, ulp_p99 %u",
+                     m->deepgemm_diff, m->ulp_p99);
+            return false;
+        }
+    } else {
+        /* An activation on an e4m3 rounding boundary can round the other way when g or u differ
+           by one fp32 accumulation ulp; each such flip moves a whole output row by one e4m3 step
+           times |W2|. So a few elements may leave atol/rtol; the worst must stay a small share
+           of the output's rms, and the overall diff tight. A dropped clamp breaks all three. */
+        int64_t allowed = m->n / 200 > 1 ? m->n / 200 : 1;
+        double worst = DSV4_COMPARE_ATOL + 0.1 * m->rms_ref;
+        if (!(m->deepgemm_diff < 1e-3) || m->tol_violations > allowed || m->max_abs > worst) {
+            snprintf(why, n,
+                     "fp8/fp4 tolerance (deepgemm_diff < 1e-3, at most 0.5 %% of elements (%lld) beyond atol = rtol "
+                     "= 0.035, max |a-b| <= 0.035 + 0.1 rms = %.3g) broken: diff %.3g, %lld beyond, max |a-b| %.3g",
+                     (long long)allowed, worst, m->deepgemm_diff, (long long)m->tol_violations, m->max_abs);
+            return false;
+        }
+    }
+    return true;
+}
+
+static void trace_entry(const dsv4_coll_record *r, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s seq %llu %s %s count %llu '%s'", dsv4_group_name(r->group), (unsigned long long)r->seq,
+             dsv4_coll_op_name(r->op), dsv4_dtype_name(r->dtype), (unsigned long long)r->count, r->tag);
+}
+
+static bool same_fingerprint(const dsv4_coll_record *a, const dsv4_coll_record *b)
+{
+    if (a->group != b->group || a->seq != b->seq || a->op != b->op || a->dtype != b->dtype ||
+        strncmp(a->tag, b->tag, DSV4_COMM_TAG_MAX) != 0)
+        return false;
+    if ((a->op == DSV4_COLL_ALL_REDUCE || a->op == DSV4_COLL_ALL_GATHER) && a->count != b->count)
+        return false;
+    return true;
+}
+
+/* ---------------- one case ---------------- */
+
+typedef struct {
+    const dsv4_run_options *o;
+    const char *cache;
+} run_ctx;
+
+static int64_t sum_tokens(const dsv4_scenario_case *sc)
+{
+    int64_t s = 0;
+    for (int r = 0; r < sc->n_ranks; r++)
+        s += sc->tokens[r];
+    return s;
+}
+
+/* Slice offsets: tp ranks of one block share their block's slice. */
+static void slice_offsets(const dsv4_topology *t, const int64_t *tokens, int n, int64_t *off)
+{
+    int tp = t->tp >= 1 ? t->tp : 1;
+    int64_t o = 0;
+    for (int r = 0; r < n; r++) {
+        if (r % tp == 0) {
+            off[r] = o;
+            o += tokens[r];
+        } else {
+            off[r] = off[r - r % tp];
+        }
+    }
+}
+
+/* Runs the reference on [off, off + T) of the pool. */
+static dsv4_status ref_run(dsv4_ref *ref, const dsv4_config *cfg, const uint16_t *x, const int32_t *ids, int64_t off,
+                           int64_t T, uint16_t *y, int32_t *topk, float *w, dsv4_ref_stats *stats, dsv4_error *e)
+{
+    dsv4_ref_output out;
+    memset(&out, 0, sizeof out);
+    out.y = y;
+    out.topk_ids = topk;
+    out.topk_weights = w;
+    dsv4_status st = dsv4_ref_forward(ref, T, x + off * cfg->dim, ids + off, &out, e);
+    if (!st && stats)
+        *stats = out.stats;
+    return st;
+}
+
+static void finish_status(dsv4_case_result *c)
+{
+    bool any_pass = false, any_fail = false, any_error = false;
+    for (int i = 0; i < DSV4_CHECK_COUNT; i++) {
+        if (!c->checks[i].detail)
+            continue;
+        any_pass |= c->checks[i].r == DSV4_RESULT_PASS;
+        any_fail |= c->checks[i].r == DSV4_RESULT_FAIL;
+        any_error |= c->checks[i].r == DSV4_RESULT_ERROR;
+    }
+    c->status = any_error ? DSV4_RESULT_ERROR
+                : any_fail ? DSV4_RESULT_FAIL
+                : any_pass ? DSV4_RESULT_PASS
+                           : DSV4_RESULT_SKIP;
+}
+
+static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case_result *c)
+{
+    const unsigned req = sc->checks;
+    c->requested = req;
+    const int world = sc->n_ranks;
+    dsv4_topology topo = sc->topology;
+    if (ctx->o->backend >= 0 && topo.backend != DSV4_BACKEND_CUDA)
+        topo.backend = (dsv4_backend_kind)ctx->o->backend;
+    c->topo = topo;
+    const dsv4_config *cfg = &sc->config;
+    dsv4_error e;
+    dsv4_error_clear(&e);
+
+    /* ---- plans (refusal) ---- */
+    dsv4_plan **plans = calloc((size_t)world, sizeof *plans);
+    if (!plans) {
+        set_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_ERROR, "out of memory");
+        set_rest(c, DSV4_RESULT_ERROR, "out of memory");
+        return;
+    }
+    bool refused = false;
+    char refusal[DSV4_ERROR_MESSAGE_MAX + 128] = "";
+    if (sc->config_status != DSV4_OK) {
+        refused = true;
+        snprintf(refusal, sizeof refusal, "%s", sc->config_error ? sc->config_error : "invalid config");
+    } else {
+        for (int r = 0; r < world && !refused; r++) {
+            dsv4_topology t = topo;
+            t.rank = r;
+            if (dsv4_plan_create(cfg, &t, &sc->budget, &plans[r], &e) != DSV4_OK) {
+                refused = true;
+                snprintf(refusal, sizeof refusal, "rank %d: %s", r, e.message);
+            }
+        }
+    }
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    dsv4_ref *ref1 = NULL, *ref2 = NULL;
+    dsv4_backend *be = NULL;
+    dsv4_plan *fallback_plan = NULL;
+    uint16_t *y = NULL, *yr = NULL;
+    int32_t *ids_b = NULL, *ids_r = NULL;
+    float *w_b = NULL, *w_r = NULL;
+    dsv4_dist_rank *ranks = NULL;
+    int64_t *off = NULL;
+
+    if (sc->expect == DSV4_EXPECT_REFUSED) {
+        if (!refused) {
+            set_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL,
+                      "expected a refusal matching /%s/, but the plan was accepted on all %d ranks",
+                      sc->refused_regex ? sc->refused_regex : "", world);
+        } else {
+            regex_t re;
+            int rc = regcomp(&re, sc->refused_regex ? sc->refused_regex : "", REG_EXTENDED | REG_NOSUB);
+            if (rc != 0) {
+                set_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_ERROR, "refused_regex /%s/ does not compile",
+                          sc->refused_regex);
+            } else {
+                if (regexec(&re, refusal, 0, NULL, 0) == 0)
+                    set_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "refused as expected: %s", refusal);
+                else
+                    set_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL,
+                              "refused, but the message does not match /%s/: %s", sc->refused_regex, refusal);
+                regfree(&re);
+            }
+        }
+        set_rest(c, DSV4_RESULT_SKIP, "not run: the case expects a refusal");
+        goto done;
+    }
+    if (refused) {
+        /* Reported even when the case did not ask for the refusal check. */
+        set_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "the plan was refused, but the case expects pass: %s",
+                  refusal);
+        set_rest(c, DSV4_RESULT_SKIP, "not run: the plan was refused");
+        goto done;
+    }
+    if (req & DSV4_CHECK_REFUSAL)
+        set_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "the plan was accepted on all %d ranks, as expected",
+                  world);
+
+    /* ---- memory: planned maximum within the budget ---- */
+    {
+        c->mem.available = UINT64_MAX;
+        char bad[512] = "";
+        for (int r = 0; r < world; r++) {
+            uint64_t mx = dsv4_plan_workspace_max(plans[r]), av = dsv4_plan_budget_available(plans[r]);
+            if (mx > c->mem.planned_max)
+                c->mem.planned_max = mx;
+            if (av < c->mem.available)
+                c->mem.available = av;
+            if (mx > av && !bad[0])
+                snprintf(bad, sizeof bad, "rank %d: planned maximum %llu bytes above the %llu bytes available", r,
+                         (unsigned long long)mx, (unsigned long long)av);
+        }
+        if (bad[0] && (req & DSV4_CHECK_MEMORY))
+            set_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_FAIL, "%s", bad);
+    }
+
+    const unsigned needs_run = DSV4_CHECK_NUMERICS | DSV4_CHECK_DETERMINISM | DSV4_CHECK_SYMMETRY |
+                               DSV4_CHECK_MEMORY | DSV4_CHECK_EMPTY | DSV4_CHECK_CLAMP_EXERCISED;
+    if (!(req & needs_run))
+        goto done;
+
+    /* ---- data ---- */
+    const int64_t total = sum_tokens(sc);
+    const int64_t H = cfg->dim, K = cfg->n_activated;
+    int64_t pool = total > DETERMINISM_TOKENS ? total : DETERMINISM_TOKENS;
+    if (open_weights(ctx->cache, cfg, sc->seed, &ck, &e) || open_input(ctx->cache, cfg, sc->seed, pool, &in, &e)) {
+        char msg[DSV4_ERROR_MESSAGE_MAX + 128];
+        snprintf(msg, sizeof msg, "data generation failed: %s", e.message);
+        set_rest(c, DSV4_RESULT_ERROR, msg);
+        goto done;
+    }
+    const dsv4_tensor_info *tx = dsv4_st_find(in, "x"), *tid = dsv4_st_find(in, "input_ids");
+    if (!tx || !tid) {
+        set_rest(c, DSV4_RESULT_ERROR, "the input file has no x or input_ids");
+        goto done;
+    }
+    const uint16_t *X = tx->data;
+    const int32_t *IDS = tid->data;
+
+    if (dsv4_ref_create(cfg, ck, 1, &ref1, &e)) {
+        char msg[DSV4_ERROR_MESSAGE_MAX + 128];
+        snprintf(msg, sizeof msg, "the reference would not start: %s", e.message);
+        set_rest(c, DSV4_RESULT_ERROR, msg);
+        goto done;
+    }
+
+    off = calloc((size_t)world, sizeof *off);
+    /* The whole case's outputs, rank after rank: y [sum T, H], ids/w [sum T, K]. */
+    int64_t all_rows = 0;
+    for (int r = 0; r < world; r++)
+        all_rows += sc->tokens[r];
+    y = calloc((size_t)(all_rows * H + 1), 2);
+    yr = calloc((size_t)(all_rows * H + 1), 2);
+    ids_b = calloc((size_t)(all_rows * K + 1), 4);
+    ids_r = calloc((size_t)(all_rows * K + 1), 4);
+    w_b = calloc((size_t)(all_rows * K + 1), 4);
+    w_r = calloc((size_t)(all_rows * K + 1), 4);
+    if (!off || !y || !yr || !ids_b || !ids_r || !w_b || !w_r) {
+        set_rest(c, DSV4_RESULT_ERROR, "out of memory");
+        goto done;
+    }
+    slice_offsets(&topo, sc->tokens, world, off);
+
+    /* ---- the reference on every rank's tokens (numerics, clamp_exercised) ---- */
+    dsv4_ref_stats rs_sum;
+    memset(&rs_sum, 0, sizeof rs_sum);
+    bool ref_ok = true;
+    {
+        int64_t row = 0;
+        for (int r = 0; r < world && ref_ok; r++) {
+            dsv4_ref_stats rs;
+            if (ref_run(ref1, cfg, X, IDS, off[r], sc->tokens[r], yr + row * H, ids_r + row * K, w_r + row * K, &rs,
+                        &e)) {
+                char msg[DSV4_ERROR_MESSAGE_MAX + 128];
+                snprintf(msg, sizeof msg, "the reference failed on rank %d's tokens: %s", r, e.message);
+                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_ERROR, "%s", msg);
+                set_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_ERROR, "%s", msg);
+                ref_ok = false;
+                break;
+            }
+            rs_sum.tokens += rs.tokens;
+            rs_sum.routed_values += rs.routed_values;
+            rs_sum.routed_g_clamped += rs.routed_g_clamped;
+            rs_sum.routed_u_clamped += rs.routed_u_clamped;
+            rs_sum.shared_g_clamped += rs.shared_g_clamped;
+            rs_sum.shared_u_clamped += rs.shared_u_clamped;
+            row += sc->tokens[r];
+        }
+    }
+
+    /* ---- clamp_exercised ---- */
+    if ((req & DSV4_CHECK_CLAMP_EXERCISED) && ref_ok) {
+        if (!(cfg->swiglu_limit > 0))
+            set_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_SKIP, "not applicable (swiglu_limit 0)");
+        else if (rs_sum.tokens < CLAMP_MIN_TOKENS)
+            set_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_SKIP, "not applicable (T < %d: %lld tokens)",
+                      CLAMP_MIN_TOKENS, (long long)rs_sum.tokens);
+        else if (rs_sum.routed_g_clamped + rs_sum.routed_u_clamped > 0)
+            set_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_PASS,
+                      "%llu g and %llu u of %llu routed values clamped at L = %g over %lld tokens",
+                      (unsigned long long)rs_sum.routed_g_clamped, (unsigned long long)rs_sum.routed_u_clamped,
+                      (unsigned long long)rs_sum.routed_values, (double)cfg->swiglu_limit,
+                      (long long)rs_sum.tokens);
+        else
+            set_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_FAIL,
+                      "no routed g or u value exceeded L = %g in %llu values over %lld tokens: a dropped clamp "
+                      "would not be seen",
+                      (double)cfg->swiglu_limit, (unsigned long long)rs_sum.routed_values, (long long)rs_sum.tokens);
+    }
+
+    /* ---- determinism: the reference at 1 and 2 threads ---- */
+    if (req & DSV4_CHECK_DETERMINISM) {
+        int64_t T = sc->tokens[0] > 0 ? sc->tokens[0] : DETERMINISM_TOKENS;
+        int64_t o = sc->tokens[0] > 0 ? off[0] : 0;
+        uint16_t *y1 = calloc((size_t)(T * H), 2), *y2 = calloc((size_t)(T * H), 2);
+        int32_t *i1 = calloc((size_t)(T * K), 4), *i2 = calloc((size_t)(T * K), 4);
+        float *w1 = calloc((size_t)(T * K), 4), *w2 = calloc((size_t)(T * K), 4);
+        if (!y1 || !y2 || !i1 || !i2 || !w1 || !w2) {
+            set_check(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_ERROR, "out of memory");
+        } else if (dsv4_ref_create(cfg, ck, 2, &ref2, &e) ||
+                   ref_run(ref1, cfg, X, IDS, o, T, y1, i1, w1, NULL, &e) ||
+                   ref_run(ref2, cfg, X, IDS, o, T, y2, i2, w2, NULL, &e)) {
+            set_check(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_ERROR, "the reference failed: %s", e.message);
+        } else {
+            dsv4_ref_output a = {.y = y1, .topk_ids = i1, .topk_weights = w1};
+            dsv4_ref_output b = {.y = y2, .topk_ids = i2, .topk_weights = w2};
+            uint64_t h1 = dsv4_ref_hash(cfg, T, &a), h2 = dsv4_ref_hash(cfg, T, &b);
+            if (h1 == h2)
+                set_check(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_PASS,
+                          "hash %016llx at 1 and 2 threads over %lld tokens", (unsigned long long)h1, (long long)T);
+            else
+                set_check(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_FAIL,
+                          "hash %016llx at 1 thread, %016llx at 2 threads over %lld tokens", (unsigned long long)h1,
+                          (unsigned long long)h2, (long long)T);
+        }
+        free(y1), free(y2), free(i1), free(i2), free(w1), free(w2);
+    }
+
+    const unsigned after = DSV4_CHECK_NUMERICS | DSV4_CHECK_SYMMETRY | DSV4_CHECK_MEMORY | DSV4_CHECK_EMPTY;
+    if (!(req & after))
+        goto done;
+
+    if (world == 1) {
+        /* ---- one rank: the backend against the reference ---- */
+        if (req & DSV4_CHECK_SYMMETRY)
+            set_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_SKIP, "not applicable (one rank)");
+        const int64_t T = sc->tokens[0];
+        if (topo.backend == DSV4_BACKEND_CUDA) {
+            set_rest(c, DSV4_RESULT_SKIP, "skipped: no CUDA in this build");
+            goto done;
+        }
+        const dsv4_plan *plan = plans[0];
+        const char *note = "";
+        dsv4_status st = dsv4_backend_create(plan, ck, ctx->o->threads, &be, &e);
+        if (st == DSV4_ERR_UNSUPPORTED && topo.backend == DSV4_BACKEND_CPU) {
+            /* The CPU backend is not part of this build: the reference backend stands in. */
+            dsv4_topology t = topo;
+            t.backend = DSV4_BACKEND_REF;
+            if (dsv4_plan_create(cfg, &t, &sc->budget, &fallback_plan, &e) == DSV4_OK &&
+                dsv4_backend_create(fallback_plan, ck, ctx->o->threads, &be, &e) == DSV4_OK) {
+                plan = fallback_plan;
+                st = DSV4_OK;
+                note = " (cpu backend unavailable: fell back to ref)";
+            }
+        }
+        if (st) {
+            char msg[DSV4_ERROR_MESSAGE_MAX + 128];
+            snprintf(msg, sizeof msg, "the %s backend would not start: %s", dsv4_backend_kind_name(topo.backend),
+                     e.message);
+            set_rest(c, DSV4_RESULT_ERROR, msg);
+            goto done;
+        }
+        free(c->backend);
+        c->backend = xstrdup(dsv4_backend_name(be));
+        dsv4_forward_out fo = {.y = y, .topk_ids = ids_b, .topk_weights = w_b};
+        st = dsv4_backend_forward(be, T, X + off[0] * H, IDS + off[0], &fo, &e);
+        dsv4_backend_stats bs = dsv4_backend_get_stats(be);
+        bool replay = topo.cuda_graph && sc->replay[0] && dsv4_plan_can_replay(plan, T);
+        c->mem.planned_step = dsv4_plan_workspace_bytes(plan, T, replay);
+        c->mem.peak = bs.workspace_peak;
+        c->mem.measured = true;
+        if (st) {
+            char msg[DSV4_ERROR_MESSAGE_MAX + 128];
+            snprintf(msg, sizeof msg, "the %s backend failed at T = %lld: %s", dsv4_backend_name(be), (long long)T,
+                     e.message);
+            set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s", msg);
+            set_check(c, DSV4_CHECK_EMPTY, T == 0 ? DSV4_RESULT_FAIL : DSV4_RESULT_SKIP, "%s", msg);
+            set_rest(c, DSV4_RESULT_SKIP, "not run: the backend failed");
+            goto done;
+        }
+        if ((req & DSV4_CHECK_NUMERICS) && ref_ok) {
+            if (T == 0) {
+                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "nothing to compare (0 tokens)%s", note);
+            } else if (!dsv4_compare_bf16(y, yr, T * H, &c->m)) {
+                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_ERROR, "comparison failed (out of memory)");
+            } else {
+                c->has_metrics = true;
+                char line[512], why[256];
+                dsv4_compare_format(&c->m, line, sizeof line);
+                if (within_tolerance(cfg, &c->m, why, sizeof why))
+                    set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "%s vs ref%s: %s", dsv4_backend_name(be),
+                              note, line);
+                else
+                    set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s vs ref%s: %s; %s",
+                              dsv4_backend_name(be), note, why, line);
+            }
+        }
+        if ((req & DSV4_CHECK_MEMORY) && !check_set(c, DSV4_CHECK_MEMORY)) {
+            if (bs.workspace_peak <= c->mem.planned_step)
+                set_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS,
+                          "planned maximum %llu <= available %llu; measured peak %llu <= planned %llu for T = %lld%s",
+                          (unsigned long long)c->mem.planned_max, (unsigned long long)c->mem.available,
+                          (unsigned long long)bs.workspace_peak, (unsigned long long)c->mem.planned_step,
+                          (long long)T, bs.workspace_peak == 0 ? " (the backend measured nothing)" : "");
+            else
+                set_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_FAIL,
+                          "measured peak %llu bytes above the %llu planned for T = %lld (%s backend)",
+                          (unsigned long long)bs.workspace_peak, (unsigned long long)c->mem.planned_step,
+                          (long long)T, dsv4_backend_name(be));
+        }
+        if (req & DSV4_CHECK_EMPTY) {
+            if (T != 0)
+                set_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_SKIP, "not applicable (no rank with 0 tokens)");
+            else if (bs.launches == 0)
+                set_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_PASS,
+                          "T = 0: the %s backend returned with 0 launches (%llu empty groups skipped)",
+                          dsv4_backend_name(be), (unsigned long long)bs.empty_skips);
+            else
+                set_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_FAIL, "T = 0: the %s backend launched %llu groups",
+                          dsv4_backend_name(be), (unsigned long long)bs.launches);
+        }
+        goto done;
+    }
+
+    /* ---- several ranks: the distributed driver (reference arithmetic) ---- */
+    if (world > DSV4_COMM_MAX_RANKS) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "not run: world %d above the %d ranks the simulator holds", world,
+                 DSV4_COMM_MAX_RANKS);
+        set_rest(c, DSV4_RESULT_SKIP, msg);
+        goto done;
+    }
+    ranks = calloc((size_t)world, sizeof *ranks);
+    if (!ranks) {
+        set_rest(c, DSV4_RESULT_ERROR, "out of memory");
+        goto done;
+    }
+    {
+        int64_t row = 0;
+        for (int r = 0; r < world; r++) {
+            ranks[r].tokens = sc->tokens[r];
+            ranks[r].x = X + off[r] * H;
+            ranks[r].input_ids = IDS + off[r];
+            ranks[r].can_replay = sc->replay[r];
+            ranks[r].y = y + row * H;
+            ranks[r].topk_ids = ids_b + row * K;
+            ranks[r].topk_weights = w_b + row * K;
+            row += sc->tokens[r];
+        }
+    }
+    free(c->backend);
+    c->backend = xstrdup("dist");
+    dsv4_dist_options dopt;
+    dsv4_dist_options_init(&dopt);
+    dsv4_status dst = dsv4_dist_forward(cfg, ck, &topo, &sc->budget, &dopt, ranks, &e);
+    char dmsg[DSV4_ERROR_MESSAGE_MAX + 128] = "";
+    if (dst)
+        snprintf(dmsg, sizeof dmsg, "the distributed step failed: %s", e.message);
+
+    /* numerics */
+    if (req & DSV4_CHECK_NUMERICS) {
+        if (dst) {
+            set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s", dmsg);
+        } else if (ref_ok) {
+            bool bitwise = topo.tp <= 1;
+            char bad[512] = "";
+            int64_t row = 0;
+            for (int r = 0; r < world && !bad[0]; r++) {
+                int64_t n = sc->tokens[r] * H;
+                if (bitwise) {
+                    if (memcmp(y + row * H, yr + row * H, (size_t)n * 2) != 0) {
+                        int64_t i = 0;
+                        while (i < n && y[row * H + i] == yr[row * H + i])
+                            i++;
+                        snprintf(bad, sizeof bad,
+                                 "rank %d differs from the reference (ep sharding must be bit-identical): first at "
+                                 "token %lld channel %lld: 0x%04x vs 0x%04x",
+                                 r, (long long)(i / H), (long long)(i % H), y[row * H + i], yr[row * H + i]);
+                    }
+                } else {
+                    dsv4_compare_metrics m;
+                    char why[256];
+                    if (n > 0 && dsv4_compare_bf16(y + row * H, yr + row * H, n, &m) &&
+                        !within_tolerance(cfg, &m, why, sizeof why))
+                        snprintf(bad, sizeof bad, "rank %d: %s", r, why);
+                }
+                row += sc->tokens[r];
+            }
+            if (all_rows > 0 && dsv4_compare_bf16(y, yr, all_rows * H, &c->m))
+                c->has_metrics = true;
+            char line[512] = "nothing compared (0 tokens)";
+            if (c->has_metrics)
+                dsv4_compare_format(&c->m, line, sizeof line);
+            if (bad[0])
+                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s; all ranks: %s", bad, line);
+            else
+                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "%d ranks %s the reference: %s", world,
+                          bitwise ? "bit-identical to" : "within tolerance of", line);
+        }
+    }
+
+    /* symmetry */
+    if (req & DSV4_CHECK_SYMMETRY) {
+        char bad[1024] = "";
+        for (int r = 1; r < world && !bad[0]; r++) {
+            size_t n0 = ranks[0].trace_len, nr = ranks[r].trace_len, n = n0 < nr ? n0 : nr;
+            size_t i = 0;
+            while (i < n && same_fingerprint(&ranks[0].trace[i], &ranks[r].trace[i]))
+                i++;
+            if (i < n || n0 != nr) {
+                char a[192] = "(none)", b[192] = "(none)";
+                if (i < n0)
+                    trace_entry(&ranks[0].trace[i], a, sizeof a);
+                if (i < nr)
+                    trace_entry(&ranks[r].trace[i], b, sizeof b);
+                snprintf(bad, sizeof bad,
+                         "collective #%zu differs: rank 0 [%s] vs rank %d [%s] (rank 0 issued %zu, rank %d %zu)", i, a,
+                         r, b, n0, r, nr);
+            }
+        }
+        if (bad[0])
+            set_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_FAIL, "%s%s%s", bad, dst ? "; " : "", dst ? dmsg : "");
+        else if (dst)
+            set_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_FAIL, "%s", dmsg);
+        else
+            set_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, "%d ranks issued the same %zu collectives", world,
+                      ranks[0].trace_len);
+    }
+
+    /* memory: measured peak within the step's plan */
+    {
+        char bad[512] = "";
+        for (int r = 0; r < world; r++) {
+            if (ranks[r].workspace_planned > c->mem.planned_step)
+                c->mem.planned_step = ranks[r].workspace_planned;
+            if (ranks[r].workspace_peak > c->mem.peak)
+                c->mem.peak = ranks[r].workspace_peak;
+            if (ranks[r].workspace_peak > ranks[r].workspace_planned && !bad[0])
+                snprintf(bad, sizeof bad, "rank %d: measured peak %llu bytes above the %llu planned for the step", r,
+                         (unsigned long long)ranks[r].workspace_peak, (unsigned long long)ranks[r].workspace_planned);
+        }
+        c->mem.measured = dst == DSV4_OK;
+        if ((req & DSV4_CHECK_MEMORY) && !check_set(c, DSV4_CHECK_MEMORY)) {
+            if (dst)
+                set_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_FAIL, "%s", dmsg);
+            else if (bad[0])
+                set_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_FAIL, "%s", bad);
+            else
+                set_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS,
+                          "planned maximum %llu <= available %llu on every rank; measured peak %llu <= planned %llu",
+                          (unsigned long long)c->mem.planned_max, (unsigned long long)c->mem.available,
+                          (unsigned long long)c->mem.peak, (unsigned long long)c->mem.planned_step);
+        }
+    }
+
+    /* empty */
+    if (req & DSV4_CHECK_EMPTY) {
+        int n_empty = 0, ref_rank = -1;
+        for (int r = 0; r < world; r++) {
+            if (sc->tokens[r] == 0)
+                n_empty++;
+            else if (ref_rank < 0)
+                ref_rank = r;
+        }
+        if (n_empty == 0) {
+            set_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_SKIP, "not applicable (no rank with 0 tokens)");
+        } else if (dst) {
+            set_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_FAIL, "%s", dmsg);
+        } else {
+            if (ref_rank < 0)
+                ref_rank = 0; /* every rank empty: they must still agree with each other */
+            char bad[256] = "";
+            for (int r = 0; r < world && !bad[0]; r++)
+                if (sc->tokens[r] == 0 && ranks[r].trace_len != ranks[ref_rank].trace_len)
+                    snprintf(bad, sizeof bad, "rank %d (0 tokens) issued %zu collectives, rank %d issued %zu", r,
+                             ranks[r].trace_len, ref_rank, ranks[ref_rank].trace_len);
+            if (bad[0])
+                set_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_FAIL, "%s", bad);
+            else
+                set_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_PASS,
+                          "%d of %d ranks had 0 tokens and took part in all %zu collectives", n_empty, world,
+                          ranks[ref_rank].trace_len);
+        }
+    }
+
+done:
+    if (ranks)
+        for (int r = 0; r < world; r++)
+            dsv4_dist_rank_release(&ranks[r]);
+    free(ranks);
+    free(off);
+    free(y), free(yr), free(ids_b), free(ids_r), free(w_b), free(w_r);
+    dsv4_backend_free(be);
+    dsv4_plan_free(fallback_plan);
+    dsv4_ref_free(ref1);
+    dsv4_ref_free(ref2);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+    for (int r = 0; r < world; r++)
+        dsv4_plan_free(plans[r]);
+    free(plans);
+    if (c->mem.available == UINT64_MAX)
+        c->mem.available = 0;
+    finish_status(c);
+}
+
+/* ---------------- the scenario ---------------- */
+
+static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, size_t i, const dsv4_scenario_case *sc)
+{
+    dsv4_case_result *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->name = xstrdup(sc->name);
+    c->scn_name = xstrdup(dsv4_scenario_name(scn));
+    c->scn_path = xstrdup(dsv4_scenario_path(scn));
+    c->scn = scn_index;
+    c->index = i;
+    c->line = sc->line;
+    c->col = sc->col;
+    c->explicit_index = sc->explicit_index;
+    size_t na = dsv4_scenario_axis_count(scn);
+    if (sc->axis_index && na) {
+        c->axis_index = malloc(na * sizeof *c->axis_index);
+        if (c->axis_index)
+            memcpy(c->axis_index, sc->axis_index, na * sizeof *c->axis_index);
+    }
+    c->preset = xstrdup(sc->preset);
+    c->cfg = sc->config;
+    c->topo = sc->topology;
+    c->n_ranks = sc->n_ranks;
+    c->tokens = malloc((size_t)sc->n_ranks * sizeof *c->tokens);
+    c->replay = malloc((size_t)sc->n_ranks * sizeof *c->replay);
+    c->seed = sc->seed;
+    c->expect = sc->expect;
+    c->regex = xstrdup(sc->refused_regex);
+    if (!c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay || (na && sc->axis_index && !c->axis_index)) {
+        case_free(c);
+        return NULL;
+    }
+    memcpy(c->tokens, sc->tokens, (size_t)sc->n_ranks * sizeof *c->tokens);
+    memcpy(c->replay, sc->replay, (size_t)sc->n_ranks * sizeof *c->replay);
+    return c;
+}
+
+dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, dsv4_run_results **results,
+                              dsv4_error *err)
+{
+    if (!scn || !results)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "scenario and results must not be NULL");
+    dsv4_run_options defaults;
+    dsv4_run_options_init(&defaults);
+    if (!opts)
+        opts = &defaults;
+    if (opts->struct_size != sizeof(dsv4_run_options))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "options struct_size %u unknown (expected %zu)",
+                           opts->struct_size, sizeof(dsv4_run_options));
+    if (opts->threads < 1 || opts->threads > 256)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "threads %d is outside [1, 256]", opts->threads);
+    if (opts->backend != -1 && opts->backend != DSV4_BACKEND_REF && opts->backend != DSV4_BACKEND_CPU)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "backend %d is not -1, ref or cpu", opts->backend);
+    run_ctx ctx = {opts, opts->cache_dir && opts->cache_dir[0] ? opts->cache_dir : "out/cache"};
+    dsv4_status st = mkdir_p(ctx.cache, err);
+    if (st)
+        return st;
+
+    bool created = false;
+    dsv4_run_results *R = *results;
+    if (!R) {
+        R = calloc(1, sizeof *R);
+        if (!R)
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, "run", "out of memory");
+        created = true;
+    }
+    /* Record the scenario. */
+    scn_rec *ns = realloc(R->scns, (R->nscn + 1) * sizeof *ns);
+    if (!ns)
+        goto nomem;
+    R->scns = ns;
+    scn_rec *sr = &R->scns[R->nscn];
+    memset(sr, 0, sizeof *sr);
+    sr->name = xstrdup(dsv4_scenario_name(scn));
+    sr->path = xstrdup(dsv4_scenario_path(scn));
+    sr->n_axes = dsv4_scenario_axis_count(scn);
+    sr->axis_names = calloc(sr->n_axes + 1, sizeof *sr->axis_names);
+    R->nscn++;
+    if (!sr->name || !sr->path || !sr->axis_names)
+        goto nomem;
+    for (size_t a = 0; a < sr->n_axes; a++)
+        if (!(sr->axis_names[a] = xstrdup(dsv4_scenario_axis_name(scn, a))))
+            goto nomem;
+    size_t scn_index = R->nscn - 1;
+
+    size_t n = dsv4_scenario_count(scn), total = 0, done = 0;
+    for (size_t i = 0; i < n; i++) {
+        const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
+        total += !opts->filter || strstr(sc->name, opts->filter);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
+        if (opts->filter && !strstr(sc->name, opts->filter))
+            continue;
+        if (R->n == R->cap) {
+            size_t cap = R->cap ? R->cap * 2 : 64;
+            dsv4_case_result **nc = realloc(R->cases, cap * sizeof *nc);
+            if (!nc)
+                goto nomem;
+            R->cases = nc;
+            R->cap = cap;
+        }
+        dsv4_case_result *c = new_case(scn, scn_index, i, sc);
+        if (!c)
+            goto nomem;
+        double t0 = now_s();
+        run_case(&ctx, sc, c);
+        c->seconds = now_s() - t0;
+        R->cases[R->n++] = c;
+        done++;
+        if (opts->progress)
+            opts->progress(opts->progress_user, done, total, c);
+    }
+    *results = R;
+    return DSV4_OK;
+nomem:
+    if (created)
+        dsv4_run_results_free(R);
+    else
+        *results = R;
+    return dsv4_seterr(err, DSV4_ERR_NOMEM, "run", "out of memory");
+}
+
+/* ---------------- reports ---------------- */
+
+static dsv4_status write_atomic(const char *path, const char *data, size_t len, dsv4_error *err)
+{
+    static unsigned counter;
+    size_t n = strlen(path) + 64;
+    char *tmp = malloc(n);
+    if (!tmp)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
+    snprintf(tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        dsv4_status st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot create '%s': %s", tmp, strerror(errno));
+        free(tmp);
+        return st;
+    }
+    bool ok = fwrite(data, 1, len, f) == len;
+    ok = fflush(f) == 0 && ok;
+    ok = fsync(fileno(f)) == 0 && ok;
+    int saved = errno;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        if (ok)
+            saved = errno;
+        unlink(tmp);
+        free(tmp);
+        return dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write: %s", strerror(saved));
+    }
+    free(tmp);
+    return DSV4_OK;
+}
+
+static bool case_in(const dsv4_case_result *c, const dsv4_scenario *scn)
+{
+    return !scn || (!strcmp(c->scn_name, dsv4_scenario_name(scn)) && !strcmp(c->scn_path, dsv4_scenario_path(scn)));
+}
+
+static json_t *jreal(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+static json_t *jstr(const char *s) { return s ? json_string(s) : json_null(); }
+static json_t *ju64(uint64_t v) { return json_integer((json_int_t)v); }
+
+static json_t *metrics_json(const dsv4_compare_metrics *m)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "n", json_integer(m->n));
+    json_object_set_new(o, "max_abs", jreal(m->max_abs));
+    json_object_set_new(o, "max_rel", jreal(m->max_rel));
+    json_object_set_new(o, "nmse", jreal(m->nmse));
+    json_object_set_new(o, "deepgemm_diff", jreal(m->deepgemm_diff));
+    json_object_set_new(o, "rms_ref", jreal(m->rms_ref));
+    json_object_set_new(o, "ulp_p50", ju64(m->ulp_p50));
+    json_object_set_new(o, "ulp_p90", ju64(m->ulp_p90));
+    json_object_set_new(o, "ulp_p99", ju64(m->ulp_p99));
+    json_object_set_new(o, "ulp_p999", ju64(m->ulp_p999));
+    json_object_set_new(o, "ulp_max", ju64(m->ulp_max));
+    json_object_set_new(o, "ulp_nonzero", json_integer(m->ulp_nonzero));
+    json_object_set_new(o, "tol_violations", json_integer(m->tol_violations));
+    json_object_set_new(o, "bad_nonfinite", json_integer(m->bad_nonfinite));
+    json_object_set_new(o, "ref_nonfinite", json_integer(m->ref_nonfinite));
+    json_object_set_new(o, "finite_ok", json_boolean(m->finite_ok));
+    return o;
+}
+
+static json_t *case_json(const dsv4_run_results *R, const dsv4_case_result *c)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "name", jstr(c->name));
+    json_object_set_new(o, "scenario", jstr(c->scn_name));
+    json_object_set_new(o, "file", jstr(c->scn_path));
+    json_object_set_new(o, "index", json_integer((json_int_t)c->index));
+    json_object_set_new(o, "line", json_integer(c->line));
+    json_object_set_new(o, "col", json_integer(c->col));
+    json_object_set_new(o, "status", json_string(dsv4_result_name(c->status)));
+    json_object_set_new(o, "seconds", jreal(c->seconds));
+    json_t *axes = json_array();
+    const scn_rec *sr = &R->scns[c->scn];
+    if (c->axis_index)
+        for (size_t a = 0; a < sr->n_axes; a++) {
+            json_t *ax = json_object();
+            json_object_set_new(ax, "name", jstr(sr->axis_names[a]));
+            json_object_set_new(ax, "index", json_integer(c->axis_index[a]));
+            json_array_append_new(axes, ax);
+        }
+    json_object_set_new(o, "axes", axes);
+    json_object_set_new(o, "explicit_index", c->explicit_index >= 0 ? json_integer(c->explicit_index) : json_null());
+    json_object_set_new(o, "preset", jstr(c->preset));
+    json_object_set_new(o, "layer", json_integer(c->cfg.layer));
+    json_t *cf = json_object();
+    json_object_set_new(cf, "routed_format", json_string(dsv4_weight_format_name(c->cfg.routed_format)));
+    json_object_set_new(cf, "shared_format", json_string(dsv4_weight_format_name(c->cfg.shared_format)));
+    json_object_set_new(cf, "act_quant", json_string(dsv4_act_quant_name(c->cfg.act_quant)));
+    json_object_set_new(cf, "swiglu_limit", jreal(c->cfg.swiglu_limit));
+    json_object_set_new(cf, "top_p", jreal(c->cfg.top_p));
+    json_object_set_new(o, "config", cf);
+    json_t *t = json_object();
+    json_object_set_new(t, "world", json_integer(c->topo.world_size));
+    json_object_set_new(t, "tp", json_integer(c->topo.tp));
+    json_object_set_new(t, "dp", json_integer(c->topo.dp));
+    json_object_set_new(t, "ep", json_integer(c->topo.ep));
+    json_object_set_new(t, "role", json_string(dsv4_role_name(c->topo.role)));
+    json_object_set_new(t, "backend", json_string(dsv4_backend_kind_name(c->topo.backend)));
+    json_object_set_new(t, "sm", json_integer(c->topo.sm));
+    json_object_set_new(t, "graph", json_boolean(c->topo.cuda_graph));
+    json_object_set_new(o, "topology", t);
+    json_object_set_new(o, "ran_on", jstr(c->backend));
+    json_t *tok = json_array(), *rep = json_array();
+    for (int r = 0; r < c->n_ranks; r++) {
+        json_array_append_new(tok, json_integer(c->tokens[r]));
+        json_array_append_new(rep, json_boolean(c->replay[r]));
+    }
+    json_object_set_new(o, "tokens", tok);
+    json_object_set_new(o, "replay", rep);
+    json_object_set_new(o, "seed", ju64(c->seed));
+    json_object_set_new(o, "expect", json_string(c->expect == DSV4_EXPECT_REFUSED ? "refused" : "pass"));
+    json_object_set_new(o, "refused_regex", jstr(c->regex));
+    json_t *checks = json_array();
+    for (int i = 0; i < DSV4_CHECK_COUNT; i++) {
+        if (!c->checks[i].detail)
+            continue;
+        json_t *ck = json_object();
+        json_object_set_new(ck, "name", json_string(dsv4_check_name(1u << i)));
+        json_object_set_new(ck, "requested", json_boolean((c->requested >> i) & 1u));
+        json_object_set_new(ck, "result", json_string(dsv4_result_name(c->checks[i].r)));
+        json_object_set_new(ck, "detail", json_string(c->checks[i].detail));
+        json_array_append_new(checks, ck);
+    }
+    json_object_set_new(o, "checks", checks);
+    json_object_set_new(o, "metrics", c->has_metrics ? metrics_json(&c->m) : json_null());
+    json_t *mem = json_object();
+    json_object_set_new(mem, "available", ju64(c->mem.available));
+    json_object_set_new(mem, "planned_max", ju64(c->mem.planned_max));
+    json_object_set_new(mem, "planned_step", ju64(c->mem.planned_step));
+    json_object_set_new(mem, "peak", c->mem.measured ? ju64(c->mem.peak) : json_null());
+    json_object_set_new(o, "memory", mem);
+    return o;
+}
+
+dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path, dsv4_error *err)
+{
+    if (!R || !path)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and path must not be NULL");
+    json_t *root = json_object();
+    json_object_set_new(root, "tool", json_string("dsv4moe"));
+    json_object_set_new(root, "version", json_string(DSV4_VERSION));
+    json_object_set_new(root, "report_version", json_integer(1));
+    dsv4_run_summary s;
+    memset(&s, 0, sizeof s);
+    json_t *cases = json_array();
+    for (size_t i = 0; i < R->n; i++) {
+        const dsv4_case_result *c = R->cases[i];
+        if (!case_in(c, scn))
+            continue;
+        s.cases++;
+        s.seconds += c->seconds;
+        s.passed += c->status == DSV4_RESULT_PASS;
+        s.failed += c->status == DSV4_RESULT_FAIL;
+        s.skipped += c->status == DSV4_RESULT_SKIP;
+        s.errors += c->status == DSV4_RESULT_ERROR;
+        json_array_append_new(cases, case_json(R, c));
+    }
+    json_t *sum = json_object();
+    json_object_set_new(sum, "cases", json_integer((json_int_t)s.cases));
+    json_object_set_new(sum, "passed", json_integer((json_int_t)s.passed));
+    json_object_set_new(sum, "failed", json_integer((json_int_t)s.failed));
+    json_object_set_new(sum, "skipped", json_integer((json_int_t)s.skipped));
+    json_object_set_new(sum, "errors", json_integer((json_int_t)s.errors));
+    json_object_set_new(sum, "seconds", jreal(s.seconds));
+    json_object_set_new(root, "summary", sum);
+    json_t *scns = json_array();
+    for (size_t i = 0; i < R->nscn; i++) {
+        if (scn && (strcmp(R->scns[i].name, dsv4_scenario_name(scn)) || strcmp(R->scns[i].path, dsv4_scenario_path(scn))))
+            continue;
+        json_t *so = json_object(), *axes = json_array();
+        json_object_set_new(so, "name", jstr(R->scns[i].name));
+        json_object_set_new(so, "file", jstr(R->scns[i].path));
+        for (size_t a = 0; a < R->scns[i].n_axes; a++)
+            json_array_append_new(axes, jstr(R->scns[i].axis_names[a]));
+        json_object_set_new(so, "axes", axes);
+        json_array_append_new(scns, so);
+    }
+    json_object_set_new(root, "scenarios", scns);
+    json_object_set_new(root, "cases", cases);
+    char *text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (!text)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "cannot serialise the report");
+    size_t len = strlen(text);
+    char *withnl = realloc(text, len + 2);
+    if (!withnl) {
+        free(text);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
+    }
+    withnl[len] = '\n';
+    withnl[len + 1] = '\0';
+    dsv4_status st = write_atomic(path, withnl, len + 1, err);
+    free(withnl);
+    return st;
+}
+
+/* A growing string. */
+typedef struct {
+    char *s;
+    size_t n, cap;
+    bool oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *ns = realloc(b->s, cap);
+        if (!ns) {
+            b->oom = true;
+            return;
+        }
+        b->s = ns;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = '\0';
+}
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = xvasprintf(fmt, ap);
+    va_end(ap);
+    if (!s) {
+        b->oom = true;
+        return;
+    }
+    sb_put(b, s, strlen(s));
+    free(s);
+}
+
+/* XML text or attribute value: the five entities escaped, characters XML 1.0 forbids dropped
+   (control characters other than tab, newline, carriage return; bytes of invalid UTF-8 become '?'). */
+static void sb_xml(sbuf *b, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    while (*p) {
+        unsigned char ch = *p;
+        const char *ent = NULL;
+        switch (ch) {
+        case '&': ent = "&amp;"; break;
+        case '<': ent = "&lt;"; break;
+        case '>': ent = "&gt;"; break;
+        case '"': ent = "&quot;"; break;
+        case '\'': ent = "&apos;"; break;
+        case '\t': ent = "&#9;"; break;
+        case '\n': ent = "&#10;"; break;
+        case '\r': ent = "&#13;"; break;
+        default: break;
+        }
+        if (ent) {
+            sb_put(b, ent, strlen(ent));
+            p++;
+            continue;
+        }
+        if (ch < 0x20 || ch == 0x7f) {
+            p++;
+            continue;
+        }
+        if (ch < 0x80) {
+            sb_put(b, (const char *)p, 1);
+            p++;
+            continue;
+        }
+        /* UTF-8: copy a well-formed sequence, else '?' */
+        int len = ch >= 0xf0 && ch < 0xf5 ? 4 : ch >= 0xe0 ? 3 : ch >= 0xc2 && ch < 0xe0 ? 2 : 0;
+        bool ok = len > 0;
+        for (int k = 1; ok && k < len; k++)
+            ok = (p[k] & 0xc0) == 0x80;
+        if (ok) {
+            sb_put(b, (const char *)p, (size_t)len);
+            p += len;
+        } else {
+            sb_put(b, "?", 1);
+            p++;
+        }
+    }
+}
+
+static void junit_case(sbuf *b, const dsv4_case_result *c)
+{
+    sb_printf(b, "    <testcase classname=\"");
+    sb_xml(b, c->scn_name);
+    sb_printf(b, "\" name=\"");
+    sb_xml(b, c->name);
+    sb_printf(b, "\" file=\"");
+    sb_xml(b, c->scn_path);
+    sb_printf(b, "\" line=\"%d\" time=\"%.3f\">\n", c->line, c->seconds);
+    if (c->status == DSV4_RESULT_FAIL || c->status == DSV4_RESULT_ERROR) {
+        dsv4_result want = c->status;
+        const char *elem = want == DSV4_RESULT_FAIL ? "failure" : "error";
+        /* The message names the failing checks; the text holds each one's detail. */
+        sbuf names = {0};
+        for (int i = 0; i < DSV4_CHECK_COUNT; i++)
+            if (c->checks[i].detail && c->checks[i].r == want)
+                sb_printf(&names, "%s%s", names.n ? ", " : "", dsv4_check_name(1u << i));
+        sb_printf(b, "      <%s type=\"check\" message=\"", elem);
+        sb_xml(b, names.s ? names.s : "");
+        sb_printf(b, "\">");
+        free(names.s);
+        for (int i = 0; i < DSV4_CHECK_COUNT; i++)
+            if (c->checks[i].detail && c->checks[i].r == want) {
+                sb_xml(b, dsv4_check_name(1u << i));
+                sb_put(b, ": ", 2);
+                sb_xml(b, c->checks[i].detail);
+                sb_put(b, "&#10;", 5);
+            }
+        sb_printf(b, "</%s>\n", elem);
+    } else if (c->status == DSV4_RESULT_SKIP) {
+        const char *why = "every check skipped";
+        for (int i = 0; i < DSV4_CHECK_COUNT; i++)
+            if (c->checks[i].detail) {
+                why = c->checks[i].detail;
+                break;
+            }
+        sb_printf(b, "      <skipped message=\"");
+        sb_xml(b, why);
+        sb_printf(b, "\"/>\n");
+    }
+    sb_printf(b, "      <system-out>");
+    for (int i = 0; i < DSV4_CHECK_COUNT; i++)
+        if (c->checks[i].detail) {
+            sb_xml(b, dsv4_check_name(1u << i));
+            sb_put(b, " ", 1);
+            sb_xml(b, dsv4_result_name(c->checks[i].r));
+            sb_put(b, ": ", 2);
+            sb_xml(b, c->checks[i].detail);
+            sb_put(b, "&#10;", 5);
+        }
+    sb_printf(b, "</system-out>\n    </testcase>\n");
+}
+
+dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path, dsv4_error *err)
+{
+    if (!R || !path)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and path must not be NULL");
+    sbuf b = {0};
+    dsv4_run_summary all;
+    memset(&all, 0, sizeof all);
+    for (size_t i = 0; i < R->n; i++) {
+        const dsv4_case_result *c = R->cases[i];
+        if (!case_in(c, scn))
+            continue;
+        all.cases++;
+        all.seconds += c->seconds;
+        all.failed += c->status == DSV4_RESULT_FAIL;
+        all.skipped += c->status == DSV4_RESULT_SKIP;
+        all.errors += c->status == DSV4_RESULT_ERROR;
+    }
+    sb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    sb_printf(&b, "<testsuites name=\"dsv4moe\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\" "
+                  "time=\"%.3f\">\n",
+              all.cases, all.failed, all.errors, all.skipped, all.seconds);
+    for (size_t k = 0; k < R->nscn; k++) {
+        const scn_rec *sr = &R->scns[k];
+        if (scn && (strcmp(sr->name, dsv4_scenario_name(scn)) || strcmp(sr->path, dsv4_scenario_path(scn))))
+            continue;
+        dsv4_run_summary s;
+        memset(&s, 0, sizeof s);
+        for (size_t i = 0; i < R->n; i++) {
+            const dsv4_case_result *c = R->cases[i];
+            if (c->scn != k)
+                continue;
+            s.cases++;
+            s.seconds += c->seconds;
+            s.failed += c->status == DSV4_RESULT_FAIL;
+            s.skipped += c->status == DSV4_RESULT_SKIP;
+            s.errors += c->status == DSV4_RESULT_ERROR;
+        }
+        sb_printf(&b, "  <testsuite name=\"");
+        sb_xml(&b, sr->name);
+        sb_printf(&b, "\" file=\"");
+        sb_xml(&b, sr->path);
+        sb_printf(&b, "\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\" time=\"%.3f\">\n", s.cases,
+                  s.failed, s.errors, s.skipped, s.seconds);
+        for (size_t i = 0; i < R->n; i++)
+            if (R->cases[i]->scn == k)
+                junit_case(&b, R->cases[i]);
+        sb_printf(&b, "  </testsuite>\n");
+    }
+    sb_printf(&b, "</testsuites>\n");
+    if (b.oom) {
+        free(b.s);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
+    }
+    dsv4_status st = write_atomic(path, b.s, b.n, err);
+    free(b.s);
+    return st;
+}

@@ -1,0 +1,131 @@
+/*
+ * dsv4moe: the scenario runner. Runs every case of an expanded scenario
+ * (dsv4moe/scenario.h) through its checks and records the results, and
+ * writes them as report.json and junit.xml. The checks and their pass/skip
+ * rules are documented in docs/scenarios.md ("Checks").
+ *
+ * Per case: the layer's weights are generated once per distinct
+ * (dims, formats, predictor, layer, seed) into a cache folder and reused;
+ * the input is a pool per (H, V, seed) of at least the sum of the ranks'
+ * tokens (and 16), ranks taking consecutive slices (tp ranks of one block
+ * share a slice). Every rank is planned; a world of one rank runs the
+ * backend of its topology (or opts.backend) against the single-rank
+ * reference; a larger world runs dsv4_dist_forward and compares each rank
+ * with the reference on its tokens.
+ */
+#ifndef DSV4MOE_RUN_H
+#define DSV4MOE_RUN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "compare.h"
+#include "plan.h"
+#include "scenario.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dsv4_result {
+    DSV4_RESULT_PASS = 0,
+    DSV4_RESULT_FAIL = 1,
+    DSV4_RESULT_SKIP = 2,
+    DSV4_RESULT_ERROR = 3 /* the case could not be run (data generation, I/O, a backend that would not start) */
+} dsv4_result;
+
+/* "pass", "fail", "skip", "error"; "?" otherwise. */
+const char *dsv4_result_name(dsv4_result r);
+
+typedef struct dsv4_case_result dsv4_case_result;
+typedef struct dsv4_run_results dsv4_run_results;
+
+/* Called after every case with the number done and the number to run in this call. */
+typedef void (*dsv4_run_progress_fn)(void *user, size_t done, size_t total, const dsv4_case_result *last);
+
+typedef struct dsv4_run_options {
+    uint32_t struct_size;     /* sizeof(dsv4_run_options), set by init */
+    const char *cache_dir;    /* generated weights and inputs (created on demand); NULL: "out/cache" */
+    int backend;              /* -1 (default): each case's topology.backend; DSV4_BACKEND_REF or _CPU:
+                                 replaces ref/cpu in every case (cuda cases keep theirs) */
+    const char *filter;       /* run only cases whose name contains this substring; NULL: all */
+    int threads;              /* threads of the backend and the reference (>= 1; default 2) */
+    dsv4_run_progress_fn progress; /* may be NULL */
+    void *progress_user;
+} dsv4_run_options;
+
+/* cache "out/cache", backend -1, no filter, 2 threads, no progress. NULL is a no-op. */
+void dsv4_run_options_init(dsv4_run_options *opt);
+
+/*
+ * Runs every case of scn (matching opts->filter) and appends its results to
+ * *results (created when *results is NULL, so several scenarios can share
+ * one result set and one report). Failing checks are results, not errors:
+ * the return value is DSV4_OK unless the run itself could not proceed
+ * (invalid arguments, the cache folder cannot be created, out of memory);
+ * a case that cannot run is recorded with status DSV4_RESULT_ERROR.
+ * opts may be NULL (defaults).
+ */
+dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, dsv4_run_results **results,
+                              dsv4_error *err);
+
+/* NULL is a no-op. */
+void dsv4_run_results_free(dsv4_run_results *results);
+
+/* ---------------- accessors ---------------- */
+
+size_t dsv4_run_count(const dsv4_run_results *results);
+/* NULL when i >= count. */
+const dsv4_case_result *dsv4_run_get(const dsv4_run_results *results, size_t i);
+/* Cases by status; `wall` is the summed case time in seconds. */
+typedef struct dsv4_run_summary {
+    size_t cases, passed, failed, skipped, errors;
+    double seconds;
+} dsv4_run_summary;
+dsv4_run_summary dsv4_run_summarize(const dsv4_run_results *results);
+
+const char *dsv4_case_name(const dsv4_case_result *c);
+const char *dsv4_case_scenario(const dsv4_case_result *c); /* the scenario's `name` */
+const char *dsv4_case_file(const dsv4_case_result *c);     /* its path */
+dsv4_result dsv4_case_status(const dsv4_case_result *c);
+double dsv4_case_seconds(const dsv4_case_result *c);
+/* The case's index in its scenario (dsv4_scenario_get). */
+size_t dsv4_case_index(const dsv4_case_result *c);
+
+/* The result of one check (a DSV4_CHECK_* bit): DSV4_RESULT_SKIP with detail "not requested" when the
+   case did not ask for it. The detail is never NULL. */
+dsv4_result dsv4_case_check(const dsv4_case_result *c, unsigned check_bit, const char **detail);
+
+/* The numerics metrics (all ranks' outputs together); false when numerics did not compare anything. */
+bool dsv4_case_metrics(const dsv4_case_result *c, dsv4_compare_metrics *out);
+
+/* Bytes: the smallest budget available over the ranks, the largest planned maximum
+   (dsv4_plan_workspace_max), the largest planned workspace of the step run, the largest measured peak.
+   All 0 when no plan was created. */
+typedef struct dsv4_case_memory {
+    uint64_t available, planned_max, planned_step, peak;
+    bool measured; /* a backend or the distributed driver measured peak */
+} dsv4_case_memory;
+dsv4_case_memory dsv4_case_memory_of(const dsv4_case_result *c);
+
+/* ---------------- reports ---------------- */
+
+/*
+ * report.json: a summary, then every case with its axes (names and value
+ * indexes), topology, tokens, checks (result and detail), numerics metrics
+ * and memory. junit.xml: one <testsuite> per scenario, one <testcase> per
+ * case, a <failure> (or <error>, <skipped>) whose text lists the details of
+ * the failing checks. scn may be NULL (every case of results); when given,
+ * only its cases are written. Both are written atomically: a temporary file
+ * next to `path`, renamed into place when complete, removed on error.
+ */
+dsv4_status dsv4_report_json(const dsv4_run_results *results, const dsv4_scenario *scn, const char *path,
+                             dsv4_error *err);
+dsv4_status dsv4_report_junit(const dsv4_run_results *results, const dsv4_scenario *scn, const char *path,
+                              dsv4_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,439 @@
+/* The scenario runner: checks per case, the reports, and `dsv4moe run`'s exit statuses. */
+#include <check.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4moe/run.h"
+#include "dsv4moe/scenario.h"
+#include "testutil.h"
+
+Suite *run_suite(void);
+
+static const char *cache_dir(void)
+{
+    static char buf[512];
+    return tu_path(buf, sizeof buf, "run_cache");
+}
+
+static dsv4_scenario *load_str(const char *text, const char *name)
+{
+    dsv4_scenario *s = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_scenario_load_string(text, name, &s, &e) == DSV4_OK, "%s", e.message);
+    return s;
+}
+
+static dsv4_run_results *run(const dsv4_scenario *s, int backend)
+{
+    dsv4_run_options o;
+    dsv4_run_options_init(&o);
+    o.cache_dir = cache_dir();
+    o.backend = backend;
+    dsv4_run_results *r = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_uint_eq(dsv4_run_count(r), dsv4_scenario_count(s));
+    return r;
+}
+
+static const dsv4_case_result *find(const dsv4_run_results *r, const char *suffix)
+{
+    for (size_t i = 0; i < dsv4_run_count(r); i++) {
+        const char *n = dsv4_case_name(dsv4_run_get(r, i));
+        size_t a = strlen(n), b = strlen(suffix);
+        if (a >= b && !strcmp(n + a - b, suffix))
+            return dsv4_run_get(r, i);
+    }
+    ck_abort_msg("no case named *%s", suffix);
+    return NULL;
+}
+
+static void expect_check(const dsv4_case_result *c, unsigned bit, dsv4_result want, const char *needle)
+{
+    const char *d;
+    dsv4_result got = dsv4_case_check(c, bit, &d);
+    ck_assert_msg(got == want, "%s: %s is %s, expected %s: %s", dsv4_case_name(c), dsv4_check_name(bit),
+                  dsv4_result_name(got), dsv4_result_name(want), d);
+    if (needle)
+        ck_assert_msg(strstr(d, needle), "%s: %s detail '%s' lacks '%s'", dsv4_case_name(c), dsv4_check_name(bit), d,
+                      needle);
+}
+
+static void dump_failures(const dsv4_run_results *r)
+{
+    for (size_t i = 0; i < dsv4_run_count(r); i++) {
+        const dsv4_case_result *c = dsv4_run_get(r, i);
+        if (dsv4_case_status(c) == DSV4_RESULT_PASS || dsv4_case_status(c) == DSV4_RESULT_SKIP)
+            continue;
+        for (int b = 0; b < DSV4_CHECK_COUNT; b++) {
+            const char *d;
+            dsv4_result x = dsv4_case_check(c, 1u << b, &d);
+            if (x == DSV4_RESULT_FAIL || x == DSV4_RESULT_ERROR)
+                fprintf(stderr, "  %s %s: %s\n", dsv4_case_name(c), dsv4_check_name(1u << b), d);
+        }
+    }
+}
+
+static dsv4_scenario *load_ci(void)
+{
+    const char *src = getenv("DSV4MOE_SRC");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/scenarios/ci.yaml", src && src[0] ? src : ".");
+    dsv4_scenario *s = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_scenario_load(path, &s, &e) == DSV4_OK, "%s", e.message);
+    return s;
+}
+
+/* Every case of ci.yaml passes with each check run or skipped by its rule. */
+static void check_ci_results(const dsv4_run_results *r)
+{
+    for (size_t i = 0; i < dsv4_run_count(r); i++) {
+        const dsv4_case_result *c = dsv4_run_get(r, i);
+        const char *n = dsv4_case_name(c), *d;
+        for (int b = 0; b < DSV4_CHECK_COUNT; b++) {
+            dsv4_result x = dsv4_case_check(c, 1u << b, &d);
+            ck_assert_msg(x == DSV4_RESULT_PASS || x == DSV4_RESULT_SKIP, "%s: %s %s: %s", n,
+                          dsv4_check_name(1u << b), dsv4_result_name(x), d);
+        }
+        bool product = strstr(n, "tokens=") != NULL;
+        if (!product)
+            continue;
+        bool world2 = strstr(n, "topology=1") != NULL, empty = strstr(n, "tokens=[0]") != NULL;
+        bool one = strstr(n, "tokens=[1]") != NULL;
+        expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, NULL);
+        expect_check(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_PASS, "hash");
+        expect_check(c, DSV4_CHECK_SYMMETRY, world2 ? DSV4_RESULT_PASS : DSV4_RESULT_SKIP, NULL);
+        expect_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS, NULL);
+        expect_check(c, DSV4_CHECK_EMPTY, empty ? DSV4_RESULT_PASS : DSV4_RESULT_SKIP, NULL);
+        /* 77 tokens per rank clamp; 0 or 1 token (2 on two ranks) are below the rule's 8 */
+        expect_check(c, DSV4_CHECK_CLAMP_EXERCISED, empty || one ? DSV4_RESULT_SKIP : DSV4_RESULT_PASS, NULL);
+        expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_SKIP, "not requested");
+        dsv4_compare_metrics m;
+        ck_assert(dsv4_case_metrics(c, &m) == !empty);
+        dsv4_case_memory mem = dsv4_case_memory_of(c);
+        ck_assert(mem.planned_max <= mem.available && mem.peak <= mem.planned_step);
+    }
+    expect_check(find(r, "/lowlat-prefill"), DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "decode-only");
+    expect_check(find(r, "/graph-ep-sm100"), DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, NULL);
+    expect_check(find(r, "/mixed-replay"), DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, NULL);
+}
+
+START_TEST(ci_passes_on_ref)
+{
+    dsv4_scenario *s = load_ci();
+    dsv4_run_results *r = run(s, DSV4_BACKEND_REF);
+    dsv4_run_summary sum = dsv4_run_summarize(r);
+    if (sum.passed != sum.cases)
+        dump_failures(r);
+    ck_assert_uint_eq(sum.passed, sum.cases);
+    check_ci_results(r);
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+}
+END_TEST
+
+/* The CPU backend: every case of ci.yaml passes every check, numerics included. */
+START_TEST(ci_on_cpu)
+{
+    dsv4_scenario *s = load_ci();
+    dsv4_run_results *r = run(s, DSV4_BACKEND_CPU);
+    dsv4_run_summary sum = dsv4_run_summarize(r);
+    if (sum.passed != sum.cases)
+        dump_failures(r);
+    ck_assert_uint_eq(sum.errors, 0);
+    ck_assert_uint_eq(sum.passed, sum.cases);
+    check_ci_results(r);
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+}
+END_TEST
+
+static const char CHECKS_YAML[] =
+    "name: checks\n"
+    "defaults:\n"
+    "  preset: mini\n"
+    "  layer: 1\n"
+    "  topology: {world: 1, tp: 1, dp: 1, ep: 1, backend: ref}\n"
+    "  tokens: [16]\n"
+    "  seed: 3\n"
+    "cases:\n"
+    "  - {name: all-checks}\n"
+    "  - {name: refused-as-expected, budget: {device_gib: 80, taken_gib: 77.9},\n"
+    "     expect: {refused: 'budget too small'}}\n"
+    "  - {name: accepted-but-refusal-expected, checks: [refusal], expect: {refused: 'budget too small'}}\n"
+    "  - {name: refused-wrong-message, budget: {device_gib: 2}, checks: [refusal],\n"
+    "     expect: {refused: 'low-latency'}}\n"
+    "  - {name: refused-unexpectedly, budget: {device_gib: 2}, checks: [numerics]}\n"
+    "  - {name: bad-config-refused, top_p: 2, checks: [refusal], expect: {refused: 'top_p'}}\n"
+    "  - {name: bad-config-unexpected, top_p: 2, checks: [numerics]}\n"
+    "  - {name: clamp-too-high, swiglu_limit: 100000, checks: [clamp_exercised]}\n"
+    "  - {name: clamp-off, swiglu_limit: 0, checks: [clamp_exercised, numerics]}\n"
+    "  - {name: clamp-one-token, tokens: [1], checks: [clamp_exercised]}\n"
+    "  - {name: cuda-one-rank, topology: {backend: cuda}, checks: [numerics, determinism]}\n"
+    "  - {name: cuda-only, topology: {backend: cuda}, checks: [numerics]}\n"
+    "  - {name: empty-one-rank, tokens: [0], checks: [empty, numerics, determinism, memory]}\n"
+    "  - {name: ep-empty, topology: {world: 2, dp: 2, ep: 2}, tokens: [0, 5],\n"
+    "     checks: [numerics, symmetry, empty, memory]}\n"
+    "  - {name: ep-all-empty, topology: {world: 4, dp: 4, ep: 4}, tokens: [0], checks: [symmetry, empty]}\n"
+    "  - {name: tp-bf16, preset: mini-bf16, topology: {world: 2, tp: 2, dp: 1, ep: 1}, tokens: [9],\n"
+    "     checks: [numerics, symmetry, memory]}\n"
+    "  - {name: nothing-needed, checks: [refusal]}\n";
+
+static void check_cases(const dsv4_run_results *r)
+{
+    const dsv4_case_result *c = find(r, "/all-checks");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
+    expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "accepted");
+    expect_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_PASS, "clamped");
+    expect_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_SKIP, "one rank");
+
+    c = find(r, "/refused-as-expected");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
+    expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "budget too small");
+    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "expects a refusal");
+
+    c = find(r, "/accepted-but-refusal-expected");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_FAIL);
+    expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "accepted");
+
+    c = find(r, "/refused-wrong-message");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_FAIL);
+    expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "does not match /low-latency/");
+
+    c = find(r, "/refused-unexpectedly");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_FAIL);
+    expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "budget too small");
+    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "refused");
+
+    expect_check(find(r, "/bad-config-refused"), DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "top_p");
+    expect_check(find(r, "/bad-config-unexpected"), DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "top_p");
+
+    c = find(r, "/clamp-too-high");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_FAIL);
+    expect_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_FAIL, "no routed g or u value exceeded");
+    c = find(r, "/clamp-off");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
+    expect_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_SKIP, "swiglu_limit 0");
+    c = find(r, "/clamp-one-token");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_SKIP);
+    expect_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_SKIP, "not applicable (T < 8");
+
+    c = find(r, "/cuda-one-rank");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
+    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "no CUDA in this build");
+    expect_check(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_PASS, NULL);
+    ck_assert_int_eq(dsv4_case_status(find(r, "/cuda-only")), DSV4_RESULT_SKIP);
+
+    c = find(r, "/empty-one-rank");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
+    expect_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_PASS, "0 launches");
+    expect_check(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_PASS, "16 tokens");
+
+    c = find(r, "/ep-empty");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
+    expect_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_PASS, "1 of 2 ranks");
+    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "bit-identical");
+    c = find(r, "/ep-all-empty");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
+    expect_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_PASS, "4 of 4 ranks");
+    c = find(r, "/tp-bf16");
+    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "within tolerance");
+    expect_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, NULL);
+    ck_assert_int_eq(dsv4_case_status(find(r, "/nothing-needed")), DSV4_RESULT_PASS);
+}
+
+START_TEST(checks_pass_fail_and_skip_by_their_rules)
+{
+    dsv4_scenario *s = load_str(CHECKS_YAML, "checks.yaml");
+    for (int b = 0; b < 2; b++) {
+        dsv4_run_results *r = run(s, b == 0 ? DSV4_BACKEND_REF : DSV4_BACKEND_CPU);
+        check_cases(r);
+        dsv4_run_results_free(r);
+    }
+    dsv4_scenario_free(s);
+}
+END_TEST
+
+START_TEST(filter_and_appending_results)
+{
+    dsv4_scenario *s = load_str(CHECKS_YAML, "checks.yaml");
+    dsv4_run_options o;
+    dsv4_run_options_init(&o);
+    o.cache_dir = cache_dir();
+    o.filter = "clamp";
+    dsv4_run_results *r = NULL;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_run_scenario(s, &o, &r, &e), DSV4_OK);
+    ck_assert_uint_eq(dsv4_run_count(r), 3);
+    o.filter = "ep-";
+    ck_assert_int_eq(dsv4_run_scenario(s, &o, &r, &e), DSV4_OK);
+    ck_assert_uint_eq(dsv4_run_count(r), 5);
+    ck_assert_str_eq(dsv4_case_scenario(dsv4_run_get(r, 4)), "checks");
+    ck_assert_ptr_null(dsv4_run_get(r, 5));
+    dsv4_run_results_free(r);
+    o.threads = 0;
+    r = NULL;
+    ck_assert_int_eq(dsv4_run_scenario(s, &o, &r, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_null(r);
+    dsv4_scenario_free(s);
+}
+END_TEST
+
+static size_t count_str(const char *hay, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    ck_assert_uint_eq(fread(s, 1, (size_t)n, f), (size_t)n);
+    s[n] = '\0';
+    fclose(f);
+    return s;
+}
+
+START_TEST(reports_hold_every_case)
+{
+    /* A case name with XML specials, to check the escaping. */
+    static const char yaml[] = "name: rep\n"
+                               "defaults: {preset: mini, layer: 1, topology: {backend: ref}, tokens: [8]}\n"
+                               "axes:\n"
+                               "  tokens: [[0], [8]]\n"
+                               "cases:\n"
+                               "  - {name: \"a<b>&'q\\\"\", checks: [refusal], expect: {refused: 'x'}}\n"
+                               "  - {name: skipped, tokens: [1], checks: [clamp_exercised]}\n";
+    dsv4_scenario *s = load_str(yaml, "rep.yaml");
+    dsv4_run_results *r = run(s, -1);
+    char jp[512], xp[512];
+    tu_path(jp, sizeof jp, "run_report.json");
+    tu_path(xp, sizeof xp, "run_junit.xml");
+    dsv4_error e;
+    ck_assert_msg(dsv4_report_json(r, s, jp, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_report_junit(r, NULL, xp, &e) == DSV4_OK, "%s", e.message);
+
+    json_error_t je;
+    json_t *root = json_load_file(jp, 0, &je);
+    ck_assert_msg(root, "%s: %s", jp, je.text);
+    json_t *cases = json_object_get(root, "cases");
+    ck_assert_uint_eq(json_array_size(cases), 4);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(root, "summary"), "failed")), 1);
+    for (size_t i = 0; i < 4; i++) {
+        json_t *c = json_array_get(cases, i);
+        ck_assert_str_eq(json_string_value(json_object_get(c, "name")), dsv4_case_name(dsv4_run_get(r, i)));
+        ck_assert(json_is_array(json_object_get(c, "checks")));
+        ck_assert(json_is_object(json_object_get(c, "memory")));
+    }
+    json_t *c1 = json_array_get(cases, 1);
+    ck_assert_uint_eq(json_array_size(json_object_get(c1, "axes")), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(c1, "axes"), 0), "name")),
+                     "tokens");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(json_object_get(c1, "axes"), 0), "index")), 1);
+    ck_assert(json_is_object(json_object_get(c1, "metrics")));
+    ck_assert(json_is_number(json_object_get(json_object_get(c1, "metrics"), "deepgemm_diff")));
+    ck_assert(json_is_null(json_object_get(json_array_get(cases, 0), "metrics"))); /* 0 tokens */
+    json_decref(root);
+
+    char *x = slurp(xp);
+    ck_assert_uint_eq(count_str(x, "<testcase "), 4);
+    ck_assert_uint_eq(count_str(x, "<failure "), 1);
+    ck_assert_uint_eq(count_str(x, "<skipped "), 1);
+    ck_assert_ptr_nonnull(strstr(x, "tests=\"4\" failures=\"1\" errors=\"0\" skipped=\"1\""));
+    ck_assert_ptr_nonnull(strstr(x, "rep/a&lt;b&gt;&amp;&apos;q&quot;"));
+    ck_assert_ptr_null(strstr(x, "a<b>"));
+    free(x);
+    /* No temporary left next to the reports. */
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "ls %s | grep -q 'run_report.json.tmp\\|run_junit.xml.tmp'", tu_tmpdir());
+    ck_assert_int_ne(system(tmp), 0);
+    /* An unwritable path fails and leaves nothing. */
+    ck_assert_int_eq(dsv4_report_json(r, s, "/nonexistent-dir/report.json", &e), DSV4_ERR_IO);
+    ck_assert_int_eq(dsv4_report_junit(r, s, "/nonexistent-dir/junit.xml", &e), DSV4_ERR_IO);
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+}
+END_TEST
+
+START_TEST(cli_exit_statuses)
+{
+    char out[16384], args[2048], dir[512], f[512];
+    tu_path(dir, sizeof dir, "run_cli");
+    const char *src = getenv("DSV4MOE_SRC");
+    if (!src || !src[0])
+        src = ".";
+    /* 0: every case passes */
+    snprintf(args, sizeof args, "run %s/scenarios/ci.yaml --report %s --cache %s --backend ref --filter layer=1", src,
+             dir, cache_dir());
+    int rc = tu_run_cli(args, "run_cli0.txt", out, sizeof out);
+    if (rc == -2)
+        return; /* not run through make test */
+    ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
+    ck_assert_ptr_nonnull(strstr(out, "passed, 0 failed"));
+    char jp[600];
+    snprintf(jp, sizeof jp, "%s/report.json", dir);
+    ck_assert(tu_file_exists(jp));
+    snprintf(jp, sizeof jp, "%s/junit.xml", dir);
+    ck_assert(tu_file_exists(jp));
+
+    /* 1: a failing case, listed with its check's detail */
+    tu_path(f, sizeof f, "run_fail.yaml");
+    static const char failing[] = "name: failing\n"
+                                  "defaults: {preset: mini, layer: 1, topology: {backend: ref}}\n"
+                                  "cases:\n"
+                                  "  - {name: ok, checks: [refusal]}\n"
+                                  "  - {name: bad, checks: [refusal], expect: {refused: 'never'}}\n";
+    ck_assert_int_eq(tu_write_file(f, failing, strlen(failing)), 0);
+    snprintf(args, sizeof args, "run %s --report %s --cache %s", f, dir, cache_dir());
+    rc = tu_run_cli(args, "run_cli1.txt", out, sizeof out);
+    ck_assert_msg(rc == 1, "rc %d: %s", rc, out);
+    ck_assert_ptr_nonnull(strstr(out, "2 cases: 1 passed, 1 failed"));
+    ck_assert_ptr_nonnull(strstr(out, "FAIL failing/bad"));
+    ck_assert_ptr_nonnull(strstr(out, "expected a refusal matching /never/"));
+
+    /* 2: malformed scenario, with file:line:col */
+    tu_path(f, sizeof f, "run_bad.yaml");
+    static const char bad[] = "name: bad\ndefaults: {layer: 1}\ncases:\n  - {name: x, bogus: 1}\n";
+    ck_assert_int_eq(tu_write_file(f, bad, strlen(bad)), 0);
+    snprintf(args, sizeof args, "run %s --report %s --cache %s", f, dir, cache_dir());
+    rc = tu_run_cli(args, "run_cli2.txt", out, sizeof out);
+    ck_assert_msg(rc == 2, "rc %d: %s", rc, out);
+    char where[600];
+    snprintf(where, sizeof where, "%s:4:", f);
+    ck_assert_msg(strstr(out, where), "%s", out);
+    /* 2: a missing file, an unknown option, a filter matching nothing */
+    snprintf(args, sizeof args, "run %s/nonexistent.yaml --report %s", dir, dir);
+    ck_assert_int_eq(tu_run_cli(args, "run_cli3.txt", out, sizeof out), 2);
+    snprintf(args, sizeof args, "run %s/scenarios/ci.yaml --bogus", src);
+    ck_assert_int_eq(tu_run_cli(args, "run_cli4.txt", out, sizeof out), 2);
+    snprintf(args, sizeof args, "run %s/scenarios/ci.yaml --report %s --filter no-such-case", src, dir);
+    ck_assert_int_eq(tu_run_cli(args, "run_cli5.txt", out, sizeof out), 2);
+    ck_assert_int_eq(tu_run_cli("run", "run_cli6.txt", out, sizeof out), 2);
+    ck_assert_int_eq(tu_run_cli("run --help", "run_cli7.txt", out, sizeof out), 0);
+}
+END_TEST
+
+Suite *run_suite(void)
+{
+    Suite *s = suite_create("run");
+    TCase *t = tcase_create("run");
+    tcase_set_timeout(t, 300);
+    tcase_add_test(t, ci_passes_on_ref);
+    tcase_add_test(t, ci_on_cpu);
+    tcase_add_test(t, checks_pass_fail_and_skip_by_their_rules);
+    tcase_add_test(t, filter_and_appending_results);
+    tcase_add_test(t, reports_hold_every_case);
+    tcase_add_test(t, cli_exit_statuses);
+    suite_add_tcase(s, t);
+    return s;
+}
