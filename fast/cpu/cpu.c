@@ -1341,7 +1341,9 @@ dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint
     if (!b)
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "backend cpu", "out of memory");
     b->cfg = *cfg;
-    b->threads = threads;
+    /* The plan sized the per-worker scratch for host_threads workers. */
+    int planned = dsv4_plan_topology(plan)->host_threads;
+    b->threads = threads < (planned > 0 ? planned : 1) ? threads : (planned > 0 ? planned : 1);
     b->chunk = dsv4_plan_chunk_tokens(plan);
     b->max_tokens = dsv4_plan_topology(plan)->max_tokens_per_rank;
     if (b->chunk < 1)

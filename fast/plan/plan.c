@@ -149,6 +149,7 @@ void dsv4_topology_init(dsv4_topology *topo)
     topo->n_buckets = 0;
     topo->max_tokens_per_rank = 4096;
     topo->chunk_tokens = 0;
+    topo->host_threads = 2;
     topo->dispatch = DSV4_DISPATCH_AUTO;
     topo->executor = DSV4_EXECUTOR_AUTO;
 }
@@ -313,11 +314,43 @@ static uint64_t exec_rows(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
     }
 }
 
+/*
+ * The CPU backend (fast/cpu) computes in fp32: its chunk holds x, its two quantized copies and
+ * y as fp32 [Tc, H]; logits [Tc, E]; ids, weights and the permutation [Tc, K]; per-expert
+ * counts; group buffers of `cap` rows of 2H + 3I fp32 values, where cap is the rows of one
+ * 64 MiB batch, at least the largest group (Tc, or Tc K when a hash row repeats an expert) and
+ * at most Tc K; and per worker a dequantized tile of 273 rows of max(H, I) fp32 values.
+ */
+#define CPU_BATCH_BYTES (UINT64_C(64) << 20)
+#define CPU_TILE_ROWS 273
+
+static uint64_t cpu_chunk_ws(const dsv4_plan *p, int64_t tc)
+{
+    const dsv4_config *c = &p->cfg;
+    uint64_t t = (uint64_t)tc, E = (uint64_t)c->n_routed_experts, K = (uint64_t)c->n_activated;
+    uint64_t H = (uint64_t)c->dim, I = (uint64_t)c->moe_inter_dim, kmax = H > I ? H : I;
+    uint64_t workers = p->topo.host_threads > 0 ? (uint64_t)p->topo.host_threads : 1;
+    uint64_t w = sat_mul(sat_mul(4, t), sat_mul(H, 4));
+    w = sat_add(w, sat_mul(sat_mul(t, E), 4));
+    w = sat_add(w, sat_mul(sat_mul(4, t), sat_mul(K, 4)));
+    w = sat_add(w, sat_add(sat_mul(t, 5), sat_mul(2 * (E + 1), 8)));
+    uint64_t rowb = sat_mul(sat_add(sat_mul(2, H), sat_mul(3, I)), 4);
+    uint64_t tk = sat_mul(t, K), batch = CPU_BATCH_BYTES / (rowb ? rowb : 1);
+    uint64_t largest = dsv4_config_is_hash_layer(c) ? tk : t;
+    uint64_t cap = batch < tk ? batch : tk;
+    cap = cap > largest ? cap : largest;
+    w = sat_add(w, sat_mul(cap, rowb));
+    w = sat_add(w, sat_mul(workers, sat_mul(CPU_TILE_ROWS, sat_mul(kmax, 4))));
+    return sat_add(w, sat_mul(workers, sat_mul(kmax, 4))); /* the scalar path's row buffer */
+}
+
 /* Workspace of one chunk of tc tokens (tc > 0) with executor ex; 0 for tc <= 0. */
 static uint64_t chunk_ws(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
 {
     if (tc <= 0)
         return 0;
+    if (p->topo.backend == DSV4_BACKEND_CPU)
+        return cpu_chunk_ws(p, tc);
     const dsv4_config *c = &p->cfg;
     uint64_t t = (uint64_t)tc, E = (uint64_t)c->n_routed_experts, K = (uint64_t)c->n_activated;
     uint64_t H = (uint64_t)c->dim, El = (uint64_t)p->e_count, tg, s;
@@ -485,6 +518,8 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
     if (t->cuda_graph && t->backend != DSV4_BACKEND_CUDA)
         return REFUSE("cuda_graph requires backend cuda (backend is %s): set cuda_graph off, or backend cuda",
                       dsv4_backend_kind_name(t->backend));
+    if (t->host_threads < 0 || t->host_threads > 256)
+        return REFUSE("host_threads %d is outside [0, 256]", t->host_threads);
     if (t->max_tokens_per_rank < 1 || t->max_tokens_per_rank > PLAN_MAX_TOKENS_PER_RANK)
         return REFUSE("max_tokens_per_rank %lld is outside [1, %lld]", (long long)t->max_tokens_per_rank,
                       (long long)PLAN_MAX_TOKENS_PER_RANK);

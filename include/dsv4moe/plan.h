@@ -63,6 +63,8 @@ typedef struct dsv4_topology {
     int64_t buckets[DSV4_MAX_BUCKETS];
     int64_t max_tokens_per_rank;
     int64_t chunk_tokens;          /* 0: the planner chooses */
+    int host_threads;              /* CPU backend workers (their scratch is workspace); the backend
+                                      uses at most this many; 0 counts as 1 */
     dsv4_dispatch_req dispatch;
     dsv4_executor_req executor;
 } dsv4_topology;
