@@ -42,6 +42,7 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 int cmd_gen(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_ref(int argc, char **argv);
+int cmd_diff(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 

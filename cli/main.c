@@ -22,7 +22,6 @@ typedef struct {
     int (*fn)(int, char **);
 } command;
 
-static int cmd_diff(int c, char **v) { return cmd_pending("diff", "compare two output files by the SPEC.md metrics", c, v); }
 static int cmd_bench(int c, char **v) { return cmd_pending("bench", "time the backends against the reference", c, v); }
 
 static const command commands[] = {

@@ -178,6 +178,28 @@ START_TEST(ref_writes_outputs_and_rejects_bad_input)
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "layers.2.ffn.gate.weight"));
     ck_assert_int_eq(run_cli("ref --preset mini --layer 0"), 2);
+    /* diff: a dump against itself, against a different quantization, and bad input. */
+    snprintf(args, sizeof args,
+             "ref --preset mini --layer 0 --set act_quant=fp32 --weights %s/model.safetensors --input "
+             "%s/input.safetensors --out %s/y4.safetensors",
+             dir, dir, dir);
+    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
+    snprintf(args, sizeof args, "diff %s/y.safetensors %s/y.safetensors", dir, dir);
+    ck_assert_int_eq(run_cli(args), 0);
+    ck_assert_ptr_nonnull(strstr(out_buf, "within tolerance"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "diff 0 "));
+    snprintf(args, sizeof args, "diff %s/y4.safetensors %s/y.safetensors", dir, dir);
+    ck_assert_int_eq(run_cli(args), 1);
+    ck_assert_ptr_nonnull(strstr(out_buf, "outside tolerance"));
+    snprintf(args, sizeof args, "diff %s/y4.safetensors %s/y.safetensors --tensor topk_ids", dir, dir);
+    ck_assert_int_eq(run_cli(args), 0);
+    ck_assert_ptr_nonnull(strstr(out_buf, "0 differ"));
+    snprintf(args, sizeof args, "diff %s/y.safetensors %s/y.safetensors --tensor nope", dir, dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "'nope'"));
+    snprintf(args, sizeof args, "diff %s/y.safetensors %s/input.safetensors", dir, dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_int_eq(run_cli("diff only-one.safetensors"), 2);
 }
 END_TEST
 
