@@ -1,3 +1,4 @@
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -257,6 +258,24 @@ dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c,
             r.pred_bias = t->data;
         }
     }
+    /* A NaN bias or predictor value would silently reorder every later expert: refuse it here,
+       where every consumer binds the router. */
+    const struct {
+        const uint8_t *v;
+        int64_t n;
+        const char *key;
+    } vecs[] = {{r.bias, E, bias}, {r.pred_norm, E, pn}, {r.pred_weight, E * H, pw}, {r.pred_bias, E, pb}};
+    for (size_t q = 0; q < sizeof vecs / sizeof vecs[0]; q++)
+        for (int64_t i = 0; vecs[q].v && i < vecs[q].n; i++) {
+            float v = dsv4_load_f32(vecs[q].v, i);
+            if (!isfinite(v)) {
+                const dsv4_tensor_info *ti = dsv4_checkpoint_find(ck, vecs[q].key);
+                char where[300];
+                snprintf(where, sizeof where, "%s: tensor '%s'", ti ? ti->file : "checkpoint", vecs[q].key);
+                return dsv4_seterr(err, DSV4_ERR_NUMERIC, where, "element %lld is %g; routing tensors must be finite",
+                                   (long long)i, (double)v);
+            }
+        }
     *out = r;
     return DSV4_OK;
 }

@@ -58,7 +58,9 @@ typedef struct dsv4_router_view {
 dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, int64_t expert,
                                 dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err);
 
-/* The router tensors of cfg->layer; tid2eid required on hash layers, predictor tensors as configured. */
+/* The router tensors of cfg->layer; tid2eid required on hash layers, predictor tensors as
+   configured. A non-finite value in the bias or the predictor's tensors is DSV4_ERR_NUMERIC
+   naming the key and the element. */
 dsv4_status dsv4_weights_router(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, dsv4_router_view *out,
                                 dsv4_error *err);
 
