@@ -1,4 +1,4 @@
-/* dsv4moe run: run scenario matrices, write report.json and junit.xml, print a summary. */
+/* dsv4moe run: run scenario matrices, write report.json, junit.xml and report.html, print a summary. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +16,8 @@ static const char RUN_HELP[] =
     "                   [--filter SUBSTRING] [--threads N]\n\n"
     "Expands each scenario file into its cases (docs/scenarios.md), runs every case's checks\n"
     "(numerics, determinism, symmetry, memory, empty, clamp_exercised, refusal) and writes\n"
-    "DIR/report.json and DIR/junit.xml. Prints a summary and the details of every failing case.\n\n"
+    "DIR/report.json, DIR/junit.xml and DIR/report.html. Prints a summary and the details of\n"
+    "every failing case.\n\n"
     "  --report DIR         where the reports go (default out)\n"
     "  --cache DIR          generated weights and inputs, reused between runs (default DIR/cache)\n"
     "  --backend B          run ref or cpu in place of every case's ref/cpu backend\n"
@@ -190,10 +191,12 @@ int cmd_run(int argc, char **argv)
     if (ps.tty)
         fputs("\r\033[K", stderr);
 
-    char jpath[4200], xpath[4200];
+    char jpath[4200], xpath[4200], hpath[4200];
     snprintf(jpath, sizeof jpath, "%s/report.json", report);
     snprintf(xpath, sizeof xpath, "%s/junit.xml", report);
-    if (dsv4_report_json(res, NULL, jpath, &err) || dsv4_report_junit(res, NULL, xpath, &err)) {
+    snprintf(hpath, sizeof hpath, "%s/report.html", report);
+    if (dsv4_report_json(res, NULL, jpath, &err) || dsv4_report_junit(res, NULL, xpath, &err) ||
+        dsv4_report_html(res, hpath, &err)) {
         fprintf(stderr, "dsv4moe run: %s\n", err.message);
         dsv4_run_results_free(res);
         rc = EXIT_BAD_INPUT;
@@ -216,7 +219,7 @@ int cmd_run(int argc, char **argv)
                 printf("  %-16s %s: %s\n", dsv4_check_name(1u << b), dsv4_result_name(r), detail);
         }
     }
-    printf("\nreports: %s, %s\n", jpath, xpath);
+    printf("\nreports: %s, %s, %s\n", jpath, xpath, hpath);
     rc = s.failed || s.errors ? EXIT_CHECK_FAILED : EXIT_OK;
     dsv4_run_results_free(res);
 out:

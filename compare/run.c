@@ -16,6 +16,7 @@
 
 #include <jansson.h>
 
+#include "fileio.h"
 #include "dsv4moe/dist.h"
 #include "dsv4moe/backend.h"
 #include "dsv4moe/gen.h"
@@ -1102,35 +1103,6 @@ nomem:
 
 /* ---------------- reports ---------------- */
 
-static dsv4_status write_atomic(const char *path, const char *data, size_t len, dsv4_error *err)
-{
-    static unsigned counter;
-    size_t n = strlen(path) + 64;
-    char *tmp = malloc(n);
-    if (!tmp)
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-    snprintf(tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        dsv4_status st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot create '%s': %s", tmp, strerror(errno));
-        free(tmp);
-        return st;
-    }
-    bool ok = fwrite(data, 1, len, f) == len;
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    int saved = errno;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        if (ok)
-            saved = errno;
-        unlink(tmp);
-        free(tmp);
-        return dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write: %s", strerror(saved));
-    }
-    free(tmp);
-    return DSV4_OK;
-}
 
 static bool case_in(const dsv4_case_result *c, const dsv4_scenario *scn)
 {
@@ -1294,7 +1266,7 @@ dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn
     }
     withnl[len] = '\n';
     withnl[len + 1] = '\0';
-    dsv4_status st = write_atomic(path, withnl, len + 1, err);
+    dsv4_status st = dsv4_write_file_atomic(path, withnl, len + 1, err);
     free(withnl);
     return st;
 }
@@ -1496,7 +1468,7 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *sc
         free(b.s);
         return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
     }
-    dsv4_status st = write_atomic(path, b.s, b.n, err);
+    dsv4_status st = dsv4_write_file_atomic(path, b.s, b.n, err);
     free(b.s);
     return st;
 }

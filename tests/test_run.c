@@ -365,6 +365,89 @@ START_TEST(reports_hold_every_case)
 }
 END_TEST
 
+/* s with & < > " ' escaped the way report.html escapes them. */
+static void html_escaped(const char *s, char *out, size_t n)
+{
+    size_t k = 0;
+    for (; *s && k + 8 < n; s++) {
+        const char *ent = *s == '&' ? "&amp;" : *s == '<' ? "&lt;" : *s == '>' ? "&gt;" : *s == '"' ? "&quot;"
+                        : *s == '\'' ? "&#39;" : NULL;
+        if (ent) {
+            memcpy(out + k, ent, strlen(ent));
+            k += strlen(ent);
+        } else {
+            out[k++] = *s;
+        }
+    }
+    out[k] = '\0';
+}
+
+START_TEST(html_report)
+{
+    static const char yaml[] = "name: html\n"
+                               "defaults: {preset: mini, layer: 1, topology: {backend: ref}, tokens: [8]}\n"
+                               "axes:\n"
+                               "  tokens: [[0], [8]]\n"
+                               "cases:\n"
+                               "  - {name: \"a<b>&'q\\\"\", checks: [refusal], expect: {refused: 'x'}}\n"
+                               "  - {name: skipped, tokens: [1], checks: [clamp_exercised]}\n"
+                               "  - {name: two, topology: {world: 2, dp: 2, ep: 2, backend: ref}, tokens: [8, 0]}\n";
+    dsv4_scenario *s = load_str(yaml, "html.yaml");
+    dsv4_run_results *r = run(s, -1);
+    char hp[512];
+    tu_path(hp, sizeof hp, "run_report.html");
+    dsv4_error e;
+    ck_assert_msg(dsv4_report_html(r, hp, &e) == DSV4_OK, "%s", e.message);
+    char *h = slurp(hp);
+    ck_assert_ptr_nonnull(strstr(h, "<!DOCTYPE html>"));
+    ck_assert_ptr_nonnull(strstr(h, "</html>"));
+    for (size_t i = 0; i < dsv4_run_count(r); i++) {
+        char esc[1024];
+        html_escaped(dsv4_case_name(dsv4_run_get(r, i)), esc, sizeof esc);
+        ck_assert_msg(strstr(h, esc), "report.html lacks case '%s'", esc);
+    }
+    ck_assert_ptr_nonnull(strstr(h, "html/a&lt;b&gt;&amp;&#39;q&quot;"));
+    ck_assert_ptr_null(strstr(h, "a<b>"));
+    ck_assert_ptr_nonnull(strstr(h, "<svg"));
+    /* ULP bars for the cases with numerics, memory bars for every planned case */
+    ck_assert_uint_ge(count_str(h, "<svg class=\"ulp\""), 2);
+    ck_assert_uint_ge(count_str(h, "<svg class=\"mem\""), 3);
+    dsv4_run_summary sum = dsv4_run_summarize(r);
+    ck_assert_uint_eq(sum.cases, 5);
+    ck_assert_uint_eq(sum.failed, 1);
+    char want[64];
+    snprintf(want, sizeof want, "id=\"s-cases\">%zu<", sum.cases);
+    ck_assert_ptr_nonnull(strstr(h, want));
+    snprintf(want, sizeof want, "id=\"s-passed\">%zu<", sum.passed);
+    ck_assert_ptr_nonnull(strstr(h, want));
+    snprintf(want, sizeof want, "id=\"s-failed\">%zu<", sum.failed);
+    ck_assert_ptr_nonnull(strstr(h, want));
+    snprintf(want, sizeof want, "id=\"s-skipped\">%zu<", sum.skipped);
+    ck_assert_ptr_nonnull(strstr(h, want));
+    snprintf(want, sizeof want, "id=\"s-errors\">%zu<", sum.errors);
+    ck_assert_ptr_nonnull(strstr(h, want));
+    /* the failing refusal's detail is shown, escaped; self-contained: no script, no external resource */
+    ck_assert_ptr_nonnull(strstr(h, "refusal fail"));
+    ck_assert_ptr_null(strstr(h, "<script"));
+    ck_assert_ptr_null(strstr(h, "src="));
+    ck_assert_ptr_null(strstr(h, "href="));
+    free(h);
+
+    /* An unwritable path fails and leaves nothing: a missing folder, and a target that is a folder. */
+    ck_assert_int_eq(dsv4_report_html(r, "/nonexistent-dir/report.html", &e), DSV4_ERR_IO);
+    ck_assert_int_eq(dsv4_report_html(NULL, hp, &e), DSV4_ERR_INVALID_ARG);
+    char dir[512], cmd[1200];
+    tu_path(dir, sizeof dir, "run_html_dir");
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/sub", dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(dsv4_report_html(r, dir, &e), DSV4_ERR_IO);
+    snprintf(cmd, sizeof cmd, "ls %s | grep -q 'run_html_dir.tmp\\|run_report.html.tmp'", tu_tmpdir());
+    ck_assert_int_ne(system(cmd), 0);
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+}
+END_TEST
+
 START_TEST(cli_exit_statuses)
 {
     char out[16384], args[2048], dir[512], f[512];
@@ -385,6 +468,9 @@ START_TEST(cli_exit_statuses)
     ck_assert(tu_file_exists(jp));
     snprintf(jp, sizeof jp, "%s/junit.xml", dir);
     ck_assert(tu_file_exists(jp));
+    snprintf(jp, sizeof jp, "%s/report.html", dir);
+    ck_assert(tu_file_exists(jp));
+    ck_assert_ptr_nonnull(strstr(out, "report.html"));
 
     /* 1: a failing case, listed with its check's detail */
     tu_path(f, sizeof f, "run_fail.yaml");
@@ -433,6 +519,7 @@ Suite *run_suite(void)
     tcase_add_test(t, checks_pass_fail_and_skip_by_their_rules);
     tcase_add_test(t, filter_and_appending_results);
     tcase_add_test(t, reports_hold_every_case);
+    tcase_add_test(t, html_report);
     tcase_add_test(t, cli_exit_statuses);
     suite_add_tcase(s, t);
     return s;

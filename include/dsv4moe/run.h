@@ -125,6 +125,18 @@ dsv4_status dsv4_report_json(const dsv4_run_results *results, const dsv4_scenari
 dsv4_status dsv4_report_junit(const dsv4_run_results *results, const dsv4_scenario *scn, const char *path,
                               dsv4_error *err);
 
+/*
+ * report.html (compare/report_html.c): one self-contained page (inline CSS
+ * and SVG, no script, no external resource) for every case of results: a
+ * summary table; every case with its status and checks (each detail as a
+ * tooltip, failing details shown in full); per case with numerics the bf16
+ * ULP percentiles (p50/p90/p99/p99.9/max, log scale) and the error metrics;
+ * memory bars (budget, planned maximum and step, measured peak); for a
+ * symmetry failure the two ranks' differing collectives side by side. All
+ * text is escaped. Written atomically like the others.
+ */
+dsv4_status dsv4_report_html(const dsv4_run_results *results, const char *path, dsv4_error *err);
+
 #ifdef __cplusplus
 }
 #endif
