@@ -151,6 +151,26 @@ START_TEST(ci_on_cpu)
 }
 END_TEST
 
+/* scenarios/seed-review.yaml: one case per finding of the review; clean, every case passes. */
+START_TEST(seed_review_clean)
+{
+    const char *src = getenv("DSV4MOE_SRC");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/scenarios/seed-review.yaml", src ? src : ".");
+    dsv4_scenario *s;
+    dsv4_error e;
+    ck_assert_msg(dsv4_scenario_load(path, &s, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_uint_eq(dsv4_scenario_count(s), 14);
+    dsv4_run_results *r = run(s, DSV4_BACKEND_CPU);
+    dsv4_run_summary sum = dsv4_run_summarize(r);
+    if (sum.passed != sum.cases)
+        dump_failures(r);
+    ck_assert_uint_eq(sum.passed, sum.cases);
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+}
+END_TEST
+
 static const char CHECKS_YAML[] =
     "name: checks\n"
     "defaults:\n"
@@ -516,6 +536,7 @@ Suite *run_suite(void)
     tcase_set_timeout(t, 300);
     tcase_add_test(t, ci_passes_on_ref);
     tcase_add_test(t, ci_on_cpu);
+    tcase_add_test(t, seed_review_clean);
     tcase_add_test(t, checks_pass_fail_and_skip_by_their_rules);
     tcase_add_test(t, filter_and_appending_results);
     tcase_add_test(t, reports_hold_every_case);
