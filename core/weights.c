@@ -298,3 +298,60 @@ void dsv4_matrix_dequant_rows(const dsv4_matrix_view *m, int64_t n0, int64_t row
         break;
     }
 }
+
+static float *unpack_f32(dsv4_allocator *a, const uint8_t *p, int64_t n)
+{
+    float *o = dsv4_alloc(a, (size_t)(n > 0 ? n : 1) * sizeof *o);
+    if (o)
+        for (int64_t i = 0; i < n; i++)
+            o[i] = dsv4_load_f32(p, i);
+    return o;
+}
+
+void dsv4_router_tensors_release(dsv4_router_tensors *t, dsv4_allocator *a)
+{
+    if (!t)
+        return;
+    dsv4_release(a, t->gate);
+    dsv4_release(a, t->bias);
+    dsv4_release(a, t->tid2eid);
+    dsv4_release(a, t->pred_norm);
+    dsv4_release(a, t->pred_w);
+    dsv4_release(a, t->pred_b);
+    memset(t, 0, sizeof *t);
+}
+
+dsv4_status dsv4_router_tensors_load(const dsv4_checkpoint *ck, const dsv4_config *c, dsv4_allocator *a,
+                                     dsv4_router_tensors *out, dsv4_error *err)
+{
+    if (!out)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "weights", "output must not be NULL");
+    memset(out, 0, sizeof *out);
+    dsv4_router_view v;
+    dsv4_status st = dsv4_weights_router(ck, c, &v, err);
+    if (st)
+        return st;
+    int64_t E = c->n_routed_experts, H = c->dim, VK = c->vocab_size * c->n_activated;
+    dsv4_router_tensors t;
+    memset(&t, 0, sizeof t);
+    if (!(t.gate = dsv4_alloc(a, (size_t)(E * H) * sizeof *t.gate)))
+        goto nomem;
+    for (int64_t i = 0; i < E * H; i++)
+        t.gate[i] = dsv4_load_bf16(v.gate, i);
+    if (v.tid2eid) {
+        if (!(t.tid2eid = dsv4_alloc(a, (size_t)VK * sizeof *t.tid2eid)))
+            goto nomem;
+        for (int64_t i = 0; i < VK; i++)
+            t.tid2eid[i] = dsv4_load_i32(v.tid2eid, i);
+    }
+    if ((v.bias && !(t.bias = unpack_f32(a, v.bias, E))) ||
+        (v.pred_norm && !(t.pred_norm = unpack_f32(a, v.pred_norm, E))) ||
+        (v.pred_weight && (!(t.pred_w = unpack_f32(a, v.pred_weight, E * H)) || !(t.pred_b = unpack_f32(a, v.pred_bias, E)))))
+        goto nomem;
+    *out = t;
+    return DSV4_OK;
+nomem:
+    dsv4_router_tensors_release(&t, a);
+    return dsv4_seterr(err, DSV4_ERR_NOMEM, "weights", "out of memory unpacking the router of layer %lld",
+                       (long long)c->layer);
+}

@@ -21,11 +21,7 @@ typedef struct {
 struct dsv4_ref {
     dsv4_config cfg;
     int threads;
-    dsv4_router_view router;
-    float *gate;      /* [E, H] fp32 */
-    float *bias;      /* [E] or NULL */
-    int32_t *tid2eid; /* [V, K] or NULL */
-    float *pred_norm, *pred_w, *pred_b;
+    dsv4_router_tensors rt;
     matrix *experts;  /* [E][3] */
     matrix shared[3];
 };
@@ -77,15 +73,6 @@ static dsv4_status bind_matrix(dsv4_ref *r, const dsv4_checkpoint *ck, int64_t e
     return DSV4_OK;
 }
 
-static float *copy_f32(const uint8_t *p, int64_t n)
-{
-    float *o = malloc((size_t)(n > 0 ? n : 1) * sizeof *o);
-    if (o)
-        for (int64_t i = 0; i < n; i++)
-            o[i] = dsv4_load_f32(p, i);
-    return o;
-}
-
 void dsv4_ref_free(dsv4_ref *r)
 {
     if (!r)
@@ -101,12 +88,7 @@ void dsv4_ref_free(dsv4_ref *r)
         free(r->shared[p].owned_q);
         free(r->shared[p].owned_s);
     }
-    free(r->gate);
-    free(r->bias);
-    free(r->tid2eid);
-    free(r->pred_norm);
-    free(r->pred_w);
-    free(r->pred_b);
+    dsv4_router_tensors_release(&r->rt, NULL);
     free(r);
 }
 
@@ -129,28 +111,9 @@ dsv4_status dsv4_ref_create(const dsv4_config *cfg, const dsv4_checkpoint *ck, i
     r->cfg = *cfg;
     r->threads = threads;
     const dsv4_config *c = &r->cfg;
-    int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
-    if ((st = dsv4_weights_router(ck, c, &r->router, err)))
+    int64_t E = c->n_routed_experts;
+    if ((st = dsv4_router_tensors_load(ck, c, NULL, &r->rt, err)))
         goto fail;
-    r->gate = malloc((size_t)(E * H) * sizeof *r->gate);
-    if (!r->gate)
-        goto nomem;
-    for (int64_t i = 0; i < E * H; i++)
-        r->gate[i] = dsv4_load_bf16(r->router.gate, i);
-    if (r->router.bias && !(r->bias = copy_f32(r->router.bias, E)))
-        goto nomem;
-    if (r->router.tid2eid) {
-        r->tid2eid = malloc((size_t)(c->vocab_size * K) * sizeof *r->tid2eid);
-        if (!r->tid2eid)
-            goto nomem;
-        for (int64_t i = 0; i < c->vocab_size * K; i++)
-            r->tid2eid[i] = dsv4_load_i32(r->router.tid2eid, i);
-    }
-    if (r->router.pred_norm && !(r->pred_norm = copy_f32(r->router.pred_norm, E)))
-        goto nomem;
-    if (r->router.pred_weight &&
-        (!(r->pred_w = copy_f32(r->router.pred_weight, E * H)) || !(r->pred_b = copy_f32(r->router.pred_bias, E))))
-        goto nomem;
     r->experts = calloc((size_t)(3 * E), sizeof *r->experts);
     if (!r->experts)
         goto nomem;
@@ -203,14 +166,14 @@ static void route_tokens(void *p, int64_t b, int64_t e)
         float *w = j->w + t * K;
         bool finite = true;
         for (int64_t ex = 0; ex < E; ex++) {
-            l[ex] = dsv4_ref_dot(x, r->gate + ex * H, H);
+            l[ex] = dsv4_ref_dot(x, r->rt.gate + ex * H, H);
             if (c->gate_logits == DSV4_GATE_LOGITS_BF16)
                 l[ex] = dsv4_round_bf16(l[ex]);
             finite = finite && isfinite(l[ex]);
         }
         if (finite) {
             dsv4_ref_scores(c, l, s);
-            dsv4_ref_select(c, s, r->bias, hash ? r->tid2eid + (int64_t)j->in_ids[t] * K : NULL, ids, w);
+            dsv4_ref_select(c, s, r->rt.bias, hash ? r->rt.tid2eid + (int64_t)j->in_ids[t] * K : NULL, ids, w);
             /* Finite logits so negative that every selected score underflows to 0 give 0/0
                weights: such a row takes the fallback too rather than poisoning its output. */
             for (int64_t k = 0; k < K; k++)
@@ -232,9 +195,9 @@ static void route_tokens(void *p, int64_t b, int64_t e)
             for (int64_t k = 0; k < K; k++) {
                 int32_t ex = ids[k];
                 if (c->top_p_predictor == DSV4_PREDICTOR_CONST)
-                    norms[k] = r->pred_norm[ex];
+                    norms[k] = r->rt.pred_norm[ex];
                 else if (c->top_p_predictor == DSV4_PREDICTOR_LINEAR) {
-                    float v = dsv4_ref_dot(r->pred_w + (int64_t)ex * H, x, H) + r->pred_b[ex];
+                    float v = dsv4_ref_dot(r->rt.pred_w + (int64_t)ex * H, x, H) + r->rt.pred_b[ex];
                     norms[k] = v > 0.0f ? v : 0.0f;
                 } else
                     norms[k] = 1.0f;
@@ -263,7 +226,7 @@ dsv4_status dsv4_ref_check_ids(const dsv4_ref *r, int64_t T, const int32_t *in_i
                                    in_ids[t], (long long)c->vocab_size);
             }
             for (int64_t k = 0; k < K; k++) {
-                int32_t ex = r->tid2eid[(int64_t)in_ids[t] * K + k];
+                int32_t ex = r->rt.tid2eid[(int64_t)in_ids[t] * K + k];
                 if (ex < 0 || ex >= E) {
                     char where[96];
                     snprintf(where, sizeof where, "tid2eid[%d, %lld]", in_ids[t], (long long)k);

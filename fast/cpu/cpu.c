@@ -82,10 +82,7 @@ typedef struct cpu_be {
     int64_t chunk, max_tokens;
     bool simd, avx512;
     dsv4_allocator *persist, *ws;
-    float *gate;      /* [E, H] fp32 (bf16 values) */
-    float *bias;      /* [E] or NULL */
-    int32_t *tid2eid; /* [V, K] or NULL */
-    float *pred_norm, *pred_w, *pred_b;
+    dsv4_router_tensors rt;
     cmat *experts;    /* [E][3] */
     cmat shared[3];
     struct {
@@ -869,11 +866,11 @@ static void route(void *p, int64_t lo, int64_t hi)
         /* selection (2.3) */
         if (hash) {
             for (int64_t k = 0; k < K; k++)
-                ids[k] = b->tid2eid[(int64_t)j->in_ids[t] * K + k];
+                ids[k] = b->rt.tid2eid[(int64_t)j->in_ids[t] * K + k];
         } else {
             int64_t n = 0;
             for (int64_t e = 0; e < E; e++) {
-                float v = b->bias ? s[e] + b->bias[e] : s[e];
+                float v = b->rt.bias ? s[e] + b->rt.bias[e] : s[e];
                 if (n == K && !before(v, (int32_t)e, key[K - 1], ids[K - 1]))
                     continue;
                 int64_t pos = n < K ? n++ : K - 1;
@@ -906,9 +903,9 @@ static void route(void *p, int64_t lo, int64_t hi)
             for (int64_t k = 0; k < K; k++) {
                 int32_t ex = ids[k];
                 if (c->top_p_predictor == DSV4_PREDICTOR_CONST)
-                    norms[k] = b->pred_norm[ex];
+                    norms[k] = b->rt.pred_norm[ex];
                 else if (c->top_p_predictor == DSV4_PREDICTOR_LINEAR) {
-                    const float *pw = b->pred_w + (int64_t)ex * H;
+                    const float *pw = b->rt.pred_w + (int64_t)ex * H;
                     float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
                     int64_t i = 0;
                     for (; i + 4 <= H; i += 4) {
@@ -919,7 +916,7 @@ static void route(void *p, int64_t lo, int64_t hi)
                     }
                     for (; i < H; i++)
                         a0 += pw[i] * x[i];
-                    float v = ((a0 + a1) + (a2 + a3)) + b->pred_b[ex];
+                    float v = ((a0 + a1) + (a2 + a3)) + b->rt.pred_b[ex];
                     norms[k] = v > 0.0f ? v : 0.0f;
                 } else
                     norms[k] = 1.0f;
@@ -978,7 +975,7 @@ static void logits_rows(void *p, int64_t lo, int64_t hi)
     const dsv4_config *c = &j->b->cfg;
     int64_t E = c->n_routed_experts, H = c->dim;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo), (int)E, (int)H, 1.0f, j->xf + lo * H,
-                (int)H, j->b->gate, (int)H, 0.0f, j->logits + lo * E, (int)E);
+                (int)H, j->b->rt.gate, (int)H, 0.0f, j->logits + lo * E, (int)E);
 }
 
 /* ---------------- per-row conversions ---------------- */
@@ -1045,7 +1042,7 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
                                    in_ids[t], (long long)c->vocab_size);
             }
             for (int64_t k = 0; k < K; k++) {
-                int32_t ex = b->tid2eid[(int64_t)in_ids[t] * K + k];
+                int32_t ex = b->rt.tid2eid[(int64_t)in_ids[t] * K + k];
                 if (ex < 0 || ex >= E) {
                     char where[96];
                     snprintf(where, sizeof where, "tid2eid[%d, %lld]", in_ids[t], (long long)k);
@@ -1253,12 +1250,7 @@ static void cpu_free(void *p)
         dsv4_release(b->persist, b->shared[i].own_q);
         dsv4_release(b->persist, b->shared[i].own_s);
     }
-    dsv4_release(b->persist, b->gate);
-    dsv4_release(b->persist, b->bias);
-    dsv4_release(b->persist, b->tid2eid);
-    dsv4_release(b->persist, b->pred_norm);
-    dsv4_release(b->persist, b->pred_w);
-    dsv4_release(b->persist, b->pred_b);
+    dsv4_router_tensors_release(&b->rt, b->persist);
     dsv4_allocator_free(b->ws);
     dsv4_allocator_free(b->persist);
     free(b);
@@ -1309,15 +1301,6 @@ static dsv4_status bind(cpu_be *b, const dsv4_checkpoint *ck, int64_t e, int p, 
     return m->v.format != want ? quantize_at_load(b, want, m, err) : DSV4_OK;
 }
 
-static float *copy_f32(cpu_be *b, const uint8_t *p, int64_t n)
-{
-    float *o = dsv4_alloc(b->persist, (size_t)(n > 0 ? n : 1) * sizeof *o);
-    if (o)
-        for (int64_t i = 0; i < n; i++)
-            o[i] = dsv4_load_f32(p, i);
-    return o;
-}
-
 dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, int threads, void **impl,
                                     const dsv4_backend_vtable **vt, dsv4_error *err)
 {
@@ -1356,28 +1339,9 @@ dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint
     if ((st = dsv4_allocator_create(0, &b->persist, err)) || (st = dsv4_allocator_create(0, &b->ws, err)))
         goto fail;
     const dsv4_config *c = &b->cfg;
-    int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
-    dsv4_router_view rv;
-    if ((st = dsv4_weights_router(ck, c, &rv, err)))
+    int64_t E = c->n_routed_experts;
+    if ((st = dsv4_router_tensors_load(ck, c, b->persist, &b->rt, err)))
         goto fail;
-    b->gate = dsv4_alloc(b->persist, (size_t)(E * H) * sizeof *b->gate);
-    if (!b->gate)
-        goto nomem;
-    for (int64_t i = 0; i < E * H; i++)
-        b->gate[i] = dsv4_load_bf16(rv.gate, i);
-    if (rv.bias && !(b->bias = copy_f32(b, rv.bias, E)))
-        goto nomem;
-    if (rv.tid2eid) {
-        b->tid2eid = dsv4_alloc(b->persist, (size_t)(c->vocab_size * K) * sizeof *b->tid2eid);
-        if (!b->tid2eid)
-            goto nomem;
-        for (int64_t i = 0; i < c->vocab_size * K; i++)
-            b->tid2eid[i] = dsv4_load_i32(rv.tid2eid, i);
-    }
-    if (rv.pred_norm && !(b->pred_norm = copy_f32(b, rv.pred_norm, E)))
-        goto nomem;
-    if (rv.pred_weight && (!(b->pred_w = copy_f32(b, rv.pred_weight, E * H)) || !(b->pred_b = copy_f32(b, rv.pred_bias, E))))
-        goto nomem;
     b->experts = dsv4_alloc(b->persist, (size_t)(3 * E) * sizeof *b->experts);
     if (!b->experts)
         goto nomem;

@@ -11,6 +11,7 @@
 #define DSV4MOE_WEIGHTS_H
 
 #include <stdint.h>
+#include "alloc.h"
 #include "config.h"
 #include "safetensors.h"
 
@@ -63,6 +64,24 @@ dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ckpt, const dsv4_config *
    naming the key and the element. */
 dsv4_status dsv4_weights_router(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, dsv4_router_view *out,
                                 dsv4_error *err);
+
+/* The router's tensors unpacked into aligned arrays, as the backends compute with them. */
+typedef struct dsv4_router_tensors {
+    float *gate;         /* [E, H] (bf16 values) */
+    float *bias;         /* [E] or NULL */
+    int32_t *tid2eid;    /* [V, K] or NULL */
+    float *pred_norm;    /* [E] or NULL */
+    float *pred_w;       /* [E, H] or NULL */
+    float *pred_b;       /* [E] or NULL */
+} dsv4_router_tensors;
+
+/* dsv4_weights_router, then unpacks every present tensor through `alloc` (NULL: the system
+   allocator). On error nothing stays allocated. */
+dsv4_status dsv4_router_tensors_load(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, dsv4_allocator *alloc,
+                                     dsv4_router_tensors *out, dsv4_error *err);
+/* Releases what dsv4_router_tensors_load allocated (through the same allocator); zeroes *t.
+   NULL is a no-op. */
+void dsv4_router_tensors_release(dsv4_router_tensors *t, dsv4_allocator *alloc);
 
 /* Dequantizes rows [n0, n0 + rows) of a view into out[rows, k] as fp32. */
 void dsv4_matrix_dequant_rows(const dsv4_matrix_view *m, int64_t n0, int64_t rows, float *out);
