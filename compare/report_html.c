@@ -18,69 +18,13 @@
 #include <unistd.h>
 
 #include "fileio.h"
+#include "strbuf.h"
 #include "dsv4moe/run.h"
 #include "err.h"
 
-typedef struct {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} hbuf;
-
-static void hb_put(hbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 16384;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *ns = realloc(b->s, cap);
-        if (!ns) {
-            b->oom = true;
-            return;
-        }
-        b->s = ns;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
-
-static void hb_str(hbuf *b, const char *s) { hb_put(b, s, strlen(s)); }
-
-static void hb_printf(hbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void hb_printf(hbuf *b, const char *fmt, ...)
-{
-    char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        b->oom = true;
-        return;
-    }
-    if ((size_t)n < sizeof small) {
-        hb_put(b, small, (size_t)n);
-        return;
-    }
-    char *s = malloc((size_t)n + 1);
-    if (!s) {
-        b->oom = true;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    hb_put(b, s, (size_t)n);
-    free(s);
-}
-
 /* Text or attribute value: & < > " ' escaped, newline kept as &#10;, other control characters dropped,
    invalid UTF-8 bytes replaced with '?'. At most `max` bytes of s (0: all). */
-static void hb_esc_n(hbuf *b, const char *s, size_t max)
+static void hb_esc_n(dsv4_strbuf *b, const char *s, size_t max)
 {
     const unsigned char *p = (const unsigned char *)(s ? s : ""), *end = p + (max ? max : strlen((const char *)p));
     while (p < end && *p) {
@@ -88,29 +32,29 @@ static void hb_esc_n(hbuf *b, const char *s, size_t max)
         const char *ent = ch == '&' ? "&amp;" : ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '"' ? "&quot;"
                         : ch == '\'' ? "&#39;" : ch == '\n' ? "&#10;" : ch == '\t' ? " " : NULL;
         if (ent) {
-            hb_put(b, ent, strlen(ent));
+            dsv4_sb_put(b, ent, strlen(ent));
             p++;
         } else if (ch < 0x20 || ch == 0x7f) {
             p++;
         } else if (ch < 0x80) {
-            hb_put(b, (const char *)p++, 1);
+            dsv4_sb_put(b, (const char *)p++, 1);
         } else {
             int len = ch >= 0xf0 && ch < 0xf5 ? 4 : ch >= 0xe0 && ch < 0xf0 ? 3 : ch >= 0xc2 && ch < 0xe0 ? 2 : 0;
             bool ok = len > 0 && p + len <= end;
             for (int k = 1; ok && k < len; k++)
                 ok = (p[k] & 0xc0) == 0x80;
             if (ok) {
-                hb_put(b, (const char *)p, (size_t)len);
+                dsv4_sb_put(b, (const char *)p, (size_t)len);
                 p += len;
             } else {
-                hb_str(b, "?");
+                dsv4_sb_str(b, "?");
                 p++;
             }
         }
     }
 }
 
-static void hb_esc(hbuf *b, const char *s) { hb_esc_n(b, s, 0); }
+static void hb_esc(dsv4_strbuf *b, const char *s) { hb_esc_n(b, s, 0); }
 
 
 static void human_bytes(uint64_t v, char *buf, size_t n)
@@ -126,29 +70,29 @@ static void human_bytes(uint64_t v, char *buf, size_t n)
 }
 
 /* ULP percentiles as vertical bars, height log2(1 + ulp) against the case's maximum. */
-static void svg_ulp(hbuf *b, const dsv4_compare_metrics *m)
+static void svg_ulp(dsv4_strbuf *b, const dsv4_compare_metrics *m)
 {
     const char *lab[5] = {"p50", "p90", "p99", "p99.9", "max"};
     uint32_t v[5] = {m->ulp_p50, m->ulp_p90, m->ulp_p99, m->ulp_p999, m->ulp_max};
     double top = log2(1.0 + (m->ulp_max > 1 ? m->ulp_max : 1));
     const int W = 200, H = 70, bw = 30;
-    hb_printf(b, "<svg class=\"ulp\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">"
+    dsv4_sb_printf(b, "<svg class=\"ulp\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">"
                  "<title>bf16 ULP distance percentiles (log scale)</title>", W, H + 28, W, H + 28);
-    hb_printf(b, "<line x1=\"0\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#999\"/>", H, W, H);
+    dsv4_sb_printf(b, "<line x1=\"0\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#999\"/>", H, W, H);
     for (int i = 0; i < 5; i++) {
         double h = top > 0 ? log2(1.0 + v[i]) / top * (H - 12) : 0;
         int x = 8 + i * 38;
         const char *col = v[i] == 0 ? "#6a6" : v[i] <= 1 ? "#cb4" : "#d55";
-        hb_printf(b, "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"%s\"><title>ulp %s = %u</title>"
+        dsv4_sb_printf(b, "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"%s\"><title>ulp %s = %u</title>"
                      "</rect>", x, H - h, bw, h > 0 ? h : 0.0, col, lab[i], v[i]);
-        hb_printf(b, "<text x=\"%d\" y=\"%.1f\" class=\"v\">%u</text>", x + bw / 2, H - h - 2, v[i]);
-        hb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"l\">%s</text>", x + bw / 2, H + 12, lab[i]);
+        dsv4_sb_printf(b, "<text x=\"%d\" y=\"%.1f\" class=\"v\">%u</text>", x + bw / 2, H - h - 2, v[i]);
+        dsv4_sb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"l\">%s</text>", x + bw / 2, H + 12, lab[i]);
     }
-    hb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"l\">bf16 ULP, log2(1+ulp) scale</text></svg>", W / 2, H + 25);
+    dsv4_sb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"l\">bf16 ULP, log2(1+ulp) scale</text></svg>", W / 2, H + 25);
 }
 
 /* Budget, planned maximum, planned step and measured peak as horizontal bars, log10 bytes from 1 KiB. */
-static void svg_mem(hbuf *b, const dsv4_case_memory *mem)
+static void svg_mem(dsv4_strbuf *b, const dsv4_case_memory *mem)
 {
     const char *lab[4] = {"budget", "planned max", "planned step", "peak"};
     uint64_t v[4] = {mem->available, mem->planned_max, mem->planned_step, mem->peak};
@@ -158,7 +102,7 @@ static void svg_mem(hbuf *b, const dsv4_case_memory *mem)
         mx = v[i] > mx ? v[i] : mx;
     double lo = log10(1024.0), span = log10((double)mx) - lo;
     const int W = 300, bar_x = 78, bar_w = 130, rh = 14;
-    hb_printf(b, "<svg class=\"mem\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">"
+    dsv4_sb_printf(b, "<svg class=\"mem\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">"
                  "<title>memory per case (log scale from 1 KiB)</title>", W, 4 * rh + 4, W, 4 * rh + 4);
     for (int i = 0; i < 4; i++) {
         char hb[32];
@@ -169,39 +113,39 @@ static void svg_mem(hbuf *b, const dsv4_case_memory *mem)
             snprintf(hb, sizeof hb, "not measured");
         else
             human_bytes(v[i], hb, sizeof hb);
-        hb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"ml\">%s</text>", bar_x - 4, y + 10, lab[i]);
-        hb_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#eee\"/>", bar_x, y + 1, bar_w, rh - 3);
-        hb_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>%s: %s (%llu bytes)"
+        dsv4_sb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"ml\">%s</text>", bar_x - 4, y + 10, lab[i]);
+        dsv4_sb_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#eee\"/>", bar_x, y + 1, bar_w, rh - 3);
+        dsv4_sb_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>%s: %s (%llu bytes)"
                      "</title></rect>", bar_x, y + 1, f * bar_w, rh - 3, col[i], lab[i], hb,
                   (unsigned long long)v[i]);
-        hb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"mv\">%s</text>", bar_x + bar_w + 4, y + 10, hb);
+        dsv4_sb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"mv\">%s</text>", bar_x + bar_w + 4, y + 10, hb);
     }
-    hb_str(b, "</svg>");
+    dsv4_sb_str(b, "</svg>");
 }
 
 /* "... rank 0 [A] vs rank R [B] (...)" (compare/run.c's symmetry detail): both entries side by side. */
-static bool symmetry_table(hbuf *b, const char *d)
+static bool symmetry_table(dsv4_strbuf *b, const char *d)
 {
     const char *a0 = strstr(d, "rank 0 ["), *vs = a0 ? strstr(a0, "] vs rank ") : NULL;
     const char *b0 = vs ? strchr(vs + 10, '[') : NULL, *b1 = b0 ? strstr(b0, "] (") : NULL;
     if (!b1)
         return false;
     const char *hash = strstr(d, "#");
-    hb_str(b, "<table class=\"sym\"><tr><th>position</th><th>rank 0</th><th>rank ");
+    dsv4_sb_str(b, "<table class=\"sym\"><tr><th>position</th><th>rank 0</th><th>rank ");
     size_t rl = (size_t)(b0 - (vs + 10));
     hb_esc_n(b, vs + 10, rl > 1 && vs[10 + rl - 1] == ' ' ? rl - 1 : rl);
-    hb_str(b, "</th></tr><tr><td>");
+    dsv4_sb_str(b, "</th></tr><tr><td>");
     if (hash && hash < a0) {
         size_t k = strspn(hash + 1, "0123456789");
         hb_esc_n(b, hash, k + 1);
     }
-    hb_str(b, "</td><td class=\"tr\">");
+    dsv4_sb_str(b, "</td><td class=\"tr\">");
     hb_esc_n(b, a0 + 8, (size_t)(vs - (a0 + 8)));
-    hb_str(b, "</td><td class=\"tr\">");
+    dsv4_sb_str(b, "</td><td class=\"tr\">");
     hb_esc_n(b, b0 + 1, (size_t)(b1 - (b0 + 1)));
-    hb_str(b, "</td></tr></table><div class=\"note\">");
+    dsv4_sb_str(b, "</td></tr></table><div class=\"note\">");
     hb_esc(b, b1 + 2);
-    hb_str(b, "</div>");
+    dsv4_sb_str(b, "</div>");
     return true;
 }
 
@@ -225,71 +169,71 @@ dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_e
 {
     if (!R || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and path must not be NULL");
-    hbuf b = {0};
+    dsv4_strbuf b = {0};
     dsv4_run_summary s = dsv4_run_summarize(R);
-    hb_printf(&b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>dsv4moe report</title>"
+    dsv4_sb_printf(&b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>dsv4moe report</title>"
                   "<style>%s</style></head><body>\n<h1>dsv4moe run report</h1>\n", CSS);
-    hb_printf(&b, "<table class=\"summary\"><tr><th>cases</th><th>passed</th><th>failed</th><th>skipped</th>"
+    dsv4_sb_printf(&b, "<table class=\"summary\"><tr><th>cases</th><th>passed</th><th>failed</th><th>skipped</th>"
                   "<th>errors</th><th>time (s)</th><th>version</th></tr>\n<tr><td class=\"num\" id=\"s-cases\">%zu</td>"
                   "<td class=\"num pass\" id=\"s-passed\">%zu</td><td class=\"num%s\" id=\"s-failed\">%zu</td>"
                   "<td class=\"num\" id=\"s-skipped\">%zu</td><td class=\"num%s\" id=\"s-errors\">%zu</td>"
                   "<td class=\"num\">%.2f</td><td>%s</td></tr></table>\n",
               s.cases, s.passed, s.failed ? " fail" : "", s.failed, s.skipped, s.errors ? " error" : "", s.errors,
               s.seconds, DSV4_VERSION);
-    hb_str(&b, "<h2>Cases</h2>\n<p class=\"note\">Hover a check for its detail. ULP bars: bf16 ULP distance "
+    dsv4_sb_str(&b, "<h2>Cases</h2>\n<p class=\"note\">Hover a check for its detail. ULP bars: bf16 ULP distance "
                "percentiles of all ranks' outputs (per-element errors and worst elements are not kept by the "
                "runner). Memory bars: log scale from 1 KiB.</p>\n<table class=\"cases\"><tr><th>#</th>"
                "<th>case</th><th>status</th><th>checks</th><th>time (s)</th><th>numerics</th><th>memory</th></tr>\n");
     for (size_t i = 0; i < dsv4_run_count(R); i++) {
         const dsv4_case_result *c = dsv4_run_get(R, i);
         dsv4_result st = dsv4_case_status(c);
-        hb_printf(&b, "<tr id=\"case-%zu\"><td class=\"num\">%zu</td><td class=\"name\">", i, i);
+        dsv4_sb_printf(&b, "<tr id=\"case-%zu\"><td class=\"num\">%zu</td><td class=\"name\">", i, i);
         hb_esc(&b, dsv4_case_name(c));
-        hb_printf(&b, "</td><td class=\"st %s\">%s</td><td>", status_class(st), dsv4_result_name(st));
+        dsv4_sb_printf(&b, "</td><td class=\"st %s\">%s</td><td>", status_class(st), dsv4_result_name(st));
         for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
             const char *d;
             dsv4_result r = dsv4_case_check(c, 1u << k, &d);
             if (r == DSV4_RESULT_SKIP && !strcmp(d, "not requested"))
                 continue;
-            hb_printf(&b, "<div class=\"ck %s\" title=\"", status_class(r));
+            dsv4_sb_printf(&b, "<div class=\"ck %s\" title=\"", status_class(r));
             hb_esc(&b, d);
-            hb_printf(&b, "\">%s: %s</div>", dsv4_check_name(1u << k), dsv4_result_name(r));
+            dsv4_sb_printf(&b, "\">%s: %s</div>", dsv4_check_name(1u << k), dsv4_result_name(r));
         }
-        hb_printf(&b, "</td><td class=\"num\">%.3f</td><td>", dsv4_case_seconds(c));
+        dsv4_sb_printf(&b, "</td><td class=\"num\">%.3f</td><td>", dsv4_case_seconds(c));
         dsv4_compare_metrics m;
         if (dsv4_case_metrics(c, &m)) {
             svg_ulp(&b, &m);
-            hb_printf(&b, "<div class=\"metrics\">n %lld, max_abs %.3g, max_rel %.3g<br>nmse %.3g, diff %.3g, rms %.3g"
+            dsv4_sb_printf(&b, "<div class=\"metrics\">n %lld, max_abs %.3g, max_rel %.3g<br>nmse %.3g, diff %.3g, rms %.3g"
                           "<br>ulp&ne;0 %lld, beyond tol %lld, non-finite %lld</div>",
                       (long long)m.n, m.max_abs, m.max_rel, m.nmse, m.deepgemm_diff, m.rms_ref,
                       (long long)m.ulp_nonzero, (long long)m.tol_violations, (long long)m.bad_nonfinite);
         } else {
-            hb_str(&b, "<span class=\"note\">nothing compared</span>");
+            dsv4_sb_str(&b, "<span class=\"note\">nothing compared</span>");
         }
-        hb_str(&b, "</td><td>");
+        dsv4_sb_str(&b, "</td><td>");
         dsv4_case_memory mem = dsv4_case_memory_of(c);
         if (mem.available || mem.planned_max)
             svg_mem(&b, &mem);
         else
-            hb_str(&b, "<span class=\"note\">no plan</span>");
-        hb_str(&b, "</td></tr>\n");
+            dsv4_sb_str(&b, "<span class=\"note\">no plan</span>");
+        dsv4_sb_str(&b, "</td></tr>\n");
         /* The details of the failing checks, in a row of their own (visible without hovering). */
         for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
             const char *d;
             dsv4_result r = dsv4_case_check(c, 1u << k, &d);
             if (r != DSV4_RESULT_FAIL && r != DSV4_RESULT_ERROR)
                 continue;
-            hb_printf(&b, "<tr><td></td><td colspan=\"6\" class=\"%s\"><b>%s %s</b>", status_class(r),
+            dsv4_sb_printf(&b, "<tr><td></td><td colspan=\"6\" class=\"%s\"><b>%s %s</b>", status_class(r),
                       dsv4_check_name(1u << k), dsv4_result_name(r));
             if (!((1u << k) == DSV4_CHECK_SYMMETRY && symmetry_table(&b, d))) {
-                hb_str(&b, "<div class=\"det\">");
+                dsv4_sb_str(&b, "<div class=\"det\">");
                 hb_esc(&b, d);
-                hb_str(&b, "</div>");
+                dsv4_sb_str(&b, "</div>");
             }
-            hb_str(&b, "</td></tr>\n");
+            dsv4_sb_str(&b, "</td></tr>\n");
         }
     }
-    hb_str(&b, "</table>\n</body></html>\n");
+    dsv4_sb_str(&b, "</table>\n</body></html>\n");
     if (b.oom) {
         free(b.s);
         return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");

@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "fileio.h"
+#include "strbuf.h"
 #include "dsv4moe/dist.h"
 #include "dsv4moe/backend.h"
 #include "dsv4moe/gen.h"
@@ -1271,52 +1272,9 @@ dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn
     return st;
 }
 
-/* A growing string. */
-typedef struct {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *ns = realloc(b->s, cap);
-        if (!ns) {
-            b->oom = true;
-            return;
-        }
-        b->s = ns;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *s = xvasprintf(fmt, ap);
-    va_end(ap);
-    if (!s) {
-        b->oom = true;
-        return;
-    }
-    sb_put(b, s, strlen(s));
-    free(s);
-}
-
 /* XML text or attribute value: the five entities escaped, characters XML 1.0 forbids dropped
    (control characters other than tab, newline, carriage return; bytes of invalid UTF-8 become '?'). */
-static void sb_xml(sbuf *b, const char *s)
+static void sb_xml(dsv4_strbuf *b, const char *s)
 {
     const unsigned char *p = (const unsigned char *)(s ? s : "");
     while (*p) {
@@ -1334,7 +1292,7 @@ static void sb_xml(sbuf *b, const char *s)
         default: break;
         }
         if (ent) {
-            sb_put(b, ent, strlen(ent));
+            dsv4_sb_put(b, ent, strlen(ent));
             p++;
             continue;
         }
@@ -1343,7 +1301,7 @@ static void sb_xml(sbuf *b, const char *s)
             continue;
         }
         if (ch < 0x80) {
-            sb_put(b, (const char *)p, 1);
+            dsv4_sb_put(b, (const char *)p, 1);
             p++;
             continue;
         }
@@ -1353,44 +1311,44 @@ static void sb_xml(sbuf *b, const char *s)
         for (int k = 1; ok && k < len; k++)
             ok = (p[k] & 0xc0) == 0x80;
         if (ok) {
-            sb_put(b, (const char *)p, (size_t)len);
+            dsv4_sb_put(b, (const char *)p, (size_t)len);
             p += len;
         } else {
-            sb_put(b, "?", 1);
+            dsv4_sb_put(b, "?", 1);
             p++;
         }
     }
 }
 
-static void junit_case(sbuf *b, const dsv4_case_result *c)
+static void junit_case(dsv4_strbuf *b, const dsv4_case_result *c)
 {
-    sb_printf(b, "    <testcase classname=\"");
+    dsv4_sb_printf(b, "    <testcase classname=\"");
     sb_xml(b, c->scn_name);
-    sb_printf(b, "\" name=\"");
+    dsv4_sb_printf(b, "\" name=\"");
     sb_xml(b, c->name);
-    sb_printf(b, "\" file=\"");
+    dsv4_sb_printf(b, "\" file=\"");
     sb_xml(b, c->scn_path);
-    sb_printf(b, "\" line=\"%d\" time=\"%.3f\">\n", c->line, c->seconds);
+    dsv4_sb_printf(b, "\" line=\"%d\" time=\"%.3f\">\n", c->line, c->seconds);
     if (c->status == DSV4_RESULT_FAIL || c->status == DSV4_RESULT_ERROR) {
         dsv4_result want = c->status;
         const char *elem = want == DSV4_RESULT_FAIL ? "failure" : "error";
         /* The message names the failing checks; the text holds each one's detail. */
-        sbuf names = {0};
+        dsv4_strbuf names = {0};
         for (int i = 0; i < DSV4_CHECK_COUNT; i++)
             if (c->checks[i].detail && c->checks[i].r == want)
-                sb_printf(&names, "%s%s", names.n ? ", " : "", dsv4_check_name(1u << i));
-        sb_printf(b, "      <%s type=\"check\" message=\"", elem);
+                dsv4_sb_printf(&names, "%s%s", names.n ? ", " : "", dsv4_check_name(1u << i));
+        dsv4_sb_printf(b, "      <%s type=\"check\" message=\"", elem);
         sb_xml(b, names.s ? names.s : "");
-        sb_printf(b, "\">");
+        dsv4_sb_printf(b, "\">");
         free(names.s);
         for (int i = 0; i < DSV4_CHECK_COUNT; i++)
             if (c->checks[i].detail && c->checks[i].r == want) {
                 sb_xml(b, dsv4_check_name(1u << i));
-                sb_put(b, ": ", 2);
+                dsv4_sb_put(b, ": ", 2);
                 sb_xml(b, c->checks[i].detail);
-                sb_put(b, "&#10;", 5);
+                dsv4_sb_put(b, "&#10;", 5);
             }
-        sb_printf(b, "</%s>\n", elem);
+        dsv4_sb_printf(b, "</%s>\n", elem);
     } else if (c->status == DSV4_RESULT_SKIP) {
         const char *why = "every check skipped";
         for (int i = 0; i < DSV4_CHECK_COUNT; i++)
@@ -1398,28 +1356,28 @@ static void junit_case(sbuf *b, const dsv4_case_result *c)
                 why = c->checks[i].detail;
                 break;
             }
-        sb_printf(b, "      <skipped message=\"");
+        dsv4_sb_printf(b, "      <skipped message=\"");
         sb_xml(b, why);
-        sb_printf(b, "\"/>\n");
+        dsv4_sb_printf(b, "\"/>\n");
     }
-    sb_printf(b, "      <system-out>");
+    dsv4_sb_printf(b, "      <system-out>");
     for (int i = 0; i < DSV4_CHECK_COUNT; i++)
         if (c->checks[i].detail) {
             sb_xml(b, dsv4_check_name(1u << i));
-            sb_put(b, " ", 1);
+            dsv4_sb_put(b, " ", 1);
             sb_xml(b, dsv4_result_name(c->checks[i].r));
-            sb_put(b, ": ", 2);
+            dsv4_sb_put(b, ": ", 2);
             sb_xml(b, c->checks[i].detail);
-            sb_put(b, "&#10;", 5);
+            dsv4_sb_put(b, "&#10;", 5);
         }
-    sb_printf(b, "</system-out>\n    </testcase>\n");
+    dsv4_sb_printf(b, "</system-out>\n    </testcase>\n");
 }
 
 dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path, dsv4_error *err)
 {
     if (!R || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and path must not be NULL");
-    sbuf b = {0};
+    dsv4_strbuf b = {0};
     dsv4_run_summary all;
     memset(&all, 0, sizeof all);
     for (size_t i = 0; i < R->n; i++) {
@@ -1432,8 +1390,8 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *sc
         all.skipped += c->status == DSV4_RESULT_SKIP;
         all.errors += c->status == DSV4_RESULT_ERROR;
     }
-    sb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    sb_printf(&b, "<testsuites name=\"dsv4moe\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\" "
+    dsv4_sb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    dsv4_sb_printf(&b, "<testsuites name=\"dsv4moe\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\" "
                   "time=\"%.3f\">\n",
               all.cases, all.failed, all.errors, all.skipped, all.seconds);
     for (size_t k = 0; k < R->nscn; k++) {
@@ -1452,18 +1410,18 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *sc
             s.skipped += c->status == DSV4_RESULT_SKIP;
             s.errors += c->status == DSV4_RESULT_ERROR;
         }
-        sb_printf(&b, "  <testsuite name=\"");
+        dsv4_sb_printf(&b, "  <testsuite name=\"");
         sb_xml(&b, sr->name);
-        sb_printf(&b, "\" file=\"");
+        dsv4_sb_printf(&b, "\" file=\"");
         sb_xml(&b, sr->path);
-        sb_printf(&b, "\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\" time=\"%.3f\">\n", s.cases,
+        dsv4_sb_printf(&b, "\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\" time=\"%.3f\">\n", s.cases,
                   s.failed, s.errors, s.skipped, s.seconds);
         for (size_t i = 0; i < R->n; i++)
             if (R->cases[i]->scn == k)
                 junit_case(&b, R->cases[i]);
-        sb_printf(&b, "  </testsuite>\n");
+        dsv4_sb_printf(&b, "  </testsuite>\n");
     }
-    sb_printf(&b, "</testsuites>\n");
+    dsv4_sb_printf(&b, "</testsuites>\n");
     if (b.oom) {
         free(b.s);
         return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");

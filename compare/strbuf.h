@@ -1,0 +1,20 @@
+/* Internal: a growing NUL-terminated string for the report writers. Not installed. */
+#ifndef DSV4MOE_COMPARE_STRBUF_H
+#define DSV4MOE_COMPARE_STRBUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Zero-initialise; s is NULL until the first append. After a failed allocation `oom` is set and
+   later appends do nothing, so writers check once at the end. The owner frees s. */
+typedef struct {
+    char *s;
+    size_t n, cap;
+    bool oom;
+} dsv4_strbuf;
+
+void dsv4_sb_put(dsv4_strbuf *b, const char *s, size_t n);
+void dsv4_sb_str(dsv4_strbuf *b, const char *s);
+void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif
