@@ -14,8 +14,12 @@ const char CLI_CONFIG_HELP[] =
 
 int cli_fail(const char *cmd, const dsv4_error *err)
 {
-    fprintf(stderr, "dsv4moe %s: %s (%s)\n", cmd, err->message[0] ? err->message : "error",
-            dsv4_status_str(err->status));
+    const char *msg = err->message[0] ? err->message : "error";
+    /* The library names the place first ("plan: ..."); when it is the command itself, say it once. */
+    size_t n = strlen(cmd);
+    if (!strncmp(msg, cmd, n) && msg[n] == ':' && msg[n + 1] == ' ')
+        msg += n + 2;
+    fprintf(stderr, "dsv4moe %s: %s (%s)\n", cmd, msg, dsv4_status_str(err->status));
     return EXIT_BAD_INPUT;
 }
 

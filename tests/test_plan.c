@@ -721,6 +721,9 @@ START_TEST(cli_plan)
     ck_assert_ptr_nonnull(strstr(cli_out, "5000"));
     ck_assert_int_eq(run_cli("plan --layer 5 --dp 4 --ep 4 --role prefill --dispatch low_latency"), 2);
     ck_assert_ptr_nonnull(strstr(cli_out, "low-latency dispatch is decode-only"));
+    /* The place is named once: the command, not the command and then the library's "plan:". */
+    ck_assert_ptr_nonnull(strstr(cli_out, "dsv4moe plan: "));
+    ck_assert_ptr_null(strstr(cli_out, "plan: plan:"));
     ck_assert_int_eq(run_cli("plan --layer 5 --dp 8 --ep 8 --backend cuda --sm 103 --graph on"), 2);
     ck_assert_ptr_nonnull(strstr(cli_out, "sm 103"));
     ck_assert_int_eq(run_cli("plan --layer 5 --graph on"), 2);
