@@ -50,7 +50,7 @@ LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test test-asan test-run cuda bench coverage install clean deps
+.PHONY: all run test test-asan test-run cuda bench bench-cuda bench-cuda-build coverage install clean deps
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -130,6 +130,29 @@ BENCH_CPU_BIN := $(BUILD)/bench/bench_cpu
 
 $(BENCH_CPU_BIN): $(BUILD)/bench/bench_cpu.o $(LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
+
+# The issue-7 device benchmark: ceilings (copy bandwidth, cuBLASLt FP8/bf16 GEMMs) built with nvcc
+# directly, and bench_cuda through the public API against this library (ci/device-check.sh relinks
+# it against build/cuda/libdsv4moe.a when the CUDA build exists). Runs on the GPU machine only.
+BENCH_CUDA_BIN := $(BUILD)/bench/bench_cuda
+CEILINGS_BIN := $(BUILD)/bench/ceilings
+
+$(BENCH_CUDA_BIN): $(BUILD)/bench/bench_cuda.o $(LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
+
+$(CEILINGS_BIN): bench/ceilings.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Werror -o $@ $< -lcublasLt
+
+bench-cuda-build: $(BENCH_CUDA_BIN) $(CEILINGS_BIN)
+
+bench-cuda: deps
+	@$(MAKE) --no-print-directory all bench-cuda-build
+	@mkdir -p $(OUT)/bench
+	$(CEILINGS_BIN) $(OUT)/bench/ceilings.json
+	$(PYTHON) bench/torch_peer.py --json $(OUT)/bench/torch_peer.json
+	$(BENCH_CUDA_BIN) --ceilings $(OUT)/bench/ceilings.json --peer $(OUT)/bench/torch_peer.json \
+	  --json $(OUT)/bench/cuda.json --dir $(OUT)/bench
 
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN) $(BENCH_CPU_BIN)

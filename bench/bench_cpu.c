@@ -30,6 +30,7 @@
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
+#include "bench_util.h"
 #include "parallel.h"
 
 void openblas_set_num_threads(int num_threads);
@@ -81,16 +82,6 @@ typedef struct {
     uint64_t shared_bytes;
 } layer_data;
 
-static uint64_t view_bytes(const dsv4_matrix_view *v)
-{
-    uint64_t b = v->row_bytes * (uint64_t)v->n;
-    if (v->format == DSV4_FORMAT_FP4)
-        b += (uint64_t)(v->n * (v->k / 32));
-    else if (v->format == DSV4_FORMAT_FP8)
-        b += (uint64_t)(((v->n + 127) / 128) * ((v->k + 127) / 128)) * (v->scale_format == DSV4_SCALE_FP32 ? 4 : 1);
-    return b;
-}
-
 static int open_layer(layer_data *L, const char *dir, int64_t tmax)
 {
     dsv4_error e;
@@ -126,14 +117,14 @@ static int open_layer(layer_data *L, const char *dir, int64_t tmax)
         for (int p = 0; p < 3; p++) {
             dsv4_matrix_view v;
             if (dsv4_weights_matrix(L->ck, &L->cfg, x, (dsv4_proj)p, &v, &e) == DSV4_OK)
-                L->expert_bytes[x] += view_bytes(&v);
+                L->expert_bytes[x] += bench_view_bytes(&v);
         }
     }
     L->shared_bytes = 0;
     for (int p = 0; p < 3 && L->cfg.n_shared_experts; p++) {
         dsv4_matrix_view v;
         if (dsv4_weights_matrix(L->ck, &L->cfg, DSV4_SHARED_EXPERT, (dsv4_proj)p, &v, &e) == DSV4_OK)
-            L->shared_bytes += view_bytes(&v);
+            L->shared_bytes += bench_view_bytes(&v);
     }
     return 0;
 }

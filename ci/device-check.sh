@@ -1,0 +1,237 @@
+#!/bin/sh
+# The one device-machine run of issue 7: build, tests, the CUDA checks and the benchmark, in one call.
+#
+#   usage (on the GPU machine, from the repository root):  . ci/device-env.sh && sh ci/device-check.sh
+#
+# Steps (each with its own timeout, all inside one overall budget, DSV4_DEVCHECK_BUDGET seconds,
+# default 480, so the whole run ends well under 9 minutes; a step that would start after the
+# budget is spent is reported "skipped"):
+#   build          make -j16 all, and the benchmark binaries (bench/ceilings.cu with nvcc, bench_cuda)
+#   build-cuda     make cuda (fast/cuda -> build/cuda/libdsv4moe.a, build/cuda/dsv4moe, the CUDA tests)
+#   link-bench     bench_cuda relinked against build/cuda/libdsv4moe.a when that exists
+#   cpu-test       make -j16 PYTHON=python3 test (the Check suite and the CLI tests)
+#   ceilings       copy bandwidth and cuBLASLt FP8 block-scaled / per-tensor / bf16 GEMM rates
+#   torch-peer     bench/torch_peer.py: the same layer in plain PyTorch, per T
+#   bench-cuda     bench_cuda: the CUDA backend per T against the ceilings and the peer
+#   cuda-test      build/cuda/test_cuda (DSV4MOE_CUDA_REQUIRED=1: GPU cases may not skip), when built
+#   gpu-scenario   build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda, when both exist
+#   sanitizer      compute-sanitizer memcheck on the test program's "small" Tcase (CK_RUN_CASE=small,
+#                  CK_FORK=no; DSV4_SANITIZER_ARGS adds arguments)
+# (make cuda-test runs the same three through ci/cuda-test.sh; this script runs them as separate
+# steps with their own timeouts so one hang costs one row.)
+# Absent pieces (the CUDA backend is not there yet) are "absent" rows, not failures.
+# DSV4_DEVCHECK_SKIP="cpu-test torch-peer" skips steps by name (local trials); DSV4_BENCH_ARGS adds
+# arguments to bench_cuda (e.g. --quick: fewer repetitions).
+#
+# Output: at most 8 files under $OUT (the device tool brings back only that many): summary.txt,
+# results.json, ceilings.json, torch_peer.json, bench_cuda.json, logs.tar.gz (every step's log),
+# gpu-report.tar.gz (the scenario report). Large work files (the generated v4-flash layer, about
+# 3.3 GB) go to $DSV4_DEVCHECK_WORK (default /tmp/dsv4-devcheck), never to $OUT.
+# The short table is printed last. Exit status: 0 when no step failed (absent and skipped are not
+# failures), 1 otherwise.
+set -u
+OUT=${OUT:-out/device}
+WORK=${DSV4_DEVCHECK_WORK:-/tmp/dsv4-devcheck}
+BUDGET=${DSV4_DEVCHECK_BUDGET:-480}
+JOBS=${DSV4_DEVCHECK_JOBS:-16}
+PY=${PYTHON:-python3}
+LOGS=$WORK/logs
+mkdir -p "$OUT" "$LOGS" "$WORK/bench"
+: >"$WORK/steps.tsv"
+T_START=$(date +%s)
+
+# step NAME CAP_SECONDS COMMAND: runs COMMAND (sh -c) under min(CAP, budget left), logs to $LOGS/NAME.log
+step() {
+    name=$1 cap=$2
+    shift 2
+    case " ${DSV4_DEVCHECK_SKIP:-} " in
+    *" $name "*)
+        printf '%s\tskipped\t0\tDSV4_DEVCHECK_SKIP\n' "$name" >>"$WORK/steps.tsv"
+        echo "== $name: skipped (DSV4_DEVCHECK_SKIP)"
+        return 2
+        ;;
+    esac
+    now=$(date +%s)
+    left=$((T_START + BUDGET - now))
+    if [ "$left" -lt 15 ]; then
+        printf '%s\tskipped\t0\tout of time (budget %ss)\n' "$name" "$BUDGET" >>"$WORK/steps.tsv"
+        echo "== $name: skipped (budget spent)"
+        return 2
+    fi
+    t=$cap
+    [ "$left" -lt "$t" ] && t=$left
+    echo "== $name (timeout ${t}s): $*"
+    t0=$(date +%s)
+    timeout -k 5 "$t" sh -c "$*" >"$LOGS/$name.log" 2>&1
+    rc=$?
+    dt=$(($(date +%s) - t0))
+    if [ $rc -eq 0 ]; then
+        st=pass note=""
+    elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        st=fail note="timed out after ${t}s"
+    else
+        st=fail note="exit $rc: $(grep -v '^\s*$' "$LOGS/$name.log" | tail -n 1 | cut -c1-110 | tr '\t' ' ')"
+    fi
+    printf '%s\t%s\t%s\t%s\n' "$name" "$st" "$dt" "$note" >>"$WORK/steps.tsv"
+    echo "   $st in ${dt}s $note"
+    tail -n 4 "$LOGS/$name.log" | sed 's/^/   | /'
+    return $rc
+}
+
+absent() {
+    printf '%s\tabsent\t0\t%s\n' "$1" "$2" >>"$WORK/steps.tsv"
+    echo "== $1: absent ($2)"
+}
+
+{
+    echo "device-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), budget ${BUDGET}s, work $WORK, out $OUT"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu \
+        --format=csv 2>&1 || true
+    nvcc --version 2>&1 | tail -n 1 || true
+    $PY -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1 || true
+} | tee "$LOGS/environment.log"
+
+# ---- build ----
+step build 150 "make -j$JOBS all && make -j$JOBS bench-cuda-build"
+step build-cuda 240 "make cuda"
+
+BENCH=build/bench/bench_cuda
+if [ -f build/cuda/libdsv4moe.a ] && [ -f build/bench/bench_cuda.o ]; then
+    # the CUDA library needs the CUDA runtime and cuBLASLt at link time (and C++ for the .cu objects):
+    # the Makefile's CUDA_LDLIBS, overridable here
+    CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+    LINK=${DSV4_CUDA_LDLIBS:-"-L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublasLt -lcudart -lstdc++ -ldl -lrt"}
+    if step link-bench 60 "cc -pthread -o build/cuda/bench_cuda build/bench/bench_cuda.o build/cuda/libdsv4moe.a \
+        -ljansson -lyaml -lopenblas -lm $LINK"; then
+        BENCH=build/cuda/bench_cuda
+    fi
+else
+    absent link-bench "build/cuda/libdsv4moe.a not built: bench_cuda uses the normal library"
+fi
+
+# ---- CPU suite ----
+step cpu-test 150 "make -j$JOBS PYTHON=$PY test"
+
+# ---- measurements ----
+step ceilings 90 "build/bench/ceilings $WORK/bench/ceilings.json"
+step torch-peer 180 "PYTHONUNBUFFERED=1 $PY bench/torch_peer.py --json $WORK/bench/torch_peer.json"
+if [ -x "$BENCH" ]; then
+    step bench-cuda 240 "$BENCH --ceilings $WORK/bench/ceilings.json --peer $WORK/bench/torch_peer.json \
+        --json $WORK/bench/bench_cuda.json --dir $WORK/bench --threads $JOBS ${DSV4_BENCH_ARGS:-}"
+else
+    absent bench-cuda "$BENCH not built"
+fi
+
+# ---- CUDA tests, scenarios, sanitizer ----
+CUDA_TEST=""
+for c in build/cuda/test_cuda build/cuda/tests/test_cuda; do
+    [ -x "$c" ] && CUDA_TEST=$c && break
+done
+# the CUDA tests skip GPU cases without DSV4MOE_CUDA_REQUIRED=1; their scratch goes to $WORK
+CUDA_ENV="DSV4MOE_CUDA_REQUIRED=1 DSV4MOE_TMP=$WORK/cuda-tmp DSV4MOE_SRC=\$(pwd) DSV4MOE_PYTHON=$PY"
+if [ -n "$CUDA_TEST" ]; then
+    step cuda-test 200 "$CUDA_ENV $CUDA_TEST"
+else
+    absent cuda-test "no build/cuda/test_cuda (make cuda builds it with the CUDA backend)"
+fi
+if [ -x build/cuda/dsv4moe ] && [ -f scenarios/gpu.yaml ]; then
+    step gpu-scenario 200 "$CUDA_ENV build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads 8 \
+        --report $WORK/gpu --cache $WORK/cuda-tmp/scen-cache"
+else
+    absent gpu-scenario "build/cuda/dsv4moe or scenarios/gpu.yaml not there"
+fi
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -n "$CUDA_TEST" ] && [ -x "$SAN" ]; then
+    # the test program's "small" Tcase, in one process (CK_FORK=no) so memcheck sees every kernel
+    step sanitizer 150 "$CUDA_ENV CK_FORK=no CK_RUN_CASE=small $SAN --tool memcheck --leak-check full \
+        --error-exitcode 9 $CUDA_TEST ${DSV4_SANITIZER_ARGS:-}"
+elif [ -z "$CUDA_TEST" ]; then
+    absent sanitizer "no CUDA test binary to run under memcheck"
+else
+    absent sanitizer "compute-sanitizer not found"
+fi
+
+# ---- bundle (at most 8 files under $OUT) ----
+for f in ceilings torch_peer bench_cuda; do
+    [ -f "$WORK/bench/$f.json" ] && cp "$WORK/bench/$f.json" "$OUT/$f.json"
+done
+cp "$WORK/steps.tsv" "$LOGS/steps.tsv"
+tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs 2>/dev/null
+# the scenario report without a large HTML page (the JSON and JUnit hold every number)
+find "$WORK/gpu" -name report.html -size +8M -delete 2>/dev/null
+[ -d "$WORK/gpu" ] && tar -czf "$OUT/gpu-report.tar.gz" -C "$WORK" gpu 2>/dev/null
+
+# ---- the short table, last ----
+T_TOTAL=$(($(date +%s) - T_START))
+$PY - "$WORK/steps.tsv" "$OUT" "$T_TOTAL" <<'EOF' | tee "$OUT/summary.txt"
+import json, os, sys
+steps_path, out, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+steps = []
+for line in open(steps_path):
+    p = line.rstrip("\n").split("\t")
+    if len(p) >= 3:
+        steps.append({"step": p[0], "status": p[1], "seconds": int(p[2]), "note": p[3] if len(p) > 3 else ""})
+def load(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except Exception:
+        return None
+ce, pe, bc = load("ceilings.json"), load("torch_peer.json"), load("bench_cuda.json")
+print()
+print(f"device-check: {total} s")
+for s in steps:
+    print(f"  {s['step']:<13} {s['status']:<8} {s['seconds']:4d}s  {s['note'][:100]}")
+def fmt(v, f="{:.1f}"):
+    return f.format(v) if isinstance(v, (int, float)) and v == v and v >= 0 else "-"
+if ce:
+    print(f"ceilings: copy {fmt(ce.get('copy_gbs'))} GB/s (read+written); FP8 GEMM {fmt(ce.get('fp8_gemm_tflops'))} "
+          f"TFLOP/s ({ce.get('fp8_gemm_kind')}: {ce.get('fp8_block_mode')}); FP8 per-tensor "
+          f"{fmt(ce.get('fp8_tensor_tflops'))}; bf16 {fmt(ce.get('bf16_tflops'))}")
+peer = {}
+if pe:
+    for r in pe.get("runs", []):
+        peer[r["tokens"]] = r
+    print(f"torch peer: routed bf16-dequantized ({len(peer)} T); shared: {pe.get('shared_path')}")
+rows = {}
+if bc and bc.get("available"):
+    for r in bc.get("runs", []):
+        if r.get("ok") and "tokens" in r:
+            t = r["tokens"]
+            if t not in rows or r["median_ms"] < rows[t]["median_ms"]:
+                rows[t] = r
+Ts = sorted(set(peer) | set(rows))
+if rows:
+    print(f"{'T':>6} {'cuda ms':>9} {'graph':>5} {'%copy':>6} {'%fp8':>6} {'torch ms':>9} {'x torch':>8}  targets")
+    for t in Ts:
+        r, p = rows.get(t), peer.get(t, {})
+        if not r:
+            print(f"{t:6d} {'-':>9} {'':>5} {'':>6} {'':>6} {fmt(p.get('peer_ms'), '{:.3f}'):>9}")
+            continue
+        print(f"{t:6d} {r['median_ms']:9.4f} {'on' if r['graph'] else 'off':>5} {100*r['share_of_copy']:5.1f}% "
+              f"{100*r['share_of_fp8_gemm']:5.1f}% {fmt(r['torch_ms'], '{:.3f}'):>9} {fmt(r['speedup_vs_torch'], '{:.2f}'):>7}x  {r['targets']}")
+    tg = bc.get("targets", {})
+    print("targets: T>=32 >=70% copy bw: {} (where reachable: {}); T=1 <60us: {}; T=16384 >=50% FP8: {}; "
+          "faster than torch at every T: {}".format(
+        *[{True: "met", False: "NOT met"}.get(tg.get(k), "not run") for k in (
+            "bw_share_ge_70pct_T_ge_32", "bw_share_ge_70pct_where_reachable", "t1_lt_60us",
+            "fp8_share_ge_50pct_T16384", "faster_than_torch_every_T")]))
+else:
+    why = bc.get("reason") if bc else "bench_cuda did not run"
+    print(f"cuda backend: not timed ({why})")
+    if peer:
+        print(f"{'T':>6} {'torch ms':>9} {'method':>14} {'TFLOP/s':>8}   targets to beat: torch time; T=1 < 0.060 ms")
+        for t in Ts:
+            p = peer[t]
+            print(f"{t:6d} {fmt(p.get('peer_ms'), '{:.3f}'):>9} {str(p.get('peer_method')):>14} {fmt(p.get('tflops')):>8}")
+res = {"seconds": total, "steps": steps, "ceilings": ce and {k: ce.get(k) for k in (
+    "copy_gbs", "fp8_gemm_tflops", "fp8_gemm_kind", "fp8_block_mode", "fp8_tensor_tflops", "bf16_tflops")},
+    "torch_peer_ms": {str(t): peer[t].get("peer_ms") for t in peer},
+    "cuda_available": bool(bc and bc.get("available")),
+    "cuda_best_ms": {str(t): rows[t]["median_ms"] for t in rows},
+    "targets": bc.get("targets") if bc else None}
+with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(res, f, indent=1)
+EOF
+grep -q "$(printf '\tfail\t')" "$WORK/steps.tsv" && exit 1
+exit 0
