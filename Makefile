@@ -6,6 +6,8 @@
 #   make test           build and run the Check suite and the CLI tests
 #   make test-asan      the same under AddressSanitizer + UBSan
 #   make cuda           compile and link the CUDA sources with nvcc
+#   make nccl           the NCCL communicator + EP dispatch (build/nccl/), its test build/nccl/test_nccl
+#   make test-nccl      build and run it (needs one GPU)
 #   make bench          benchmarks (results under out/)
 #   make coverage       gcov/lcov report under out/coverage/
 #   make install        PREFIX=/usr/local: libs with soname, headers, dsv4moe.pc
@@ -116,6 +118,47 @@ run: deps
 
 cuda:
 	@sh ci/build-cuda.sh $(BUILD)/cuda $(CUDA_SRCS)
+
+# ---- NCCL communicator (fast/comm/nccl, docs/nccl.md) ----
+# Not part of the CPU-only library (fast/comm/nccl/ is below the fast/*/*.c wildcard): the
+# host code is C11 against the CUDA runtime and NCCL C APIs, the kernels are nvcc-compiled.
+# `make cuda` builds it too (CI, no GPU: compiles and links; test-nccl needs a GPU).
+CUDA_HOME ?= /usr/local/cuda
+NCCL_INC ?=
+NCCL_LIB ?= $(if $(wildcard $(CUDA_HOME)/lib64/libnccl.so),-lnccl,-l:libnccl.so.2)
+NCCL_CPPFLAGS := $(CPPFLAGS_ALL) -Ifast/comm -Ifast/comm/nccl -isystem $(CUDA_HOME)/include $(NCCL_INC)
+NCCL_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(NCCL_LIB) -lcudart -lstdc++ -lm -pthread -ldl -lrt
+NCCL_C_SRCS := $(wildcard fast/comm/nccl/*.c)
+NCCL_CU_SRCS := $(wildcard fast/comm/nccl/*.cu)
+NCCL_OBJS := $(NCCL_C_SRCS:%.c=$(BUILD)/nccl/%.o) $(NCCL_CU_SRCS:%.cu=$(BUILD)/nccl/%.o)
+NCCL_LIB_A := $(BUILD)/nccl/libdsv4moe_nccl.a
+NCCL_TEST := $(BUILD)/nccl/test_nccl
+NVCC_NCCL_FLAGS := -std=c++17 -O3 -Iinclude -Icore -Ifast/comm -Ifast/comm/nccl -gencode=arch=compute_90a,code=sm_90a \
+  -Xcompiler -Wall,-Wextra,-Werror,-fPIC
+
+.PHONY: nccl test-nccl
+
+$(BUILD)/nccl/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(NCCL_CPPFLAGS) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BUILD)/nccl/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_NCCL_FLAGS) -MMD -MP -c $< -o $@
+
+$(NCCL_LIB_A): $(NCCL_OBJS)
+	rm -f $@
+	ar rcs $@ $^
+
+$(NCCL_TEST): $(BUILD)/nccl/tests/nccl/test_nccl.o $(NCCL_LIB_A) $(LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(NCCL_LIB_A) $(LIB_A) $(LDLIBS_ALL) $(NCCL_LDLIBS)
+
+nccl: $(NCCL_TEST)
+
+test-nccl: nccl
+	NCCL_NVLS_ENABLE=0 $(NCCL_TEST)
+
+cuda: nccl
 
 BENCH_BIN := $(BUILD)/bench/bench_core
 
