@@ -38,7 +38,15 @@ CFLAGS_REF := -ffp-contract=off
 LDLIBS_ALL := -ljansson -lyaml -lopenblas -lm -pthread
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -pthread)
 
-LIB_SRCS := $(wildcard core/*.c) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard compare/*.c) $(wildcard scenarios/*.c)
+LIB_SRCS := $(filter-out core/faults.c,$(wildcard core/*.c)) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard compare/*.c) $(wildcard scenarios/*.c)
+# ---- the fault build (make faults): the defect catalogue of core/faults.h ----
+# FAULTS=1 compiles every object with -DDSV4_FAULTS and adds core/faults.c; only ever
+# with its own BUILD folder (build/faults), so the release library never holds a fault.
+ifeq ($(FAULTS),1)
+CPPFLAGS_ALL += -DDSV4_FAULTS
+LIB_SRCS += core/faults.c
+endif
+# ---- end of the fault build ----
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS := $(wildcard cli/*.c)
 CLI_OBJS := $(CLI_SRCS:%.c=$(BUILD)/%.o)
@@ -52,7 +60,7 @@ LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test test-asan test-run cuda bench bench-cuda bench-cuda-build coverage install clean deps
+.PHONY: all run test test-asan test-run cuda bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -106,6 +114,7 @@ test-run: $(TEST_BIN) $(CLI)
 
 test: deps
 	@$(MAKE) --no-print-directory test-run
+	@$(MAKE) --no-print-directory test-faults
 
 test-asan: deps
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
@@ -115,6 +124,16 @@ test-asan: deps
 run: deps
 	@$(MAKE) --no-print-directory all
 	@sh ci/run-default.sh $(CLI) $(OUT)
+
+# The fault build: build/faults/dsv4moe (dsv4moe run --faults) and its library.
+faults: deps
+	@$(MAKE) --no-print-directory BUILD=build/faults FAULTS=1 all
+
+# The fault build's test binary runs the faults suite only (the detection table, tests/test_faults.c).
+test-faults: deps
+	@$(MAKE) --no-print-directory BUILD=build/faults FAULTS=1 all build/faults/tests/run_tests
+	DSV4MOE_CLI=$(abspath build/faults/dsv4moe) DSV4MOE_TMP=$(abspath build/faults/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
+	  DSV4MOE_PYTHON=$(PYTHON) CK_RUN_SUITE=faults CK_DEFAULT_TIMEOUT=600 build/faults/tests/run_tests
 
 cuda:
 	@sh ci/build-cuda.sh $(BUILD)/cuda $(CUDA_SRCS)

@@ -8,12 +8,13 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "faults.h"
 #include "dsv4moe/run.h"
 #include "dsv4moe/scenario.h"
 
 static const char RUN_HELP[] =
     "usage: dsv4moe run FILE.yaml... [--report DIR] [--cache DIR] [--backend ref|cpu]\n"
-    "                   [--filter SUBSTRING] [--threads N]\n\n"
+    "                   [--filter SUBSTRING] [--threads N] [--faults]\n\n"
     "Expands each scenario file into its cases (docs/scenarios.md), runs every case's checks\n"
     "(numerics, determinism, symmetry, memory, empty, clamp_exercised, refusal) and writes\n"
     "DIR/report.json, DIR/junit.xml and DIR/report.html. Prints a summary and the details of\n"
@@ -23,7 +24,12 @@ static const char RUN_HELP[] =
     "  --backend B          run ref or cpu in place of every case's ref/cpu backend\n"
     "                       (cases on cuda keep theirs)\n"
     "  --filter SUBSTRING   only the cases whose name contains SUBSTRING\n"
-    "  --threads N          threads of the backend and the reference (default 2)\n\n"
+    "  --threads N          threads of the backend and the reference (default 2)\n"
+    "  --faults             the defect catalogue (fault build only: make faults, then\n"
+    "                       build/faults/dsv4moe): every case with a `fault` key runs clean\n"
+    "                       and with its defect of the review injected; prints the detection\n"
+    "                       table; exit 0 only if every defect is caught and every clean run passes\n"
+    "  On a terminal, a progress line on stderr shows the case count and the time left.\n\n"
     "exit status: 0 every case passed (or skipped), 1 a case failed, 2 bad input\n";
 
 typedef struct {
@@ -55,6 +61,35 @@ static void on_progress(void *user, size_t done, size_t total, const dsv4_case_r
     fflush(stderr);
 }
 
+#ifdef DSV4_FAULTS
+/* The detection table of --faults; EXIT_OK only if every defect is caught and no clean run failed. */
+static int print_detection_table(const dsv4_run_results *res)
+{
+    size_t n = dsv4_run_fault_rows(res, NULL, 0);
+    dsv4_fault_row *rows = calloc(n + 1, sizeof *rows);
+    if (!rows)
+        return cli_failf("run", "out of memory");
+    dsv4_run_fault_rows(res, rows, n);
+    printf("\ndetection table (the review's defects injected one at a time)\n");
+    printf("%-5s %-8s %-40s %-6s %-8s %-6s %s\n", "fault", "finding", "scenario", "clean", "injected", "caught",
+           "caught by");
+    for (size_t i = 0; i < n; i++) {
+        const dsv4_fault_row *r = &rows[i];
+        const char *nm = strrchr(r->case_name, '/');
+        char by[121];
+        snprintf(by, sizeof by, "%s", r->caught_by);
+        printf("%-5s %-8s %-40s %-6s %-8s %-6s %s\n", r->fault, r->findings, nm ? nm + 1 : r->case_name,
+               dsv4_result_name(r->clean), dsv4_result_name(r->injected), r->caught ? "yes" : "NO", by);
+    }
+    free(rows);
+    dsv4_fault_summary s = dsv4_run_fault_summary(res);
+    printf("\n%zu of %zu defects caught; %zu false failures in %zu clean runs\n", s.caught, s.defects,
+           s.false_failures, s.clean_runs);
+    return s.caught == s.defects && s.defects == DSV4_FAULT_DEFECTS && s.false_failures == 0 ? EXIT_OK
+                                                                                            : EXIT_CHECK_FAILED;
+}
+#endif
+
 static int mkdir_p(const char *path)
 {
     char buf[4096];
@@ -80,6 +115,7 @@ int cmd_run(int argc, char **argv)
     const char *report = "out", *cache = NULL, *filter = NULL;
     int backend = -1;
     int64_t threads = 2;
+    bool faults = false;
     const char **files = calloc((size_t)argc + 1, sizeof *files);
     int nfiles = 0;
     if (!files)
@@ -94,6 +130,15 @@ int cmd_run(int argc, char **argv)
         }
         if (a[0] != '-' || !strcmp(a, "-")) {
             files[nfiles++] = a;
+            continue;
+        }
+        if (!strcmp(a, "--faults")) {
+#ifndef DSV4_FAULTS
+            free(files);
+            return cli_failf(cmd, "--faults needs the fault build, which holds the defect catalogue: run make faults, "
+                                  "then build/faults/dsv4moe run --faults FILE.yaml");
+#endif
+            faults = true;
             continue;
         }
         if (cli_known(cmd, a, opts)) {
@@ -173,6 +218,7 @@ int cmd_run(int argc, char **argv)
     ro.threads = (int)threads;
     ro.progress = on_progress;
     ro.progress_user = &ps;
+    ro.faults = faults;
     dsv4_run_results *res = NULL;
     double t0 = now_s();
     for (int f = 0; f < nfiles; f++) {
@@ -209,8 +255,8 @@ int cmd_run(int argc, char **argv)
     for (size_t i = 0; i < dsv4_run_count(res); i++) {
         const dsv4_case_result *c = dsv4_run_get(res, i);
         dsv4_result st = dsv4_case_status(c);
-        if (st != DSV4_RESULT_FAIL && st != DSV4_RESULT_ERROR)
-            continue;
+        if ((st != DSV4_RESULT_FAIL && st != DSV4_RESULT_ERROR) || dsv4_case_injected(c))
+            continue; /* an injected run's failure is in the detection table */
         printf("\n%s %s\n", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", dsv4_case_name(c));
         for (int b = 0; b < DSV4_CHECK_COUNT; b++) {
             const char *detail;
@@ -221,6 +267,10 @@ int cmd_run(int argc, char **argv)
     }
     printf("\nreports: %s, %s, %s\n", jpath, xpath, hpath);
     rc = s.failed || s.errors ? EXIT_CHECK_FAILED : EXIT_OK;
+#ifdef DSV4_FAULTS
+    if (faults)
+        rc = print_detection_table(res);
+#endif
     dsv4_run_results_free(res);
 out:
     for (int f = 0; f < nfiles; f++)

@@ -5,9 +5,11 @@
  * bf16 ULP percentiles on a log scale and the error metrics, memory bars
  * (budget, planned maximum, planned step, measured peak, log scale), and for
  * a failing check its detail; a symmetry failure's differing collectives
- * side by side. The results keep metrics, not per-element errors or whole
- * traces, so the page shows what they keep. Written atomically (temporary
- * file next to the target, renamed into place, removed on error).
+ * side by side; per case with numerics the bounded error profile the runner
+ * keeps (ULP and |a-b| histograms over fixed bins, the worst elements with
+ * rank, token, column and both values). In the fault build, the detection
+ * table of a --faults run and the injected runs, marked. Written atomically
+ * (temporary file next to the target, renamed into place, removed on error).
  */
 #include <errno.h>
 #include <math.h>
@@ -21,6 +23,7 @@
 #include "strbuf.h"
 #include "dsv4moe/run.h"
 #include "err.h"
+#include "faults.h"
 
 /* Text or attribute value: & < > " ' escaped, newline kept as &#10;, other control characters dropped,
    invalid UTF-8 bytes replaced with '?'. At most `max` bytes of s (0: all). */
@@ -90,6 +93,114 @@ static void svg_ulp(dsv4_strbuf *b, const dsv4_compare_metrics *m)
     }
     dsv4_sb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"l\">bf16 ULP, log2(1+ulp) scale</text></svg>", W / 2, H + 25);
 }
+
+static const char *status_class(dsv4_result r);
+
+/* One histogram of fixed bins: bar heights log10(1 + count) against the largest. */
+static void svg_hist(dsv4_strbuf *b, const char *cls, const char *title, const uint64_t *v, const char *const *lab,
+                     int64_t n)
+{
+    const int W = 16 * 15 + 20, H = 60, bw = 13;
+    double top = 0;
+    for (int i = 0; i < DSV4_ERR_BINS; i++)
+        top = log10(1.0 + (double)v[i]) > top ? log10(1.0 + (double)v[i]) : top;
+    dsv4_sb_printf(b, "<svg class=\"%s\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\"><title>", cls, W,
+                   H + 40, W, H + 40);
+    hb_esc(b, title);
+    dsv4_sb_printf(b, "</title><line x1=\"0\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#999\"/>", H, W, H);
+    for (int i = 0; i < DSV4_ERR_BINS; i++) {
+        double h = top > 0 ? log10(1.0 + (double)v[i]) / top * (H - 4) : 0;
+        int x = 4 + i * 15;
+        const char *col = i == 0 ? "#6a6" : i < 4 ? "#cb4" : "#d55";
+        dsv4_sb_printf(b, "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"%s\"><title>%s: %llu of %lld"
+                          "</title></rect>",
+                       x, H - h, bw, h, col, lab[i], (unsigned long long)v[i], (long long)n);
+        if (i % 3 == 0 || i == DSV4_ERR_BINS - 1)
+            dsv4_sb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"l\">%s</text>", x + bw / 2, H + 11, lab[i]);
+    }
+    dsv4_sb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"l\">", W / 2, H + 30);
+    hb_esc(b, title);
+    dsv4_sb_str(b, "</text></svg>");
+}
+
+static void svg_errors(dsv4_strbuf *b, const dsv4_case_errors *E)
+{
+    static const char *const ulab[DSV4_ERR_BINS] = {"0", "1", "2", "4", "8", "16", "32", "64", "128", "256",
+                                                   "512", "1k", "2k", "4k", "8k", "16k+"};
+    static const char *const alab[DSV4_ERR_BINS] = {"0", "&lt;1e-8", "1e-8", "1e-7", "1e-6", "1e-5", "1e-4", "1e-3",
+                                                   "1e-2", "0.1", "1", "10", "100", "1e3", "1e4", "1e5+"};
+    svg_hist(b, "hulp", "bf16 ULP distance histogram (log count)", E->ulp_bins, ulab, E->n);
+    svg_hist(b, "habs", "|a-b| histogram by decade (log count)", E->abs_bins, alab, E->n);
+}
+
+/* The worst elements as rows of an SVG table with a bar of |a-b| against the worst. */
+static void svg_worst(dsv4_strbuf *b, const dsv4_case_errors *E)
+{
+    if (E->n_worst == 0) {
+        dsv4_sb_str(b, "<div class=\"note\">no element differs</div>");
+        return;
+    }
+    const int rh = 13, W = 430, H = (E->n_worst + 1) * rh + 4;
+    double top = E->worst[0].diff;
+    dsv4_sb_printf(b, "<svg class=\"worst\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">"
+                      "<title>the worst elements</title>",
+                   W, H, W, H);
+    static const char *const head[] = {"index", "rank", "token", "col", "a (backend)", "b (ref)", "|a-b|"};
+    static const int col_x[] = {40, 70, 105, 140, 210, 280, 340};
+    for (int k = 0; k < 7; k++)
+        dsv4_sb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"wh\">%s</text>", col_x[k], rh - 2, head[k]);
+    for (int i = 0; i < E->n_worst; i++) {
+        const dsv4_case_worst *w = &E->worst[i];
+        int y = (i + 2) * rh - 2;
+        double f = top > 0 && isfinite(top) ? w->diff / top : 1.0;
+        dsv4_sb_printf(b, "<rect x=\"345\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"#e99\"/>", y - rh + 4,
+                       (isfinite(f) ? f : 1.0) * 80, rh - 3);
+        dsv4_sb_printf(b, "<text x=\"40\" y=\"%d\" class=\"wv\">%lld</text><text x=\"70\" y=\"%d\" class=\"wv\">%d"
+                          "</text><text x=\"105\" y=\"%d\" class=\"wv\">%lld</text><text x=\"140\" y=\"%d\" "
+                          "class=\"wv\">%lld</text><text x=\"210\" y=\"%d\" class=\"wv\">%.5g</text><text x=\"280\" "
+                          "y=\"%d\" class=\"wv\">%.5g</text><text x=\"340\" y=\"%d\" class=\"wv\">%.3g</text>",
+                       y, (long long)w->index, y, w->rank, y, (long long)w->token, y, (long long)w->column, y,
+                       (double)w->a, y, (double)w->b, y, w->diff);
+    }
+    dsv4_sb_str(b, "</svg>");
+}
+
+#ifdef DSV4_FAULTS
+/* The detection table of a --faults run (fault build). */
+static void fault_section(dsv4_strbuf *b, const dsv4_run_results *R)
+{
+    size_t n = dsv4_run_fault_rows(R, NULL, 0);
+    dsv4_fault_row *rows = n ? calloc(n, sizeof *rows) : NULL;
+    if (!rows)
+        return;
+    dsv4_run_fault_rows(R, rows, n);
+    dsv4_fault_summary s = dsv4_run_fault_summary(R);
+    dsv4_sb_printf(b, "<h2>Defect catalogue</h2>\n<p id=\"f-summary\" class=\"%s\">%zu of %zu defects caught; %zu "
+                      "false failures in %zu clean runs</p>\n<table class=\"faults\"><tr><th>fault</th><th>finding"
+                      "</th><th>defect</th><th>injected at</th><th>scenario</th><th>clean</th><th>injected</th>"
+                      "<th>caught</th><th>caught by</th></tr>\n",
+                   s.caught == s.defects && !s.false_failures ? "pass" : "fail", s.caught, s.defects,
+                   s.false_failures, s.clean_runs);
+    for (size_t i = 0; i < n; i++) {
+        const dsv4_fault_row *r = &rows[i];
+        const char *cell[5] = {r->fault, r->findings, r->summary, r->where, r->case_name};
+        dsv4_sb_str(b, "<tr>");
+        for (int k = 0; k < 5; k++) {
+            dsv4_sb_str(b, k >= 3 ? "<td class=\"name\">" : "<td>");
+            hb_esc(b, cell[k]);
+            dsv4_sb_str(b, "</td>");
+        }
+        dsv4_sb_printf(b, "<td class=\"st %s\">%s</td><td class=\"st %s\">%s</td><td class=\"st %s\">%s</td>"
+                          "<td class=\"det\">",
+                       status_class(r->clean), dsv4_result_name(r->clean), status_class(r->injected),
+                       dsv4_result_name(r->injected), r->caught ? "pass" : "fail", r->caught ? "yes" : "no");
+        hb_esc_n(b, r->caught_by, 400);
+        dsv4_sb_str(b, "</td></tr>\n");
+    }
+    dsv4_sb_str(b, "</table>\n");
+    free(rows);
+}
+#endif
 
 /* Budget, planned maximum, planned step and measured peak as horizontal bars, log10 bytes from 1 KiB. */
 static void svg_mem(dsv4_strbuf *b, const dsv4_case_memory *mem)
@@ -163,7 +274,9 @@ static const char CSS[] =
     "word-break:break-all}.num{text-align:right}.metrics{font-family:monospace;font-size:11px}"
     "svg text{font:10px sans-serif}svg .v,svg .l{text-anchor:middle}svg .ml{text-anchor:end}"
     ".det{font-family:monospace;font-size:11px;white-space:pre-wrap;max-width:900px}"
-    ".sym td.tr{font-family:monospace;background:#fff3f3}.note{font-size:11px;color:#555}";
+    ".sym td.tr{font-family:monospace;background:#fff3f3}.note{font-size:11px;color:#555}"
+    "svg .wh{font-weight:bold;text-anchor:end}svg .wv{font-family:monospace;text-anchor:end}"
+    ".inj{font-size:11px;background:#fde;padding:0 3px;border-radius:3px}";
 
 dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_error *err)
 {
@@ -180,15 +293,27 @@ dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_e
                   "<td class=\"num\">%.2f</td><td>%s</td></tr></table>\n",
               s.cases, s.passed, s.failed ? " fail" : "", s.failed, s.skipped, s.errors ? " error" : "", s.errors,
               s.seconds, DSV4_VERSION);
+#ifdef DSV4_FAULTS
+    fault_section(&b, R);
+#endif
     dsv4_sb_str(&b, "<h2>Cases</h2>\n<p class=\"note\">Hover a check for its detail. ULP bars: bf16 ULP distance "
-               "percentiles of all ranks' outputs (per-element errors and worst elements are not kept by the "
-               "runner). Memory bars: log scale from 1 KiB.</p>\n<table class=\"cases\"><tr><th>#</th>"
+               "percentiles of all ranks' outputs. Histograms: the ULP distance (bins 0, 1, [2,4), [4,8), ...) and "
+               "|a-b| by decade over every compared element, log count; then the worst elements (index in all "
+               "ranks' outputs, rank, token, column, both values, |a-b|). Memory bars: log scale from 1 KiB. Runs "
+               "marked <span class=\"inj\">injected</span> had a defect of the review injected (fault build) and "
+               "are not counted in the summary.</p>\n<table class=\"cases\"><tr><th>#</th>"
                "<th>case</th><th>status</th><th>checks</th><th>time (s)</th><th>numerics</th><th>memory</th></tr>\n");
     for (size_t i = 0; i < dsv4_run_count(R); i++) {
         const dsv4_case_result *c = dsv4_run_get(R, i);
         dsv4_result st = dsv4_case_status(c);
         dsv4_sb_printf(&b, "<tr id=\"case-%zu\"><td class=\"num\">%zu</td><td class=\"name\">", i, i);
         hb_esc(&b, dsv4_case_name(c));
+        if (dsv4_case_defect(c)) {
+            dsv4_sb_printf(&b, " <span class=\"%s\">", dsv4_case_injected(c) ? "inj" : "note");
+            dsv4_sb_str(&b, dsv4_case_injected(c) ? "injected " : "catches ");
+            hb_esc(&b, dsv4_case_defect(c));
+            dsv4_sb_str(&b, "</span>");
+        }
         dsv4_sb_printf(&b, "</td><td class=\"st %s\">%s</td><td>", status_class(st), dsv4_result_name(st));
         for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
             const char *d;
@@ -207,6 +332,11 @@ dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_e
                           "<br>ulp&ne;0 %lld, beyond tol %lld, non-finite %lld</div>",
                       (long long)m.n, m.max_abs, m.max_rel, m.nmse, m.deepgemm_diff, m.rms_ref,
                       (long long)m.ulp_nonzero, (long long)m.tol_violations, (long long)m.bad_nonfinite);
+            dsv4_case_errors E;
+            if (dsv4_case_errors_of(c, &E)) {
+                svg_errors(&b, &E);
+                svg_worst(&b, &E);
+            }
         } else {
             dsv4_sb_str(&b, "<span class=\"note\">nothing compared</span>");
         }

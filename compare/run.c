@@ -20,10 +20,12 @@
 #include "strbuf.h"
 #include "dsv4moe/dist.h"
 #include "dsv4moe/backend.h"
+#include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
 #include "dsv4moe/ref.h"
 #include "dsv4moe/run.h"
 #include "err.h"
+#include "faults.h"
 
 #define RUN_CACHE_VERSION "dsv4moe-cache-1"
 /* The clamp must be seen once a case has this many tokens (see docs/scenarios.md). */
@@ -63,6 +65,12 @@ struct dsv4_case_result {
     dsv4_expect expect;
     char *regex;
     char *backend; /* the backend that produced the numerics, or NULL */
+    bool has_errors;
+    dsv4_case_errors errs; /* the bounded error profile of numerics */
+    char *defect;          /* the case's `fault` key, or NULL */
+    bool injected;         /* this run had the defect injected */
+    size_t twin;           /* index of the clean / injected twin in the results, SIZE_MAX for none */
+    char *caught_by;       /* injected runs: the first failing check and its detail */
 };
 
 typedef struct {
@@ -175,6 +183,8 @@ static void case_free(dsv4_case_result *c)
     free(c->replay);
     free(c->regex);
     free(c->backend);
+    free(c->defect);
+    free(c->caught_by);
     free(c);
 }
 
@@ -208,6 +218,8 @@ dsv4_run_summary dsv4_run_summarize(const dsv4_run_results *r)
     memset(&s, 0, sizeof s);
     for (size_t i = 0; r && i < r->n; i++) {
         const dsv4_case_result *c = r->cases[i];
+        if (c->injected)
+            continue;
         s.cases++;
         s.seconds += c->seconds;
         switch (c->status) {
@@ -251,6 +263,18 @@ bool dsv4_case_metrics(const dsv4_case_result *c, dsv4_compare_metrics *out)
         *out = c->m;
     return true;
 }
+
+bool dsv4_case_errors_of(const dsv4_case_result *c, dsv4_case_errors *out)
+{
+    if (!c || !c->has_errors)
+        return false;
+    if (out)
+        *out = c->errs;
+    return true;
+}
+
+const char *dsv4_case_defect(const dsv4_case_result *c) { return c ? c->defect : NULL; }
+bool dsv4_case_injected(const dsv4_case_result *c) { return c && c->injected; }
 
 dsv4_case_memory dsv4_case_memory_of(const dsv4_case_result *c)
 {
@@ -418,11 +442,172 @@ static bool same_fingerprint(const dsv4_coll_record *a, const dsv4_coll_record *
     return true;
 }
 
+/* ---------------- the error profile of a comparison ---------------- */
+
+static int32_t bf16_order(uint16_t v) { return (v & 0x8000) ? -(int32_t)(v & 0x7fff) : (int32_t)v; }
+static bool bf16_finite(uint16_t v) { return (v & 0x7f80) != 0x7f80; }
+
+/* Bins and the worst elements of a [sum tokens, H] bf16 comparison, ranks one after another. */
+static void error_profile(dsv4_case_result *c, const uint16_t *a, const uint16_t *b, const int64_t *tokens, int world,
+                          int64_t H)
+{
+    dsv4_case_errors *E = &c->errs;
+    memset(E, 0, sizeof *E);
+    int64_t i = 0;
+    for (int r = 0; r < world; r++)
+        for (int64_t t = 0; t < tokens[r]; t++)
+            for (int64_t h = 0; h < H; h++, i++) {
+                uint16_t x = a[i], y = b[i];
+                double diff;
+                int ub, ab;
+                if (x == y || (bf16_finite(x) && bf16_finite(y) && bf16_order(x) == bf16_order(y))) {
+                    diff = 0, ub = 0, ab = 0;
+                } else if (!bf16_finite(x) || !bf16_finite(y)) {
+                    diff = INFINITY, ub = DSV4_ERR_BINS - 1, ab = DSV4_ERR_BINS - 1;
+                } else {
+                    diff = fabs((double)dsv4_bf16_to_f32(x) - (double)dsv4_bf16_to_f32(y));
+                    int32_t u = bf16_order(x) - bf16_order(y);
+                    ub = 1 + (int)floor(log2((double)(u < 0 ? -u : u)));
+                    ub = ub < DSV4_ERR_BINS - 1 ? ub : DSV4_ERR_BINS - 1;
+                    ab = diff > 0 ? (int)floor(log10(diff)) + 10 : 1;
+                    ab = ab < 1 ? 1 : ab > DSV4_ERR_BINS - 1 ? DSV4_ERR_BINS - 1 : ab;
+                }
+                E->ulp_bins[ub]++;
+                E->abs_bins[ab]++;
+                if (ub == 0 || (E->n_worst == DSV4_WORST_MAX && !(diff > E->worst[DSV4_WORST_MAX - 1].diff)))
+                    continue;
+                /* Insertion into the list kept largest first; an equal diff stays behind (lower index first). */
+                int k = E->n_worst < DSV4_WORST_MAX ? E->n_worst++ : DSV4_WORST_MAX - 1;
+                while (k > 0 && diff > E->worst[k - 1].diff) {
+                    E->worst[k] = E->worst[k - 1];
+                    k--;
+                }
+                E->worst[k] = (dsv4_case_worst){i, r, t, h, dsv4_bf16_to_f32(x), dsv4_bf16_to_f32(y), diff};
+            }
+    E->n = i;
+    c->has_errors = true;
+}
+
+/* ---------------- the backend's checkpoint (key `checkpoint`) ---------------- */
+
+static bool custom_checkpoint(const dsv4_scenario_case *sc)
+{
+    return sc->checkpoint.layout == DSV4_LAYOUT_STACKED || sc->checkpoint.shards > 1;
+}
+
+static void checkpoint_words(const dsv4_scenario_case *sc, char *buf, size_t n)
+{
+    if (sc->checkpoint.shards > 1)
+        snprintf(buf, n, "%s layout in %d files through model.safetensors.index.json, routed experts %s",
+                 dsv4_layout_name(sc->checkpoint.layout), sc->checkpoint.shards,
+                 sc->checkpoint.experts_last ? "last" : "first");
+    else
+        snprintf(buf, n, "%s layout in one file", dsv4_layout_name(sc->checkpoint.layout));
+}
+
+static bool routed_expert_key(const char *name) { return strstr(name, ".experts.") && !strstr(name, "shared_experts"); }
+
+/* Writes the tensors of `src` as `shards` files and an index into the folder `dir` (the index last, so
+   a folder with an index is complete). The routed experts' tensors go round-robin into shards - 1 files
+   (the first ones, or the last ones when experts_last), every other tensor into the remaining one. */
+static dsv4_status write_shards(const char *src_path, const char *dir, int shards, bool experts_last, dsv4_error *err)
+{
+    dsv4_st_file *src = NULL;
+    dsv4_status st = dsv4_st_open(src_path, &src, err);
+    if (st)
+        return st;
+    size_t n = dsv4_st_count(src);
+    int nexp = shards - 1, other = experts_last ? 0 : shards - 1;
+    int *file_of = calloc(n + 1, sizeof *file_of);
+    dsv4_st_writer **w = calloc((size_t)shards, sizeof *w);
+    json_t *root = json_object(), *map = json_object();
+    char path[4700], name[64];
+    if (!file_of || !w || !root || !map) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+        goto done;
+    }
+    json_object_set(root, "weight_map", map);
+    size_t rr = 0;
+    for (size_t i = 0; i < n; i++) {
+        const dsv4_tensor_info *t = dsv4_st_tensor(src, i);
+        file_of[i] = routed_expert_key(t->name) ? (int)(rr++ % (size_t)nexp) + (experts_last ? 1 : 0) : other;
+    }
+    for (size_t i = 0; i < n && !st; i++) {
+        const dsv4_tensor_info *t = dsv4_st_tensor(src, i);
+        int f = file_of[i];
+        if (!w[f] && (st = dsv4_st_writer_create(&w[f], err)))
+            break;
+        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", f + 1, shards);
+        if (!(st = dsv4_st_writer_add(w[f], t->name, t->dtype, t->ndim, t->shape, t->data, err)))
+            json_object_set_new(map, t->name, json_string(name));
+    }
+    for (int f = 0; f < shards && !st; f++) {
+        if (!w[f])
+            continue;
+        snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", dir, f + 1, shards);
+        st = dsv4_st_writer_write(w[f], path, NULL, NULL, err);
+    }
+    if (!st) {
+        char *text = json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS);
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        st = text ? dsv4_write_file_atomic(path, text, strlen(text), err)
+                  : dsv4_seterr(err, DSV4_ERR_NOMEM, path, "cannot serialise the index");
+        free(text);
+    }
+done:
+    for (int f = 0; w && f < shards; f++)
+        dsv4_st_writer_free(w[f]);
+    free(w);
+    free(file_of);
+    json_decref(map);
+    json_decref(root);
+    dsv4_st_close(src);
+    return st;
+}
+
+/* The path of the backend's copy of the layer (generated or written on demand into the cache). */
+static dsv4_status backend_checkpoint_path(const char *dir, const dsv4_config *cfg, const dsv4_scenario_case *sc,
+                                           char *src, size_t srcn, char *out, size_t outn, dsv4_error *err)
+{
+    char desc[512];
+    bool stacked = sc->checkpoint.layout == DSV4_LAYOUT_STACKED;
+    /* The stacked layout holds the same layer in bf16 (dsv4moe/gen.h); the backend quantizes it at load. */
+    dsv4_config gc = *cfg;
+    if (stacked)
+        gc.routed_format = gc.shared_format = DSV4_FORMAT_BF16;
+    uint64_t h = weights_key(&gc, sc->seed, desc, sizeof desc);
+    snprintf(src, srcn, "%s/w-%016llx%s.safetensors", dir, (unsigned long long)h, stacked ? "-stacked" : "");
+    dsv4_status st;
+    if (access(src, R_OK) != 0) {
+        dsv4_gen_options o;
+        dsv4_gen_options_init(&o);
+        o.seed = sc->seed;
+        o.threads = 2;
+        o.layout = stacked ? DSV4_LAYOUT_STACKED : DSV4_LAYOUT_SPLIT;
+        if ((st = dsv4_gen_weights(&gc, &o, src, err)))
+            return st;
+    }
+    if (sc->checkpoint.shards <= 1) {
+        snprintf(out, outn, "%s", src);
+        return DSV4_OK;
+    }
+    char idx[4700];
+    snprintf(out, outn, "%s/ck-%016llx-%s-%d-%s", dir, (unsigned long long)h, dsv4_layout_name(sc->checkpoint.layout),
+             sc->checkpoint.shards, sc->checkpoint.experts_last ? "experts-last" : "experts-first");
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", out);
+    if (access(idx, R_OK) == 0)
+        return DSV4_OK;
+    if ((st = mkdir_p(out, err)))
+        return st;
+    return write_shards(src, out, sc->checkpoint.shards, sc->checkpoint.experts_last, err);
+}
+
 /* ---------------- one case ---------------- */
 
 typedef struct {
     const dsv4_run_options *o;
     const char *cache;
+    int timeout_ms; /* the simulated communicator's deadlock timeout; 0: the driver's default */
 } run_ctx;
 
 static int64_t sum_tokens(const dsv4_scenario_case *sc)
@@ -514,7 +699,7 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
             }
         }
     }
-    dsv4_checkpoint *ck = NULL;
+    dsv4_checkpoint *ck = NULL, *ckb = NULL; /* the reference's layer; the backend's copy (key checkpoint) */
     dsv4_st_file *in = NULL;
     dsv4_ref *ref1 = NULL, *ref2 = NULL;
     dsv4_backend *be = NULL;
@@ -592,6 +777,29 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
         set_rest(c, DSV4_RESULT_ERROR, msg);
         goto done;
     }
+    /* The backend's copy: the loader is under test, so a copy it will not read fails numerics. */
+    char ckwords[160] = "";
+    if (custom_checkpoint(sc)) {
+        char ckpath[4400], src[4200];
+        checkpoint_words(sc, ckwords, sizeof ckwords);
+        if (backend_checkpoint_path(ctx->cache, cfg, sc, src, sizeof src, ckpath, sizeof ckpath, &e)) {
+            char msg[DSV4_ERROR_MESSAGE_MAX + 256];
+            snprintf(msg, sizeof msg, "writing the backend's checkpoint (%s) failed: %s", ckwords, e.message);
+            set_rest(c, DSV4_RESULT_ERROR, msg);
+            goto done;
+        }
+        /* The reference reads the one file of the layout (a stacked layer quantizes at load as the
+           backend does); the backend its copy. */
+        dsv4_checkpoint_close(ck);
+        ck = NULL;
+        if (dsv4_checkpoint_open(src, &ck, &e) || dsv4_checkpoint_open(ckpath, &ckb, &e)) {
+            set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "the layer's checkpoint (%s) does not load: %s",
+                      ckwords, e.message);
+            set_rest(c, DSV4_RESULT_SKIP, "not run: the checkpoint does not load");
+            goto done;
+        }
+    }
+    const dsv4_checkpoint *ck_be = ckb ? ckb : ck;
     const dsv4_tensor_info *tx = dsv4_st_find(in, "x"), *tid = dsv4_st_find(in, "input_ids");
     if (!tx || !tid) {
         set_rest(c, DSV4_RESULT_ERROR, "the input file has no x or input_ids");
@@ -601,9 +809,15 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
     const int32_t *IDS = tid->data;
 
     if (dsv4_ref_create(cfg, ck, 1, &ref1, &e)) {
-        char msg[DSV4_ERROR_MESSAGE_MAX + 128];
-        snprintf(msg, sizeof msg, "the reference would not start: %s", e.message);
-        set_rest(c, DSV4_RESULT_ERROR, msg);
+        char msg[DSV4_ERROR_MESSAGE_MAX + 256];
+        snprintf(msg, sizeof msg, "the reference would not start%s%s%s: %s", ckb ? " on the layer's checkpoint (" : "",
+                 ckwords, ckb ? ")" : "", e.message);
+        if (ckb) { /* the loader is under test: a checkpoint it will not bind fails numerics */
+            set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s", msg);
+            set_rest(c, DSV4_RESULT_SKIP, "not run: the reference would not start");
+        } else {
+            set_rest(c, DSV4_RESULT_ERROR, msg);
+        }
         goto done;
     }
 
@@ -709,28 +923,39 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
             set_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_SKIP, "not applicable (one rank)");
         const int64_t T = sc->tokens[0];
         if (topo.backend == DSV4_BACKEND_CUDA) {
+            /* The plan's half of memory holds without a device; the measured peak needs CUDA. */
+            if ((req & DSV4_CHECK_MEMORY) && !check_set(c, DSV4_CHECK_MEMORY))
+                set_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS,
+                          "planned maximum %llu <= available %llu (the measured peak needs the cuda backend, not in "
+                          "this build)",
+                          (unsigned long long)c->mem.planned_max, (unsigned long long)c->mem.available);
             set_rest(c, DSV4_RESULT_SKIP, "skipped: no CUDA in this build");
             goto done;
         }
         const dsv4_plan *plan = plans[0];
         const char *note = "";
-        dsv4_status st = dsv4_backend_create(plan, ck, ctx->o->threads, &be, &e);
+        dsv4_status st = dsv4_backend_create(plan, ck_be, ctx->o->threads, &be, &e);
         if (st == DSV4_ERR_UNSUPPORTED && topo.backend == DSV4_BACKEND_CPU) {
             /* The CPU backend is not part of this build: the reference backend stands in. */
             dsv4_topology t = topo;
             t.backend = DSV4_BACKEND_REF;
             if (dsv4_plan_create(cfg, &t, &sc->budget, &fallback_plan, &e) == DSV4_OK &&
-                dsv4_backend_create(fallback_plan, ck, ctx->o->threads, &be, &e) == DSV4_OK) {
+                dsv4_backend_create(fallback_plan, ck_be, ctx->o->threads, &be, &e) == DSV4_OK) {
                 plan = fallback_plan;
                 st = DSV4_OK;
                 note = " (cpu backend unavailable: fell back to ref)";
             }
         }
         if (st) {
-            char msg[DSV4_ERROR_MESSAGE_MAX + 128];
-            snprintf(msg, sizeof msg, "the %s backend would not start: %s", dsv4_backend_kind_name(topo.backend),
-                     e.message);
-            set_rest(c, DSV4_RESULT_ERROR, msg);
+            char msg[DSV4_ERROR_MESSAGE_MAX + 256];
+            snprintf(msg, sizeof msg, "the %s backend would not start%s%s%s: %s", dsv4_backend_kind_name(topo.backend),
+                     ckb ? " on its checkpoint (" : "", ckwords, ckb ? ")" : "", e.message);
+            if (ckb) { /* the loader under test refused a checkpoint that the reference reads */
+                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s", msg);
+                set_rest(c, DSV4_RESULT_SKIP, "not run: the backend would not start");
+            } else {
+                set_rest(c, DSV4_RESULT_ERROR, msg);
+            }
             goto done;
         }
         free(c->backend);
@@ -758,6 +983,7 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
                 set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_ERROR, "comparison failed (out of memory)");
             } else {
                 c->has_metrics = true;
+                error_profile(c, y, yr, sc->tokens, 1, H);
                 char line[512], why[256];
                 dsv4_compare_format(&c->m, line, sizeof line);
                 if (within_tolerance(cfg, &c->m, why, sizeof why))
@@ -825,7 +1051,9 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
     c->backend = xstrdup("dist");
     dsv4_dist_options dopt;
     dsv4_dist_options_init(&dopt);
-    dsv4_status dst = dsv4_dist_forward(cfg, ck, &topo, &sc->budget, &dopt, ranks, &e);
+    if (ctx->timeout_ms > 0)
+        dopt.timeout_ms = ctx->timeout_ms;
+    dsv4_status dst = dsv4_dist_forward(cfg, ck_be, &topo, &sc->budget, &dopt, ranks, &e);
     char dmsg[DSV4_ERROR_MESSAGE_MAX + 128] = "";
     if (dst)
         snprintf(dmsg, sizeof dmsg, "the distributed step failed: %s", e.message);
@@ -859,8 +1087,10 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
                 }
                 row += sc->tokens[r];
             }
-            if (all_rows > 0 && dsv4_compare_bf16(y, yr, all_rows * H, &c->m))
+            if (all_rows > 0 && dsv4_compare_bf16(y, yr, all_rows * H, &c->m)) {
                 c->has_metrics = true;
+                error_profile(c, y, yr, sc->tokens, world, H);
+            }
             char line[512] = "nothing compared (0 tokens)";
             if (c->has_metrics)
                 dsv4_compare_format(&c->m, line, sizeof line);
@@ -947,6 +1177,12 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
                 if (sc->tokens[r] == 0 && ranks[r].trace_len != ranks[ref_rank].trace_len)
                     snprintf(bad, sizeof bad, "rank %d (0 tokens) issued %zu collectives, rank %d issued %zu", r,
                              ranks[r].trace_len, ref_rank, ranks[ref_rank].trace_len);
+            /* A step whose largest rank holds 0 tokens has 0 chunks: anything run is a zero-size launch. */
+            for (int r = 0; r < world && !bad[0]; r++)
+                if (ranks[r].step_max_tokens == 0 && ranks[r].chunks > 0)
+                    snprintf(bad, sizeof bad,
+                             "every rank had 0 tokens, yet rank %d ran %lld chunks of 0 rows (a zero-size launch)", r,
+                             (long long)ranks[r].chunks);
             if (bad[0])
                 set_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_FAIL, "%s", bad);
             else
@@ -968,6 +1204,7 @@ done:
     dsv4_ref_free(ref1);
     dsv4_ref_free(ref2);
     dsv4_st_close(in);
+    dsv4_checkpoint_close(ckb);
     dsv4_checkpoint_close(ck);
     for (int r = 0; r < world; r++)
         dsv4_plan_free(plans[r]);
@@ -976,6 +1213,10 @@ done:
         c->mem.available = 0;
     finish_status(c);
 }
+
+#ifdef DSV4_FAULTS
+static char *injected_verdict(const dsv4_case_result *c);
+#endif
 
 /* ---------------- the scenario ---------------- */
 
@@ -1007,7 +1248,9 @@ static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, si
     c->seed = sc->seed;
     c->expect = sc->expect;
     c->regex = xstrdup(sc->refused_regex);
-    if (!c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay || (na && sc->axis_index && !c->axis_index)) {
+    c->defect = xstrdup(sc->fault);
+    c->twin = SIZE_MAX;
+    if ((sc->fault && !c->defect) || !c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay || (na && sc->axis_index && !c->axis_index)) {
         case_free(c);
         return NULL;
     }
@@ -1032,7 +1275,13 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "threads %d is outside [1, 256]", opts->threads);
     if (opts->backend != -1 && opts->backend != DSV4_BACKEND_REF && opts->backend != DSV4_BACKEND_CPU)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "backend %d is not -1, ref or cpu", opts->backend);
-    run_ctx ctx = {opts, opts->cache_dir && opts->cache_dir[0] ? opts->cache_dir : "out/cache"};
+#ifndef DSV4_FAULTS
+    if (opts->faults)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "run",
+                           "options.faults: the defect catalogue is compiled only into the fault build (make faults: "
+                           "build/faults/libdsv4moe.a and build/faults/dsv4moe)");
+#endif
+    run_ctx ctx = {opts, opts->cache_dir && opts->cache_dir[0] ? opts->cache_dir : "out/cache", 0};
     dsv4_status st = mkdir_p(ctx.cache, err);
     if (st)
         return st;
@@ -1067,13 +1316,14 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
     size_t n = dsv4_scenario_count(scn), total = 0, done = 0;
     for (size_t i = 0; i < n; i++) {
         const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
-        total += !opts->filter || strstr(sc->name, opts->filter);
+        if (!opts->filter || strstr(sc->name, opts->filter))
+            total += opts->faults && sc->fault ? 2 : 1;
     }
     for (size_t i = 0; i < n; i++) {
         const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
         if (opts->filter && !strstr(sc->name, opts->filter))
             continue;
-        if (R->n == R->cap) {
+        if (R->n + 2 > R->cap) {
             size_t cap = R->cap ? R->cap * 2 : 64;
             dsv4_case_result **nc = realloc(R->cases, cap * sizeof *nc);
             if (!nc)
@@ -1091,6 +1341,30 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
         done++;
         if (opts->progress)
             opts->progress(opts->progress_user, done, total, c);
+#ifdef DSV4_FAULTS
+        if (opts->faults && sc->fault) {
+            /* The same case again with its defect injected (core/faults.h), as a result of its own. */
+            dsv4_case_result *f = new_case(scn, scn_index, i, sc);
+            if (!f)
+                goto nomem;
+            f->injected = true;
+            /* A desync injected on purpose need not wait the full deadlock timeout to be reported. */
+            run_ctx fctx = ctx;
+            fctx.timeout_ms = 1000;
+            dsv4_fault_set(dsv4_fault_parse(sc->fault));
+            t0 = now_s();
+            run_case(&fctx, sc, f);
+            f->seconds = now_s() - t0;
+            dsv4_fault_set(DSV4_FAULT_NONE);
+            f->caught_by = injected_verdict(f);
+            c->twin = R->n;
+            f->twin = R->n - 1;
+            R->cases[R->n++] = f;
+            done++;
+            if (opts->progress)
+                opts->progress(opts->progress_user, done, total, f);
+        }
+#endif
     }
     *results = R;
     return DSV4_OK;
@@ -1101,6 +1375,112 @@ nomem:
         *results = R;
     return dsv4_seterr(err, DSV4_ERR_NOMEM, "run", "out of memory");
 }
+
+#ifdef DSV4_FAULTS
+/* ---------------- the defect catalogue (fault build) ---------------- */
+
+/* "check result: detail" of the first failing (then erroring) check of an injected run, "" if none. */
+static char *injected_verdict(const dsv4_case_result *c)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < DSV4_CHECK_COUNT; i++) {
+            dsv4_result want = pass == 0 ? DSV4_RESULT_FAIL : DSV4_RESULT_ERROR;
+            if (c->checks[i].detail && c->checks[i].r == want) {
+                const char *nm = dsv4_check_name(1u << i), *rn = dsv4_result_name(want);
+                size_t len = strlen(nm) + strlen(rn) + strlen(c->checks[i].detail) + 4;
+                char *s = malloc(len);
+                if (s)
+                    snprintf(s, len, "%s %s: %s", nm, rn, c->checks[i].detail);
+                return s;
+            }
+        }
+    return xstrdup("");
+}
+
+size_t dsv4_run_fault_rows(const dsv4_run_results *R, dsv4_fault_row *rows, size_t max)
+{
+    size_t k = 0;
+    for (size_t i = 0; R && i < R->n; i++) {
+        const dsv4_case_result *c = R->cases[i];
+        if (c->injected || !c->defect || c->twin >= R->n)
+            continue;
+        const dsv4_case_result *f = R->cases[c->twin];
+        if (rows && k < max) {
+            dsv4_fault_id id = dsv4_fault_parse(c->defect);
+            dsv4_fault_row *w = &rows[k];
+            w->fault = c->defect;
+            w->findings = dsv4_fault_findings(id);
+            w->summary = dsv4_fault_describe(id);
+            w->where = dsv4_fault_where(id);
+            w->case_name = c->name;
+            w->clean = c->status;
+            w->injected = f->status;
+            w->caught = c->status == DSV4_RESULT_PASS &&
+                        (f->status == DSV4_RESULT_FAIL || f->status == DSV4_RESULT_ERROR);
+            w->caught_by = f->caught_by ? f->caught_by : "";
+        }
+        k++;
+    }
+    return k;
+}
+
+dsv4_fault_summary dsv4_run_fault_summary(const dsv4_run_results *R)
+{
+    dsv4_fault_summary s;
+    memset(&s, 0, sizeof s);
+    bool named[DSV4_FAULT_END] = {0}, missed[DSV4_FAULT_END] = {0};
+    for (size_t i = 0; R && i < R->n; i++) {
+        const dsv4_case_result *c = R->cases[i];
+        if (c->injected)
+            continue;
+        s.clean_runs++;
+        s.false_failures += c->status == DSV4_RESULT_FAIL || c->status == DSV4_RESULT_ERROR;
+        dsv4_fault_id id = dsv4_fault_parse(c->defect);
+        if (id == DSV4_FAULT_NONE || c->twin >= R->n)
+            continue;
+        const dsv4_case_result *f = R->cases[c->twin];
+        named[id] = true;
+        missed[id] |= !(c->status == DSV4_RESULT_PASS &&
+                        (f->status == DSV4_RESULT_FAIL || f->status == DSV4_RESULT_ERROR));
+    }
+    for (int id = 0; id < DSV4_FAULT_END; id++) {
+        s.defects += named[id];
+        s.caught += named[id] && !missed[id];
+    }
+    return s;
+}
+
+static json_t *fault_table_json(const dsv4_run_results *R)
+{
+    size_t n = dsv4_run_fault_rows(R, NULL, 0);
+    dsv4_fault_row *rows = calloc(n + 1, sizeof *rows);
+    json_t *o = json_object(), *arr = json_array();
+    if (!rows)
+        return o;
+    dsv4_run_fault_rows(R, rows, n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *r = json_object();
+        json_object_set_new(r, "fault", json_string(rows[i].fault));
+        json_object_set_new(r, "findings", json_string(rows[i].findings));
+        json_object_set_new(r, "defect", json_string(rows[i].summary));
+        json_object_set_new(r, "injected_at", json_string(rows[i].where));
+        json_object_set_new(r, "case", json_string(rows[i].case_name));
+        json_object_set_new(r, "clean", json_string(dsv4_result_name(rows[i].clean)));
+        json_object_set_new(r, "injected", json_string(dsv4_result_name(rows[i].injected)));
+        json_object_set_new(r, "caught", json_boolean(rows[i].caught));
+        json_object_set_new(r, "caught_by", json_string(rows[i].caught_by));
+        json_array_append_new(arr, r);
+    }
+    free(rows);
+    dsv4_fault_summary s = dsv4_run_fault_summary(R);
+    json_object_set_new(o, "defects", json_integer((json_int_t)s.defects));
+    json_object_set_new(o, "caught", json_integer((json_int_t)s.caught));
+    json_object_set_new(o, "clean_runs", json_integer((json_int_t)s.clean_runs));
+    json_object_set_new(o, "false_failures", json_integer((json_int_t)s.false_failures));
+    json_object_set_new(o, "rows", arr);
+    return o;
+}
+#endif
 
 /* ---------------- reports ---------------- */
 
@@ -1133,6 +1513,40 @@ static json_t *metrics_json(const dsv4_compare_metrics *m)
     json_object_set_new(o, "bad_nonfinite", json_integer(m->bad_nonfinite));
     json_object_set_new(o, "ref_nonfinite", json_integer(m->ref_nonfinite));
     json_object_set_new(o, "finite_ok", json_boolean(m->finite_ok));
+    return o;
+}
+
+static json_t *bins_json(const uint64_t *v)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < DSV4_ERR_BINS; i++)
+        json_array_append_new(a, ju64(v[i]));
+    return a;
+}
+
+static json_t *errors_json(const dsv4_case_errors *E)
+{
+    json_t *o = json_object(), *w = json_array();
+    json_object_set_new(o, "n", json_integer(E->n));
+    json_object_set_new(o, "ulp_bins", bins_json(E->ulp_bins));
+    json_object_set_new(o, "ulp_bin_rule", json_string("0: 0 ulp; i in 1..14: [2^(i-1), 2^i) ulp; 15: >= 2^14 or "
+                                                       "non-finite"));
+    json_object_set_new(o, "abs_bins", bins_json(E->abs_bins));
+    json_object_set_new(o, "abs_bin_rule", json_string("0: |a-b| = 0; i in 1..14: [1e(i-10), 1e(i-9)) (1: also "
+                                                       "smaller); 15: >= 1e5 or non-finite"));
+    for (int i = 0; i < E->n_worst; i++) {
+        const dsv4_case_worst *x = &E->worst[i];
+        json_t *e = json_object();
+        json_object_set_new(e, "index", json_integer(x->index));
+        json_object_set_new(e, "rank", json_integer(x->rank));
+        json_object_set_new(e, "token", json_integer(x->token));
+        json_object_set_new(e, "column", json_integer(x->column));
+        json_object_set_new(e, "a", jreal(x->a));
+        json_object_set_new(e, "b", jreal(x->b));
+        json_object_set_new(e, "diff", jreal(x->diff));
+        json_array_append_new(w, e);
+    }
+    json_object_set_new(o, "worst", w);
     return o;
 }
 
@@ -1201,6 +1615,9 @@ static json_t *case_json(const dsv4_run_results *R, const dsv4_case_result *c)
     }
     json_object_set_new(o, "checks", checks);
     json_object_set_new(o, "metrics", c->has_metrics ? metrics_json(&c->m) : json_null());
+    json_object_set_new(o, "errors", c->has_errors ? errors_json(&c->errs) : json_null());
+    json_object_set_new(o, "defect", jstr(c->defect));
+    json_object_set_new(o, "injected", json_boolean(c->injected));
     json_t *mem = json_object();
     json_object_set_new(mem, "available", ju64(c->mem.available));
     json_object_set_new(mem, "planned_max", ju64(c->mem.planned_max));
@@ -1225,13 +1642,15 @@ dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn
         const dsv4_case_result *c = R->cases[i];
         if (!case_in(c, scn))
             continue;
+        json_array_append_new(cases, case_json(R, c));
+        if (c->injected)
+            continue;
         s.cases++;
         s.seconds += c->seconds;
         s.passed += c->status == DSV4_RESULT_PASS;
         s.failed += c->status == DSV4_RESULT_FAIL;
         s.skipped += c->status == DSV4_RESULT_SKIP;
         s.errors += c->status == DSV4_RESULT_ERROR;
-        json_array_append_new(cases, case_json(R, c));
     }
     json_t *sum = json_object();
     json_object_set_new(sum, "cases", json_integer((json_int_t)s.cases));
@@ -1254,6 +1673,10 @@ dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn
         json_array_append_new(scns, so);
     }
     json_object_set_new(root, "scenarios", scns);
+#ifdef DSV4_FAULTS
+    if (dsv4_run_fault_rows(R, NULL, 0) > 0)
+        json_object_set_new(root, "fault_table", fault_table_json(R));
+#endif
     json_object_set_new(root, "cases", cases);
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(root);
@@ -1382,7 +1805,7 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *sc
     memset(&all, 0, sizeof all);
     for (size_t i = 0; i < R->n; i++) {
         const dsv4_case_result *c = R->cases[i];
-        if (!case_in(c, scn))
+        if (!case_in(c, scn) || c->injected)
             continue;
         all.cases++;
         all.seconds += c->seconds;
@@ -1402,7 +1825,7 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *sc
         memset(&s, 0, sizeof s);
         for (size_t i = 0; i < R->n; i++) {
             const dsv4_case_result *c = R->cases[i];
-            if (c->scn != k)
+            if (c->scn != k || c->injected)
                 continue;
             s.cases++;
             s.seconds += c->seconds;
@@ -1417,7 +1840,7 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *sc
         dsv4_sb_printf(&b, "\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\" time=\"%.3f\">\n", s.cases,
                   s.failed, s.errors, s.skipped, s.seconds);
         for (size_t i = 0; i < R->n; i++)
-            if (R->cases[i]->scn == k)
+            if (R->cases[i]->scn == k && !R->cases[i]->injected)
                 junit_case(&b, R->cases[i]);
         dsv4_sb_printf(&b, "  </testsuite>\n");
     }

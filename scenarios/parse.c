@@ -249,10 +249,18 @@ typedef struct {
     char regex[REGEX_MAX];
     bool has_name;
     char name[CASE_NAME_MAX];
+    const char *defect; /* static, from review_ids; NULL: none */
+    dsv4_scenario_checkpoint ckpt;
 } draft;
 
-static const char *const field_names[] = {"preset", "layer", "config", "topology", "budget", "tokens",
-                                          "replay", "seed",  "checks", "expect",   "name",   NULL};
+static const char *const field_names[] = {"preset", "layer", "config", "topology", "budget",     "tokens", "replay",
+                                          "seed",   "checks", "expect", "name",     "checkpoint", "fault",  NULL};
+/* The defects of the review in shared/seed/ by finding number (7 is the desync of 3: it names f03). */
+static const char *const review_ids[] = {"f01", "f02", "f03", "f04", "f05", "f06", "f08",
+                                         "f09", "f10", "f11", "f12", "f13", "f14", NULL};
+static const char *const ckpt_keys[] = {"layout", "shards", "order", NULL};
+static const char *const layout_names[] = {"split", "stacked", NULL};
+static const char *const order_names[] = {"experts_first", "experts_last", NULL};
 static const char *const topo_keys[] = {"world", "world_size", "tp", "dp", "ep", "role", "backend", "sm", "graph",
                                         "cuda_graph", "buckets", "max_tokens", "max_tokens_per_rank", "chunk",
                                         "chunk_tokens", "dispatch", "executor", NULL};
@@ -306,6 +314,8 @@ static void draft_init(draft *d)
     d->seed = 1;
     d->checks = DSV4_CHECK_ALL;
     d->expect = DSV4_EXPECT_PASS;
+    d->ckpt.layout = DSV4_LAYOUT_SPLIT;
+    d->ckpt.shards = 1;
 }
 
 static dsv4_status set_cfg(ctx *c, draft *d, const char *key, const yaml_node_t *keynode, const yaml_node_t *v)
@@ -584,13 +594,74 @@ static dsv4_status set_expect(ctx *c, draft *d, const yaml_node_t *v)
 
 static dsv4_status apply_map(ctx *c, draft *d, const yaml_node_t *m, const char *what, bool allow_name);
 
+/* checkpoint: {layout: split|stacked, shards: 1..16, order: experts_first|experts_last} */
+static dsv4_status set_checkpoint(ctx *c, draft *d, const yaml_node_t *v)
+{
+    dsv4_status st;
+    char b[80], list[128];
+    if ((st = check_mapping(c, v, "checkpoint")))
+        return st;
+    for (size_t i = 0; i < PAIRS(v); i++) {
+        yaml_node_t *k = get(c, v->data.mapping.pairs.start[i].key);
+        yaml_node_t *x = get(c, v->data.mapping.pairs.start[i].value);
+        int e;
+        int64_t n;
+        switch (list_index(ckpt_keys, sval(k))) {
+        case 0:
+            if ((st = get_enum(c, x, "checkpoint.layout", layout_names, &e)))
+                return st;
+            d->ckpt.layout = e == 0 ? DSV4_LAYOUT_SPLIT : DSV4_LAYOUT_STACKED;
+            break;
+        case 1:
+            if ((st = get_int(c, x, "checkpoint.shards", 1, DSV4_SCENARIO_MAX_SHARDS, &n)))
+                return st;
+            d->ckpt.shards = (int)n;
+            break;
+        case 2:
+            if ((st = get_enum(c, x, "checkpoint.order", order_names, &e)))
+                return st;
+            d->ckpt.experts_last = e == 1;
+            break;
+        default:
+            join(list, sizeof list, ckpt_keys);
+            return fail(c, DSV4_ERR_FORMAT, k->start_mark, "unknown checkpoint key '%s' (allowed: %s)",
+                        shown(k, b, sizeof b), list);
+        }
+    }
+    return DSV4_OK;
+}
+
+/* fault: f01 .. f14, the defect of the review this case catches. */
+static dsv4_status set_defect(ctx *c, draft *d, const yaml_node_t *v)
+{
+    dsv4_status st;
+    char b[80], list[160];
+    if (is_null(v)) {
+        d->defect = NULL;
+        return DSV4_OK;
+    }
+    if ((st = want(c, v, YAML_SCALAR_NODE, "fault")))
+        return st;
+    int i = list_index(review_ids, sval(v));
+    if (i >= 0) {
+        d->defect = review_ids[i];
+        return DSV4_OK;
+    }
+    if (!strcmp(sval(v), "f07"))
+        return fail(c, DSV4_ERR_FORMAT, v->start_mark,
+                    "fault: findings 3 and 7 are one defect (the plan collective of eager steps only): write fault: f03");
+    join(list, sizeof list, review_ids);
+    return fail(c, DSV4_ERR_FORMAT, v->start_mark, "fault: unknown defect '%s' (one of: %s)", shown(v, b, sizeof b),
+                list);
+}
+
 static dsv4_status unknown_field(ctx *c, const yaml_node_t *keynode, bool allow_name)
 {
     char b[80], list[640];
     join(list, sizeof list, dsv4_config_keys());
     return fail(c, DSV4_ERR_FORMAT, keynode->start_mark,
                 "unknown key '%s' (allowed: preset, layer, config, topology, budget, tokens, replay, seed, checks, "
-                "expect%s; a dotted path config.KEY, topology.KEY or budget.KEY; or a config key: %s)",
+                "expect, checkpoint, fault%s; a dotted path config.KEY, topology.KEY or budget.KEY; or a config key: %s)",
                 shown(keynode, b, sizeof b), allow_name ? ", name" : "", list);
 }
 
@@ -674,6 +745,10 @@ static dsv4_status apply_field(ctx *c, draft *d, const char *key, const yaml_nod
         d->has_name = true;
         snprintf(d->name, sizeof d->name, "%s", sval(v));
         return DSV4_OK;
+    case 11:
+        return set_checkpoint(c, d, v);
+    case 12:
+        return set_defect(c, d, v);
     default:
         if (cfg_key_index(key) >= 0)
             return set_cfg(c, d, key, keynode, v);
@@ -871,6 +946,8 @@ static dsv4_status finalize(ctx *c, const draft *d, const char *name, yaml_mark_
         rp[i] = d->replay[d->n_replay == 1 ? 0 : i];
     }
     k->seed = d->seed;
+    k->fault = d->defect;
+    k->checkpoint = d->ckpt;
     k->checks = d->checks;
     k->expect = d->expect;
     if (d->expect == DSV4_EXPECT_REFUSED && !(k->refused_regex = xstrdup(d->regex)))

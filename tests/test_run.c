@@ -160,7 +160,7 @@ START_TEST(seed_review_clean)
     dsv4_scenario *s;
     dsv4_error e;
     ck_assert_msg(dsv4_scenario_load(path, &s, &e) == DSV4_OK, "%s", e.message);
-    ck_assert_uint_eq(dsv4_scenario_count(s), 14);
+    ck_assert_uint_eq(dsv4_scenario_count(s), 19);
     dsv4_run_results *r = run(s, DSV4_BACKEND_CPU);
     dsv4_run_summary sum = dsv4_run_summarize(r);
     if (sum.passed != sum.cases)

@@ -41,6 +41,18 @@ static inline int tu_file_exists(const char *path)
     return stat(path, &st) == 0;
 }
 
+/* Reads at most n - 1 bytes of `path` into buf, NUL-terminated; returns the bytes read, -1 if unreadable. */
+static inline long tu_read_file(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    size_t got = fread(buf, 1, n - 1, f);
+    buf[got] = '\0';
+    fclose(f);
+    return (long)got;
+}
+
 /*
  * Runs `$DSV4MOE_CLI ARGS` with stdout and stderr captured into out[0, n) (NUL-terminated);
  * `log` names the capture file in the scratch folder. Returns the exit status, -1 when the

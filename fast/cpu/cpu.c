@@ -50,6 +50,7 @@
 #include "dsv4moe/weights.h"
 #include "../backend/backend_impl.h"
 #include "err.h"
+#include "faults.h"
 #include "parallel.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -724,6 +725,8 @@ static dsv4_status ffn(cpu_be *b, float *wbase, const wscratch *ws, const cmat *
     const dsv4_config *c = &b->cfg;
     int64_t H = c->dim, I = c->moe_inter_dim;
     dsv4_status st = DSV4_OK;
+    if (DSV4_FAULT(DSV4_FAULT_F01) && m != b->shared && m[0].v.format == DSV4_FORMAT_FP8)
+        clamp = false; /* fault F01: the fp8 per-block routed family without the SwiGLU clamp */
     if (ws)
         mm_serial(b, ws, &m[0].v, &m[1].v, n, X, H, GU, 2 * I);
     else if ((st = matmul_par(b, wbase, &m[0].v, &m[1].v, n, X, H, GU, 2 * I, err)))
@@ -1025,6 +1028,7 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
     const dsv4_config *c = &b->cfg;
     int64_t E = c->n_routed_experts, H = c->dim, I = c->moe_inter_dim, K = c->n_activated;
     bool hash = dsv4_config_is_hash_layer(c);
+    b->stats.launches += DSV4_FAULT(DSV4_FAULT_F11) ? 3 : 0; /* fault F11: sanitised ids, weights, mask per forward */
     if (T == 0) {
         b->stats.forwards++;
         return DSV4_OK;
@@ -1331,6 +1335,8 @@ dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint
     b->max_tokens = dsv4_plan_topology(plan)->max_tokens_per_rank;
     if (b->chunk < 1)
         b->chunk = b->max_tokens > 0 ? b->max_tokens : 128;
+    if (DSV4_FAULT(DSV4_FAULT_F08))
+        b->chunk = b->max_tokens; /* fault F08: long prefills unchunked, no token bound */
     b->simd = cpu_has_simd() && !getenv("DSV4MOE_CPU_NO_SIMD");
     b->avx512 = b->simd && cpu_has_avx512() && !getenv("DSV4MOE_CPU_NO_AVX512");
     pthread_once(&table_once, init_tables);

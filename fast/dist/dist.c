@@ -10,6 +10,7 @@
 #include "dsv4moe/ref.h"
 #include "dsv4moe/weights.h"
 #include "err.h"
+#include "faults.h"
 #include "ref_internal.h"
 
 void dsv4_dist_options_init(dsv4_dist_options *o)
@@ -111,7 +112,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
     int64_t ns = 0;
     for (int64_t t = 0; t < n; t++)
         for (int64_t k = 0; k < K; k++)
-            if (ids[t * K + k] != (int32_t)E)
+            if (ids[t * K + k] != (int32_t)E || DSV4_FAULT(DSV4_FAULT_F12)) /* fault F12: sentinel unsanitised */
                 sl[ns++] = (slot){t, (int32_t)k, ids[t * K + k], w[t * K + k]};
     qsort(sl, (size_t)ns, sizeof *sl, cmp_slot_expert);
     o = dsv4_alloc(rc->acct, (size_t)(ns * H + 1) * sizeof *o);
@@ -134,7 +135,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
         uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
         /* sl is sorted by expert, so it is already grouped by destination in rank order. */
         for (int64_t s = 0; s < ns; s++)
-            sc[sl[s].e / per]++;
+            sc[sl[s].e / per < P ? sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
         for (int j = 0; j < P; j++)
             ones[j] = 1;
         int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
@@ -297,7 +298,7 @@ static void *rank_main(void *p)
     int64_t T = io->tokens, maxT = T;
     bool replay_ok = io->can_replay && dsv4_plan_can_replay(rc->plan, T);
     bool all_replay = replay_ok;
-    if (rc->opt->fault_skip_meta_rank == rc->rank && replay_ok) {
+    if ((rc->opt->fault_skip_meta_rank == rc->rank || DSV4_FAULT(DSV4_FAULT_F03)) && replay_ok) { /* fault F03 */
         /* The review's defect: a graph-replaying rank skips the plan collective. */
     } else {
         int64_t meta[2] = {T, replay_ok ? 1 : 0}, all[2 * DSV4_COMM_MAX_RANKS];
@@ -311,6 +312,7 @@ static void *rank_main(void *p)
     io->step_max_tokens = maxT;
     io->replayed = all_replay && dsv4_plan_can_replay(rc->plan, maxT);
     int64_t nch = dsv4_plan_chunks(rc->plan, maxT), ct = dsv4_plan_chunk_tokens(rc->plan);
+    nch += DSV4_FAULT(DSV4_FAULT_F10) && maxT == 0; /* fault F10: a zero-size chunk when every rank is empty */
     io->chunks = nch;
     io->workspace_planned = dsv4_plan_workspace_bytes(rc->plan, maxT, io->replayed);
     for (int64_t ch = 0; ch < nch; ch++) {

@@ -13,6 +13,7 @@
 
 #include "dsv4moe/plan.h"
 #include "err.h"
+#include "faults.h"
 
 /* ---------------------------------------------------------------------------
  * Capability data: which executor may run inside a captured CUDA graph
@@ -551,6 +552,8 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
                               i, (long long)t->buckets[i], (long long)t->max_tokens_per_rank);
         }
     }
+    if (DSV4_FAULT(DSV4_FAULT_F02) && t->world_size == 1 && t->dispatch == DSV4_DISPATCH_ALL_GATHER) /* fault F02 */
+        return REFUSE("no suitable MoE strategy found for configuration: check routed_format, ep and parallelism");
     /* Dispatch. */
     if (t->ep == 1 && (t->dispatch == DSV4_DISPATCH_ALL_TO_ALL || t->dispatch == DSV4_DISPATCH_LOW_LATENCY))
         return REFUSE("dispatch %s needs ep > 1 (ep is 1): with ep 1 every rank holds every expert; use dispatch "
@@ -560,7 +563,7 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
         return REFUSE("dispatch all_gather with ep %d > 1: experts are sharded over ep, so token-slots travel by "
                       "all-to-all; use dispatch auto, all_to_all or low_latency (decode), or ep 1",
                       t->ep);
-    if (t->dispatch == DSV4_DISPATCH_LOW_LATENCY && t->role != DSV4_ROLE_DECODE)
+    if (t->dispatch == DSV4_DISPATCH_LOW_LATENCY && t->role != DSV4_ROLE_DECODE && !DSV4_FAULT(DSV4_FAULT_F14))
         return REFUSE("low-latency dispatch is decode-only: role %s with dispatch low_latency would fail at the "
                       "first prefill request; use dispatch all_to_all (normal) for prefill, or role decode",
                       dsv4_role_name(t->role));
@@ -578,11 +581,15 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
             return REFUSE("executor per_token with cuda_graph on sm %d and ep %d: per_token is not graph-safe "
                           "there; use executor auto%s, or cuda_graph off",
                           t->sm, t->ep, cap->masked_graph ? " or masked" : "");
-        if (!cap->masked_graph && !per_token_graph_safe(cap, t->ep))
+        bool f04 = DSV4_FAULT(DSV4_FAULT_F04) && t->sm / 10 == 10; /* fault F04: sm 10x taken as masked-safe */
+        if (!cap->masked_graph && !per_token_graph_safe(cap, t->ep) && !f04) {
+            if (DSV4_FAULT(DSV4_FAULT_F09)) /* fault F09: the refusal names the wrong settings */
+                return REFUSE("no suitable MoE strategy found for configuration: check routed_format, ep, parallelism");
             return REFUSE("cuda_graph on with ep %d > 1 on sm %d: no executor is graph-safe there (masked is "
                           "graph-validated on sm 90; per_token on sm %d only with ep 1); what would work: "
                           "cuda_graph off, or sm 90, or ep 1",
                           t->ep, t->sm, t->sm);
+        }
     }
     return DSV4_OK;
 }
@@ -667,7 +674,8 @@ static dsv4_status plan_graph(dsv4_plan *p, dsv4_error *err)
     uint64_t mw = sat_add(chunk_ws(p, bmax, DSV4_EXEC_MASKED), meta);
     bool masked_fits = mw <= avail;
     bool pt_safe = per_token_graph_safe(cap, t->ep);
-    if (t->executor == DSV4_EXECUTOR_MASKED || (t->executor == DSV4_EXECUTOR_AUTO && cap->masked_graph)) {
+    bool masked_ok = cap->masked_graph || (DSV4_FAULT(DSV4_FAULT_F04) && t->sm / 10 == 10); /* fault F04 */
+    if (t->executor == DSV4_EXECUTOR_MASKED || (t->executor == DSV4_EXECUTOR_AUTO && masked_ok)) {
         if (masked_fits) {
             p->graph_exec = DSV4_EXEC_MASKED;
             explainf(p,
@@ -800,6 +808,8 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
         p->eager_masked = true;
         p->masked_limit = largest_bucket(p);
     }
+    if (DSV4_FAULT(DSV4_FAULT_F13) && t->cuda_graph && t->world_size == 1 && t->executor == DSV4_EXECUTOR_AUTO)
+        p->eager_masked = true, p->masked_limit = INT64_MAX; /* fault F13: eager prefill masked, no token bound */
     if (!ok) {
         dsv4_plan_free(p);
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "plan", "out of memory");
@@ -835,7 +845,7 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
         dsv4_plan_free(p);
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "plan", "out of memory");
     }
-    if (wmax > p->available) { /* cannot happen by construction */
+    if (wmax > p->available && !DSV4_FAULT(DSV4_FAULT_F13)) { /* cannot happen by construction */
         dsv4_plan_free(p);
         return dsv4_seterr(err, DSV4_ERR_INTERNAL, "plan", "workspace %llu exceeds the available %llu",
                            (unsigned long long)wmax, (unsigned long long)p->available);

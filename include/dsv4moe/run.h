@@ -53,9 +53,17 @@ typedef struct dsv4_run_options {
     int threads;              /* threads of the backend and the reference (>= 1; default 2) */
     dsv4_run_progress_fn progress; /* may be NULL */
     void *progress_user;
+    /*
+     * The defect catalogue (the fault build only: make faults, build/faults/): every case
+     * with a `fault` key runs twice, clean and with its defect of the review injected
+     * (core/faults.h); the injected run is a result of its own (dsv4_case_injected), left
+     * out of dsv4_run_summarize and junit.xml, and dsv4_run_fault_rows pairs the two.
+     * In the release library true is DSV4_ERR_UNSUPPORTED. Default false.
+     */
+    bool faults;
 } dsv4_run_options;
 
-/* cache "out/cache", backend -1, no filter, 2 threads, no progress. NULL is a no-op. */
+/* cache "out/cache", backend -1, no filter, 2 threads, no progress, no defects. NULL is a no-op. */
 void dsv4_run_options_init(dsv4_run_options *opt);
 
 /*
@@ -78,7 +86,7 @@ void dsv4_run_results_free(dsv4_run_results *results);
 size_t dsv4_run_count(const dsv4_run_results *results);
 /* NULL when i >= count. */
 const dsv4_case_result *dsv4_run_get(const dsv4_run_results *results, size_t i);
-/* Cases by status; `wall` is the summed case time in seconds. */
+/* Cases by status (runs with a defect injected are not counted); `seconds` is the summed case time. */
 typedef struct dsv4_run_summary {
     size_t cases, passed, failed, skipped, errors;
     double seconds;
@@ -99,6 +107,46 @@ dsv4_result dsv4_case_check(const dsv4_case_result *c, unsigned check_bit, const
 
 /* The numerics metrics (all ranks' outputs together); false when numerics did not compare anything. */
 bool dsv4_case_metrics(const dsv4_case_result *c, dsv4_compare_metrics *out);
+
+/* Bins of the error distributions of a numerics comparison. */
+#define DSV4_ERR_BINS 16
+/* Worst elements kept per comparison. */
+#define DSV4_WORST_MAX 8
+
+typedef struct dsv4_case_worst {
+    int64_t index;  /* element in all ranks' outputs, rank after rank: row * H + column */
+    int rank;       /* the rank whose output holds it (0 for one rank) */
+    int64_t token;  /* that rank's token */
+    int64_t column; /* hidden channel */
+    float a, b;     /* backend, reference */
+    double diff;    /* |a - b|; +inf where exactly one is not finite or they differ while not finite */
+} dsv4_case_worst;
+
+/*
+ * The bounded error profile of a numerics comparison (bf16 outputs against the
+ * reference), kept whatever the number of elements:
+ *   ulp_bins[0]: 0 ULP; ulp_bins[i], 1 <= i <= 14: [2^(i-1), 2^i) ULP; ulp_bins[15]: >= 2^14 ULP or
+ *   a non-finite pair that differs;
+ *   abs_bins[0]: |a-b| = 0; abs_bins[i], 1 <= i <= 14: [10^(i-10), 10^(i-9)) (bin 1 also holds smaller
+ *   values); abs_bins[15]: >= 1e5 or non-finite;
+ *   worst: the elements with the largest |a-b| (ties: the lower index), largest first; only
+ *   elements that differ.
+ */
+typedef struct dsv4_case_errors {
+    int64_t n;
+    uint64_t ulp_bins[DSV4_ERR_BINS];
+    uint64_t abs_bins[DSV4_ERR_BINS];
+    int n_worst;
+    dsv4_case_worst worst[DSV4_WORST_MAX];
+} dsv4_case_errors;
+
+/* The error profile of the numerics check; false when numerics compared nothing. */
+bool dsv4_case_errors_of(const dsv4_case_result *c, dsv4_case_errors *out);
+
+/* The review's defect the case catches (its `fault` key, "f01".."f14"), or NULL. */
+const char *dsv4_case_defect(const dsv4_case_result *c);
+/* Whether this result is the run with that defect injected (options.faults, fault build). */
+bool dsv4_case_injected(const dsv4_case_result *c);
 
 /* Bytes: the smallest budget available over the ranks, the largest planned maximum
    (dsv4_plan_workspace_max), the largest planned workspace of the step run, the largest measured peak.
@@ -136,6 +184,36 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *results, const dsv4_scenar
  * text is escaped. Written atomically like the others.
  */
 dsv4_status dsv4_report_html(const dsv4_run_results *results, const char *path, dsv4_error *err);
+
+#ifdef DSV4_FAULTS
+/*
+ * The detection table of a run with options.faults (fault build only): one row per case
+ * naming a defect, its clean and its injected run. A defect is caught when every case
+ * naming it fails (or errors) with the defect injected; a clean run that does not pass is
+ * a false failure. Strings belong to the results.
+ */
+typedef struct dsv4_fault_row {
+    const char *fault;      /* "f01" .. "f14" */
+    const char *findings;   /* the review's findings it stands for ("3, 7") */
+    const char *summary;    /* the defect in one line */
+    const char *where;      /* the injection point */
+    const char *case_name;
+    dsv4_result clean, injected;
+    bool caught;            /* clean passed and the injected run failed or errored */
+    const char *caught_by;  /* "check result: detail" of the first failing check of the injected run, else "" */
+} dsv4_fault_row;
+
+/* Writes up to `max` rows into rows (may be NULL with max 0); returns the number of rows. */
+size_t dsv4_run_fault_rows(const dsv4_run_results *results, dsv4_fault_row *rows, size_t max);
+
+typedef struct dsv4_fault_summary {
+    size_t defects;        /* distinct defects named by the cases run */
+    size_t caught;         /* of them, caught by every case naming them */
+    size_t clean_runs;     /* cases run without a defect (all of them, named or not) */
+    size_t false_failures; /* clean runs that failed or errored */
+} dsv4_fault_summary;
+dsv4_fault_summary dsv4_run_fault_summary(const dsv4_run_results *results);
+#endif
 
 #ifdef __cplusplus
 }

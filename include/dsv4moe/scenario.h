@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include "config.h"
 #include "plan.h"
+#include "safetensors.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -60,6 +61,21 @@ typedef enum dsv4_expect {
 /* Deepest nesting of collections accepted. */
 #define DSV4_SCENARIO_MAX_DEPTH 64
 
+/* Most files a case's checkpoint may be written as. */
+#define DSV4_SCENARIO_MAX_SHARDS 16
+
+/*
+ * How the backend's copy of a case's layer is stored (key `checkpoint`): the
+ * reference always reads the one split-layout file; the backend (and the
+ * distributed driver) read this one, so the loader is part of what is tested.
+ */
+typedef struct dsv4_scenario_checkpoint {
+    dsv4_layout layout; /* DSV4_LAYOUT_SPLIT (default) or DSV4_LAYOUT_STACKED (bf16, quantized at load) */
+    int shards;         /* 1 (default): one file; n > 1: n files and model.safetensors.index.json */
+    bool experts_last;  /* shards > 1: the routed experts' tensors in the last files (default: the first),
+                           the router and the shared expert in the other end's file */
+} dsv4_scenario_checkpoint;
+
 typedef struct dsv4_scenario_case {
     const char *name;       /* "<file name>/<axis=value,...>" or "<file name>/<case name>" */
     const char *preset;     /* the dsv4_config preset it starts from */
@@ -78,6 +94,8 @@ typedef struct dsv4_scenario_case {
     int line, col;          /* where the case is defined: the axes key (product) or the case mapping */
     int explicit_index;     /* index in `cases`, or -1 for a case of the axes product */
     const int *axis_index;  /* [n_axes of the scenario] value index per axis (product cases), else NULL */
+    const char *fault;      /* the review's defect the case catches, "f01".."f14" (key `fault`; static), or NULL */
+    dsv4_scenario_checkpoint checkpoint;
 } dsv4_scenario_case;
 
 typedef struct dsv4_scenario dsv4_scenario;

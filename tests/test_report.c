@@ -1,0 +1,207 @@
+/*
+ * The reports' error profiles (ULP and |a-b| histograms, the worst elements) in the
+ * results, report.json and report.html, and `dsv4moe run`'s progress line (only on a
+ * terminal).
+ */
+#include <check.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dsv4moe/formats.h"
+#include "dsv4moe/run.h"
+#include "dsv4moe/scenario.h"
+#include "testutil.h"
+
+Suite *report_suite(void);
+
+static const char *cache_dir(void)
+{
+    static char buf[512];
+    return tu_path(buf, sizeof buf, "report_cache");
+}
+
+static const char YAML[] = "name: prof\n"
+                           "defaults: {preset: mini, layer: 1, tokens: [24], checks: [numerics],\n"
+                           "           topology: {backend: cpu}}\n"
+                           "cases:\n"
+                           "  - {name: fp8, routed_format: fp8, shared_format: fp8, weight_scale: fp32, act_quant: fp32,\n"
+                           "     swiglu_limit: 7, seed: 13, tokens: [64]}\n"
+                           "  - {name: ep2, topology: {world: 2, dp: 2, ep: 2, backend: ref}, tokens: [5, 3]}\n"
+                           "  - {name: tp2, routed_format: bf16, shared_format: bf16, act_quant: none,\n"
+                           "     topology: {world: 2, tp: 2, dp: 1, ep: 1, backend: ref}, tokens: [9]}\n"
+                           "  - {name: empty, tokens: [0]}\n";
+
+static const dsv4_case_result *find(const dsv4_run_results *r, const char *suffix)
+{
+    for (size_t i = 0; i < dsv4_run_count(r); i++) {
+        const char *n = dsv4_case_name(dsv4_run_get(r, i));
+        size_t a = strlen(n), b = strlen(suffix);
+        if (a >= b && !strcmp(n + a - b, suffix))
+            return dsv4_run_get(r, i);
+    }
+    ck_abort_msg("no case *%s", suffix);
+    return NULL;
+}
+
+static void check_profile(const dsv4_case_result *c, int64_t H, int world)
+{
+    dsv4_compare_metrics m;
+    dsv4_case_errors E;
+    ck_assert(dsv4_case_metrics(c, &m));
+    ck_assert(dsv4_case_errors_of(c, &E));
+    ck_assert_int_eq(E.n, m.n);
+    uint64_t su = 0, sa = 0;
+    for (int i = 0; i < DSV4_ERR_BINS; i++) {
+        su += E.ulp_bins[i];
+        sa += E.abs_bins[i];
+    }
+    ck_assert_uint_eq(su, (uint64_t)E.n);
+    ck_assert_uint_eq(sa, (uint64_t)E.n);
+    ck_assert_uint_eq(E.ulp_bins[0], (uint64_t)(E.n - m.ulp_nonzero));
+    ck_assert_int_le(E.n_worst, DSV4_WORST_MAX);
+    ck_assert_int_eq(E.n_worst, m.ulp_nonzero < DSV4_WORST_MAX ? (int)m.ulp_nonzero : DSV4_WORST_MAX);
+    for (int i = 0; i < E.n_worst; i++) {
+        const dsv4_case_worst *w = &E.worst[i];
+        ck_assert_double_eq_tol(w->diff, fabs((double)w->a - (double)w->b), 1e-12);
+        ck_assert(w->diff > 0);
+        if (i)
+            ck_assert(w->diff <= E.worst[i - 1].diff);
+        ck_assert(w->column >= 0 && w->column < H);
+        ck_assert(w->rank >= 0 && w->rank < world);
+        if (world == 1)
+            ck_assert_int_eq(w->index, w->token * H + w->column);
+    }
+    if (E.n_worst)
+        ck_assert_double_eq_tol(E.worst[0].diff, m.max_abs, 1e-6 * (1 + m.max_abs));
+}
+
+START_TEST(error_profiles)
+{
+    dsv4_scenario *s = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_scenario_load_string(YAML, "prof.yaml", &s, &e) == DSV4_OK, "%s", e.message);
+    dsv4_run_options o;
+    dsv4_run_options_init(&o);
+    o.cache_dir = cache_dir();
+    dsv4_run_results *r = NULL;
+    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    int64_t H = dsv4_scenario_get(s, 0)->config.dim;
+    const dsv4_case_result *fp8 = find(r, "/fp8"), *ep2 = find(r, "/ep2"), *tp2 = find(r, "/tp2"),
+                           *empty = find(r, "/empty");
+    ck_assert_int_eq(dsv4_case_status(fp8), DSV4_RESULT_PASS);
+    check_profile(fp8, H, 1);
+    dsv4_case_errors E;
+    ck_assert(dsv4_case_errors_of(fp8, &E));
+    ck_assert_int_gt(E.n_worst, 0); /* fp8 on the cpu differs from the reference somewhere */
+    check_profile(ep2, H, 2);
+    ck_assert(dsv4_case_errors_of(ep2, &E));
+    ck_assert_int_eq(E.n, (5 + 3) * H);
+    ck_assert_int_eq(E.n_worst, 0); /* ep sharding is bit-identical */
+    ck_assert_uint_eq(E.ulp_bins[0], (uint64_t)E.n);
+    check_profile(tp2, H, 2);
+    ck_assert(!dsv4_case_errors_of(empty, &E)); /* nothing compared */
+
+    /* report.json: the bins and the worst elements */
+    char jp[512];
+    tu_path(jp, sizeof jp, "report_prof.json");
+    ck_assert_msg(dsv4_report_json(r, NULL, jp, &e) == DSV4_OK, "%s", e.message);
+    json_error_t je;
+    json_t *root = json_load_file(jp, 0, &je);
+    ck_assert_ptr_nonnull(root);
+    json_t *cases = json_object_get(root, "cases");
+    int with = 0;
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        json_t *c = json_array_get(cases, i), *er = json_object_get(c, "errors");
+        const char *name = json_string_value(json_object_get(c, "name"));
+        if (strstr(name, "/empty")) {
+            ck_assert(json_is_null(er));
+            continue;
+        }
+        with++;
+        ck_assert_uint_eq(json_array_size(json_object_get(er, "ulp_bins")), DSV4_ERR_BINS);
+        ck_assert_uint_eq(json_array_size(json_object_get(er, "abs_bins")), DSV4_ERR_BINS);
+        json_int_t sum = 0;
+        for (size_t k = 0; k < DSV4_ERR_BINS; k++)
+            sum += json_integer_value(json_array_get(json_object_get(er, "ulp_bins"), k));
+        ck_assert_int_eq(sum, json_integer_value(json_object_get(er, "n")));
+        if (strstr(name, "/fp8")) {
+            json_t *w0 = json_array_get(json_object_get(er, "worst"), 0);
+            ck_assert_ptr_nonnull(w0);
+            ck_assert(json_is_integer(json_object_get(w0, "token")) && json_is_integer(json_object_get(w0, "column")));
+            ck_assert(json_real_value(json_object_get(w0, "diff")) > 0);
+        }
+    }
+    ck_assert_int_eq(with, 3);
+    json_decref(root);
+
+    /* report.html: two histograms per compared case, the worst elements as SVG */
+    char hp[512];
+    tu_path(hp, sizeof hp, "report_prof.html");
+    ck_assert_msg(dsv4_report_html(r, hp, &e) == DSV4_OK, "%s", e.message);
+    static char html[1 << 20];
+    ck_assert_int_gt(tu_read_file(hp, html, sizeof html), 0);
+    int nh = 0, na = 0, nw = 0;
+    for (const char *p = html; (p = strstr(p, "<svg class=\"hulp\"")); p++)
+        nh++;
+    for (const char *p = html; (p = strstr(p, "<svg class=\"habs\"")); p++)
+        na++;
+    for (const char *p = html; (p = strstr(p, "<svg class=\"worst\"")); p++)
+        nw++;
+    ck_assert_int_eq(nh, 3);
+    ck_assert_int_eq(na, 3);
+    ck_assert_int_ge(nw, 1);
+    ck_assert_ptr_nonnull(strstr(html, "no element differs")); /* ep2 */
+    ck_assert_ptr_null(strstr(html, "<script"));
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+}
+END_TEST
+
+/* The progress line goes to stderr on a terminal only. */
+START_TEST(progress_only_on_a_terminal)
+{
+    const char *cli = getenv("DSV4MOE_CLI");
+    if (!cli)
+        return; /* not run through make test */
+    char f[512], dir[512], args[2048], out[16384];
+    tu_path(f, sizeof f, "report_progress.yaml");
+    tu_path(dir, sizeof dir, "report_progress");
+    static const char y[] = "name: prog\n"
+                            "defaults: {preset: mini, layer: 1, topology: {backend: ref}, checks: [refusal]}\n"
+                            "axes:\n  tokens: [[1], [2], [3]]\n";
+    ck_assert_int_eq(tu_write_file(f, y, strlen(y)), 0);
+    snprintf(args, sizeof args, "run %s --report %s --cache %s", f, dir, cache_dir());
+    /* not a terminal: stdout and stderr into a file */
+    int rc = tu_run_cli(args, "report_progress.txt", out, sizeof out);
+    ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
+    ck_assert_ptr_nonnull(strstr(out, "3 cases: 3 passed"));
+    ck_assert_ptr_null(strchr(out, '\r'));
+    ck_assert_ptr_null(strstr(out, "\033["));
+    ck_assert_ptr_null(strstr(out, " left"));
+    /* a terminal (script(1) gives the command a pseudo-terminal): the line with the count and time left */
+    if (access("/usr/bin/script", X_OK) != 0)
+        return;
+    char cmd[4096], log[512];
+    tu_path(log, sizeof log, "report_progress_tty.txt");
+    snprintf(cmd, sizeof cmd, "/usr/bin/script -qec '%s %s' /dev/null > %s 2>&1 < /dev/null", cli, args, log);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_ge(tu_read_file(log, out, sizeof out), 0);
+    ck_assert_msg(strstr(out, "[1/3]") && strstr(out, "[3/3]") && strstr(out, " s left"), "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "\r\033[K"));
+}
+END_TEST
+
+Suite *report_suite(void)
+{
+    Suite *s = suite_create("report");
+    TCase *t = tcase_create("report");
+    tcase_set_timeout(t, 300);
+    tcase_add_test(t, error_profiles);
+    tcase_add_test(t, progress_only_on_a_terminal);
+    suite_add_tcase(s, t);
+    return s;
+}
