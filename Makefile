@@ -5,7 +5,8 @@
 #   make run            build, generate a small layer, run the CLI on it (out/)
 #   make test           build and run the Check suite and the CLI tests
 #   make test-asan      the same under AddressSanitizer + UBSan
-#   make cuda           compile and link the CUDA sources with nvcc
+#   make cuda           the CUDA variant under build/cuda (library, CLI, device tests); no GPU needed
+#   make cuda-test      on a GPU machine: the device tests, scenarios/gpu.yaml, compute-sanitizer
 #   make nccl           the NCCL communicator + EP dispatch (build/nccl/), its test build/nccl/test_nccl
 #   make test-nccl      build and run it (needs one GPU)
 #   make bench          benchmarks (results under out/)
@@ -60,7 +61,7 @@ LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test test-asan test-run cuda bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults
+.PHONY: all run test test-asan test-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -135,8 +136,49 @@ test-faults: deps
 	DSV4MOE_CLI=$(abspath build/faults/dsv4moe) DSV4MOE_TMP=$(abspath build/faults/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
 	  DSV4MOE_PYTHON=$(PYTHON) CK_RUN_SUITE=faults CK_DEFAULT_TIMEOUT=600 build/faults/tests/run_tests
 
-cuda:
-	@sh ci/build-cuda.sh $(BUILD)/cuda $(CUDA_SRCS)
+# ---- the CUDA variant (docs/cuda.md): build/cuda/libdsv4moe.a (the library with backend.c compiled
+# -DDSV4_WITH_CUDA and fast/cuda/*.cu by nvcc for sm_90a), build/cuda/dsv4moe (the CLI) and
+# build/cuda/test_cuda (the device test program). Compiles and links without a GPU.
+NVCC := $(shell command -v $(NVCC) 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_BUILD := $(BUILD)/cuda
+CUDA_OBJS := $(CUDA_SRCS:%.cu=$(CUDA_BUILD)/%.o)
+CUDA_LIB_A := $(CUDA_BUILD)/libdsv4moe.a
+CUDA_CLI := $(CUDA_BUILD)/dsv4moe
+CUDA_TEST := $(CUDA_BUILD)/test_cuda
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ -ldl -lrt
+NVCCFLAGS := -std=c++17 -O3 -Iinclude -Icore -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings \
+  -Xcompiler -Wall,-Wextra,-Werror,-fPIC $(NVCCEXTRA)
+
+$(CUDA_BUILD)/fast/cuda/%.o: fast/cuda/%.cu $(wildcard fast/cuda/*.cuh) $(wildcard include/dsv4moe/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(CUDA_BUILD)/fast/backend/backend.o: fast/backend/backend.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o,$(LIB_OBJS)) $(CUDA_BUILD)/fast/backend/backend.o $(CUDA_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+$(CUDA_CLI): $(CLI_OBJS) $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJS) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
+
+$(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
+
+cuda: deps
+	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CEILINGS_BIN)
+
+# On the GPU machine: the device tests, the scenario file and a memcheck run (logs under $(OUT)/cuda).
+cuda-test: cuda
+	@sh ci/cuda-test.sh $(CUDA_BUILD) $(OUT)/cuda
 
 # ---- NCCL communicator (fast/comm/nccl, docs/nccl.md) ----
 # Not part of the CPU-only library (fast/comm/nccl/ is below the fast/*/*.c wildcard): the

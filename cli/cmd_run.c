@@ -13,7 +13,7 @@
 #include "dsv4moe/scenario.h"
 
 static const char RUN_HELP[] =
-    "usage: dsv4moe run FILE.yaml... [--report DIR] [--cache DIR] [--backend ref|cpu]\n"
+    "usage: dsv4moe run FILE.yaml... [--report DIR] [--cache DIR] [--backend ref|cpu|cuda]\n"
     "                   [--filter SUBSTRING] [--threads N] [--faults]\n\n"
     "Expands each scenario file into its cases (docs/scenarios.md), runs every case's checks\n"
     "(numerics, determinism, symmetry, memory, empty, clamp_exercised, refusal) and writes\n"
@@ -21,7 +21,7 @@ static const char RUN_HELP[] =
     "every failing case.\n\n"
     "  --report DIR         where the reports go (default out)\n"
     "  --cache DIR          generated weights and inputs, reused between runs (default DIR/cache)\n"
-    "  --backend B          run ref or cpu in place of every case's ref/cpu backend\n"
+    "  --backend B          run ref, cpu or cuda (make cuda's CLI) in place of every case's ref/cpu backend\n"
     "                       (cases on cuda keep theirs)\n"
     "  --filter SUBSTRING   only the cases whose name contains SUBSTRING\n"
     "  --threads N          threads of the backend and the reference (default 2)\n"
@@ -161,9 +161,11 @@ int cmd_run(int argc, char **argv)
                 backend = 0;
             else if (!strcmp(v, "cpu"))
                 backend = 1;
+            else if (!strcmp(v, "cuda"))
+                backend = 2; /* a library built without CUDA skips those cases */
             else {
                 free(files);
-                return cli_failf(cmd, "option --backend: '%s' is not ref or cpu", v);
+                return cli_failf(cmd, "option --backend: '%s' is not ref, cpu or cuda", v);
             }
         } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads)) {
             free(files);

@@ -922,8 +922,12 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
         if (req & DSV4_CHECK_SYMMETRY)
             set_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_SKIP, "not applicable (one rank)");
         const int64_t T = sc->tokens[0];
-        if (topo.backend == DSV4_BACKEND_CUDA) {
-            /* The plan's half of memory holds without a device; the measured peak needs CUDA. */
+        const dsv4_plan *plan = plans[0];
+        const char *note = "";
+        dsv4_status st = dsv4_backend_create(plan, ck_be, ctx->o->threads, &be, &e);
+        if (st == DSV4_ERR_UNSUPPORTED && topo.backend == DSV4_BACKEND_CUDA) {
+            /* A library built without DSV4_WITH_CUDA (`make cuda` builds the one with it): the plan's
+               half of memory holds without a device; the measured peak needs CUDA. */
             if ((req & DSV4_CHECK_MEMORY) && !check_set(c, DSV4_CHECK_MEMORY))
                 set_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS,
                           "planned maximum %llu <= available %llu (the measured peak needs the cuda backend, not in "
@@ -932,9 +936,6 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
             set_rest(c, DSV4_RESULT_SKIP, "skipped: no CUDA in this build");
             goto done;
         }
-        const dsv4_plan *plan = plans[0];
-        const char *note = "";
-        dsv4_status st = dsv4_backend_create(plan, ck_be, ctx->o->threads, &be, &e);
         if (st == DSV4_ERR_UNSUPPORTED && topo.backend == DSV4_BACKEND_CPU) {
             /* The CPU backend is not part of this build: the reference backend stands in. */
             dsv4_topology t = topo;
@@ -1273,8 +1274,9 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
                            opts->struct_size, sizeof(dsv4_run_options));
     if (opts->threads < 1 || opts->threads > 256)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "threads %d is outside [1, 256]", opts->threads);
-    if (opts->backend != -1 && opts->backend != DSV4_BACKEND_REF && opts->backend != DSV4_BACKEND_CPU)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "backend %d is not -1, ref or cpu", opts->backend);
+    if (opts->backend != -1 && opts->backend != DSV4_BACKEND_REF && opts->backend != DSV4_BACKEND_CPU &&
+        opts->backend != DSV4_BACKEND_CUDA)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "backend %d is not -1, ref, cpu or cuda", opts->backend);
 #ifndef DSV4_FAULTS
     if (opts->faults)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "run",

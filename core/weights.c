@@ -358,3 +358,36 @@ nomem:
     return dsv4_seterr(err, DSV4_ERR_NOMEM, "weights", "out of memory unpacking the router of layer %lld",
                        (long long)c->layer);
 }
+
+dsv4_status dsv4_router_check_input_ids(const dsv4_config *c, const int32_t *tid2eid, int64_t T,
+                                        const int32_t *in_ids, const char *who, dsv4_error *err)
+{
+    if (!c || !dsv4_config_is_hash_layer(c) || T <= 0)
+        return DSV4_OK;
+    int64_t E = c->n_routed_experts, K = c->n_activated;
+    if (!in_ids)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, who, "layer %lld is a hash layer: input_ids are required",
+                           (long long)c->layer);
+    if (!tid2eid)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, who, "layer %lld is a hash layer without a tid2eid table",
+                           (long long)c->layer);
+    for (int64_t t = 0; t < T; t++) {
+        if (in_ids[t] < 0 || in_ids[t] >= c->vocab_size) {
+            char where[64];
+            snprintf(where, sizeof where, "input_ids[%lld]", (long long)t);
+            return dsv4_seterr(err, DSV4_ERR_RANGE, where, "token id %d is outside [0, vocab_size = %lld)", in_ids[t],
+                               (long long)c->vocab_size);
+        }
+        for (int64_t k = 0; k < K; k++) {
+            int32_t ex = tid2eid[(int64_t)in_ids[t] * K + k];
+            if (ex < 0 || ex >= E) {
+                char where[96];
+                snprintf(where, sizeof where, "tid2eid[%d, %lld]", in_ids[t], (long long)k);
+                return dsv4_seterr(err, DSV4_ERR_RANGE, where,
+                                   "expert id %d (token %lld) is outside [0, n_routed_experts = %lld)", ex,
+                                   (long long)t, (long long)E);
+            }
+        }
+    }
+    return DSV4_OK;
+}

@@ -72,6 +72,12 @@ static dsv4_status ref_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, 
 
 /* ---------------- dispatch ---------------- */
 
+#ifdef DSV4_WITH_CUDA
+#define DSV4_BACKENDS_EXTRA ", cuda"
+#else
+#define DSV4_BACKENDS_EXTRA ""
+#endif
+
 dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads,
                                 dsv4_backend **out, dsv4_error *err)
 {
@@ -94,10 +100,15 @@ dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck
     case DSV4_BACKEND_CPU:
         st = dsv4_cpu_backend_create(plan, ckpt, threads, &b->impl, &b->vt, err);
         break;
+#ifdef DSV4_WITH_CUDA
+    case DSV4_BACKEND_CUDA:
+        st = dsv4_cuda_backend_create(plan, ckpt, threads, &b->impl, &b->vt, err);
+        break;
+#endif
     default:
         st = dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend",
-                         "backend %s is not available in this build (available: ref, cpu)",
-                         dsv4_backend_kind_name(topo->backend));
+                         "backend %s is not available in this build (available: ref, cpu%s)",
+                         dsv4_backend_kind_name(topo->backend), DSV4_BACKENDS_EXTRA);
         break;
     }
     if (st) {

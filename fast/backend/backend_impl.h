@@ -29,4 +29,10 @@ struct dsv4_backend {
 dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads, void **impl,
                                     const dsv4_backend_vtable **vt, dsv4_error *err);
 
+#ifdef DSV4_WITH_CUDA
+/* The CUDA backend (fast/cuda/cuda.cu, `make cuda` builds only). */
+dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads, void **impl,
+                                     const dsv4_backend_vtable **vt, dsv4_error *err);
+#endif
+
 #endif

@@ -1034,29 +1034,9 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
         return DSV4_OK;
     }
     /* Hash layers: every id checked before anything is written (as the reference). */
-    if (hash) {
-        if (!in_ids)
-            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "cpu forward",
-                               "layer %lld is a hash layer: input_ids are required", (long long)c->layer);
-        for (int64_t t = 0; t < T; t++) {
-            if (in_ids[t] < 0 || in_ids[t] >= c->vocab_size) {
-                char where[64];
-                snprintf(where, sizeof where, "input_ids[%lld]", (long long)t);
-                return dsv4_seterr(err, DSV4_ERR_RANGE, where, "token id %d is outside [0, vocab_size = %lld)",
-                                   in_ids[t], (long long)c->vocab_size);
-            }
-            for (int64_t k = 0; k < K; k++) {
-                int32_t ex = b->rt.tid2eid[(int64_t)in_ids[t] * K + k];
-                if (ex < 0 || ex >= E) {
-                    char where[96];
-                    snprintf(where, sizeof where, "tid2eid[%d, %lld]", in_ids[t], (long long)k);
-                    return dsv4_seterr(err, DSV4_ERR_RANGE, where,
-                                       "expert id %d (token %lld) is outside [0, n_routed_experts = %lld)", ex,
-                                       (long long)t, (long long)E);
-                }
-            }
-        }
-    }
+    dsv4_status st = dsv4_router_check_input_ids(c, b->rt.tid2eid, T, in_ids, "cpu forward", err);
+    if (st)
+        return st;
     openblas_set_num_threads(1); /* our workers own the cores; each sgemm runs on its caller */
     bool qr = c->routed_format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
     bool qs = c->n_shared_experts > 0 && c->shared_format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
@@ -1079,7 +1059,6 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "cpu forward", "out of memory for a chunk of %lld tokens",
                            (long long)Tc0);
     uint64_t rg = 0, ru = 0, sg = 0, su = 0, launches = 0, skips = 0, nonfinite = 0;
-    dsv4_status st = DSV4_OK;
     for (int64_t t0 = 0; t0 < T; t0 += b->chunk) {
         int64_t Tc = T - t0 < b->chunk ? T - t0 : b->chunk;
         /* 1-2: convert and quantize x, route */

@@ -3,7 +3,9 @@
  * created from a config, a checkpoint and the plan (which decides the
  * layout; the backend only executes it), it runs forwards, reports its
  * workspace and statistics, and is freed. Implementations: "ref" (the
- * deterministic reference) and "cpu" (OpenBLAS); "cuda" later.
+ * deterministic reference), "cpu" (OpenBLAS) and, in a library built with
+ * DSV4_WITH_CUDA (`make cuda`: build/cuda/libdsv4moe.a), "cuda" (one sm_90 GPU,
+ * docs/cuda.md). A build without CUDA answers DSV4_ERR_UNSUPPORTED for cuda.
  */
 #ifndef DSV4MOE_BACKEND_H
 #define DSV4MOE_BACKEND_H
@@ -36,11 +38,19 @@ typedef struct dsv4_backend_stats {
     uint64_t routed_g_clamped, routed_u_clamped, shared_g_clamped, shared_u_clamped;
     uint64_t workspace_peak;    /* measured through the accounting allocator */
     uint64_t workspace_planned; /* dsv4_plan_workspace_max of the plan */
+    /* Added for the cuda backend (0 elsewhere): */
+    uint64_t graph_replays;       /* forwards that replayed a captured CUDA graph */
+    uint64_t workspace_allocated; /* bytes of the one workspace allocated at creation */
+    uint64_t device_allocated;    /* device memory taken at creation (weights + workspace),
+                                     measured with cudaMemGetInfo before and after */
 } dsv4_backend_stats;
 
 /*
- * Creates the backend named by plan's topology (ref or cpu). The config must
- * be the plan's; the checkpoint must outlive the backend. threads >= 1.
+ * Creates the backend named by plan's topology (ref, cpu or cuda). The config must
+ * be the plan's; the checkpoint must outlive the backend (cuda copies the weights to
+ * the device at creation). threads >= 1. cuda: topology.cuda_graph on captures one
+ * graph per bucket on first use and replays it for every T up to that bucket
+ * (bit-identical to an eager forward); creating two plans (graph on and off) gives both.
  */
 dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads,
                                 dsv4_backend **out, dsv4_error *err);

@@ -47,8 +47,8 @@ typedef void (*dsv4_run_progress_fn)(void *user, size_t done, size_t total, cons
 typedef struct dsv4_run_options {
     uint32_t struct_size;     /* sizeof(dsv4_run_options), set by init */
     const char *cache_dir;    /* generated weights and inputs (created on demand); NULL: "out/cache" */
-    int backend;              /* -1 (default): each case's topology.backend; DSV4_BACKEND_REF or _CPU:
-                                 replaces ref/cpu in every case (cuda cases keep theirs) */
+    int backend;              /* -1 (default): each case's topology.backend; DSV4_BACKEND_REF, _CPU or
+                                 _CUDA: replaces ref/cpu in every case (cuda cases keep theirs) */
     const char *filter;       /* run only cases whose name contains this substring; NULL: all */
     int threads;              /* threads of the backend and the reference (>= 1; default 2) */
     dsv4_run_progress_fn progress; /* may be NULL */

@@ -83,6 +83,15 @@ dsv4_status dsv4_router_tensors_load(const dsv4_checkpoint *ckpt, const dsv4_con
    NULL is a no-op. */
 void dsv4_router_tensors_release(dsv4_router_tensors *t, dsv4_allocator *alloc);
 
+/*
+ * The hash-layer input check of SPEC.md 2.3, before anything runs: on a hash layer input_ids must
+ * be given (DSV4_ERR_INVALID_ARG, naming `who` and the layer), every id in [0, vocab_size) and
+ * every tid2eid entry of its row in [0, n_routed_experts) (DSV4_ERR_RANGE naming `input_ids[t]`
+ * or `tid2eid[id, k]`). tid2eid is int32 [V, K]. DSV4_OK on a non-hash layer or T == 0.
+ */
+dsv4_status dsv4_router_check_input_ids(const dsv4_config *cfg, const int32_t *tid2eid, int64_t tokens,
+                                        const int32_t *input_ids, const char *who, dsv4_error *err);
+
 /* Dequantizes rows [n0, n0 + rows) of a view into out[rows, k] as fp32. */
 void dsv4_matrix_dequant_rows(const dsv4_matrix_view *m, int64_t n0, int64_t rows, float *out);
 

@@ -1,0 +1,837 @@
+/*
+ * The CUDA production backend (fast/cuda): one rank, router local, every expert on this GPU.
+ * SPEC.md sections 2-5 on an sm_90 device; docs/cuda.md is the design.
+ *
+ * Per chunk of at most dsv4_plan_chunk_tokens(plan) tokens, all on one stream and with no host
+ * synchronisation between the kernels (group sizes stay on the device):
+ *   logits     x . gate^T by the two GEMM kernels below (bf16 operands, fp32 out)
+ *   k_router   scores, top-K / hash lookup, weights, norm top-p; act_quant of x
+ *   k_count    per-expert counts, compact and 128-aligned offsets, active list, tile schedule
+ *   k_place    stable permutation of the kept slots into their groups
+ *   k_gemv / k_tiles   gate+up of the routed groups (decode regime / tensor-core regime)
+ *   k_swiglu   bf16 g/u, SwiGLU clamp (counted), silu, router weight (before_w2), bf16 h, act_quant h
+ *   k_gemv / k_tiles   down projection
+ *   the shared expert through the same three steps over the chunk's rows
+ *   k_combine  fp32 per token over kept slots in ascending expert id, + shared, bf16 out
+ * Every kernel reads the token count from the device, so a graph captured at a bucket replays
+ * any T up to it with the same per-row arithmetic as an eager step (bit-identical outputs).
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <new>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "dsv4moe/alloc.h"
+#include "dsv4moe/backend.h"
+#include "dsv4moe/formats.h"
+#include "dsv4moe/plan.h"
+#include "dsv4moe/weights.h"
+#include "../backend/backend_impl.h"
+#include "err.h"
+}
+
+#include "kernels.cuh"
+
+using namespace dsv4cuda;
+
+#define WHERE "backend cuda"
+#define CK(call)                                                                                              \
+    do {                                                                                                      \
+        cudaError_t ce_ = (call);                                                                             \
+        if (ce_ != cudaSuccess)                                                                               \
+            return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "%s failed: %s (%s)", #call, cudaGetErrorString(ce_), \
+                               cudaGetErrorName(ce_));                                                        \
+    } while (0)
+
+namespace {
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+uint64_t align256(uint64_t v) { return (v + 255) & ~(uint64_t)255; }
+
+/* One projection of the routed experts (all E packed) or of the shared expert. */
+struct DevMat {
+    uint8_t *w = nullptr, *s = nullptr;
+    long long w_stride = 0, s_stride = 0; /* bytes per expert */
+    int n = 0, k = 0, fmt = 0, sfp32 = 0;
+};
+
+/* Byte offsets of one chunk's buffers inside the workspace (layout(Tc)). */
+struct Layout {
+    uint64_t logits, x, in_ids, ntok, xq, xs, ids, w, kept, cnt, slot_off, pad_off, active, meta, tile_e, tile_r0, slot_tok,
+        slot_row, rowmap, slot_w, stats, gu, hq, hs, o, osh, total, io_end;
+    int64_t tc, slots, rows, tiles;
+};
+
+struct Graph {
+    int64_t bucket = 0;
+    cudaGraphExec_t exec = nullptr;
+};
+
+struct CudaBe {
+    dsv4_config cfg;
+    int64_t chunk = 0, max_tokens = 0;
+    int small = 1;
+    bool qx = false, qh_routed = false, qh_shared = false, routed_q = false, shared_q = false;
+    bool repeats = false; /* a tid2eid row names one expert twice */
+    cudaStream_t stream = nullptr;
+    /* weights */
+    DevMat rw[3], sw[3];
+    uint16_t *gate16 = nullptr; /* the gate as bf16 [E, H] (its values are bf16): logits by the GEMM kernels */
+    float *bias = nullptr, *pred_norm = nullptr, *pred_w = nullptr, *pred_b = nullptr;
+    int32_t *tid2eid = nullptr;
+    int32_t *host_tid2eid = nullptr; /* host copy for validating input ids */
+    /* the workspace */
+    uint8_t *ws = nullptr;
+    uint64_t ws_bytes = 0;
+    uint8_t *hbuf = nullptr; /* pinned mirror of the workspace's io range [0, io_end) */
+    /* graphs */
+    bool graphs = false;
+    int n_graphs = 0;
+    Graph graph[DSV4_MAX_BUCKETS];
+    dsv4_backend_stats stats;
+    uint64_t device_used = 0;
+};
+
+Layout layout_for(const CudaBe *b, int64_t tc)
+{
+    const dsv4_config *c = &b->cfg;
+    int64_t H = c->dim, I = c->moe_inter_dim, E = c->n_routed_experts, K = c->n_activated;
+    Layout L;
+    memset(&L, 0, sizeof L);
+    L.tc = tc;
+    L.slots = tc * K;
+    /* 128-aligned groups: each non-empty group pads at most 127 rows */
+    L.rows = L.slots + 127 * (L.slots < E ? L.slots : E);
+    /* A group holds at most Tc rows when no token sends two slots to one expert (top-K ids are
+       distinct; a hash table may repeat one, checked at creation): the masked bound E align128(Tc). */
+    if (!b->repeats && E * cdiv(tc, 128) * 128 < L.rows)
+        L.rows = E * cdiv(tc, 128) * 128;
+    if (L.rows < tc)
+        L.rows = tc;
+    /* tensor-core tiles: sum of ceil(n / BM) over the groups above the decode threshold */
+    L.tiles = L.slots / DSV4C_BM + (L.slots < E ? L.slots : E) + 1;
+    uint64_t off = 0;
+    auto take = [&](uint64_t bytes) {
+        uint64_t o = off;
+        off += align256(bytes ? bytes : 1);
+        return o;
+    };
+    int64_t ngh = cdiv(H, 128), ngi = cdiv(I, 128);
+    /* [in_ids ntok stats x] travel host->device in one copy, [stats x/y ids w kept] back in one */
+    L.in_ids = take((uint64_t)tc * 4);
+    L.ntok = take(4);
+    L.stats = take(ST_N * 8);
+    L.x = take((uint64_t)(tc * H) * 2); /* also the bf16 output of the chunk */
+    L.ids = take((uint64_t)L.slots * 4);
+    L.w = take((uint64_t)L.slots * 4);
+    L.kept = take((uint64_t)tc * 4);
+    L.io_end = off;
+    L.logits = take((uint64_t)(tc * E) * 4);
+    L.xq = b->qx ? take((uint64_t)(tc * H)) : 0;
+    L.xs = b->qx ? take((uint64_t)(tc * ngh) * 4) : 0;
+    L.cnt = take((uint64_t)E * 4);
+    L.slot_off = take((uint64_t)(E + 1) * 4);
+    L.pad_off = take((uint64_t)E * 4);
+    L.active = take((uint64_t)E * 4);
+    L.meta = take(16);
+    L.tile_e = take((uint64_t)L.tiles * 4);
+    L.tile_r0 = take((uint64_t)L.tiles * 4);
+    L.slot_tok = take((uint64_t)L.slots * 4);
+    L.slot_row = take((uint64_t)L.slots * 4);
+    L.rowmap = take((uint64_t)L.slots * 4);
+    L.slot_w = take((uint64_t)L.slots * 4);
+    L.gu = take((uint64_t)(L.rows * 2 * I) * 2);
+    bool hq = b->qh_routed || b->qh_shared, hb = !b->qh_routed || !b->qh_shared;
+    /* h: codes + scales when a w2 is quantized; bf16 otherwise (the larger of the two if both occur) */
+    uint64_t hbytes = (uint64_t)(L.rows * I) * (hb ? 2 : 1);
+    L.hq = take(hbytes);
+    L.hs = hq ? take((uint64_t)(L.rows * ngi) * 4) : 0;
+    L.o = take((uint64_t)(L.rows * H) * 2);
+    L.osh = c->n_shared_experts > 0 ? take((uint64_t)(tc * H) * 2) : 0;
+    L.total = off;
+    return L;
+}
+
+/* Which activations are quantized (SPEC.md 5: before fp8 and fp4 GEMMs when act_quant is not none). */
+void set_modes(CudaBe *b)
+{
+    const dsv4_config *c = &b->cfg;
+    bool aq = c->act_quant != DSV4_ACT_QUANT_NONE;
+    b->routed_q = aq && c->routed_format != DSV4_FORMAT_BF16;
+    b->shared_q = aq && c->n_shared_experts > 0 && c->shared_format != DSV4_FORMAT_BF16;
+    b->qx = b->routed_q || b->shared_q;
+    b->qh_routed = b->routed_q;
+    b->qh_shared = b->shared_q || (c->n_shared_experts == 0 && b->routed_q);
+}
+
+template <typename T> T *at(const CudaBe *b, uint64_t off) { return (T *)(void *)(b->ws + off); }
+
+WeightDesc desc_routed_gu(const CudaBe *b)
+{
+    WeightDesc d;
+    d.w[0] = b->rw[0].w, d.w[1] = b->rw[1].w;
+    d.s[0] = b->rw[0].s, d.s[1] = b->rw[1].s;
+    d.w_stride = b->rw[0].w_stride, d.s_stride = b->rw[0].s_stride;
+    d.n_split = b->rw[0].n, d.N = 2 * b->rw[0].n, d.K = b->rw[0].k, d.fmt = b->rw[0].fmt, d.sfp32 = b->rw[0].sfp32;
+    return d;
+}
+
+WeightDesc desc_one(const DevMat &m)
+{
+    WeightDesc d;
+    d.w[0] = d.w[1] = m.w;
+    d.s[0] = d.s[1] = m.s;
+    d.w_stride = m.w_stride, d.s_stride = m.s_stride;
+    d.n_split = m.n, d.N = m.n, d.K = m.k, d.fmt = m.fmt, d.sfp32 = m.sfp32;
+    return d;
+}
+
+WeightDesc desc_shared_gu(const CudaBe *b)
+{
+    WeightDesc d = desc_one(b->sw[0]);
+    d.w[1] = b->sw[1].w, d.s[1] = b->sw[1].s;
+    d.N = 2 * b->sw[0].n;
+    return d;
+}
+
+template <int F, int Q> void launch_gemv_t(dim3 g, size_t smem, cudaStream_t s, const GemmArgs &a)
+{
+    k_gemv<F, Q><<<g, DSV4C_GEMV_THREADS, smem, s>>>(a);
+}
+template <int F, int Q> void launch_tiles_t(dim3 g, cudaStream_t s, const GemmArgs &a)
+{
+    k_tiles<F, Q><<<g, DSV4C_TILE_THREADS, 0, s>>>(a);
+}
+
+void launch_gemv(int fmt, int aq, dim3 g, size_t smem, cudaStream_t s, const GemmArgs &a)
+{
+    switch (fmt * 2 + aq) {
+    case 0: launch_gemv_t<WF_BF16, 0>(g, smem, s, a); break;
+    case 1: launch_gemv_t<WF_BF16, 1>(g, smem, s, a); break;
+    case 2: launch_gemv_t<WF_FP8, 0>(g, smem, s, a); break;
+    case 3: launch_gemv_t<WF_FP8, 1>(g, smem, s, a); break;
+    case 4: launch_gemv_t<WF_FP4, 0>(g, smem, s, a); break;
+    default: launch_gemv_t<WF_FP4, 1>(g, smem, s, a); break;
+    }
+}
+
+void launch_tiles(int fmt, int aq, dim3 g, cudaStream_t s, const GemmArgs &a)
+{
+    switch (fmt * 2 + aq) {
+    case 0: launch_tiles_t<WF_BF16, 0>(g, s, a); break;
+    case 1: launch_tiles_t<WF_BF16, 1>(g, s, a); break;
+    case 2: launch_tiles_t<WF_FP8, 0>(g, s, a); break;
+    case 3: launch_tiles_t<WF_FP8, 1>(g, s, a); break;
+    case 4: launch_tiles_t<WF_FP4, 0>(g, s, a); break;
+    default: launch_tiles_t<WF_FP4, 1>(g, s, a); break;
+    }
+}
+
+size_t gemv_smem(const CudaBe *b, int k) { return (size_t)b->small * (size_t)(k + k / 32) * 4; }
+
+template <int F, int Q> cudaError_t gemv_attr(size_t smem)
+{
+    return cudaFuncSetAttribute(k_gemv<F, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+}
+
+/*
+ * Enqueues the kernels of one chunk whose buffers follow layout L (grids sized by L.tc; the
+ * kernels read the actual token count from the device). No host synchronisation.
+ */
+void enqueue_chunk(const CudaBe *b, const Layout &L)
+{
+    const dsv4_config *c = &b->cfg;
+    const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
+    cudaStream_t s = b->stream;
+    const int *ntok = at<int>(b, L.ntok);
+    unsigned long long *stats = at<unsigned long long>(b, L.stats);
+    /* router */
+    RouterArgs ra;
+    memset(&ra, 0, sizeof ra);
+    ra.x = at<uint16_t>(b, L.x);
+    ra.in_ids = at<int32_t>(b, L.in_ids);
+    ra.ntok = ntok;
+    ra.bias = b->bias, ra.tid2eid = b->tid2eid;
+    ra.pred_norm = b->pred_norm, ra.pred_w = b->pred_w, ra.pred_b = b->pred_b;
+    ra.ids = at<int32_t>(b, L.ids), ra.w = at<float>(b, L.w), ra.kept = at<int32_t>(b, L.kept);
+    ra.xq = b->qx ? at<uint8_t>(b, L.xq) : nullptr;
+    ra.xs = b->qx ? at<float>(b, L.xs) : nullptr;
+    ra.stats = stats;
+    ra.H = H, ra.E = E, ra.K = K;
+    ra.hash = dsv4_config_is_hash_layer(c);
+    ra.score = (int)c->score_func;
+    ra.gate_bf16 = c->gate_logits == DSV4_GATE_LOGITS_BF16;
+    ra.predictor = (int)c->top_p_predictor;
+    ra.top_p_on = c->top_p < 1.0f;
+    ra.min_keep = (int)c->top_p_min_keep;
+    ra.renorm = c->top_p_renorm;
+    ra.qmode = (int)c->act_quant;
+    ra.route_scale = c->route_scale, ra.norm_eps = c->norm_eps, ra.top_p = c->top_p;
+    {
+        /* logits = x . gate^T by the GEMM kernels (bf16 operands, fp32 out), then the router reads them */
+        GemmArgs lgA;
+        memset(&lgA, 0, sizeof lgA);
+        lgA.W.w[0] = lgA.W.w[1] = (const uint8_t *)b->gate16;
+        lgA.W.s[0] = lgA.W.s[1] = nullptr;
+        lgA.W.n_split = E, lgA.W.N = E, lgA.W.K = H, lgA.W.fmt = WF_BF16;
+        lgA.A = ra.x;
+        lgA.shared = 1;
+        lgA.ntok = ntok;
+        lgA.small = b->small;
+        lgA.outf = at<float>(b, L.logits);
+        launch_gemv(WF_BF16, 0, dim3(1, (unsigned)cdiv(E, DSV4C_GEMV_COLS)), gemv_smem(b, H), s, lgA);
+        if (L.tc > b->small)
+            launch_tiles(WF_BF16, 0, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN)), s, lgA);
+        ra.logits = lgA.outf;
+    }
+    size_t rsm = (size_t)(H + E + 4 * K) * 4;
+    k_router<<<(unsigned)L.tc, 256, rsm, s>>>(ra);
+    /* grouping */
+    GroupArgs ga;
+    ga.ids = ra.ids, ga.w = ra.w, ga.ntok = ntok;
+    ga.cnt = at<int>(b, L.cnt), ga.slot_off = at<int>(b, L.slot_off), ga.pad_off = at<int>(b, L.pad_off);
+    ga.active = at<int>(b, L.active), ga.meta = at<int>(b, L.meta);
+    ga.tile_e = at<int>(b, L.tile_e), ga.tile_r0 = at<int>(b, L.tile_r0);
+    ga.slot_tok = at<int32_t>(b, L.slot_tok), ga.slot_row = at<int32_t>(b, L.slot_row);
+    ga.rowmap = at<int32_t>(b, L.rowmap), ga.slot_w = at<float>(b, L.slot_w);
+    ga.stats = stats, ga.E = E, ga.K = K, ga.small = b->small, ga.rows = (int)L.rows, ga.tile_m = DSV4C_BM;
+    k_count<<<1, 1024, (size_t)E * 4, s>>>(ga);
+    k_place<<<(unsigned)E, 256, 0, s>>>(ga);
+
+    GemmArgs g;
+    memset(&g, 0, sizeof g);
+    g.ntok = ntok, g.cnt = ga.cnt, g.slot_off = ga.slot_off, g.pad_off = ga.pad_off, g.active = ga.active;
+    g.meta = ga.meta, g.tile_e = ga.tile_e, g.tile_r0 = ga.tile_r0, g.slot_tok = ga.slot_tok, g.small = b->small;
+    const int64_t act_max = L.slots < E ? L.slots : E;
+    const bool tiles_needed = L.slots > b->small;
+    const unsigned tgrid = (unsigned)L.tiles;
+    uint16_t *GU = at<uint16_t>(b, L.gu), *O = at<uint16_t>(b, L.o);
+    /* routed gate/up */
+    g.W = desc_routed_gu(b);
+    g.aq = b->routed_q;
+    g.A = b->routed_q ? (const void *)at<uint8_t>(b, L.xq) : (const void *)at<uint16_t>(b, L.x);
+    g.As = b->routed_q ? at<float>(b, L.xs) : nullptr;
+    g.gather = 1;
+    g.out = GU;
+    launch_gemv(g.W.fmt, g.aq, dim3((unsigned)act_max, (unsigned)cdiv(g.W.N, DSV4C_GEMV_COLS)),
+                gemv_smem(b, g.W.K), s, g);
+    if (tiles_needed)
+        launch_tiles(g.W.fmt, g.aq, dim3(tgrid, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, g);
+    /* epilogue */
+    SwigluArgs sa;
+    memset(&sa, 0, sizeof sa);
+    sa.GU = GU;
+    sa.hq = b->qh_routed ? at<uint8_t>(b, L.hq) : nullptr;
+    sa.hs = b->qh_routed ? at<float>(b, L.hs) : nullptr;
+    sa.hb = at<uint16_t>(b, L.hq);
+    sa.ntok = ntok, sa.meta = ga.meta, sa.slot_row = ga.slot_row, sa.slot_w = ga.slot_w, sa.stats = stats;
+    sa.I = I, sa.shared = 0, sa.clamp = 1, sa.before = c->weight_point == DSV4_WEIGHT_BEFORE_W2;
+    sa.qmode = (int)c->act_quant, sa.L = c->swiglu_limit;
+    k_swiglu<<<(unsigned)L.slots, 128, 0, s>>>(sa);
+    /* routed down */
+    g.W = desc_one(b->rw[2]);
+    g.aq = b->qh_routed;
+    g.A = b->qh_routed ? (const void *)at<uint8_t>(b, L.hq) : (const void *)at<uint16_t>(b, L.hq);
+    g.As = b->qh_routed ? at<float>(b, L.hs) : nullptr;
+    g.gather = 0;
+    g.out = O;
+    launch_gemv(g.W.fmt, g.aq, dim3((unsigned)act_max, (unsigned)cdiv(g.W.N, DSV4C_GEMV_COLS)),
+                gemv_smem(b, g.W.K), s, g);
+    if (tiles_needed)
+        launch_tiles(g.W.fmt, g.aq, dim3(tgrid, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, g);
+    /* shared expert: rows [0, Tc) of the gate/up and h buffers (free again), output into osh */
+    if (c->n_shared_experts > 0) {
+        GemmArgs h = g;
+        h.shared = 1;
+        h.gather = 0;
+        h.W = desc_shared_gu(b);
+        h.aq = b->shared_q;
+        h.A = b->shared_q ? (const void *)at<uint8_t>(b, L.xq) : (const void *)at<uint16_t>(b, L.x);
+        h.As = b->shared_q ? at<float>(b, L.xs) : nullptr;
+        h.out = GU;
+        bool sm_small = L.tc <= b->small;
+        launch_gemv(h.W.fmt, h.aq, dim3(1, (unsigned)cdiv(h.W.N, DSV4C_GEMV_COLS)), gemv_smem(b, h.W.K), s, h);
+        if (!sm_small)
+            launch_tiles(h.W.fmt, h.aq, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(h.W.N, DSV4C_BN)), s, h);
+        SwigluArgs ss = sa;
+        ss.shared = 1;
+        ss.clamp = c->shared_clamp;
+        ss.hq = b->qh_shared ? at<uint8_t>(b, L.hq) : nullptr;
+        ss.hs = b->qh_shared ? at<float>(b, L.hs) : nullptr;
+        k_swiglu<<<(unsigned)L.tc, 128, 0, s>>>(ss);
+        h.W = desc_one(b->sw[2]);
+        h.aq = b->qh_shared;
+        h.A = b->qh_shared ? (const void *)at<uint8_t>(b, L.hq) : (const void *)at<uint16_t>(b, L.hq);
+        h.As = b->qh_shared ? at<float>(b, L.hs) : nullptr;
+        h.out = at<uint16_t>(b, L.osh);
+        launch_gemv(h.W.fmt, h.aq, dim3(1, (unsigned)cdiv(h.W.N, DSV4C_GEMV_COLS)), gemv_smem(b, h.W.K), s, h);
+        if (!sm_small)
+            launch_tiles(h.W.fmt, h.aq, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(h.W.N, DSV4C_BN)), s, h);
+    }
+    /* combine into the x buffer (x is no longer read) */
+    CombineArgs ca;
+    ca.O = O;
+    ca.Osh = c->n_shared_experts > 0 ? at<uint16_t>(b, L.osh) : nullptr;
+    ca.ids = ra.ids, ca.rowmap = ga.rowmap, ca.w = ra.w;
+    ca.y = at<uint16_t>(b, L.x);
+    ca.ntok = ntok;
+    ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
+    k_combine<<<(unsigned)L.tc, 256, (size_t)K * 8, s>>>(ca);
+}
+
+dsv4_status sync_check(CudaBe *b, const char *what, dsv4_error *err)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(b->stream);
+    if (e != cudaSuccess)
+        return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return DSV4_OK;
+}
+
+/* The graph of the smallest bucket holding T, captured on first use (NULL: run eager). */
+dsv4_status graph_for(CudaBe *b, int64_t T, Graph **out, dsv4_error *err)
+{
+    *out = nullptr;
+    for (int i = 0; i < b->n_graphs; i++) {
+        if (b->graph[i].bucket < T)
+            continue;
+        Graph *gr = &b->graph[i];
+        if (!gr->exec) {
+            Layout L = layout_for(b, gr->bucket);
+            cudaGraph_t graph = nullptr;
+            CK(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+            enqueue_chunk(b, L);
+            cudaError_t e = cudaStreamEndCapture(b->stream, &graph);
+            if (e != cudaSuccess || cudaGetLastError() != cudaSuccess) {
+                if (graph)
+                    cudaGraphDestroy(graph);
+                return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "graph capture at bucket %lld failed: %s",
+                                   (long long)gr->bucket, cudaGetErrorString(e));
+            }
+            e = cudaGraphInstantiate(&gr->exec, graph, 0);
+            cudaGraphDestroy(graph);
+            if (e != cudaSuccess) {
+                gr->exec = nullptr;
+                return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "graph instantiation at bucket %lld failed: %s",
+                                   (long long)gr->bucket, cudaGetErrorString(e));
+            }
+        }
+        *out = gr;
+        return DSV4_OK;
+    }
+    return DSV4_OK;
+}
+
+dsv4_status cuda_forward(void *p, int64_t T, const uint16_t *x, const int32_t *in_ids, dsv4_forward_out *out,
+                         dsv4_error *err)
+{
+    CudaBe *b = (CudaBe *)p;
+    const dsv4_config *c = &b->cfg;
+    const int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
+    const bool hash = dsv4_config_is_hash_layer(c);
+    if (T == 0) {
+        /* nothing to launch; the plan's metadata collective is the caller's (fast/dist) */
+        b->stats.forwards++;
+        return DSV4_OK;
+    }
+    dsv4_status st = dsv4_router_check_input_ids(c, b->host_tid2eid, T, in_ids, "cuda forward", err);
+    if (st)
+        return st;
+    Graph *gr = nullptr;
+    if (b->graphs && T <= b->chunk && (st = graph_for(b, T, &gr, err)))
+        return st;
+    const Layout Lc = layout_for(b, gr ? gr->bucket : (T < b->chunk ? T : b->chunk));
+    unsigned long long hs[ST_N];
+    memset(hs, 0, sizeof hs);
+    uint64_t shared_launches = 0;
+    for (int64_t t0 = 0; t0 < T; t0 += b->chunk) {
+        const int64_t Tc = T - t0 < b->chunk ? T - t0 : b->chunk;
+        const Layout L = gr ? Lc : layout_for(b, Tc);
+        int ntok = (int)Tc;
+        uint8_t *hb = b->hbuf;
+        memcpy(hb + L.ntok, &ntok, 4);
+        memset(hb + L.stats, 0, ST_N * 8);
+        if (hash)
+            memcpy(hb + L.in_ids, in_ids + t0, (size_t)Tc * 4);
+        memcpy(hb + L.x, x + t0 * H, (size_t)(Tc * H) * 2);
+        CK(cudaMemcpyAsync(b->ws, hb, (size_t)(L.x + (uint64_t)(Tc * H) * 2), cudaMemcpyHostToDevice, b->stream));
+        if (gr)
+            CK(cudaGraphLaunch(gr->exec, b->stream));
+        else
+            enqueue_chunk(b, L);
+        CK(cudaGetLastError());
+        const uint64_t back_end = L.kept + (uint64_t)Tc * 4;
+        CK(cudaMemcpyAsync(hb + L.stats, b->ws + L.stats, (size_t)(back_end - L.stats), cudaMemcpyDeviceToHost,
+                           b->stream));
+        if ((st = sync_check(b, "cuda forward", err)))
+            return st;
+        memcpy(out->y + t0 * H, hb + L.x, (size_t)(Tc * H) * 2);
+        if (out->topk_ids)
+            memcpy(out->topk_ids + t0 * K, hb + L.ids, (size_t)(Tc * K) * 4);
+        if (out->topk_weights)
+            memcpy(out->topk_weights + t0 * K, hb + L.w, (size_t)(Tc * K) * 4);
+        if (out->kept_counts)
+            memcpy(out->kept_counts + t0, hb + L.kept, (size_t)Tc * 4);
+        unsigned long long cs[ST_N];
+        memcpy(cs, hb + L.stats, sizeof cs);
+        for (int i = 0; i < ST_N; i++)
+            hs[i] += cs[i];
+        if (cs[ST_BADID])
+            return dsv4_seterr(err, DSV4_ERR_INTERNAL, "cuda forward",
+                               "%llu slots of the chunk at token %lld hold an expert id outside [0, %lld] (E is the "
+                               "sentinel)",
+                               cs[ST_BADID], (long long)t0, (long long)E);
+        shared_launches += c->n_shared_experts > 0;
+        if (b->stats.workspace_peak < L.total)
+            b->stats.workspace_peak = L.total;
+    }
+    b->stats.forwards++;
+    b->stats.tokens += (uint64_t)T;
+    b->stats.launches += hs[ST_ACTIVE] + shared_launches;
+    b->stats.empty_skips += hs[ST_EMPTY];
+    b->stats.nonfinite_rows += hs[ST_NONFINITE];
+    b->stats.routed_g_clamped += hs[ST_RG];
+    b->stats.routed_u_clamped += hs[ST_RU];
+    b->stats.shared_g_clamped += hs[ST_SG];
+    b->stats.shared_u_clamped += hs[ST_SU];
+    if (gr)
+        b->stats.graph_replays++;
+    return DSV4_OK;
+}
+
+dsv4_backend_stats cuda_stats(const void *p)
+{
+    const CudaBe *b = (const CudaBe *)p;
+    return b->stats;
+}
+
+void cuda_free(void *p)
+{
+    CudaBe *b = (CudaBe *)p;
+    if (!b)
+        return;
+    for (int i = 0; i < b->n_graphs; i++)
+        if (b->graph[i].exec)
+            cudaGraphExecDestroy(b->graph[i].exec);
+    for (int i = 0; i < 3; i++) {
+        cudaFree(b->rw[i].w), cudaFree(b->rw[i].s);
+        cudaFree(b->sw[i].w), cudaFree(b->sw[i].s);
+    }
+    cudaFree(b->gate16), cudaFree(b->bias), cudaFree(b->tid2eid);
+    cudaFree(b->pred_norm), cudaFree(b->pred_w), cudaFree(b->pred_b);
+    cudaFree(b->ws);
+    if (b->hbuf)
+        cudaFreeHost(b->hbuf);
+    free(b->host_tid2eid);
+    if (b->stream)
+        cudaStreamDestroy(b->stream);
+    delete b;
+}
+
+const dsv4_backend_vtable cuda_vtable = {"cuda", cuda_forward, cuda_stats, cuda_free};
+
+/* Bytes of the data / scales of one [n, k] matrix in format fmt. */
+void mat_bytes(int fmt, int sfp32, int64_t n, int64_t k, uint64_t *data, uint64_t *scales)
+{
+    if (fmt == DSV4_FORMAT_FP4) {
+        *data = (uint64_t)(n * k / 2);
+        *scales = (uint64_t)(n * (k / 32));
+    } else if (fmt == DSV4_FORMAT_FP8) {
+        *data = (uint64_t)(n * k);
+        *scales = (uint64_t)(cdiv(n, 128) * cdiv(k, 128)) * (sfp32 ? 4 : 1);
+    } else {
+        *data = (uint64_t)(n * k) * 2;
+        *scales = 0;
+    }
+}
+
+/*
+ * The view of one matrix in the wanted format: as stored, or (a bf16 stacked checkpoint under a
+ * quantized config) quantized here on the host exactly as the reference does. *qbuf / *sbuf own
+ * the quantized bytes (NULL when the view is used as stored).
+ */
+dsv4_status view_as(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t e, int p, dsv4_matrix_view *v,
+                    uint8_t **qbuf, uint8_t **sbuf, dsv4_error *err)
+{
+    *qbuf = *sbuf = nullptr;
+    dsv4_status st = dsv4_weights_matrix(ck, c, e, (dsv4_proj)p, v, err);
+    if (st)
+        return st;
+    dsv4_weight_format want = e == DSV4_SHARED_EXPERT ? c->shared_format : c->routed_format;
+    if (v->format == want)
+        return DSV4_OK;
+    int64_t n = v->n, k = v->k;
+    float *w = (float *)malloc((size_t)(n * k) * sizeof *w);
+    if (!w)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, v->key, "out of memory quantizing at load");
+    dsv4_matrix_dequant_rows(v, 0, n, w);
+    uint64_t db, sb;
+    int sfp32 = want == DSV4_FORMAT_FP8 && c->weight_scale == DSV4_SCALE_FP32;
+    mat_bytes(want, sfp32, n, k, &db, &sb);
+    *qbuf = (uint8_t *)malloc(db);
+    *sbuf = (uint8_t *)malloc(sb ? sb : 1);
+    if (!*qbuf || !*sbuf)
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, v->key, "out of memory quantizing at load");
+    else if (want == DSV4_FORMAT_FP8)
+        st = dsv4_quant_fp8_block(w, n, k, c->weight_scale, *qbuf, *sbuf, v->key, err);
+    else
+        st = dsv4_quant_fp4_block(w, n, k, *qbuf, *sbuf, v->key, err);
+    free(w);
+    if (st) {
+        free(*qbuf), free(*sbuf);
+        *qbuf = *sbuf = nullptr;
+        return st;
+    }
+    v->format = want;
+    v->scale_format = c->weight_scale;
+    v->data = *qbuf;
+    v->scales = *sbuf;
+    v->row_bytes = want == DSV4_FORMAT_FP8 ? (uint64_t)k : (uint64_t)k / 2;
+    return DSV4_OK;
+}
+
+/* Uploads projection p of experts [0, count) (count 1 and e = shared for the shared expert). */
+dsv4_status upload(CudaBe *b, const dsv4_checkpoint *ck, bool shared, int p, DevMat *m, dsv4_error *err)
+{
+    const dsv4_config *c = &b->cfg;
+    int64_t count = shared ? 1 : c->n_routed_experts;
+    for (int64_t e = 0; e < count; e++) {
+        dsv4_matrix_view v;
+        uint8_t *qb, *sb;
+        dsv4_status st = view_as(ck, c, shared ? DSV4_SHARED_EXPERT : e, p, &v, &qb, &sb, err);
+        if (st)
+            return st;
+        int sfp32 = v.format == DSV4_FORMAT_FP8 && v.scale_format == DSV4_SCALE_FP32;
+        uint64_t db, sbytes;
+        mat_bytes(v.format, sfp32, v.n, v.k, &db, &sbytes);
+        if (e == 0) {
+            m->n = (int)v.n, m->k = (int)v.k, m->fmt = (int)v.format, m->sfp32 = sfp32;
+            m->w_stride = (long long)align256(db), m->s_stride = (long long)align256(sbytes);
+            cudaError_t ce = cudaMalloc((void **)&m->w, (size_t)(m->w_stride * count));
+            if (ce == cudaSuccess)
+                ce = cudaMalloc((void **)&m->s, (size_t)(m->s_stride * count));
+            if (ce != cudaSuccess) {
+                free(qb), free(sb);
+                return dsv4_seterr(err, DSV4_ERR_NOMEM, v.key, "cudaMalloc of %llu bytes of weights failed: %s",
+                                   (unsigned long long)(m->w_stride * count), cudaGetErrorString(ce));
+            }
+        } else if ((int)v.format != m->fmt || sfp32 != m->sfp32 || v.n != m->n || v.k != m->k) {
+            free(qb), free(sb);
+            return dsv4_seterr(err, DSV4_ERR_SHAPE, v.key,
+                               "format or shape differs from expert 0's (every routed expert must share them)");
+        }
+        uint64_t natural = v.format == DSV4_FORMAT_FP4 ? (uint64_t)v.k / 2
+                           : v.format == DSV4_FORMAT_FP8 ? (uint64_t)v.k
+                                                         : (uint64_t)v.k * 2;
+        cudaError_t ce = cudaMemcpy2D(m->w + e * m->w_stride, natural, v.data, v.row_bytes, natural, (size_t)v.n,
+                                      cudaMemcpyHostToDevice);
+        if (ce == cudaSuccess && sbytes)
+            ce = cudaMemcpy(m->s + e * m->s_stride, v.scales, sbytes, cudaMemcpyHostToDevice);
+        free(qb), free(sb);
+        if (ce != cudaSuccess)
+            return dsv4_seterr(err, DSV4_ERR_DEVICE, v.key, "upload failed: %s", cudaGetErrorString(ce));
+    }
+    return DSV4_OK;
+}
+
+dsv4_status upload_f32(const float *src, size_t n, float **dst, const char *what, dsv4_error *err)
+{
+    *dst = nullptr;
+    if (!src)
+        return DSV4_OK;
+    cudaError_t ce = cudaMalloc((void **)dst, n * sizeof(float));
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(*dst, src, n * sizeof(float), cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess)
+        return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "upload of %s failed: %s", what, cudaGetErrorString(ce));
+    return DSV4_OK;
+}
+
+} // namespace
+
+/* The workspace bytes of a chunk of tc tokens (no device needed; the tests hold it against the plan). */
+extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
+extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc)
+{
+    CudaBe *b = new (std::nothrow) CudaBe();
+    if (!b)
+        return 0;
+    b->cfg = *cfg;
+    set_modes(b);
+    uint64_t v = layout_for(b, tc).total;
+    delete b;
+    return v;
+}
+
+extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, int threads,
+                                                void **impl, const dsv4_backend_vtable **vt, dsv4_error *err)
+{
+    (void)threads;
+    const dsv4_config *cfg = dsv4_plan_config(plan);
+    const dsv4_topology *topo = dsv4_plan_topology(plan);
+    dsv4_router_kind rk = dsv4_plan_router(plan);
+    if (rk != DSV4_ROUTER_LOCAL)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
+                           "router %s is not supported by the cuda backend (it runs router local on one GPU; the "
+                           "distributed routers run through fast/dist)",
+                           dsv4_router_kind_name(rk));
+    if (dsv4_plan_expert_count(plan) != cfg->n_routed_experts || dsv4_plan_inter_count(plan) != cfg->moe_inter_dim)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
+                           "the plan shards the layer (experts %lld of %lld, inter %lld of %lld): the cuda backend "
+                           "runs the whole layer on one GPU (tp 1, ep 1)",
+                           (long long)dsv4_plan_expert_count(plan), (long long)cfg->n_routed_experts,
+                           (long long)dsv4_plan_inter_count(plan), (long long)cfg->moe_inter_dim);
+    if (topo->sm != 90)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE, "sm %d: this build's kernels are for sm 90 (Hopper)",
+                           topo->sm);
+    dsv4_status st = dsv4_config_validate(cfg, err);
+    if (st)
+        return st;
+    if (cfg->dim % 32 || cfg->moe_inter_dim % 32)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
+                           "dim %lld and moe_inter_dim %lld must be multiples of 32 for the cuda kernels",
+                           (long long)cfg->dim, (long long)cfg->moe_inter_dim);
+    int ndev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    if (ce != cudaSuccess || ndev < 1)
+        return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "no CUDA device: %s",
+                           ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
+    int dev = 0, major = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major < 9)
+        return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "device %d has compute capability %d.x; sm 90 is required",
+                           dev, major);
+    CudaBe *b = new (std::nothrow) CudaBe();
+    if (!b)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
+    memset(&b->stats, 0, sizeof b->stats);
+    b->cfg = *cfg;
+    const dsv4_config *c = &b->cfg;
+    b->chunk = dsv4_plan_chunk_tokens(plan);
+    b->max_tokens = topo->max_tokens_per_rank;
+    if (b->chunk < 1)
+        b->chunk = b->max_tokens > 0 ? b->max_tokens : 128;
+    set_modes(b);
+    int64_t kmax = c->dim > c->moe_inter_dim ? c->dim : c->moe_inter_dim;
+    b->small = (int)(196608 / (4 * (kmax + kmax / 32)));
+    b->small = b->small > DSV4C_SMALL_MAX ? DSV4C_SMALL_MAX : b->small < 1 ? 1 : b->small;
+    size_t free0 = 0, free1 = 0, total = 0;
+    dsv4_router_tensors rt;
+    memset(&rt, 0, sizeof rt);
+    int64_t E = c->n_routed_experts, H = c->dim, V = c->vocab_size, K = c->n_activated;
+    size_t gsm = (size_t)b->small * (kmax + kmax / 32) * 4;
+    if ((ce = cudaMemGetInfo(&free0, &total)) != cudaSuccess || (ce = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (ce = gemv_attr<WF_BF16, 0>(gsm)) != cudaSuccess || (ce = gemv_attr<WF_BF16, 1>(gsm)) != cudaSuccess ||
+        (ce = gemv_attr<WF_FP8, 0>(gsm)) != cudaSuccess || (ce = gemv_attr<WF_FP8, 1>(gsm)) != cudaSuccess ||
+        (ce = gemv_attr<WF_FP4, 0>(gsm)) != cudaSuccess || (ce = gemv_attr<WF_FP4, 1>(gsm)) != cudaSuccess) {
+        st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "device setup failed: %s", cudaGetErrorString(ce));
+        goto fail;
+    }
+    if ((st = dsv4_router_tensors_load(ck, c, NULL, &rt, err)))
+        goto fail;
+    {
+        uint16_t *g16 = (uint16_t *)malloc((size_t)(E * H) * 2);
+        if (!g16) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
+            goto fail_rt;
+        }
+        for (int64_t i = 0; i < E * H; i++) {
+            uint32_t u;
+            memcpy(&u, &rt.gate[i], 4);
+            g16[i] = (uint16_t)(u >> 16); /* the gate's values are bf16: exact */
+        }
+        ce = cudaMalloc((void **)&b->gate16, (size_t)(E * H) * 2);
+        if (ce == cudaSuccess)
+            ce = cudaMemcpy(b->gate16, g16, (size_t)(E * H) * 2, cudaMemcpyHostToDevice);
+        free(g16);
+        if (ce != cudaSuccess) {
+            st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "upload of the gate failed: %s", cudaGetErrorString(ce));
+            goto fail_rt;
+        }
+    }
+    if ((st = upload_f32(rt.bias, (size_t)E, &b->bias, "bias", err)) ||
+        (st = upload_f32(rt.pred_norm, (size_t)E, &b->pred_norm, "norm predictor", err)) ||
+        (st = upload_f32(rt.pred_w, (size_t)(E * H), &b->pred_w, "norm predictor weight", err)) ||
+        (st = upload_f32(rt.pred_b, (size_t)E, &b->pred_b, "norm predictor bias", err)))
+        goto fail_rt;
+    if (rt.tid2eid) {
+        size_t nb = (size_t)(V * K) * 4;
+        b->host_tid2eid = (int32_t *)malloc(nb);
+        if (!b->host_tid2eid) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
+            goto fail_rt;
+        }
+        memcpy(b->host_tid2eid, rt.tid2eid, nb);
+        for (int64_t v = 0; v < V && !b->repeats; v++)
+            for (int64_t i = 0; i < K && !b->repeats; i++)
+                for (int64_t j = i + 1; j < K; j++)
+                    if (rt.tid2eid[v * K + i] == rt.tid2eid[v * K + j]) {
+                        b->repeats = true;
+                        break;
+                    }
+        if ((ce = cudaMalloc((void **)&b->tid2eid, nb)) != cudaSuccess ||
+            (ce = cudaMemcpy(b->tid2eid, rt.tid2eid, nb, cudaMemcpyHostToDevice)) != cudaSuccess) {
+            st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "upload of tid2eid failed: %s", cudaGetErrorString(ce));
+            goto fail_rt;
+        }
+    }
+    dsv4_router_tensors_release(&rt, NULL);
+    for (int p = 0; p < 3; p++)
+        if ((st = upload(b, ck, false, p, &b->rw[p], err)))
+            goto fail;
+    if (c->n_shared_experts > 0)
+        for (int p = 0; p < 3; p++)
+            if ((st = upload(b, ck, true, p, &b->sw[p], err)))
+                goto fail;
+    {
+        /* the workspace: one allocation, the layout of a full chunk (every bucket is within a chunk) */
+        Layout L = layout_for(b, b->chunk);
+        b->ws_bytes = L.total;
+        uint64_t avail = dsv4_plan_budget_available(plan);
+        if (b->ws_bytes > avail) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE,
+                             "the workspace of a %lld-token chunk needs %llu bytes but the plan's budget leaves %llu",
+                             (long long)b->chunk, (unsigned long long)b->ws_bytes, (unsigned long long)avail);
+            goto fail;
+        }
+        if ((ce = cudaMalloc((void **)&b->ws, b->ws_bytes)) != cudaSuccess) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "cudaMalloc of the %llu-byte workspace failed: %s",
+                             (unsigned long long)b->ws_bytes, cudaGetErrorString(ce));
+            goto fail;
+        }
+        if ((ce = cudaMallocHost((void **)&b->hbuf, (size_t)L.io_end)) != cudaSuccess) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "cudaMallocHost of the %llu-byte staging buffer failed: %s",
+                             (unsigned long long)L.io_end, cudaGetErrorString(ce));
+            goto fail;
+        }
+        memset(b->hbuf, 0, (size_t)L.io_end);
+        if ((ce = cudaMemset(b->ws, 0, b->ws_bytes)) != cudaSuccess || (ce = cudaDeviceSynchronize()) != cudaSuccess ||
+            (ce = cudaMemGetInfo(&free1, &total)) != cudaSuccess) {
+            st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "workspace setup failed: %s", cudaGetErrorString(ce));
+            goto fail;
+        }
+    }
+    b->device_used = free0 > free1 ? (uint64_t)(free0 - free1) : 0;
+    b->stats.workspace_planned = dsv4_plan_workspace_max(plan);
+    b->stats.device_allocated = b->device_used;
+    b->stats.workspace_allocated = b->ws_bytes;
+    b->graphs = topo->cuda_graph;
+    if (b->graphs) {
+        for (int i = 0; i < topo->n_buckets && i < DSV4_MAX_BUCKETS; i++)
+            if (topo->buckets[i] <= b->chunk)
+                b->graph[b->n_graphs++].bucket = topo->buckets[i];
+    }
+    *impl = b;
+    *vt = &cuda_vtable;
+    return DSV4_OK;
+fail_rt:
+    dsv4_router_tensors_release(&rt, NULL);
+fail:
+    cuda_free(b);
+    return st;
+}

@@ -1,0 +1,672 @@
+/*
+ * The CUDA backend against the reference on the GPU (built by `make cuda`, run by ci/cuda-test.sh
+ * on the device machine): every quant mode, clamp on/off, top-p on/off, hash layer, after_w2,
+ * graph on/off (replay bit-identical to eager), T = 0, 1, odd sizes, a chunked long prompt and a
+ * v4-flash-shaped layer, with the tolerances of tests/test_cpu.c (SPEC.md section 7).
+ *
+ * Without a GPU every test that needs one is skipped (printed, and counted as passed) unless
+ * DSV4MOE_CUDA_REQUIRED=1, which the device script sets. The workspace tests run everywhere.
+ * Tcases: "small" (quick, for compute-sanitizer), "numerics", "graphs", "flash", "host".
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dsv4moe/backend.h"
+#include "dsv4moe/compare.h"
+#include "dsv4moe/formats.h"
+#include "dsv4moe/gen.h"
+#include "dsv4moe/plan.h"
+#include "dsv4moe/safetensors.h"
+#include "testutil.h"
+
+/* fast/cuda/cuda.cu */
+uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
+
+typedef struct {
+    const char *name;
+    const char *preset;
+    int64_t layer;
+    int64_t tokens;
+    int64_t chunk;      /* topology chunk_tokens (0: planner) */
+    float swiglu_limit; /* < 0: preset's */
+    int shared_clamp;   /* -1: preset's */
+    int after_w2;       /* -1: preset's */
+    int graph;          /* cuda_graph on (buckets 1..128) */
+    int64_t experts;    /* > 0: n_routed_experts override (v4-flash shapes with fewer experts) */
+} cuda_case;
+
+static int g_have_gpu = -1;
+
+/* Whether the cuda backend starts here (probed once on a tiny layer). */
+static int have_gpu(void);
+
+static dsv4_plan *make_plan(const dsv4_config *c, dsv4_backend_kind kind, int64_t chunk, int graph)
+{
+    dsv4_topology topo;
+    dsv4_topology_init(&topo);
+    topo.backend = kind;
+    topo.chunk_tokens = chunk;
+    topo.max_tokens_per_rank = 4096;
+    if (graph) {
+        topo.cuda_graph = true;
+        topo.n_buckets = 8;
+        for (int i = 0; i < 8; i++)
+            topo.buckets[i] = 1 << i;
+    }
+    dsv4_budget bud;
+    dsv4_budget_init(&bud);
+    bud.device_bytes = 141ull << 30;
+    dsv4_plan *p = NULL;
+    dsv4_error e;
+    dsv4_status st = dsv4_plan_create(c, &topo, &bud, &p, &e);
+    ck_assert_msg(st == DSV4_OK, "plan: %s", e.message);
+    return p;
+}
+
+static dsv4_config case_config(const cuda_case *k)
+{
+    dsv4_config c;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_config_preset(k->preset, &c, &e), DSV4_OK);
+    c.layer = k->layer;
+    if (k->swiglu_limit >= 0)
+        c.swiglu_limit = k->swiglu_limit;
+    if (k->shared_clamp >= 0)
+        c.shared_clamp = k->shared_clamp != 0;
+    if (k->after_w2 >= 0)
+        c.weight_point = k->after_w2 ? DSV4_WEIGHT_AFTER_W2 : DSV4_WEIGHT_BEFORE_W2;
+    if (k->experts > 0)
+        c.n_routed_experts = k->experts;
+    ck_assert_msg(dsv4_config_validate(&c, &e) == DSV4_OK, "%s", e.message);
+    return c;
+}
+
+static void case_data(const cuda_case *k, const dsv4_config *c, dsv4_checkpoint **ck, dsv4_st_file **in)
+{
+    char wp[512], ip[512], n1[160], n2[160];
+    snprintf(n1, sizeof n1, "cuda_%s_e%lld_l%lld_w.safetensors", k->preset, (long long)c->n_routed_experts,
+             (long long)k->layer);
+    snprintf(n2, sizeof n2, "cuda_%s_e%lld_l%lld_T%lld_in.safetensors", k->preset, (long long)c->n_routed_experts,
+             (long long)k->layer, (long long)k->tokens);
+    tu_path(wp, sizeof wp, n1);
+    tu_path(ip, sizeof ip, n2);
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    o.seed = 7;
+    o.threads = 16;
+    dsv4_error e;
+    if (!tu_file_exists(wp))
+        ck_assert_msg(dsv4_gen_weights(c, &o, wp, &e) == DSV4_OK, "%s", e.message);
+    o.seed = 11;
+    ck_assert_msg(dsv4_gen_input(c, &o, k->tokens, ip, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_checkpoint_open(wp, ck, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_st_open(ip, in, &e) == DSV4_OK, "%s", e.message);
+}
+
+typedef struct {
+    uint16_t *y;
+    int32_t *ids, *kept;
+    float *w;
+    dsv4_backend_stats stats;
+    uint64_t planned_step;
+} run_out;
+
+static void alloc_out(const dsv4_config *c, int64_t T, run_out *r)
+{
+    int64_t H = c->dim, K = c->n_activated;
+    r->y = malloc((size_t)(T * H + 1) * sizeof *r->y);
+    memset(r->y, 0xFF, (size_t)(T * H + 1) * sizeof *r->y); /* poisoned: NaN everywhere until written */
+    r->ids = calloc((size_t)(T * K + 1), sizeof *r->ids);
+    r->w = calloc((size_t)(T * K + 1), sizeof *r->w);
+    r->kept = calloc((size_t)(T + 1), sizeof *r->kept);
+}
+
+/* `forwards` forwards of the same input on one backend; r keeps the last, *same says all were equal. */
+static void run_backend(const dsv4_config *c, dsv4_backend_kind kind, int64_t chunk, int graph,
+                        const dsv4_checkpoint *ck, int64_t T, const uint16_t *x, const int32_t *in_ids, run_out *r,
+                        int forwards, int *same)
+{
+    dsv4_plan *p = make_plan(c, kind, chunk, graph);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "create: %s", e.message);
+    ck_assert_str_eq(dsv4_backend_name(b), kind == DSV4_BACKEND_CUDA ? "cuda" : "ref");
+    alloc_out(c, T, r);
+    int64_t H = c->dim;
+    uint16_t *first = NULL;
+    if (same)
+        *same = 1;
+    for (int f = 0; f < forwards; f++) {
+        dsv4_forward_out o = {r->y, r->ids, r->w, r->kept};
+        ck_assert_msg(dsv4_backend_forward(b, T, x, in_ids, &o, &e) == DSV4_OK, "forward: %s", e.message);
+        if (same && f == 0 && forwards > 1) {
+            first = malloc((size_t)(T * H + 1) * sizeof *first);
+            memcpy(first, r->y, (size_t)(T * H) * sizeof *first);
+        } else if (same && first && memcmp(first, r->y, (size_t)(T * H) * sizeof *first) != 0) {
+            *same = 0;
+        }
+    }
+    free(first);
+    r->stats = dsv4_backend_get_stats(b);
+    r->planned_step = dsv4_plan_workspace_bytes(p, T, graph && dsv4_plan_can_replay(p, T));
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+}
+
+static void free_out(run_out *r)
+{
+    free(r->y);
+    free(r->ids);
+    free(r->w);
+    free(r->kept);
+}
+
+static void check_case(const cuda_case *k)
+{
+    if (!have_gpu()) {
+        printf("cuda_suite %-28s SKIPPED (no CUDA device)\n", k->name);
+        return;
+    }
+    dsv4_config c = case_config(k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(k, &c, &ck, &in);
+    int64_t T = k->tokens, H = c.dim, K = c.n_activated, E = c.n_routed_experts;
+    const uint16_t *x = T ? dsv4_st_find(in, "x")->data : NULL;
+    const int32_t *ids = T ? dsv4_st_find(in, "input_ids")->data : NULL;
+    run_out ref, cu;
+    run_backend(&c, DSV4_BACKEND_REF, k->chunk, 0, ck, T, x, ids, &ref, 1, NULL);
+    int same = 1;
+    run_backend(&c, DSV4_BACKEND_CUDA, k->chunk, k->graph, ck, T, x, ids, &cu, 2, &same);
+
+    dsv4_compare_metrics m;
+    ck_assert(dsv4_compare_bf16(cu.y, ref.y, T * H, &m));
+    char line[512];
+    dsv4_compare_format(&m, line, sizeof line);
+    int64_t id_diff = 0, kept_diff = 0;
+    double wmax = 0;
+    for (int64_t i = 0; i < T * K; i++) {
+        id_diff += cu.ids[i] != ref.ids[i];
+        double d = fabs((double)cu.w[i] - ref.w[i]);
+        wmax = d > wmax ? d : wmax;
+    }
+    for (int64_t t = 0; t < T; t++)
+        kept_diff += cu.kept[t] != ref.kept[t];
+    printf("cuda_suite %-28s T %5lld: %s; ids differ %lld; kept differ %lld; max|dw| %.3g; clamp routed g/u "
+           "%llu/%llu (ref %llu/%llu) shared %llu/%llu (ref %llu/%llu); launches %llu skips %llu replays %llu; "
+           "ws peak %llu step-planned %llu allocated %llu device %llu; repeat %s\n",
+           k->name, (long long)T, line, (long long)id_diff, (long long)kept_diff, wmax,
+           (unsigned long long)cu.stats.routed_g_clamped, (unsigned long long)cu.stats.routed_u_clamped,
+           (unsigned long long)ref.stats.routed_g_clamped, (unsigned long long)ref.stats.routed_u_clamped,
+           (unsigned long long)cu.stats.shared_g_clamped, (unsigned long long)cu.stats.shared_u_clamped,
+           (unsigned long long)ref.stats.shared_g_clamped, (unsigned long long)ref.stats.shared_u_clamped,
+           (unsigned long long)cu.stats.launches, (unsigned long long)cu.stats.empty_skips,
+           (unsigned long long)cu.stats.graph_replays, (unsigned long long)cu.stats.workspace_peak,
+           (unsigned long long)cu.planned_step, (unsigned long long)cu.stats.workspace_allocated,
+           (unsigned long long)cu.stats.device_allocated, same ? "identical" : "DIFFERS");
+    fflush(stdout);
+    ck_assert_msg(same, "%s: two forwards of the same input differ", k->name);
+    ck_assert_msg(id_diff == 0, "%s: %lld topk ids differ", k->name, (long long)id_diff);
+    ck_assert_msg(kept_diff == 0, "%s: %lld kept counts differ", k->name, (long long)kept_diff);
+    ck_assert_msg(wmax < 1e-5, "%s: router weights differ by %g", k->name, wmax);
+    for (int64_t i = 0; i < T * K; i++)
+        ck_assert(cu.ids[i] >= 0 && cu.ids[i] <= E);
+    ck_assert_msg(m.finite_ok, "%s: %lld non-finite values where the reference is finite", k->name,
+                  (long long)m.bad_nonfinite);
+    if (T > 0) {
+        ck_assert_msg(m.deepgemm_diff < 1e-3, "%s: diff %g", k->name, m.deepgemm_diff);
+        ck_assert_msg(m.nmse < 1e-3, "%s: nmse %g", k->name, m.nmse);
+        ck_assert_msg(m.ulp_p99 <= 2, "%s: bf16 ulp p99 %u", k->name, m.ulp_p99);
+        ck_assert_msg(m.tol_violations * 1000 <= m.n, "%s: %lld of %lld past atol=rtol=0.035", k->name,
+                      (long long)m.tol_violations, (long long)m.n);
+    }
+    ck_assert_uint_eq(cu.stats.forwards, 2);
+    ck_assert_uint_eq(cu.stats.tokens, 2 * (uint64_t)T);
+    ck_assert_uint_eq(cu.stats.nonfinite_rows, 2 * ref.stats.nonfinite_rows);
+    ck_assert(cu.stats.workspace_planned > 0);
+    if (T > 0) {
+        ck_assert(cu.stats.launches > 0);
+        double rg = (double)ref.stats.routed_u_clamped, cg = (double)cu.stats.routed_u_clamped / 2;
+        ck_assert_msg(fabs(rg - cg) <= 0.02 * rg + 2, "%s: u clamp hits %g vs %g", k->name, cg, rg);
+        double sr = (double)ref.stats.shared_u_clamped, sc = (double)cu.stats.shared_u_clamped / 2;
+        ck_assert_msg(fabs(sr - sc) <= 0.02 * sr + 2, "%s: shared u clamp hits %g vs %g", k->name, sc, sr);
+        if (c.swiglu_limit == 0.0f)
+            ck_assert_uint_eq(cu.stats.routed_u_clamped + cu.stats.routed_g_clamped, 0);
+        if (k->graph && T <= 128)
+            ck_assert_uint_eq(cu.stats.graph_replays, 2);
+        else
+            ck_assert_uint_eq(cu.stats.graph_replays, 0);
+        ck_assert_msg(cu.stats.workspace_peak <= cu.planned_step, "%s: workspace peak %llu above the plan's %llu",
+                      k->name, (unsigned long long)cu.stats.workspace_peak, (unsigned long long)cu.planned_step);
+    } else {
+        ck_assert_uint_eq(cu.stats.launches, 0);
+        ck_assert_uint_eq(cu.stats.workspace_peak, 0);
+    }
+    free_out(&ref);
+    free_out(&cu);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+
+static int have_gpu(void)
+{
+    if (g_have_gpu >= 0)
+        return g_have_gpu;
+    cuda_case k = {"probe", "tiny", 1, 1, 0, -1, -1, -1, 0, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    dsv4_status st = dsv4_backend_create(p, ck, 1, &b, &e);
+    const char *req = getenv("DSV4MOE_CUDA_REQUIRED");
+    if (st != DSV4_OK) {
+        printf("cuda_suite: the cuda backend does not start here: %s\n", e.message);
+        ck_assert_msg(!(req && req[0] == '1'), "DSV4MOE_CUDA_REQUIRED=1 but: %s", e.message);
+    }
+    g_have_gpu = st == DSV4_OK;
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+    return g_have_gpu;
+}
+
+#define CASE(fn, ...)                                                                                       \
+    START_TEST(fn)                                                                                          \
+    {                                                                                                       \
+        cuda_case k = {__VA_ARGS__};                                                                        \
+        check_case(&k);                                                                                     \
+    }                                                                                                       \
+    END_TEST
+
+/*                name                     preset       layer T     chunk L     scl after graph experts */
+CASE(small_mini_t5, "mini T=5", "mini", 1, 5, 0, -1, -1, -1, 0, 0)
+CASE(small_mini_graph_t5, "mini graph T=5", "mini", 1, 5, 0, -1, -1, -1, 1, 0)
+CASE(small_fp8_t13, "mini-fp8 T=13", "mini-fp8", 1, 13, 0, -1, -1, -1, 0, 0)
+
+CASE(mini_fp4_t77, "mini fp4/fp8", "mini", 1, 77, 0, -1, -1, -1, 0, 0)
+CASE(mini_fp4_hash_t77, "mini hash layer", "mini", 0, 77, 0, -1, -1, -1, 0, 0)
+CASE(mini_fp8_t77, "mini-fp8", "mini-fp8", 1, 77, 0, -1, -1, -1, 0, 0)
+CASE(mini_bf16_t77, "mini-bf16", "mini-bf16", 1, 77, 0, -1, -1, -1, 0, 0)
+CASE(mini_bf16_hash_t77, "mini-bf16 hash", "mini-bf16", 0, 77, 0, -1, -1, -1, 0, 0)
+CASE(mini_noclamp_t77, "mini no clamp", "mini", 1, 77, 0, 0.0f, -1, -1, 0, 0)
+CASE(mini_topp_t77, "mini-topp", "mini-topp", 1, 77, 0, -1, -1, -1, 0, 0)
+CASE(mini_topp_noclamp_t77, "mini-topp no clamp", "mini-topp", 1, 77, 0, 0.0f, -1, -1, 0, 0)
+CASE(mini_after_w2_t77, "mini after_w2 noshclamp", "mini", 1, 77, 0, -1, 0, 1, 0, 0)
+CASE(mini_fp8_after_t77, "mini-fp8 after_w2", "mini-fp8", 1, 77, 0, -1, 0, 1, 0, 0)
+CASE(mini_t1, "mini T=1", "mini", 1, 1, 0, -1, -1, -1, 0, 0)
+CASE(mini_hash_t1, "mini hash T=1", "mini", 0, 1, 0, -1, -1, -1, 0, 0)
+CASE(mini_fp8_t1, "mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 0, 0)
+CASE(mini_bf16_t1, "mini-bf16 T=1", "mini-bf16", 1, 1, 0, -1, -1, -1, 0, 0)
+CASE(mini_t0, "mini T=0", "mini", 1, 0, 0, -1, -1, -1, 0, 0)
+CASE(mini_chunked_t300, "mini chunk 128 T=300", "mini", 1, 300, 128, -1, -1, -1, 0, 0)
+CASE(mini_topp_chunked_t300, "mini-topp chunk 128", "mini-topp", 1, 300, 128, -1, -1, -1, 0, 0)
+CASE(mini_hash_chunked_t300, "mini hash chunk 128", "mini", 0, 300, 128, -1, -1, -1, 0, 0)
+CASE(mini_long_t3000, "mini chunk 1024 T=3000", "mini", 1, 3000, 1024, -1, -1, -1, 0, 0)
+CASE(tiny_t77, "tiny bf16", "tiny", 1, 77, 0, -1, -1, -1, 0, 0)
+CASE(mini_t30, "mini T=30", "mini", 1, 30, 0, -1, -1, -1, 0, 0)
+CASE(mini_fp8_t30, "mini-fp8 T=30", "mini-fp8", 1, 30, 0, -1, -1, -1, 0, 0)
+CASE(mini_bf16_t30, "mini-bf16 T=30", "mini-bf16", 1, 30, 0, -1, -1, -1, 0, 0)
+CASE(mini_t1100, "mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0)
+
+CASE(graph_mini_t1, "graph mini T=1", "mini", 1, 1, 0, -1, -1, -1, 1, 0)
+CASE(graph_mini_t77, "graph mini T=77", "mini", 1, 77, 0, -1, -1, -1, 1, 0)
+CASE(graph_hash_t3, "graph mini hash T=3", "mini", 0, 3, 0, -1, -1, -1, 1, 0)
+CASE(graph_fp8_t9, "graph mini-fp8 T=9", "mini-fp8", 1, 9, 0, -1, -1, -1, 1, 0)
+CASE(graph_bf16_t128, "graph mini-bf16 T=128", "mini-bf16", 1, 128, 0, -1, -1, -1, 1, 0)
+CASE(graph_topp_t33, "graph mini-topp T=33", "mini-topp", 1, 33, 0, -1, -1, -1, 1, 0)
+CASE(graph_eager_t200, "graph on, T=200 eager", "mini", 1, 200, 0, -1, -1, -1, 1, 0)
+CASE(graph_t0, "graph T=0", "mini", 1, 0, 0, -1, -1, -1, 1, 0)
+
+CASE(flash_t1, "v4-flash E32 T=1", "v4-flash", 5, 1, 0, -1, -1, -1, 0, 32)
+CASE(flash_t8_graph, "v4-flash E32 graph T=8", "v4-flash", 5, 8, 0, -1, -1, -1, 1, 32)
+CASE(flash_t40, "v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 32)
+CASE(flash_hash_t5, "v4-flash E32 hash T=5", "v4-flash", 1, 5, 0, -1, -1, -1, 0, 32)
+
+/* Replay bit-identical to eager: the same input through a graph-on and a graph-off backend. */
+static void replay_vs_eager(const char *preset, int64_t layer, int64_t T)
+{
+    if (!have_gpu()) {
+        printf("cuda_suite replay %s T %lld SKIPPED (no CUDA device)\n", preset, (long long)T);
+        return;
+    }
+    cuda_case k = {"replay", preset, layer, T, 0, -1, -1, -1, 1, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    run_out g, eg;
+    run_backend(&c, DSV4_BACKEND_CUDA, 0, 1, ck, T, x, ids, &g, 3, NULL);
+    run_backend(&c, DSV4_BACKEND_CUDA, 0, 0, ck, T, x, ids, &eg, 1, NULL);
+    size_t n = (size_t)(T * c.dim);
+    int64_t nd = 0;
+    for (size_t i = 0; i < n; i++)
+        nd += g.y[i] != eg.y[i];
+    printf("cuda_suite replay vs eager %-10s layer %lld T %4lld: %lld of %zu bf16 outputs differ; replays %llu\n",
+           preset, (long long)layer, (long long)T, (long long)nd, n, (unsigned long long)g.stats.graph_replays);
+    ck_assert_msg(nd == 0, "%s T %lld: replay differs from eager in %lld outputs", preset, (long long)T, (long long)nd);
+    ck_assert(memcmp(g.ids, eg.ids, (size_t)(T * c.n_activated) * 4) == 0);
+    ck_assert(memcmp(g.w, eg.w, (size_t)(T * c.n_activated) * 4) == 0);
+    ck_assert_uint_eq(g.stats.graph_replays, 3);
+    free_out(&g);
+    free_out(&eg);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+
+START_TEST(replay_bit_identical)
+{
+    replay_vs_eager("mini", 1, 1);
+    replay_vs_eager("mini", 1, 5);
+    replay_vs_eager("mini", 1, 100);
+    replay_vs_eager("mini", 0, 7);
+    replay_vs_eager("mini-fp8", 1, 64);
+    replay_vs_eager("mini-bf16", 1, 17);
+    replay_vs_eager("mini-topp", 1, 50);
+}
+END_TEST
+
+/* A graph captured at bucket 8 serves T = 5 and then T = 8 (the static inputs are rewritten). */
+START_TEST(one_graph_many_t)
+{
+    if (!have_gpu())
+        return;
+    cuda_case k = {"multi", "mini", 1, 8, 0, -1, -1, -1, 1, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    dsv4_plan *pg = make_plan(&c, DSV4_BACKEND_CUDA, 0, 1), *pe = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
+    dsv4_backend *bg = NULL, *be = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_backend_create(pg, ck, 1, &bg, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_backend_create(pe, ck, 1, &be, &e) == DSV4_OK, "%s", e.message);
+    int64_t H = c.dim;
+    uint16_t *y1 = calloc((size_t)(8 * H), 2), *y2 = calloc((size_t)(8 * H), 2);
+    int64_t Ts[4] = {5, 8, 6, 5};
+    for (int i = 0; i < 4; i++) {
+        dsv4_forward_out o1 = {y1, NULL, NULL, NULL}, o2 = {y2, NULL, NULL, NULL};
+        ck_assert_int_eq(dsv4_backend_forward(bg, Ts[i], x, ids, &o1, &e), DSV4_OK);
+        ck_assert_int_eq(dsv4_backend_forward(be, Ts[i], x, ids, &o2, &e), DSV4_OK);
+        ck_assert_msg(memcmp(y1, y2, (size_t)(Ts[i] * H) * 2) == 0, "T %lld: replay differs", (long long)Ts[i]);
+    }
+    ck_assert_int_eq(dsv4_backend_forward(bg, 0, NULL, NULL, &(dsv4_forward_out){y1, NULL, NULL, NULL}, &e), DSV4_OK);
+    dsv4_backend_stats s = dsv4_backend_get_stats(bg);
+    ck_assert_uint_eq(s.graph_replays, 4);
+    ck_assert_uint_eq(s.forwards, 5);
+    printf("cuda_suite one graph (bucket 8) for T = 5, 8, 6, 5: identical to eager; replays %llu\n",
+           (unsigned long long)s.graph_replays);
+    free(y1);
+    free(y2);
+    dsv4_backend_free(bg);
+    dsv4_backend_free(be);
+    dsv4_plan_free(pg);
+    dsv4_plan_free(pe);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
+
+START_TEST(bad_input_ids)
+{
+    if (!have_gpu())
+        return;
+    cuda_case k = {"bad id", "mini", 0, 5, 0, -1, -1, -1, 0, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    int32_t ids[5];
+    memcpy(ids, dsv4_st_find(in, "input_ids")->data, sizeof ids);
+    ids[3] = (int32_t)c.vocab_size;
+    uint16_t *y = calloc((size_t)(5 * c.dim), 2);
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_backend_create(p, ck, 1, &b, &e), DSV4_OK);
+    dsv4_forward_out o = {y, NULL, NULL, NULL};
+    ck_assert_int_eq(dsv4_backend_forward(b, 5, x, ids, &o, &e), DSV4_ERR_RANGE);
+    ck_assert_msg(strstr(e.message, "input_ids[3]") != NULL, "%s", e.message);
+    ck_assert_int_eq(dsv4_backend_forward(b, 5, x, NULL, &o, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_get_stats(b).launches, 0);
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+    free(y);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
+
+/* The workspace layout against the plan's step bytes for every preset and a range of T (no GPU). */
+START_TEST(workspace_within_plan)
+{
+    const char *presets[] = {"mini", "mini-fp8", "mini-bf16", "mini-topp", "tiny", "v4-flash", "v4-pro", NULL};
+    for (int i = 0; presets[i]; i++) {
+        for (int layer = 0; layer < 2; layer++) {
+            /* layer 0 is a hash layer of every preset; n_hash_layers is the first non-hash one */
+            dsv4_config pc;
+            dsv4_error pe;
+            ck_assert_int_eq(dsv4_config_preset(presets[i], &pc, &pe), DSV4_OK);
+            cuda_case k = {"ws", presets[i], layer == 0 ? 0 : pc.n_hash_layers, 1, 0, -1, -1, -1, 0, 0};
+            dsv4_config c = case_config(&k);
+            for (int graph = 0; graph < 2; graph++) {
+                dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, graph);
+                int64_t chunk = dsv4_plan_chunk_tokens(p);
+                int64_t Ts[] = {1, 2, 3, 5, 8, 16, 77, 128, 129, 300, 1000, 4096};
+                for (size_t j = 0; j < sizeof Ts / sizeof Ts[0]; j++) {
+                    int64_t T = Ts[j];
+                    bool rep = graph && dsv4_plan_can_replay(p, T);
+                    int64_t tc = T < chunk ? T : chunk;
+                    if (rep) /* the smallest bucket holding T */
+                        for (int q = 0; q < dsv4_plan_topology(p)->n_buckets; q++)
+                            if (dsv4_plan_topology(p)->buckets[q] >= T) {
+                                tc = dsv4_plan_topology(p)->buckets[q];
+                                break;
+                            }
+                    uint64_t mine = dsv4_cuda_chunk_workspace_bytes(&c, tc), plan = dsv4_plan_workspace_bytes(p, T, rep);
+                    ck_assert_msg(mine <= plan, "%s layer %d graph %d T %lld: cuda workspace %llu > plan %llu",
+                                  presets[i], (int)k.layer, graph, (long long)T, (unsigned long long)mine,
+                                  (unsigned long long)plan);
+                }
+                dsv4_plan_free(p);
+            }
+        }
+    }
+}
+END_TEST
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/*
+ * Timings through the public API (host clock around dsv4_backend_forward: H2D of x, the kernels,
+ * D2H of y and the routing outputs, one synchronisation), v4-flash shapes, eager and graph replay.
+ * Only with DSV4MOE_CUDA_BENCH=1; DSV4MOE_CUDA_BENCH_E sets the expert count (default 256).
+ */
+START_TEST(time_flash)
+{
+    const char *on = getenv("DSV4MOE_CUDA_BENCH");
+    if (!on || on[0] != '1' || !have_gpu())
+        return;
+    const char *es = getenv("DSV4MOE_CUDA_BENCH_E");
+    int64_t E = es ? atoll(es) : 256;
+    int64_t Tmax = 4096;
+    cuda_case k = {"bench", "v4-flash", 5, Tmax, 0, -1, -1, -1, 0, E};
+    dsv4_config c = case_config(&k);
+    double tg = now_s();
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    printf("cuda_bench v4-flash E %lld: data ready in %.1f s\n", (long long)E, now_s() - tg);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    int64_t H = c.dim, I = c.moe_inter_dim, K = c.n_activated;
+    /* bytes of one routed expert (fp4 + ue8m0 1x32 scales, three matrices) and of the shared one (fp8 128x128) */
+    double eb = 3.0 * ((double)I * H / 2 + (double)I * H / 32);
+    double sb = 3.0 * ((double)I * H + (double)(I / 128) * (H / 128));
+    int64_t Ts[] = {1, 8, 32, 128, 256, 1024, 4096};
+    uint16_t *y = malloc((size_t)(Tmax * H) * 2);
+    int32_t *tk = malloc((size_t)(Tmax * K) * 4);
+    for (int graph = 0; graph < 2; graph++) {
+        dsv4_topology topo;
+        dsv4_topology_init(&topo);
+        topo.backend = DSV4_BACKEND_CUDA;
+        topo.max_tokens_per_rank = Tmax;
+        if (graph) {
+            topo.cuda_graph = true;
+            topo.n_buckets = 9;
+            for (int i = 0; i < 9; i++)
+                topo.buckets[i] = 1 << i;
+        }
+        dsv4_budget bud;
+        dsv4_budget_init(&bud);
+        bud.device_bytes = 141ull << 30;
+        dsv4_plan *p = NULL;
+        dsv4_error e;
+        ck_assert_msg(dsv4_plan_create(&c, &topo, &bud, &p, &e) == DSV4_OK, "%s", e.message);
+        dsv4_backend *b = NULL;
+        ck_assert_msg(dsv4_backend_create(p, ck, 1, &b, &e) == DSV4_OK, "%s", e.message);
+        dsv4_backend_stats s0 = dsv4_backend_get_stats(b);
+        printf("cuda_bench %s: workspace %llu bytes allocated (plan max %llu), device memory taken %llu bytes\n",
+               graph ? "graph" : "eager", (unsigned long long)s0.workspace_allocated,
+               (unsigned long long)s0.workspace_planned, (unsigned long long)s0.device_allocated);
+        for (size_t j = 0; j < sizeof Ts / sizeof Ts[0]; j++) {
+            int64_t T = Ts[j];
+            if (graph && T > 256)
+                break;
+            dsv4_forward_out o = {y, tk, NULL, NULL};
+            ck_assert_msg(dsv4_backend_forward(b, T, x, ids, &o, &e) == DSV4_OK, "%s", e.message);
+            /* experts touched */
+            unsigned char seen[1024];
+            memset(seen, 0, sizeof seen);
+            int64_t touched = 0;
+            for (int64_t i = 0; i < T * K; i++)
+                if (tk[i] >= 0 && tk[i] < E && tk[i] < 1024 && !seen[tk[i]]) {
+                    seen[tk[i]] = 1;
+                    touched++;
+                }
+            int reps = T <= 256 ? 50 : 10;
+            double t[64];
+            for (int r = 0; r < reps; r++) {
+                double a = now_s();
+                ck_assert_int_eq(dsv4_backend_forward(b, T, x, ids, &o, &e), DSV4_OK);
+                t[r] = now_s() - a;
+            }
+            qsort(t, (size_t)reps, sizeof t[0], cmp_d);
+            double med = t[reps / 2];
+            double bytes = (double)touched * eb + sb;
+            double flops = 2.0 * 3.0 * (double)H * I * (double)(T * K + T);
+            printf("cuda_bench %s T %5lld: median %9.1f us (min %9.1f); experts touched %3lld; weight bytes %.1f MB "
+                   "-> %.0f GB/s; %.1f TFLOP/s\n",
+                   graph ? "graph" : "eager", (long long)T, med * 1e6, t[0] * 1e6, (long long)touched, bytes / 1e6,
+                   bytes / med / 1e9, flops / med / 1e12);
+            fflush(stdout);
+        }
+        dsv4_backend_free(b);
+        dsv4_plan_free(p);
+    }
+    free(y);
+    free(tk);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
+
+static Suite *cuda_suite(void)
+{
+    Suite *s = suite_create("cuda");
+    TCase *sm = tcase_create("small");
+    tcase_set_timeout(sm, 600);
+    tcase_add_test(sm, small_mini_t5);
+    tcase_add_test(sm, small_mini_graph_t5);
+    tcase_add_test(sm, small_fp8_t13);
+    tcase_add_test(sm, bad_input_ids);
+    suite_add_tcase(s, sm);
+    TCase *nu = tcase_create("numerics");
+    tcase_set_timeout(nu, 600);
+    tcase_add_test(nu, mini_fp4_t77);
+    tcase_add_test(nu, mini_fp4_hash_t77);
+    tcase_add_test(nu, mini_fp8_t77);
+    tcase_add_test(nu, mini_bf16_t77);
+    tcase_add_test(nu, mini_bf16_hash_t77);
+    tcase_add_test(nu, mini_noclamp_t77);
+    tcase_add_test(nu, mini_topp_t77);
+    tcase_add_test(nu, mini_topp_noclamp_t77);
+    tcase_add_test(nu, mini_after_w2_t77);
+    tcase_add_test(nu, mini_fp8_after_t77);
+    tcase_add_test(nu, mini_t1);
+    tcase_add_test(nu, mini_hash_t1);
+    tcase_add_test(nu, mini_fp8_t1);
+    tcase_add_test(nu, mini_bf16_t1);
+    tcase_add_test(nu, mini_t0);
+    tcase_add_test(nu, mini_chunked_t300);
+    tcase_add_test(nu, mini_topp_chunked_t300);
+    tcase_add_test(nu, mini_hash_chunked_t300);
+    tcase_add_test(nu, mini_long_t3000);
+    tcase_add_test(nu, tiny_t77);
+    tcase_add_test(nu, mini_t30);
+    tcase_add_test(nu, mini_fp8_t30);
+    tcase_add_test(nu, mini_bf16_t30);
+    tcase_add_test(nu, mini_t1100);
+    suite_add_tcase(s, nu);
+    TCase *gr = tcase_create("graphs");
+    tcase_set_timeout(gr, 600);
+    tcase_add_test(gr, graph_mini_t1);
+    tcase_add_test(gr, graph_mini_t77);
+    tcase_add_test(gr, graph_hash_t3);
+    tcase_add_test(gr, graph_fp8_t9);
+    tcase_add_test(gr, graph_bf16_t128);
+    tcase_add_test(gr, graph_topp_t33);
+    tcase_add_test(gr, graph_eager_t200);
+    tcase_add_test(gr, graph_t0);
+    tcase_add_test(gr, replay_bit_identical);
+    tcase_add_test(gr, one_graph_many_t);
+    suite_add_tcase(s, gr);
+    TCase *fl = tcase_create("flash");
+    tcase_set_timeout(fl, 600);
+    tcase_add_test(fl, flash_t1);
+    tcase_add_test(fl, flash_t8_graph);
+    tcase_add_test(fl, flash_t40);
+    tcase_add_test(fl, flash_hash_t5);
+    suite_add_tcase(s, fl);
+    TCase *ti = tcase_create("timing");
+    tcase_set_timeout(ti, 600);
+    tcase_add_test(ti, time_flash);
+    suite_add_tcase(s, ti);
+    TCase *ho = tcase_create("host");
+    tcase_add_test(ho, workspace_within_plan);
+    suite_add_tcase(s, ho);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(cuda_suite());
+    srunner_set_xml(sr, getenv("DSV4MOE_CUDA_XML") ? getenv("DSV4MOE_CUDA_XML") : "/dev/null");
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
