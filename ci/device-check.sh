@@ -15,6 +15,7 @@
 #   bench-cuda     bench_cuda: the CUDA backend per T against the ceilings and the peer
 #   cuda-test      build/cuda/test_cuda (DSV4MOE_CUDA_REQUIRED=1: GPU cases may not skip), when built
 #   gpu-scenario   build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda, when both exist
+#   nccl           tests/nccl/device-run.sh: the NCCL communicator's one-GPU tests and a world of every GPU
 #   sanitizer      compute-sanitizer memcheck on the test program's "small" Tcase (CK_RUN_CASE=small,
 #                  CK_FORK=no; DSV4_SANITIZER_ARGS adds arguments)
 # (make cuda-test runs the same three through ci/cuda-test.sh; this script runs them as separate
@@ -149,6 +150,12 @@ elif [ -z "$CUDA_TEST" ]; then
     absent sanitizer "no CUDA test binary to run under memcheck"
 else
     absent sanitizer "compute-sanitizer not found"
+fi
+# ---- the NCCL communicator on one GPU (docs/nccl.md; several GPUs are not lent) ----
+if [ -f tests/nccl/device-run.sh ]; then
+    step nccl 150 "OUT=$WORK bash tests/nccl/device-run.sh"
+else
+    absent nccl "tests/nccl/device-run.sh not there"
 fi
 
 # ---- bundle (at most 8 files under $OUT) ----
