@@ -159,16 +159,24 @@ static double time_forward(dsv4_backend *b, const layer_data *L, int64_t T, int 
         fprintf(stderr, "bench_cpu: %s\n", e.message);
         return NAN;
     }
-    double best = 1e30;
+    double best = 1e30, bestcpu = 1e30;
     for (int r = 0; r < reps; r++) {
+        struct timespec c0, c1;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
         double t0 = now();
         if (dsv4_backend_forward(b, T, x, in_ids, &o, &e)) {
             fprintf(stderr, "bench_cpu: %s\n", e.message);
             return NAN;
         }
         double dt = now() - t0;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        double dc = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
         best = dt < best ? dt : best;
+        bestcpu = dc < bestcpu ? dc : bestcpu;
     }
+    if (getenv("DSV4MOE_BENCH_CPUTIME")) /* development: CPU seconds, less sensitive to a shared machine */
+        fprintf(stderr, "  T=%lld: best wall %.3f ms, best process CPU %.3f ms\n", (long long)T, best * 1e3,
+                bestcpu * 1e3);
     return best;
 }
 
@@ -236,7 +244,10 @@ int main(int argc, char **argv)
     const char *presets[2] = {"mini", "v4-flash"};
     const int64_t Ts[4] = {1, 16, 256, 4096};
     int first = 1;
+    const char *only = getenv("DSV4MOE_BENCH_ONLY"); /* development: one preset */
     for (int pi = 0; pi < 2; pi++) {
+        if (only && strcmp(only, presets[pi]))
+            continue;
         layer_data L;
         memset(&L, 0, sizeof L);
         L.preset = presets[pi];
@@ -256,6 +267,15 @@ int main(int argc, char **argv)
         double ref128 = NAN, ref256 = NAN;
         for (int ti = 0; ti < 4; ti++) {
             int64_t T = Ts[ti];
+            const char *tl = getenv("DSV4MOE_BENCH_T"); /* development: a comma list of T */
+            if (tl) {
+                char key[32];
+                snprintf(key, sizeof key, ",%lld,", (long long)T);
+                char buf[128];
+                snprintf(buf, sizeof buf, ",%s,", tl);
+                if (!strstr(buf, key))
+                    continue;
+            }
             double tref;
             const char *how = "measured";
             if (getenv("DSV4MOE_BENCH_NO_REF")) { /* development: cpu only */

@@ -29,6 +29,7 @@ typedef struct {
     int shared_clamp;    /* -1: preset's */
     int after_w2;        /* -1: preset's */
     int threads;
+    int act_fp32;        /* 1: act_quant fp32 scales (activations not bf16-exact) */
 } cpu_case;
 
 static dsv4_plan *make_plan(const dsv4_config *c, dsv4_backend_kind kind, int64_t chunk)
@@ -58,6 +59,8 @@ static dsv4_config case_config(const cpu_case *k)
         c.shared_clamp = k->shared_clamp != 0;
     if (k->after_w2 >= 0)
         c.weight_point = k->after_w2 ? DSV4_WEIGHT_AFTER_W2 : DSV4_WEIGHT_BEFORE_W2;
+    if (k->act_fp32)
+        c.act_quant = DSV4_ACT_QUANT_FP32;
     ck_assert_msg(dsv4_config_validate(&c, &e) == DSV4_OK, "%s", e.message);
     return c;
 }
@@ -176,6 +179,10 @@ static void check_case(const cpu_case *k)
     ck_assert_uint_eq(cpu.stats.tokens, (uint64_t)T);
     ck_assert_uint_eq(cpu.stats.nonfinite_rows, ref.stats.nonfinite_rows);
     ck_assert(cpu.stats.workspace_planned > 0);
+    /* The plan's CPU memory model bounds what the backend really allocated (every shape here). */
+    ck_assert_msg(cpu.stats.workspace_peak <= cpu.stats.workspace_planned, "%s: workspace peak %llu > planned %llu",
+                  k->name, (unsigned long long)cpu.stats.workspace_peak,
+                  (unsigned long long)cpu.stats.workspace_planned);
     if (T > 0) {
         ck_assert(cpu.stats.workspace_peak > 0);
         ck_assert(cpu.stats.launches > 0);
@@ -201,49 +208,85 @@ static void check_case(const cpu_case *k)
     }                                                                                                       \
     END_TEST
 
-/*                name                  preset       layer T    chunk L    sclamp after threads */
-CASE(mini_fp4_t77, "mini fp4/fp8", "mini", 1, 77, 0, -1, -1, -1, 2)
-CASE(mini_fp4_hash_t77, "mini hash layer", "mini", 0, 77, 0, -1, -1, -1, 2)
-CASE(mini_fp8_t77, "mini-fp8", "mini-fp8", 1, 77, 0, -1, -1, -1, 2)
-CASE(mini_bf16_t77, "mini-bf16", "mini-bf16", 1, 77, 0, -1, -1, -1, 2)
-CASE(mini_bf16_hash_t77, "mini-bf16 hash", "mini-bf16", 0, 77, 0, -1, -1, -1, 2)
-CASE(mini_noclamp_t77, "mini no clamp", "mini", 1, 77, 0, 0.0f, -1, -1, 2)
-CASE(mini_topp_t77, "mini-topp", "mini-topp", 1, 77, 0, -1, -1, -1, 2)
-CASE(mini_topp_noclamp_t77, "mini-topp no clamp", "mini-topp", 1, 77, 0, 0.0f, -1, -1, 2)
-CASE(mini_after_w2_t77, "mini after_w2 noshclamp", "mini", 1, 77, 0, -1, 0, 1, 2)
-CASE(mini_fp8_after_t77, "mini-fp8 after_w2", "mini-fp8", 1, 77, 0, -1, 0, 1, 1)
-CASE(mini_t1, "mini T=1", "mini", 1, 1, 0, -1, -1, -1, 2)
-CASE(mini_hash_t1, "mini hash T=1", "mini", 0, 1, 0, -1, -1, -1, 2)
-CASE(mini_fp8_t1, "mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 2)
-CASE(mini_bf16_t1, "mini-bf16 T=1", "mini-bf16", 1, 1, 0, -1, -1, -1, 2)
-CASE(mini_t0, "mini T=0", "mini", 1, 0, 0, -1, -1, -1, 2)
-CASE(mini_chunked_t300, "mini chunk 128 T=300", "mini", 1, 300, 128, -1, -1, -1, 2)
-CASE(mini_topp_chunked_t300, "mini-topp chunk 128", "mini-topp", 1, 300, 128, -1, -1, -1, 2)
-CASE(mini_hash_chunked_t300, "mini hash chunk 128", "mini", 0, 300, 128, -1, -1, -1, 1)
-CASE(tiny_t77, "tiny bf16", "tiny", 1, 77, 0, -1, -1, -1, 2)
+/*                name                  preset       layer T    chunk L    sclamp after threads act_fp32 */
+CASE(mini_fp4_t77, "mini fp4/fp8", "mini", 1, 77, 0, -1, -1, -1, 2, 0)
+CASE(mini_fp4_hash_t77, "mini hash layer", "mini", 0, 77, 0, -1, -1, -1, 2, 0)
+CASE(mini_fp8_t77, "mini-fp8", "mini-fp8", 1, 77, 0, -1, -1, -1, 2, 0)
+CASE(mini_bf16_t77, "mini-bf16", "mini-bf16", 1, 77, 0, -1, -1, -1, 2, 0)
+CASE(mini_bf16_hash_t77, "mini-bf16 hash", "mini-bf16", 0, 77, 0, -1, -1, -1, 2, 0)
+CASE(mini_noclamp_t77, "mini no clamp", "mini", 1, 77, 0, 0.0f, -1, -1, 2, 0)
+CASE(mini_topp_t77, "mini-topp", "mini-topp", 1, 77, 0, -1, -1, -1, 2, 0)
+CASE(mini_topp_noclamp_t77, "mini-topp no clamp", "mini-topp", 1, 77, 0, 0.0f, -1, -1, 2, 0)
+CASE(mini_after_w2_t77, "mini after_w2 noshclamp", "mini", 1, 77, 0, -1, 0, 1, 2, 0)
+CASE(mini_fp8_after_t77, "mini-fp8 after_w2", "mini-fp8", 1, 77, 0, -1, 0, 1, 1, 0)
+CASE(mini_t1, "mini T=1", "mini", 1, 1, 0, -1, -1, -1, 2, 0)
+CASE(mini_hash_t1, "mini hash T=1", "mini", 0, 1, 0, -1, -1, -1, 2, 0)
+CASE(mini_fp8_t1, "mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 2, 0)
+CASE(mini_bf16_t1, "mini-bf16 T=1", "mini-bf16", 1, 1, 0, -1, -1, -1, 2, 0)
+CASE(mini_t0, "mini T=0", "mini", 1, 0, 0, -1, -1, -1, 2, 0)
+CASE(mini_chunked_t300, "mini chunk 128 T=300", "mini", 1, 300, 128, -1, -1, -1, 2, 0)
+CASE(mini_topp_chunked_t300, "mini-topp chunk 128", "mini-topp", 1, 300, 128, -1, -1, -1, 2, 0)
+CASE(mini_hash_chunked_t300, "mini hash chunk 128", "mini", 0, 300, 128, -1, -1, -1, 1, 0)
+CASE(tiny_t77, "tiny bf16", "tiny", 1, 77, 0, -1, -1, -1, 2, 0)
 /* group sizes around the fused/tiles switch (8 rows) and past a lone large group (256 rows) */
-CASE(mini_t5, "mini T=5", "mini", 1, 5, 0, -1, -1, -1, 2)
-CASE(mini_t30, "mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2)
-CASE(mini_fp8_t30, "mini-fp8 T=30", "mini-fp8", 1, 30, 0, -1, -1, -1, 2)
-CASE(mini_bf16_t30, "mini-bf16 T=30", "mini-bf16", 1, 30, 0, -1, -1, -1, 2)
-CASE(mini_t1100, "mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 2)
+CASE(mini_t5, "mini T=5", "mini", 1, 5, 0, -1, -1, -1, 2, 0)
+CASE(mini_t30, "mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2, 0)
+CASE(mini_fp8_t30, "mini-fp8 T=30", "mini-fp8", 1, 30, 0, -1, -1, -1, 2, 0)
+CASE(mini_bf16_t30, "mini-bf16 T=30", "mini-bf16", 1, 30, 0, -1, -1, -1, 2, 0)
+CASE(mini_t1100, "mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 2, 0)
+/* fp4 with fp32-scaled activations: not bf16-exact, so the bf16 kernel must step aside */
+CASE(mini_fp4_actfp32_t77, "mini fp4 act fp32", "mini", 1, 77, 0, -1, -1, -1, 2, 1)
+CASE(mini_fp4_actfp32_t1100, "mini fp4 act fp32 T=1100", "mini", 1, 1100, 0, -1, -1, -1, 2, 1)
+
+/* The reference through the backend interface: the same bytes at 1, 2 and 3 threads (the pool
+   must not change how work is split into results). */
+START_TEST(ref_same_bytes_at_any_thread_count)
+{
+    cpu_case k = {"ref threads", "mini", 1, 77, 0, -1, -1, -1, 1, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    run_out r1, r2, r3;
+    run_backend(&c, DSV4_BACKEND_REF, 0, 1, ck, k.tokens, x, ids, &r1);
+    run_backend(&c, DSV4_BACKEND_REF, 0, 2, ck, k.tokens, x, ids, &r2);
+    run_backend(&c, DSV4_BACKEND_REF, 0, 3, ck, k.tokens, x, ids, &r3);
+    size_t n = (size_t)(k.tokens * c.dim) * sizeof *r1.y;
+    ck_assert(memcmp(r1.y, r2.y, n) == 0);
+    ck_assert(memcmp(r1.y, r3.y, n) == 0);
+    free_out(&r1);
+    free_out(&r2);
+    free_out(&r3);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
 
 /* The scalar fallback (no SIMD) gives the same answers. */
 START_TEST(scalar_fallback)
 {
     setenv("DSV4MOE_CPU_NO_SIMD", "1", 1);
-    cpu_case k1 = {"scalar mini", "mini", 1, 77, 0, -1, -1, -1, 2};
+    cpu_case k1 = {"scalar mini", "mini", 1, 77, 0, -1, -1, -1, 2, 0};
     check_case(&k1);
-    cpu_case k2 = {"scalar mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 2};
+    cpu_case k2 = {"scalar mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 2, 0};
     check_case(&k2);
     unsetenv("DSV4MOE_CPU_NO_SIMD");
     /* AVX2 kernels only (where the CPU has AVX-512, its kernels are the default) */
     setenv("DSV4MOE_CPU_NO_AVX512", "1", 1);
-    cpu_case k3 = {"avx2 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2};
+    cpu_case k3 = {"avx2 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2, 0};
     check_case(&k3);
-    cpu_case k4 = {"avx2 mini-fp8 T=5", "mini-fp8", 1, 5, 0, -1, -1, -1, 2};
+    cpu_case k4 = {"avx2 mini-fp8 T=5", "mini-fp8", 1, 5, 0, -1, -1, -1, 2, 0};
     check_case(&k4);
     unsetenv("DSV4MOE_CPU_NO_AVX512");
+    /* AVX-512 without the bf16 kernel: the fp32 fp4 kernel, and dequantize + sgemm for large groups */
+    setenv("DSV4MOE_CPU_NO_BF16", "1", 1);
+    cpu_case k5 = {"fp32-512 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2, 0};
+    check_case(&k5);
+    cpu_case k6 = {"fp32-512 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 2, 0};
+    check_case(&k6);
+    unsetenv("DSV4MOE_CPU_NO_BF16");
 }
 END_TEST
 
@@ -252,7 +295,7 @@ START_TEST(decoders_match_library)
 {
     const char *presets[] = {"mini", "mini-fp8", "mini-bf16"};
     for (int pi = 0; pi < 3; pi++) {
-        cpu_case k = {"dec", presets[pi], 1, 1, 0, -1, -1, -1, 1};
+        cpu_case k = {"dec", presets[pi], 1, 1, 0, -1, -1, -1, 1, 0};
         dsv4_config c = case_config(&k);
         dsv4_checkpoint *ck = NULL;
         dsv4_st_file *in = NULL;
@@ -283,7 +326,7 @@ END_TEST
 
 START_TEST(hash_bad_input_id_is_range_error)
 {
-    cpu_case k = {"bad id", "mini", 0, 5, 0, -1, -1, -1, 2};
+    cpu_case k = {"bad id", "mini", 0, 5, 0, -1, -1, -1, 2, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -320,7 +363,7 @@ END_TEST
 
 START_TEST(refusals_name_backend_and_router)
 {
-    cpu_case k = {"refuse", "mini", 1, 1, 0, -1, -1, -1, 2};
+    cpu_case k = {"refuse", "mini", 1, 1, 0, -1, -1, -1, 2, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -366,7 +409,7 @@ END_TEST
 /* Two forwards on one backend: the same bytes, stats accumulate, the workspace does not grow. */
 START_TEST(repeat_forward_is_stable)
 {
-    cpu_case k = {"repeat", "mini", 1, 77, 0, -1, -1, -1, 2};
+    cpu_case k = {"repeat", "mini", 1, 77, 0, -1, -1, -1, 2, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -446,6 +489,9 @@ Suite *cpu_suite(void)
     tcase_add_test(tc, mini_t1);
     tcase_add_test(tc, mini_hash_t1);
     tcase_add_test(tc, mini_fp8_t1);
+    tcase_add_test(tc, mini_fp4_actfp32_t77);
+    tcase_add_test(tc, mini_fp4_actfp32_t1100);
+    tcase_add_test(tc, ref_same_bytes_at_any_thread_count);
     tcase_add_test(tc, mini_bf16_t1);
     tcase_add_test(tc, mini_t0);
     tcase_add_test(tc, mini_chunked_t300);
@@ -464,3 +510,4 @@ Suite *cpu_suite(void)
     suite_add_tcase(s, tc);
     return s;
 }
+

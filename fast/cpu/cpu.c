@@ -16,9 +16,14 @@
  *
  * GEMM regimes (per group, by its row count n; groups of at most LARGE_ROWS rows run in
  * expert-parallel batches, one expert per worker at a time, single-threaded GEMMs):
- *   - n <= SMALL_ROWS: "fused": dot products against weight rows decoded on the fly
- *     from fp4/fp8/bf16 (AVX2+FMA+F16C when the CPU has them), threads over weight rows;
- *     the weights are read once from their stored bytes, so T = 1 is bandwidth-bound;
+ *   - fp4 weights on a CPU with AVX512-BF16 and activations exactly bf16 (every act_quant
+ *     output and bf16 input is): "fused" at every n, in blocks of SMALL_ROWS rows: the
+ *     bf16 decode-dot kernel (vdpbf16ps) reads the stored fp4 bytes, NW weight rows x RB
+ *     activation rows per pass; it beats dequantize + sgemm at every group size measured;
+ *   - other formats / kernels, n <= FUSED_ROWS: "fused": dot products against weight rows
+ *     decoded on the fly from fp4/fp8/bf16 (AVX-512, else AVX2+FMA+F16C, else scalar),
+ *     threads over weight rows; the weights are read once from their stored bytes, so
+ *     T = 1 is bandwidth-bound;
  *   - larger n: "tiles": weight rows dequantized to fp32 in tiles of at most TILE_ROWS
  *     rows into per-thread scratch, then cblas_sgemm on the tile (one OpenBLAS thread
  *     per worker; our workers over tiles). The scratch is bounded independent of T.
@@ -63,7 +68,8 @@
 /* OpenBLAS's own thread count (declared here: not every cblas.h has it). */
 void openblas_set_num_threads(int num_threads);
 
-#define SMALL_ROWS 16    /* groups up to this many rows take the fused decode-dot path */
+#define SMALL_ROWS 256   /* fp4 on the bf16 kernel: fused decode-dot in blocks of this many rows */
+#define FUSED_ROWS 16    /* other formats and kernels: fused up to this many rows, tiles above */
 #define TILE_ROWS 256    /* weight rows per dequantized tile (tiles path) */
 #define LARGE_ROWS 256   /* groups above this run alone, threads inside their GEMMs */
 #define BATCH_BYTES (64ll << 20) /* group buffers of one expert-parallel batch */
@@ -81,7 +87,7 @@ typedef struct cpu_be {
     dsv4_config cfg;
     int threads;
     int64_t chunk, max_tokens;
-    bool simd, avx512;
+    bool simd, avx512, bf16dot;
     dsv4_allocator *persist, *ws;
     dsv4_router_tensors rt;
     cmat *experts;    /* [E][3] */
@@ -308,111 +314,279 @@ static float ue8m0_table[256];
 static const float e2m1_table[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-TGT512 static AINL void fp4_block512(int RB, const uint8_t *row, const uint8_t *scl, int64_t nc, const float *X,
-                                     int64_t ldx, float *out, int64_t ldo)
+/*
+ * Register-blocked AVX-512 decode-dot: NW weight rows x RB activation rows per pass. Each
+ * 32-element chunk of the NW weight rows is decoded once into registers and used by all RB
+ * activation rows, and each activation chunk is loaded once for all NW weight rows (the
+ * earlier one-weight-row kernel re-read the activations from L2 for every weight row).
+ * fp4: the ue8m0 scale is folded into the 16-entry table (exact: a power of two), then two
+ * permutes give the even and odd elements. fp8: e4m3 -> fp16 bits (value * 2^-8) -> vcvtph2ps.
+ */
+TGT512 static AINL void dec_fp4_512(const uint8_t *row, const uint8_t *scl, int64_t c, __m512 tab, __m512 w[2])
+{
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c)));
+    __m512 ts = _mm512_mul_ps(tab, _mm512_set1_ps(ue8m0_table[scl[c]]));
+    w[0] = _mm512_permutexvar_ps(v, ts);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), ts);
+}
+
+TGT512 static AINL void dec_fp8_512(const uint8_t *row, const uint8_t *scl, int sfp32, int64_t c, __m512 w[2])
+{
+    const __m512i mmag = _mm512_set1_epi16(0x3F80), msgn = _mm512_set1_epi16((short)0x8000);
+    int64_t bk = c >> 2;
+    __m512 sv = _mm512_set1_ps((sfp32 ? ldf32(scl + 4 * bk) : ue8m0_table[scl[bk]]) * 256.0f);
+    __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * c)));
+    __m512i h = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi16(v, 7), mmag),
+                                _mm512_and_si512(_mm512_slli_epi16(v, 8), msgn));
+    w[0] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), sv);
+    w[1] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), sv);
+}
+
+/* C[q * ldc + w] = X[q, :] . W[r + w, :] for w < NW, q < RB (X split for fp4, natural for fp8). */
+TGT512 static AINL void tile512(int fmt, int NW, int RB, const dsv4_matrix_view *m, int64_t r, int64_t nc,
+                                const float *X, int64_t ldx, float *C, int64_t ldc)
 {
     const __m512 tab = _mm512_loadu_ps(e2m1_table);
-    __m512 acc[8][2];
-    for (int r = 0; r < RB; r++)
-        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    __m512 acc2[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; /* RB == 1: a second chain */
-    int64_t c = 0;
-    if (RB == 1) {
-        for (; c + 2 <= nc; c += 2) {
-            __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c)));
-            __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c + 16)));
-            __m512 s0 = _mm512_set1_ps(ue8m0_table[scl[c]]), s1 = _mm512_set1_ps(ue8m0_table[scl[c + 1]]);
-            __m512 we0 = _mm512_mul_ps(_mm512_permutexvar_ps(v0, tab), s0);
-            __m512 wo0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), tab), s0);
-            __m512 we1 = _mm512_mul_ps(_mm512_permutexvar_ps(v1, tab), s1);
-            __m512 wo1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), tab), s1);
-            acc[0][0] = _mm512_fmadd_ps(we0, _mm512_loadu_ps(X + 32 * c), acc[0][0]);
-            acc[0][1] = _mm512_fmadd_ps(wo0, _mm512_loadu_ps(X + 32 * c + 16), acc[0][1]);
-            acc2[0] = _mm512_fmadd_ps(we1, _mm512_loadu_ps(X + 32 * c + 32), acc2[0]);
-            acc2[1] = _mm512_fmadd_ps(wo1, _mm512_loadu_ps(X + 32 * c + 48), acc2[1]);
+    int sfp32 = m->scale_format == DSV4_SCALE_FP32;
+    const uint8_t *row[8], *scl[8];
+    __m512 acc[8][8];
+#pragma GCC unroll 8
+    for (int w = 0; w < NW; w++) {
+        row[w] = row_data(m, r + w);
+        scl[w] = row_scales(m, r + w);
+#pragma GCC unroll 8
+        for (int q = 0; q < RB; q++)
+            acc[w][q] = _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < nc; c++) {
+        __m512 wv[8][2];
+#pragma GCC unroll 8
+        for (int w = 0; w < NW; w++) {
+            if (fmt == F_FP4)
+                dec_fp4_512(row[w], scl[w], c, tab, wv[w]);
+            else
+                dec_fp8_512(row[w], scl[w], sfp32, c, wv[w]);
+        }
+#pragma GCC unroll 8
+        for (int q = 0; q < RB; q++) {
+            __m512 x0 = _mm512_loadu_ps(X + q * ldx + 32 * c), x1 = _mm512_loadu_ps(X + q * ldx + 32 * c + 16);
+#pragma GCC unroll 8
+            for (int w = 0; w < NW; w++) {
+                acc[w][q] = _mm512_fmadd_ps(wv[w][0], x0, acc[w][q]);
+                acc[w][q] = _mm512_fmadd_ps(wv[w][1], x1, acc[w][q]);
+            }
         }
     }
-    for (; c < nc; c++) {
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c)));
-        __m512 sv = _mm512_set1_ps(ue8m0_table[scl[c]]);
-        __m512 we = _mm512_mul_ps(_mm512_permutexvar_ps(v, tab), sv);
-        __m512 wo = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab), sv);
-        for (int r = 0; r < RB; r++) {
-            const float *x = X + r * ldx + 32 * c;
-            acc[r][0] = _mm512_fmadd_ps(we, _mm512_loadu_ps(x), acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(x + 16), acc[r][1]);
+#pragma GCC unroll 8
+    for (int w = 0; w < NW; w++)
+#pragma GCC unroll 8
+        for (int q = 0; q < RB; q++)
+            C[q * ldc + w] = _mm512_reduce_add_ps(acc[w][q]);
+}
+
+/* Weight rows [r0, r0 + nr) against n activation rows in blocks of at most 8; the weight-row
+   block NW shrinks as RB grows so that the accumulators and decoded weights fit 32 registers. */
+TGT512 static AINL void dot_rows_512(int fmt, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n,
+                                     const float *X, int64_t ldx, float *C, int64_t ldc)
+{
+    int64_t nc = m->k / 32;
+    for (int64_t q = 0; q < n;) {
+        int64_t passes = cdiv(n - q, 8);
+        int rb = (int)cdiv(n - q, passes);
+        const float *Xq = X + q * ldx;
+        float *Cq = C + q * ldc;
+        int64_t j = 0;
+#define T512(NW_, RB_)                                                                                           \
+    do {                                                                                                         \
+        for (; j + (NW_) <= nr; j += (NW_))                                                                      \
+            tile512(fmt, NW_, RB_, m, r0 + j, nc, Xq, ldx, Cq + j, ldc);                                         \
+        for (; j < nr; j++)                                                                                      \
+            tile512(fmt, 1, RB_, m, r0 + j, nc, Xq, ldx, Cq + j, ldc);                                           \
+    } while (0)
+        switch (rb) {
+        case 1: T512(8, 1); break;
+        case 2: T512(4, 2); break;
+        case 3: T512(4, 3); break;
+        case 4: T512(4, 4); break;
+        case 5: T512(2, 5); break;
+        case 6: T512(2, 6); break;
+        case 7: T512(2, 7); break;
+        default: T512(2, 8); break;
         }
+#undef T512
+        q += rb;
     }
-    if (RB == 1)
-        acc[0][0] = _mm512_add_ps(acc[0][0], _mm512_add_ps(acc2[0], acc2[1]));
-    for (int r = 0; r < RB; r++)
-        out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
 TGT512 static void dot_rows_fp4_512(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *XS,
                                     int64_t ldx, float *C, int64_t ldc)
 {
-    int64_t nc = m->k / 32;
-    for (int64_t j = 0; j < nr; j++) {
-        const uint8_t *row = row_data(m, r0 + j), *scl = row_scales(m, r0 + j);
-        int64_t q = 0;
-        for (; q + 8 <= n; q += 8)
-            fp4_block512(8, row, scl, nc, XS + q * ldx, ldx, C + q * ldc + j, ldc);
-        for (; q + 4 <= n; q += 4)
-            fp4_block512(4, row, scl, nc, XS + q * ldx, ldx, C + q * ldc + j, ldc);
-        for (; q + 2 <= n; q += 2)
-            fp4_block512(2, row, scl, nc, XS + q * ldx, ldx, C + q * ldc + j, ldc);
-        if (q < n)
-            fp4_block512(1, row, scl, nc, XS + q * ldx, ldx, C + q * ldc + j, ldc);
-    }
-}
-
-/* AVX-512 fp8 decode-dot: e4m3 -> fp16 bits (value * 2^-8) -> fp32 by vcvtph2ps, natural order. */
-TGT512 static AINL void fp8_block512(int RB, const uint8_t *row, const uint8_t *scl, int sfp32, int64_t nc,
-                                     const float *X, int64_t ldx, float *out, int64_t ldo)
-{
-    const __m512i mmag = _mm512_set1_epi16(0x3F80), msgn = _mm512_set1_epi16((short)0x8000);
-    __m512 acc[8][2];
-    for (int r = 0; r < RB; r++)
-        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    __m512 sv = _mm512_setzero_ps();
-    for (int64_t c = 0; c < nc; c++) {
-        if ((c & 3) == 0) {
-            int64_t bk = c >> 2;
-            sv = _mm512_set1_ps((sfp32 ? ldf32(scl + 4 * bk) : ue8m0_table[scl[bk]]) * 256.0f);
-        }
-        __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * c)));
-        __m512i h = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi16(v, 7), mmag),
-                                    _mm512_and_si512(_mm512_slli_epi16(v, 8), msgn));
-        __m512 w0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), sv);
-        __m512 w1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), sv);
-        for (int r = 0; r < RB; r++) {
-            const float *x = X + r * ldx + 32 * c;
-            acc[r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), acc[r][1]);
-        }
-    }
-    for (int r = 0; r < RB; r++)
-        out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+    dot_rows_512(F_FP4, m, r0, nr, n, XS, ldx, C, ldc);
 }
 
 TGT512 static void dot_rows_fp8_512(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X,
                                     int64_t ldx, float *C, int64_t ldc)
 {
-    int64_t nc = m->k / 32;
-    int sfp32 = m->scale_format == DSV4_SCALE_FP32;
-    for (int64_t j = 0; j < nr; j++) {
-        const uint8_t *row = row_data(m, r0 + j), *scl = row_scales(m, r0 + j);
-        int64_t q = 0;
-        for (; q + 8 <= n; q += 8)
-            fp8_block512(8, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
-        for (; q + 4 <= n; q += 4)
-            fp8_block512(4, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
-        for (; q + 2 <= n; q += 2)
-            fp8_block512(2, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
-        if (q < n)
-            fp8_block512(1, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+    dot_rows_512(F_FP8, m, r0, nr, n, X, ldx, C, ldc);
+}
+
+/*
+ * fp4 decode-dot on AVX512-BF16 (vdpbf16ps), for activations that are exactly bf16 (the
+ * act_quant outputs e4m3 x 2^k, and bf16 inputs: checked element by element when X is
+ * converted, else the fp32 kernel runs). Per 64 elements (32 bytes) of a weight row: one
+ * zero-extension to 16-bit lanes, two 32-entry word permutes give the unscaled e2m1 values
+ * as bf16 (the even elements from the low nibbles, the odd ones from the high nibbles), two
+ * vdpbf16ps (exact products, fp32 sums) and one FMA by the two groups' ue8m0 scales (lanes
+ * 0-7 hold elements 0-31, lanes 8-15 elements 32-63). About 4 vector ops per 32 weights
+ * against 7 in the fp32 kernel above. X is given permuted: within each 64-block, the even
+ * elements then the odd ones (bf16_rows below).
+ */
+#define TGTBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+static uint16_t e2m1_bf16_table[32]; /* entry i: bf16 of e2m1 code i & 15 */
+
+TGTBF static AINL void tilebf(int NW, int RB, const dsv4_matrix_view *m, int64_t r, int64_t n64, const uint16_t *X,
+                              int64_t ldx, float *C, int64_t ldc)
+{
+    const __m512i tab = _mm512_loadu_si512((const void *)e2m1_bf16_table);
+    const uint8_t *row[8], *scl[8];
+    __m512 acc[8][8];
+#pragma GCC unroll 8
+    for (int w = 0; w < NW; w++) {
+        row[w] = row_data(m, r + w);
+        scl[w] = row_scales(m, r + w);
+#pragma GCC unroll 8
+        for (int q = 0; q < RB; q++)
+            acc[w][q] = _mm512_setzero_ps();
     }
+    for (int64_t c = 0; c < n64; c++) {
+#pragma GCC unroll 8
+        for (int w = 0; w < NW; w++) {
+            __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(row[w] + 32 * c)));
+            __m512bh we = (__m512bh)_mm512_permutexvar_epi16(v, tab);
+            __m512bh wo = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);
+            __m512 sv = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(ue8m0_table[scl[w][2 * c]])),
+                                                            _mm256_castps_pd(_mm256_set1_ps(ue8m0_table[scl[w][2 * c + 1]])), 1));
+#pragma GCC unroll 8
+            for (int q = 0; q < RB; q++) {
+                const uint16_t *x = X + q * ldx + 64 * c;
+                __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), we, (__m512bh)_mm512_loadu_si512((const void *)x));
+                t = _mm512_dpbf16_ps(t, wo, (__m512bh)_mm512_loadu_si512((const void *)(x + 32)));
+                acc[w][q] = _mm512_fmadd_ps(t, sv, acc[w][q]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int w = 0; w < NW; w++)
+#pragma GCC unroll 8
+        for (int q = 0; q < RB; q++)
+            C[q * ldc + w] = _mm512_reduce_add_ps(acc[w][q]);
+}
+
+TGTBF static void dot_rows_fp4_bf16(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const uint16_t *X,
+                                    int64_t ldx, float *C, int64_t ldc)
+{
+    int64_t n64 = m->k / 64;
+    for (int64_t q = 0; q < n;) {
+        int64_t passes = cdiv(n - q, 8); /* even blocks: 9 rows run as 5 + 4, not 8 + 1 */
+        int rb = (int)cdiv(n - q, passes);
+        const uint16_t *Xq = X + q * ldx;
+        float *Cq = C + q * ldc;
+        int64_t j = 0;
+#define TBF(NW_, RB_)                                                                                            \
+    do {                                                                                                         \
+        for (; j + (NW_) <= nr; j += (NW_))                                                                      \
+            tilebf(NW_, RB_, m, r0 + j, n64, Xq, ldx, Cq + j, ldc);                                              \
+        for (; j < nr; j++)                                                                                      \
+            tilebf(1, RB_, m, r0 + j, n64, Xq, ldx, Cq + j, ldc);                                                \
+    } while (0)
+        switch (rb) {
+        case 1: TBF(8, 1); break;
+        case 2: TBF(8, 2); break;
+        case 3: TBF(4, 3); break;
+        case 4: TBF(4, 4); break;
+        case 5: TBF(4, 5); break;
+        case 6: TBF(2, 6); break;
+        case 7: TBF(2, 7); break;
+        default: TBF(2, 8); break;
+        }
+#undef TBF
+        q += rb;
+    }
+}
+
+/*
+ * The SwiGLU epilogue of one row on AVX-512 (16 lanes, the tail masked): the same operations
+ * in the same order as the scalar loop in epilogue(), with expf replaced by exp512 below and
+ * bf16 rounding done on the integer bits exactly as rbf16 (vcvtneps2bf16 would flush
+ * denormals). exp512: Cody-Waite reduction by ln 2, a degree-7 Taylor polynomial on
+ * [-ln2/2, ln2/2] (truncation < 1e-8 relative), vscalefps for 2^n (overflow to inf,
+ * underflow to 0); NaN propagates. It is within 1-2 ulp of libm's expf, so h can differ from
+ * the scalar path in the last bf16 bit where v sits at a rounding boundary (the tests bound
+ * the ULP distance to the reference).
+ */
+TGT512 static AINL __m512 rbf16_512(__m512 x)
+{
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                            _mm512_set1_epi32(0x7F800000));
+    __m512i qn = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_mask_blend_epi32(nan, r, qn), hi));
+}
+
+TGT512 static AINL __m512 exp512(__m512 x)
+{
+    /* min/max with x second: a NaN x comes out as NaN */
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+TGT512 static void swiglu_row_512(const float *gr, const float *ur, float *h, int64_t I, bool clamp, float L,
+                                  bool mulw, float w, uint64_t *gc, uint64_t *uc)
+{
+    const __m512 Lv = _mm512_set1_ps(L), nL = _mm512_set1_ps(-L), one = _mm512_set1_ps(1.0f);
+    const __m512 wv = _mm512_set1_ps(w);
+    uint64_t g_hits = 0, u_hits = 0;
+    for (int64_t i = 0; i < I; i += 16) {
+        __mmask16 m = I - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (I - i)) - 1u);
+        __m512 g = rbf16_512(_mm512_maskz_loadu_ps(m, gr + i)), u = rbf16_512(_mm512_maskz_loadu_ps(m, ur + i));
+        if (clamp) {
+            __mmask16 mg = _mm512_mask_cmp_ps_mask(m, g, Lv, _CMP_GT_OQ);
+            __mmask16 mu = _mm512_mask_cmp_ps_mask(m, u, Lv, _CMP_GT_OQ);
+            __mmask16 ml = _mm512_mask_cmp_ps_mask(m, u, nL, _CMP_LT_OQ);
+            g = _mm512_mask_blend_ps(mg, g, Lv);
+            u = _mm512_mask_blend_ps(ml, _mm512_mask_blend_ps(mu, u, Lv), nL);
+            g_hits += (uint64_t)__builtin_popcount(mg);
+            u_hits += (uint64_t)__builtin_popcount((unsigned)(mu | ml));
+        }
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        __m512 v = _mm512_mul_ps(s, u);
+        if (mulw)
+            v = _mm512_mul_ps(v, wv);
+        _mm512_mask_storeu_ps(h + i, m, rbf16_512(v));
+    }
+    *gc += g_hits;
+    *uc += u_hits;
+}
+
+static bool cpu_has_avx512bf16(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
 }
 
 static bool cpu_has_avx512(void)
@@ -430,6 +604,18 @@ static bool cpu_has_simd(void)
 #else
 static float ue8m0_table[256];
 static bool cpu_has_avx512(void) { return false; }
+static uint16_t e2m1_bf16_table[32];
+static bool cpu_has_avx512bf16(void) { return false; }
+static void swiglu_row_512(const float *gr, const float *ur, float *h, int64_t I, bool clamp, float L, bool mulw,
+                           float w, uint64_t *gc, uint64_t *uc)
+{
+    (void)gr, (void)ur, (void)h, (void)I, (void)clamp, (void)L, (void)mulw, (void)w, (void)gc, (void)uc;
+}
+static void dot_rows_fp4_bf16(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const uint16_t *X,
+                              int64_t ldx, float *C, int64_t ldc)
+{
+    (void)m, (void)r0, (void)nr, (void)n, (void)X, (void)ldx, (void)C, (void)ldc;
+}
 static void dot_rows_fp4_512(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *XS,
                              int64_t ldx, float *C, int64_t ldc)
 {
@@ -534,17 +720,74 @@ static void split_rows(const float *X, int64_t ldx, int64_t n, int64_t k, float 
     }
 }
 
+/* The bf16 kernel's X layout: within each 64-block, even elements then odd ones, as bf16.
+   Returns false (and the kernel is not used) when some element is not exactly a bf16. */
+static bool bf16_rows(const float *X, int64_t ldx, int64_t n, int64_t k, uint16_t *XB)
+{
+    uint32_t low = 0;
+    for (int64_t q = 0; q < n; q++) {
+        const float *x = X + q * ldx;
+        uint16_t *o = XB + q * k;
+        for (int64_t c = 0; c < k; c += 64)
+            for (int i = 0; i < 32; i++) {
+                uint32_t e = fbits(x[c + 2 * i]), d = fbits(x[c + 2 * i + 1]);
+                low |= (e | d) & 0xFFFFu;
+                o[c + i] = (uint16_t)(e >> 16);
+                o[c + 32 + i] = (uint16_t)(d >> 16);
+            }
+    }
+    return low == 0;
+}
+
 static bool use_fp4_512(const cpu_be *b, const dsv4_matrix_view *m)
 {
     return b->avx512 && m->format == DSV4_FORMAT_FP4 && m->k % 32 == 0;
 }
 
-/* Fused decode-dot of weight rows [r0, r0 + nr) of m; XS is X split when use_fp4_512. */
-static void fused_rows(const cpu_be *b, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n,
-                       const float *X, int64_t ldx, const float *XS, float *C, int64_t ldc, float *row)
+/* Groups larger than SMALL_ROWS still take the fused kernel, in blocks of SMALL_ROWS rows, when
+   it is the bf16 one: it beats dequantize + sgemm at every size measured (docs/cpu.md). */
+static bool fused_blocks(const cpu_be *b, const dsv4_matrix_view *ma, const dsv4_matrix_view *mb)
 {
-    if (use_fp4_512(b, m))
-        dot_rows_fp4_512(m, r0, nr, n, XS, m->k, C, ldc);
+    return b->bf16dot && use_fp4_512(b, ma) && ma->k % 64 == 0 && (!mb || use_fp4_512(b, mb));
+}
+
+/* The largest group the fused path takes in one go (the row scratch holds SMALL_ROWS rows). */
+static int64_t fused_limit(const cpu_be *b, const dsv4_matrix_view *ma, const dsv4_matrix_view *mb)
+{
+    return fused_blocks(b, ma, mb) ? SMALL_ROWS : FUSED_ROWS;
+}
+
+/* X as the fp4 AVX-512 kernels take it: bf16 permuted (XB) when the CPU has AVX512-BF16 and
+   X is exactly bf16, else fp32 split (XS); both NULL when no fp4 AVX-512 kernel runs. */
+typedef struct {
+    const float *XS;
+    const uint16_t *XB;
+} xprep;
+
+static xprep prep_x(const cpu_be *b, const dsv4_matrix_view *ma, const dsv4_matrix_view *mb, const float *X,
+                    int64_t ldx, int64_t n, float *scratch)
+{
+    xprep p = {NULL, NULL};
+    int64_t k = ma->k;
+    if (!use_fp4_512(b, ma) && !(mb && use_fp4_512(b, mb)))
+        return p;
+    if (b->bf16dot && k % 64 == 0 && bf16_rows(X, ldx, n, k, (uint16_t *)(void *)scratch)) {
+        p.XB = (const uint16_t *)(const void *)scratch;
+        return p;
+    }
+    split_rows(X, ldx, n, k, scratch);
+    p.XS = scratch;
+    return p;
+}
+
+/* Fused decode-dot of weight rows [r0, r0 + nr) of m; xp from prep_x. */
+static void fused_rows(const cpu_be *b, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n,
+                       const float *X, int64_t ldx, xprep xp, float *C, int64_t ldc, float *row)
+{
+    if (use_fp4_512(b, m) && xp.XB)
+        dot_rows_fp4_bf16(m, r0, nr, n, xp.XB, m->k, C, ldc);
+    else if (use_fp4_512(b, m))
+        dot_rows_fp4_512(m, r0, nr, n, xp.XS, m->k, C, ldc);
     else if (b->avx512 && m->format == DSV4_FORMAT_FP8 && m->k % 32 == 0)
         dot_rows_fp8_512(m, r0, nr, n, X, ldx, C, ldc);
     else
@@ -565,15 +808,16 @@ static void mm_serial(const cpu_be *b, const wscratch *ws, const dsv4_matrix_vie
                       int64_t n, const float *X, int64_t ldx, float *C, int64_t ldc)
 {
     int64_t na = ma->n;
-    if (n <= SMALL_ROWS) {
-        const float *XS = NULL;
-        if (use_fp4_512(b, ma) || (mb && use_fp4_512(b, mb))) {
-            split_rows(X, ldx, n, ma->k, ws->xs);
-            XS = ws->xs;
-        }
-        fused_rows(b, ma, 0, na, n, X, ldx, XS, C, ldc, ws->row);
+    if (n > SMALL_ROWS && fused_blocks(b, ma, mb)) {
+        for (int64_t q = 0; q < n; q += SMALL_ROWS)
+            mm_serial(b, ws, ma, mb, n - q < SMALL_ROWS ? n - q : SMALL_ROWS, X + q * ldx, ldx, C + q * ldc, ldc);
+        return;
+    }
+    if (n <= fused_limit(b, ma, mb)) {
+        xprep xp = prep_x(b, ma, mb, X, ldx, n, ws->xs);
+        fused_rows(b, ma, 0, na, n, X, ldx, xp, C, ldc, ws->row);
         if (mb)
-            fused_rows(b, mb, 0, mb->n, n, X, ldx, XS, C + na, ldc, ws->row);
+            fused_rows(b, mb, 0, mb->n, n, X, ldx, xp, C + na, ldc, ws->row);
         return;
     }
     for (int64_t r0 = 0; r0 < na; r0 += TILE_ROWS)
@@ -588,7 +832,8 @@ typedef struct {
     cpu_be *b;
     const dsv4_matrix_view *ma, *mb; /* mb may be NULL */
     int64_t n, k;
-    const float *X, *XS;
+    const float *X;
+    xprep xp;
     int64_t ldx;
     float *C;
     int64_t ldc;
@@ -609,11 +854,11 @@ static void mm_fused(void *p, int64_t lo, int64_t hi)
     }
     if (lo < na) {
         int64_t e = hi < na ? hi : na;
-        fused_rows(j->b, j->ma, lo, e - lo, j->n, j->X, j->ldx, j->XS, j->C + lo, j->ldc, row);
+        fused_rows(j->b, j->ma, lo, e - lo, j->n, j->X, j->ldx, j->xp, j->C + lo, j->ldc, row);
     }
     if (hi > na) {
         int64_t s = lo > na ? lo : na;
-        fused_rows(j->b, j->mb, s - na, hi - s, j->n, j->X, j->ldx, j->XS, j->C + s, j->ldc, row);
+        fused_rows(j->b, j->mb, s - na, hi - s, j->n, j->X, j->ldx, j->xp, j->C + s, j->ldc, row);
     }
     dsv4_release(j->b->ws, row);
 }
@@ -638,13 +883,16 @@ static dsv4_status matmul_par(cpu_be *b, float *wbase, const dsv4_matrix_view *m
                               int64_t n, const float *X, int64_t ldx, float *C, int64_t ldc, dsv4_error *err)
 {
     int64_t k = ma->k, tot = ma->n + (mb ? mb->n : 0);
+    if (n > SMALL_ROWS && fused_blocks(b, ma, mb)) {
+        dsv4_status st = DSV4_OK;
+        for (int64_t q = 0; q < n && !st; q += SMALL_ROWS)
+            st = matmul_par(b, wbase, ma, mb, n - q < SMALL_ROWS ? n - q : SMALL_ROWS, X + q * ldx, ldx, C + q * ldc,
+                            ldc, err);
+        return st;
+    }
     mm_job j = {.b = b, .ma = ma, .mb = mb, .n = n, .k = k, .X = X, .ldx = ldx, .C = C, .ldc = ldc, .wbase = wbase};
-    if (n <= SMALL_ROWS) {
-        if (use_fp4_512(b, ma) || (mb && use_fp4_512(b, mb))) {
-            wscratch ws = worker_scratch(b, wbase, 0);
-            split_rows(X, ldx, n, k, ws.xs);
-            j.XS = ws.xs;
-        }
+    if (n <= fused_limit(b, ma, mb)) {
+        j.xp = prep_x(b, ma, mb, X, ldx, n, worker_scratch(b, wbase, 0).xs);
         int th = (double)tot * (double)k * (double)n < 4e5 ? 1 : b->threads;
         atomic_store(&b->nomem, 0);
         dsv4_parallel_for(th, tot, 16, mm_fused, &j);
@@ -676,6 +924,7 @@ typedef struct {
     bool clamp, quant, before;
     int64_t I;
     _Atomic uint64_t *gc, *uc;
+    bool simd512; /* the AVX-512 row (swiglu_row_512) */
 } epi_job;
 
 static inline float silu(float g) { return g / (1.0f + expf(-g)); }
@@ -692,7 +941,9 @@ static void epilogue(void *p, int64_t lo, int64_t hi)
         float *h = j->HB + q * I;
         bool mulw = j->tw && j->before;
         float w = mulw ? j->tw[q] : 1.0f;
-        for (int64_t i = 0; i < I; i++) {
+        if (j->simd512)
+            swiglu_row_512(gr, ur, h, I, clamp, L, mulw, w, &gc, &uc);
+        for (int64_t i = j->simd512 ? I : 0; i < I; i++) {
             float g = rbf16(gr[i]), u = rbf16(ur[i]);
             if (clamp) {
                 if (g > L) {
@@ -732,7 +983,7 @@ static dsv4_status ffn(cpu_be *b, float *wbase, const wscratch *ws, const cmat *
     else if ((st = matmul_par(b, wbase, &m[0].v, &m[1].v, n, X, H, GU, 2 * I, err)))
         return st;
     bool quant = m[2].v.format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
-    epi_job ej = {c, GU, HB, tw, clamp, quant, c->weight_point == DSV4_WEIGHT_BEFORE_W2, I, gcl, ucl};
+    epi_job ej = {c, GU, HB, tw, clamp, quant, c->weight_point == DSV4_WEIGHT_BEFORE_W2, I, gcl, ucl, b->avx512};
     if (ws)
         epilogue(&ej, 0, n);
     else
@@ -1203,8 +1454,12 @@ static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 
 static void init_tables(void)
 {
+    static const float e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
     for (int i = 0; i < 256; i++)
         ue8m0_table[i] = ue8m0f((uint8_t)i);
+    for (int i = 0; i < 32; i++)
+        e2m1_bf16_table[i] = (uint16_t)(fbits(e2m1[i & 15]) >> 16); /* exact: 2 mantissa bits */
 }
 
 static dsv4_backend_stats cpu_stats(const void *p)
@@ -1318,6 +1573,7 @@ dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint
         b->chunk = b->max_tokens; /* fault F08: long prefills unchunked, no token bound */
     b->simd = cpu_has_simd() && !getenv("DSV4MOE_CPU_NO_SIMD");
     b->avx512 = b->simd && cpu_has_avx512() && !getenv("DSV4MOE_CPU_NO_AVX512");
+    b->bf16dot = b->avx512 && cpu_has_avx512bf16() && !getenv("DSV4MOE_CPU_NO_BF16");
     pthread_once(&table_once, init_tables);
     b->stats.workspace_planned = dsv4_plan_workspace_max(plan);
     atomic_init(&b->nomem, 0);

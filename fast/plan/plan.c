@@ -320,10 +320,12 @@ static uint64_t exec_rows(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
  * y as fp32 [Tc, H]; logits [Tc, E]; ids, weights and the permutation [Tc, K]; per-expert
  * counts; group buffers of `cap` rows of 2H + 3I fp32 values, where cap is the rows of one
  * 64 MiB batch, at least the largest group (Tc, or Tc K when a hash row repeats an expert) and
- * at most Tc K; and per worker a dequantized tile of 273 rows of max(H, I) fp32 values.
+ * at most Tc K; and per worker a scratch of 513 rows of max(H, I) fp32 values (a dequantized
+ * tile of 256 weight rows, a block of 256 activation rows converted for the fused kernels, one
+ * decoded row: TILE_ROWS + SMALL_ROWS + 1 in fast/cpu/cpu.c).
  */
 #define CPU_BATCH_BYTES (UINT64_C(64) << 20)
-#define CPU_TILE_ROWS 273
+#define CPU_TILE_ROWS 513
 
 static uint64_t cpu_chunk_ws(const dsv4_plan *p, int64_t tc)
 {
