@@ -230,7 +230,11 @@ void launch_tiles(int fmt, int aq, dim3 g, cudaStream_t s, const GemmArgs &a)
     }
 }
 
-size_t gemv_smem(const CudaBe *b, int k) { return (size_t)b->small * (size_t)(k + k / 32) * 4; }
+/* The activation rows a GEMV launch keeps in shared memory: at most `small`, and at most the rows
+   a group of the chunk can hold. Sizing by the chunk instead of by `small` is what lets several
+   blocks share a multiprocessor in decode (T = 1: 17 KB instead of 135 KB, 8 blocks instead of 1). */
+int gemv_rows(const CudaBe *b, int64_t bound) { return bound < b->small ? (int)(bound < 1 ? 1 : bound) : b->small; }
+size_t gemv_smem(int rows, int k) { return (size_t)rows * (size_t)(k + k / 32) * 4; }
 
 template <int F, int Q> cudaError_t gemv_attr(size_t smem)
 {
@@ -281,8 +285,9 @@ void enqueue_chunk(const CudaBe *b, const Layout &L)
         lgA.shared = 1;
         lgA.ntok = ntok;
         lgA.small = b->small;
+        lgA.smem_rows = gemv_rows(b, L.tc);
         lgA.outf = at<float>(b, L.logits);
-        launch_gemv(WF_BF16, 0, dim3(1, (unsigned)cdiv(E, DSV4C_GEMV_COLS)), gemv_smem(b, H), s, lgA);
+        launch_gemv(WF_BF16, 0, dim3(1, (unsigned)cdiv(E, DSV4C_GEMV_COLS)), gemv_smem(lgA.smem_rows, H), s, lgA);
         if (L.tc > b->small)
             launch_tiles(WF_BF16, 0, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN)), s, lgA);
         ra.logits = lgA.outf;
@@ -305,6 +310,9 @@ void enqueue_chunk(const CudaBe *b, const Layout &L)
     memset(&g, 0, sizeof g);
     g.ntok = ntok, g.cnt = ga.cnt, g.slot_off = ga.slot_off, g.pad_off = ga.pad_off, g.active = ga.active;
     g.meta = ga.meta, g.tile_e = ga.tile_e, g.tile_r0 = ga.tile_r0, g.slot_tok = ga.slot_tok, g.small = b->small;
+    /* a routed group holds at most Tc rows (top-K ids are distinct), or every slot when a hash
+       table repeats an expert */
+    g.smem_rows = gemv_rows(b, b->repeats ? L.slots : L.tc);
     const int64_t act_max = L.slots < E ? L.slots : E;
     const bool tiles_needed = L.slots > b->small;
     const unsigned tgrid = (unsigned)L.tiles;
@@ -317,7 +325,7 @@ void enqueue_chunk(const CudaBe *b, const Layout &L)
     g.gather = 1;
     g.out = GU;
     launch_gemv(g.W.fmt, g.aq, dim3((unsigned)act_max, (unsigned)cdiv(g.W.N, DSV4C_GEMV_COLS)),
-                gemv_smem(b, g.W.K), s, g);
+                gemv_smem(g.smem_rows, g.W.K), s, g);
     if (tiles_needed)
         launch_tiles(g.W.fmt, g.aq, dim3(tgrid, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, g);
     /* epilogue */
@@ -339,7 +347,7 @@ void enqueue_chunk(const CudaBe *b, const Layout &L)
     g.gather = 0;
     g.out = O;
     launch_gemv(g.W.fmt, g.aq, dim3((unsigned)act_max, (unsigned)cdiv(g.W.N, DSV4C_GEMV_COLS)),
-                gemv_smem(b, g.W.K), s, g);
+                gemv_smem(g.smem_rows, g.W.K), s, g);
     if (tiles_needed)
         launch_tiles(g.W.fmt, g.aq, dim3(tgrid, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, g);
     /* shared expert: rows [0, Tc) of the gate/up and h buffers (free again), output into osh */
@@ -352,8 +360,9 @@ void enqueue_chunk(const CudaBe *b, const Layout &L)
         h.A = b->shared_q ? (const void *)at<uint8_t>(b, L.xq) : (const void *)at<uint16_t>(b, L.x);
         h.As = b->shared_q ? at<float>(b, L.xs) : nullptr;
         h.out = GU;
+        h.smem_rows = gemv_rows(b, L.tc);
         bool sm_small = L.tc <= b->small;
-        launch_gemv(h.W.fmt, h.aq, dim3(1, (unsigned)cdiv(h.W.N, DSV4C_GEMV_COLS)), gemv_smem(b, h.W.K), s, h);
+        launch_gemv(h.W.fmt, h.aq, dim3(1, (unsigned)cdiv(h.W.N, DSV4C_GEMV_COLS)), gemv_smem(h.smem_rows, h.W.K), s, h);
         if (!sm_small)
             launch_tiles(h.W.fmt, h.aq, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(h.W.N, DSV4C_BN)), s, h);
         SwigluArgs ss = sa;
@@ -367,7 +376,7 @@ void enqueue_chunk(const CudaBe *b, const Layout &L)
         h.A = b->qh_shared ? (const void *)at<uint8_t>(b, L.hq) : (const void *)at<uint16_t>(b, L.hq);
         h.As = b->qh_shared ? at<float>(b, L.hs) : nullptr;
         h.out = at<uint16_t>(b, L.osh);
-        launch_gemv(h.W.fmt, h.aq, dim3(1, (unsigned)cdiv(h.W.N, DSV4C_GEMV_COLS)), gemv_smem(b, h.W.K), s, h);
+        launch_gemv(h.W.fmt, h.aq, dim3(1, (unsigned)cdiv(h.W.N, DSV4C_GEMV_COLS)), gemv_smem(h.smem_rows, h.W.K), s, h);
         if (!sm_small)
             launch_tiles(h.W.fmt, h.aq, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(h.W.N, DSV4C_BN)), s, h);
     }

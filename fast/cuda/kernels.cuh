@@ -235,6 +235,7 @@ struct GemmArgs {
     const int *cnt, *slot_off, *pad_off, *active, *meta, *tile_e, *tile_r0;
     const int32_t *slot_tok;
     int small;
+    int smem_rows;          /* GEMV: activation rows the launch's shared memory holds (<= small) */
 };
 
 struct SwigluArgs {
@@ -678,6 +679,8 @@ __global__ void __launch_bounds__(DSV4C_GEMV_THREADS) k_gemv(GemmArgs a)
     const Grp g = gemv_group(a);
     if (g.n == 0)
         return;
+    if (g.n > a.smem_rows)
+        __trap(); /* cannot happen: the launch sized smem_rows from the chunk's bound on a group's rows */
     const int K = a.W.K, N = a.W.N, n = g.n;
     const int ngk = (K + 127) / 128;
     const int ldk = K + K / 32;
