@@ -61,7 +61,7 @@ LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test test-asan test-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults
+.PHONY: all run test test-asan test-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -105,13 +105,14 @@ $(BUILD)/tests/%.o: tests/%.c
 	$(CC) $(CPPFLAGS_ALL) -Itests -Iref -Ifast $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(TEST_BIN): $(TEST_OBJS) $(LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $(TEST_OBJS) $(LIB_A) $(LDLIBS_ALL) $(CHECK_LIBS)
+	$(CC) $(CFLAGS_ALL) $(ALLOCFAIL_WRAP) -o $@ $(TEST_OBJS) $(LIB_A) $(LDLIBS_ALL) $(CHECK_LIBS)
 
 # Runs the suite of this build variant; tests find the CLI and data through the environment.
 test-run: $(TEST_BIN) $(CLI)
 	DSV4MOE_CLI=$(abspath $(CLI)) DSV4MOE_TMP=$(abspath $(BUILD)/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
 	  DSV4MOE_PYTHON=$(PYTHON) \
 	  CK_DEFAULT_TIMEOUT=600 $(TEST_BIN)
+	@$(MAKE) --no-print-directory fuzz-replay
 
 test: deps
 	@$(MAKE) --no-print-directory test-run
@@ -265,8 +266,72 @@ bench: deps
 	$(BENCH_CPU_BIN) $(OUT)/bench/cpu.json $(OUT)/bench
 
 coverage: deps
+	@find build/cov -name '*.gcda' -delete 2>/dev/null || true
 	@$(MAKE) --no-print-directory BUILD=build/cov OPT=-O0 COVFLAGS=--coverage test-run
 	@sh coverage/report.sh build/cov $(OUT)/coverage
+
+# ---------------- fuzzing (tests/fuzz, docs/reliability.md) ----------------
+# `make fuzz` builds one libFuzzer binary per target with clang (ASan + UBSan)
+# under build/fuzz; `make fuzz-replay` (run by every test-run) feeds the kept
+# corpus and every crash reproducer to the same LLVMFuzzerTestOneInput through
+# tests/fuzz/driver.c, built with $(CC), so CI needs no clang to replay.
+FUZZ_TARGETS := scenario safetensors index config
+FUZZ_CC ?= clang
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+REPLAY_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz-replay/replay_%)
+# The parsers under test live in core/, scenarios/ (and fast/plan for its defaults); linking only those keeps
+# the fuzz build independent of backend code (fast/cpu uses GCC-only builtins).
+FUZZ_LIB_OBJS := $(filter $(BUILD)/core/% $(BUILD)/scenarios/% $(BUILD)/fast/plan/%,$(LIB_OBJS))
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_LIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(LDLIBS_ALL)
+
+$(BUILD)/fuzz-replay/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/fuzz/driver.c $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -o $@ $< tests/fuzz/driver.c $(LIB_A) $(LDLIBS_ALL)
+
+fuzz:
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=$(FUZZ_CC) OPT="-O1" \
+	  SANFLAGS="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" \
+	  $(FUZZ_TARGETS:%=build/fuzz/fuzz/fuzz_%)
+	@echo "fuzz: binaries in build/fuzz/fuzz/; run e.g. build/fuzz/fuzz/fuzz_scenario tests/fuzz/corpus/scenario"
+
+fuzz-replay: $(REPLAY_BINS)
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p tests/fuzz/crashes/$$t; \
+	  printf 'fuzz-replay %s: ' $$t; \
+	  DSV4_FUZZ_TMP=$(abspath $(BUILD)/tests) $(BUILD)/fuzz-replay/replay_$$t tests/fuzz/corpus/$$t tests/fuzz/crashes/$$t \
+	    || exit 1; \
+	done
+
+# ---------------- allocation-failure injection (tests/test_allocfail.c) ----------------
+# The test binary routes the library's (and the tests') malloc family through
+# the counting wrappers of tests/test_allocfail.c; shared libraries (libyaml,
+# OpenBLAS, libc internals) are not wrapped. `make test` sweeps every 7th n
+# (after the first 64); `make allocfail` sweeps every n under ASan's leak checker.
+ALLOCFAIL_WRAP := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup,--wrap=free
+DSV4_ALLOCFAIL_STRIDE ?= 7
+export DSV4_ALLOCFAIL_STRIDE
+
+.PHONY: allocfail
+allocfail: deps
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
+	  SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+	  $(TEST_BIN) $(CLI)
+	DSV4_ALLOCFAIL_STRIDE=1 CK_RUN_SUITE=allocfail ASAN_OPTIONS=detect_leaks=1 \
+	  DSV4MOE_TMP=$(abspath build/asan/tests/tmp) CK_DEFAULT_TIMEOUT=1800 build/asan/tests/run_tests
+
+# ---------------- valgrind memcheck on a smoke run (docs/reliability.md) ----------------
+VALGRIND ?= valgrind
+VALGRIND_FLAGS := --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect --show-leak-kinds=definite,indirect
+
+.PHONY: test-valgrind
+test-valgrind: deps
+	@$(MAKE) --no-print-directory all
+	@rm -rf $(BUILD)/valgrind && mkdir -p $(BUILD)/valgrind
+	OPENBLAS_NUM_THREADS=1 $(VALGRIND) $(VALGRIND_FLAGS) $(CLI) run tests/smoke.yaml \
+	  --report $(BUILD)/valgrind/report --cache $(BUILD)/valgrind/cache
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/dsv4moe $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

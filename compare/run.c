@@ -71,6 +71,7 @@ struct dsv4_case_result {
     bool injected;         /* this run had the defect injected */
     size_t twin;           /* index of the clean / injected twin in the results, SIZE_MAX for none */
     char *caught_by;       /* injected runs: the first failing check and its detail */
+    bool lost_detail; /* a check's detail (or the backend name) could not be allocated: an error, not a pass */
 };
 
 typedef struct {
@@ -156,6 +157,8 @@ static void set_check(dsv4_case_result *c, unsigned bit, dsv4_result r, const ch
     free(c->checks[i].detail);
     c->checks[i].detail = d;
     c->checks[i].r = r;
+    if (!d)
+        c->lost_detail = true;
 }
 
 static bool check_set(const dsv4_case_result *c, unsigned bit) { return c->checks[bit_index(bit)].detail != NULL; }
@@ -658,7 +661,7 @@ static void finish_status(dsv4_case_result *c)
         any_fail |= c->checks[i].r == DSV4_RESULT_FAIL;
         any_error |= c->checks[i].r == DSV4_RESULT_ERROR;
     }
-    c->status = any_error ? DSV4_RESULT_ERROR
+    c->status = any_error || c->lost_detail ? DSV4_RESULT_ERROR
                 : any_fail ? DSV4_RESULT_FAIL
                 : any_pass ? DSV4_RESULT_PASS
                            : DSV4_RESULT_SKIP;
@@ -682,6 +685,7 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
     if (!plans) {
         set_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_ERROR, "out of memory");
         set_rest(c, DSV4_RESULT_ERROR, "out of memory");
+        finish_status(c);
         return;
     }
     bool refused = false;
@@ -961,6 +965,7 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
         }
         free(c->backend);
         c->backend = xstrdup(dsv4_backend_name(be));
+        c->lost_detail |= !c->backend;
         dsv4_forward_out fo = {.y = y, .topk_ids = ids_b, .topk_weights = w_b};
         st = dsv4_backend_forward(be, T, X + off[0] * H, IDS + off[0], &fo, &e);
         dsv4_backend_stats bs = dsv4_backend_get_stats(be);
@@ -1050,6 +1055,7 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
     }
     free(c->backend);
     c->backend = xstrdup("dist");
+    c->lost_detail |= !c->backend;
     dsv4_dist_options dopt;
     dsv4_dist_options_init(&dopt);
     if (ctx->timeout_ms > 0)
@@ -1064,7 +1070,7 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
         if (dst) {
             set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s", dmsg);
         } else if (ref_ok) {
-            bool bitwise = topo.tp <= 1;
+            bool bitwise = topo.tp <= 1, cmp_oom = false;
             char bad[512] = "";
             int64_t row = 0;
             for (int r = 0; r < world && !bad[0]; r++) {
@@ -1082,8 +1088,9 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
                 } else {
                     dsv4_compare_metrics m;
                     char why[256];
-                    if (n > 0 && dsv4_compare_bf16(y + row * H, yr + row * H, n, &m) &&
-                        !within_tolerance(cfg, &m, why, sizeof why))
+                    if (n > 0 && !dsv4_compare_bf16(y + row * H, yr + row * H, n, &m))
+                        cmp_oom = true;
+                    else if (n > 0 && !within_tolerance(cfg, &m, why, sizeof why))
                         snprintf(bad, sizeof bad, "rank %d: %s", r, why);
                 }
                 row += sc->tokens[r];
@@ -1091,11 +1098,14 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
             if (all_rows > 0 && dsv4_compare_bf16(y, yr, all_rows * H, &c->m)) {
                 c->has_metrics = true;
                 error_profile(c, y, yr, sc->tokens, world, H);
-            }
+            } else if (all_rows > 0)
+                cmp_oom = true;
             char line[512] = "nothing compared (0 tokens)";
             if (c->has_metrics)
                 dsv4_compare_format(&c->m, line, sizeof line);
-            if (bad[0])
+            if (cmp_oom) /* a comparison that did not run must not read as a pass */
+                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_ERROR, "comparison failed (out of memory)");
+            else if (bad[0])
                 set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s; all ranks: %s", bad, line);
             else
                 set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "%d ranks %s the reference: %s", world,
@@ -1251,7 +1261,8 @@ static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, si
     c->regex = xstrdup(sc->refused_regex);
     c->defect = xstrdup(sc->fault);
     c->twin = SIZE_MAX;
-    if ((sc->fault && !c->defect) || !c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay || (na && sc->axis_index && !c->axis_index)) {
+    if ((sc->fault && !c->defect) || !c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay ||
+        (na && sc->axis_index && !c->axis_index) || (sc->preset && !c->preset) || (sc->refused_regex && !c->regex)) {
         case_free(c);
         return NULL;
     }
@@ -1307,13 +1318,12 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
     sr->path = xstrdup(dsv4_scenario_path(scn));
     sr->n_axes = dsv4_scenario_axis_count(scn);
     sr->axis_names = calloc(sr->n_axes + 1, sizeof *sr->axis_names);
-    R->nscn++;
     if (!sr->name || !sr->path || !sr->axis_names)
-        goto nomem;
+        goto nomem_scn;
     for (size_t a = 0; a < sr->n_axes; a++)
         if (!(sr->axis_names[a] = xstrdup(dsv4_scenario_axis_name(scn, a))))
-            goto nomem;
-    size_t scn_index = R->nscn - 1;
+            goto nomem_scn;
+    size_t scn_index = R->nscn++;
 
     size_t n = dsv4_scenario_count(scn), total = 0, done = 0;
     for (size_t i = 0; i < n; i++) {
@@ -1370,6 +1380,13 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
     }
     *results = R;
     return DSV4_OK;
+nomem_scn:
+    /* Drop the half-recorded scenario, so a result set appended to stays whole. */
+    free(sr->name);
+    free(sr->path);
+    for (size_t a = 0; sr->axis_names && a < sr->n_axes; a++)
+        free(sr->axis_names[a]);
+    free(sr->axis_names);
 nomem:
     if (created)
         dsv4_run_results_free(R);
