@@ -541,8 +541,9 @@ static dsv4_status write_shards(const char *src_path, const char *dir, int shard
         if (!w[f] && (st = dsv4_st_writer_create(&w[f], err)))
             break;
         snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", f + 1, shards);
-        if (!(st = dsv4_st_writer_add(w[f], t->name, t->dtype, t->ndim, t->shape, t->data, err)))
-            json_object_set_new(map, t->name, json_string(name));
+        if (!(st = dsv4_st_writer_add(w[f], t->name, t->dtype, t->ndim, t->shape, t->data, err)) &&
+            json_object_set_new(map, t->name, json_string(name)))
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, t->name, "out of memory while building the shard index");
     }
     for (int f = 0; f < shards && !st; f++) {
         if (!w[f])
@@ -1395,6 +1396,21 @@ nomem:
     return dsv4_seterr(err, DSV4_ERR_NOMEM, "run", "out of memory");
 }
 
+/* Every insertion into the report's JSON tree goes through jset / japp: jansson returns -1 when the
+   value is NULL (its own allocation failed) or the insertion cannot allocate, and a report with a
+   field missing must never be written, so a failure sticks until dsv4_report_json checks it. */
+static _Thread_local bool j_failed;
+static void jset(json_t *o, const char *key, json_t *v)
+{
+    if (json_object_set_new(o, key, v))
+        j_failed = true;
+}
+static void japp(json_t *a, json_t *v)
+{
+    if (json_array_append_new(a, v))
+        j_failed = true;
+}
+
 #ifdef DSV4_FAULTS
 /* ---------------- the defect catalogue (fault build) ---------------- */
 
@@ -1474,29 +1490,31 @@ static json_t *fault_table_json(const dsv4_run_results *R)
     size_t n = dsv4_run_fault_rows(R, NULL, 0);
     dsv4_fault_row *rows = calloc(n + 1, sizeof *rows);
     json_t *o = json_object(), *arr = json_array();
-    if (!rows)
+    if (!rows) {
+        j_failed = true;
         return o;
+    }
     dsv4_run_fault_rows(R, rows, n);
     for (size_t i = 0; i < n; i++) {
         json_t *r = json_object();
-        json_object_set_new(r, "fault", json_string(rows[i].fault));
-        json_object_set_new(r, "findings", json_string(rows[i].findings));
-        json_object_set_new(r, "defect", json_string(rows[i].summary));
-        json_object_set_new(r, "injected_at", json_string(rows[i].where));
-        json_object_set_new(r, "case", json_string(rows[i].case_name));
-        json_object_set_new(r, "clean", json_string(dsv4_result_name(rows[i].clean)));
-        json_object_set_new(r, "injected", json_string(dsv4_result_name(rows[i].injected)));
-        json_object_set_new(r, "caught", json_boolean(rows[i].caught));
-        json_object_set_new(r, "caught_by", json_string(rows[i].caught_by));
-        json_array_append_new(arr, r);
+        jset(r, "fault", json_string(rows[i].fault));
+        jset(r, "findings", json_string(rows[i].findings));
+        jset(r, "defect", json_string(rows[i].summary));
+        jset(r, "injected_at", json_string(rows[i].where));
+        jset(r, "case", json_string(rows[i].case_name));
+        jset(r, "clean", json_string(dsv4_result_name(rows[i].clean)));
+        jset(r, "injected", json_string(dsv4_result_name(rows[i].injected)));
+        jset(r, "caught", json_boolean(rows[i].caught));
+        jset(r, "caught_by", json_string(rows[i].caught_by));
+        japp(arr, r);
     }
     free(rows);
     dsv4_fault_summary s = dsv4_run_fault_summary(R);
-    json_object_set_new(o, "defects", json_integer((json_int_t)s.defects));
-    json_object_set_new(o, "caught", json_integer((json_int_t)s.caught));
-    json_object_set_new(o, "clean_runs", json_integer((json_int_t)s.clean_runs));
-    json_object_set_new(o, "false_failures", json_integer((json_int_t)s.false_failures));
-    json_object_set_new(o, "rows", arr);
+    jset(o, "defects", json_integer((json_int_t)s.defects));
+    jset(o, "caught", json_integer((json_int_t)s.caught));
+    jset(o, "clean_runs", json_integer((json_int_t)s.clean_runs));
+    jset(o, "false_failures", json_integer((json_int_t)s.false_failures));
+    jset(o, "rows", arr);
     return o;
 }
 #endif
@@ -1516,22 +1534,22 @@ static json_t *ju64(uint64_t v) { return json_integer((json_int_t)v); }
 static json_t *metrics_json(const dsv4_compare_metrics *m)
 {
     json_t *o = json_object();
-    json_object_set_new(o, "n", json_integer(m->n));
-    json_object_set_new(o, "max_abs", jreal(m->max_abs));
-    json_object_set_new(o, "max_rel", jreal(m->max_rel));
-    json_object_set_new(o, "nmse", jreal(m->nmse));
-    json_object_set_new(o, "deepgemm_diff", jreal(m->deepgemm_diff));
-    json_object_set_new(o, "rms_ref", jreal(m->rms_ref));
-    json_object_set_new(o, "ulp_p50", ju64(m->ulp_p50));
-    json_object_set_new(o, "ulp_p90", ju64(m->ulp_p90));
-    json_object_set_new(o, "ulp_p99", ju64(m->ulp_p99));
-    json_object_set_new(o, "ulp_p999", ju64(m->ulp_p999));
-    json_object_set_new(o, "ulp_max", ju64(m->ulp_max));
-    json_object_set_new(o, "ulp_nonzero", json_integer(m->ulp_nonzero));
-    json_object_set_new(o, "tol_violations", json_integer(m->tol_violations));
-    json_object_set_new(o, "bad_nonfinite", json_integer(m->bad_nonfinite));
-    json_object_set_new(o, "ref_nonfinite", json_integer(m->ref_nonfinite));
-    json_object_set_new(o, "finite_ok", json_boolean(m->finite_ok));
+    jset(o, "n", json_integer(m->n));
+    jset(o, "max_abs", jreal(m->max_abs));
+    jset(o, "max_rel", jreal(m->max_rel));
+    jset(o, "nmse", jreal(m->nmse));
+    jset(o, "deepgemm_diff", jreal(m->deepgemm_diff));
+    jset(o, "rms_ref", jreal(m->rms_ref));
+    jset(o, "ulp_p50", ju64(m->ulp_p50));
+    jset(o, "ulp_p90", ju64(m->ulp_p90));
+    jset(o, "ulp_p99", ju64(m->ulp_p99));
+    jset(o, "ulp_p999", ju64(m->ulp_p999));
+    jset(o, "ulp_max", ju64(m->ulp_max));
+    jset(o, "ulp_nonzero", json_integer(m->ulp_nonzero));
+    jset(o, "tol_violations", json_integer(m->tol_violations));
+    jset(o, "bad_nonfinite", json_integer(m->bad_nonfinite));
+    jset(o, "ref_nonfinite", json_integer(m->ref_nonfinite));
+    jset(o, "finite_ok", json_boolean(m->finite_ok));
     return o;
 }
 
@@ -1539,110 +1557,110 @@ static json_t *bins_json(const uint64_t *v)
 {
     json_t *a = json_array();
     for (int i = 0; i < DSV4_ERR_BINS; i++)
-        json_array_append_new(a, ju64(v[i]));
+        japp(a, ju64(v[i]));
     return a;
 }
 
 static json_t *errors_json(const dsv4_case_errors *E)
 {
     json_t *o = json_object(), *w = json_array();
-    json_object_set_new(o, "n", json_integer(E->n));
-    json_object_set_new(o, "ulp_bins", bins_json(E->ulp_bins));
-    json_object_set_new(o, "ulp_bin_rule", json_string("0: 0 ulp; i in 1..14: [2^(i-1), 2^i) ulp; 15: >= 2^14 or "
+    jset(o, "n", json_integer(E->n));
+    jset(o, "ulp_bins", bins_json(E->ulp_bins));
+    jset(o, "ulp_bin_rule", json_string("0: 0 ulp; i in 1..14: [2^(i-1), 2^i) ulp; 15: >= 2^14 or "
                                                        "non-finite"));
-    json_object_set_new(o, "abs_bins", bins_json(E->abs_bins));
-    json_object_set_new(o, "abs_bin_rule", json_string("0: |a-b| = 0; i in 1..14: [1e(i-10), 1e(i-9)) (1: also "
+    jset(o, "abs_bins", bins_json(E->abs_bins));
+    jset(o, "abs_bin_rule", json_string("0: |a-b| = 0; i in 1..14: [1e(i-10), 1e(i-9)) (1: also "
                                                        "smaller); 15: >= 1e5 or non-finite"));
     for (int i = 0; i < E->n_worst; i++) {
         const dsv4_case_worst *x = &E->worst[i];
         json_t *e = json_object();
-        json_object_set_new(e, "index", json_integer(x->index));
-        json_object_set_new(e, "rank", json_integer(x->rank));
-        json_object_set_new(e, "token", json_integer(x->token));
-        json_object_set_new(e, "column", json_integer(x->column));
-        json_object_set_new(e, "a", jreal(x->a));
-        json_object_set_new(e, "b", jreal(x->b));
-        json_object_set_new(e, "diff", jreal(x->diff));
-        json_array_append_new(w, e);
+        jset(e, "index", json_integer(x->index));
+        jset(e, "rank", json_integer(x->rank));
+        jset(e, "token", json_integer(x->token));
+        jset(e, "column", json_integer(x->column));
+        jset(e, "a", jreal(x->a));
+        jset(e, "b", jreal(x->b));
+        jset(e, "diff", jreal(x->diff));
+        japp(w, e);
     }
-    json_object_set_new(o, "worst", w);
+    jset(o, "worst", w);
     return o;
 }
 
 static json_t *case_json(const dsv4_run_results *R, const dsv4_case_result *c)
 {
     json_t *o = json_object();
-    json_object_set_new(o, "name", jstr(c->name));
-    json_object_set_new(o, "scenario", jstr(c->scn_name));
-    json_object_set_new(o, "file", jstr(c->scn_path));
-    json_object_set_new(o, "index", json_integer((json_int_t)c->index));
-    json_object_set_new(o, "line", json_integer(c->line));
-    json_object_set_new(o, "col", json_integer(c->col));
-    json_object_set_new(o, "status", json_string(dsv4_result_name(c->status)));
-    json_object_set_new(o, "seconds", jreal(c->seconds));
+    jset(o, "name", jstr(c->name));
+    jset(o, "scenario", jstr(c->scn_name));
+    jset(o, "file", jstr(c->scn_path));
+    jset(o, "index", json_integer((json_int_t)c->index));
+    jset(o, "line", json_integer(c->line));
+    jset(o, "col", json_integer(c->col));
+    jset(o, "status", json_string(dsv4_result_name(c->status)));
+    jset(o, "seconds", jreal(c->seconds));
     json_t *axes = json_array();
     const scn_rec *sr = &R->scns[c->scn];
     if (c->axis_index)
         for (size_t a = 0; a < sr->n_axes; a++) {
             json_t *ax = json_object();
-            json_object_set_new(ax, "name", jstr(sr->axis_names[a]));
-            json_object_set_new(ax, "index", json_integer(c->axis_index[a]));
-            json_array_append_new(axes, ax);
+            jset(ax, "name", jstr(sr->axis_names[a]));
+            jset(ax, "index", json_integer(c->axis_index[a]));
+            japp(axes, ax);
         }
-    json_object_set_new(o, "axes", axes);
-    json_object_set_new(o, "explicit_index", c->explicit_index >= 0 ? json_integer(c->explicit_index) : json_null());
-    json_object_set_new(o, "preset", jstr(c->preset));
-    json_object_set_new(o, "layer", json_integer(c->cfg.layer));
+    jset(o, "axes", axes);
+    jset(o, "explicit_index", c->explicit_index >= 0 ? json_integer(c->explicit_index) : json_null());
+    jset(o, "preset", jstr(c->preset));
+    jset(o, "layer", json_integer(c->cfg.layer));
     json_t *cf = json_object();
-    json_object_set_new(cf, "routed_format", json_string(dsv4_weight_format_name(c->cfg.routed_format)));
-    json_object_set_new(cf, "shared_format", json_string(dsv4_weight_format_name(c->cfg.shared_format)));
-    json_object_set_new(cf, "act_quant", json_string(dsv4_act_quant_name(c->cfg.act_quant)));
-    json_object_set_new(cf, "swiglu_limit", jreal(c->cfg.swiglu_limit));
-    json_object_set_new(cf, "top_p", jreal(c->cfg.top_p));
-    json_object_set_new(o, "config", cf);
+    jset(cf, "routed_format", json_string(dsv4_weight_format_name(c->cfg.routed_format)));
+    jset(cf, "shared_format", json_string(dsv4_weight_format_name(c->cfg.shared_format)));
+    jset(cf, "act_quant", json_string(dsv4_act_quant_name(c->cfg.act_quant)));
+    jset(cf, "swiglu_limit", jreal(c->cfg.swiglu_limit));
+    jset(cf, "top_p", jreal(c->cfg.top_p));
+    jset(o, "config", cf);
     json_t *t = json_object();
-    json_object_set_new(t, "world", json_integer(c->topo.world_size));
-    json_object_set_new(t, "tp", json_integer(c->topo.tp));
-    json_object_set_new(t, "dp", json_integer(c->topo.dp));
-    json_object_set_new(t, "ep", json_integer(c->topo.ep));
-    json_object_set_new(t, "role", json_string(dsv4_role_name(c->topo.role)));
-    json_object_set_new(t, "backend", json_string(dsv4_backend_kind_name(c->topo.backend)));
-    json_object_set_new(t, "sm", json_integer(c->topo.sm));
-    json_object_set_new(t, "graph", json_boolean(c->topo.cuda_graph));
-    json_object_set_new(o, "topology", t);
-    json_object_set_new(o, "ran_on", jstr(c->backend));
+    jset(t, "world", json_integer(c->topo.world_size));
+    jset(t, "tp", json_integer(c->topo.tp));
+    jset(t, "dp", json_integer(c->topo.dp));
+    jset(t, "ep", json_integer(c->topo.ep));
+    jset(t, "role", json_string(dsv4_role_name(c->topo.role)));
+    jset(t, "backend", json_string(dsv4_backend_kind_name(c->topo.backend)));
+    jset(t, "sm", json_integer(c->topo.sm));
+    jset(t, "graph", json_boolean(c->topo.cuda_graph));
+    jset(o, "topology", t);
+    jset(o, "ran_on", jstr(c->backend));
     json_t *tok = json_array(), *rep = json_array();
     for (int r = 0; r < c->n_ranks; r++) {
-        json_array_append_new(tok, json_integer(c->tokens[r]));
-        json_array_append_new(rep, json_boolean(c->replay[r]));
+        japp(tok, json_integer(c->tokens[r]));
+        japp(rep, json_boolean(c->replay[r]));
     }
-    json_object_set_new(o, "tokens", tok);
-    json_object_set_new(o, "replay", rep);
-    json_object_set_new(o, "seed", ju64(c->seed));
-    json_object_set_new(o, "expect", json_string(c->expect == DSV4_EXPECT_REFUSED ? "refused" : "pass"));
-    json_object_set_new(o, "refused_regex", jstr(c->regex));
+    jset(o, "tokens", tok);
+    jset(o, "replay", rep);
+    jset(o, "seed", ju64(c->seed));
+    jset(o, "expect", json_string(c->expect == DSV4_EXPECT_REFUSED ? "refused" : "pass"));
+    jset(o, "refused_regex", jstr(c->regex));
     json_t *checks = json_array();
     for (int i = 0; i < DSV4_CHECK_COUNT; i++) {
         if (!c->checks[i].detail)
             continue;
         json_t *ck = json_object();
-        json_object_set_new(ck, "name", json_string(dsv4_check_name(1u << i)));
-        json_object_set_new(ck, "requested", json_boolean((c->requested >> i) & 1u));
-        json_object_set_new(ck, "result", json_string(dsv4_result_name(c->checks[i].r)));
-        json_object_set_new(ck, "detail", json_string(c->checks[i].detail));
-        json_array_append_new(checks, ck);
+        jset(ck, "name", json_string(dsv4_check_name(1u << i)));
+        jset(ck, "requested", json_boolean((c->requested >> i) & 1u));
+        jset(ck, "result", json_string(dsv4_result_name(c->checks[i].r)));
+        jset(ck, "detail", json_string(c->checks[i].detail));
+        japp(checks, ck);
     }
-    json_object_set_new(o, "checks", checks);
-    json_object_set_new(o, "metrics", c->has_metrics ? metrics_json(&c->m) : json_null());
-    json_object_set_new(o, "errors", c->has_errors ? errors_json(&c->errs) : json_null());
-    json_object_set_new(o, "defect", jstr(c->defect));
-    json_object_set_new(o, "injected", json_boolean(c->injected));
+    jset(o, "checks", checks);
+    jset(o, "metrics", c->has_metrics ? metrics_json(&c->m) : json_null());
+    jset(o, "errors", c->has_errors ? errors_json(&c->errs) : json_null());
+    jset(o, "defect", jstr(c->defect));
+    jset(o, "injected", json_boolean(c->injected));
     json_t *mem = json_object();
-    json_object_set_new(mem, "available", ju64(c->mem.available));
-    json_object_set_new(mem, "planned_max", ju64(c->mem.planned_max));
-    json_object_set_new(mem, "planned_step", ju64(c->mem.planned_step));
-    json_object_set_new(mem, "peak", c->mem.measured ? ju64(c->mem.peak) : json_null());
-    json_object_set_new(o, "memory", mem);
+    jset(mem, "available", ju64(c->mem.available));
+    jset(mem, "planned_max", ju64(c->mem.planned_max));
+    jset(mem, "planned_step", ju64(c->mem.planned_step));
+    jset(mem, "peak", c->mem.measured ? ju64(c->mem.peak) : json_null());
+    jset(o, "memory", mem);
     return o;
 }
 
@@ -1650,10 +1668,11 @@ dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn
 {
     if (!R || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and path must not be NULL");
+    j_failed = false;
     json_t *root = json_object();
-    json_object_set_new(root, "tool", json_string("dsv4moe"));
-    json_object_set_new(root, "version", json_string(DSV4_VERSION));
-    json_object_set_new(root, "report_version", json_integer(1));
+    jset(root, "tool", json_string("dsv4moe"));
+    jset(root, "version", json_string(DSV4_VERSION));
+    jset(root, "report_version", json_integer(1));
     dsv4_run_summary s;
     memset(&s, 0, sizeof s);
     json_t *cases = json_array();
@@ -1661,7 +1680,7 @@ dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn
         const dsv4_case_result *c = R->cases[i];
         if (!case_in(c, scn))
             continue;
-        json_array_append_new(cases, case_json(R, c));
+        japp(cases, case_json(R, c));
         if (c->injected)
             continue;
         s.cases++;
@@ -1672,31 +1691,35 @@ dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn
         s.errors += c->status == DSV4_RESULT_ERROR;
     }
     json_t *sum = json_object();
-    json_object_set_new(sum, "cases", json_integer((json_int_t)s.cases));
-    json_object_set_new(sum, "passed", json_integer((json_int_t)s.passed));
-    json_object_set_new(sum, "failed", json_integer((json_int_t)s.failed));
-    json_object_set_new(sum, "skipped", json_integer((json_int_t)s.skipped));
-    json_object_set_new(sum, "errors", json_integer((json_int_t)s.errors));
-    json_object_set_new(sum, "seconds", jreal(s.seconds));
-    json_object_set_new(root, "summary", sum);
+    jset(sum, "cases", json_integer((json_int_t)s.cases));
+    jset(sum, "passed", json_integer((json_int_t)s.passed));
+    jset(sum, "failed", json_integer((json_int_t)s.failed));
+    jset(sum, "skipped", json_integer((json_int_t)s.skipped));
+    jset(sum, "errors", json_integer((json_int_t)s.errors));
+    jset(sum, "seconds", jreal(s.seconds));
+    jset(root, "summary", sum);
     json_t *scns = json_array();
     for (size_t i = 0; i < R->nscn; i++) {
         if (scn && (strcmp(R->scns[i].name, dsv4_scenario_name(scn)) || strcmp(R->scns[i].path, dsv4_scenario_path(scn))))
             continue;
         json_t *so = json_object(), *axes = json_array();
-        json_object_set_new(so, "name", jstr(R->scns[i].name));
-        json_object_set_new(so, "file", jstr(R->scns[i].path));
+        jset(so, "name", jstr(R->scns[i].name));
+        jset(so, "file", jstr(R->scns[i].path));
         for (size_t a = 0; a < R->scns[i].n_axes; a++)
-            json_array_append_new(axes, jstr(R->scns[i].axis_names[a]));
-        json_object_set_new(so, "axes", axes);
-        json_array_append_new(scns, so);
+            japp(axes, jstr(R->scns[i].axis_names[a]));
+        jset(so, "axes", axes);
+        japp(scns, so);
     }
-    json_object_set_new(root, "scenarios", scns);
+    jset(root, "scenarios", scns);
 #ifdef DSV4_FAULTS
     if (dsv4_run_fault_rows(R, NULL, 0) > 0)
-        json_object_set_new(root, "fault_table", fault_table_json(R));
+        jset(root, "fault_table", fault_table_json(R));
 #endif
-    json_object_set_new(root, "cases", cases);
+    jset(root, "cases", cases);
+    if (j_failed) {
+        json_decref(root);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory while building the report (nothing written)");
+    }
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (!text)
