@@ -18,6 +18,8 @@ Suite *cpu_suite(void);
 
 /* fast/cpu/cpu.c: the CPU backend's weight decoder (SIMD where available). */
 void dsv4_cpu_dequant_rows_for_test(const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out);
+/* fast/cpu/cpu.c: the fused decode-dot a forward would run (C[q * m->n + j] = X[q] . W[j]). */
+int dsv4_cpu_fused_dot_for_test(const dsv4_matrix_view *m, int64_t n, const float *X, float *C);
 
 typedef struct {
     const char *name;
@@ -287,6 +289,115 @@ START_TEST(scalar_fallback)
     cpu_case k6 = {"fp32-512 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 2, 0};
     check_case(&k6);
     unsetenv("DSV4MOE_CPU_NO_BF16");
+    /* AVX512-BF16 without VBMI: the 64-block bf16 fp4 kernel instead of the grouped-scale one */
+    setenv("DSV4MOE_CPU_NO_VBMI", "1", 1);
+    cpu_case k7 = {"bf16-64 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2, 0};
+    check_case(&k7);
+    cpu_case k8 = {"bf16-64 mini T=1", "mini", 1, 1, 0, -1, -1, -1, 2, 0};
+    check_case(&k8);
+    unsetenv("DSV4MOE_CPU_NO_VBMI");
+}
+END_TEST
+
+/* One matrix of 136 rows (a 128-row fp8 scale block boundary, NW-block tails) against 1, 3 and 9
+   activation rows: the fused kernel within 1e-5 of sum |w x| of the double dot of the library's
+   dequantized rows; NaN where the library's row has one. bf16-exact X (the bf16 kernels) and,
+   with exact = 0, X off the bf16 grid (the fp32 kernels). */
+static void fused_dot_case(dsv4_weight_format fmt, dsv4_scale_format sf, int64_t k, int exact)
+{
+    const int64_t n = 136;
+    dsv4_matrix_view v;
+    memset(&v, 0, sizeof v);
+    v.key = "test";
+    v.format = fmt;
+    v.scale_format = sf;
+    v.n = n;
+    v.k = k;
+    v.row_bytes = (uint64_t)(fmt == DSV4_FORMAT_FP4 ? k / 2 : k);
+    size_t nd = (size_t)n * v.row_bytes;
+    size_t ns = fmt == DSV4_FORMAT_FP4 ? (size_t)(n * (k / 32))
+                                       : (size_t)(((n + 127) / 128) * ((k + 127) / 128)) * (sf == DSV4_SCALE_FP32 ? 4 : 1);
+    uint8_t *d = malloc(nd), *sc = malloc(ns);
+    for (size_t i = 0; i < nd; i++) {
+        d[i] = (uint8_t)((i * 2654435761u) >> 11);
+        if (fmt == DSV4_FORMAT_FP8 && (d[i] & 0x7F) == 0x7F)
+            d[i] = (uint8_t)(d[i] - 1); /* no NaN codes: the kernels decode them as 480 */
+        if (fmt == DSV4_FORMAT_FP8 && i < 256)
+            d[i] = (uint8_t)(i == 0x7F || i == 0xFF ? 0 : i); /* every other code, subnormals included */
+    }
+    if (fmt == DSV4_FORMAT_FP8) /* rows 40, 41: only subnormal codes and zeros, both signs */
+        for (int64_t i = 0; i < 2 * k; i++)
+            d[40 * k + i] = (uint8_t)((i & 7) | ((i & 8) << 4));
+    if (fmt == DSV4_FORMAT_FP8 && sf == DSV4_SCALE_FP32)
+        for (size_t i = 0; i < ns / 4; i++) {
+            float f = 0.0123f * (float)(i + 1);
+            memcpy(sc + 4 * i, &f, 4);
+        }
+    else
+        for (size_t i = 0; i < ns; i++)
+            sc[i] = (uint8_t)(120 + (i * 7) % 15);
+    if (fmt == DSV4_FORMAT_FP4) {
+        sc[9 * (k / 32) + 2] = 0;   /* 2^-127: the table path of the grouped-scale kernel */
+        sc[20 * (k / 32) + 0] = 255; /* NaN: the row's result is NaN */
+        sc[30 * (k / 32) + 1] = 1;   /* plain extremes */
+        sc[30 * (k / 32) + 2] = 250;
+    }
+    v.data = d;
+    v.scales = sc;
+    float *W = malloc((size_t)(n * k) * sizeof *W);
+    dsv4_matrix_dequant_rows(&v, 0, n, W);
+    const int64_t rows[3] = {1, 3, 9};
+    for (int ri = 0; ri < 3; ri++) {
+        int64_t nx = rows[ri];
+        float *X = malloc((size_t)(nx * k) * sizeof *X), *C = malloc((size_t)(nx * n) * sizeof *C);
+        for (int64_t i = 0; i < nx * k; i++) {
+            X[i] = ldexpf((float)((int)(((uint64_t)i * 40503u + 17u) % 255u) - 127), -7); /* bf16-exact */
+            if (!exact)
+                X[i] += ldexpf(1.0f, -20);
+        }
+        ck_assert_int_eq(dsv4_cpu_fused_dot_for_test(&v, nx, X, C), 0);
+        for (int64_t q = 0; q < nx; q++)
+            for (int64_t j = 0; j < n; j++) {
+                double ref = 0, mag = 0;
+                for (int64_t i = 0; i < k; i++) {
+                    ref += (double)W[j * k + i] * (double)X[q * k + i];
+                    mag += fabs((double)W[j * k + i] * (double)X[q * k + i]);
+                }
+                double got = C[q * n + j];
+                if (isnan(ref)) {
+                    ck_assert_msg(isnan(got), "fmt %d k %lld row %lld: %g, want NaN", fmt, (long long)k, (long long)j, got);
+                    continue;
+                }
+                ck_assert_msg(fabs(got - ref) <= 1e-5 * mag + 1e-37, "fmt %d sf %d k %lld exact %d rows %lld: C[%lld, %lld] %.9g vs %.9g",
+                              fmt, sf, (long long)k, exact, (long long)nx, (long long)q, (long long)j, got, ref);
+            }
+        free(X);
+        free(C);
+    }
+    free(W);
+    free(d);
+    free(sc);
+}
+
+/* Every kernel the CPU has (and each fallback) on fp4 and fp8 rows, k a multiple of 128 (the
+   grouped kernels) and not (320: the 64-block bf16 kernel / fp32 kernels). */
+START_TEST(fused_kernels_match_dequant)
+{
+    const char *off[5] = {NULL, "DSV4MOE_CPU_NO_VBMI", "DSV4MOE_CPU_NO_BF16", "DSV4MOE_CPU_NO_AVX512",
+                          "DSV4MOE_CPU_NO_SIMD"};
+    for (int o = 0; o < 5; o++) {
+        if (off[o])
+            setenv(off[o], "1", 1);
+        for (int exact = 0; exact < 2; exact++) {
+            fused_dot_case(DSV4_FORMAT_FP4, DSV4_SCALE_UE8M0, 384, exact);
+            fused_dot_case(DSV4_FORMAT_FP4, DSV4_SCALE_UE8M0, 320, exact);
+            fused_dot_case(DSV4_FORMAT_FP8, DSV4_SCALE_UE8M0, 384, exact);
+            fused_dot_case(DSV4_FORMAT_FP8, DSV4_SCALE_FP32, 384, exact);
+            fused_dot_case(DSV4_FORMAT_FP8, DSV4_SCALE_UE8M0, 320, exact);
+        }
+        if (off[o])
+            unsetenv(off[o]);
+    }
 }
 END_TEST
 
@@ -476,6 +587,7 @@ Suite *cpu_suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, compare_metrics_basics);
     tcase_add_test(tc, decoders_match_library);
+    tcase_add_test(tc, fused_kernels_match_dequant);
     tcase_add_test(tc, mini_fp4_t77);
     tcase_add_test(tc, mini_fp4_hash_t77);
     tcase_add_test(tc, mini_fp8_t77);
