@@ -364,11 +364,5 @@ dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_e
         }
     }
     dsv4_sb_str(&b, "</table>\n</body></html>\n");
-    if (b.oom) {
-        free(b.s);
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-    }
-    dsv4_status st = dsv4_write_file_atomic(path, b.s, b.n, err);
-    free(b.s);
-    return st;
+    return dsv4_sb_write_file(&b, path, err);
 }

@@ -1887,11 +1887,5 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *sc
         dsv4_sb_printf(&b, "  </testsuite>\n");
     }
     dsv4_sb_printf(&b, "</testsuites>\n");
-    if (b.oom) {
-        free(b.s);
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-    }
-    dsv4_status st = dsv4_write_file_atomic(path, b.s, b.n, err);
-    free(b.s);
-    return st;
+    return dsv4_sb_write_file(&b, path, err);
 }

@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "strbuf.h"
+#include "err.h"
+#include "fileio.h"
 
 void dsv4_sb_put(dsv4_strbuf *b, const char *s, size_t n)
 {
@@ -54,3 +56,14 @@ void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...)
     dsv4_sb_put(b, s, (size_t)n);
     free(s);
 }
+
+dsv4_status dsv4_sb_write_file(dsv4_strbuf *b, const char *path, dsv4_error *err)
+{
+    dsv4_status st = b->oom ? dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory")
+                            : dsv4_write_file_atomic(path, b->s, b->n, err);
+    free(b->s);
+    b->s = NULL;
+    b->n = b->cap = 0;
+    return st;
+}
+

@@ -5,6 +5,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "dsv4moe/status.h"
+
 /* Zero-initialise; s is NULL until the first append. After a failed allocation `oom` is set and
    later appends do nothing, so writers check once at the end. The owner frees s. */
 typedef struct {
@@ -16,5 +18,8 @@ typedef struct {
 void dsv4_sb_put(dsv4_strbuf *b, const char *s, size_t n);
 void dsv4_sb_str(dsv4_strbuf *b, const char *s);
 void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Writes the buffer to `path` atomically, or nothing when an append ran out of memory
+   (DSV4_ERR_NOMEM naming path); frees the text either way. */
+dsv4_status dsv4_sb_write_file(dsv4_strbuf *b, const char *path, dsv4_error *err);
 
 #endif
