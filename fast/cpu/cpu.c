@@ -836,6 +836,22 @@ static void dequant_rows(bool simd, const dsv4_matrix_view *m, int64_t r0, int64
         dsv4_matrix_dequant_rows(m, r0, nr, out);
 }
 
+/* a . b in fp32 over four fixed partial sums, ((s0 + s1) + (s2 + s3)): the scalar paths' one order. */
+static float dot4(const float *a, const float *b, int64_t n)
+{
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
 /* C[q, j] = X[q, :] . W[r0 + j, :] for j < nr, q < n; tmp: k floats (scalar path). */
 static void dot_rows(bool simd, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X,
                      int64_t ldx, float *C, int64_t ldc, float *tmp)
@@ -847,20 +863,8 @@ static void dot_rows(bool simd, const dsv4_matrix_view *m, int64_t r0, int64_t n
     int64_t k = m->k;
     for (int64_t j = 0; j < nr; j++) {
         dsv4_matrix_dequant_rows(m, r0 + j, 1, tmp);
-        for (int64_t q = 0; q < n; q++) {
-            const float *x = X + q * ldx;
-            float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-            int64_t i = 0;
-            for (; i + 4 <= k; i += 4) {
-                s0 += x[i] * tmp[i];
-                s1 += x[i + 1] * tmp[i + 1];
-                s2 += x[i + 2] * tmp[i + 2];
-                s3 += x[i + 3] * tmp[i + 3];
-            }
-            for (; i < k; i++)
-                s0 += x[i] * tmp[i];
-            C[q * ldc + j] = (s0 + s1) + (s2 + s3);
-        }
+        for (int64_t q = 0; q < n; q++)
+            C[q * ldc + j] = dot4(X + q * ldx, tmp, k);
     }
 }
 
@@ -1392,18 +1396,7 @@ static void route(void *p, int64_t lo, int64_t hi)
                 if (c->top_p_predictor == DSV4_PREDICTOR_CONST)
                     norms[k] = b->rt.pred_norm[ex];
                 else if (c->top_p_predictor == DSV4_PREDICTOR_LINEAR) {
-                    const float *pw = b->rt.pred_w + (int64_t)ex * H;
-                    float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-                    int64_t i = 0;
-                    for (; i + 4 <= H; i += 4) {
-                        a0 += pw[i] * x[i];
-                        a1 += pw[i + 1] * x[i + 1];
-                        a2 += pw[i + 2] * x[i + 2];
-                        a3 += pw[i + 3] * x[i + 3];
-                    }
-                    for (; i < H; i++)
-                        a0 += pw[i] * x[i];
-                    float v = ((a0 + a1) + (a2 + a3)) + b->rt.pred_b[ex];
+                    float v = dot4(x, b->rt.pred_w + (int64_t)ex * H, H) + b->rt.pred_b[ex];
                     norms[k] = v > 0.0f ? v : 0.0f;
                 } else
                     norms[k] = 1.0f;
