@@ -169,13 +169,23 @@ $(CUDA_CLI): $(CLI_OBJS) $(CUDA_LIB_A)
 
 $(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
+# The benchmark's CUDA build: device-resident buffers through the CUDA runtime (dsv4_backend_forward_device).
+CUDA_BENCH := $(CUDA_BUILD)/bench_cuda
+
+$(CUDA_BUILD)/bench/bench_cuda.o: bench/bench_cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) -DDSV4_BENCH_CUDA_RT -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(CUDA_BENCH): $(CUDA_BUILD)/bench/bench_cuda.o $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
+
 cuda: deps
-	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CEILINGS_BIN)
+	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_BENCH) $(CEILINGS_BIN)
 
 # On the GPU machine: the device tests, the scenario file and a memcheck run (logs under $(OUT)/cuda).
 cuda-test: cuda

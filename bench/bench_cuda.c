@@ -3,8 +3,10 @@
  * (dsv4moe/backend.h): v4-flash (fp4 routed, fp8 shared, layer 5, all 256 experts), T in
  * {1, 8, 32, 128, 256, 1024, 4096, 16384}, graphs off and on (when the plan accepts them).
  *
- * Per T: the median of host-timed dsv4_backend_forward calls (the call returns y on the host,
- * so each one is device-synchronised and includes the upload of x and the download of y);
+ * Per T: the median of host-timed forward calls, both through dsv4_backend_forward (host x and y:
+ * each call includes the upload of x and the download of y) and, in the CUDA build of this
+ * program (build/cuda/bench_cuda, -DDSV4_BENCH_CUDA_RT), through dsv4_backend_forward_device on
+ * device-resident x and y, as a serving engine holds them and as the PyTorch peer is timed;
  * the bytes of the touched expert weights (distinct experts in topk ids x their checkpoint
  * bytes, plus the shared expert and the gate) per second as a share of the device-to-device
  * copy bandwidth; FLOP/s as a share of the FP8 GEMM rate; the ratio to the PyTorch peer. The
@@ -29,6 +31,9 @@
 #include <time.h>
 
 #include <jansson.h>
+#ifdef DSV4_BENCH_CUDA_RT
+#include <cuda_runtime_api.h>
+#endif
 
 #include "dsv4moe/backend.h"
 #include "dsv4moe/gen.h"
@@ -248,7 +253,10 @@ typedef struct {
     bool bw_reachable;                  /* the 70 % bandwidth time is not below the FP8 floor */
     const char *peer_method;
     int64_t chunks;
+    int graph, dev; /* graph replay on; device-resident x / y (dsv4_backend_forward_device) */
 } result;
+
+#define MAX_ROWS (4 * MAX_T)
 
 int main(int argc, char **argv)
 {
@@ -421,14 +429,28 @@ int main(int argc, char **argv)
     }
     fprintf(jf, "{\n  \"available\": true,\n  \"backend\": \"%s\",\n  \"preset\": \"%s\",\n  \"layer\": %lld,\n",
             dsv4_backend_kind_name(kind), preset, (long long)cfg.layer);
-    fprintf(jf, "  \"checkpoint_bytes\": %llu,\n  \"timing\": \"host clock around dsv4_backend_forward (synchronous; "
-                "includes x upload and y download), warm-ups, median\",\n",
+    fprintf(jf, "  \"checkpoint_bytes\": %llu,\n  \"timing\": \"host clock around the synchronous forward, warm-ups, "
+                "median; io host: dsv4_backend_forward (x upload and y download included); io device: "
+                "dsv4_backend_forward_device on device-resident x and y\",\n",
             (unsigned long long)ckpt_bytes);
     json_ceilings(jf, &C, &P);
     fprintf(jf, "  \"runs\": [\n");
     int first = 1;
-    int met_bw = 1, met_t1 = 1, met_fp8 = 1, met_peer = 1, seen_bw = 0, seen_t1 = 0, seen_big = 0, seen_peer = 0;
-    int met_bw_mem = 1, seen_bw_mem = 0; /* the bandwidth target where it is reachable (memory-bound T) */
+    static result rows[MAX_ROWS];
+    int nrows = 0;
+    /* device-resident copies of the inputs and outputs (the CUDA build of this program only) */
+    void *dx = NULL, *dy = NULL, *dids = NULL, *din = NULL;
+    int have_dev = 0;
+#ifdef DSV4_BENCH_CUDA_RT
+    if (kind == DSV4_BACKEND_CUDA && cudaMalloc(&dx, (size_t)(tmax * H) * 2) == cudaSuccess &&
+        cudaMalloc(&dy, (size_t)(tmax * H) * 2) == cudaSuccess && cudaMalloc(&dids, (size_t)(tmax * K) * 4) == cudaSuccess &&
+        cudaMalloc(&din, (size_t)tmax * 4) == cudaSuccess &&
+        cudaMemcpy(dx, X, (size_t)(tmax * H) * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+        cudaMemcpy(din, ids_in, (size_t)tmax * 4, cudaMemcpyHostToDevice) == cudaSuccess)
+        have_dev = 1;
+    else if (kind == DSV4_BACKEND_CUDA)
+        printf("bench_cuda: no device buffers (%s): forward_device not timed\n", cudaGetErrorString(cudaGetLastError()));
+#endif
 
     for (int graph = 0; graph < 2; graph++) {
         dsv4_topology topo;
@@ -455,6 +477,7 @@ int main(int argc, char **argv)
                 topo.buckets[topo.n_buckets++] = Ts[i];
             st = dsv4_plan_create(&cfg, &topo, &bud, &plan, &e);
         }
+        double tc0 = now();
         if (!st)
             st = dsv4_backend_create(plan, ck, threads, &b, &e);
         if (st) {
@@ -466,134 +489,171 @@ int main(int argc, char **argv)
             dsv4_plan_free(plan);
             continue;
         }
-        printf("\nbench_cuda: %s layer %lld, graph %s, backend %s\n", preset, (long long)cfg.layer,
-               graph ? "on" : "off", dsv4_backend_name(b));
-        printf("%6s %10s %10s %5s %9s %8s %7s %8s %7s %9s %6s %8s %9s %8s  %s\n", "T", "ms", "min ms", "exp",
-               "touch MB", "GB/s", "%copy", "TFLOP/s", "%fp8", "floor ms", "bound", "io ms", "torch ms", "x torch",
-               "targets");
-        for (int ti = 0; ti < nT; ti++) {
-            result r;
-            memset(&r, 0, sizeof r);
-            r.T = Ts[ti];
-            r.chunks = dsv4_plan_chunks(plan, r.T);
-            int64_t T = r.T;
-            if (graph && !dsv4_plan_can_replay(plan, T)) {
-                /* runs eager in this plan: still timed, marked */
-                snprintf(r.err, sizeof r.err, "no bucket holds T (eager)");
-            }
-            int reps = T <= 256 ? 50 : T <= 1024 ? 20 : T <= 4096 ? 10 : 5;
-            if (quick)
-                reps = reps / 5 > 3 ? reps / 5 : 3;
-            dsv4_forward_out o = {y, ids, NULL, NULL};
-            double t[64];
-            int n = 0;
-            st = DSV4_OK;
-            for (int w = 0; w < 3 && !st; w++)
-                st = dsv4_backend_forward(b, T, X, ids_in, &o, &e);
-            for (int i = 0; i < reps && !st; i++) {
-                double t0 = now();
-                st = dsv4_backend_forward(b, T, X, ids_in, &o, &e);
-                t[n++] = now() - t0;
-            }
-            if (st) {
-                snprintf(r.err, sizeof r.err, "%s", e.message);
-                printf("%6lld  forward failed: %s\n", (long long)T, e.message);
-            } else {
-                r.ok = true;
-                r.reps = n;
-                double mn = 1e30;
-                for (int i = 0; i < n; i++)
-                    mn = t[i] < mn ? t[i] : mn;
-                r.min_ms = mn * 1e3;
-                r.ms = median(t, n) * 1e3;
-                unsigned char touched[MAX_E] = {0};
-                int64_t kept = 0;
-                for (int64_t i = 0; i < T * K; i++)
-                    if (ids[i] >= 0 && ids[i] < E) {
-                        kept++;
-                        if (!touched[ids[i]]) {
-                            touched[ids[i]] = 1;
-                            r.touched++;
+        printf("\nbench_cuda: %s layer %lld, graph %s, backend %s (created in %.1f s)\n", preset, (long long)cfg.layer,
+               graph ? "on" : "off", dsv4_backend_name(b), now() - tc0);
+        for (int dev = 0; dev <= have_dev; dev++) {
+            printf("  io %s\n", dev ? "device (dsv4_backend_forward_device)" : "host (dsv4_backend_forward)");
+            printf("%6s %10s %10s %5s %9s %8s %7s %8s %7s %9s %6s %8s %9s %8s  %s\n", "T", "ms", "min ms", "exp",
+                   "touch MB", "GB/s", "%copy", "TFLOP/s", "%fp8", "floor ms", "bound", "io ms", "torch ms", "x torch",
+                   "targets");
+            for (int ti = 0; ti < nT; ti++) {
+                result r;
+                memset(&r, 0, sizeof r);
+                r.T = Ts[ti];
+                r.graph = graph, r.dev = dev;
+                r.chunks = dsv4_plan_chunks(plan, r.T);
+                int64_t T = r.T;
+                if (graph && !dsv4_plan_can_replay(plan, T)) {
+                    /* runs eager in this plan: still timed, marked */
+                    snprintf(r.err, sizeof r.err, "no bucket holds T (eager)");
+                }
+                int reps = T <= 256 ? 50 : T <= 1024 ? 20 : T <= 4096 ? 10 : 5;
+                if (quick)
+                    reps = reps / 5 > 3 ? reps / 5 : 3;
+                dsv4_forward_out o = {y, ids, NULL, NULL};
+                dsv4_forward_out od = {(uint16_t *)dy, (int32_t *)dids, NULL, NULL};
+                double t[64];
+                int n = 0;
+                st = DSV4_OK;
+                for (int w = 0; w < 3 && !st; w++)
+                    st = dev ? dsv4_backend_forward_device(b, T, dx, (const int32_t *)din, &od, &e)
+                             : dsv4_backend_forward(b, T, X, ids_in, &o, &e);
+                for (int i = 0; i < reps && !st; i++) {
+                    double t0 = now();
+                    st = dev ? dsv4_backend_forward_device(b, T, dx, (const int32_t *)din, &od, &e)
+                             : dsv4_backend_forward(b, T, X, ids_in, &o, &e);
+                    t[n++] = now() - t0;
+                }
+#ifdef DSV4_BENCH_CUDA_RT
+                if (!st && dev && cudaMemcpy(ids, dids, (size_t)(T * K) * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+                    st = DSV4_ERR_DEVICE;
+                    snprintf(e.message, sizeof e.message, "reading topk ids back failed");
+                }
+#endif
+                if (st) {
+                    snprintf(r.err, sizeof r.err, "%s", e.message);
+                    printf("%6lld  forward failed: %s\n", (long long)T, e.message);
+                } else {
+                    r.ok = true;
+                    r.reps = n;
+                    double mn = 1e30;
+                    for (int i = 0; i < n; i++)
+                        mn = t[i] < mn ? t[i] : mn;
+                    r.min_ms = mn * 1e3;
+                    r.ms = median(t, n) * 1e3;
+                    unsigned char touched[MAX_E] = {0};
+                    int64_t kept = 0;
+                    for (int64_t i = 0; i < T * K; i++)
+                        if (ids[i] >= 0 && ids[i] < E) {
+                            kept++;
+                            if (!touched[ids[i]]) {
+                                touched[ids[i]] = 1;
+                                r.touched++;
+                            }
                         }
-                    }
-                r.touched_bytes = shared_bytes + gate_bytes;
-                for (int64_t x = 0; x < E; x++)
-                    r.touched_bytes += touched[x] ? expert_bytes[x] : 0;
-                double sec = r.ms * 1e-3;
-                double flops = 2.0 * 3.0 * (double)H * (double)I * (double)(kept + T * cfg.n_shared_experts) +
-                               2.0 * (double)T * (double)E * (double)H;
-                r.gbs = (double)r.touched_bytes / sec / 1e9;
-                r.bw_share = r.gbs / C.copy_gbs;
-                r.tflops = flops / sec / 1e12;
-                r.fp8_share = r.tflops / C.fp8_tflops;
-                r.floor_mem_ms = (double)r.touched_bytes / (C.copy_gbs * 1e9) * 1e3;
-                r.floor_fp8_ms = flops / (C.fp8_tflops * 1e12) * 1e3;
-                r.bw_reachable = !(r.floor_fp8_ms > r.floor_mem_ms / TARGET_BW_SHARE);
-                r.io_ms = ((double)(T * H * 2) / (C.h2d_gbs * 1e9) + (double)(T * H * 2) / (C.d2h_gbs * 1e9)) * 1e3;
-                r.peer_ms = peer_ms(&P, T, &r.peer_method);
-                r.speedup = r.peer_ms / r.ms;
+                    r.touched_bytes = shared_bytes + gate_bytes;
+                    for (int64_t x = 0; x < E; x++)
+                        r.touched_bytes += touched[x] ? expert_bytes[x] : 0;
+                    double sec = r.ms * 1e-3;
+                    double flops = 2.0 * 3.0 * (double)H * (double)I * (double)(kept + T * cfg.n_shared_experts) +
+                                   2.0 * (double)T * (double)E * (double)H;
+                    r.gbs = (double)r.touched_bytes / sec / 1e9;
+                    r.bw_share = r.gbs / C.copy_gbs;
+                    r.tflops = flops / sec / 1e12;
+                    r.fp8_share = r.tflops / C.fp8_tflops;
+                    r.floor_mem_ms = (double)r.touched_bytes / (C.copy_gbs * 1e9) * 1e3;
+                    r.floor_fp8_ms = flops / (C.fp8_tflops * 1e12) * 1e3;
+                    r.bw_reachable = !(r.floor_fp8_ms > r.floor_mem_ms / TARGET_BW_SHARE);
+                    r.io_ms = dev ? 0.0
+                                  : ((double)(T * H * 2) / (C.h2d_gbs * 1e9) + (double)(T * H * 2) / (C.d2h_gbs * 1e9)) * 1e3;
+                    r.peer_ms = peer_ms(&P, T, &r.peer_method);
+                    r.speedup = r.peer_ms / r.ms;
+                }
+                char tg[160] = "";
+                if (r.ok) {
+                    if (T >= 32)
+                        strcat(tg, r.bw_share >= TARGET_BW_SHARE ? "bw ok " : r.bw_reachable ? "bw MISS " : "bw MISS(compute-bound) ");
+                    if (T == 1)
+                        strcat(tg, r.ms * 1e3 < TARGET_T1_US ? "<60us ok " : "<60us MISS ");
+                    if (T == 16384)
+                        strcat(tg, r.fp8_share >= TARGET_FP8_SHARE ? "fp8 ok " : "fp8 MISS ");
+                    strcat(tg, isfinite(r.speedup) ? (r.speedup > 1.0 ? "torch ok" : "torch MISS") : "torch n/a");
+                    double fl = r.floor_mem_ms > r.floor_fp8_ms ? r.floor_mem_ms : r.floor_fp8_ms;
+                    printf("%6lld %10.4f %10.4f %5d %9.1f %8.1f %6.1f%% %8.1f %6.1f%% %9.4f %6s %8.4f %9.4f %7.2fx  "
+                           "%s%s%s\n",
+                           (long long)T, r.ms, r.min_ms, r.touched, r.touched_bytes / 1e6, r.gbs, 100 * r.bw_share,
+                           r.tflops, 100 * r.fp8_share, fl, r.floor_mem_ms >= r.floor_fp8_ms ? "mem" : "fp8", r.io_ms,
+                           r.peer_ms, r.speedup, tg, r.err[0] ? "  " : "", r.err);
+                }
+                fflush(stdout);
+                fprintf(jf,
+                        "%s    {\"graph\": %s, \"io\": \"%s\", \"tokens\": %lld, \"ok\": %s, \"chunks\": %lld, "
+                        "\"median_ms\": %.5f, "
+                        "\"min_ms\": %.5f, \"reps\": %d, \"touched_experts\": %d, \"touched_weight_bytes\": %llu, "
+                        "\"touched_gbs\": %.3f, \"share_of_copy\": %.4f, \"tflops\": %.3f, \"share_of_fp8_gemm\": %.4f, "
+                        "\"floor_mem_ms\": %.5f, \"floor_fp8_ms\": %.5f, \"io_ms\": %.5f, \"bw_target_reachable\": %s, "
+                        "\"torch_ms\": %.5f, \"torch_method\": \"%s\", \"speedup_vs_torch\": %.4f, \"targets\": \"%s\", "
+                        "\"note\": ",
+                        first ? "" : ",\n", graph ? "true" : "false", dev ? "device" : "host", (long long)T,
+                        r.ok ? "true" : "false", (long long)r.chunks, JN(r.ms), JN(r.min_ms), r.reps, r.touched,
+                        (unsigned long long)r.touched_bytes, JN(r.gbs), JN(r.bw_share), JN(r.tflops), JN(r.fp8_share),
+                        JN(r.floor_mem_ms), JN(r.floor_fp8_ms), JN(r.io_ms), r.bw_reachable ? "true" : "false",
+                        JN(r.peer_ms), r.peer_method ? r.peer_method : "-", JN(r.speedup), tg);
+                json_put_str(jf, r.err);
+                fputc('}', jf);
+                first = 0;
+                if (nrows < MAX_ROWS)
+                    rows[nrows++] = r;
             }
-            /* targets of issue 7 */
-            char tg[160] = "";
-            if (r.ok) {
-                if (T >= 32) {
-                    bool ok = r.bw_share >= TARGET_BW_SHARE;
-                    seen_bw = 1;
-                    met_bw &= ok;
-                    if (r.bw_reachable) {
-                        seen_bw_mem = 1;
-                        met_bw_mem &= ok;
-                    }
-                    strcat(tg, ok ? "bw ok " : r.bw_reachable ? "bw MISS " : "bw MISS(compute-bound) ");
-                }
-                if (T == 1) {
-                    bool ok = r.ms * 1e3 < TARGET_T1_US;
-                    seen_t1 = 1;
-                    met_t1 &= ok;
-                    strcat(tg, ok ? "<60us ok " : "<60us MISS ");
-                }
-                if (T == 16384) {
-                    bool ok = r.fp8_share >= TARGET_FP8_SHARE;
-                    seen_big = 1;
-                    met_fp8 &= ok;
-                    strcat(tg, ok ? "fp8 ok " : "fp8 MISS ");
-                }
-                bool ok = isfinite(r.speedup) && r.speedup > 1.0;
-                seen_peer = 1;
-                met_peer &= ok;
-                strcat(tg, isfinite(r.speedup) ? (ok ? "torch ok" : "torch MISS") : "torch n/a");
-                double fl = r.floor_mem_ms > r.floor_fp8_ms ? r.floor_mem_ms : r.floor_fp8_ms;
-                printf("%6lld %10.4f %10.4f %5d %9.1f %8.1f %6.1f%% %8.1f %6.1f%% %9.4f %6s %8.4f %9.4f %7.2fx  "
-                       "%s%s%s\n",
-                       (long long)T, r.ms, r.min_ms, r.touched, r.touched_bytes / 1e6, r.gbs, 100 * r.bw_share,
-                       r.tflops, 100 * r.fp8_share, fl, r.floor_mem_ms >= r.floor_fp8_ms ? "mem" : "fp8", r.io_ms,
-                       r.peer_ms, r.speedup, tg, r.err[0] ? "  " : "", r.err);
-            } else {
-                met_bw = met_bw_mem = met_t1 = met_fp8 = met_peer = 0;
-            }
-            fflush(stdout);
-            fprintf(jf,
-                    "%s    {\"graph\": %s, \"tokens\": %lld, \"ok\": %s, \"chunks\": %lld, \"median_ms\": %.5f, "
-                    "\"min_ms\": %.5f, \"reps\": %d, \"touched_experts\": %d, \"touched_weight_bytes\": %llu, "
-                    "\"touched_gbs\": %.3f, \"share_of_copy\": %.4f, \"tflops\": %.3f, \"share_of_fp8_gemm\": %.4f, "
-                    "\"floor_mem_ms\": %.5f, \"floor_fp8_ms\": %.5f, \"io_ms\": %.5f, \"bw_target_reachable\": %s, "
-                    "\"torch_ms\": %.5f, \"torch_method\": \"%s\", \"speedup_vs_torch\": %.4f, \"targets\": \"%s\", "
-                    "\"note\": ",
-                    first ? "" : ",\n", graph ? "true" : "false", (long long)T, r.ok ? "true" : "false",
-                    (long long)r.chunks, JN(r.ms), JN(r.min_ms), r.reps, r.touched,
-                    (unsigned long long)r.touched_bytes, JN(r.gbs), JN(r.bw_share), JN(r.tflops), JN(r.fp8_share),
-                    JN(r.floor_mem_ms), JN(r.floor_fp8_ms), JN(r.io_ms), r.bw_reachable ? "true" : "false",
-                    JN(r.peer_ms), r.peer_method ? r.peer_method : "-", JN(r.speedup), tg);
-            json_put_str(jf, r.err);
-            fputc('}', jf);
-            first = 0;
         }
         dsv4_backend_stats s = dsv4_backend_get_stats(b);
-        printf("graph %s: workspace peak %.1f MiB (plan %.1f MiB), launches %llu, empty skips %llu\n",
+        printf("graph %s: workspace peak %.1f MiB (plan %.1f MiB), device memory taken %.1f MiB, launches %llu, "
+               "empty skips %llu\n",
                graph ? "on" : "off", s.workspace_peak / 1048576.0, s.workspace_planned / 1048576.0,
-               (unsigned long long)s.launches, (unsigned long long)s.empty_skips);
+               s.device_allocated / 1048576.0, (unsigned long long)s.launches, (unsigned long long)s.empty_skips);
         dsv4_backend_free(b);
         dsv4_plan_free(plan);
+    }
+#ifdef DSV4_BENCH_CUDA_RT
+    cudaFree(dx), cudaFree(dy), cudaFree(dids), cudaFree(din);
+#endif
+    /* the targets, on the best (lowest median) configuration of each T; a T that failed anywhere fails */
+    int met_bw = 1, met_t1 = 1, met_fp8 = 1, met_peer = 1, seen_bw = 0, seen_t1 = 0, seen_big = 0, seen_peer = 0;
+    int met_bw_mem = 1, seen_bw_mem = 0; /* the bandwidth target where it is reachable (memory-bound T) */
+    for (int ti = 0; ti < nT; ti++) {
+        const result *best = NULL;
+        int failed = 0;
+        for (int i = 0; i < nrows; i++) {
+            if (rows[i].T != Ts[ti])
+                continue;
+            if (!rows[i].ok)
+                failed = 1;
+            else if (!best || rows[i].ms < best->ms)
+                best = &rows[i];
+        }
+        if (!best || failed) {
+            met_bw = met_bw_mem = met_t1 = met_fp8 = met_peer = 0;
+            continue;
+        }
+        if (best->T >= 32) {
+            bool ok = best->bw_share >= TARGET_BW_SHARE;
+            seen_bw = 1;
+            met_bw &= ok;
+            if (best->bw_reachable) {
+                seen_bw_mem = 1;
+                met_bw_mem &= ok;
+            }
+        }
+        if (best->T == 1) {
+            seen_t1 = 1;
+            met_t1 &= best->ms * 1e3 < TARGET_T1_US;
+        }
+        if (best->T == 16384) {
+            seen_big = 1;
+            met_fp8 &= best->fp8_share >= TARGET_FP8_SHARE;
+        }
+        seen_peer = 1;
+        met_peer &= isfinite(best->speedup) && best->speedup > 1.0;
     }
     /* each target: true met, false missed, null not run (no such T, or no peer times) */
     fprintf(jf, "\n  ],\n  \"targets\": {\"bw_share_ge_70pct_T_ge_32\": %s, \"bw_share_ge_70pct_where_reachable\": %s, "
@@ -608,7 +668,9 @@ int main(int argc, char **argv)
            seen_bw_mem ? (met_bw_mem ? "met" : "NOT met") : "not run", seen_t1 ? (met_t1 ? "met" : "NOT met") : "not run",
            seen_big ? (met_fp8 ? "met" : "NOT met") : "not run",
            !P.have ? "no peer" : seen_peer ? (met_peer ? "met" : "NOT met") : "not run");
-    printf("timing: host clock around dsv4_backend_forward (synchronous, includes the x upload and y download); "
+    printf("timing: host clock around the synchronous forward (io host: dsv4_backend_forward, includes the x upload "
+           "and y download; io device: dsv4_backend_forward_device on device-resident x and y); targets on the best "
+           "configuration of each T; "
            "touch MB = distinct touched routed experts + shared expert + gate in the checkpoint's format; %%copy "
            "against copy GB/s counting read + written; %%fp8 against the %s FP8 GEMM; floor = the larger of touch bytes "
            "at the copy rate and FLOPs at the FP8 rate (bound: which); 'compute-bound' marks a T where even the FP8 "

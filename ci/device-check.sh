@@ -95,19 +95,17 @@ absent() {
 # ---- build ----
 step build 150 "make -j$JOBS all && make -j$JOBS bench-cuda-build"
 step build-cuda 240 "make cuda"
+# what the tensor-core kernels compiled to (registers, spills, matrix instructions), for docs/cuda.md
+step sass 60 "nvcc -std=c++17 -O3 -Iinclude -Icore -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -c fast/cuda/cuda.cu \
+    -o $WORK/sass.o 2>&1 | grep -A2 -E 'k_dec|k_tile[^s]' ; cuobjdump -sass $WORK/sass.o | grep -oE '[A-Z]+MMA[.A-Z0-9_]*' | sort | uniq -c"
 
 BENCH=build/bench/bench_cuda
-if [ -f build/cuda/libdsv4moe.a ] && [ -f build/bench/bench_cuda.o ]; then
-    # the CUDA library needs the CUDA runtime and cuBLASLt at link time (and C++ for the .cu objects):
-    # the Makefile's CUDA_LDLIBS, overridable here
-    CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-    LINK=${DSV4_CUDA_LDLIBS:-"-L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublasLt -lcudart -lstdc++ -ldl -lrt"}
-    if step link-bench 60 "cc -pthread -o build/cuda/bench_cuda build/bench/bench_cuda.o build/cuda/libdsv4moe.a \
-        -ljansson -lyaml -lopenblas -lm $LINK"; then
-        BENCH=build/cuda/bench_cuda
-    fi
+if [ -x build/cuda/bench_cuda ]; then
+    # make cuda's build: the CUDA backend, and device-resident buffers for dsv4_backend_forward_device
+    BENCH=build/cuda/bench_cuda
+    absent link-bench "not needed: make cuda built build/cuda/bench_cuda"
 else
-    absent link-bench "build/cuda/libdsv4moe.a not built: bench_cuda uses the normal library"
+    absent link-bench "build/cuda/bench_cuda not built: bench_cuda uses the normal library"
 fi
 
 # ---- CPU suite ----
@@ -121,6 +119,22 @@ if [ -x "$BENCH" ]; then
         --json $WORK/bench/bench_cuda.json --dir $WORK/bench --threads $JOBS ${DSV4_BENCH_ARGS:-}"
 else
     absent bench-cuda "$BENCH not built"
+fi
+
+# ---- optional: the same benchmark on the mma.sync kernels (DSV4_DEVCHECK_AB=1), and per-kernel
+# device times from Nsight Compute (DSV4_DEVCHECK_PROFILE=1: T = 1 and T = 128, every kernel's
+# duration; the clocks are left alone) ----
+if [ "${DSV4_DEVCHECK_AB:-0}" = 1 ] && [ -x "$BENCH" ]; then
+    step bench-mma 180 "DSV4MOE_CUDA_DEC=mma DSV4MOE_CUDA_TILE=mma $BENCH --ceilings $WORK/bench/ceilings.json \
+        --peer $WORK/bench/torch_peer.json --json $WORK/bench/bench_cuda_mma.json --dir $WORK/bench --threads $JOBS --quick"
+fi
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+if [ "${DSV4_DEVCHECK_PROFILE:-0}" = 1 ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+    for t in 1 128; do
+        step "profile-t$t" 150 "$NCU --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+            $BENCH --tokens $t --quick --ceilings $WORK/bench/ceilings.json --json $WORK/bench/prof_$t.json \
+            --dir $WORK/bench --threads $JOBS"
+    done
 fi
 
 # ---- CUDA tests, scenarios, sanitizer ----
@@ -209,13 +223,13 @@ if bc and bc.get("available"):
                 rows[t] = r
 Ts = sorted(set(peer) | set(rows))
 if rows:
-    print(f"{'T':>6} {'cuda ms':>9} {'graph':>5} {'%copy':>6} {'%fp8':>6} {'torch ms':>9} {'x torch':>8}  targets")
+    print(f"{'T':>6} {'cuda ms':>9} {'graph':>5} {'io':>6} {'%copy':>6} {'%fp8':>6} {'torch ms':>9} {'x torch':>8}  targets")
     for t in Ts:
         r, p = rows.get(t), peer.get(t, {})
         if not r:
             print(f"{t:6d} {'-':>9} {'':>5} {'':>6} {'':>6} {fmt(p.get('peer_ms'), '{:.3f}'):>9}")
             continue
-        print(f"{t:6d} {r['median_ms']:9.4f} {'on' if r['graph'] else 'off':>5} {100*r['share_of_copy']:5.1f}% "
+        print(f"{t:6d} {r['median_ms']:9.4f} {'on' if r['graph'] else 'off':>5} {r.get('io', 'host'):>6} {100*r['share_of_copy']:5.1f}% "
               f"{100*r['share_of_fp8_gemm']:5.1f}% {fmt(r['torch_ms'], '{:.3f}'):>9} {fmt(r['speedup_vs_torch'], '{:.2f}'):>7}x  {r['targets']}")
     tg = bc.get("targets", {})
     print("targets: T>=32 >=70% copy bw: {} (where reachable: {}); T=1 <60us: {}; T=16384 >=50% FP8: {}; "

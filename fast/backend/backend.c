@@ -52,7 +52,7 @@ static void ref_free(void *p)
     free(r);
 }
 
-static const dsv4_backend_vtable ref_vtable = {"ref", ref_forward, ref_stats, ref_free};
+static const dsv4_backend_vtable ref_vtable = {"ref", ref_forward, ref_stats, ref_free, NULL};
 
 static dsv4_status ref_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, int threads, void **impl,
                               dsv4_error *err)
@@ -140,6 +140,22 @@ dsv4_status dsv4_backend_forward(dsv4_backend *b, int64_t T, const uint16_t *x, 
                            "token count %lld is outside [0, max_tokens_per_rank = %lld]", (long long)T,
                            (long long)b->max_tokens);
     return b->vt->forward(b->impl, T, x, input_ids, out, err);
+}
+
+dsv4_status dsv4_backend_forward_device(dsv4_backend *b, int64_t T, const void *x, const int32_t *input_ids,
+                                        const dsv4_forward_out *out, dsv4_error *err)
+{
+    if (!b || !out || !out->y || (T > 0 && !x))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend forward_device",
+                           "backend, x and out->y must not be NULL");
+    if (T < 0 || T > b->max_tokens)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend forward_device",
+                           "token count %lld is outside [0, max_tokens_per_rank = %lld]", (long long)T,
+                           (long long)b->max_tokens);
+    if (!b->vt->forward_device)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend forward_device",
+                           "backend %s holds no device tensors (only cuda does)", b->vt->name);
+    return b->vt->forward_device(b->impl, T, x, input_ids, out, err);
 }
 
 dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *b)

@@ -17,6 +17,9 @@ typedef struct dsv4_backend_vtable {
                            dsv4_forward_out *out, dsv4_error *err);
     dsv4_backend_stats (*stats)(const void *impl);
     void (*free)(void *impl);
+    /* Device-pointer forward (dsv4_backend_forward_device); NULL where the backend has no device. */
+    dsv4_status (*forward_device)(void *impl, int64_t tokens, const void *x, const int32_t *input_ids,
+                                  const dsv4_forward_out *out, dsv4_error *err);
 } dsv4_backend_vtable;
 
 struct dsv4_backend {

@@ -1779,7 +1779,7 @@ static void cpu_free(void *p)
     free(b);
 }
 
-static const dsv4_backend_vtable cpu_vtable = {"cpu", cpu_forward, cpu_stats, cpu_free};
+static const dsv4_backend_vtable cpu_vtable = {"cpu", cpu_forward, cpu_stats, cpu_free, NULL};
 
 /* A bf16 (stacked) matrix under a quantized config: quantized here exactly as the reference does. */
 static dsv4_status quantize_at_load(cpu_be *b, dsv4_weight_format fmt, cmat *m, dsv4_error *err)

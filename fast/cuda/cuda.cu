@@ -15,7 +15,15 @@
  *   k_combine  fp32 per token over kept slots in ascending expert id, + shared, bf16 out
  * Every kernel reads the token count from the device, so a graph captured at a bucket replays
  * any T up to it with the same per-row arithmetic as an eager step (bit-identical outputs).
+ *
+ * That is the exact path (kernels.cuh). Production formats (fp4 or fp8 experts with quantized
+ * activations, dims multiples of 128) take the fp8 tensor-core path instead (mma.cuh): weights
+ * repacked at creation into the fragment-native layout (repack.c), k_count2 (+ placement for
+ * small chunks), the three GEMM regimes of each projection on forked streams (decode / 32-row /
+ * 128-row tiles) with the shared expert as one more group, SwiGLU fused into the gate/up
+ * epilogue, k_quant for h, and the same combine. DSV4MOE_CUDA_PATH=exact forces the exact path.
  */
+#include <algorithm>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <new>
@@ -31,9 +39,12 @@ extern "C" {
 #include "dsv4moe/weights.h"
 #include "../backend/backend_impl.h"
 #include "err.h"
+#include "parallel.h"
+#include "repack.h"
 }
 
 #include "kernels.cuh"
+#include "mma.cuh"
 
 using namespace dsv4cuda;
 
@@ -63,6 +74,7 @@ struct Layout {
     uint64_t logits, x, in_ids, ntok, xq, xs, ids, w, kept, cnt, slot_off, pad_off, active, meta, tile_e, tile_r0, slot_tok,
         slot_row, rowmap, slot_w, stats, gu, hq, hs, o, osh, total, io_end;
     int64_t tc, slots, rows, tiles;
+    int64_t cap_mid, cap_big; /* fp8 path: tile list capacities (32-row tiles, then 128-row tiles) */
 };
 
 struct Graph {
@@ -93,6 +105,16 @@ struct CudaBe {
     Graph graph[DSV4_MAX_BUCKETS];
     dsv4_backend_stats stats;
     uint64_t device_used = 0;
+    /* the fp8 tensor-core path (mma.cuh): fragment-native weights, gate/up interleaved */
+    bool fast = false;
+    bool dec_wgmma = true;  /* the decode regime on wgmma (k_decw); DSV4MOE_CUDA_DEC=mma: mma.sync (k_dec) */
+    bool tile_wgmma = true; /* the tile regimes on wgmma (k_tilew); DSV4MOE_CUDA_TILE=mma: mma.sync (k_tile) */
+    int big_rows = 64;      /* rows of a large group's tile: 64 (k_tilew) or 128 (k_tile) */
+    FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
+    uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
+    cudaStream_t s2 = nullptr, s3 = nullptr, s4 = nullptr; /* forked regimes: 32-row, 128-row tiles, shared decode */
+    cudaEvent_t ev_fork = nullptr, ev_j2 = nullptr, ev_j3 = nullptr, ev_j4 = nullptr;
+    int nsm = 132;
 };
 
 Layout layout_for(const CudaBe *b, int64_t tc)
@@ -111,8 +133,18 @@ Layout layout_for(const CudaBe *b, int64_t tc)
         L.rows = E * cdiv(tc, 128) * 128;
     if (L.rows < tc)
         L.rows = tc;
-    /* tensor-core tiles: sum of ceil(n / BM) over the groups above the decode threshold */
-    L.tiles = L.slots / DSV4C_BM + (L.slots < E ? L.slots : E) + 1;
+    const int64_t act = L.slots < E ? L.slots : E;
+    if (b->fast) {
+        /* 32-row tiles: at most 2 per group of 17..64 rows; 128-row tiles: ceil(n / 128) per larger
+           group; the shared expert's after them */
+        const int64_t g17 = L.slots / (FM_DEC_MAX + 1), g65 = L.slots / (FM_MID_MAX + 1);
+        L.cap_mid = 2 * (g17 < E ? g17 : E) + 3;
+        L.cap_big = L.slots / b->big_rows + (g65 < E ? g65 : E) + tc / b->big_rows + 3;
+        L.tiles = L.cap_mid + L.cap_big;
+    } else {
+        /* tensor-core tiles: sum of ceil(n / BM) over the groups above the decode threshold */
+        L.tiles = L.slots / DSV4C_BM + act + 1;
+    }
     uint64_t off = 0;
     auto take = [&](uint64_t bytes) {
         uint64_t o = off;
@@ -143,12 +175,21 @@ Layout layout_for(const CudaBe *b, int64_t tc)
     L.slot_row = take((uint64_t)L.slots * 4);
     L.rowmap = take((uint64_t)L.slots * 4);
     L.slot_w = take((uint64_t)L.slots * 4);
-    L.gu = take((uint64_t)(L.rows * 2 * I) * 2);
-    bool hq = b->qh_routed || b->qh_shared, hb = !b->qh_routed || !b->qh_shared;
-    /* h: codes + scales when a w2 is quantized; bf16 otherwise (the larger of the two if both occur) */
-    uint64_t hbytes = (uint64_t)(L.rows * I) * (hb ? 2 : 1);
-    L.hq = take(hbytes);
-    L.hs = hq ? take((uint64_t)(L.rows * ngi) * 4) : 0;
+    if (b->fast) {
+        /* h bf16 from the gate/up epilogue, then its codes and scales; rows [rows, rows + Tc) are
+           the shared expert's (it runs in the same launches as the routed groups) */
+        const int64_t hrows = L.rows + (c->n_shared_experts > 0 ? tc : 0);
+        L.gu = take((uint64_t)(hrows * I) * 2);
+        L.hq = take((uint64_t)(hrows * I));
+        L.hs = take((uint64_t)(hrows * ngi) * 4);
+    } else {
+        L.gu = take((uint64_t)(L.rows * 2 * I) * 2);
+        bool hq = b->qh_routed || b->qh_shared, hb = !b->qh_routed || !b->qh_shared;
+        /* h: codes + scales when a w2 is quantized; bf16 otherwise (the larger of the two if both occur) */
+        uint64_t hbytes = (uint64_t)(L.rows * I) * (hb ? 2 : 1);
+        L.hq = take(hbytes);
+        L.hs = hq ? take((uint64_t)(L.rows * ngi) * 4) : 0;
+    }
     L.o = take((uint64_t)(L.rows * H) * 2);
     L.osh = c->n_shared_experts > 0 ? take((uint64_t)(tc * H) * 2) : 0;
     L.total = off;
@@ -241,11 +282,175 @@ template <int F, int Q> cudaError_t gemv_attr(size_t smem)
     return cudaFuncSetAttribute(k_gemv<F, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 }
 
+typedef void (*fast_kernel)(FastArgs);
+const fast_kernel k_tile_mid = k_tile<TileMid, 2, 4, 4, 3>;
+const fast_kernel k_tile_big = k_tile<TileBig, 4, 4, 2, 1>;
+
+/*
+ * Launches the decode regime for format fmt over `groups` slots (routed active slots below
+ * fa.act_max, then the shared expert): k_decw (wgmma) by default, k_dec (mma.sync) with
+ * DSV4MOE_CUDA_DEC=mma; K is split over enough warps to give every multiprocessor a few blocks.
+ */
+void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, int rows_st, cudaStream_t s)
+{
+    if (b->dec_wgmma) {
+        const int slabs = fa.N / 64;
+        int ks = 1;
+        while (ks < 4 && (int64_t)slabs * groups * 4 * ks < 16 * (int64_t)b->nsm)
+            ks *= 2;
+        fa.ks = ks;
+        fa.rows_st = rows_st;
+        const dim3 grid((unsigned)slabs, (unsigned)groups);
+        const size_t smem = decw_smem_bytes(fmt, rows_st, fa.K, ks);
+        if (fmt == WF_FP4)
+            k_decw<WF_FP4><<<grid, 128 * ks, smem, s>>>(fa);
+        else
+            k_decw<WF_FP8><<<grid, 128 * ks, smem, s>>>(fa);
+        return;
+    }
+    const int tiles16 = fa.N / 16;
+    int ks = 1;
+    while (ks < 8 && (int64_t)(tiles16 / (8 / ks)) * groups < 3 * (int64_t)b->nsm)
+        ks *= 2;
+    fa.ks = ks;
+    const dim3 grid((unsigned)(tiles16 / (8 / ks)), (unsigned)groups);
+    if (fmt == WF_FP4)
+        k_dec<WF_FP4><<<grid, FM_THREADS, dec_smem_bytes(WF_FP4, ks, 2), s>>>(fa);
+    else
+        k_dec<WF_FP8><<<grid, FM_THREADS, dec_smem_bytes(WF_FP8, ks, 2), s>>>(fa);
+}
+
+/*
+ * The regimes of one projection: k_dec on the main stream (and, when the shared expert's format
+ * differs from the routed experts', its own k_dec on a forked stream), the 32-row and 128-row
+ * tile kernels on two more forked streams, all joined back before returning; each is launched
+ * only when the chunk's bounds allow it a group. Every block reads its group from the device.
+ */
+cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa)
+{
+    const dsv4_config *c = &b->cfg;
+    cudaStream_t s = b->stream;
+    const bool shared = c->n_shared_experts > 0;
+    const int64_t gmax = b->repeats ? L.slots : L.tc; /* the largest routed group the chunk can hold */
+    const int64_t nmax = std::max(gmax, shared ? L.tc : (int64_t)0);
+    const bool mid = nmax > FM_DEC_MAX, big = nmax > FM_MID_MAX;
+    const bool split = shared && fa.sh.fmt != fa.r.fmt;
+    cudaError_t e = cudaSuccess;
+    if ((mid || big || split) && (e = cudaEventRecord(b->ev_fork, s)) != cudaSuccess)
+        return e;
+    struct Side {
+        bool on;
+        cudaStream_t st;
+        cudaEvent_t ev;
+    } side[3] = {{split, b->s4, b->ev_j4}, {mid, b->s2, b->ev_j2}, {big, b->s3, b->ev_j3}};
+    for (const Side &sd : side)
+        if (sd.on && (e = cudaStreamWaitEvent(sd.st, b->ev_fork, 0)) != cudaSuccess)
+            return e;
+    const int rows_st = std::min<int64_t>(nmax, FM_DEC_MAX) <= 8 ? 8 : 16;
+    if (split) {
+        launch_dec(b, fa.r.fmt, fa, fa.act_max, rows_st, s); /* routed slots only */
+        FastArgs sh = fa;
+        sh.act_max = 0;
+        launch_dec(b, fa.sh.fmt, sh, 1, rows_st, b->s4);
+    } else {
+        launch_dec(b, fa.r.fmt, fa, fa.act_max + 1, rows_st, s);
+    }
+    if (mid) {
+        FastArgs m = fa;
+        m.meta_tiles = 1;
+        const dim3 grid((unsigned)(fa.N / 128), (unsigned)L.cap_mid);
+        if (b->tile_wgmma)
+            k_tilew<32><<<grid, 256, TileW<32>::SMEM, b->s2>>>(m);
+        else
+            k_tile_mid<<<grid, TileMid::THREADS, TileMid::SMEM, b->s2>>>(m);
+    }
+    if (big) {
+        FastArgs g = fa;
+        g.meta_tiles = 3;
+        g.tile_e += L.cap_mid;
+        g.tile_r0 += L.cap_mid;
+        const dim3 grid((unsigned)(fa.N / 128), (unsigned)L.cap_big);
+        if (b->tile_wgmma)
+            k_tilew<64><<<grid, 256, TileW<64>::SMEM, b->s3>>>(g);
+        else
+            k_tile_big<<<grid, TileBig::THREADS, TileBig::SMEM, b->s3>>>(g);
+    }
+    for (const Side &sd : side)
+        if (sd.on && ((e = cudaEventRecord(sd.ev, sd.st)) != cudaSuccess || (e = cudaStreamWaitEvent(s, sd.ev, 0)) != cudaSuccess))
+            return e;
+    return cudaPeekAtLastError();
+}
+
+/* The fp8 path after the router: grouping, gate/up + SwiGLU, quantization of h, down, combine. */
+cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra, GroupArgs ga)
+{
+    const dsv4_config *c = &b->cfg;
+    const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
+    cudaStream_t s = b->stream;
+    const bool shared = c->n_shared_experts > 0;
+    Group2Args g2;
+    g2.ids = ra.ids, g2.w = ra.w, g2.ntok = ra.ntok;
+    g2.cnt = ga.cnt, g2.slot_off = ga.slot_off, g2.pad_off = ga.pad_off, g2.active = ga.active, g2.meta = ga.meta;
+    g2.tile_e = ga.tile_e, g2.tile_r0 = ga.tile_r0;
+    g2.slot_tok = ga.slot_tok, g2.slot_row = ga.slot_row, g2.rowmap = ga.rowmap, g2.slot_w = ga.slot_w;
+    g2.stats = ga.stats;
+    g2.E = E, g2.K = K, g2.rows = (int)L.rows, g2.cap_mid = (int)L.cap_mid, g2.cap_big = (int)L.cap_big;
+    g2.has_shared = shared;
+    g2.mid_rows = 32, g2.big_rows = b->big_rows;
+    g2.place = L.slots <= 1024;
+    k_count2<<<1, 1024, (size_t)E * 4, s>>>(g2);
+    if (!g2.place)
+        k_place<<<(unsigned)E, 256, 0, s>>>(ga);
+    FastArgs fa = FastArgs();
+    fa.ntok = ra.ntok, fa.cnt = ga.cnt, fa.slot_off = ga.slot_off, fa.pad_off = ga.pad_off, fa.active = ga.active;
+    fa.meta = ga.meta, fa.tile_e = ga.tile_e, fa.tile_r0 = ga.tile_r0, fa.slot_tok = ga.slot_tok, fa.slot_w = ga.slot_w;
+    fa.stats = ga.stats, fa.E = E, fa.act_max = (int)(L.slots < E ? L.slots : E);
+    fa.before = c->weight_point == DSV4_WEIGHT_BEFORE_W2, fa.clamp_r = 1, fa.clamp_s = c->shared_clamp;
+    fa.L = c->swiglu_limit;
+    uint16_t *h16 = at<uint16_t>(b, L.gu);
+    uint8_t *hq = at<uint8_t>(b, L.hq);
+    float *hs = at<float>(b, L.hs);
+    const int64_t ngi = I / 128;
+    /* gate/up with the SwiGLU epilogue: h bf16 */
+    FastArgs gu = fa;
+    gu.r = b->fp[0], gu.sh = shared ? b->fp[2] : FProj();
+    gu.N = 2 * I, gu.K = H, gu.gu = 1;
+    gu.A = at<uint8_t>(b, L.xq), gu.As = at<float>(b, L.xs), gu.gather = 1;
+    gu.Ash = gu.A, gu.Assh = gu.As;
+    gu.out = h16, gu.out_sh = h16 + L.rows * I;
+    cudaError_t e = launch_regimes(b, L, gu);
+    if (e != cudaSuccess)
+        return e;
+    QuantArgs qa;
+    qa.h = h16, qa.q = hq, qa.s = hs, qa.slot_row = ga.slot_row, qa.meta = ga.meta, qa.ntok = ra.ntok;
+    qa.sh_row0 = L.rows, qa.I = I, qa.qmode = (int)c->act_quant, qa.slots = (int)L.slots, qa.has_shared = shared;
+    k_quant<<<(unsigned)(L.slots + (shared ? L.tc : 0)), 128, 0, s>>>(qa);
+    /* down */
+    FastArgs dn = fa;
+    dn.r = b->fp[1], dn.sh = shared ? b->fp[3] : FProj();
+    dn.N = H, dn.K = I, dn.gu = 0;
+    dn.A = hq, dn.As = hs, dn.gather = 0;
+    dn.Ash = hq + L.rows * I, dn.Assh = hs + L.rows * ngi;
+    dn.out = at<uint16_t>(b, L.o), dn.out_sh = shared ? at<uint16_t>(b, L.osh) : nullptr;
+    if ((e = launch_regimes(b, L, dn)) != cudaSuccess)
+        return e;
+    CombineArgs ca;
+    ca.O = dn.out;
+    ca.Osh = dn.out_sh;
+    ca.ids = ra.ids, ca.rowmap = ga.rowmap, ca.w = ra.w;
+    ca.y = at<uint16_t>(b, L.x);
+    ca.ntok = ra.ntok;
+    ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
+    k_combine<<<(unsigned)L.tc, 256, (size_t)K * 8, s>>>(ca);
+    return cudaPeekAtLastError();
+}
+
 /*
  * Enqueues the kernels of one chunk whose buffers follow layout L (grids sized by L.tc; the
- * kernels read the actual token count from the device). No host synchronisation.
+ * kernels read the actual token count from the device). No host synchronisation. t0 is the
+ * chunk's first token (only for error messages).
  */
-void enqueue_chunk(const CudaBe *b, const Layout &L)
+cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
 {
     const dsv4_config *c = &b->cfg;
     const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
@@ -264,7 +469,8 @@ void enqueue_chunk(const CudaBe *b, const Layout &L)
     ra.xq = b->qx ? at<uint8_t>(b, L.xq) : nullptr;
     ra.xs = b->qx ? at<float>(b, L.xs) : nullptr;
     ra.stats = stats;
-    ra.H = H, ra.E = E, ra.K = K;
+    ra.t0 = t0;
+    ra.H = H, ra.E = E, ra.K = K, ra.V = (int)c->vocab_size;
     ra.hash = dsv4_config_is_hash_layer(c);
     ra.score = (int)c->score_func;
     ra.gate_bf16 = c->gate_logits == DSV4_GATE_LOGITS_BF16;
@@ -303,6 +509,8 @@ void enqueue_chunk(const CudaBe *b, const Layout &L)
     ga.slot_tok = at<int32_t>(b, L.slot_tok), ga.slot_row = at<int32_t>(b, L.slot_row);
     ga.rowmap = at<int32_t>(b, L.rowmap), ga.slot_w = at<float>(b, L.slot_w);
     ga.stats = stats, ga.E = E, ga.K = K, ga.small = b->small, ga.rows = (int)L.rows, ga.tile_m = DSV4C_BM;
+    if (b->fast)
+        return enqueue_fast(b, L, ra, ga);
     k_count<<<1, 1024, (size_t)E * 4, s>>>(ga);
     k_place<<<(unsigned)E, 256, 0, s>>>(ga);
 
@@ -389,6 +597,7 @@ void enqueue_chunk(const CudaBe *b, const Layout &L)
     ca.ntok = ntok;
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
     k_combine<<<(unsigned)L.tc, 256, (size_t)K * 8, s>>>(ca);
+    return cudaPeekAtLastError();
 }
 
 dsv4_status sync_check(CudaBe *b, const char *what, dsv4_error *err)
@@ -413,8 +622,10 @@ dsv4_status graph_for(CudaBe *b, int64_t T, Graph **out, dsv4_error *err)
             Layout L = layout_for(b, gr->bucket);
             cudaGraph_t graph = nullptr;
             CK(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
-            enqueue_chunk(b, L);
+            cudaError_t ee = enqueue_chunk(b, L, 0);
             cudaError_t e = cudaStreamEndCapture(b->stream, &graph);
+            if (e == cudaSuccess)
+                e = ee;
             if (e != cudaSuccess || cudaGetLastError() != cudaSuccess) {
                 if (graph)
                     cudaGraphDestroy(graph);
@@ -435,21 +646,20 @@ dsv4_status graph_for(CudaBe *b, int64_t T, Graph **out, dsv4_error *err)
     return DSV4_OK;
 }
 
-dsv4_status cuda_forward(void *p, int64_t T, const uint16_t *x, const int32_t *in_ids, dsv4_forward_out *out,
-                         dsv4_error *err)
+/* Where a forward's tensors live: host buffers (staged through the pinned mirror) or device ones. */
+struct Io {
+    bool dev;
+    const uint16_t *x;
+    const int32_t *ids;
+    const dsv4_forward_out *out;
+};
+
+dsv4_status run_forward(CudaBe *b, int64_t T, const Io &io, dsv4_error *err)
 {
-    CudaBe *b = (CudaBe *)p;
     const dsv4_config *c = &b->cfg;
     const int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
     const bool hash = dsv4_config_is_hash_layer(c);
-    if (T == 0) {
-        /* nothing to launch; the plan's metadata collective is the caller's (fast/dist) */
-        b->stats.forwards++;
-        return DSV4_OK;
-    }
-    dsv4_status st = dsv4_router_check_input_ids(c, b->host_tid2eid, T, in_ids, "cuda forward", err);
-    if (st)
-        return st;
+    dsv4_status st;
     Graph *gr = nullptr;
     if (b->graphs && T <= b->chunk && (st = graph_for(b, T, &gr, err)))
         return st;
@@ -464,31 +674,64 @@ dsv4_status cuda_forward(void *p, int64_t T, const uint16_t *x, const int32_t *i
         uint8_t *hb = b->hbuf;
         memcpy(hb + L.ntok, &ntok, 4);
         memset(hb + L.stats, 0, ST_N * 8);
-        if (hash)
-            memcpy(hb + L.in_ids, in_ids + t0, (size_t)Tc * 4);
-        memcpy(hb + L.x, x + t0 * H, (size_t)(Tc * H) * 2);
-        CK(cudaMemcpyAsync(b->ws, hb, (size_t)(L.x + (uint64_t)(Tc * H) * 2), cudaMemcpyHostToDevice, b->stream));
+        const size_t xbytes = (size_t)(Tc * H) * 2;
+        if (!io.dev) {
+            if (hash)
+                memcpy(hb + L.in_ids, io.ids + t0, (size_t)Tc * 4);
+            memcpy(hb + L.x, io.x + t0 * H, xbytes);
+            CK(cudaMemcpyAsync(b->ws, hb, (size_t)(L.x + xbytes), cudaMemcpyHostToDevice, b->stream));
+        } else {
+            CK(cudaMemcpyAsync(b->ws + L.ntok, hb + L.ntok, (size_t)(L.stats + ST_N * 8 - L.ntok), cudaMemcpyHostToDevice,
+                               b->stream));
+            CK(cudaMemcpyAsync(b->ws + L.x, io.x + t0 * H, xbytes, cudaMemcpyDeviceToDevice, b->stream));
+            if (hash)
+                CK(cudaMemcpyAsync(b->ws + L.in_ids, io.ids + t0, (size_t)Tc * 4, cudaMemcpyDeviceToDevice, b->stream));
+        }
         if (gr)
             CK(cudaGraphLaunch(gr->exec, b->stream));
         else
-            enqueue_chunk(b, L);
+            CK(enqueue_chunk(b, L, t0));
         CK(cudaGetLastError());
-        const uint64_t back_end = L.kept + (uint64_t)Tc * 4;
-        CK(cudaMemcpyAsync(hb + L.stats, b->ws + L.stats, (size_t)(back_end - L.stats), cudaMemcpyDeviceToHost,
-                           b->stream));
-        if ((st = sync_check(b, "cuda forward", err)))
+        if (!io.dev) {
+            const uint64_t back_end = L.kept + (uint64_t)Tc * 4;
+            CK(cudaMemcpyAsync(hb + L.stats, b->ws + L.stats, (size_t)(back_end - L.stats), cudaMemcpyDeviceToHost,
+                               b->stream));
+        } else {
+            const dsv4_forward_out *o = io.out;
+            CK(cudaMemcpyAsync(hb + L.stats, b->ws + L.stats, ST_N * 8, cudaMemcpyDeviceToHost, b->stream));
+            CK(cudaMemcpyAsync(o->y + t0 * H, b->ws + L.x, xbytes, cudaMemcpyDeviceToDevice, b->stream));
+            if (o->topk_ids)
+                CK(cudaMemcpyAsync(o->topk_ids + t0 * K, b->ws + L.ids, (size_t)(Tc * K) * 4, cudaMemcpyDeviceToDevice,
+                                   b->stream));
+            if (o->topk_weights)
+                CK(cudaMemcpyAsync(o->topk_weights + t0 * K, b->ws + L.w, (size_t)(Tc * K) * 4,
+                                   cudaMemcpyDeviceToDevice, b->stream));
+            if (o->kept_counts)
+                CK(cudaMemcpyAsync(o->kept_counts + t0, b->ws + L.kept, (size_t)Tc * 4, cudaMemcpyDeviceToDevice,
+                                   b->stream));
+        }
+        if ((st = sync_check(b, io.dev ? "cuda forward_device" : "cuda forward", err)))
             return st;
-        memcpy(out->y + t0 * H, hb + L.x, (size_t)(Tc * H) * 2);
-        if (out->topk_ids)
-            memcpy(out->topk_ids + t0 * K, hb + L.ids, (size_t)(Tc * K) * 4);
-        if (out->topk_weights)
-            memcpy(out->topk_weights + t0 * K, hb + L.w, (size_t)(Tc * K) * 4);
-        if (out->kept_counts)
-            memcpy(out->kept_counts + t0, hb + L.kept, (size_t)Tc * 4);
+        if (!io.dev) {
+            const dsv4_forward_out *o = io.out;
+            memcpy(o->y + t0 * H, hb + L.x, xbytes);
+            if (o->topk_ids)
+                memcpy(o->topk_ids + t0 * K, hb + L.ids, (size_t)(Tc * K) * 4);
+            if (o->topk_weights)
+                memcpy(o->topk_weights + t0 * K, hb + L.w, (size_t)(Tc * K) * 4);
+            if (o->kept_counts)
+                memcpy(o->kept_counts + t0, hb + L.kept, (size_t)Tc * 4);
+        }
         unsigned long long cs[ST_N];
         memcpy(cs, hb + L.stats, sizeof cs);
         for (int i = 0; i < ST_N; i++)
             hs[i] += cs[i];
+        if (cs[ST_BADIN])
+            return dsv4_seterr(err, DSV4_ERR_RANGE, "cuda forward_device",
+                               "input_ids[%lld] is outside [0, %lld) or its tid2eid row names an expert outside [0, "
+                               "%lld) (checked on the device; %llu such tokens in the chunk at token %lld)",
+                               (long long)(0xFFFFFFFFull - cs[ST_BADIN_AT]), (long long)c->vocab_size, (long long)E,
+                               cs[ST_BADIN], (long long)t0);
         if (cs[ST_BADID])
             return dsv4_seterr(err, DSV4_ERR_INTERNAL, "cuda forward",
                                "%llu slots of the chunk at token %lld hold an expert id outside [0, %lld] (E is the "
@@ -512,6 +755,37 @@ dsv4_status cuda_forward(void *p, int64_t T, const uint16_t *x, const int32_t *i
     return DSV4_OK;
 }
 
+dsv4_status cuda_forward(void *p, int64_t T, const uint16_t *x, const int32_t *in_ids, dsv4_forward_out *out,
+                         dsv4_error *err)
+{
+    CudaBe *b = (CudaBe *)p;
+    if (T == 0) {
+        /* nothing to launch; the plan's metadata collective is the caller's (fast/dist) */
+        b->stats.forwards++;
+        return DSV4_OK;
+    }
+    dsv4_status st = dsv4_router_check_input_ids(&b->cfg, b->host_tid2eid, T, in_ids, "cuda forward", err);
+    if (st)
+        return st;
+    Io io = {false, x, in_ids, out};
+    return run_forward(b, T, io, err);
+}
+
+dsv4_status cuda_forward_device(void *p, int64_t T, const void *x, const int32_t *in_ids, const dsv4_forward_out *out,
+                                dsv4_error *err)
+{
+    CudaBe *b = (CudaBe *)p;
+    if (T == 0) {
+        b->stats.forwards++;
+        return DSV4_OK;
+    }
+    if (dsv4_config_is_hash_layer(&b->cfg) && !in_ids)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "cuda forward_device",
+                           "layer %lld is a hash layer: input_ids are required", (long long)b->cfg.layer);
+    Io io = {true, (const uint16_t *)x, in_ids, out};
+    return run_forward(b, T, io, err);
+}
+
 dsv4_backend_stats cuda_stats(const void *p)
 {
     const CudaBe *b = (const CudaBe *)p;
@@ -530,18 +804,26 @@ void cuda_free(void *p)
         cudaFree(b->rw[i].w), cudaFree(b->rw[i].s);
         cudaFree(b->sw[i].w), cudaFree(b->sw[i].s);
     }
+    for (int i = 0; i < 8; i++)
+        cudaFree(b->fbuf[i]);
     cudaFree(b->gate16), cudaFree(b->bias), cudaFree(b->tid2eid);
     cudaFree(b->pred_norm), cudaFree(b->pred_w), cudaFree(b->pred_b);
     cudaFree(b->ws);
     if (b->hbuf)
         cudaFreeHost(b->hbuf);
     free(b->host_tid2eid);
-    if (b->stream)
-        cudaStreamDestroy(b->stream);
+    cudaStream_t streams[4] = {b->stream, b->s2, b->s3, b->s4};
+    for (cudaStream_t st : streams)
+        if (st)
+            cudaStreamDestroy(st);
+    cudaEvent_t evs[4] = {b->ev_fork, b->ev_j2, b->ev_j3, b->ev_j4};
+    for (cudaEvent_t ev : evs)
+        if (ev)
+            cudaEventDestroy(ev);
     delete b;
 }
 
-const dsv4_backend_vtable cuda_vtable = {"cuda", cuda_forward, cuda_stats, cuda_free};
+const dsv4_backend_vtable cuda_vtable = {"cuda", cuda_forward, cuda_stats, cuda_free, cuda_forward_device};
 
 /* Bytes of the data / scales of one [n, k] matrix in format fmt. */
 void mat_bytes(int fmt, int sfp32, int64_t n, int64_t k, uint64_t *data, uint64_t *scales)
@@ -647,6 +929,143 @@ dsv4_status upload(CudaBe *b, const dsv4_checkpoint *ck, bool shared, int p, Dev
     return DSV4_OK;
 }
 
+/* The kernel choices of the fp8 path (DSV4MOE_CUDA_DEC / DSV4MOE_CUDA_TILE = mma: mma.sync kernels). */
+void set_kernels(CudaBe *b)
+{
+    const char *dv = getenv("DSV4MOE_CUDA_DEC"), *tv = getenv("DSV4MOE_CUDA_TILE");
+    b->dec_wgmma = !(dv && !strcmp(dv, "mma"));
+    b->tile_wgmma = !(tv && !strcmp(tv, "mma"));
+    b->big_rows = b->tile_wgmma ? 64 : 128;
+}
+
+/* Whether the config takes the fp8 tensor-core path (the weights are checked at upload too). */
+bool want_fast(const dsv4_config *c)
+{
+    const char *p = getenv("DSV4MOE_CUDA_PATH");
+    if (p && !strcmp(p, "exact"))
+        return false;
+    bool rq = c->routed_format == DSV4_FORMAT_FP4 || c->routed_format == DSV4_FORMAT_FP8;
+    bool sq = c->n_shared_experts == 0 || c->shared_format == DSV4_FORMAT_FP8;
+    return c->act_quant != DSV4_ACT_QUANT_NONE && rq && sq && c->dim % 128 == 0 && c->moe_inter_dim % 128 == 0;
+}
+
+/* One batch of experts repacked on the host (in parallel over experts), then uploaded. */
+struct RepackJob {
+    const dsv4_checkpoint *ck;
+    const dsv4_config *cfg;
+    bool shared, gu;
+    int64_t e0, n, k;
+    uint64_t wbytes, sbytes;
+    uint8_t *hw, *hs;
+    dsv4_status *st;
+    dsv4_error *errs;
+    int *fmt;
+};
+
+void repack_range(void *ctx, int64_t begin, int64_t end)
+{
+    RepackJob *j = (RepackJob *)ctx;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t e = j->shared ? DSV4_SHARED_EXPERT : j->e0 + i;
+        dsv4_matrix_view v[2];
+        uint8_t *qb[2] = {nullptr, nullptr}, *sb[2] = {nullptr, nullptr};
+        const int nv = j->gu ? 2 : 1;
+        dsv4_status st = DSV4_OK;
+        for (int m = 0; m < nv && !st; m++)
+            st = view_as(j->ck, j->cfg, e, j->gu ? (m ? DSV4_PROJ_W3 : DSV4_PROJ_W1) : DSV4_PROJ_W2, &v[m], &qb[m], &sb[m],
+                         &j->errs[i]);
+        if (!st) {
+            dsv4_fn_src src[2];
+            for (int m = 0; m < nv; m++) {
+                src[m].data = v[m].data, src[m].row_bytes = v[m].row_bytes, src[m].scales = v[m].scales;
+                src[m].sfp32 = v[m].format == DSV4_FORMAT_FP8 && v[m].scale_format == DSV4_SCALE_FP32;
+            }
+            j->fmt[i] = (int)v[0].format;
+            uint8_t *dw = j->hw + (uint64_t)i * j->wbytes, *ds = j->hs + (uint64_t)i * j->sbytes;
+            if (v[0].n != j->n || v[0].k != j->k || (nv == 2 && (v[1].n != v[0].n || v[1].k != v[0].k ||
+                                                                                v[1].format != v[0].format))) {
+                st = dsv4_seterr(&j->errs[i], DSV4_ERR_SHAPE, v[0].key, "shape or format differs from the config's");
+            } else if (v[0].format == DSV4_FORMAT_FP4) {
+                int which = 0;
+                int64_t row = 0, grp = 0;
+                if (dsv4_fn_repack_fp4(&src[0], nv == 2 ? &src[1] : nullptr, j->n, j->k, dw, ds, &which, &row, &grp))
+                    st = dsv4_seterr(&j->errs[i], DSV4_ERR_UNSUPPORTED, v[which].key,
+                                     "scale byte of row %lld, group %lld is above %d: the fp8 tensor-core path cannot "
+                                     "hold it exactly",
+                                     (long long)row, (long long)grp, DSV4_FN_FP4_SCALE_MAX);
+            } else if (v[0].format == DSV4_FORMAT_FP8) {
+                dsv4_fn_repack_fp8(&src[0], nv == 2 ? &src[1] : nullptr, j->n, j->k, dw, (float *)(void *)ds);
+            } else {
+                st = dsv4_seterr(&j->errs[i], DSV4_ERR_UNSUPPORTED, v[0].key, "bf16 weights take the exact path");
+            }
+        }
+        for (int m = 0; m < 2; m++)
+            free(qb[m]), free(sb[m]);
+        j->st[i] = st;
+    }
+}
+
+/*
+ * Uploads projection `gu` (gate/up interleaved) or down of the routed experts or the shared one
+ * into the fragment-native layout (fp[slot], buffers fbuf[2 slot], fbuf[2 slot + 1]).
+ * DSV4_ERR_UNSUPPORTED: the weights cannot take the fp8 path (the caller falls back).
+ */
+dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool gu, int threads, int slot,
+                        dsv4_error *err)
+{
+    const dsv4_config *c = &b->cfg;
+    const int64_t count = shared ? 1 : c->n_routed_experts;
+    const int64_t n = gu ? c->moe_inter_dim : c->dim, k = gu ? c->dim : c->moe_inter_dim;
+    const int fmt = shared ? c->shared_format : c->routed_format;
+    uint64_t wbytes, sbytes;
+    dsv4_fn_sizes(fmt == DSV4_FORMAT_FP4, n, k, gu, &wbytes, &sbytes);
+    const uint64_t ws = align256(wbytes), ss = align256(sbytes);
+    cudaError_t ce = cudaMalloc((void **)&b->fbuf[2 * slot], (size_t)(ws * count));
+    if (ce == cudaSuccess)
+        ce = cudaMalloc((void **)&b->fbuf[2 * slot + 1], (size_t)(ss * count));
+    if (ce != cudaSuccess)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "cudaMalloc of %llu bytes of weights failed: %s",
+                           (unsigned long long)(ws * count), cudaGetErrorString(ce));
+    FProj &f = b->fp[slot];
+    f.w = b->fbuf[2 * slot], f.s = b->fbuf[2 * slot + 1], f.w_stride = (long long)ws, f.s_stride = (long long)ss;
+    f.fmt = fmt == DSV4_FORMAT_FP4 ? WF_FP4 : WF_FP8;
+    const int64_t batch = std::min<int64_t>(count, 16);
+    uint8_t *hw = (uint8_t *)malloc((size_t)(wbytes * batch)), *hsb = (uint8_t *)malloc((size_t)(sbytes * batch));
+    dsv4_status *sts = (dsv4_status *)calloc((size_t)batch, sizeof *sts);
+    dsv4_error *errs = (dsv4_error *)calloc((size_t)batch, sizeof *errs);
+    int *fmts = (int *)calloc((size_t)batch, sizeof *fmts);
+    dsv4_status st = DSV4_OK;
+    if (!hw || !hsb || !sts || !errs || !fmts)
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory repacking weights");
+    for (int64_t e0 = 0; e0 < count && !st; e0 += batch) {
+        RepackJob j;
+        j.ck = ck, j.cfg = c, j.shared = shared, j.gu = gu, j.e0 = e0, j.n = n, j.k = k;
+        j.wbytes = wbytes, j.sbytes = sbytes, j.hw = hw, j.hs = hsb, j.st = sts, j.errs = errs, j.fmt = fmts;
+        const int64_t m = std::min(batch, count - e0);
+        dsv4_parallel_for(threads, m, 1, repack_range, &j);
+        for (int64_t i = 0; i < m && !st; i++) {
+            if (sts[i]) {
+                st = sts[i];
+                if (err)
+                    *err = errs[i];
+            } else if (fmts[i] != fmt) {
+                st = dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE, "expert %lld is stored in another format",
+                                 (long long)(e0 + i));
+            }
+        }
+        for (int64_t i = 0; i < m && !st; i++) {
+            ce = cudaMemcpy(b->fbuf[2 * slot] + (e0 + i) * ws, hw + i * wbytes, (size_t)wbytes, cudaMemcpyHostToDevice);
+            if (ce == cudaSuccess)
+                ce = cudaMemcpy(b->fbuf[2 * slot + 1] + (e0 + i) * ss, hsb + i * sbytes, (size_t)sbytes,
+                                cudaMemcpyHostToDevice);
+            if (ce != cudaSuccess)
+                st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "weight upload failed: %s", cudaGetErrorString(ce));
+        }
+    }
+    free(hw), free(hsb), free(sts), free(errs), free(fmts);
+    return st;
+}
+
 dsv4_status upload_f32(const float *src, size_t n, float **dst, const char *what, dsv4_error *err)
 {
     *dst = nullptr;
@@ -671,6 +1090,8 @@ extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int6
         return 0;
     b->cfg = *cfg;
     set_modes(b);
+    b->fast = want_fast(cfg);
+    set_kernels(b);
     uint64_t v = layout_for(b, tc).total;
     delete b;
     return v;
@@ -737,7 +1158,31 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     if ((ce = cudaMemGetInfo(&free0, &total)) != cudaSuccess || (ce = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (ce = gemv_attr<WF_BF16, 0>(gsm)) != cudaSuccess || (ce = gemv_attr<WF_BF16, 1>(gsm)) != cudaSuccess ||
         (ce = gemv_attr<WF_FP8, 0>(gsm)) != cudaSuccess || (ce = gemv_attr<WF_FP8, 1>(gsm)) != cudaSuccess ||
-        (ce = gemv_attr<WF_FP4, 0>(gsm)) != cudaSuccess || (ce = gemv_attr<WF_FP4, 1>(gsm)) != cudaSuccess) {
+        (ce = gemv_attr<WF_FP4, 0>(gsm)) != cudaSuccess || (ce = gemv_attr<WF_FP4, 1>(gsm)) != cudaSuccess ||
+        (ce = cudaStreamCreateWithFlags(&b->s2, cudaStreamNonBlocking)) != cudaSuccess ||
+        (ce = cudaStreamCreateWithFlags(&b->s3, cudaStreamNonBlocking)) != cudaSuccess ||
+        (ce = cudaStreamCreateWithFlags(&b->s4, cudaStreamNonBlocking)) != cudaSuccess ||
+        (ce = cudaEventCreateWithFlags(&b->ev_j4, cudaEventDisableTiming)) != cudaSuccess ||
+        (ce = cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming)) != cudaSuccess ||
+        (ce = cudaEventCreateWithFlags(&b->ev_j2, cudaEventDisableTiming)) != cudaSuccess ||
+        (ce = cudaEventCreateWithFlags(&b->ev_j3, cudaEventDisableTiming)) != cudaSuccess ||
+        (ce = cudaDeviceGetAttribute(&b->nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
+        (ce = cudaFuncSetAttribute(k_decw<WF_FP4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)decw_smem_bytes(WF_FP4, 16, (int)kmax, 4))) != cudaSuccess ||
+        (ce = cudaFuncSetAttribute(k_decw<WF_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)decw_smem_bytes(WF_FP8, 16, (int)kmax, 4))) != cudaSuccess ||
+        (ce = cudaFuncSetAttribute(k_dec<WF_FP4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)dec_smem_bytes(WF_FP4, 8, 2))) != cudaSuccess ||
+        (ce = cudaFuncSetAttribute(k_dec<WF_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)dec_smem_bytes(WF_FP8, 8, 2))) != cudaSuccess ||
+        (ce = cudaFuncSetAttribute(k_tilew<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileW<32>::SMEM)) !=
+            cudaSuccess ||
+        (ce = cudaFuncSetAttribute(k_tilew<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileW<64>::SMEM)) !=
+            cudaSuccess ||
+        (ce = cudaFuncSetAttribute(k_tile_mid, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileMid::SMEM)) !=
+            cudaSuccess ||
+        (ce = cudaFuncSetAttribute(k_tile_big, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileBig::SMEM)) !=
+            cudaSuccess) {
         st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "device setup failed: %s", cudaGetErrorString(ce));
         goto fail;
     }
@@ -790,13 +1235,33 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         }
     }
     dsv4_router_tensors_release(&rt, NULL);
-    for (int p = 0; p < 3; p++)
-        if ((st = upload(b, ck, false, p, &b->rw[p], err)))
+    b->fast = want_fast(c);
+    set_kernels(b);
+    if (b->fast) {
+        /* the fp8 path: fragment-native weights; a scale the path cannot hold exactly falls back */
+        for (int slot = 0; slot < 4 && !st; slot++)
+            if (slot < 2 || c->n_shared_experts > 0)
+                st = upload_fast(b, ck, slot >= 2, slot % 2 == 0, threads < 1 ? 1 : threads, slot, err);
+        if (st == DSV4_ERR_UNSUPPORTED) {
+            for (int i = 0; i < 8; i++) {
+                cudaFree(b->fbuf[i]);
+                b->fbuf[i] = nullptr;
+            }
+            b->fast = false;
+            st = DSV4_OK;
+        }
+        if (st)
             goto fail;
-    if (c->n_shared_experts > 0)
+    }
+    if (!b->fast) {
         for (int p = 0; p < 3; p++)
-            if ((st = upload(b, ck, true, p, &b->sw[p], err)))
+            if ((st = upload(b, ck, false, p, &b->rw[p], err)))
                 goto fail;
+        if (c->n_shared_experts > 0)
+            for (int p = 0; p < 3; p++)
+                if ((st = upload(b, ck, true, p, &b->sw[p], err)))
+                    goto fail;
+    }
     {
         /* the workspace: one allocation, the layout of a full chunk (every bucket is within a chunk) */
         Layout L = layout_for(b, b->chunk);

@@ -14,7 +14,11 @@ namespace dsv4cuda {
 enum { WF_BF16 = 0, WF_FP8 = 1, WF_FP4 = 2 };
 
 /* Device counters, zeroed per forward, read back with the outputs. */
-enum { ST_NONFINITE = 0, ST_RG, ST_RU, ST_SG, ST_SU, ST_ACTIVE, ST_EMPTY, ST_BADID, ST_N };
+enum { ST_NONFINITE = 0, ST_RG, ST_RU, ST_SG, ST_SU, ST_ACTIVE, ST_EMPTY, ST_BADID, ST_BADIN, ST_BADIN_AT, ST_N };
+/* ST_BADIN: hash-layer input ids (or their tid2eid entries) out of range, found on the device (the
+   device-pointer forward; the host forward checks them before anything runs). The token is routed
+   to experts 0 .. K-1 instead, and the forward returns an error. ST_BADIN_AT: 0xFFFFFFFF minus the
+   smallest such token index of the chunk (atomicMax), so the error names the first one. */
 
 #define DSV4C_SMALL_MAX 8 /* groups up to this many rows take the GEMV path */
 #define DSV4C_BM 128 /* tensor-core tile: 128 rows (of one group) x 64 columns, K blocks of 32 */
@@ -197,7 +201,8 @@ struct RouterArgs {
     uint8_t *xq;            /* [Tc, H] codes or NULL */
     float *xs;              /* [Tc, ceil(H/128)] */
     unsigned long long *stats;
-    int H, E, K, hash, score, gate_bf16, predictor, top_p_on, min_keep, renorm, qmode;
+    long long t0; /* the chunk's first token (error messages) */
+    int H, E, K, V, hash, score, gate_bf16, predictor, top_p_on, min_keep, renorm, qmode;
     float route_scale, norm_eps, top_p;
 };
 
@@ -331,54 +336,111 @@ __global__ void k_router(RouterArgs a)
                 a.w[(long long)t * K + k] = __fdiv_rn(a.route_scale, (float)K);
             }
             a.kept[t] = K;
-        } else {
-            if (a.score == 2) {
-                float mx = lg[0], sum = 0.0f;
-                for (int e = 1; e < E; e++)
-                    mx = lg[e] > mx ? lg[e] : mx;
-                for (int e = 0; e < E; e++) {
-                    lg[e] = expf(__fsub_rn(lg[e], mx));
-                    sum = __fadd_rn(sum, lg[e]);
-                }
-                for (int e = 0; e < E; e++)
-                    lg[e] = __fdiv_rn(lg[e], sum);
+        } else if (a.score == 2) {
+            float mx = lg[0], sum = 0.0f;
+            for (int e = 1; e < E; e++)
+                mx = lg[e] > mx ? lg[e] : mx;
+            for (int e = 0; e < E; e++) {
+                lg[e] = expf(__fsub_rn(lg[e], mx));
+                sum = __fadd_rn(sum, lg[e]);
             }
-            if (a.hash) {
-                for (int k = 0; k < K; k++)
-                    idk[k] = a.tid2eid[(long long)a.in_ids[t] * K + k];
-            } else {
-                int n = 0;
-                for (int e = 0; e < E; e++) {
-                    float v = a.bias ? __fadd_rn(lg[e], a.bias[e]) : lg[e];
-                    if (n == K && !before_key(v, e, key[K - 1], idk[K - 1]))
-                        continue;
-                    int pos = n < K ? n++ : K - 1;
-                    while (pos > 0 && before_key(v, e, key[pos - 1], idk[pos - 1])) {
-                        key[pos] = key[pos - 1];
-                        idk[pos] = idk[pos - 1];
-                        pos--;
-                    }
-                    key[pos] = v;
-                    idk[pos] = e;
-                }
-            }
-            float sum = 0.0f;
-            for (int k = 0; k < K; k++) {
-                wk[k] = lg[idk[k]];
-                sum = __fadd_rn(sum, wk[k]);
-            }
-            if (a.score != 2) {
-                float den = __fadd_rn(sum, a.norm_eps);
-                for (int k = 0; k < K; k++)
-                    wk[k] = __fdiv_rn(wk[k], den);
-            }
-            for (int k = 0; k < K; k++)
-                wk[k] = __fmul_rn(wk[k], a.route_scale);
+            for (int e = 0; e < E; e++)
+                lg[e] = __fdiv_rn(lg[e], sum);
         }
     }
     __syncthreads();
     if (!s_finite)
         return;
+    /* selection: the hash table (ids checked here too: the device-pointer forward has not seen them
+       on the host), or the top K of score + bias by (value descending, id ascending) */
+    if (a.hash) {
+        if (tid == 0) {
+            const long long id = a.in_ids[t];
+            bool bad = id < 0 || id >= a.V;
+            for (int k = 0; k < K && !bad; k++) {
+                const int v = a.tid2eid[id * K + k];
+                bad = v < 0 || v >= E;
+            }
+            for (int k = 0; k < K; k++)
+                idk[k] = bad ? k : a.tid2eid[id * K + k];
+            if (bad) {
+                atomicAdd(&a.stats[ST_BADIN], 1ull);
+                atomicMax(&a.stats[ST_BADIN_AT], 0xFFFFFFFFull - (unsigned long long)(a.t0 + t));
+            }
+        }
+    } else if (warp == 0) {
+        /* warp-parallel: K rounds of a warp argmax, each lane over its own experts e = lane + 32 i
+           (a bit per expert marks the taken ones). A NaN key, or E > 1024, takes the serial
+           insertion instead, whose order NaN keys make position-dependent. */
+        bool nan = false;
+        for (int e = lane; e < E; e += 32) {
+            float v = a.bias ? __fadd_rn(lg[e], a.bias[e]) : lg[e];
+            nan |= v != v;
+        }
+        nan = __any_sync(0xFFFFFFFFu, nan) || E > 1024;
+        if (!nan) {
+            unsigned taken = 0;
+            for (int k = 0; k < K; k++) {
+                float bv = 0.0f;
+                int be = -1;
+                for (int e = lane, i = 0; e < E; e += 32, i++) {
+                    if (taken >> i & 1u)
+                        continue;
+                    float v = a.bias ? __fadd_rn(lg[e], a.bias[e]) : lg[e];
+                    if (be < 0 || before_key(v, e, bv, be)) {
+                        bv = v;
+                        be = e;
+                    }
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, o);
+                    int oe = __shfl_xor_sync(0xFFFFFFFFu, be, o);
+                    if (oe >= 0 && (be < 0 || before_key(ov, oe, bv, be))) {
+                        bv = ov;
+                        be = oe;
+                    }
+                }
+                if (be >= 0 && (be & 31) == lane)
+                    taken |= 1u << (be >> 5);
+                if (lane == 0) {
+                    key[k] = bv;
+                    idk[k] = be;
+                }
+            }
+        } else if (lane == 0) {
+            int n = 0;
+            for (int e = 0; e < E; e++) {
+                float v = a.bias ? __fadd_rn(lg[e], a.bias[e]) : lg[e];
+                if (n == K && !before_key(v, e, key[K - 1], idk[K - 1]))
+                    continue;
+                int pos = n < K ? n++ : K - 1;
+                while (pos > 0 && before_key(v, e, key[pos - 1], idk[pos - 1])) {
+                    key[pos] = key[pos - 1];
+                    idk[pos] = idk[pos - 1];
+                    pos--;
+                }
+                key[pos] = v;
+                idk[pos] = e;
+            }
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++) {
+            wk[k] = lg[idk[k]];
+            sum = __fadd_rn(sum, wk[k]);
+        }
+        if (a.score != 2) {
+            float den = __fadd_rn(sum, a.norm_eps);
+            for (int k = 0; k < K; k++)
+                wk[k] = __fdiv_rn(wk[k], den);
+        }
+        for (int k = 0; k < K; k++)
+            wk[k] = __fmul_rn(wk[k], a.route_scale);
+    }
+
     const bool topp = a.top_p_on && !a.hash;
     if (topp) {
         /* predictor norms, one warp per slot (4 interleaved partial sums like the CPU's loop) */

@@ -62,6 +62,18 @@ dsv4_status dsv4_backend_forward(dsv4_backend *backend, int64_t tokens, const ui
                                  dsv4_forward_out *out, dsv4_error *err);
 dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *backend);
 
+/*
+ * One forward on device-resident tensors, as a serving engine holds them (cuda backend only;
+ * ref and cpu answer DSV4_ERR_UNSUPPORTED). x is bf16 [T, H], input_ids int32 [T] (hash layers;
+ * may be NULL otherwise), and out's pointers (y required, the others optional, as in
+ * dsv4_forward_out) are all device memory of the backend's GPU; nothing travels through the
+ * host but a few counters. Synchronous: it returns when the outputs are written. Hash-layer ids
+ * are checked on the device: an id outside [0, vocab_size) or a tid2eid entry outside [0, E)
+ * gives DSV4_ERR_RANGE naming the first such token, and the outputs are then unspecified.
+ */
+dsv4_status dsv4_backend_forward_device(dsv4_backend *backend, int64_t tokens, const void *x, const int32_t *input_ids,
+                                        const dsv4_forward_out *out, dsv4_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,7 +6,11 @@
  *
  * Without a GPU every test that needs one is skipped (printed, and counted as passed) unless
  * DSV4MOE_CUDA_REQUIRED=1, which the device script sets. The workspace tests run everywhere.
- * Tcases: "small" (quick, for compute-sanitizer), "numerics", "graphs", "flash", "host".
+ * Production formats run the fp8 tensor-core path (fast/cuda/mma.cuh); the "exact" Tcase runs
+ * the same kinds of case through the exact path (DSV4MOE_CUDA_PATH=exact) and compares the two
+ * paths with each other; "device" checks dsv4_backend_forward_device against the host forward.
+ * Tcases: "small" (quick, for compute-sanitizer), "numerics", "graphs", "flash", "exact",
+ * "device", "host".
  */
 #include <check.h>
 #include <math.h>
@@ -14,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <cuda_runtime_api.h>
 
 #include "dsv4moe/backend.h"
 #include "dsv4moe/compare.h"
@@ -329,6 +335,189 @@ CASE(flash_t1, "v4-flash E32 T=1", "v4-flash", 5, 1, 0, -1, -1, -1, 0, 32)
 CASE(flash_t8_graph, "v4-flash E32 graph T=8", "v4-flash", 5, 8, 0, -1, -1, -1, 1, 32)
 CASE(flash_t40, "v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 32)
 CASE(flash_hash_t5, "v4-flash E32 hash T=5", "v4-flash", 1, 5, 0, -1, -1, -1, 0, 32)
+
+/* The exact path (kernels.cuh) on formats that otherwise take the fp8 path. */
+#define CASE_EXACT(fn, ...)                                                                                 \
+    START_TEST(fn)                                                                                          \
+    {                                                                                                       \
+        cuda_case k = {__VA_ARGS__};                                                                        \
+        setenv("DSV4MOE_CUDA_PATH", "exact", 1);                                                            \
+        check_case(&k);                                                                                     \
+        unsetenv("DSV4MOE_CUDA_PATH");                                                                      \
+    }                                                                                                       \
+    END_TEST
+
+CASE_EXACT(exact_mini_t77, "exact mini T=77", "mini", 1, 77, 0, -1, -1, -1, 0, 0)
+CASE_EXACT(exact_fp8_t30, "exact mini-fp8 T=30", "mini-fp8", 1, 30, 0, -1, -1, -1, 0, 0)
+CASE_EXACT(exact_mini_t1100, "exact mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0)
+CASE_EXACT(exact_graph_t5, "exact graph mini T=5", "mini", 1, 5, 0, -1, -1, -1, 1, 0)
+CASE_EXACT(exact_flash_t40, "exact v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 32)
+
+/* The fp8 path's mma.sync kernels (DSV4MOE_CUDA_DEC=mma, DSV4MOE_CUDA_TILE=mma) instead of wgmma. */
+#define CASE_MMA(fn, ...)                                                                                   \
+    START_TEST(fn)                                                                                          \
+    {                                                                                                       \
+        cuda_case k = {__VA_ARGS__};                                                                        \
+        setenv("DSV4MOE_CUDA_DEC", "mma", 1);                                                               \
+        setenv("DSV4MOE_CUDA_TILE", "mma", 1);                                                              \
+        check_case(&k);                                                                                     \
+        unsetenv("DSV4MOE_CUDA_DEC");                                                                       \
+        unsetenv("DSV4MOE_CUDA_TILE");                                                                      \
+    }                                                                                                       \
+    END_TEST
+
+CASE_MMA(mma_mini_t77, "mma.sync mini T=77", "mini", 1, 77, 0, -1, -1, -1, 0, 0)
+CASE_MMA(mma_mini_t1100, "mma.sync mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0)
+CASE_MMA(mma_flash_t40, "mma.sync v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 32)
+CASE_MMA(mma_graph_t5, "mma.sync graph mini T=5", "mini", 1, 5, 0, -1, -1, -1, 1, 0)
+
+/* The fp8 path against the exact path on one input: both within the reference's tolerances of each other. */
+static void fast_vs_exact(const char *preset, int64_t layer, int64_t T, int64_t experts)
+{
+    if (!have_gpu())
+        return;
+    cuda_case k = {"fast/exact", preset, layer, T, 0, -1, -1, -1, 0, experts};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    run_out f, x2;
+    run_backend(&c, DSV4_BACKEND_CUDA, 0, 0, ck, T, x, ids, &f, 1, NULL);
+    setenv("DSV4MOE_CUDA_PATH", "exact", 1);
+    run_backend(&c, DSV4_BACKEND_CUDA, 0, 0, ck, T, x, ids, &x2, 1, NULL);
+    unsetenv("DSV4MOE_CUDA_PATH");
+    dsv4_compare_metrics m;
+    ck_assert(dsv4_compare_bf16(f.y, x2.y, T * c.dim, &m));
+    char line[512];
+    dsv4_compare_format(&m, line, sizeof line);
+    int64_t nd = 0;
+    for (int64_t i = 0; i < T * c.dim; i++)
+        nd += f.y[i] != x2.y[i];
+    printf("cuda_suite fp8 path vs exact path %-9s E%lld layer %lld T %4lld: %s; %lld of %lld outputs differ\n",
+           preset, (long long)c.n_routed_experts, (long long)layer, (long long)T, line, (long long)nd,
+           (long long)(T * c.dim));
+    ck_assert(memcmp(f.ids, x2.ids, (size_t)(T * c.n_activated) * 4) == 0);
+    ck_assert_msg(m.finite_ok && m.deepgemm_diff < 1e-3 && m.ulp_p99 <= 2, "%s: %s", preset, line);
+    free_out(&f);
+    free_out(&x2);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+
+START_TEST(fast_matches_exact)
+{
+    fast_vs_exact("mini", 1, 77, 0);
+    fast_vs_exact("mini-fp8", 1, 300, 0);
+    fast_vs_exact("v4-flash", 5, 40, 32);
+}
+END_TEST
+
+/*
+ * dsv4_backend_forward_device on device copies of the inputs gives the host forward's outputs bit
+ * for bit (eager and replayed, hash and not), and a hash-layer id out of range is found on the
+ * device and named.
+ */
+static void device_vs_host(const char *preset, int64_t layer, int64_t T, int graph)
+{
+    cuda_case k = {"device", preset, layer, T, 0, -1, -1, -1, graph, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    const int64_t H = c.dim, K = c.n_activated;
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, graph);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
+    run_out h, d;
+    alloc_out(&c, T, &h);
+    alloc_out(&c, T, &d);
+    dsv4_forward_out oh = {h.y, h.ids, h.w, h.kept};
+    ck_assert_msg(dsv4_backend_forward(b, T, x, ids, &oh, &e) == DSV4_OK, "%s", e.message);
+    void *dx = NULL, *dy = NULL, *di = NULL, *dti = NULL, *dtw = NULL, *dk = NULL;
+    ck_assert(cudaMalloc(&dx, (size_t)(T * H) * 2) == cudaSuccess);
+    ck_assert(cudaMalloc(&dy, (size_t)(T * H) * 2) == cudaSuccess);
+    ck_assert(cudaMalloc(&di, (size_t)T * 4) == cudaSuccess);
+    ck_assert(cudaMalloc(&dti, (size_t)(T * K) * 4) == cudaSuccess);
+    ck_assert(cudaMalloc(&dtw, (size_t)(T * K) * 4) == cudaSuccess);
+    ck_assert(cudaMalloc(&dk, (size_t)T * 4) == cudaSuccess);
+    ck_assert(cudaMemcpy(dx, x, (size_t)(T * H) * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    ck_assert(cudaMemcpy(di, ids, (size_t)T * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    ck_assert(cudaMemset(dy, 0xFF, (size_t)(T * H) * 2) == cudaSuccess);
+    dsv4_forward_out od = {(uint16_t *)dy, (int32_t *)dti, (float *)dtw, (int32_t *)dk};
+    for (int rep = 0; rep < 2; rep++)
+        ck_assert_msg(dsv4_backend_forward_device(b, T, dx, (const int32_t *)di, &od, &e) == DSV4_OK, "%s", e.message);
+    ck_assert(cudaMemcpy(d.y, dy, (size_t)(T * H) * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    ck_assert(cudaMemcpy(d.ids, dti, (size_t)(T * K) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    ck_assert(cudaMemcpy(d.w, dtw, (size_t)(T * K) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    ck_assert(cudaMemcpy(d.kept, dk, (size_t)T * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    ck_assert_msg(memcmp(h.y, d.y, (size_t)(T * H) * 2) == 0, "%s T %lld: device forward y differs", preset, (long long)T);
+    ck_assert(memcmp(h.ids, d.ids, (size_t)(T * K) * 4) == 0);
+    ck_assert(memcmp(h.w, d.w, (size_t)(T * K) * 4) == 0);
+    ck_assert(memcmp(h.kept, d.kept, (size_t)T * 4) == 0);
+    dsv4_backend_stats st = dsv4_backend_get_stats(b);
+    ck_assert_uint_eq(st.forwards, 3);
+    if (dsv4_config_is_hash_layer(&c)) {
+        /* an id out of range at token T - 1 (and a NULL id pointer) */
+        int32_t bad = (int32_t)c.vocab_size + 3;
+        ck_assert(cudaMemcpy((int32_t *)di + (T - 1), &bad, 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        ck_assert_int_eq(dsv4_backend_forward_device(b, T, dx, (const int32_t *)di, &od, &e), DSV4_ERR_RANGE);
+        char want[64];
+        snprintf(want, sizeof want, "input_ids[%lld]", (long long)(T - 1));
+        ck_assert_msg(strstr(e.message, want) != NULL, "%s", e.message);
+        ck_assert_int_eq(dsv4_backend_forward_device(b, T, dx, NULL, &od, &e), DSV4_ERR_INVALID_ARG);
+    }
+    printf("cuda_suite device forward %-9s layer %lld T %4lld graph %d: identical to the host forward\n", preset,
+           (long long)layer, (long long)T, graph);
+    cudaFree(dx), cudaFree(dy), cudaFree(di), cudaFree(dti), cudaFree(dtw), cudaFree(dk);
+    free_out(&h);
+    free_out(&d);
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+
+START_TEST(device_forward)
+{
+    if (!have_gpu())
+        return;
+    device_vs_host("mini", 1, 77, 0);
+    device_vs_host("mini", 0, 5, 0);
+    device_vs_host("mini", 1, 5, 1);
+    device_vs_host("mini-bf16", 0, 9, 1);
+    device_vs_host("mini", 1, 300, 0);
+}
+END_TEST
+
+START_TEST(device_forward_unsupported)
+{
+    /* ref and cpu hold no device tensors: the call says so (no GPU needed) */
+    cuda_case k = {"ref", "mini", 1, 3, 0, -1, -1, -1, 0, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_REF, 0, 0);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_backend_create(p, ck, 1, &b, &e), DSV4_OK);
+    uint16_t y[1];
+    dsv4_forward_out o = {y, NULL, NULL, NULL};
+    ck_assert_int_eq(dsv4_backend_forward_device(b, 3, y, NULL, &o, &e), DSV4_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(e.message, "ref"));
+    ck_assert_int_eq(dsv4_backend_forward_device(b, -1, y, NULL, &o, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_forward_device(NULL, 3, y, NULL, &o, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
 
 /* Replay bit-identical to eager: the same input through a graph-on and a graph-off backend. */
 static void replay_vs_eager(const char *preset, int64_t layer, int64_t T)
@@ -651,12 +840,30 @@ static Suite *cuda_suite(void)
     tcase_add_test(fl, flash_t40);
     tcase_add_test(fl, flash_hash_t5);
     suite_add_tcase(s, fl);
+    TCase *ex = tcase_create("exact");
+    tcase_set_timeout(ex, 600);
+    tcase_add_test(ex, exact_mini_t77);
+    tcase_add_test(ex, exact_fp8_t30);
+    tcase_add_test(ex, exact_mini_t1100);
+    tcase_add_test(ex, exact_graph_t5);
+    tcase_add_test(ex, exact_flash_t40);
+    tcase_add_test(ex, fast_matches_exact);
+    tcase_add_test(ex, mma_mini_t77);
+    tcase_add_test(ex, mma_mini_t1100);
+    tcase_add_test(ex, mma_flash_t40);
+    tcase_add_test(ex, mma_graph_t5);
+    suite_add_tcase(s, ex);
+    TCase *dv = tcase_create("device");
+    tcase_set_timeout(dv, 600);
+    tcase_add_test(dv, device_forward);
+    suite_add_tcase(s, dv);
     TCase *ti = tcase_create("timing");
     tcase_set_timeout(ti, 600);
     tcase_add_test(ti, time_flash);
     suite_add_tcase(s, ti);
     TCase *ho = tcase_create("host");
     tcase_add_test(ho, workspace_within_plan);
+    tcase_add_test(ho, device_forward_unsupported);
     suite_add_tcase(s, ho);
     return s;
 }

@@ -1,0 +1,1356 @@
+/*
+ * The fp8 tensor-core path of the CUDA backend (fast/cuda): grouped GEMMs on mma.sync.m16n8k32
+ * (e4m3 x e4m3, fp32 accumulate) over the fragment-native weights of fragment.h, for fp4 and fp8
+ * experts with quantized activations. Included once, by cuda.cu, after kernels.cuh.
+ *
+ * The weights are the 16-row A operand and the tokens the 8-column B operand ("swap AB"), so a
+ * group of one token wastes nothing on weight traffic. Three regimes by a group's rows, chosen on
+ * the device per group (the host only bounds them):
+ *   k_dec    at most FM_DEC_MAX rows: weights streamed from global memory into registers (16-byte
+ *            non-caching loads, the next 128-wide K block in flight during the math), the group's
+ *            activations staged once in shared memory; the eight warps of a block split K when
+ *            the plan's chunk is small, and their partial sums are added in a fixed order.
+ *   k_tile   larger groups: (BM features x BN tokens) tiles, weights and activations through a
+ *            cp.async pipeline in shared memory; BN = 32 for mid-size groups, 128 above.
+ * fp4: each k32 step's partial is multiplied by the row's power-of-two step scale in fp32, and
+ * the 128-wide block's sum by the token's activation scale; fp8: the four steps accumulate on the
+ * tensor cores, then one multiply by block scale x activation scale. The shared expert is one
+ * more group of the same launches. Gate/up weights are interleaved per 8 rows, so each lane holds
+ * the gate and up value of one feature: the SwiGLU clamp, silu, router weight and bf16 rounding
+ * happen in the GEMM's epilogue (k_quant then quantizes h per 128 features, as the reference).
+ */
+#ifndef DSV4MOE_FAST_CUDA_MMA_CUH
+#define DSV4MOE_FAST_CUDA_MMA_CUH
+
+#include "fragment.h"
+
+namespace dsv4cuda {
+
+#define FM_DEC_MAX 16 /* groups of up to this many rows: k_dec */
+#define FM_MID_MAX 64 /* up to this: 32-row tiles; above: 128-row tiles */
+#define FM_THREADS 256
+#define FM_LDA_PAD 16 /* staged activation rows 128 + 16 bytes apart: conflict-free 4-byte B loads */
+
+/* One projection in the fragment-native layout: every routed expert (strided) or the shared one. */
+struct FProj {
+    const uint8_t *w = nullptr, *s = nullptr;
+    long long w_stride = 0, s_stride = 0; /* bytes per expert */
+    int fmt = 0;                          /* WF_FP4 or WF_FP8 */
+};
+
+struct FastArgs {
+    FProj r, sh;     /* routed, shared (sh.w == NULL: no shared expert) */
+    int N, K;        /* weight rows (gate/up: 2 I, interleaved), inner dimension (multiple of 128) */
+    int gu;          /* gate/up with the SwiGLU epilogue (output h [*, N / 2]); else plain [*, N] */
+    const uint8_t *A;   /* routed activation codes [*, K] */
+    const float *As;    /* their scales [*, K / 128] */
+    int gather;         /* routed row j of a group is A row slot_tok[slot0 + j]; else pad_off[e] + j */
+    const uint8_t *Ash; /* the shared expert's activations, rows 0 .. ntok - 1 */
+    const float *Assh;
+    uint16_t *out, *out_sh; /* bf16: routed by padded row, shared by token */
+    const float *slot_w;
+    int before, clamp_r, clamp_s;
+    float L;
+    unsigned long long *stats;
+    const int *ntok, *cnt, *slot_off, *pad_off, *active, *meta;
+    const int *tile_e, *tile_r0; /* this regime's tile list (tile_e == E: the shared expert) */
+    int meta_tiles;              /* meta index of this regime's tile count */
+    const int32_t *slot_tok;
+    int E;
+    int act_max; /* k_dec: grid.y slots below act_max are routed active groups, the next is the
+                    shared expert (act_max 0 with one slot: the shared expert alone) */
+    int ks;      /* k_dec: warps splitting K per 16-row tile (1, 2, 4 or 8); k_decw: warpgroups (1, 2, 4) */
+    int rows_st; /* k_decw: activation rows staged (8 or 16) */
+};
+
+/* One group as a block sees it. */
+struct FGrp {
+    const uint8_t *w, *s;
+    int fmt;
+    const uint8_t *A;
+    const float *As;
+    const int32_t *gat; /* gathered A rows, or NULL: rows arow0 + j */
+    long long arow0;
+    uint16_t *out;
+    long long orow0;
+    int n;
+    int slot0; /* first compact slot; -1 for the shared expert */
+};
+
+__device__ __forceinline__ void fgrp_routed(const FastArgs &a, int e, FGrp &g)
+{
+    g.w = a.r.w + (long long)e * a.r.w_stride;
+    g.s = a.r.s + (long long)e * a.r.s_stride;
+    g.fmt = a.r.fmt;
+    g.A = a.A;
+    g.As = a.As;
+    g.slot0 = a.slot_off[e];
+    g.gat = a.gather ? a.slot_tok + g.slot0 : nullptr;
+    g.arow0 = a.pad_off[e];
+    g.out = a.out;
+    g.orow0 = a.pad_off[e];
+    g.n = a.cnt[e];
+}
+
+__device__ __forceinline__ void fgrp_shared(const FastArgs &a, FGrp &g)
+{
+    g.w = a.sh.w;
+    g.s = a.sh.s;
+    g.fmt = a.sh.fmt;
+    g.A = a.Ash;
+    g.As = a.Assh;
+    g.gat = nullptr;
+    g.arow0 = 0;
+    g.out = a.out_sh;
+    g.orow0 = 0;
+    g.n = *a.ntok;
+    g.slot0 = -1;
+}
+
+__device__ __forceinline__ long long fgrp_arow(const FGrp &g, int j) { return g.gat ? (long long)g.gat[j] : g.arow0 + j; }
+
+__device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async8(void *dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/*
+ * The epilogue of one (feature or row pair, token): gate/up: v0 = gate, v1 = up of feature
+ * 8 mt + gid -> h = silu(min(g, L)) * clamp(u, -L, L) (times the router weight before w2),
+ * bf16, as k_swiglu; plain: v0 row 16 mt + gid, v1 row 16 mt + gid + 8, bf16.
+ */
+__device__ __forceinline__ void fepi(const FastArgs &a, const FGrp &g, int mt, int gid, int j, float v0, float v1,
+                                     unsigned &gc, unsigned &uc)
+{
+    const long long orow = g.orow0 + j;
+    if (a.gu) {
+        const int I = a.N >> 1, f = mt * 8 + gid;
+        float gv = rbf16(v0), uv = rbf16(v1);
+        if ((g.slot0 < 0 ? a.clamp_s : a.clamp_r) && a.L > 0.0f) {
+            if (gv > a.L) {
+                gv = a.L;
+                gc++;
+            }
+            if (uv > a.L || uv < -a.L) {
+                uv = uv > a.L ? a.L : -a.L;
+                uc++;
+            }
+        }
+        float h = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+        if (g.slot0 >= 0 && a.before)
+            h = __fmul_rn(h, a.slot_w[g.slot0 + j]);
+        g.out[orow * I + f] = f2bf16(h);
+    } else {
+        const int r = mt * 16 + gid;
+        g.out[orow * a.N + r] = f2bf16(v0);
+        g.out[orow * a.N + r + 8] = f2bf16(v1);
+    }
+}
+
+__device__ __forceinline__ void fepi_stats(const FastArgs &a, const FGrp &g, unsigned gc, unsigned uc)
+{
+    unsigned long long g64 = warp_sum_u64(gc), u64 = warp_sum_u64(uc);
+    if ((threadIdx.x & 31) == 0 && (g64 || u64)) {
+        atomicAdd(&a.stats[g.slot0 < 0 ? ST_SG : ST_RG], g64);
+        atomicAdd(&a.stats[g.slot0 < 0 ? ST_SU : ST_RU], u64);
+    }
+}
+
+/* The A fragment of k32 step c from a lane's fp4 words (row half 0: w0, half 1: w1). */
+__device__ __forceinline__ void frag_fp4(uint32_t w0, uint32_t w1, uint32_t &a0, uint32_t &a1, uint32_t &a2, uint32_t &a3)
+{
+    a0 = dsv4_fn_lo(w0);
+    a1 = dsv4_fn_lo(w1);
+    a2 = dsv4_fn_hi(w0);
+    a3 = dsv4_fn_hi(w1);
+}
+
+__device__ __forceinline__ uint32_t u4_at(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+__device__ __forceinline__ float fp4_step_scale(uint32_t bytes, int c)
+{
+    return __uint_as_float(dsv4_fn_fp4_scale_bits(bytes, c));
+}
+
+/* The weight-block times activation scale of one (row half, token) pair; fp4's block scale is
+   in the steps already. */
+template <int FMT> __device__ __forceinline__ float block_scale(float w, float x)
+{
+    if constexpr (FMT == WF_FP8)
+        return __fmul_rn(w, x);
+    else
+        return x;
+}
+
+/* ---------------- decode regime ---------------- */
+
+#define FM_DEC_RING_FP4 4 /* k128 blocks per warp in its cp.async ring */
+#define FM_DEC_RING_FP8 3
+
+template <int FMT> struct DecCfg {
+    enum {
+        CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK,
+        SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK,
+        NV = FMT == WF_FP4 ? 2 : 4,      /* 16-byte pieces a lane owns per chunk */
+        STG = NV * 512 + 256,            /* one ring stage: the chunk, then every lane's 8 scale bytes */
+        DEPTH = FMT == WF_FP4 ? FM_DEC_RING_FP4 : FM_DEC_RING_FP8,
+        RING = 8 * DEPTH * STG           /* per block (8 warps) */
+    };
+};
+
+/*
+ * One warp: 16-row tile mt over its K blocks kb = ks, ks + KS, ..., for NT token tiles of 8.
+ * Weights (and the lane's scale bytes) stream through the warp's cp.async ring, DEPTH - 1
+ * blocks ahead; each lane copies and later reads only its own bytes, so no barrier is needed.
+ * The group's activations (a few rows) are read through L1. Returns the fp32 sums.
+ */
+template <int FMT, int NT>
+__device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, int K, uint8_t *ring, float acc[NT][4])
+{
+    typedef DecCfg<FMT> D;
+    const int KB = K >> 7;
+    const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    const uint8_t *wt = g.w + (size_t)mt * KB * D::CH + lane * 16;
+    const uint8_t *st = g.s + (size_t)mt * KB * D::SCH + (FMT == WF_FP4 ? gid * 8 : 0);
+    /* this lane's B rows (tokens gid + 8 j) and scale rows (tokens 2 tig + {0, 1} + 8 j) */
+    const uint8_t *brow[NT];
+    const float *srow[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int tb = 8 * j + gid;
+        brow[j] = tb < g.n ? g.A + fgrp_arow(g, tb) * K + 4 * tig : nullptr;
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const int ts = 8 * j + 2 * tig + q;
+            srow[j][q] = ts < g.n ? g.As + fgrp_arow(g, ts) * KB : nullptr;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[j][i] = 0.0f;
+    const int nkb = ks < KB ? (KB - ks + KS - 1) / KS : 0;
+    auto issue = [&](int i) {
+        if (i < nkb) {
+            const int kb = ks + i * KS;
+            uint8_t *stg = ring + (i % D::DEPTH) * D::STG;
+#pragma unroll
+            for (int p = 0; p < D::NV; p++)
+                cp_async16(stg + p * 512 + lane * 16, wt + (size_t)kb * D::CH + p * 512, true);
+            cp_async8(stg + D::NV * 512 + lane * 8, st + (size_t)kb * D::SCH);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < D::DEPTH - 1; i++)
+        issue(i);
+    for (int i = 0; i < nkb; i++) {
+        const int kb = ks + i * KS;
+        cp_async_wait<D::DEPTH - 2>();
+        const uint8_t *stg = ring + (i % D::DEPTH) * D::STG;
+        uint4 wv[D::NV];
+#pragma unroll
+        for (int p = 0; p < D::NV; p++)
+            wv[p] = *(const uint4 *)(stg + p * 512 + lane * 16);
+        const uint2 sv = *(const uint2 *)(stg + D::NV * 512 + lane * 8);
+        issue(i + D::DEPTH - 1);
+        float blk[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                blk[j][q] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            uint32_t a0, a1, a2, a3;
+            if constexpr (FMT == WF_FP4) {
+                frag_fp4(u4_at(wv[0], c), u4_at(wv[1], c), a0, a1, a2, a3);
+            } else {
+                const uint4 h0 = wv[c >> 1], h1 = wv[2 + (c >> 1)];
+                a0 = (c & 1) ? h0.z : h0.x;
+                a2 = (c & 1) ? h0.w : h0.y;
+                a1 = (c & 1) ? h1.z : h1.x;
+                a3 = (c & 1) ? h1.w : h1.y;
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                uint2 bv = make_uint2(0u, 0u);
+                if (brow[j]) {
+                    bv.x = __ldg((const uint32_t *)(brow[j] + kb * 128 + c * 32));
+                    bv.y = __ldg((const uint32_t *)(brow[j] + kb * 128 + c * 32 + 16));
+                }
+                if constexpr (FMT == WF_FP4) {
+                    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_e4m3(t, a0, a1, a2, a3, bv.x, bv.y);
+                    const float s0 = fp4_step_scale(sv.x, c), s1 = fp4_step_scale(sv.y, c);
+                    blk[j][0] = fmaf(t[0], s0, blk[j][0]);
+                    blk[j][1] = fmaf(t[1], s0, blk[j][1]);
+                    blk[j][2] = fmaf(t[2], s1, blk[j][2]);
+                    blk[j][3] = fmaf(t[3], s1, blk[j][3]);
+                } else {
+                    mma_e4m3(blk[j], a0, a1, a2, a3, bv.x, bv.y);
+                }
+            }
+        }
+        float w0 = 1.0f, w1 = 1.0f;
+        if constexpr (FMT == WF_FP8) {
+            w0 = __uint_as_float(sv.x);
+            w1 = __uint_as_float(sv.y);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const float x0 = srow[j][0] ? __ldg(srow[j][0] + kb) : 0.0f;
+            const float x1 = srow[j][1] ? __ldg(srow[j][1] + kb) : 0.0f;
+            acc[j][0] = fmaf(blk[j][0], block_scale<FMT>(w0, x0), acc[j][0]);
+            acc[j][1] = fmaf(blk[j][1], block_scale<FMT>(w0, x1), acc[j][1]);
+            acc[j][2] = fmaf(blk[j][2], block_scale<FMT>(w1, x0), acc[j][2]);
+            acc[j][3] = fmaf(blk[j][3], block_scale<FMT>(w1, x1), acc[j][3]);
+        }
+    }
+    cp_async_wait<0>();
+}
+
+template <int FMT, int NT>
+__device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, uint8_t *ring, float *sRed)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const int KS = a.ks;
+    const int mt = blockIdx.x * (8 / KS) + warp / KS, ks = warp % KS;
+    float acc[NT][4];
+    dec_warp<FMT, NT>(g, mt, ks, KS, a.K, ring + (size_t)warp * DecCfg<FMT>::DEPTH * DecCfg<FMT>::STG, acc);
+    if (KS > 1) {
+        float *mine = sRed + ((size_t)warp * 32 + lane) * (NT * 4);
+        if (ks > 0) {
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    mine[j * 4 + i] = acc[j][i];
+        }
+        __syncthreads();
+        if (ks == 0) {
+            for (int q = 1; q < KS; q++) { /* fixed order: the sums do not depend on timing */
+                const float *o = mine + (size_t)q * 32 * (NT * 4);
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        acc[j][i] += o[j * 4 + i];
+            }
+        }
+    }
+    if (ks != 0)
+        return;
+    unsigned gc = 0, uc = 0;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int t0 = 8 * j + 2 * tig;
+        if (t0 < g.n)
+            fepi(a, g, mt, gid, t0, acc[j][0], acc[j][2], gc, uc);
+        if (t0 + 1 < g.n)
+            fepi(a, g, mt, gid, t0 + 1, acc[j][1], acc[j][3], gc, uc);
+    }
+    if (a.gu)
+        fepi_stats(a, g, gc, uc);
+}
+
+/* Bytes of k_dec<FMT>'s shared memory: the warps' rings, then the K-split partial sums. */
+__host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt)
+{
+    return (fmt == WF_FP4 ? (size_t)DecCfg<WF_FP4>::RING : (size_t)DecCfg<WF_FP8>::RING) +
+           (ks > 1 ? (size_t)FM_THREADS * (size_t)nt * 16 : 0);
+}
+
+/*
+ * The decode regime for groups whose weights are in format FMT: grid (N / 16 / (8 / ks), slots),
+ * slot y < dec_routed (the routed active list) or the shared expert (dec_shared, last slot).
+ * FM_THREADS threads, dec_smem_bytes(FMT, ks, 2) bytes of shared memory.
+ */
+template <int FMT>
+__global__ void __launch_bounds__(FM_THREADS, 2) k_dec(FastArgs a)
+{
+    extern __shared__ __align__(16) uint8_t fsm[];
+    FGrp g;
+    const int y = blockIdx.y;
+    if (y < a.act_max) {
+        if (y >= a.meta[0])
+            return;
+        const int e = a.active[y];
+        if (a.cnt[e] > FM_DEC_MAX)
+            return;
+        fgrp_routed(a, e, g);
+    } else {
+        const int n = *a.ntok;
+        if (!a.sh.w || n < 1 || n > FM_DEC_MAX)
+            return;
+        fgrp_shared(a, g);
+    }
+    float *sRed = (float *)(fsm + DecCfg<FMT>::RING);
+    if (g.n <= 8)
+        dec_block<FMT, 1>(a, g, fsm, sRed);
+    else
+        dec_block<FMT, 2>(a, g, fsm, sRed);
+}
+
+/* ---------------- decode regime on wgmma (sm_90a) ---------------- */
+
+/*
+ * The shared-memory matrix descriptor of a K-major operand without swizzle: core matrices of
+ * 8 rows x 16 bytes (128 contiguous bytes), lbo = byte distance between core matrices along K,
+ * sbo = along N.
+ */
+__device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint32_t sbo)
+{
+    const uint64_t a = smem_u32(smem);
+    return ((a & 0x3FFFFull) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* D (+)= A (registers, this warp's 16 rows of the warpgroup's 64) x B (8 or 16 tokens, shared memory). */
+template <int NT>
+__device__ __forceinline__ void wg_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t bd, int acc)
+{
+    if constexpr (NT == 1) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(bd), "r"(acc));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+                     "{%8,%9,%10,%11}, %12, p, 1, 1;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(bd), "r"(acc));
+    }
+}
+
+#define FM_DECW_RING_FP4 3
+#define FM_DECW_RING_FP8 2
+
+template <int FMT> struct DecwCfg {
+    enum {
+        CH = DecCfg<FMT>::CH,
+        SCH = DecCfg<FMT>::SCH,
+        NV = DecCfg<FMT>::NV,
+        STG = DecCfg<FMT>::STG,
+        DEPTH = FMT == WF_FP4 ? FM_DECW_RING_FP4 : FM_DECW_RING_FP8
+    };
+};
+
+/* Bytes of k_decw<FMT>'s shared memory for `rows` staged activation rows (8 or 16), K, ks warpgroups. */
+__host__ __device__ constexpr size_t decw_smem_bytes(int fmt, int rows, int k, int ks)
+{
+    return (size_t)rows * (size_t)k + (size_t)rows * (size_t)(k / 128) * 4 +
+           (size_t)4 * ks * (fmt == WF_FP4 ? (size_t)DecwCfg<WF_FP4>::DEPTH * DecwCfg<WF_FP4>::STG
+                                            : (size_t)DecwCfg<WF_FP8>::DEPTH * DecwCfg<WF_FP8>::STG) +
+           (size_t)(ks - 1) * 128 * (size_t)(rows / 8) * 16;
+}
+
+/*
+ * One warp of a warpgroup: its 16-row tile mt (the warpgroup's 64 rows are 4 such tiles) over the
+ * K blocks kb = ks, ks + KS, ...; per block, the four k32 steps are four wgmma with A from the
+ * lane's decoded registers and B from the staged activations (sB: per k32 step s, core matrices
+ * [kc][token group][8 rows][16 bytes]); fp4 steps land in fresh accumulators and are scaled
+ * into the block sum, fp8 steps accumulate on the tensor cores.
+ */
+template <int FMT, int NT>
+__device__ __forceinline__ void decw_warp(const FGrp &g, int mt, int ks, int KS, int K, uint8_t *ring, const uint8_t *sB,
+                                          const float *sS, float acc[NT * 4])
+{
+    typedef DecwCfg<FMT> D;
+    const int KB = K >> 7;
+    const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    const uint8_t *wt = g.w + (size_t)mt * KB * D::CH + lane * 16;
+    const uint8_t *st = g.s + (size_t)mt * KB * D::SCH + (FMT == WF_FP4 ? gid * 8 : 0);
+    const uint64_t bdesc0 = wg_desc(sB, NT * 128, 128);
+#pragma unroll
+    for (int i = 0; i < NT * 4; i++)
+        acc[i] = 0.0f;
+    const int nkb = ks < KB ? (KB - ks + KS - 1) / KS : 0;
+    auto issue = [&](int i) {
+        if (i < nkb) {
+            const int kb = ks + i * KS;
+            uint8_t *stg = ring + (i % D::DEPTH) * D::STG;
+#pragma unroll
+            for (int p = 0; p < D::NV; p++)
+                cp_async16(stg + p * 512 + lane * 16, wt + (size_t)kb * D::CH + p * 512, true);
+            cp_async8(stg + D::NV * 512 + lane * 8, st + (size_t)kb * D::SCH);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < D::DEPTH - 1; i++)
+        issue(i);
+    for (int i = 0; i < nkb; i++) {
+        const int kb = ks + i * KS;
+        cp_async_wait<D::DEPTH - 2>();
+        const uint8_t *stg = ring + (i % D::DEPTH) * D::STG;
+        uint4 wv[D::NV];
+#pragma unroll
+        for (int p = 0; p < D::NV; p++)
+            wv[p] = *(const uint4 *)(stg + p * 512 + lane * 16);
+        const uint2 sv = *(const uint2 *)(stg + D::NV * 512 + lane * 8);
+        issue(i + D::DEPTH - 1);
+        uint32_t a[4][4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            if constexpr (FMT == WF_FP4) {
+                frag_fp4(u4_at(wv[0], c), u4_at(wv[1], c), a[c][0], a[c][1], a[c][2], a[c][3]);
+            } else {
+                const uint4 h0 = wv[c >> 1], h1 = wv[2 + (c >> 1)];
+                a[c][0] = (c & 1) ? h0.z : h0.x;
+                a[c][2] = (c & 1) ? h0.w : h0.y;
+                a[c][1] = (c & 1) ? h1.z : h1.x;
+                a[c][3] = (c & 1) ? h1.w : h1.y;
+            }
+        }
+        /* per-step accumulators (fp4) or one chained block accumulator (fp8) */
+        float d[4][NT * 4];
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int q = 0; q < NT * 4; q++)
+                d[c][q] = 0.0f;
+        wg_fence();
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const uint64_t bd = bdesc0 + (uint64_t)(((kb * 4 + c) * NT * 256) >> 4);
+            if constexpr (FMT == WF_FP4)
+                wg_mma<NT>(d[c], a[c][0], a[c][1], a[c][2], a[c][3], bd, 0);
+            else
+                wg_mma<NT>(d[0], a[c][0], a[c][1], a[c][2], a[c][3], bd, c > 0);
+        }
+        wg_commit();
+        wg_wait<0>();
+        float blk[NT * 4];
+        if constexpr (FMT == WF_FP4) {
+#pragma unroll
+            for (int q = 0; q < NT * 4; q++)
+                blk[q] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float s0 = fp4_step_scale(sv.x, c), s1 = fp4_step_scale(sv.y, c);
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    blk[4 * j + 0] = fmaf(d[c][4 * j + 0], s0, blk[4 * j + 0]);
+                    blk[4 * j + 1] = fmaf(d[c][4 * j + 1], s0, blk[4 * j + 1]);
+                    blk[4 * j + 2] = fmaf(d[c][4 * j + 2], s1, blk[4 * j + 2]);
+                    blk[4 * j + 3] = fmaf(d[c][4 * j + 3], s1, blk[4 * j + 3]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < NT * 4; q++)
+                blk[q] = d[0][q];
+        }
+        float w0 = 1.0f, w1 = 1.0f;
+        if constexpr (FMT == WF_FP8) {
+            w0 = __uint_as_float(sv.x);
+            w1 = __uint_as_float(sv.y);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const float x0 = sS[(8 * j + 2 * tig) * KB + kb], x1 = sS[(8 * j + 2 * tig + 1) * KB + kb];
+            acc[4 * j + 0] = fmaf(blk[4 * j + 0], block_scale<FMT>(w0, x0), acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(blk[4 * j + 1], block_scale<FMT>(w0, x1), acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(blk[4 * j + 2], block_scale<FMT>(w1, x0), acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(blk[4 * j + 3], block_scale<FMT>(w1, x1), acc[4 * j + 3]);
+        }
+    }
+    cp_async_wait<0>();
+}
+
+template <int FMT, int NT>
+__device__ __forceinline__ void decw_block(const FastArgs &a, const FGrp &g, uint8_t *fsm, int rows_alloc)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const int KS = a.ks, K = a.K, KB = K >> 7, wg = warp >> 2, w = warp & 3;
+    const int mt = blockIdx.x * 4 + w;
+    uint8_t *sB = fsm;
+    float *sS = (float *)(fsm + (size_t)rows_alloc * K);
+    uint8_t *ring = (uint8_t *)(sS + (size_t)rows_alloc * KB);
+    float *sRed = (float *)(ring + (size_t)4 * KS * DecwCfg<FMT>::DEPTH * DecwCfg<FMT>::STG);
+    /* stage the group's rows (zeros past n) as K-major core matrices, and their scales */
+    const int q16 = K >> 4;
+    for (int i = threadIdx.x; i < 8 * NT * q16; i += blockDim.x) {
+        const int r = i / q16, q = i - r * q16;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < g.n)
+            v = *(const uint4 *)(g.A + fgrp_arow(g, r) * K + q * 16);
+        *(uint4 *)(sB + (size_t)(q >> 1) * (NT * 256) + (q & 1) * (NT * 128) + (r >> 3) * 128 + (r & 7) * 16) = v;
+    }
+    for (int i = threadIdx.x; i < 8 * NT * KB; i += blockDim.x) {
+        const int r = i / KB;
+        sS[i] = r < g.n ? g.As[fgrp_arow(g, r) * KB + (i - r * KB)] : 0.0f;
+    }
+    fence_async_smem();
+    __syncthreads();
+    float acc[NT * 4];
+    decw_warp<FMT, NT>(g, mt, wg, KS, K, ring + (size_t)warp * DecwCfg<FMT>::DEPTH * DecwCfg<FMT>::STG, sB, sS, acc);
+    if (KS > 1) {
+        const int t128 = threadIdx.x & 127;
+        if (wg > 0) {
+            float *mine = sRed + ((size_t)(wg - 1) * 128 + t128) * (NT * 4);
+#pragma unroll
+            for (int q = 0; q < NT * 4; q++)
+                mine[q] = acc[q];
+        }
+        __syncthreads();
+        if (wg == 0) {
+            for (int o = 1; o < KS; o++) { /* fixed order: the sums do not depend on timing */
+                const float *src = sRed + ((size_t)(o - 1) * 128 + t128) * (NT * 4);
+#pragma unroll
+                for (int q = 0; q < NT * 4; q++)
+                    acc[q] += src[q];
+            }
+        }
+    }
+    if (wg != 0)
+        return;
+    unsigned gc = 0, uc = 0;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int t0 = 8 * j + 2 * tig;
+        if (t0 < g.n)
+            fepi(a, g, mt, gid, t0, acc[4 * j + 0], acc[4 * j + 2], gc, uc);
+        if (t0 + 1 < g.n)
+            fepi(a, g, mt, gid, t0 + 1, acc[4 * j + 1], acc[4 * j + 3], gc, uc);
+    }
+    if (a.gu)
+        fepi_stats(a, g, gc, uc);
+}
+
+/*
+ * The decode regime on wgmma for groups whose weights are in format FMT: grid (N / 64, slots) as
+ * k_dec, 128 * ks threads (ks warpgroups splitting K, their sums added in a fixed order), shared
+ * memory decw_smem_bytes(FMT, rows_st, K, ks).
+ */
+template <int FMT>
+__global__ void __launch_bounds__(512, 1) k_decw(FastArgs a)
+{
+    extern __shared__ __align__(16) uint8_t fsm[];
+    FGrp g;
+    const int y = blockIdx.y;
+    if (y < a.act_max) {
+        if (y >= a.meta[0])
+            return;
+        const int e = a.active[y];
+        if (a.cnt[e] > FM_DEC_MAX)
+            return;
+        fgrp_routed(a, e, g);
+    } else {
+        const int n = *a.ntok;
+        if (!a.sh.w || n < 1 || n > FM_DEC_MAX)
+            return;
+        fgrp_shared(a, g);
+    }
+    if (g.n > a.rows_st)
+        __trap(); /* cannot happen: the launch sized the staging for the chunk's largest decode group */
+    if (g.n <= 8)
+        decw_block<FMT, 1>(a, g, fsm, a.rows_st);
+    else
+        decw_block<FMT, 2>(a, g, fsm, a.rows_st);
+}
+
+/* ---------------- tile regime ---------------- */
+
+template <int WM, int WN, int WARPS_M, int WARPS_N, int STAGES> struct TileCfg {
+    enum {
+        MTB = WM * WARPS_M,       /* 16-row tiles per block */
+        BM = 16 * MTB,
+        BN = 8 * WN * WARPS_N,
+        THREADS = 32 * WARPS_M * WARPS_N,
+        W_BYTES = MTB * DSV4_FN_FP8_CHUNK, /* room for the larger (fp8) chunk */
+        WS_BYTES = MTB * DSV4_FN_FP4_SCHUNK,
+        A_LD = 128 + FM_LDA_PAD,
+        A_BYTES = BN * A_LD,
+        AS_BYTES = BN * 4,
+        STAGE = W_BYTES + WS_BYTES + A_BYTES + AS_BYTES,
+        SMEM = STAGES * STAGE + BN * 8 /* the gathered A rows */
+    };
+};
+
+typedef TileCfg<2, 4, 4, 1, 3> TileMid; /* 128 x 32, 4 warps */
+typedef TileCfg<4, 4, 2, 4, 3> TileBig; /* 128 x 128, 8 warps */
+
+template <class C, int FMT>
+__device__ __forceinline__ void tile_load(const FGrp &g, int mt0, int kb, int KB, int K, uint8_t *stage,
+                                          const long long *sRow)
+{
+    constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
+    constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
+    uint8_t *sW = stage, *sWS = stage + C::W_BYTES, *sA = sWS + C::WS_BYTES;
+    float *sAS = (float *)(sA + C::A_BYTES);
+    const int tid = threadIdx.x;
+    for (int i = tid; i < C::MTB * (CH / 16); i += C::THREADS) {
+        const int q = i / (CH / 16), off = (i - q * (CH / 16)) * 16;
+        cp_async16(sW + q * CH + off, g.w + ((size_t)(mt0 + q) * KB + kb) * CH + off, true);
+    }
+    if constexpr (FMT == WF_FP4) {
+        for (int i = tid; i < C::MTB * (SCH / 16); i += C::THREADS) {
+            const int q = i / (SCH / 16), off = (i - q * (SCH / 16)) * 16;
+            cp_async16(sWS + q * SCH + off, g.s + ((size_t)(mt0 + q) * KB + kb) * SCH + off, true);
+        }
+    } else {
+        for (int i = tid; i < C::MTB; i += C::THREADS)
+            cp_async8(sWS + i * SCH, g.s + ((size_t)(mt0 + i) * KB + kb) * SCH);
+    }
+    for (int i = tid; i < C::BN * 8; i += C::THREADS) {
+        const int r = i >> 3, off = (i & 7) * 16;
+        const long long ar = sRow[r];
+        cp_async16(sA + r * C::A_LD + off, ar >= 0 ? g.A + ar * K + kb * 128 + off : g.A, ar >= 0);
+    }
+    for (int r = tid; r < C::BN; r += C::THREADS) {
+        const long long ar = sRow[r];
+        cp_async4(sAS + r, ar >= 0 ? g.As + ar * KB + kb : g.As, ar >= 0);
+    }
+}
+
+template <class C, int FMT, int WM, int WN>
+__device__ __forceinline__ void tile_stage(const uint8_t *stage, int wm, int wn, float acc[WM][WN][4])
+{
+    constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
+    constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
+    const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    const uint8_t *sW = stage, *sWS = stage + C::W_BYTES, *sA = sWS + C::WS_BYTES;
+    const float *sAS = (const float *)(sA + C::A_BYTES);
+    const uint8_t *arow = sA + (size_t)(wn * WN * 8 + gid) * C::A_LD + 4 * tig;
+    float blk[WM][WN][4];
+#pragma unroll
+    for (int mi = 0; mi < WM; mi++)
+#pragma unroll
+        for (int ni = 0; ni < WN; ni++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                blk[mi][ni][i] = 0.0f;
+    if constexpr (FMT == WF_FP4) {
+        uint4 w[WM][2];
+        uint2 sc[WM];
+#pragma unroll
+        for (int mi = 0; mi < WM; mi++) {
+            const uint8_t *ck = sW + (wm * WM + mi) * CH + lane * 16;
+            w[mi][0] = *(const uint4 *)ck;
+            w[mi][1] = *(const uint4 *)(ck + 512);
+            sc[mi] = *(const uint2 *)(sWS + (wm * WM + mi) * SCH + gid * 8);
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            uint2 bv[WN];
+#pragma unroll
+            for (int ni = 0; ni < WN; ni++) {
+                const uint8_t *bp = arow + (size_t)(ni * 8) * C::A_LD + c * 32;
+                bv[ni] = make_uint2(*(const uint32_t *)bp, *(const uint32_t *)(bp + 16));
+            }
+#pragma unroll
+            for (int mi = 0; mi < WM; mi++) {
+                uint32_t a0, a1, a2, a3;
+                frag_fp4(u4_at(w[mi][0], c), u4_at(w[mi][1], c), a0, a1, a2, a3);
+                const float s0 = fp4_step_scale(sc[mi].x, c), s1 = fp4_step_scale(sc[mi].y, c);
+#pragma unroll
+                for (int ni = 0; ni < WN; ni++) {
+                    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_e4m3(t, a0, a1, a2, a3, bv[ni].x, bv[ni].y);
+                    blk[mi][ni][0] = fmaf(t[0], s0, blk[mi][ni][0]);
+                    blk[mi][ni][1] = fmaf(t[1], s0, blk[mi][ni][1]);
+                    blk[mi][ni][2] = fmaf(t[2], s1, blk[mi][ni][2]);
+                    blk[mi][ni][3] = fmaf(t[3], s1, blk[mi][ni][3]);
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int qh = 0; qh < 2; qh++) {
+            uint4 w[WM][2];
+#pragma unroll
+            for (int mi = 0; mi < WM; mi++) {
+                const uint8_t *ck = sW + (wm * WM + mi) * CH + lane * 16;
+                w[mi][0] = *(const uint4 *)(ck + qh * 512);
+                w[mi][1] = *(const uint4 *)(ck + (2 + qh) * 512);
+            }
+#pragma unroll
+            for (int cc = 0; cc < 2; cc++) {
+                const int c = 2 * qh + cc;
+                uint2 bv[WN];
+#pragma unroll
+                for (int ni = 0; ni < WN; ni++) {
+                    const uint8_t *bp = arow + (size_t)(ni * 8) * C::A_LD + c * 32;
+                    bv[ni] = make_uint2(*(const uint32_t *)bp, *(const uint32_t *)(bp + 16));
+                }
+#pragma unroll
+                for (int mi = 0; mi < WM; mi++) {
+                    const uint32_t a0 = cc ? w[mi][0].z : w[mi][0].x, a2 = cc ? w[mi][0].w : w[mi][0].y;
+                    const uint32_t a1 = cc ? w[mi][1].z : w[mi][1].x, a3 = cc ? w[mi][1].w : w[mi][1].y;
+#pragma unroll
+                    for (int ni = 0; ni < WN; ni++)
+                        mma_e4m3(blk[mi][ni], a0, a1, a2, a3, bv[ni].x, bv[ni].y);
+                }
+            }
+        }
+    }
+    float x[WN][2];
+#pragma unroll
+    for (int ni = 0; ni < WN; ni++) {
+        x[ni][0] = sAS[wn * WN * 8 + ni * 8 + 2 * tig];
+        x[ni][1] = sAS[wn * WN * 8 + ni * 8 + 2 * tig + 1];
+    }
+#pragma unroll
+    for (int mi = 0; mi < WM; mi++) {
+        float w0 = 1.0f, w1 = 1.0f;
+        if (FMT == WF_FP8) {
+            const float *fs = (const float *)(sWS + (wm * WM + mi) * SCH);
+            w0 = fs[0];
+            w1 = fs[1];
+        }
+#pragma unroll
+        for (int ni = 0; ni < WN; ni++) {
+            acc[mi][ni][0] = fmaf(blk[mi][ni][0], block_scale<FMT>(w0, x[ni][0]), acc[mi][ni][0]);
+            acc[mi][ni][1] = fmaf(blk[mi][ni][1], block_scale<FMT>(w0, x[ni][1]), acc[mi][ni][1]);
+            acc[mi][ni][2] = fmaf(blk[mi][ni][2], block_scale<FMT>(w1, x[ni][0]), acc[mi][ni][2]);
+            acc[mi][ni][3] = fmaf(blk[mi][ni][3], block_scale<FMT>(w1, x[ni][1]), acc[mi][ni][3]);
+        }
+    }
+}
+
+template <class C, int FMT, int WM, int WN, int WARPS_M>
+__device__ __forceinline__ void tile_run(const FastArgs &a, const FGrp &g, int r0, uint8_t *smem, const long long *sRow)
+{
+    const int K = a.K, KB = K >> 7;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    const int mt0 = blockIdx.x * C::MTB;
+    float acc[WM][WN][4];
+#pragma unroll
+    for (int mi = 0; mi < WM; mi++)
+#pragma unroll
+        for (int ni = 0; ni < WN; ni++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[mi][ni][i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < 2; s++) { /* STAGES - 1 = 2 blocks in flight */
+        if (s < KB)
+            tile_load<C, FMT>(g, mt0, s, KB, K, smem + s * C::STAGE, sRow);
+        cp_async_commit();
+    }
+    for (int kb = 0; kb < KB; kb++) {
+        cp_async_wait<1>();
+        __syncthreads(); /* stage kb landed for everyone; stage kb - 1 is no longer read */
+        const int kn = kb + 2;
+        if (kn < KB)
+            tile_load<C, FMT>(g, mt0, kn, KB, K, smem + (kn % 3) * C::STAGE, sRow);
+        cp_async_commit();
+        tile_stage<C, FMT, WM, WN>(smem + (kb % 3) * C::STAGE, wm, wn, acc);
+    }
+    cp_async_wait<0>();
+    unsigned gc = 0, uc = 0;
+#pragma unroll
+    for (int mi = 0; mi < WM; mi++) {
+        const int mt = mt0 + wm * WM + mi;
+#pragma unroll
+        for (int ni = 0; ni < WN; ni++) {
+            const int t0 = r0 + wn * WN * 8 + ni * 8 + 2 * tig;
+            if (t0 < g.n)
+                fepi(a, g, mt, gid, t0, acc[mi][ni][0], acc[mi][ni][2], gc, uc);
+            if (t0 + 1 < g.n)
+                fepi(a, g, mt, gid, t0 + 1, acc[mi][ni][1], acc[mi][ni][3], gc, uc);
+        }
+    }
+    if (a.gu)
+        fepi_stats(a, g, gc, uc);
+}
+
+/* grid (N / BM, the regime's tile capacity), C::THREADS threads, C::SMEM bytes of shared memory. */
+template <class C, int WM, int WN, int WARPS_M, int MINB>
+__global__ void __launch_bounds__(C::THREADS, MINB) k_tile(FastArgs a)
+{
+    extern __shared__ __align__(16) uint8_t fsm[];
+    const int t = blockIdx.y;
+    if (t >= a.meta[a.meta_tiles])
+        return;
+    const int e = a.tile_e[t], r0 = a.tile_r0[t];
+    FGrp g;
+    if (e >= a.E)
+        fgrp_shared(a, g);
+    else
+        fgrp_routed(a, e, g);
+    long long *sRow = (long long *)(fsm + 3 * C::STAGE);
+    for (int r = threadIdx.x; r < C::BN; r += C::THREADS)
+        sRow[r] = r0 + r < g.n ? fgrp_arow(g, r0 + r) : -1;
+    __syncthreads();
+    if (g.fmt == WF_FP4)
+        tile_run<C, WF_FP4, WM, WN, WARPS_M>(a, g, r0, fsm, sRow);
+    else
+        tile_run<C, WF_FP8, WM, WN, WARPS_M>(a, g, r0, fsm, sRow);
+}
+
+/* ---------------- tile regime on wgmma (sm_90a) ---------------- */
+
+/* D (16 or 32 floats: N = 32 or 64 tokens) (+)= A (registers) x B (descriptor). */
+template <int BN>
+__device__ __forceinline__ void wg_mma_n(float *d, const uint32_t *a, uint64_t bd, int acc)
+{
+    if constexpr (BN == 32) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                       "+f"(d[15])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bd), "r"(acc));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,"
+                     "%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bd), "r"(acc));
+    }
+}
+
+/*
+ * k_tilew<BN>: 128 features (two warpgroups of 64) x BN tokens of one group per block, 256
+ * threads; per 128-wide K block a cp.async stage holds the 8 weight tiles, their scales, the BN
+ * activation rows laid out as K-major core matrices per k32 step ([kc][token group][8][16 B]),
+ * and the activation scales.
+ */
+template <int BN> struct TileW {
+    enum {
+        W_BYTES = 8 * DSV4_FN_FP8_CHUNK,
+        WS_BYTES = 8 * DSV4_FN_FP4_SCHUNK,
+        B_STEP = BN * 32, /* one k32 step of BN rows */
+        B_BYTES = 4 * B_STEP,
+        AS_BYTES = BN * 4,
+        STAGE = W_BYTES + WS_BYTES + B_BYTES + AS_BYTES,
+        STAGES = 3,
+        SMEM = STAGES * STAGE + BN * 8
+    };
+};
+
+template <int BN, int FMT>
+__device__ __forceinline__ void tilew_load(const FGrp &g, int mt0, int kb, int KB, int K, uint8_t *stage,
+                                           const long long *sRow)
+{
+    typedef TileW<BN> C;
+    constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
+    constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
+    uint8_t *sW = stage, *sWS = stage + C::W_BYTES, *sB = sWS + C::WS_BYTES;
+    float *sAS = (float *)(sB + C::B_BYTES);
+    const int tid = threadIdx.x;
+    for (int i = tid; i < 8 * (CH / 16); i += 256) {
+        const int q = i / (CH / 16), off = (i - q * (CH / 16)) * 16;
+        cp_async16(sW + q * CH + off, g.w + ((size_t)(mt0 + q) * KB + kb) * CH + off, true);
+    }
+    if constexpr (FMT == WF_FP4) {
+        for (int i = tid; i < 8 * (SCH / 16); i += 256) {
+            const int q = i / (SCH / 16), off = (i - q * (SCH / 16)) * 16;
+            cp_async16(sWS + q * SCH + off, g.s + ((size_t)(mt0 + q) * KB + kb) * SCH + off, true);
+        }
+    } else {
+        for (int i = tid; i < 8; i += 256)
+            cp_async8(sWS + i * SCH, g.s + ((size_t)(mt0 + i) * KB + kb) * SCH);
+    }
+    for (int i = tid; i < BN * 8; i += 256) {
+        const int r = i >> 3, q = i & 7; /* q: 16-byte piece of the row's 128 bytes: step q / 2, kc q % 2 */
+        const long long ar = sRow[r];
+        uint8_t *dst = sB + (q >> 1) * C::B_STEP + (q & 1) * (BN * 16) + (r >> 3) * 128 + (r & 7) * 16;
+        cp_async16(dst, ar >= 0 ? g.A + ar * K + kb * 128 + q * 16 : g.A, ar >= 0);
+    }
+    for (int r = tid; r < BN; r += 256) {
+        const long long ar = sRow[r];
+        cp_async4(sAS + r, ar >= 0 ? g.As + ar * KB + kb : g.As, ar >= 0);
+    }
+}
+
+template <int BN, int FMT>
+__device__ __forceinline__ void tilew_run(const FastArgs &a, const FGrp &g, int r0, uint8_t *smem, const long long *sRow)
+{
+    typedef TileW<BN> C;
+    constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
+    constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
+    constexpr int ND = BN / 2; /* accumulator floats per thread: BN / 8 token groups x 4 */
+    const int K = a.K, KB = K >> 7;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const int wg = warp >> 2, w = warp & 3, tile = 4 * wg + w; /* this warp's 16-row tile in the block */
+    const int mt0 = blockIdx.x * 8;
+    float acc[ND];
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+        acc[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < C::STAGES - 1; s++) {
+        if (s < KB)
+            tilew_load<BN, FMT>(g, mt0, s, KB, K, smem + s * C::STAGE, sRow);
+        cp_async_commit();
+    }
+    for (int kb = 0; kb < KB; kb++) {
+        cp_async_wait<C::STAGES - 2>();
+        fence_async_smem();
+        __syncthreads(); /* stage kb landed for everyone; stage kb - 1 is no longer read */
+        const int kn = kb + C::STAGES - 1;
+        if (kn < KB)
+            tilew_load<BN, FMT>(g, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
+        cp_async_commit();
+        const uint8_t *stage = smem + (kb % C::STAGES) * C::STAGE;
+        const uint8_t *sW = stage + tile * CH + lane * 16, *sWS = stage + C::W_BYTES + tile * SCH;
+        const uint8_t *sB = stage + C::W_BYTES + C::WS_BYTES;
+        const float *sAS = (const float *)(sB + C::B_BYTES);
+        const uint64_t bd0 = wg_desc(sB, BN * 16, 128);
+        uint32_t af[4][4];
+        uint2 sc = make_uint2(0u, 0u);
+        if constexpr (FMT == WF_FP4) {
+            const uint4 w0 = *(const uint4 *)sW, w1 = *(const uint4 *)(sW + 512);
+            sc = *(const uint2 *)(sWS + gid * 8);
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                frag_fp4(u4_at(w0, c), u4_at(w1, c), af[c][0], af[c][1], af[c][2], af[c][3]);
+        } else {
+            uint4 pl[4];
+#pragma unroll
+            for (int p = 0; p < 4; p++)
+                pl[p] = *(const uint4 *)(sW + p * 512);
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const uint4 h0 = pl[c >> 1], h1 = pl[2 + (c >> 1)];
+                af[c][0] = (c & 1) ? h0.z : h0.x;
+                af[c][2] = (c & 1) ? h0.w : h0.y;
+                af[c][1] = (c & 1) ? h1.z : h1.x;
+                af[c][3] = (c & 1) ? h1.w : h1.y;
+            }
+        }
+        float blk[ND];
+        if constexpr (FMT == WF_FP4) {
+            /* two steps at a time in two fresh accumulators, each scaled into the block sum */
+            float d0[ND], d1[ND];
+#pragma unroll
+            for (int i = 0; i < ND; i++)
+                blk[i] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 4; c += 2) {
+#pragma unroll
+                for (int i = 0; i < ND; i++)
+                    d0[i] = d1[i] = 0.0f;
+                wg_fence();
+                wg_mma_n<BN>(d0, af[c], bd0 + (uint64_t)((c * C::B_STEP) >> 4), 0);
+                wg_mma_n<BN>(d1, af[c + 1], bd0 + (uint64_t)(((c + 1) * C::B_STEP) >> 4), 0);
+                wg_commit();
+                wg_wait<0>();
+                const float s00 = fp4_step_scale(sc.x, c), s01 = fp4_step_scale(sc.y, c);
+                const float s10 = fp4_step_scale(sc.x, c + 1), s11 = fp4_step_scale(sc.y, c + 1);
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    blk[4 * j + 0] = fmaf(d1[4 * j + 0], s10, fmaf(d0[4 * j + 0], s00, blk[4 * j + 0]));
+                    blk[4 * j + 1] = fmaf(d1[4 * j + 1], s10, fmaf(d0[4 * j + 1], s00, blk[4 * j + 1]));
+                    blk[4 * j + 2] = fmaf(d1[4 * j + 2], s11, fmaf(d0[4 * j + 2], s01, blk[4 * j + 2]));
+                    blk[4 * j + 3] = fmaf(d1[4 * j + 3], s11, fmaf(d0[4 * j + 3], s01, blk[4 * j + 3]));
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < ND; i++)
+                blk[i] = 0.0f;
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                wg_mma_n<BN>(blk, af[c], bd0 + (uint64_t)((c * C::B_STEP) >> 4), c > 0);
+            wg_commit();
+            wg_wait<0>();
+        }
+        float w0 = 1.0f, w1 = 1.0f;
+        if constexpr (FMT == WF_FP8) {
+            const float *fs = (const float *)sWS;
+            w0 = fs[0];
+            w1 = fs[1];
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const float x0 = sAS[8 * j + 2 * tig], x1 = sAS[8 * j + 2 * tig + 1];
+            acc[4 * j + 0] = fmaf(blk[4 * j + 0], block_scale<FMT>(w0, x0), acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(blk[4 * j + 1], block_scale<FMT>(w0, x1), acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(blk[4 * j + 2], block_scale<FMT>(w1, x0), acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(blk[4 * j + 3], block_scale<FMT>(w1, x1), acc[4 * j + 3]);
+        }
+    }
+    cp_async_wait<0>();
+    unsigned gc = 0, uc = 0;
+    const int mt = mt0 + tile;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        const int t0 = r0 + 8 * j + 2 * tig;
+        if (t0 < g.n)
+            fepi(a, g, mt, gid, t0, acc[4 * j + 0], acc[4 * j + 2], gc, uc);
+        if (t0 + 1 < g.n)
+            fepi(a, g, mt, gid, t0 + 1, acc[4 * j + 1], acc[4 * j + 3], gc, uc);
+    }
+    if (a.gu)
+        fepi_stats(a, g, gc, uc);
+}
+
+/* grid (N / 128, the regime's tile capacity), 256 threads, TileW<BN>::SMEM bytes of shared memory. */
+template <int BN>
+__global__ void __launch_bounds__(256, 1) k_tilew(FastArgs a)
+{
+    extern __shared__ __align__(16) uint8_t fsm[];
+    const int t = blockIdx.y;
+    if (t >= a.meta[a.meta_tiles])
+        return;
+    const int e = a.tile_e[t], r0 = a.tile_r0[t];
+    FGrp g;
+    if (e >= a.E)
+        fgrp_shared(a, g);
+    else
+        fgrp_routed(a, e, g);
+    long long *sRow = (long long *)(fsm + TileW<BN>::STAGES * TileW<BN>::STAGE);
+    for (int r = threadIdx.x; r < BN; r += 256)
+        sRow[r] = r0 + r < g.n ? fgrp_arow(g, r0 + r) : -1;
+    __syncthreads();
+    if (g.fmt == WF_FP4)
+        tilew_run<BN, WF_FP4>(a, g, r0, fsm, sRow);
+    else
+        tilew_run<BN, WF_FP8>(a, g, r0, fsm, sRow);
+}
+
+/* ---------------- grouping for the fp8 path ---------------- */
+
+/* Exclusive scan of v over the block (blockDim.x a multiple of 32, at most 1024); *total gets the sum. */
+__device__ __forceinline__ int block_excl_scan(int v, int *tmp, int *total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xFFFFFFFFu, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    if (lane == 31)
+        tmp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nw ? tmp[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xFFFFFFFFu, w, o);
+            if (lane >= o)
+                w += y;
+        }
+        if (lane < nw)
+            tmp[lane] = w;
+    }
+    __syncthreads();
+    const int before = (warp ? tmp[warp - 1] : 0) + x - v;
+    *total = tmp[nw - 1];
+    __syncthreads();
+    return before;
+}
+
+struct Group2Args {
+    const int32_t *ids;
+    const float *w; /* router weights [Tc, K] (placement) */
+    const int *ntok;
+    int *cnt, *slot_off, *pad_off, *active, *meta; /* meta: n_active, n_mid_tiles, n_kept, n_big_tiles */
+    int *tile_e, *tile_r0;                         /* mid tiles at [0, cap_mid), big at [cap_mid, ...) */
+    int32_t *slot_tok, *slot_row, *rowmap; /* placement, when `place` (else k_place does it) */
+    float *slot_w;
+    unsigned long long *stats;
+    int E, K, rows, cap_mid, cap_big, has_shared;
+    int mid_rows, big_rows; /* rows per tile of the two tile regimes */
+    int place; /* the chunk has at most blockDim.x slots: place them here, tokens ascending per expert */
+};
+
+/*
+ * One block: counts, offsets, the active list and the mid / big tile lists (shared expert last);
+ * with `place`, also the stable placement of k_place (slot q of expert e: its rank among the
+ * chunk's slots of e in slot order).
+ */
+__global__ void k_count2(Group2Args a)
+{
+    extern __shared__ int c2cnt[];
+    __shared__ int tmp[32];
+    __shared__ int carry[5];
+    __shared__ int s_ok;
+    const int E = a.E, nt = *a.ntok, n = nt * a.K;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        c2cnt[e] = 0;
+    if (threadIdx.x < 5)
+        carry[threadIdx.x] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = a.ids[i];
+        if (e < 0 || e > E)
+            atomicAdd(&a.stats[ST_BADID], 1ull);
+        else if (e < E)
+            atomicAdd(&c2cnt[e], 1);
+    }
+    __syncthreads();
+    for (int e0 = 0; e0 < E; e0 += blockDim.x) {
+        const int e = e0 + threadIdx.x;
+        const int c = e < E ? c2cnt[e] : 0;
+        const int pad = (c + 127) / 128 * 128, act = c > 0;
+        const int mid = c > FM_DEC_MAX && c <= FM_MID_MAX ? (c + a.mid_rows - 1) / a.mid_rows : 0;
+        const int big = c > FM_MID_MAX ? (c + a.big_rows - 1) / a.big_rows : 0;
+        int t0, t1, t2, t3, t4;
+        const int so = block_excl_scan(c, tmp, &t0) + carry[0];
+        const int po = block_excl_scan(pad, tmp, &t1) + carry[1];
+        const int ao = block_excl_scan(act, tmp, &t2) + carry[2];
+        const int mo = block_excl_scan(mid, tmp, &t3) + carry[3];
+        const int bo = block_excl_scan(big, tmp, &t4) + carry[4];
+        if (e < E) {
+            a.cnt[e] = c;
+            a.slot_off[e] = so;
+            a.pad_off[e] = po;
+            if (act)
+                a.active[ao] = e;
+            for (int i = 0; i < mid && mo + i < a.cap_mid; i++) {
+                a.tile_e[mo + i] = e;
+                a.tile_r0[mo + i] = a.mid_rows * i;
+            }
+            for (int i = 0; i < big && bo + i < a.cap_big; i++) {
+                a.tile_e[a.cap_mid + bo + i] = e;
+                a.tile_r0[a.cap_mid + bo + i] = a.big_rows * i;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            carry[0] += t0, carry[1] += t1, carry[2] += t2, carry[3] += t3, carry[4] += t4;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        int so = carry[0], po = carry[1], na = carry[2], nm = carry[3], nb = carry[4];
+        a.slot_off[E] = so;
+        if (a.has_shared && nt > FM_DEC_MAX) {
+            const int mid = nt <= FM_MID_MAX ? (nt + a.mid_rows - 1) / a.mid_rows : 0;
+            const int big = nt > FM_MID_MAX ? (nt + a.big_rows - 1) / a.big_rows : 0;
+            for (int i = 0; i < mid && nm < a.cap_mid; i++, nm++) {
+                a.tile_e[nm] = E;
+                a.tile_r0[nm] = a.mid_rows * i;
+            }
+            for (int i = 0; i < big && nb < a.cap_big; i++, nb++) {
+                a.tile_e[a.cap_mid + nb] = E;
+                a.tile_r0[a.cap_mid + nb] = a.big_rows * i;
+            }
+        }
+        if (po > a.rows || nm > a.cap_mid || nb > a.cap_big) {
+            /* cannot happen with the layout's bounds; never read or write past them */
+            atomicAdd(&a.stats[ST_BADID], 1ull);
+            na = nm = nb = so = 0;
+            for (int e = 0; e < E; e++)
+                a.cnt[e] = 0;
+        }
+        a.meta[0] = na;
+        a.meta[1] = nm;
+        a.meta[2] = so;
+        a.meta[3] = nb;
+        a.stats[ST_ACTIVE] += (unsigned long long)na;
+        a.stats[ST_EMPTY] += (unsigned long long)(E - na);
+        s_ok = na > 0;
+    }
+    if (!a.place)
+        return;
+    __syncthreads(); /* offsets written by this block are visible to it */
+    if (!s_ok)
+        return;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = a.ids[i];
+        if (e < 0 || e >= E)
+            continue;
+        int rank = 0;
+        for (int j = 0; j < i; j++)
+            rank += a.ids[j] == e;
+        const int q = a.slot_off[e] + rank, row = a.pad_off[e] + rank;
+        a.slot_tok[q] = i / a.K;
+        a.slot_w[q] = a.w[i];
+        a.slot_row[q] = row;
+        a.rowmap[i] = row;
+    }
+}
+
+/* ---------------- quantization of h (routed kept slots, then the shared expert's rows) ---------------- */
+
+struct QuantArgs {
+    const uint16_t *h; /* bf16 [rows, I] */
+    uint8_t *q;        /* codes [rows, I] */
+    float *s;          /* [rows, I / 128] */
+    const int32_t *slot_row;
+    const int *meta, *ntok;
+    long long sh_row0; /* first row of the shared expert's h */
+    int I, qmode, slots, has_shared;
+};
+
+__global__ void k_quant(QuantArgs a)
+{
+    long long row;
+    const int b = blockIdx.x;
+    if (b < a.slots) {
+        if (b >= a.meta[2])
+            return;
+        row = a.slot_row[b];
+    } else {
+        if (!a.has_shared || b - a.slots >= *a.ntok)
+            return;
+        row = a.sh_row0 + (b - a.slots);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, ng = a.I >> 7;
+    const uint16_t *hr = a.h + row * a.I;
+    for (int gq = warp; gq < ng; gq += nw) {
+        float v[4];
+        bool ok[4];
+        uint8_t c[4];
+        const uint2 raw = *(const uint2 *)(hr + gq * 128 + lane * 4);
+        v[0] = bf16f((uint16_t)raw.x), v[1] = bf16f((uint16_t)(raw.x >> 16));
+        v[2] = bf16f((uint16_t)raw.y), v[3] = bf16f((uint16_t)(raw.y >> 16));
+        ok[0] = ok[1] = ok[2] = ok[3] = true;
+        const float s = quant_group4(v, ok, a.qmode, c);
+        *(uint32_t *)(a.q + row * a.I + gq * 128 + lane * 4) =
+            (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16) | ((uint32_t)c[3] << 24);
+        if (lane == 0)
+            a.s[row * ng + gq] = s;
+    }
+}
+
+} // namespace dsv4cuda
+
+#endif
