@@ -130,11 +130,16 @@ if [ "${DSV4_DEVCHECK_AB:-0}" = 1 ] && [ -x "$BENCH" ]; then
 fi
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = 1 ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
-    for t in 1 128; do
+    for t in 1 128 4096; do
         step "profile-t$t" 150 "$NCU --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
             $BENCH --tokens $t --quick --ceilings $WORK/bench/ceilings.json --json $WORK/bench/prof_$t.json \
             --dir $WORK/bench --threads $JOBS"
     done
+    # one decode GEMM (T = 128) and one large-group GEMM (T = 4096) in detail: throughput, occupancy, stalls
+    step profile-detail 150 "$NCU --clock-control none -k regex:'k_dec|k_tileh' --launch-skip 8 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        --section LaunchStats $BENCH --tokens 128,4096 --quick --ceilings $WORK/bench/ceilings.json \
+        --json $WORK/bench/prof_d.json --dir $WORK/bench --threads $JOBS"
 fi
 
 # ---- CUDA tests, scenarios, sanitizer ----

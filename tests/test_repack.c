@@ -206,7 +206,11 @@ static void check_product(int fp4, int interleaved, int sfp32, int64_t n, int64_
     if (fp4) {
         int which = -1;
         int64_t brow = -1, bgrp = -1;
-        ck_assert_int_eq(dsv4_fn_repack_fp4(&src[0], interleaved ? &src[1] : NULL, n, k, w, ws, &which, &brow, &bgrp), 0);
+        uint8_t smin = 0, smax = 0;
+        ck_assert_int_eq(dsv4_fn_repack_fp4(&src[0], interleaved ? &src[1] : NULL, n, k, w, ws, &which, &brow, &bgrp,
+                                            &smin, &smax), 0);
+        ck_assert_uint_eq(smin, 0);
+        ck_assert_uint_eq(smax, DSV4_FN_FP4_SCALE_MAX);
     } else {
         dsv4_fn_repack_fp8(&src[0], interleaved ? &src[1] : NULL, n, k, w, (float *)(void *)ws);
     }
@@ -285,20 +289,20 @@ START_TEST(fp4_scale_out_of_range)
     uint8_t w[DSV4_FN_FP4_CHUNK], ws[DSV4_FN_FP4_SCHUNK];
     int which = -1;
     int64_t row = -1, grp = -1;
-    ck_assert_int_eq(dsv4_fn_repack_fp4(&s, NULL, n, k, w, ws, &which, &row, &grp), 1);
+    ck_assert_int_eq(dsv4_fn_repack_fp4(&s, NULL, n, k, w, ws, &which, &row, &grp, NULL, NULL), 1);
     ck_assert_int_eq(which, 0);
     ck_assert_int_eq(row, 5);
     ck_assert_int_eq(grp, 2);
     sc[5 * 4 + 2] = 255; /* NaN scale: also refused (the fast path would lose the NaN) */
-    ck_assert_int_eq(dsv4_fn_repack_fp4(&s, NULL, n, k, w, ws, NULL, NULL, NULL), 1);
+    ck_assert_int_eq(dsv4_fn_repack_fp4(&s, NULL, n, k, w, ws, NULL, NULL, NULL, NULL, NULL), 1);
     sc[5 * 4 + 2] = DSV4_FN_FP4_SCALE_MAX;
-    ck_assert_int_eq(dsv4_fn_repack_fp4(&s, NULL, n, k, w, ws, NULL, NULL, NULL), 0);
+    ck_assert_int_eq(dsv4_fn_repack_fp4(&s, NULL, n, k, w, ws, NULL, NULL, NULL, NULL, NULL), 0);
     /* interleaved: the second matrix is named */
     uint8_t sc2[8 * 4];
     memset(sc2, 127, sizeof sc2);
     sc2[3 * 4] = 250;
     dsv4_fn_src a = {data, 64, sc, 0}, b = {data, 64, sc2, 0};
-    ck_assert_int_eq(dsv4_fn_repack_fp4(&a, &b, 8, k, w, ws, &which, &row, &grp), 1);
+    ck_assert_int_eq(dsv4_fn_repack_fp4(&a, &b, 8, k, w, ws, &which, &row, &grp, NULL, NULL), 1);
     ck_assert_int_eq(which, 1);
     ck_assert_int_eq(row, 3);
     ck_assert_int_eq(grp, 0);

@@ -74,7 +74,9 @@ struct Layout {
     uint64_t logits, x, in_ids, ntok, xq, xs, ids, w, kept, cnt, slot_off, pad_off, active, meta, tile_e, tile_r0, slot_tok,
         slot_row, rowmap, slot_w, stats, gu, hq, hs, o, osh, total, io_end;
     int64_t tc, slots, rows, tiles;
-    int64_t cap_mid, cap_big; /* fp8 path: tile list capacities (32-row tiles, then 128-row tiles) */
+    int64_t cap_mid, cap_big; /* fp8 path: tile list capacities (32-row tiles, then large-group tiles) */
+    uint64_t x16;             /* fp8 path with k_tileh: the x codes as f16 */
+    int lslices;              /* the router logits' split-K slices */
 };
 
 struct Graph {
@@ -107,15 +109,25 @@ struct CudaBe {
     uint64_t device_used = 0;
     /* the fp8 tensor-core path (mma.cuh): fragment-native weights, gate/up interleaved */
     bool fast = false;
-    bool dec_wgmma = true;  /* the decode regime on wgmma (k_decw); DSV4MOE_CUDA_DEC=mma: mma.sync (k_dec) */
-    bool tile_wgmma = true; /* the tile regimes on wgmma (k_tilew); DSV4MOE_CUDA_TILE=mma: mma.sync (k_tile) */
-    int big_rows = 64;      /* rows of a large group's tile: 64 (k_tilew) or 128 (k_tile) */
+    bool tile16 = true; /* large groups on f16 wgmma (k_tileh); else mma.sync (k_tile); DSV4MOE_CUDA_TILE=mma forces the latter */
+    int big_rows = 128; /* rows of a large group's tile: FM_TILEH_BN (k_tileh) or 128 (k_tile) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     cudaStream_t s2 = nullptr, s3 = nullptr, s4 = nullptr; /* forked regimes: 32-row, 128-row tiles, shared decode */
     cudaEvent_t ev_fork = nullptr, ev_j2 = nullptr, ev_j3 = nullptr, ev_j4 = nullptr;
     int nsm = 132;
 };
+
+/* Split-K slices of the router logits for a chunk of tc tokens: enough blocks for the device. */
+int logit_slices(const CudaBe *b, int64_t tc)
+{
+    const dsv4_config *c = &b->cfg;
+    const int64_t kb = c->dim / 128, blocks = cdiv(tc, DSV4C_BM) * cdiv(c->n_routed_experts, DSV4C_BN);
+    int s = 1;
+    while (c->dim % 128 == 0 && kb % (2 * s) == 0 && blocks * 2 * s <= 2 * (int64_t)b->nsm)
+        s *= 2;
+    return s;
+}
 
 Layout layout_for(const CudaBe *b, int64_t tc)
 {
@@ -161,7 +173,9 @@ Layout layout_for(const CudaBe *b, int64_t tc)
     L.w = take((uint64_t)L.slots * 4);
     L.kept = take((uint64_t)tc * 4);
     L.io_end = off;
-    L.logits = take((uint64_t)(tc * E) * 4);
+    L.lslices = logit_slices(b, tc);
+    L.logits = take((uint64_t)(L.lslices * tc * E) * 4);
+    L.x16 = b->fast && b->tile16 ? take((uint64_t)(tc * H) * 2) : 0;
     L.xq = b->qx ? take((uint64_t)(tc * H)) : 0;
     L.xs = b->qx ? take((uint64_t)(tc * ngh) * 4) : 0;
     L.cnt = take((uint64_t)E * 4);
@@ -286,28 +300,10 @@ typedef void (*fast_kernel)(FastArgs);
 const fast_kernel k_tile_mid = k_tile<TileMid, 2, 4, 4, 3>;
 const fast_kernel k_tile_big = k_tile<TileBig, 4, 4, 2, 1>;
 
-/*
- * Launches the decode regime for format fmt over `groups` slots (routed active slots below
- * fa.act_max, then the shared expert): k_decw (wgmma) by default, k_dec (mma.sync) with
- * DSV4MOE_CUDA_DEC=mma; K is split over enough warps to give every multiprocessor a few blocks.
- */
-void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, int rows_st, cudaStream_t s)
+/* Launches k_dec for format fmt over `groups` slots (routed active slots below fa.act_max, then
+   the shared expert), splitting K over enough warps to give every multiprocessor a few blocks. */
+void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t s)
 {
-    if (b->dec_wgmma) {
-        const int slabs = fa.N / 64;
-        int ks = 1;
-        while (ks < 4 && (int64_t)slabs * groups * 4 * ks < 16 * (int64_t)b->nsm)
-            ks *= 2;
-        fa.ks = ks;
-        fa.rows_st = rows_st;
-        const dim3 grid((unsigned)slabs, (unsigned)groups);
-        const size_t smem = decw_smem_bytes(fmt, rows_st, fa.K, ks);
-        if (fmt == WF_FP4)
-            k_decw<WF_FP4><<<grid, 128 * ks, smem, s>>>(fa);
-        else
-            k_decw<WF_FP8><<<grid, 128 * ks, smem, s>>>(fa);
-        return;
-    }
     const int tiles16 = fa.N / 16;
     int ks = 1;
     while (ks < 8 && (int64_t)(tiles16 / (8 / ks)) * groups < 3 * (int64_t)b->nsm)
@@ -346,23 +342,18 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa)
     for (const Side &sd : side)
         if (sd.on && (e = cudaStreamWaitEvent(sd.st, b->ev_fork, 0)) != cudaSuccess)
             return e;
-    const int rows_st = std::min<int64_t>(nmax, FM_DEC_MAX) <= 8 ? 8 : 16;
     if (split) {
-        launch_dec(b, fa.r.fmt, fa, fa.act_max, rows_st, s); /* routed slots only */
+        launch_dec(b, fa.r.fmt, fa, fa.act_max, s); /* routed slots only */
         FastArgs sh = fa;
         sh.act_max = 0;
-        launch_dec(b, fa.sh.fmt, sh, 1, rows_st, b->s4);
+        launch_dec(b, fa.sh.fmt, sh, 1, b->s4);
     } else {
-        launch_dec(b, fa.r.fmt, fa, fa.act_max + 1, rows_st, s);
+        launch_dec(b, fa.r.fmt, fa, fa.act_max + 1, s);
     }
     if (mid) {
         FastArgs m = fa;
         m.meta_tiles = 1;
-        const dim3 grid((unsigned)(fa.N / 128), (unsigned)L.cap_mid);
-        if (b->tile_wgmma)
-            k_tilew<32><<<grid, 256, TileW<32>::SMEM, b->s2>>>(m);
-        else
-            k_tile_mid<<<grid, TileMid::THREADS, TileMid::SMEM, b->s2>>>(m);
+        k_tile_mid<<<dim3((unsigned)(fa.N / TileMid::BM), (unsigned)L.cap_mid), TileMid::THREADS, TileMid::SMEM, b->s2>>>(m);
     }
     if (big) {
         FastArgs g = fa;
@@ -370,8 +361,8 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa)
         g.tile_e += L.cap_mid;
         g.tile_r0 += L.cap_mid;
         const dim3 grid((unsigned)(fa.N / 128), (unsigned)L.cap_big);
-        if (b->tile_wgmma)
-            k_tilew<64><<<grid, 256, TileW<64>::SMEM, b->s3>>>(g);
+        if (b->tile16)
+            k_tileh<<<grid, 256, TileH<FM_TILEH_BN>::SMEM, b->s3>>>(g);
         else
             k_tile_big<<<grid, TileBig::THREADS, TileBig::SMEM, b->s3>>>(g);
     }
@@ -417,6 +408,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     gu.N = 2 * I, gu.K = H, gu.gu = 1;
     gu.A = at<uint8_t>(b, L.xq), gu.As = at<float>(b, L.xs), gu.gather = 1;
     gu.Ash = gu.A, gu.Assh = gu.As;
+    gu.A16 = gu.Ash16 = b->tile16 ? at<uint16_t>(b, L.x16) : nullptr;
     gu.out = h16, gu.out_sh = h16 + L.rows * I;
     cudaError_t e = launch_regimes(b, L, gu);
     if (e != cudaSuccess)
@@ -424,6 +416,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     QuantArgs qa;
     qa.h = h16, qa.q = hq, qa.s = hs, qa.slot_row = ga.slot_row, qa.meta = ga.meta, qa.ntok = ra.ntok;
     qa.sh_row0 = L.rows, qa.I = I, qa.qmode = (int)c->act_quant, qa.slots = (int)L.slots, qa.has_shared = shared;
+    qa.f16_codes = b->tile16;
     k_quant<<<(unsigned)(L.slots + (shared ? L.tc : 0)), 128, 0, s>>>(qa);
     /* down */
     FastArgs dn = fa;
@@ -431,6 +424,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     dn.N = H, dn.K = I, dn.gu = 0;
     dn.A = hq, dn.As = hs, dn.gather = 0;
     dn.Ash = hq + L.rows * I, dn.Assh = hs + L.rows * ngi;
+    dn.A16 = b->tile16 ? h16 : nullptr, dn.Ash16 = b->tile16 ? h16 + L.rows * I : nullptr;
     dn.out = at<uint16_t>(b, L.o), dn.out_sh = shared ? at<uint16_t>(b, L.osh) : nullptr;
     if ((e = launch_regimes(b, L, dn)) != cudaSuccess)
         return e;
@@ -441,7 +435,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     ca.y = at<uint16_t>(b, L.x);
     ca.ntok = ra.ntok;
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
-    k_combine<<<(unsigned)L.tc, 256, (size_t)K * 8, s>>>(ca);
+    k_combine<<<dim3((unsigned)L.tc, (unsigned)cdiv(H, 8 * 256)), 256, (size_t)K * 8, s>>>(ca);
     return cudaPeekAtLastError();
 }
 
@@ -468,6 +462,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
     ra.ids = at<int32_t>(b, L.ids), ra.w = at<float>(b, L.w), ra.kept = at<int32_t>(b, L.kept);
     ra.xq = b->qx ? at<uint8_t>(b, L.xq) : nullptr;
     ra.xs = b->qx ? at<float>(b, L.xs) : nullptr;
+    ra.x16 = b->fast && b->tile16 ? at<uint16_t>(b, L.x16) : nullptr;
     ra.stats = stats;
     ra.t0 = t0;
     ra.H = H, ra.E = E, ra.K = K, ra.V = (int)c->vocab_size;
@@ -490,13 +485,15 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
         lgA.A = ra.x;
         lgA.shared = 1;
         lgA.ntok = ntok;
-        lgA.small = b->small;
-        lgA.smem_rows = gemv_rows(b, L.tc);
+        lgA.small = 0; /* every token count takes the tensor-core kernel, split over K when the chunk is small */
         lgA.outf = at<float>(b, L.logits);
-        launch_gemv(WF_BF16, 0, dim3(1, (unsigned)cdiv(E, DSV4C_GEMV_COLS)), gemv_smem(lgA.smem_rows, H), s, lgA);
-        if (L.tc > b->small)
-            launch_tiles(WF_BF16, 0, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN)), s, lgA);
+        lgA.kslice = L.lslices > 1 ? H / L.lslices : 0;
+        lgA.out_slice = L.tc * E;
+        launch_tiles(WF_BF16, 0, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN), (unsigned)L.lslices),
+                     s, lgA);
         ra.logits = lgA.outf;
+        ra.lslices = L.lslices;
+        ra.lslice_stride = L.tc * E;
     }
     size_t rsm = (size_t)(H + E + 4 * K) * 4;
     k_router<<<(unsigned)L.tc, 256, rsm, s>>>(ra);
@@ -596,7 +593,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
     ca.y = at<uint16_t>(b, L.x);
     ca.ntok = ntok;
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
-    k_combine<<<(unsigned)L.tc, 256, (size_t)K * 8, s>>>(ca);
+    k_combine<<<dim3((unsigned)L.tc, (unsigned)cdiv(H, 8 * 256)), 256, (size_t)K * 8, s>>>(ca);
     return cudaPeekAtLastError();
 }
 
@@ -929,13 +926,12 @@ dsv4_status upload(CudaBe *b, const dsv4_checkpoint *ck, bool shared, int p, Dev
     return DSV4_OK;
 }
 
-/* The kernel choices of the fp8 path (DSV4MOE_CUDA_DEC / DSV4MOE_CUDA_TILE = mma: mma.sync kernels). */
+/* The kernel choice for large groups (DSV4MOE_CUDA_TILE=mma: the mma.sync kernel instead of k_tileh). */
 void set_kernels(CudaBe *b)
 {
-    const char *dv = getenv("DSV4MOE_CUDA_DEC"), *tv = getenv("DSV4MOE_CUDA_TILE");
-    b->dec_wgmma = !(dv && !strcmp(dv, "mma"));
-    b->tile_wgmma = !(tv && !strcmp(tv, "mma"));
-    b->big_rows = b->tile_wgmma ? 64 : 128;
+    const char *tv = getenv("DSV4MOE_CUDA_TILE");
+    b->tile16 = !(tv && !strcmp(tv, "mma"));
+    b->big_rows = b->tile16 ? FM_TILEH_BN : 128;
 }
 
 /* Whether the config takes the fp8 tensor-core path (the weights are checked at upload too). */
@@ -960,6 +956,7 @@ struct RepackJob {
     dsv4_status *st;
     dsv4_error *errs;
     int *fmt;
+    uint8_t *smin, *smax; /* fp4: per expert, the smallest and largest scale byte */
 };
 
 void repack_range(void *ctx, int64_t begin, int64_t end)
@@ -988,7 +985,8 @@ void repack_range(void *ctx, int64_t begin, int64_t end)
             } else if (v[0].format == DSV4_FORMAT_FP4) {
                 int which = 0;
                 int64_t row = 0, grp = 0;
-                if (dsv4_fn_repack_fp4(&src[0], nv == 2 ? &src[1] : nullptr, j->n, j->k, dw, ds, &which, &row, &grp))
+                if (dsv4_fn_repack_fp4(&src[0], nv == 2 ? &src[1] : nullptr, j->n, j->k, dw, ds, &which, &row, &grp,
+                                       &j->smin[i], &j->smax[i]))
                     st = dsv4_seterr(&j->errs[i], DSV4_ERR_UNSUPPORTED, v[which].key,
                                      "scale byte of row %lld, group %lld is above %d: the fp8 tensor-core path cannot "
                                      "hold it exactly",
@@ -1034,13 +1032,15 @@ dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool 
     dsv4_status *sts = (dsv4_status *)calloc((size_t)batch, sizeof *sts);
     dsv4_error *errs = (dsv4_error *)calloc((size_t)batch, sizeof *errs);
     int *fmts = (int *)calloc((size_t)batch, sizeof *fmts);
+    uint8_t *smin = (uint8_t *)calloc((size_t)batch, 1), *smax = (uint8_t *)calloc((size_t)batch, 1);
     dsv4_status st = DSV4_OK;
-    if (!hw || !hsb || !sts || !errs || !fmts)
+    if (!hw || !hsb || !sts || !errs || !fmts || !smin || !smax)
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory repacking weights");
     for (int64_t e0 = 0; e0 < count && !st; e0 += batch) {
         RepackJob j;
         j.ck = ck, j.cfg = c, j.shared = shared, j.gu = gu, j.e0 = e0, j.n = n, j.k = k;
         j.wbytes = wbytes, j.sbytes = sbytes, j.hw = hw, j.hs = hsb, j.st = sts, j.errs = errs, j.fmt = fmts;
+        j.smin = smin, j.smax = smax;
         const int64_t m = std::min(batch, count - e0);
         dsv4_parallel_for(threads, m, 1, repack_range, &j);
         for (int64_t i = 0; i < m && !st; i++) {
@@ -1051,6 +1051,9 @@ dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool 
             } else if (fmts[i] != fmt) {
                 st = dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE, "expert %lld is stored in another format",
                                  (long long)(e0 + i));
+            } else if (fmt == DSV4_FORMAT_FP4 && (smin[i] < DSV4_FH_SCALE_LO || smax[i] > DSV4_FH_SCALE_HI)) {
+                b->tile16 = false; /* its values would not all be f16 values: large groups take mma.sync */
+                b->big_rows = 128;
             }
         }
         for (int64_t i = 0; i < m && !st; i++) {
@@ -1062,7 +1065,7 @@ dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool 
                 st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "weight upload failed: %s", cudaGetErrorString(ce));
         }
     }
-    free(hw), free(hsb), free(sts), free(errs), free(fmts);
+    free(hw), free(hsb), free(sts), free(errs), free(fmts), free(smin), free(smax);
     return st;
 }
 
@@ -1167,17 +1170,11 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         (ce = cudaEventCreateWithFlags(&b->ev_j2, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaEventCreateWithFlags(&b->ev_j3, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaDeviceGetAttribute(&b->nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
-        (ce = cudaFuncSetAttribute(k_decw<WF_FP4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)decw_smem_bytes(WF_FP4, 16, (int)kmax, 4))) != cudaSuccess ||
-        (ce = cudaFuncSetAttribute(k_decw<WF_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)decw_smem_bytes(WF_FP8, 16, (int)kmax, 4))) != cudaSuccess ||
         (ce = cudaFuncSetAttribute(k_dec<WF_FP4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)dec_smem_bytes(WF_FP4, 8, 2))) != cudaSuccess ||
         (ce = cudaFuncSetAttribute(k_dec<WF_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)dec_smem_bytes(WF_FP8, 8, 2))) != cudaSuccess ||
-        (ce = cudaFuncSetAttribute(k_tilew<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileW<32>::SMEM)) !=
-            cudaSuccess ||
-        (ce = cudaFuncSetAttribute(k_tilew<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileW<64>::SMEM)) !=
+        (ce = cudaFuncSetAttribute(k_tileh, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileH<FM_TILEH_BN>::SMEM)) !=
             cudaSuccess ||
         (ce = cudaFuncSetAttribute(k_tile_mid, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileMid::SMEM)) !=
             cudaSuccess ||

@@ -185,6 +185,29 @@ __device__ __forceinline__ float quant_group4(const float v[4], const bool valid
     return s;
 }
 
+/*
+ * The f16 tile kernel (mma.cuh, k_tileh) reads activations as f16 copies of the e4m3 codes in a K
+ * order that makes its register A fragments the fragment-native weights' runs: within each
+ * 32-wide K step, physical element P = 16 s + 4 t + j (s, t, j < 2, 4, 4) sits at logical place
+ * 16 s + 2 t + j for j < 2 and 16 s + 8 + 2 t + (j - 2) otherwise. Stores the 4 codes of physical
+ * elements k0 .. k0 + 3 (k0 % 4 == 0) of a row.
+ */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes)
+{
+    uint32_t r;
+    asm("{\n.reg .b16 lo;\ncvt.u16.u32 lo, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(r) : "r"(two_codes));
+    return r;
+}
+
+__device__ __forceinline__ void store_f16_codes(uint16_t *row, int k0, const uint8_t c[4])
+{
+    const int base = k0 & ~31, p = k0 & 31, s = p >> 4, t = (p >> 2) & 3;
+    const uint32_t lo = e4m3x2_to_f16x2((uint32_t)c[0] | ((uint32_t)c[1] << 8));
+    const uint32_t hi = e4m3x2_to_f16x2((uint32_t)c[2] | ((uint32_t)c[3] << 8));
+    *(uint32_t *)(row + base + 16 * s + 2 * t) = lo;
+    *(uint32_t *)(row + base + 16 * s + 8 + 2 * t) = hi;
+}
+
 /* ---------------- kernel arguments ---------------- */
 
 struct RouterArgs {
@@ -200,6 +223,9 @@ struct RouterArgs {
     int32_t *kept;          /* [Tc] */
     uint8_t *xq;            /* [Tc, H] codes or NULL */
     float *xs;              /* [Tc, ceil(H/128)] */
+    uint16_t *x16;          /* [Tc, H] the codes as f16 in the f16 tile kernel's K order (f16_codes), or NULL */
+    int lslices;            /* the logits arrive as lslices partial sums, lslice_stride floats apart */
+    long long lslice_stride;
     unsigned long long *stats;
     long long t0; /* the chunk's first token (error messages) */
     int H, E, K, V, hash, score, gate_bf16, predictor, top_p_on, min_keep, renorm, qmode;
@@ -241,6 +267,8 @@ struct GemmArgs {
     const int32_t *slot_tok;
     int small;
     int smem_rows;          /* GEMV: activation rows the launch's shared memory holds (<= small) */
+    int kslice;             /* k_tiles: K per blockIdx.z slice (0: all of K); slice z writes outf + z * out_slice */
+    long long out_slice;
 };
 
 struct SwigluArgs {
@@ -285,8 +313,13 @@ __global__ void k_router(RouterArgs a)
     __shared__ int s_finite;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const uint16_t *x = a.x + (long long)t * H;
-    for (int i = tid; i < H; i += blockDim.x)
-        xs[i] = bf16f(x[i]);
+    for (int i = tid * 8; i < H; i += blockDim.x * 8) { /* H % 8 == 0 */
+        const uint4 v = __ldg((const uint4 *)(x + i));
+        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            xs[i + q] = bf16f((uint16_t)(w4[q >> 1] >> (16 * (q & 1))));
+    }
     __syncthreads();
     /* activation quantization of x (routed and shared share it) */
     if (a.xq) {
@@ -301,10 +334,16 @@ __global__ void k_router(RouterArgs a)
                 v[i] = ok[i] ? xs[k] : 0.0f;
             }
             float s = quant_group4(v, ok, a.qmode, c);
-            for (int i = 0; i < 4; i++) {
-                int k = g * 128 + lane * 4 + i;
-                if (ok[i])
-                    a.xq[(long long)t * H + k] = c[i];
+            const int k0 = g * 128 + lane * 4;
+            if (ok[3]) {
+                *(uint32_t *)(a.xq + (long long)t * H + k0) =
+                    (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16) | ((uint32_t)c[3] << 24);
+                if (a.x16)
+                    store_f16_codes(a.x16 + (long long)t * H, k0, c);
+            } else {
+                for (int i = 0; i < 4; i++)
+                    if (ok[i])
+                        a.xq[(long long)t * H + k0 + i] = c[i];
             }
             if (lane == 0)
                 a.xs[(long long)t * ng + g] = s;
@@ -313,6 +352,8 @@ __global__ void k_router(RouterArgs a)
     /* logits (computed before by the GEMM kernels) */
     for (int e = tid; e < E; e += blockDim.x) {
         float s = a.logits[(long long)t * E + e];
+        for (int z = 1; z < a.lslices; z++) /* split-K partial sums, in slice order */
+            s = __fadd_rn(s, a.logits[z * a.lslice_stride + (long long)t * E + e]);
         lg[e] = a.gate_bf16 ? rbf16(s) : s;
     }
     __syncthreads();
@@ -936,8 +977,12 @@ __global__ void __launch_bounds__(DSV4C_TILE_THREADS) k_tiles(GemmArgs a)
             }
         }
     };
-    load_raw(0);
-    for (int kb = 0; kb < K; kb += DSV4C_BK) {
+    /* split K: this block's slice [k0, k1) (a multiple of 128), its own partial output */
+    const int k0 = a.kslice ? (int)blockIdx.z * a.kslice : 0, k1 = a.kslice ? k0 + a.kslice : K;
+    if (a.kslice)
+        a.outf += (long long)blockIdx.z * a.out_slice;
+    load_raw(k0);
+    for (int kb = k0; kb < k1; kb += DSV4C_BK) {
         __syncthreads(); /* the previous block's fragments are read */
         {
             uint32_t pa[8];
@@ -998,7 +1043,7 @@ __global__ void __launch_bounds__(DSV4C_TILE_THREADS) k_tiles(GemmArgs a)
             dw[1] = make_uint4(pw[4], pw[5], pw[6], pw[7]);
         }
         __syncthreads();
-        if (kb + DSV4C_BK < K)
+        if (kb + DSV4C_BK < k1)
             load_raw(kb + DSV4C_BK); /* in flight during the mma below */
 #pragma unroll
         for (int ks = 0; ks < DSV4C_BK; ks += 16) {
@@ -1027,7 +1072,7 @@ __global__ void __launch_bounds__(DSV4C_TILE_THREADS) k_tiles(GemmArgs a)
                         mma16816(acc[mi][ni], af[mi], bfr[ni]);
                 }
         }
-        if (scaled && ((kb + DSV4C_BK) % 128 == 0 || kb + DSV4C_BK >= K)) {
+        if (scaled && ((kb + DSV4C_BK) % 128 == 0 || kb + DSV4C_BK >= k1)) {
             const int gk = kb / 128;
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
@@ -1152,6 +1197,11 @@ __global__ void k_swiglu(SwigluArgs a)
 
 /* ---------------- combine: fp32 per token in ascending expert id, then the shared expert ---------------- */
 
+/*
+ * grid (Tc, ceil(H / (8 * blockDim.x))): each thread sums 8 columns (16-byte loads of the
+ * experts' bf16 rows) over the token's kept slots in ascending expert id (equal ids in slot
+ * order), in fp32, then adds the shared expert's bf16 row and rounds to bf16 (H % 8 == 0).
+ */
 __global__ void k_combine(CombineArgs a)
 {
     const int t = blockIdx.x;
@@ -1182,19 +1232,35 @@ __global__ void k_combine(CombineArgs a)
     __syncthreads();
     const int n = s_n;
     const int *rows = srt, *slot = srt + K;
-    for (int col = threadIdx.x; col < H; col += blockDim.x) {
-        float y = 0.0f;
-        for (int j = 0; j < n; j++) {
-            float o = bf16f(a.O[(long long)rows[j] * H + col]);
-            if (a.after)
-                y = __fadd_rn(y, __fmul_rn(a.w[(long long)t * K + slot[j]], o));
-            else
-                y = __fadd_rn(y, o);
+    const int col = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+    if (col >= H)
+        return;
+    float y[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        y[i] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const uint4 v = __ldg((const uint4 *)(a.O + (long long)rows[j] * H + col));
+        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+        const float wj = a.after ? a.w[(long long)t * K + slot[j]] : 1.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float o = bf16f((uint16_t)(w4[i >> 1] >> (16 * (i & 1))));
+            y[i] = a.after ? __fadd_rn(y[i], __fmul_rn(wj, o)) : __fadd_rn(y[i], o);
         }
-        if (a.Osh)
-            y = __fadd_rn(y, bf16f(a.Osh[(long long)t * H + col]));
-        a.y[(long long)t * H + col] = f2bf16(y);
     }
+    if (a.Osh) {
+        const uint4 v = __ldg((const uint4 *)(a.Osh + (long long)t * H + col));
+        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            y[i] = __fadd_rn(y[i], bf16f((uint16_t)(w4[i >> 1] >> (16 * (i & 1)))));
+    }
+    uint32_t o4[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        o4[i] = (uint32_t)f2bf16(y[2 * i]) | ((uint32_t)f2bf16(y[2 * i + 1]) << 16);
+    *(uint4 *)(a.y + (long long)t * H + col) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
 }
 
 } // namespace dsv4cuda

@@ -47,6 +47,7 @@ struct FastArgs {
     int gather;         /* routed row j of a group is A row slot_tok[slot0 + j]; else pad_off[e] + j */
     const uint8_t *Ash; /* the shared expert's activations, rows 0 .. ntok - 1 */
     const float *Assh;
+    const uint16_t *A16, *Ash16; /* the same codes as f16 in k_tileh's K order (routed, shared) */
     uint16_t *out, *out_sh; /* bf16: routed by padded row, shared by token */
     const float *slot_w;
     int before, clamp_r, clamp_s;
@@ -59,8 +60,7 @@ struct FastArgs {
     int E;
     int act_max; /* k_dec: grid.y slots below act_max are routed active groups, the next is the
                     shared expert (act_max 0 with one slot: the shared expert alone) */
-    int ks;      /* k_dec: warps splitting K per 16-row tile (1, 2, 4 or 8); k_decw: warpgroups (1, 2, 4) */
-    int rows_st; /* k_decw: activation rows staged (8 or 16) */
+    int ks;      /* k_dec: warps splitting K per 16-row tile (1, 2, 4 or 8) */
 };
 
 /* One group as a block sees it. */
@@ -215,8 +215,8 @@ template <int FMT> __device__ __forceinline__ float block_scale(float w, float x
 
 /* ---------------- decode regime ---------------- */
 
-#define FM_DEC_RING_FP4 4 /* k128 blocks per warp in its cp.async ring */
-#define FM_DEC_RING_FP8 3
+#define FM_DEC_RING_FP4 6 /* k128 blocks per warp in its cp.async ring */
+#define FM_DEC_RING_FP8 4
 
 template <int FMT> struct DecCfg {
     enum {
@@ -444,252 +444,6 @@ template <int N> __device__ __forceinline__ void wg_wait()
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-/* D (+)= A (registers, this warp's 16 rows of the warpgroup's 64) x B (8 or 16 tokens, shared memory). */
-template <int NT>
-__device__ __forceinline__ void wg_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t bd, int acc)
-{
-    if constexpr (NT == 1) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(bd), "r"(acc));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, "
-                     "{%8,%9,%10,%11}, %12, p, 1, 1;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(bd), "r"(acc));
-    }
-}
-
-#define FM_DECW_RING_FP4 3
-#define FM_DECW_RING_FP8 2
-
-template <int FMT> struct DecwCfg {
-    enum {
-        CH = DecCfg<FMT>::CH,
-        SCH = DecCfg<FMT>::SCH,
-        NV = DecCfg<FMT>::NV,
-        STG = DecCfg<FMT>::STG,
-        DEPTH = FMT == WF_FP4 ? FM_DECW_RING_FP4 : FM_DECW_RING_FP8
-    };
-};
-
-/* Bytes of k_decw<FMT>'s shared memory for `rows` staged activation rows (8 or 16), K, ks warpgroups. */
-__host__ __device__ constexpr size_t decw_smem_bytes(int fmt, int rows, int k, int ks)
-{
-    return (size_t)rows * (size_t)k + (size_t)rows * (size_t)(k / 128) * 4 +
-           (size_t)4 * ks * (fmt == WF_FP4 ? (size_t)DecwCfg<WF_FP4>::DEPTH * DecwCfg<WF_FP4>::STG
-                                            : (size_t)DecwCfg<WF_FP8>::DEPTH * DecwCfg<WF_FP8>::STG) +
-           (size_t)(ks - 1) * 128 * (size_t)(rows / 8) * 16;
-}
-
-/*
- * One warp of a warpgroup: its 16-row tile mt (the warpgroup's 64 rows are 4 such tiles) over the
- * K blocks kb = ks, ks + KS, ...; per block, the four k32 steps are four wgmma with A from the
- * lane's decoded registers and B from the staged activations (sB: per k32 step s, core matrices
- * [kc][token group][8 rows][16 bytes]); fp4 steps land in fresh accumulators and are scaled
- * into the block sum, fp8 steps accumulate on the tensor cores.
- */
-template <int FMT, int NT>
-__device__ __forceinline__ void decw_warp(const FGrp &g, int mt, int ks, int KS, int K, uint8_t *ring, const uint8_t *sB,
-                                          const float *sS, float acc[NT * 4])
-{
-    typedef DecwCfg<FMT> D;
-    const int KB = K >> 7;
-    const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
-    const uint8_t *wt = g.w + (size_t)mt * KB * D::CH + lane * 16;
-    const uint8_t *st = g.s + (size_t)mt * KB * D::SCH + (FMT == WF_FP4 ? gid * 8 : 0);
-    const uint64_t bdesc0 = wg_desc(sB, NT * 128, 128);
-#pragma unroll
-    for (int i = 0; i < NT * 4; i++)
-        acc[i] = 0.0f;
-    const int nkb = ks < KB ? (KB - ks + KS - 1) / KS : 0;
-    auto issue = [&](int i) {
-        if (i < nkb) {
-            const int kb = ks + i * KS;
-            uint8_t *stg = ring + (i % D::DEPTH) * D::STG;
-#pragma unroll
-            for (int p = 0; p < D::NV; p++)
-                cp_async16(stg + p * 512 + lane * 16, wt + (size_t)kb * D::CH + p * 512, true);
-            cp_async8(stg + D::NV * 512 + lane * 8, st + (size_t)kb * D::SCH);
-        }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int i = 0; i < D::DEPTH - 1; i++)
-        issue(i);
-    for (int i = 0; i < nkb; i++) {
-        const int kb = ks + i * KS;
-        cp_async_wait<D::DEPTH - 2>();
-        const uint8_t *stg = ring + (i % D::DEPTH) * D::STG;
-        uint4 wv[D::NV];
-#pragma unroll
-        for (int p = 0; p < D::NV; p++)
-            wv[p] = *(const uint4 *)(stg + p * 512 + lane * 16);
-        const uint2 sv = *(const uint2 *)(stg + D::NV * 512 + lane * 8);
-        issue(i + D::DEPTH - 1);
-        uint32_t a[4][4];
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            if constexpr (FMT == WF_FP4) {
-                frag_fp4(u4_at(wv[0], c), u4_at(wv[1], c), a[c][0], a[c][1], a[c][2], a[c][3]);
-            } else {
-                const uint4 h0 = wv[c >> 1], h1 = wv[2 + (c >> 1)];
-                a[c][0] = (c & 1) ? h0.z : h0.x;
-                a[c][2] = (c & 1) ? h0.w : h0.y;
-                a[c][1] = (c & 1) ? h1.z : h1.x;
-                a[c][3] = (c & 1) ? h1.w : h1.y;
-            }
-        }
-        /* per-step accumulators (fp4) or one chained block accumulator (fp8) */
-        float d[4][NT * 4];
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-            for (int q = 0; q < NT * 4; q++)
-                d[c][q] = 0.0f;
-        wg_fence();
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const uint64_t bd = bdesc0 + (uint64_t)(((kb * 4 + c) * NT * 256) >> 4);
-            if constexpr (FMT == WF_FP4)
-                wg_mma<NT>(d[c], a[c][0], a[c][1], a[c][2], a[c][3], bd, 0);
-            else
-                wg_mma<NT>(d[0], a[c][0], a[c][1], a[c][2], a[c][3], bd, c > 0);
-        }
-        wg_commit();
-        wg_wait<0>();
-        float blk[NT * 4];
-        if constexpr (FMT == WF_FP4) {
-#pragma unroll
-            for (int q = 0; q < NT * 4; q++)
-                blk[q] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const float s0 = fp4_step_scale(sv.x, c), s1 = fp4_step_scale(sv.y, c);
-#pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    blk[4 * j + 0] = fmaf(d[c][4 * j + 0], s0, blk[4 * j + 0]);
-                    blk[4 * j + 1] = fmaf(d[c][4 * j + 1], s0, blk[4 * j + 1]);
-                    blk[4 * j + 2] = fmaf(d[c][4 * j + 2], s1, blk[4 * j + 2]);
-                    blk[4 * j + 3] = fmaf(d[c][4 * j + 3], s1, blk[4 * j + 3]);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int q = 0; q < NT * 4; q++)
-                blk[q] = d[0][q];
-        }
-        float w0 = 1.0f, w1 = 1.0f;
-        if constexpr (FMT == WF_FP8) {
-            w0 = __uint_as_float(sv.x);
-            w1 = __uint_as_float(sv.y);
-        }
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const float x0 = sS[(8 * j + 2 * tig) * KB + kb], x1 = sS[(8 * j + 2 * tig + 1) * KB + kb];
-            acc[4 * j + 0] = fmaf(blk[4 * j + 0], block_scale<FMT>(w0, x0), acc[4 * j + 0]);
-            acc[4 * j + 1] = fmaf(blk[4 * j + 1], block_scale<FMT>(w0, x1), acc[4 * j + 1]);
-            acc[4 * j + 2] = fmaf(blk[4 * j + 2], block_scale<FMT>(w1, x0), acc[4 * j + 2]);
-            acc[4 * j + 3] = fmaf(blk[4 * j + 3], block_scale<FMT>(w1, x1), acc[4 * j + 3]);
-        }
-    }
-    cp_async_wait<0>();
-}
-
-template <int FMT, int NT>
-__device__ __forceinline__ void decw_block(const FastArgs &a, const FGrp &g, uint8_t *fsm, int rows_alloc)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const int KS = a.ks, K = a.K, KB = K >> 7, wg = warp >> 2, w = warp & 3;
-    const int mt = blockIdx.x * 4 + w;
-    uint8_t *sB = fsm;
-    float *sS = (float *)(fsm + (size_t)rows_alloc * K);
-    uint8_t *ring = (uint8_t *)(sS + (size_t)rows_alloc * KB);
-    float *sRed = (float *)(ring + (size_t)4 * KS * DecwCfg<FMT>::DEPTH * DecwCfg<FMT>::STG);
-    /* stage the group's rows (zeros past n) as K-major core matrices, and their scales */
-    const int q16 = K >> 4;
-    for (int i = threadIdx.x; i < 8 * NT * q16; i += blockDim.x) {
-        const int r = i / q16, q = i - r * q16;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r < g.n)
-            v = *(const uint4 *)(g.A + fgrp_arow(g, r) * K + q * 16);
-        *(uint4 *)(sB + (size_t)(q >> 1) * (NT * 256) + (q & 1) * (NT * 128) + (r >> 3) * 128 + (r & 7) * 16) = v;
-    }
-    for (int i = threadIdx.x; i < 8 * NT * KB; i += blockDim.x) {
-        const int r = i / KB;
-        sS[i] = r < g.n ? g.As[fgrp_arow(g, r) * KB + (i - r * KB)] : 0.0f;
-    }
-    fence_async_smem();
-    __syncthreads();
-    float acc[NT * 4];
-    decw_warp<FMT, NT>(g, mt, wg, KS, K, ring + (size_t)warp * DecwCfg<FMT>::DEPTH * DecwCfg<FMT>::STG, sB, sS, acc);
-    if (KS > 1) {
-        const int t128 = threadIdx.x & 127;
-        if (wg > 0) {
-            float *mine = sRed + ((size_t)(wg - 1) * 128 + t128) * (NT * 4);
-#pragma unroll
-            for (int q = 0; q < NT * 4; q++)
-                mine[q] = acc[q];
-        }
-        __syncthreads();
-        if (wg == 0) {
-            for (int o = 1; o < KS; o++) { /* fixed order: the sums do not depend on timing */
-                const float *src = sRed + ((size_t)(o - 1) * 128 + t128) * (NT * 4);
-#pragma unroll
-                for (int q = 0; q < NT * 4; q++)
-                    acc[q] += src[q];
-            }
-        }
-    }
-    if (wg != 0)
-        return;
-    unsigned gc = 0, uc = 0;
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const int t0 = 8 * j + 2 * tig;
-        if (t0 < g.n)
-            fepi(a, g, mt, gid, t0, acc[4 * j + 0], acc[4 * j + 2], gc, uc);
-        if (t0 + 1 < g.n)
-            fepi(a, g, mt, gid, t0 + 1, acc[4 * j + 1], acc[4 * j + 3], gc, uc);
-    }
-    if (a.gu)
-        fepi_stats(a, g, gc, uc);
-}
-
-/*
- * The decode regime on wgmma for groups whose weights are in format FMT: grid (N / 64, slots) as
- * k_dec, 128 * ks threads (ks warpgroups splitting K, their sums added in a fixed order), shared
- * memory decw_smem_bytes(FMT, rows_st, K, ks).
- */
-template <int FMT>
-__global__ void __launch_bounds__(512, 1) k_decw(FastArgs a)
-{
-    extern __shared__ __align__(16) uint8_t fsm[];
-    FGrp g;
-    const int y = blockIdx.y;
-    if (y < a.act_max) {
-        if (y >= a.meta[0])
-            return;
-        const int e = a.active[y];
-        if (a.cnt[e] > FM_DEC_MAX)
-            return;
-        fgrp_routed(a, e, g);
-    } else {
-        const int n = *a.ntok;
-        if (!a.sh.w || n < 1 || n > FM_DEC_MAX)
-            return;
-        fgrp_shared(a, g);
-    }
-    if (g.n > a.rows_st)
-        __trap(); /* cannot happen: the launch sized the staging for the chunk's largest decode group */
-    if (g.n <= 8)
-        decw_block<FMT, 1>(a, g, fsm, a.rows_st);
-    else
-        decw_block<FMT, 2>(a, g, fsm, a.rows_st);
-}
 
 /* ---------------- tile regime ---------------- */
 
@@ -922,46 +676,68 @@ __global__ void __launch_bounds__(C::THREADS, MINB) k_tile(FastArgs a)
         tile_run<C, WF_FP8, WM, WN, WARPS_M>(a, g, r0, fsm, sRow);
 }
 
-/* ---------------- tile regime on wgmma (sm_90a) ---------------- */
+/* ---------------- large groups on wgmma with f16 operands (sm_90a) ---------------- */
 
-/* D (16 or 32 floats: N = 32 or 64 tokens) (+)= A (registers) x B (descriptor). */
+/*
+ * Hopper's fp8 wgmma sums a k32 step with 13 fraction bits below the largest product and keeps
+ * a 14-bit result, which is measurably off the reference (docs/cuda.md); its f16 variant keeps
+ * fp32. So the large-group kernel converts exactly to f16 and multiplies with
+ * wgmma.m64nNk16.f32.f16.f16: fp4 weights become f16 e2m1 * 2^(s - 127) (the step's scale
+ * folded in by one f16 multiply, exact for scale bytes in [DSV4_FH_SCALE_LO, DSV4_FH_SCALE_HI],
+ * checked at creation), fp8 weights their e4m3 values; the activations arrive as f16 copies of
+ * their codes (store_f16_codes, in the K order that matches the weights' runs). Each 128-wide K
+ * block accumulates on the tensor cores in fp32; the block's sum is scaled by the activation
+ * scale (and the fp8 weight block scale) in fp32.
+ */
+#define DSV4_FH_SCALE_LO 107
+#define DSV4_FH_SCALE_HI 136
+
+/* D (BN / 2 floats) (+)= A (f16 registers) x B (BN tokens of f16, shared memory). */
 template <int BN>
-__device__ __forceinline__ void wg_mma_n(float *d, const uint32_t *a, uint64_t bd, int acc)
+__device__ __forceinline__ void wg_mma_f16(float *d, const uint32_t *a, uint64_t bd, int acc)
 {
-    if constexpr (BN == 32) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                       "+f"(d[15])
+    if constexpr (BN == 64) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bd), "r"(acc));
     } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,"
-                     "%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bd), "r"(acc));
     }
 }
 
+/* f16x2 of 2^(s - 121), s the stored byte minus 6 (step c of four stored bytes): bits (stored - 112) << 10. */
+__device__ __forceinline__ uint32_t fh_scale2(uint32_t bytes, int c)
+{
+    const uint32_t h = (((bytes >> (8 * c)) & 0xFFu) - 112u) << 10;
+    return h | (h << 16);
+}
+
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b)
+{
+    uint32_t r;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
 /*
- * k_tilew<BN>: 128 features (two warpgroups of 64) x BN tokens of one group per block, 256
- * threads; per 128-wide K block a cp.async stage holds the 8 weight tiles, their scales, the BN
- * activation rows laid out as K-major core matrices per k32 step ([kc][token group][8][16 B]),
+ * k_tileh: 128 features (two warpgroups of 64) x BN tokens of one group per block, 256 threads;
+ * per 128-wide K block a cp.async stage holds the 8 weight tiles, their scales, the BN
+ * activation rows as f16 in K-major core matrices per k16 step ([kc][token group][8][16 B]),
  * and the activation scales.
  */
-template <int BN> struct TileW {
+template <int BN_> struct TileH {
     enum {
+        BN = BN_,
         W_BYTES = 8 * DSV4_FN_FP8_CHUNK,
         WS_BYTES = 8 * DSV4_FN_FP4_SCHUNK,
-        B_STEP = BN * 32, /* one k32 step of BN rows */
-        B_BYTES = 4 * B_STEP,
+        B_STEP = BN * 32, /* one k16 step of BN f16 rows */
+        B_BYTES = 8 * B_STEP,
         AS_BYTES = BN * 4,
         STAGE = W_BYTES + WS_BYTES + B_BYTES + AS_BYTES,
         STAGES = 3,
@@ -970,10 +746,10 @@ template <int BN> struct TileW {
 };
 
 template <int BN, int FMT>
-__device__ __forceinline__ void tilew_load(const FGrp &g, int mt0, int kb, int KB, int K, uint8_t *stage,
-                                           const long long *sRow)
+__device__ __forceinline__ void tileh_load(const FGrp &g, const uint16_t *A16, int mt0, int kb, int KB, int K,
+                                           uint8_t *stage, const long long *sRow)
 {
-    typedef TileW<BN> C;
+    typedef TileH<BN> C;
     constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
     constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
     uint8_t *sW = stage, *sWS = stage + C::W_BYTES, *sB = sWS + C::WS_BYTES;
@@ -992,28 +768,29 @@ __device__ __forceinline__ void tilew_load(const FGrp &g, int mt0, int kb, int K
         for (int i = tid; i < 8; i += 256)
             cp_async8(sWS + i * SCH, g.s + ((size_t)(mt0 + i) * KB + kb) * SCH);
     }
-    for (int i = tid; i < BN * 8; i += 256) {
-        const int r = i >> 3, q = i & 7; /* q: 16-byte piece of the row's 128 bytes: step q / 2, kc q % 2 */
+    for (int i = tid; i < C::BN * 16; i += 256) {
+        const int r = i >> 4, q = i & 15; /* q: 16-byte piece (8 f16) of the row's 128 values: step q / 2, kc q % 2 */
         const long long ar = sRow[r];
-        uint8_t *dst = sB + (q >> 1) * C::B_STEP + (q & 1) * (BN * 16) + (r >> 3) * 128 + (r & 7) * 16;
-        cp_async16(dst, ar >= 0 ? g.A + ar * K + kb * 128 + q * 16 : g.A, ar >= 0);
+        uint8_t *dst = sB + (q >> 1) * C::B_STEP + (q & 1) * (C::BN * 16) + (r >> 3) * 128 + (r & 7) * 16;
+        cp_async16(dst, ar >= 0 ? (const void *)(A16 + ar * K + kb * 128 + q * 8) : (const void *)A16, ar >= 0);
     }
-    for (int r = tid; r < BN; r += 256) {
+    for (int r = tid; r < C::BN; r += 256) {
         const long long ar = sRow[r];
         cp_async4(sAS + r, ar >= 0 ? g.As + ar * KB + kb : g.As, ar >= 0);
     }
 }
 
 template <int BN, int FMT>
-__device__ __forceinline__ void tilew_run(const FastArgs &a, const FGrp &g, int r0, uint8_t *smem, const long long *sRow)
+__device__ __forceinline__ void tileh_run(const FastArgs &a, const FGrp &g, const uint16_t *A16, int r0, uint8_t *smem,
+                                          const long long *sRow)
 {
-    typedef TileW<BN> C;
+    typedef TileH<BN> C;
     constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
     constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
-    constexpr int ND = BN / 2; /* accumulator floats per thread: BN / 8 token groups x 4 */
+    constexpr int ND = BN / 2; /* accumulator floats per thread */
     const int K = a.K, KB = K >> 7;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const int wg = warp >> 2, w = warp & 3, tile = 4 * wg + w; /* this warp's 16-row tile in the block */
+    const int wg = warp >> 2, w = warp & 3, tile = 4 * wg + w;
     const int mt0 = blockIdx.x * 8;
     float acc[ND];
 #pragma unroll
@@ -1022,7 +799,7 @@ __device__ __forceinline__ void tilew_run(const FastArgs &a, const FGrp &g, int 
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
         if (s < KB)
-            tilew_load<BN, FMT>(g, mt0, s, KB, K, smem + s * C::STAGE, sRow);
+            tileh_load<BN, FMT>(g, A16, mt0, s, KB, K, smem + s * C::STAGE, sRow);
         cp_async_commit();
     }
     for (int kb = 0; kb < KB; kb++) {
@@ -1031,73 +808,50 @@ __device__ __forceinline__ void tilew_run(const FastArgs &a, const FGrp &g, int 
         __syncthreads(); /* stage kb landed for everyone; stage kb - 1 is no longer read */
         const int kn = kb + C::STAGES - 1;
         if (kn < KB)
-            tilew_load<BN, FMT>(g, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
+            tileh_load<BN, FMT>(g, A16, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
         cp_async_commit();
         const uint8_t *stage = smem + (kb % C::STAGES) * C::STAGE;
         const uint8_t *sW = stage + tile * CH + lane * 16, *sWS = stage + C::W_BYTES + tile * SCH;
         const uint8_t *sB = stage + C::W_BYTES + C::WS_BYTES;
         const float *sAS = (const float *)(sB + C::B_BYTES);
-        const uint64_t bd0 = wg_desc(sB, BN * 16, 128);
-        uint32_t af[4][4];
-        uint2 sc = make_uint2(0u, 0u);
-        if constexpr (FMT == WF_FP4) {
-            const uint4 w0 = *(const uint4 *)sW, w1 = *(const uint4 *)(sW + 512);
-            sc = *(const uint2 *)(sWS + gid * 8);
+        const uint64_t bd0 = wg_desc(sB, C::BN * 16, 128);
+        /* A: per k32 step c, the e4m3 runs of rows gid (ra, rb) and gid + 8 (sa, sb), as f16 pairs */
+        uint32_t af[8][4];
 #pragma unroll
-            for (int c = 0; c < 4; c++)
-                frag_fp4(u4_at(w0, c), u4_at(w1, c), af[c][0], af[c][1], af[c][2], af[c][3]);
-        } else {
-            uint4 pl[4];
-#pragma unroll
-            for (int p = 0; p < 4; p++)
-                pl[p] = *(const uint4 *)(sW + p * 512);
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const uint4 h0 = pl[c >> 1], h1 = pl[2 + (c >> 1)];
-                af[c][0] = (c & 1) ? h0.z : h0.x;
-                af[c][2] = (c & 1) ? h0.w : h0.y;
-                af[c][1] = (c & 1) ? h1.z : h1.x;
-                af[c][3] = (c & 1) ? h1.w : h1.y;
+        for (int c = 0; c < 4; c++) {
+            uint32_t ra, rb, xa, xb;
+            if constexpr (FMT == WF_FP4) {
+                const uint32_t w0 = *(const uint32_t *)(sW + 4 * c), w1 = *(const uint32_t *)(sW + 512 + 4 * c);
+                ra = dsv4_fn_lo(w0), rb = dsv4_fn_hi(w0), xa = dsv4_fn_lo(w1), xb = dsv4_fn_hi(w1);
+            } else {
+                const uint2 h0 = *(const uint2 *)(sW + (c >> 1) * 512 + (c & 1) * 8);
+                const uint2 h1 = *(const uint2 *)(sW + (2 + (c >> 1)) * 512 + (c & 1) * 8);
+                ra = h0.x, rb = h0.y, xa = h1.x, xb = h1.y;
             }
-        }
-        float blk[ND];
-        if constexpr (FMT == WF_FP4) {
-            /* two steps at a time in two fresh accumulators, each scaled into the block sum */
-            float d0[ND], d1[ND];
+            uint32_t f[8] = {e4m3x2_to_f16x2(ra), e4m3x2_to_f16x2(ra >> 16), e4m3x2_to_f16x2(xa), e4m3x2_to_f16x2(xa >> 16),
+                             e4m3x2_to_f16x2(rb), e4m3x2_to_f16x2(rb >> 16), e4m3x2_to_f16x2(xb), e4m3x2_to_f16x2(xb >> 16)};
+            if constexpr (FMT == WF_FP4) {
+                const uint2 sc = *(const uint2 *)(sWS + gid * 8);
+                const uint32_t s0 = fh_scale2(sc.x, c), s1 = fh_scale2(sc.y, c);
 #pragma unroll
-            for (int i = 0; i < ND; i++)
-                blk[i] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < 4; c += 2) {
-#pragma unroll
-                for (int i = 0; i < ND; i++)
-                    d0[i] = d1[i] = 0.0f;
-                wg_fence();
-                wg_mma_n<BN>(d0, af[c], bd0 + (uint64_t)((c * C::B_STEP) >> 4), 0);
-                wg_mma_n<BN>(d1, af[c + 1], bd0 + (uint64_t)(((c + 1) * C::B_STEP) >> 4), 0);
-                wg_commit();
-                wg_wait<0>();
-                const float s00 = fp4_step_scale(sc.x, c), s01 = fp4_step_scale(sc.y, c);
-                const float s10 = fp4_step_scale(sc.x, c + 1), s11 = fp4_step_scale(sc.y, c + 1);
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++) {
-                    blk[4 * j + 0] = fmaf(d1[4 * j + 0], s10, fmaf(d0[4 * j + 0], s00, blk[4 * j + 0]));
-                    blk[4 * j + 1] = fmaf(d1[4 * j + 1], s10, fmaf(d0[4 * j + 1], s00, blk[4 * j + 1]));
-                    blk[4 * j + 2] = fmaf(d1[4 * j + 2], s11, fmaf(d0[4 * j + 2], s01, blk[4 * j + 2]));
-                    blk[4 * j + 3] = fmaf(d1[4 * j + 3], s11, fmaf(d0[4 * j + 3], s01, blk[4 * j + 3]));
-                }
+                for (int q = 0; q < 8; q++)
+                    f[q] = hmul2(f[q], (q & 2) ? s1 : s0);
             }
-        } else {
-#pragma unroll
-            for (int i = 0; i < ND; i++)
-                blk[i] = 0.0f;
-            wg_fence();
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                wg_mma_n<BN>(blk, af[c], bd0 + (uint64_t)((c * C::B_STEP) >> 4), c > 0);
-            wg_commit();
-            wg_wait<0>();
+            /* run A is the first k16 step of the pair, run B the second; registers: row gid lo,
+               row gid + 8 lo, row gid hi, row gid + 8 hi */
+            af[2 * c][0] = f[0], af[2 * c][1] = f[2], af[2 * c][2] = f[1], af[2 * c][3] = f[3];
+            af[2 * c + 1][0] = f[4], af[2 * c + 1][1] = f[6], af[2 * c + 1][2] = f[5], af[2 * c + 1][3] = f[7];
         }
+        float d[ND];
+#pragma unroll
+        for (int i = 0; i < ND; i++)
+            d[i] = 0.0f;
+        wg_fence();
+#pragma unroll
+        for (int s2 = 0; s2 < 8; s2++)
+            wg_mma_f16<BN>(d, af[s2], bd0 + (uint64_t)((s2 * C::B_STEP) >> 4), s2 > 0);
+        wg_commit();
+        wg_wait<0>();
         float w0 = 1.0f, w1 = 1.0f;
         if constexpr (FMT == WF_FP8) {
             const float *fs = (const float *)sWS;
@@ -1107,10 +861,10 @@ __device__ __forceinline__ void tilew_run(const FastArgs &a, const FGrp &g, int 
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
             const float x0 = sAS[8 * j + 2 * tig], x1 = sAS[8 * j + 2 * tig + 1];
-            acc[4 * j + 0] = fmaf(blk[4 * j + 0], block_scale<FMT>(w0, x0), acc[4 * j + 0]);
-            acc[4 * j + 1] = fmaf(blk[4 * j + 1], block_scale<FMT>(w0, x1), acc[4 * j + 1]);
-            acc[4 * j + 2] = fmaf(blk[4 * j + 2], block_scale<FMT>(w1, x0), acc[4 * j + 2]);
-            acc[4 * j + 3] = fmaf(blk[4 * j + 3], block_scale<FMT>(w1, x1), acc[4 * j + 3]);
+            acc[4 * j + 0] = fmaf(d[4 * j + 0], block_scale<FMT>(w0, x0), acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(d[4 * j + 1], block_scale<FMT>(w0, x1), acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(d[4 * j + 2], block_scale<FMT>(w1, x0), acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(d[4 * j + 3], block_scale<FMT>(w1, x1), acc[4 * j + 3]);
         }
     }
     cp_async_wait<0>();
@@ -1128,28 +882,34 @@ __device__ __forceinline__ void tilew_run(const FastArgs &a, const FGrp &g, int 
         fepi_stats(a, g, gc, uc);
 }
 
-/* grid (N / 128, the regime's tile capacity), 256 threads, TileW<BN>::SMEM bytes of shared memory. */
-template <int BN>
-__global__ void __launch_bounds__(256, 1) k_tilew(FastArgs a)
+#define FM_TILEH_BN 128 /* tokens per k_tileh block (= the large-group tile's rows) */
+
+/* grid (N / 128, the big-tile capacity), 256 threads, TileH<FM_TILEH_BN>::SMEM bytes of shared memory. */
+__global__ void __launch_bounds__(256, 1) k_tileh(FastArgs a)
 {
+    typedef TileH<FM_TILEH_BN> C;
     extern __shared__ __align__(16) uint8_t fsm[];
     const int t = blockIdx.y;
     if (t >= a.meta[a.meta_tiles])
         return;
     const int e = a.tile_e[t], r0 = a.tile_r0[t];
     FGrp g;
-    if (e >= a.E)
+    const uint16_t *A16;
+    if (e >= a.E) {
         fgrp_shared(a, g);
-    else
+        A16 = a.Ash16;
+    } else {
         fgrp_routed(a, e, g);
-    long long *sRow = (long long *)(fsm + TileW<BN>::STAGES * TileW<BN>::STAGE);
-    for (int r = threadIdx.x; r < BN; r += 256)
+        A16 = a.A16;
+    }
+    long long *sRow = (long long *)(fsm + C::STAGES * C::STAGE);
+    for (int r = threadIdx.x; r < C::BN; r += 256)
         sRow[r] = r0 + r < g.n ? fgrp_arow(g, r0 + r) : -1;
     __syncthreads();
     if (g.fmt == WF_FP4)
-        tilew_run<BN, WF_FP4>(a, g, r0, fsm, sRow);
+        tileh_run<C::BN, WF_FP4>(a, g, A16, r0, fsm, sRow);
     else
-        tilew_run<BN, WF_FP8>(a, g, r0, fsm, sRow);
+        tileh_run<C::BN, WF_FP8>(a, g, A16, r0, fsm, sRow);
 }
 
 /* ---------------- grouping for the fp8 path ---------------- */
@@ -1290,16 +1050,19 @@ __global__ void k_count2(Group2Args a)
     }
     if (!a.place)
         return;
-    __syncthreads(); /* offsets written by this block are visible to it */
+    __shared__ int sid[1024];
+    for (int i = threadIdx.x; i < n && i < 1024; i += blockDim.x)
+        sid[i] = a.ids[i];
+    __syncthreads(); /* offsets written by this block are visible to it, and the ids are staged */
     if (!s_ok)
         return;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int e = a.ids[i];
+        const int e = sid[i];
         if (e < 0 || e >= E)
             continue;
         int rank = 0;
         for (int j = 0; j < i; j++)
-            rank += a.ids[j] == e;
+            rank += sid[j] == e;
         const int q = a.slot_off[e] + rank, row = a.pad_off[e] + rank;
         a.slot_tok[q] = i / a.K;
         a.slot_w[q] = a.w[i];
@@ -1311,13 +1074,14 @@ __global__ void k_count2(Group2Args a)
 /* ---------------- quantization of h (routed kept slots, then the shared expert's rows) ---------------- */
 
 struct QuantArgs {
-    const uint16_t *h; /* bf16 [rows, I] */
+    uint16_t *h;       /* bf16 [rows, I] */
     uint8_t *q;        /* codes [rows, I] */
     float *s;          /* [rows, I / 128] */
     const int32_t *slot_row;
     const int *meta, *ntok;
     long long sh_row0; /* first row of the shared expert's h */
     int I, qmode, slots, has_shared;
+    int f16_codes;     /* also overwrite h in place with the codes as f16 in k_tileh's order (kernels.cuh) */
 };
 
 __global__ void k_quant(QuantArgs a)
@@ -1334,7 +1098,7 @@ __global__ void k_quant(QuantArgs a)
         row = a.sh_row0 + (b - a.slots);
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, ng = a.I >> 7;
-    const uint16_t *hr = a.h + row * a.I;
+    uint16_t *hr = a.h + row * a.I;
     for (int gq = warp; gq < ng; gq += nw) {
         float v[4];
         bool ok[4];
@@ -1343,9 +1107,11 @@ __global__ void k_quant(QuantArgs a)
         v[0] = bf16f((uint16_t)raw.x), v[1] = bf16f((uint16_t)(raw.x >> 16));
         v[2] = bf16f((uint16_t)raw.y), v[3] = bf16f((uint16_t)(raw.y >> 16));
         ok[0] = ok[1] = ok[2] = ok[3] = true;
-        const float s = quant_group4(v, ok, a.qmode, c);
+        const float s = quant_group4(v, ok, a.qmode, c); /* the whole group is read before anything is written */
         *(uint32_t *)(a.q + row * a.I + gq * 128 + lane * 4) =
             (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16) | ((uint32_t)c[3] << 24);
+        if (a.f16_codes)
+            store_f16_codes((uint16_t *)hr, gq * 128 + lane * 4, c);
         if (lane == 0)
             a.s[row * ng + gq] = s;
     }

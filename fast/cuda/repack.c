@@ -39,9 +39,11 @@ static void store_u32(uint8_t *p, uint32_t v)
 }
 
 int dsv4_fn_repack_fp4(const dsv4_fn_src *a, const dsv4_fn_src *b, int64_t n, int64_t k, uint8_t *dst,
-                       uint8_t *dst_scales, int *bad_which, int64_t *bad_row, int64_t *bad_group)
+                       uint8_t *dst_scales, int *bad_which, int64_t *bad_row, int64_t *bad_group, uint8_t *smin,
+                       uint8_t *smax)
 {
     const int64_t tiles = dsv4_fn_tiles(n, b != NULL), kbs = k / 128, groups = k / 32;
+    uint8_t lo = 255, hi = 0;
     for (int64_t t = 0; t < tiles; t++)
         for (int h = 0; h < 2; h++)
             for (int gid = 0; gid < 8; gid++) {
@@ -72,9 +74,15 @@ int dsv4_fn_repack_fp4(const dsv4_fn_src *a, const dsv4_fn_src *b, int64_t n, in
                             return 1;
                         }
                         sc[c] = (uint8_t)dsv4_fn_fp4_scale_store(v);
+                        lo = v < lo ? v : lo;
+                        hi = v > hi ? v : hi;
                     }
                 }
             }
+    if (smin)
+        *smin = lo;
+    if (smax)
+        *smax = hi;
     return 0;
 }
 

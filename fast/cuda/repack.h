@@ -33,10 +33,12 @@ void dsv4_fn_sizes(int fmt_fp4, int64_t n, int64_t k, int interleaved, uint64_t 
 /*
  * fp4 (packed e2m1 + 1x32 ue8m0). Returns 0, or 1 when a scale byte is above
  * DSV4_FN_FP4_SCALE_MAX (the fast path cannot take it exactly): *bad_which (0 a, 1 b),
- * *bad_row and *bad_group name the first one; dst is then incomplete.
+ * *bad_row and *bad_group name the first one; dst is then incomplete. *smin / *smax (may be
+ * NULL) receive the smallest and largest scale byte.
  */
 int dsv4_fn_repack_fp4(const dsv4_fn_src *a, const dsv4_fn_src *b, int64_t n, int64_t k, uint8_t *dst,
-                       uint8_t *dst_scales, int *bad_which, int64_t *bad_row, int64_t *bad_group);
+                       uint8_t *dst_scales, int *bad_which, int64_t *bad_row, int64_t *bad_group, uint8_t *smin,
+                       uint8_t *smax);
 /* fp8 (e4m3 + 128x128 block scales, ue8m0 widened exactly to fp32: 0 -> 2^-127, 255 -> NaN). */
 void dsv4_fn_repack_fp8(const dsv4_fn_src *a, const dsv4_fn_src *b, int64_t n, int64_t k, uint8_t *dst,
                         float *dst_scales);
