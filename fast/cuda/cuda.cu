@@ -389,7 +389,8 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     g2.has_shared = shared;
     g2.mid_rows = 32, g2.big_rows = b->big_rows;
     g2.place = L.slots <= 1024;
-    k_count2<<<1, 1024, (size_t)E * 4, s>>>(g2);
+    /* one block: as many threads as experts (a warp multiple, at most 1024; the loops cover the rest) */
+    k_count2<<<1, (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s>>>(g2);
     if (!g2.place)
         k_place<<<(unsigned)E, 256, 0, s>>>(ga);
     FastArgs fa = FastArgs();
@@ -417,7 +418,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     qa.h = h16, qa.q = hq, qa.s = hs, qa.slot_row = ga.slot_row, qa.meta = ga.meta, qa.ntok = ra.ntok;
     qa.sh_row0 = L.rows, qa.I = I, qa.qmode = (int)c->act_quant, qa.slots = (int)L.slots, qa.has_shared = shared;
     qa.f16_codes = b->tile16;
-    k_quant<<<(unsigned)(L.slots + (shared ? L.tc : 0)), 128, 0, s>>>(qa);
+    k_quant<<<(unsigned)(L.slots + (shared ? L.tc : 0)), (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(qa);
     /* down */
     FastArgs dn = fa;
     dn.r = b->fp[1], dn.sh = shared ? b->fp[3] : FProj();
@@ -435,7 +436,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     ca.y = at<uint16_t>(b, L.x);
     ca.ntok = ra.ntok;
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
-    k_combine<<<dim3((unsigned)L.tc, (unsigned)cdiv(H, 8 * 256)), 256, (size_t)K * 8, s>>>(ca);
+    k_combine<<<dim3((unsigned)L.tc, (unsigned)cdiv(H, 8 * 256)), 256, (size_t)K * 16, s>>>(ca);
     return cudaPeekAtLastError();
 }
 
@@ -593,7 +594,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
     ca.y = at<uint16_t>(b, L.x);
     ca.ntok = ntok;
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
-    k_combine<<<dim3((unsigned)L.tc, (unsigned)cdiv(H, 8 * 256)), 256, (size_t)K * 8, s>>>(ca);
+    k_combine<<<dim3((unsigned)L.tc, (unsigned)cdiv(H, 8 * 256)), 256, (size_t)K * 16, s>>>(ca);
     return cudaPeekAtLastError();
 }
 

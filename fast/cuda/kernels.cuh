@@ -351,9 +351,19 @@ __global__ void k_router(RouterArgs a)
     }
     /* logits (computed before by the GEMM kernels) */
     for (int e = tid; e < E; e += blockDim.x) {
-        float s = a.logits[(long long)t * E + e];
-        for (int z = 1; z < a.lslices; z++) /* split-K partial sums, in slice order */
-            s = __fadd_rn(s, a.logits[z * a.lslice_stride + (long long)t * E + e]);
+        /* split-K partial sums, added in slice order; loaded 8 at a time so the loads overlap */
+        const float *src = a.logits + (long long)t * E + e;
+        float s = src[0];
+        for (int z0 = 1; z0 < a.lslices; z0 += 8) {
+            float v[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                v[q] = z0 + q < a.lslices ? __ldg(src + (z0 + q) * a.lslice_stride) : 0.0f;
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                if (z0 + q < a.lslices)
+                    s = __fadd_rn(s, v[q]);
+        }
         lg[e] = a.gate_bf16 ? rbf16(s) : s;
     }
     __syncthreads();
@@ -1207,31 +1217,35 @@ __global__ void k_combine(CombineArgs a)
     const int t = blockIdx.x;
     if (t >= *a.ntok)
         return;
-    extern __shared__ int srt[]; /* [K] rows, [K] slot index, in ascending expert order */
+    extern __shared__ int srt[]; /* [K] rows, [K] slot index in ascending expert order, [K] ids, [K] rows by slot */
     __shared__ int s_n;
     const int K = a.K, E = a.E, H = a.H;
+    int *rows = srt, *slot = srt + K, *sid = srt + 2 * K, *srow = srt + 3 * K;
+    for (int k = threadIdx.x; k < K; k += blockDim.x) { /* one parallel load of the token's slots */
+        sid[k] = a.ids[(long long)t * K + k];
+        srow[k] = sid[k] < E ? a.rowmap[(long long)t * K + k] : 0;
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
         int n = 0;
-        int *rows = srt, *slot = srt + K;
         for (int k = 0; k < K; k++) {
-            int e = a.ids[(long long)t * K + k];
+            int e = sid[k];
             if (e >= E)
                 continue;
             int pos = n++;
             /* ascending expert id; equal ids keep slot order */
-            while (pos > 0 && a.ids[(long long)t * K + slot[pos - 1]] > e) {
+            while (pos > 0 && sid[slot[pos - 1]] > e) {
                 rows[pos] = rows[pos - 1];
                 slot[pos] = slot[pos - 1];
                 pos--;
             }
-            rows[pos] = a.rowmap[(long long)t * K + k];
+            rows[pos] = srow[k];
             slot[pos] = k;
         }
         s_n = n;
     }
     __syncthreads();
     const int n = s_n;
-    const int *rows = srt, *slot = srt + K;
     const int col = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
     if (col >= H)
         return;

@@ -215,8 +215,8 @@ template <int FMT> __device__ __forceinline__ float block_scale(float w, float x
 
 /* ---------------- decode regime ---------------- */
 
-#define FM_DEC_RING_FP4 6 /* k128 blocks per warp in its cp.async ring */
-#define FM_DEC_RING_FP8 4
+#define FM_DEC_RING_FP4 4 /* k128 blocks per warp in its cp.async ring */
+#define FM_DEC_RING_FP8 3
 
 template <int FMT> struct DecCfg {
     enum {
@@ -399,7 +399,7 @@ __host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt)
  * FM_THREADS threads, dec_smem_bytes(FMT, ks, 2) bytes of shared memory.
  */
 template <int FMT>
-__global__ void __launch_bounds__(FM_THREADS, 2) k_dec(FastArgs a)
+__global__ void __launch_bounds__(FM_THREADS, 3) k_dec(FastArgs a)
 {
     extern __shared__ __align__(16) uint8_t fsm[];
     FGrp g;
@@ -740,7 +740,7 @@ template <int BN_> struct TileH {
         B_BYTES = 8 * B_STEP,
         AS_BYTES = BN * 4,
         STAGE = W_BYTES + WS_BYTES + B_BYTES + AS_BYTES,
-        STAGES = 3,
+        STAGES = 4,
         SMEM = STAGES * STAGE + BN * 8
     };
 };
@@ -780,17 +780,107 @@ __device__ __forceinline__ void tileh_load(const FGrp &g, const uint16_t *A16, i
     }
 }
 
+/* The stage's A fragments (8 k16 steps) of this warp's 16 rows, as exact f16 (fp4 scales folded in). */
+template <int FMT>
+__device__ __forceinline__ void tileh_decode(const uint8_t *stage, int tile, uint32_t af[8][4])
+{
+    constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
+    constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
+    const int lane = threadIdx.x & 31, gid = lane >> 2;
+    const uint8_t *sW = stage + tile * CH + lane * 16;
+    uint2 sc = make_uint2(0u, 0u);
+    if constexpr (FMT == WF_FP4)
+        sc = *(const uint2 *)(stage + 8 * DSV4_FN_FP8_CHUNK + tile * SCH + gid * 8);
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        uint32_t ra, rb, xa, xb;
+        if constexpr (FMT == WF_FP4) {
+            const uint32_t w0 = *(const uint32_t *)(sW + 4 * c), w1 = *(const uint32_t *)(sW + 512 + 4 * c);
+            ra = dsv4_fn_lo(w0), rb = dsv4_fn_hi(w0), xa = dsv4_fn_lo(w1), xb = dsv4_fn_hi(w1);
+        } else {
+            const uint2 h0 = *(const uint2 *)(sW + (c >> 1) * 512 + (c & 1) * 8);
+            const uint2 h1 = *(const uint2 *)(sW + (2 + (c >> 1)) * 512 + (c & 1) * 8);
+            ra = h0.x, rb = h0.y, xa = h1.x, xb = h1.y;
+        }
+        uint32_t f[8] = {e4m3x2_to_f16x2(ra), e4m3x2_to_f16x2(ra >> 16), e4m3x2_to_f16x2(xa), e4m3x2_to_f16x2(xa >> 16),
+                         e4m3x2_to_f16x2(rb), e4m3x2_to_f16x2(rb >> 16), e4m3x2_to_f16x2(xb), e4m3x2_to_f16x2(xb >> 16)};
+        if constexpr (FMT == WF_FP4) {
+            const uint32_t s0 = fh_scale2(sc.x, c), s1 = fh_scale2(sc.y, c);
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                f[q] = hmul2(f[q], (q & 2) ? s1 : s0);
+        }
+        /* run A is the first k16 step of the pair, run B the second; registers: row gid lo,
+           row gid + 8 lo, row gid hi, row gid + 8 hi */
+        af[2 * c][0] = f[0], af[2 * c][1] = f[2], af[2 * c][2] = f[1], af[2 * c][3] = f[3];
+        af[2 * c + 1][0] = f[4], af[2 * c + 1][1] = f[6], af[2 * c + 1][2] = f[5], af[2 * c + 1][3] = f[7];
+    }
+}
+
+/*
+ * One K block of k_tileh: the block's load of stage kb + STAGES - 1, this warpgroup's 8 wgmma on
+ * stage kb (A already decoded in cur), and, while they run, the wait for stage kb + 1 and the
+ * decode of its A into nxt; then the block sum is scaled into acc. Two barriers: stage kb + 1
+ * complete for everyone, and stage kb free again before the next step overwrites it.
+ */
+template <int BN, int FMT>
+__device__ __forceinline__ void tileh_step(const FastArgs &a, const FGrp &g, const uint16_t *A16, int kb, int KB,
+                                           uint8_t *smem, const long long *sRow, int tile, uint32_t cur[8][4],
+                                           uint32_t nxt[8][4], float *acc)
+{
+    typedef TileH<BN> C;
+    constexpr int ND = BN / 2;
+    const int K = a.K, tig = threadIdx.x & 3, mt0 = blockIdx.x * 8;
+    const int kn = kb + C::STAGES - 1;
+    if (kn < KB)
+        tileh_load<BN, FMT>(g, A16, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
+    cp_async_commit();
+    const uint8_t *stage = smem + (kb % C::STAGES) * C::STAGE;
+    const uint8_t *sB = stage + C::W_BYTES + C::WS_BYTES;
+    const uint64_t bd0 = wg_desc(sB, C::BN * 16, 128);
+    float d[ND];
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+        d[i] = 0.0f;
+    wg_fence();
+#pragma unroll
+    for (int s2 = 0; s2 < 8; s2++)
+        wg_mma_f16<BN>(d, cur[s2], bd0 + (uint64_t)((s2 * C::B_STEP) >> 4), s2 > 0);
+    wg_commit();
+    if (kb + 1 < KB) {
+        cp_async_wait<C::STAGES - 2>();
+        fence_async_smem();
+        __syncthreads();
+        tileh_decode<FMT>(smem + ((kb + 1) % C::STAGES) * C::STAGE, tile, nxt);
+    }
+    wg_wait<0>();
+    const float *sAS = (const float *)(sB + C::B_BYTES);
+    float w0 = 1.0f, w1 = 1.0f;
+    if constexpr (FMT == WF_FP8) {
+        const float *fs = (const float *)(stage + C::W_BYTES + tile * DSV4_FN_FP8_SCHUNK);
+        w0 = fs[0];
+        w1 = fs[1];
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        const float x0 = sAS[8 * j + 2 * tig], x1 = sAS[8 * j + 2 * tig + 1];
+        acc[4 * j + 0] = fmaf(d[4 * j + 0], block_scale<FMT>(w0, x0), acc[4 * j + 0]);
+        acc[4 * j + 1] = fmaf(d[4 * j + 1], block_scale<FMT>(w0, x1), acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(d[4 * j + 2], block_scale<FMT>(w1, x0), acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(d[4 * j + 3], block_scale<FMT>(w1, x1), acc[4 * j + 3]);
+    }
+    __syncthreads();
+}
+
 template <int BN, int FMT>
 __device__ __forceinline__ void tileh_run(const FastArgs &a, const FGrp &g, const uint16_t *A16, int r0, uint8_t *smem,
                                           const long long *sRow)
 {
     typedef TileH<BN> C;
-    constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
-    constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
-    constexpr int ND = BN / 2; /* accumulator floats per thread */
+    constexpr int ND = BN / 2;
     const int K = a.K, KB = K >> 7;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const int wg = warp >> 2, w = warp & 3, tile = 4 * wg + w;
+    const int tile = warp; /* warpgroup wg = warp / 4 holds tiles 4 wg .. 4 wg + 3 */
     const int mt0 = blockIdx.x * 8;
     float acc[ND];
 #pragma unroll
@@ -802,70 +892,15 @@ __device__ __forceinline__ void tileh_run(const FastArgs &a, const FGrp &g, cons
             tileh_load<BN, FMT>(g, A16, mt0, s, KB, K, smem + s * C::STAGE, sRow);
         cp_async_commit();
     }
-    for (int kb = 0; kb < KB; kb++) {
-        cp_async_wait<C::STAGES - 2>();
-        fence_async_smem();
-        __syncthreads(); /* stage kb landed for everyone; stage kb - 1 is no longer read */
-        const int kn = kb + C::STAGES - 1;
-        if (kn < KB)
-            tileh_load<BN, FMT>(g, A16, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
-        cp_async_commit();
-        const uint8_t *stage = smem + (kb % C::STAGES) * C::STAGE;
-        const uint8_t *sW = stage + tile * CH + lane * 16, *sWS = stage + C::W_BYTES + tile * SCH;
-        const uint8_t *sB = stage + C::W_BYTES + C::WS_BYTES;
-        const float *sAS = (const float *)(sB + C::B_BYTES);
-        const uint64_t bd0 = wg_desc(sB, C::BN * 16, 128);
-        /* A: per k32 step c, the e4m3 runs of rows gid (ra, rb) and gid + 8 (sa, sb), as f16 pairs */
-        uint32_t af[8][4];
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            uint32_t ra, rb, xa, xb;
-            if constexpr (FMT == WF_FP4) {
-                const uint32_t w0 = *(const uint32_t *)(sW + 4 * c), w1 = *(const uint32_t *)(sW + 512 + 4 * c);
-                ra = dsv4_fn_lo(w0), rb = dsv4_fn_hi(w0), xa = dsv4_fn_lo(w1), xb = dsv4_fn_hi(w1);
-            } else {
-                const uint2 h0 = *(const uint2 *)(sW + (c >> 1) * 512 + (c & 1) * 8);
-                const uint2 h1 = *(const uint2 *)(sW + (2 + (c >> 1)) * 512 + (c & 1) * 8);
-                ra = h0.x, rb = h0.y, xa = h1.x, xb = h1.y;
-            }
-            uint32_t f[8] = {e4m3x2_to_f16x2(ra), e4m3x2_to_f16x2(ra >> 16), e4m3x2_to_f16x2(xa), e4m3x2_to_f16x2(xa >> 16),
-                             e4m3x2_to_f16x2(rb), e4m3x2_to_f16x2(rb >> 16), e4m3x2_to_f16x2(xb), e4m3x2_to_f16x2(xb >> 16)};
-            if constexpr (FMT == WF_FP4) {
-                const uint2 sc = *(const uint2 *)(sWS + gid * 8);
-                const uint32_t s0 = fh_scale2(sc.x, c), s1 = fh_scale2(sc.y, c);
-#pragma unroll
-                for (int q = 0; q < 8; q++)
-                    f[q] = hmul2(f[q], (q & 2) ? s1 : s0);
-            }
-            /* run A is the first k16 step of the pair, run B the second; registers: row gid lo,
-               row gid + 8 lo, row gid hi, row gid + 8 hi */
-            af[2 * c][0] = f[0], af[2 * c][1] = f[2], af[2 * c][2] = f[1], af[2 * c][3] = f[3];
-            af[2 * c + 1][0] = f[4], af[2 * c + 1][1] = f[6], af[2 * c + 1][2] = f[5], af[2 * c + 1][3] = f[7];
-        }
-        float d[ND];
-#pragma unroll
-        for (int i = 0; i < ND; i++)
-            d[i] = 0.0f;
-        wg_fence();
-#pragma unroll
-        for (int s2 = 0; s2 < 8; s2++)
-            wg_mma_f16<BN>(d, af[s2], bd0 + (uint64_t)((s2 * C::B_STEP) >> 4), s2 > 0);
-        wg_commit();
-        wg_wait<0>();
-        float w0 = 1.0f, w1 = 1.0f;
-        if constexpr (FMT == WF_FP8) {
-            const float *fs = (const float *)sWS;
-            w0 = fs[0];
-            w1 = fs[1];
-        }
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            const float x0 = sAS[8 * j + 2 * tig], x1 = sAS[8 * j + 2 * tig + 1];
-            acc[4 * j + 0] = fmaf(d[4 * j + 0], block_scale<FMT>(w0, x0), acc[4 * j + 0]);
-            acc[4 * j + 1] = fmaf(d[4 * j + 1], block_scale<FMT>(w0, x1), acc[4 * j + 1]);
-            acc[4 * j + 2] = fmaf(d[4 * j + 2], block_scale<FMT>(w1, x0), acc[4 * j + 2]);
-            acc[4 * j + 3] = fmaf(d[4 * j + 3], block_scale<FMT>(w1, x1), acc[4 * j + 3]);
-        }
+    cp_async_wait<C::STAGES - 2>();
+    fence_async_smem();
+    __syncthreads();
+    uint32_t a0[8][4], a1[8][4];
+    tileh_decode<FMT>(smem, tile, a0);
+    for (int kb = 0; kb < KB; kb += 2) {
+        tileh_step<BN, FMT>(a, g, A16, kb, KB, smem, sRow, tile, a0, a1, acc);
+        if (kb + 1 < KB)
+            tileh_step<BN, FMT>(a, g, A16, kb + 1, KB, smem, sRow, tile, a1, a0, acc);
     }
     cp_async_wait<0>();
     unsigned gc = 0, uc = 0;
@@ -882,7 +917,7 @@ __device__ __forceinline__ void tileh_run(const FastArgs &a, const FGrp &g, cons
         fepi_stats(a, g, gc, uc);
 }
 
-#define FM_TILEH_BN 128 /* tokens per k_tileh block (= the large-group tile's rows) */
+#define FM_TILEH_BN 64 /* tokens per k_tileh block (= the large-group tile's rows) */
 
 /* grid (N / 128, the big-tile capacity), 256 threads, TileH<FM_TILEH_BN>::SMEM bytes of shared memory. */
 __global__ void __launch_bounds__(256, 1) k_tileh(FastArgs a)
