@@ -127,6 +127,15 @@ fi
 if [ "${DSV4_DEVCHECK_AB:-0}" = 1 ] && [ -x "$BENCH" ]; then
     step bench-mma 180 "DSV4MOE_CUDA_DEC=mma DSV4MOE_CUDA_TILE=mma $BENCH --ceilings $WORK/bench/ceilings.json \
         --peer $WORK/bench/torch_peer.json --json $WORK/bench/bench_cuda_mma.json --dir $WORK/bench --threads $JOBS --quick"
+    # the large-group kernel's variants (fast/cuda/cuda.cu, tileh_big / tileh_mid) at the T they serve
+    for v in s128 p64 s64 p128; do
+        step "bench-tileh-$v" 90 "DSV4MOE_CUDA_TILEH=$v $BENCH --tokens 1024,4096,16384 --ceilings $WORK/bench/ceilings.json \
+            --json $WORK/bench/bench_tileh_$v.json --dir $WORK/bench --threads $JOBS --quick"
+    done
+    for v in p32 s32; do
+        step "bench-mid-$v" 60 "DSV4MOE_CUDA_MID=$v $BENCH --tokens 256,1024 --ceilings $WORK/bench/ceilings.json \
+            --json $WORK/bench/bench_mid_$v.json --dir $WORK/bench --threads $JOBS --quick"
+    done
 fi
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = 1 ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then

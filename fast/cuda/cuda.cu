@@ -110,7 +110,8 @@ struct CudaBe {
     /* the fp8 tensor-core path (mma.cuh): fragment-native weights, gate/up interleaved */
     bool fast = false;
     bool tile16 = true; /* large groups on f16 wgmma (k_tileh); else mma.sync (k_tile); DSV4MOE_CUDA_TILE=mma forces the latter */
-    int big_rows = 128; /* rows of a large group's tile: FM_TILEH_BN (k_tileh) or 128 (k_tile) */
+    int big_rows = 128; /* rows of a large group's tile: the k_tileh variant's tokens, or 128 (k_tile) */
+    int big_var = 0, mid_var = 0; /* k_tileh variants (tileh_big, tileh_mid); DSV4MOE_CUDA_TILEH / _MID pick others */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     cudaStream_t s2 = nullptr, s3 = nullptr, s4 = nullptr; /* forked regimes: 32-row, 128-row tiles, shared decode */
@@ -299,6 +300,35 @@ template <int F, int Q> cudaError_t gemv_attr(size_t smem)
 typedef void (*fast_kernel)(FastArgs);
 const fast_kernel k_tile_mid = k_tile<TileMid, 2, 4, 4, 3>;
 const fast_kernel k_tile_big = k_tile<TileBig, 4, 4, 2, 1>;
+struct TileHVar {
+    const char *name;
+    fast_kernel k;
+    int bn;
+    size_t smem;
+};
+/* large groups: tokens per block 64 or 128, A decode serial or pipelined under the wgmmas, blocks
+   per SM (first: the default, fastest at T = 1024 .. 16384 on H200, docs/cuda-bench.md) */
+const TileHVar tileh_big[] = {{"s64x2", k_tileh<64, false, 3, 2>, 64, TileH<64, 3>::SMEM},
+                              {"s128", k_tileh<128, false>, 128, TileH<128>::SMEM},
+                              {"p64", k_tileh<64, true>, 64, TileH<64>::SMEM},
+                              {"s64", k_tileh<64, false>, 64, TileH<64>::SMEM},
+                              {"p128", k_tileh<128, true>, 128, TileH<128>::SMEM}};
+/* mid-size groups (32-token tiles): mma.sync (k_tile, bn 0) or k_tileh (first: default) */
+const TileHVar tileh_mid[] = {{"mma", nullptr, 0, 0},
+                              {"p32", k_tileh<32, true>, 32, TileH<32>::SMEM},
+                              {"s32", k_tileh<32, false>, 32, TileH<32>::SMEM}};
+constexpr int N_TILEH_BIG = sizeof tileh_big / sizeof tileh_big[0], N_TILEH_MID = sizeof tileh_mid / sizeof tileh_mid[0];
+
+cudaError_t tileh_attrs()
+{
+    cudaError_t ce = cudaSuccess;
+    for (int i = 0; i < N_TILEH_BIG && ce == cudaSuccess; i++)
+        ce = cudaFuncSetAttribute(tileh_big[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tileh_big[i].smem);
+    for (int i = 0; i < N_TILEH_MID && ce == cudaSuccess; i++)
+        if (tileh_mid[i].k)
+            ce = cudaFuncSetAttribute(tileh_mid[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tileh_mid[i].smem);
+    return ce;
+}
 
 /* Launches k_dec for format fmt over `groups` slots (routed active slots below fa.act_max, then
    the shared expert), splitting K over enough warps to give every multiprocessor a few blocks. */
@@ -353,7 +383,12 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa)
     if (mid) {
         FastArgs m = fa;
         m.meta_tiles = 1;
-        k_tile_mid<<<dim3((unsigned)(fa.N / TileMid::BM), (unsigned)L.cap_mid), TileMid::THREADS, TileMid::SMEM, b->s2>>>(m);
+        const dim3 grid((unsigned)(fa.N / 128), (unsigned)L.cap_mid);
+        const TileHVar &v = tileh_mid[b->mid_var];
+        if (b->tile16 && v.k)
+            v.k<<<grid, 256, v.smem, b->s2>>>(m);
+        else
+            k_tile_mid<<<grid, TileMid::THREADS, TileMid::SMEM, b->s2>>>(m);
     }
     if (big) {
         FastArgs g = fa;
@@ -361,8 +396,9 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa)
         g.tile_e += L.cap_mid;
         g.tile_r0 += L.cap_mid;
         const dim3 grid((unsigned)(fa.N / 128), (unsigned)L.cap_big);
+        const TileHVar &v = tileh_big[b->big_var];
         if (b->tile16)
-            k_tileh<<<grid, 256, TileH<FM_TILEH_BN>::SMEM, b->s3>>>(g);
+            v.k<<<grid, 256, v.smem, b->s3>>>(g);
         else
             k_tile_big<<<grid, TileBig::THREADS, TileBig::SMEM, b->s3>>>(g);
     }
@@ -496,7 +532,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
         ra.lslices = L.lslices;
         ra.lslice_stride = L.tc * E;
     }
-    size_t rsm = (size_t)(H + E + 4 * K) * 4;
+    size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
     k_router<<<(unsigned)L.tc, 256, rsm, s>>>(ra);
     /* grouping */
     GroupArgs ga;
@@ -932,7 +968,14 @@ void set_kernels(CudaBe *b)
 {
     const char *tv = getenv("DSV4MOE_CUDA_TILE");
     b->tile16 = !(tv && !strcmp(tv, "mma"));
-    b->big_rows = b->tile16 ? FM_TILEH_BN : 128;
+    const char *bv = getenv("DSV4MOE_CUDA_TILEH"), *mv = getenv("DSV4MOE_CUDA_MID");
+    for (int i = 0; bv && i < N_TILEH_BIG; i++)
+        if (!strcmp(bv, tileh_big[i].name))
+            b->big_var = i;
+    for (int i = 0; mv && i < N_TILEH_MID; i++)
+        if (!strcmp(mv, tileh_mid[i].name))
+            b->mid_var = i;
+    b->big_rows = b->tile16 ? tileh_big[b->big_var].bn : 128;
 }
 
 /* Whether the config takes the fp8 tensor-core path (the weights are checked at upload too). */
@@ -1175,8 +1218,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
                                    (int)dec_smem_bytes(WF_FP4, 8, 2))) != cudaSuccess ||
         (ce = cudaFuncSetAttribute(k_dec<WF_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)dec_smem_bytes(WF_FP8, 8, 2))) != cudaSuccess ||
-        (ce = cudaFuncSetAttribute(k_tileh, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileH<FM_TILEH_BN>::SMEM)) !=
-            cudaSuccess ||
+        (ce = tileh_attrs()) != cudaSuccess ||
         (ce = cudaFuncSetAttribute(k_tile_mid, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileMid::SMEM)) !=
             cudaSuccess ||
         (ce = cudaFuncSetAttribute(k_tile_big, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileBig::SMEM)) !=

@@ -310,6 +310,7 @@ __global__ void k_router(RouterArgs a)
     float *wk = key + K;          /* K */
     float *nrm = wk + K;          /* K */
     int *idk = (int *)(nrm + K);  /* K */
+    float *bk = nrm + 2 * K;      /* E: the selection keys, score + bias */
     __shared__ int s_finite;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const uint16_t *x = a.x + (long long)t * H;
@@ -402,6 +403,11 @@ __global__ void k_router(RouterArgs a)
     __syncthreads();
     if (!s_finite)
         return;
+    /* the keys once into shared memory: the selection below reads each many times */
+    if (!a.hash)
+        for (int e = tid; e < E; e += blockDim.x)
+            bk[e] = a.bias ? __fadd_rn(lg[e], __ldg(a.bias + e)) : lg[e];
+    __syncthreads();
     /* selection: the hash table (ids checked here too: the device-pointer forward has not seen them
        on the host), or the top K of score + bias by (value descending, id ascending) */
     if (a.hash) {
@@ -424,10 +430,8 @@ __global__ void k_router(RouterArgs a)
            (a bit per expert marks the taken ones). A NaN key, or E > 1024, takes the serial
            insertion instead, whose order NaN keys make position-dependent. */
         bool nan = false;
-        for (int e = lane; e < E; e += 32) {
-            float v = a.bias ? __fadd_rn(lg[e], a.bias[e]) : lg[e];
-            nan |= v != v;
-        }
+        for (int e = lane; e < E; e += 32)
+            nan |= bk[e] != bk[e];
         nan = __any_sync(0xFFFFFFFFu, nan) || E > 1024;
         if (!nan) {
             unsigned taken = 0;
@@ -437,7 +441,7 @@ __global__ void k_router(RouterArgs a)
                 for (int e = lane, i = 0; e < E; e += 32, i++) {
                     if (taken >> i & 1u)
                         continue;
-                    float v = a.bias ? __fadd_rn(lg[e], a.bias[e]) : lg[e];
+                    const float v = bk[e];
                     if (be < 0 || before_key(v, e, bv, be)) {
                         bv = v;
                         be = e;
@@ -462,7 +466,7 @@ __global__ void k_router(RouterArgs a)
         } else if (lane == 0) {
             int n = 0;
             for (int e = 0; e < E; e++) {
-                float v = a.bias ? __fadd_rn(lg[e], a.bias[e]) : lg[e];
+                const float v = bk[e];
                 if (n == K && !before_key(v, e, key[K - 1], idk[K - 1]))
                     continue;
                 int pos = n < K ? n++ : K - 1;

@@ -696,7 +696,13 @@ __global__ void __launch_bounds__(C::THREADS, MINB) k_tile(FastArgs a)
 template <int BN>
 __device__ __forceinline__ void wg_mma_f16(float *d, const uint32_t *a, uint64_t bd, int acc)
 {
-    if constexpr (BN == 64) {
+    if constexpr (BN == 32) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bd), "r"(acc));
+    } else if constexpr (BN == 64) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
                      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
@@ -731,7 +737,7 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b)
  * activation rows as f16 in K-major core matrices per k16 step ([kc][token group][8][16 B]),
  * and the activation scales.
  */
-template <int BN_> struct TileH {
+template <int BN_, int ST_ = 4> struct TileH {
     enum {
         BN = BN_,
         W_BYTES = 8 * DSV4_FN_FP8_CHUNK,
@@ -740,16 +746,16 @@ template <int BN_> struct TileH {
         B_BYTES = 8 * B_STEP,
         AS_BYTES = BN * 4,
         STAGE = W_BYTES + WS_BYTES + B_BYTES + AS_BYTES,
-        STAGES = 4,
+        STAGES = ST_,
         SMEM = STAGES * STAGE + BN * 8
     };
 };
 
-template <int BN, int FMT>
+template <int BN, int FMT, int ST>
 __device__ __forceinline__ void tileh_load(const FGrp &g, const uint16_t *A16, int mt0, int kb, int KB, int K,
                                            uint8_t *stage, const long long *sRow)
 {
-    typedef TileH<BN> C;
+    typedef TileH<BN, ST> C;
     constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
     constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
     uint8_t *sW = stage, *sWS = stage + C::W_BYTES, *sB = sWS + C::WS_BYTES;
@@ -817,44 +823,29 @@ __device__ __forceinline__ void tileh_decode(const uint8_t *stage, int tile, uin
     }
 }
 
-/*
- * One K block of k_tileh: the block's load of stage kb + STAGES - 1, this warpgroup's 8 wgmma on
- * stage kb (A already decoded in cur), and, while they run, the wait for stage kb + 1 and the
- * decode of its A into nxt; then the block sum is scaled into acc. Two barriers: stage kb + 1
- * complete for everyone, and stage kb free again before the next step overwrites it.
- */
-template <int BN, int FMT>
-__device__ __forceinline__ void tileh_step(const FastArgs &a, const FGrp &g, const uint16_t *A16, int kb, int KB,
-                                           uint8_t *smem, const long long *sRow, int tile, uint32_t cur[8][4],
-                                           uint32_t nxt[8][4], float *acc)
+/* Issues (and commits, without waiting) this warpgroup's 8 wgmmas of one K block into d (zeroed). */
+template <int BN, int ST>
+__device__ __forceinline__ void tileh_mma(const uint8_t *stage, uint32_t af[8][4], float *d)
 {
-    typedef TileH<BN> C;
-    constexpr int ND = BN / 2;
-    const int K = a.K, tig = threadIdx.x & 3, mt0 = blockIdx.x * 8;
-    const int kn = kb + C::STAGES - 1;
-    if (kn < KB)
-        tileh_load<BN, FMT>(g, A16, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
-    cp_async_commit();
-    const uint8_t *stage = smem + (kb % C::STAGES) * C::STAGE;
-    const uint8_t *sB = stage + C::W_BYTES + C::WS_BYTES;
-    const uint64_t bd0 = wg_desc(sB, C::BN * 16, 128);
-    float d[ND];
+    typedef TileH<BN, ST> C;
+    const uint64_t bd0 = wg_desc(stage + C::W_BYTES + C::WS_BYTES, C::BN * 16, 128);
 #pragma unroll
-    for (int i = 0; i < ND; i++)
+    for (int i = 0; i < BN / 2; i++)
         d[i] = 0.0f;
     wg_fence();
 #pragma unroll
     for (int s2 = 0; s2 < 8; s2++)
-        wg_mma_f16<BN>(d, cur[s2], bd0 + (uint64_t)((s2 * C::B_STEP) >> 4), s2 > 0);
+        wg_mma_f16<BN>(d, af[s2], bd0 + (uint64_t)((s2 * C::B_STEP) >> 4), s2 > 0);
     wg_commit();
-    if (kb + 1 < KB) {
-        cp_async_wait<C::STAGES - 2>();
-        fence_async_smem();
-        __syncthreads();
-        tileh_decode<FMT>(smem + ((kb + 1) % C::STAGES) * C::STAGE, tile, nxt);
-    }
-    wg_wait<0>();
-    const float *sAS = (const float *)(sB + C::B_BYTES);
+}
+
+/* The per-K-block promotion of a warpgroup's f16 products d into the fp32 accumulators acc. */
+template <int BN, int FMT, int ST>
+__device__ __forceinline__ void tileh_promote(const uint8_t *stage, int tile, const float *d, float *acc)
+{
+    typedef TileH<BN, ST> C;
+    const int tig = threadIdx.x & 3;
+    const float *sAS = (const float *)(stage + C::W_BYTES + C::WS_BYTES + C::B_BYTES);
     float w0 = 1.0f, w1 = 1.0f;
     if constexpr (FMT == WF_FP8) {
         const float *fs = (const float *)(stage + C::W_BYTES + tile * DSV4_FN_FP8_SCHUNK);
@@ -869,14 +860,50 @@ __device__ __forceinline__ void tileh_step(const FastArgs &a, const FGrp &g, con
         acc[4 * j + 2] = fmaf(d[4 * j + 2], block_scale<FMT>(w1, x0), acc[4 * j + 2]);
         acc[4 * j + 3] = fmaf(d[4 * j + 3], block_scale<FMT>(w1, x1), acc[4 * j + 3]);
     }
+}
+
+/*
+ * One K block of k_tileh: the block's load of stage kb + STAGES - 1, this warpgroup's 8 wgmma on
+ * stage kb (A already decoded in cur), and, while they run, the wait for stage kb + 1 and the
+ * decode of its A into nxt; then the block sum is scaled into acc. Two barriers: stage kb + 1
+ * complete for everyone, and stage kb free again before the next step overwrites it.
+ */
+template <int BN, int FMT, int ST>
+__device__ __forceinline__ void tileh_step(const FastArgs &a, const FGrp &g, const uint16_t *A16, int kb, int KB,
+                                           uint8_t *smem, const long long *sRow, int tile, uint32_t cur[8][4],
+                                           uint32_t nxt[8][4], float *acc)
+{
+    typedef TileH<BN, ST> C;
+    constexpr int ND = BN / 2;
+    const int K = a.K, mt0 = blockIdx.x * 8;
+    const int kn = kb + C::STAGES - 1;
+    if (kn < KB)
+        tileh_load<BN, FMT, ST>(g, A16, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
+    cp_async_commit();
+    const uint8_t *stage = smem + (kb % C::STAGES) * C::STAGE;
+    float d[ND];
+    tileh_mma<BN, ST>(stage, cur, d);
+    if (kb + 1 < KB) {
+        cp_async_wait<C::STAGES - 2>();
+        fence_async_smem();
+        __syncthreads();
+        tileh_decode<FMT>(smem + ((kb + 1) % C::STAGES) * C::STAGE, tile, nxt);
+    }
+    wg_wait<0>();
+    tileh_promote<BN, FMT, ST>(stage, tile, d, acc);
     __syncthreads();
 }
 
-template <int BN, int FMT>
+/*
+ * The K loop of k_tileh. PIPE: the next K block's A is decoded while this block's wgmmas run
+ * (two fragment sets live, two barriers per K block); otherwise decode, wgmma and wait follow
+ * each other with one barrier per K block (fewer registers, so room for 128-token tiles).
+ */
+template <int BN, int FMT, bool PIPE, int ST>
 __device__ __forceinline__ void tileh_run(const FastArgs &a, const FGrp &g, const uint16_t *A16, int r0, uint8_t *smem,
                                           const long long *sRow)
 {
-    typedef TileH<BN> C;
+    typedef TileH<BN, ST> C;
     constexpr int ND = BN / 2;
     const int K = a.K, KB = K >> 7;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
@@ -889,18 +916,37 @@ __device__ __forceinline__ void tileh_run(const FastArgs &a, const FGrp &g, cons
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
         if (s < KB)
-            tileh_load<BN, FMT>(g, A16, mt0, s, KB, K, smem + s * C::STAGE, sRow);
+            tileh_load<BN, FMT, ST>(g, A16, mt0, s, KB, K, smem + s * C::STAGE, sRow);
         cp_async_commit();
     }
-    cp_async_wait<C::STAGES - 2>();
-    fence_async_smem();
-    __syncthreads();
-    uint32_t a0[8][4], a1[8][4];
-    tileh_decode<FMT>(smem, tile, a0);
-    for (int kb = 0; kb < KB; kb += 2) {
-        tileh_step<BN, FMT>(a, g, A16, kb, KB, smem, sRow, tile, a0, a1, acc);
-        if (kb + 1 < KB)
-            tileh_step<BN, FMT>(a, g, A16, kb + 1, KB, smem, sRow, tile, a1, a0, acc);
+    if constexpr (PIPE) {
+        cp_async_wait<C::STAGES - 2>();
+        fence_async_smem();
+        __syncthreads();
+        uint32_t a0[8][4], a1[8][4];
+        tileh_decode<FMT>(smem, tile, a0);
+        for (int kb = 0; kb < KB; kb += 2) {
+            tileh_step<BN, FMT, ST>(a, g, A16, kb, KB, smem, sRow, tile, a0, a1, acc);
+            if (kb + 1 < KB)
+                tileh_step<BN, FMT, ST>(a, g, A16, kb + 1, KB, smem, sRow, tile, a1, a0, acc);
+        }
+    } else {
+        for (int kb = 0; kb < KB; kb++) {
+            cp_async_wait<C::STAGES - 2>();
+            fence_async_smem();
+            __syncthreads(); /* stage kb landed for everyone; stage kb - 1 is no longer read */
+            const int kn = kb + C::STAGES - 1;
+            if (kn < KB)
+                tileh_load<BN, FMT, ST>(g, A16, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
+            cp_async_commit();
+            const uint8_t *stage = smem + (kb % C::STAGES) * C::STAGE;
+            uint32_t af[8][4];
+            tileh_decode<FMT>(stage, tile, af);
+            float d[ND];
+            tileh_mma<BN, ST>(stage, af, d);
+            wg_wait<0>();
+            tileh_promote<BN, FMT, ST>(stage, tile, d, acc);
+        }
     }
     cp_async_wait<0>();
     unsigned gc = 0, uc = 0;
@@ -917,12 +963,11 @@ __device__ __forceinline__ void tileh_run(const FastArgs &a, const FGrp &g, cons
         fepi_stats(a, g, gc, uc);
 }
 
-#define FM_TILEH_BN 64 /* tokens per k_tileh block (= the large-group tile's rows) */
-
-/* grid (N / 128, the big-tile capacity), 256 threads, TileH<FM_TILEH_BN>::SMEM bytes of shared memory. */
-__global__ void __launch_bounds__(256, 1) k_tileh(FastArgs a)
+/* grid (N / 128, the regime's tile capacity), 256 threads, TileH<BN>::SMEM bytes of shared memory. */
+template <int BN, bool PIPE, int ST = 4, int MINB = (BN == 32 ? 2 : 1)>
+__global__ void __launch_bounds__(256, MINB) k_tileh(FastArgs a)
 {
-    typedef TileH<FM_TILEH_BN> C;
+    typedef TileH<BN, ST> C;
     extern __shared__ __align__(16) uint8_t fsm[];
     const int t = blockIdx.y;
     if (t >= a.meta[a.meta_tiles])
@@ -942,9 +987,9 @@ __global__ void __launch_bounds__(256, 1) k_tileh(FastArgs a)
         sRow[r] = r0 + r < g.n ? fgrp_arow(g, r0 + r) : -1;
     __syncthreads();
     if (g.fmt == WF_FP4)
-        tileh_run<C::BN, WF_FP4>(a, g, A16, r0, fsm, sRow);
+        tileh_run<C::BN, WF_FP4, PIPE, ST>(a, g, A16, r0, fsm, sRow);
     else
-        tileh_run<C::BN, WF_FP8>(a, g, A16, r0, fsm, sRow);
+        tileh_run<C::BN, WF_FP8, PIPE, ST>(a, g, A16, r0, fsm, sRow);
 }
 
 /* ---------------- grouping for the fp8 path ---------------- */

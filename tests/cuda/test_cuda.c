@@ -371,23 +371,55 @@ CASE_MMA(mma_mini_t1100, "mma.sync mini T=1100", "mini", 1, 1100, 0, -1, -1, -1,
 CASE_MMA(mma_flash_t40, "mma.sync v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 32)
 CASE_MMA(mma_graph_t5, "mma.sync graph mini T=5", "mini", 1, 5, 0, -1, -1, -1, 1, 0)
 
+/* A case's config, checkpoint and input, for tests that run the backend themselves. */
+typedef struct {
+    dsv4_config c;
+    dsv4_checkpoint *ck;
+    dsv4_st_file *in;
+    const uint16_t *x;
+    const int32_t *ids;
+    int64_t T;
+} case_in;
+
+static void open_case(const cuda_case *k, case_in *ci)
+{
+    ci->c = case_config(k);
+    ci->ck = NULL;
+    ci->in = NULL;
+    ci->T = k->tokens;
+    case_data(k, &ci->c, &ci->ck, &ci->in);
+    ci->x = dsv4_st_find(ci->in, "x")->data;
+    ci->ids = dsv4_st_find(ci->in, "input_ids")->data;
+}
+
+static void close_case(case_in *ci)
+{
+    dsv4_st_close(ci->in);
+    dsv4_checkpoint_close(ci->ck);
+}
+
+/* One eager cuda forward with the environment variable var set to val for its creation (var NULL: none). */
+static void run_env(const case_in *ci, run_out *o, const char *var, const char *val)
+{
+    if (var)
+        setenv(var, val, 1);
+    run_backend(&ci->c, DSV4_BACKEND_CUDA, 0, 0, ci->ck, ci->T, ci->x, ci->ids, o, 1, NULL);
+    if (var)
+        unsetenv(var);
+}
+
 /* The fp8 path against the exact path on one input: both within the reference's tolerances of each other. */
 static void fast_vs_exact(const char *preset, int64_t layer, int64_t T, int64_t experts)
 {
     if (!have_gpu())
         return;
     cuda_case k = {"fast/exact", preset, layer, T, 0, -1, -1, -1, 0, experts};
-    dsv4_config c = case_config(&k);
-    dsv4_checkpoint *ck = NULL;
-    dsv4_st_file *in = NULL;
-    case_data(&k, &c, &ck, &in);
-    const uint16_t *x = dsv4_st_find(in, "x")->data;
-    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    case_in ci;
+    open_case(&k, &ci);
+    const dsv4_config c = ci.c;
     run_out f, x2;
-    run_backend(&c, DSV4_BACKEND_CUDA, 0, 0, ck, T, x, ids, &f, 1, NULL);
-    setenv("DSV4MOE_CUDA_PATH", "exact", 1);
-    run_backend(&c, DSV4_BACKEND_CUDA, 0, 0, ck, T, x, ids, &x2, 1, NULL);
-    unsetenv("DSV4MOE_CUDA_PATH");
+    run_env(&ci, &f, NULL, NULL);
+    run_env(&ci, &x2, "DSV4MOE_CUDA_PATH", "exact");
     dsv4_compare_metrics m;
     ck_assert(dsv4_compare_bf16(f.y, x2.y, T * c.dim, &m));
     char line[512];
@@ -402,9 +434,47 @@ static void fast_vs_exact(const char *preset, int64_t layer, int64_t T, int64_t 
     ck_assert_msg(m.finite_ok && m.deepgemm_diff < 1e-3 && m.ulp_p99 <= 2, "%s: %s", preset, line);
     free_out(&f);
     free_out(&x2);
-    dsv4_st_close(in);
-    dsv4_checkpoint_close(ck);
+    close_case(&ci);
 }
+
+/*
+ * Every k_tileh variant (DSV4MOE_CUDA_TILEH: tile width, pipelined decode, blocks per SM; and
+ * DSV4MOE_CUDA_MID for mid-size groups) gives the default's outputs bit for bit: the variants
+ * differ in scheduling only, never in the order of a sum.
+ */
+static void tileh_variants(const char *preset, int64_t layer, int64_t T, int64_t experts)
+{
+    if (!have_gpu())
+        return;
+    static const char *const big[] = {"s128", "p64", "s64", "p128"}, *const mid[] = {"p32", "s32"};
+    cuda_case k = {"tileh", preset, layer, T, 0, -1, -1, -1, 0, experts};
+    case_in ci;
+    open_case(&k, &ci);
+    const int64_t n = T * ci.c.dim;
+    run_out d;
+    run_env(&ci, &d, NULL, NULL);
+    for (int v = 0; v < 6; v++) {
+        const char *var = v < 4 ? "DSV4MOE_CUDA_TILEH" : "DSV4MOE_CUDA_MID", *val = v < 4 ? big[v] : mid[v - 4];
+        run_out o;
+        run_env(&ci, &o, var, val);
+        int64_t nd = 0;
+        for (int64_t i = 0; i < n; i++)
+            nd += o.y[i] != d.y[i];
+        printf("cuda_suite k_tileh %s=%-5s %-9s T %4lld: %lld of %lld outputs differ from the default\n", var, val,
+               preset, (long long)T, (long long)nd, (long long)n);
+        ck_assert_msg(nd == 0, "%s=%s on %s T=%lld: %lld outputs differ", var, val, preset, (long long)T, (long long)nd);
+        free_out(&o);
+    }
+    free_out(&d);
+    close_case(&ci);
+}
+
+START_TEST(tileh_variants_identical)
+{
+    tileh_variants("mini", 1, 1100, 0);
+    tileh_variants("mini-fp8", 1, 1100, 0);
+}
+END_TEST
 
 START_TEST(fast_matches_exact)
 {
@@ -848,6 +918,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(ex, exact_graph_t5);
     tcase_add_test(ex, exact_flash_t40);
     tcase_add_test(ex, fast_matches_exact);
+    tcase_add_test(ex, tileh_variants_identical);
     tcase_add_test(ex, mma_mini_t77);
     tcase_add_test(ex, mma_mini_t1100);
     tcase_add_test(ex, mma_flash_t40);
