@@ -128,7 +128,7 @@ if [ "${DSV4_DEVCHECK_AB:-0}" = 1 ] && [ -x "$BENCH" ]; then
     step bench-mma 180 "DSV4MOE_CUDA_DEC=mma DSV4MOE_CUDA_TILE=mma $BENCH --ceilings $WORK/bench/ceilings.json \
         --peer $WORK/bench/torch_peer.json --json $WORK/bench/bench_cuda_mma.json --dir $WORK/bench --threads $JOBS --quick"
     # the large-group kernel's variants (fast/cuda/cuda.cu, tileh_big / tileh_mid) at the T they serve
-    for v in s128 p64 s64 p128; do
+    for v in s64x2 p64 s64 p128; do
         step "bench-tileh-$v" 90 "DSV4MOE_CUDA_TILEH=$v $BENCH --tokens 1024,4096,16384 --ceilings $WORK/bench/ceilings.json \
             --json $WORK/bench/bench_tileh_$v.json --dir $WORK/bench --threads $JOBS --quick"
     done

@@ -307,9 +307,9 @@ struct TileHVar {
     size_t smem;
 };
 /* large groups: tokens per block 64 or 128, A decode serial or pipelined under the wgmmas, blocks
-   per SM (first: the default, fastest at T = 1024 .. 16384 on H200, docs/cuda-bench.md) */
-const TileHVar tileh_big[] = {{"s64x2", k_tileh<64, false, 3, 2>, 64, TileH<64, 3>::SMEM},
-                              {"s128", k_tileh<128, false>, 128, TileH<128>::SMEM},
+   per SM (first: the default; docs/cuda.md has the measured comparison) */
+const TileHVar tileh_big[] = {{"s128", k_tileh<128, false>, 128, TileH<128>::SMEM},
+                              {"s64x2", k_tileh<64, false, 3, 2>, 64, TileH<64, 3>::SMEM},
                               {"p64", k_tileh<64, true>, 64, TileH<64>::SMEM},
                               {"s64", k_tileh<64, false>, 64, TileH<64>::SMEM},
                               {"p128", k_tileh<128, true>, 128, TileH<128>::SMEM}};

@@ -774,8 +774,12 @@ __device__ __forceinline__ void tileh_load(const FGrp &g, const uint16_t *A16, i
         for (int i = tid; i < 8; i += 256)
             cp_async8(sWS + i * SCH, g.s + ((size_t)(mt0 + i) * KB + kb) * SCH);
     }
+    /* q: 16-byte piece (8 f16) of a row's 128 values (step q / 2, kc q % 2). A warp takes 8 rows x 4
+       consecutive pieces: 64 contiguous bytes per row from global memory, and each 8-thread phase of
+       its shared-memory stores covers 8 rows of one core matrix, so no two of them share a bank. */
     for (int i = tid; i < C::BN * 16; i += 256) {
-        const int r = i >> 4, q = i & 15; /* q: 16-byte piece (8 f16) of the row's 128 values: step q / 2, kc q % 2 */
+        const int lane = i & 31, w = i >> 5;
+        const int r = (w >> 2) * 8 + (lane & 7), q = (w & 3) * 4 + (lane >> 3);
         const long long ar = sRow[r];
         uint8_t *dst = sB + (q >> 1) * C::B_STEP + (q & 1) * (C::BN * 16) + (r >> 3) * 128 + (r & 7) * 16;
         cp_async16(dst, ar >= 0 ? (const void *)(A16 + ar * K + kb * 128 + q * 8) : (const void *)A16, ar >= 0);
@@ -797,16 +801,21 @@ __device__ __forceinline__ void tileh_decode(const uint8_t *stage, int tile, uin
     uint2 sc = make_uint2(0u, 0u);
     if constexpr (FMT == WF_FP4)
         sc = *(const uint2 *)(stage + 8 * DSV4_FN_FP8_CHUNK + tile * SCH + gid * 8);
+    /* 16-byte loads: a warp's 32 lanes read 512 contiguous bytes, no bank conflicts */
+    uint4 v[FMT == WF_FP4 ? 2 : 4];
+#pragma unroll
+    for (int i = 0; i < (FMT == WF_FP4 ? 2 : 4); i++)
+        v[i] = *(const uint4 *)(sW + i * 512);
 #pragma unroll
     for (int c = 0; c < 4; c++) {
         uint32_t ra, rb, xa, xb;
         if constexpr (FMT == WF_FP4) {
-            const uint32_t w0 = *(const uint32_t *)(sW + 4 * c), w1 = *(const uint32_t *)(sW + 512 + 4 * c);
+            const uint32_t w0 = u4_at(v[0], c), w1 = u4_at(v[1], c);
             ra = dsv4_fn_lo(w0), rb = dsv4_fn_hi(w0), xa = dsv4_fn_lo(w1), xb = dsv4_fn_hi(w1);
         } else {
-            const uint2 h0 = *(const uint2 *)(sW + (c >> 1) * 512 + (c & 1) * 8);
-            const uint2 h1 = *(const uint2 *)(sW + (2 + (c >> 1)) * 512 + (c & 1) * 8);
-            ra = h0.x, rb = h0.y, xa = h1.x, xb = h1.y;
+            const uint4 &h0 = v[c >> 1], &h1 = v[2 + (c >> 1)];
+            ra = (c & 1) ? h0.z : h0.x, rb = (c & 1) ? h0.w : h0.y;
+            xa = (c & 1) ? h1.z : h1.x, xb = (c & 1) ? h1.w : h1.y;
         }
         uint32_t f[8] = {e4m3x2_to_f16x2(ra), e4m3x2_to_f16x2(ra >> 16), e4m3x2_to_f16x2(xa), e4m3x2_to_f16x2(xa >> 16),
                          e4m3x2_to_f16x2(rb), e4m3x2_to_f16x2(rb >> 16), e4m3x2_to_f16x2(xb), e4m3x2_to_f16x2(xb >> 16)};

@@ -446,7 +446,7 @@ static void tileh_variants(const char *preset, int64_t layer, int64_t T, int64_t
 {
     if (!have_gpu())
         return;
-    static const char *const big[] = {"s128", "p64", "s64", "p128"}, *const mid[] = {"p32", "s32"};
+    static const char *const big[] = {"s64x2", "p64", "s64", "p128"}, *const mid[] = {"p32", "s32"};
     cuda_case k = {"tileh", preset, layer, T, 0, -1, -1, -1, 0, experts};
     case_in ci;
     open_case(&k, &ci);
