@@ -125,7 +125,7 @@ fi
 # device times from Nsight Compute (DSV4_DEVCHECK_PROFILE=1: T = 1 and T = 128, every kernel's
 # duration; the clocks are left alone) ----
 if [ "${DSV4_DEVCHECK_AB:-0}" = 1 ] && [ -x "$BENCH" ]; then
-    step bench-mma 180 "DSV4MOE_CUDA_DEC=mma DSV4MOE_CUDA_TILE=mma $BENCH --ceilings $WORK/bench/ceilings.json \
+    step bench-mma 180 "DSV4MOE_CUDA_TILE=mma $BENCH --ceilings $WORK/bench/ceilings.json \
         --peer $WORK/bench/torch_peer.json --json $WORK/bench/bench_cuda_mma.json --dir $WORK/bench --threads $JOBS --quick"
     # the large-group kernel's variants (fast/cuda/cuda.cu, tileh_big / tileh_mid) at the T they serve
     for v in s64x2 p64 s64 p128; do

@@ -10,8 +10,14 @@
  *            non-caching loads, the next 128-wide K block in flight during the math), the group's
  *            activations staged once in shared memory; the eight warps of a block split K when
  *            the plan's chunk is small, and their partial sums are added in a fixed order.
- *   k_tile   larger groups: (BM features x BN tokens) tiles, weights and activations through a
- *            cp.async pipeline in shared memory; BN = 32 for mid-size groups, 128 above.
+ *   k_tile   mid-size groups (and large ones under DSV4MOE_CUDA_TILE=mma): (BM features x BN
+ *            tokens) tiles, weights and activations through a cp.async pipeline in shared
+ *            memory; BN = 32 for mid-size groups, 128 above.
+ *   k_tileh  large groups: exact f16 wgmma (m64nBNk16) with A = the fp4 / fp8 weights converted
+ *            exactly to f16 in registers (fp4 scale folded in) and B = the activations' e4m3 codes
+ *            as f16 in shared memory; each 128-wide K block's f32 sum is scaled into the f32
+ *            accumulators in block order, as in k_tile. Variants (tokens per block, A decode
+ *            pipelined or not, blocks per SM) are listed in cuda.cu (tileh_big).
  * fp4: each k32 step's partial is multiplied by the row's power-of-two step scale in fp32, and
  * the 128-wide block's sum by the token's activation scale; fp8: the four steps accumulate on the
  * tensor cores, then one multiply by block scale x activation scale. The shared expert is one

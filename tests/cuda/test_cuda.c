@@ -353,15 +353,13 @@ CASE_EXACT(exact_mini_t1100, "exact mini T=1100", "mini", 1, 1100, 0, -1, -1, -1
 CASE_EXACT(exact_graph_t5, "exact graph mini T=5", "mini", 1, 5, 0, -1, -1, -1, 1, 0)
 CASE_EXACT(exact_flash_t40, "exact v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 32)
 
-/* The fp8 path's mma.sync kernels (DSV4MOE_CUDA_DEC=mma, DSV4MOE_CUDA_TILE=mma) instead of wgmma. */
+/* The fp8 path's mma.sync tile kernel for large groups (DSV4MOE_CUDA_TILE=mma) instead of k_tileh's wgmma. */
 #define CASE_MMA(fn, ...)                                                                                   \
     START_TEST(fn)                                                                                          \
     {                                                                                                       \
         cuda_case k = {__VA_ARGS__};                                                                        \
-        setenv("DSV4MOE_CUDA_DEC", "mma", 1);                                                               \
         setenv("DSV4MOE_CUDA_TILE", "mma", 1);                                                              \
         check_case(&k);                                                                                     \
-        unsetenv("DSV4MOE_CUDA_DEC");                                                                       \
         unsetenv("DSV4MOE_CUDA_TILE");                                                                      \
     }                                                                                                       \
     END_TEST
