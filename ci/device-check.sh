@@ -145,10 +145,14 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = 1 ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; th
             --dir $WORK/bench --threads $JOBS"
     done
     # one decode GEMM (T = 128) and one large-group GEMM (T = 4096) in detail: throughput, occupancy, stalls
-    step profile-detail 150 "$NCU --clock-control none -k regex:'k_dec|k_tileh' --launch-skip 8 --launch-count 2 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
-        --section LaunchStats $BENCH --tokens 128,4096 --quick --ceilings $WORK/bench/ceilings.json \
+    SECT="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        --section LaunchStats --section ComputeWorkloadAnalysis"
+    step profile-dec 150 "$NCU --clock-control none -k regex:k_dec --launch-skip 8 --launch-count 2 $SECT \
+        $BENCH --tokens 128 --quick --ceilings $WORK/bench/ceilings.json \
         --json $WORK/bench/prof_d.json --dir $WORK/bench --threads $JOBS"
+    step profile-tileh 150 "$NCU --clock-control none -k regex:k_tileh --launch-skip 2 --launch-count 2 $SECT \
+        $BENCH --tokens 4096 --quick --ceilings $WORK/bench/ceilings.json \
+        --json $WORK/bench/prof_h.json --dir $WORK/bench --threads $JOBS"
 fi
 
 # ---- CUDA tests, scenarios, sanitizer ----
