@@ -121,9 +121,10 @@ else
     absent bench-cuda "$BENCH not built"
 fi
 
-# ---- optional: the same benchmark on the mma.sync kernels (DSV4_DEVCHECK_AB=1), and per-kernel
-# device times from Nsight Compute (DSV4_DEVCHECK_PROFILE=1: T = 1 and T = 128, every kernel's
-# duration; the clocks are left alone) ----
+# ---- optional: the same benchmark on the mma.sync kernels and on the k_tileh variants
+# (DSV4_DEVCHECK_AB=1), and per-kernel device times from Nsight Compute (DSV4_DEVCHECK_PROFILE=1:
+# T = 1, 128 and 4096, every kernel's duration, then k_dec and k_tileh in detail; the clocks are
+# left alone) ----
 if [ "${DSV4_DEVCHECK_AB:-0}" = 1 ] && [ -x "$BENCH" ]; then
     step bench-mma 180 "DSV4MOE_CUDA_TILE=mma $BENCH --ceilings $WORK/bench/ceilings.json \
         --peer $WORK/bench/torch_peer.json --json $WORK/bench/bench_cuda_mma.json --dir $WORK/bench --threads $JOBS --quick"

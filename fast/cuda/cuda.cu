@@ -319,6 +319,15 @@ const TileHVar tileh_mid[] = {{"mma", nullptr, 0, 0},
                               {"s32", k_tileh<32, false>, 32, TileH<32>::SMEM}};
 constexpr int N_TILEH_BIG = sizeof tileh_big / sizeof tileh_big[0], N_TILEH_MID = sizeof tileh_mid / sizeof tileh_mid[0];
 
+/* The index of the variant named `name` in table v (unset or unknown: 0, the default). */
+int tileh_pick(const TileHVar *v, int n, const char *name)
+{
+    for (int i = 0; name && i < n; i++)
+        if (!strcmp(name, v[i].name))
+            return i;
+    return 0;
+}
+
 cudaError_t tileh_attrs()
 {
     cudaError_t ce = cudaSuccess;
@@ -968,13 +977,8 @@ void set_kernels(CudaBe *b)
 {
     const char *tv = getenv("DSV4MOE_CUDA_TILE");
     b->tile16 = !(tv && !strcmp(tv, "mma"));
-    const char *bv = getenv("DSV4MOE_CUDA_TILEH"), *mv = getenv("DSV4MOE_CUDA_MID");
-    for (int i = 0; bv && i < N_TILEH_BIG; i++)
-        if (!strcmp(bv, tileh_big[i].name))
-            b->big_var = i;
-    for (int i = 0; mv && i < N_TILEH_MID; i++)
-        if (!strcmp(mv, tileh_mid[i].name))
-            b->mid_var = i;
+    b->big_var = tileh_pick(tileh_big, N_TILEH_BIG, getenv("DSV4MOE_CUDA_TILEH"));
+    b->mid_var = tileh_pick(tileh_mid, N_TILEH_MID, getenv("DSV4MOE_CUDA_MID"));
     b->big_rows = b->tile16 ? tileh_big[b->big_var].bn : 128;
 }
 

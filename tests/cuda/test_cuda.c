@@ -444,15 +444,18 @@ static void tileh_variants(const char *preset, int64_t layer, int64_t T, int64_t
 {
     if (!have_gpu())
         return;
-    static const char *const big[] = {"s64x2", "p64", "s64", "p128"}, *const mid[] = {"p32", "s32"};
+    static const struct {
+        const char *var, *val;
+    } vs[] = {{"DSV4MOE_CUDA_TILEH", "s64x2"}, {"DSV4MOE_CUDA_TILEH", "p64"}, {"DSV4MOE_CUDA_TILEH", "s64"},
+              {"DSV4MOE_CUDA_TILEH", "p128"},  {"DSV4MOE_CUDA_MID", "p32"},   {"DSV4MOE_CUDA_MID", "s32"}};
     cuda_case k = {"tileh", preset, layer, T, 0, -1, -1, -1, 0, experts};
     case_in ci;
     open_case(&k, &ci);
     const int64_t n = T * ci.c.dim;
     run_out d;
     run_env(&ci, &d, NULL, NULL);
-    for (int v = 0; v < 6; v++) {
-        const char *var = v < 4 ? "DSV4MOE_CUDA_TILEH" : "DSV4MOE_CUDA_MID", *val = v < 4 ? big[v] : mid[v - 4];
+    for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+        const char *var = vs[v].var, *val = vs[v].val;
         run_out o;
         run_env(&ci, &o, var, val);
         int64_t nd = 0;
