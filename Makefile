@@ -39,7 +39,7 @@ CFLAGS_REF := -ffp-contract=off
 LDLIBS_ALL := -ljansson -lyaml -lopenblas -lm -pthread
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -pthread)
 
-LIB_SRCS := $(filter-out core/faults.c,$(wildcard core/*.c)) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard compare/*.c) $(wildcard scenarios/*.c)
+LIB_SRCS := $(filter-out core/faults.c,$(wildcard core/*.c)) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard fast/cpu/kernels/*.c) $(wildcard compare/*.c) $(wildcard scenarios/*.c)
 # ---- the fault build (make faults): the defect catalogue of core/faults.h ----
 # FAULTS=1 compiles every object with -DDSV4_FAULTS and adds core/faults.c; only ever
 # with its own BUILD folder (build/faults), so the release library never holds a fault.

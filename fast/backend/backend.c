@@ -78,14 +78,46 @@ static dsv4_status ref_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, 
 #define DSV4_BACKENDS_EXTRA ""
 #endif
 
+void dsv4_backend_options_init(dsv4_backend_options *opt)
+{
+    if (!opt)
+        return;
+    memset(opt, 0, sizeof *opt);
+    opt->struct_size = (uint32_t)sizeof *opt;
+    opt->threads = 1;
+    opt->cpu_kernels = DSV4_CPU_KERNELS_AUTO;
+}
+
 dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads,
                                 dsv4_backend **out, dsv4_error *err)
+{
+    dsv4_backend_options opt;
+    dsv4_backend_options_init(&opt);
+    opt.threads = threads;
+    return dsv4_backend_create_with(plan, ckpt, &opt, out, err);
+}
+
+dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
+                                     const dsv4_backend_options *optp, dsv4_backend **out, dsv4_error *err)
 {
     if (!plan || !ckpt || !out)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend", "plan, checkpoint and output must not be NULL");
     *out = NULL;
+    dsv4_backend_options opt;
+    dsv4_backend_options_init(&opt);
+    if (optp) {
+        if (optp->struct_size != sizeof opt)
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
+                               "struct_size %u is not %zu (initialise with dsv4_backend_options_init)",
+                               (unsigned)optp->struct_size, sizeof opt);
+        opt = *optp;
+    }
+    int threads = opt.threads;
     if (threads < 1 || threads > 256)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend", "threads %d is outside [1, 256]", threads);
+    if ((int)opt.cpu_kernels < DSV4_CPU_KERNELS_AUTO || (int)opt.cpu_kernels > DSV4_CPU_KERNELS_AVX512_VBMI)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
+                           "cpu_kernels %d is not a dsv4_cpu_kernels value", (int)opt.cpu_kernels);
     const dsv4_topology *topo = dsv4_plan_topology(plan);
     dsv4_backend *b = calloc(1, sizeof *b);
     if (!b)
@@ -98,7 +130,7 @@ dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck
         st = ref_create(plan, ckpt, threads, &b->impl, err);
         break;
     case DSV4_BACKEND_CPU:
-        st = dsv4_cpu_backend_create(plan, ckpt, threads, &b->impl, &b->vt, err);
+        st = dsv4_cpu_backend_create(plan, ckpt, &opt, &b->impl, &b->vt, err);
         break;
 #ifdef DSV4_WITH_CUDA
     case DSV4_BACKEND_CUDA:
@@ -129,6 +161,13 @@ void dsv4_backend_free(dsv4_backend *b)
 }
 
 const char *dsv4_backend_name(const dsv4_backend *b) { return b && b->vt ? b->vt->name : "none"; }
+
+const char *dsv4_backend_kernels(const dsv4_backend *b)
+{
+    if (b && b->vt && strcmp(b->vt->name, "cpu") == 0)
+        return dsv4_cpu_backend_kernels(b->impl);
+    return dsv4_backend_name(b);
+}
 
 dsv4_status dsv4_backend_forward(dsv4_backend *b, int64_t T, const uint16_t *x, const int32_t *input_ids,
                                  dsv4_forward_out *out, dsv4_error *err)

@@ -28,9 +28,13 @@ struct dsv4_backend {
     int64_t max_tokens; /* the plan's max_tokens_per_rank */
 };
 
-/* The CPU backend (fast/cpu/cpu.c): fills *impl and returns its vtable through *vt. */
-dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads, void **impl,
-                                    const dsv4_backend_vtable **vt, dsv4_error *err);
+/* The CPU backend (fast/cpu/cpu.c): fills *impl and returns its vtable through *vt; opt is
+   complete (struct_size, threads and cpu_kernels checked by the caller). */
+dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
+                                    const dsv4_backend_options *opt, void **impl, const dsv4_backend_vtable **vt,
+                                    dsv4_error *err);
+/* The name of the kernel table a CPU backend impl runs. */
+const char *dsv4_cpu_backend_kernels(const void *impl);
 
 #ifdef DSV4_WITH_CUDA
 /* The CUDA backend (fast/cuda/cuda.cu, `make cuda` builds only). */
