@@ -10,6 +10,11 @@
  * extrapolated linearly from measured runs at 128 and 256 tokens
  * (t(T) = a + b T: the per-expert dequantization is the constant part), and the
  * output says so. Weights are generated once into argv[2] and reused.
+ *
+ * DSV4MOE_CPU_KERNELS=<table> (auto, ref, avx2, avx512, avx512-bf16, avx512-vbmi) runs the cpu
+ * backend on that kernel table (dsv4_backend_options.cpu_kernels); the table that ran is printed
+ * and written to the JSON ("kernels"). On an AVX-512 machine, avx2 runs the kernels an
+ * AVX2-only server would, at this machine's memory bandwidth and clock.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -36,6 +41,8 @@
 void openblas_set_num_threads(int num_threads);
 
 #define THREADS 2
+
+static dsv4_cpu_kernels kernels = DSV4_CPU_KERNELS_AUTO; /* DSV4MOE_CPU_KERNELS */
 
 static double now(void)
 {
@@ -140,7 +147,11 @@ static dsv4_backend *make_backend(const layer_data *L, dsv4_backend_kind kind, d
     bud.device_bytes = 16ull << 30; /* a host of this class */
     dsv4_error e;
     dsv4_backend *b = NULL;
-    if (dsv4_plan_create(&L->cfg, &topo, &bud, plan, &e) || dsv4_backend_create(*plan, L->ck, THREADS, &b, &e)) {
+    dsv4_backend_options bo;
+    dsv4_backend_options_init(&bo);
+    bo.threads = THREADS;
+    bo.cpu_kernels = kernels;
+    if (dsv4_plan_create(&L->cfg, &topo, &bud, plan, &e) || dsv4_backend_create_with(*plan, L->ck, &bo, &b, &e)) {
         fprintf(stderr, "bench_cpu: %s\n", e.message);
         return NULL;
     }
@@ -197,6 +208,20 @@ int main(int argc, char **argv)
 {
     const char *json = argc > 1 ? argv[1] : "out/bench/cpu.json";
     const char *dir = argc > 2 ? argv[2] : "out/bench";
+    const char *kname = getenv("DSV4MOE_CPU_KERNELS");
+    dsv4_error ke;
+    if (kname && *kname && dsv4_cpu_kernels_from_name(kname, &kernels, &ke)) {
+        fprintf(stderr, "bench_cpu: DSV4MOE_CPU_KERNELS: %s\n", ke.message);
+        return 2;
+    }
+    if (!dsv4_cpu_kernels_available(kernels)) {
+        fprintf(stderr, "bench_cpu: this CPU does not run the %s kernel table\n", dsv4_cpu_kernels_name(kernels));
+        return 2;
+    }
+    dsv4_cpu_kernels kres = kernels; /* the level AUTO resolves to: the best available */
+    for (int l = DSV4_CPU_KERNELS_AVX512_VBMI; kres == DSV4_CPU_KERNELS_AUTO; l--)
+        if (dsv4_cpu_kernels_available((dsv4_cpu_kernels)l))
+            kres = (dsv4_cpu_kernels)l;
     /* ---- machine rates measured in this run ---- */
     const int N = 4096;
     float *A = malloc((size_t)N * N * sizeof *A), *B = malloc((size_t)N * N * sizeof *B),
@@ -255,6 +280,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_cpu: cannot write %s\n", json);
         return 1;
     }
+    fprintf(jf, "{\n  \"kernels\": \"%s\",\n", dsv4_cpu_kernels_name(kres));
     fprintf(jf, "{\n  \"threads\": %d,\n  \"sgemm_gflops\": %.2f,\n  \"memcpy_gbs\": %.3f,\n  \"read_gbs\": %.3f,\n"
                 "  \"read_reps\": %d,\n  \"read_worst_gbs\": %.3f,\n  \"runs\": [\n",
             THREADS, sgemm_gflops, memcpy_gbs, read_gbs, (int)STREAM_REPS, read_worst_gbs);
@@ -280,6 +306,9 @@ int main(int argc, char **argv)
         dsv4_backend *bref = make_backend(&L, DSV4_BACKEND_REF, &pr), *bcpu = make_backend(&L, DSV4_BACKEND_CPU, &pc);
         if (!bref || !bcpu)
             return 1;
+        if (pi == 0 || only)
+            printf("bench_cpu: cpu kernel table %s%s\n", dsv4_backend_kernels(bcpu),
+                   kernels == DSV4_CPU_KERNELS_AUTO ? " (auto: the best this CPU runs)" : " (DSV4MOE_CPU_KERNELS)");
         uint16_t *yr = malloc((size_t)(4096 * H) * 2), *yc = malloc((size_t)(4096 * H) * 2);
         int32_t *ids = malloc((size_t)(4096 * K) * 4), *ids_r = malloc((size_t)(4096 * K) * 4);
         /* flash: the reference at 128 and 256 tokens gives the line for 4096 */
