@@ -107,10 +107,21 @@ $(BUILD)/tests/%.o: tests/%.c
 $(TEST_BIN): $(TEST_OBJS) $(LIB_A)
 	$(CC) $(CFLAGS_ALL) $(ALLOCFAIL_WRAP) -o $@ $(TEST_OBJS) $(LIB_A) $(LDLIBS_ALL) $(CHECK_LIBS)
 
+# The umbrella header's example program: the lines between its EXAMPLE markers, built as a
+# user would (only -Iinclude), run by tests/test_example.c (DSV4MOE_EXAMPLE).
+EXAMPLE_BIN := $(BUILD)/examples/example
+
+$(BUILD)/examples/example.c: include/dsv4moe/dsv4moe.h
+	@mkdir -p $(dir $@)
+	sed -n '/^ \* EXAMPLE-BEGIN$$/,/^ \* EXAMPLE-END$$/p' $< | sed -e '1d' -e '$$d' -e 's/^ \* \{0,1\}//' -e 's/^ \*$$//' > $@
+
+$(EXAMPLE_BIN): $(BUILD)/examples/example.c $(LIB_A)
+	$(CC) -Iinclude $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
+
 # Runs the suite of this build variant; tests find the CLI and data through the environment.
-test-run: $(TEST_BIN) $(CLI)
+test-run: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN)
 	DSV4MOE_CLI=$(abspath $(CLI)) DSV4MOE_TMP=$(abspath $(BUILD)/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
-	  DSV4MOE_PYTHON=$(PYTHON) \
+	  DSV4MOE_PYTHON=$(PYTHON) DSV4MOE_EXAMPLE=$(abspath $(EXAMPLE_BIN)) \
 	  CK_DEFAULT_TIMEOUT=600 $(TEST_BIN)
 	@$(MAKE) --no-print-directory fuzz-replay
 
