@@ -39,20 +39,6 @@ wscratch dsv4_cpu_worker_scratch(cpu_be *b, float *base, int w)
     return ws;
 }
 
-/* The fp4 AVX-512 kernel's X layout: within each 32-block, even elements then odd ones. */
-static void split_rows(const float *X, int64_t ldx, int64_t n, int64_t k, float *XS)
-{
-    for (int64_t q = 0; q < n; q++) {
-        const float *x = X + q * ldx;
-        float *o = XS + q * k;
-        for (int64_t c = 0; c < k; c += 32)
-            for (int i = 0; i < 16; i++) {
-                o[c + i] = x[c + 2 * i];
-                o[c + 16 + i] = x[c + 2 * i + 1];
-            }
-    }
-}
-
 /* The bf16 kernel's X layout: within each 64-block, even elements then odd ones, as bf16.
    Returns false (and the kernel is not used) when some element is not exactly a bf16. */
 static bool bf16_rows(const float *X, int64_t ldx, int64_t n, int64_t k, bool k4, uint16_t *XB)
@@ -89,7 +75,7 @@ static bool bf16_rows(const float *X, int64_t ldx, int64_t n, int64_t k, bool k4
 
 static bool use_fp4_512(const cpu_be *b, const dsv4_matrix_view *m)
 {
-    return b->kt->dot_fp4_split && m->format == DSV4_FORMAT_FP4 && m->k % 32 == 0;
+    return b->kt->dot_fp4_packed && m->format == DSV4_FORMAT_FP4 && m->k % 32 == 0;
 }
 
 /* Groups larger than SMALL_ROWS still take the fused kernel, in blocks of SMALL_ROWS rows, when
@@ -148,7 +134,7 @@ static xprep prep_x(const cpu_be *b, const dsv4_matrix_view *ma, const dsv4_matr
         p.XB = (const uint16_t *)(const void *)scratch;
         return p;
     }
-    split_rows(X, ldx, n, k, scratch);
+    b->kt->pack_fp4(X, ldx, n, k, scratch);
     p.XS = scratch;
     return p;
 }
@@ -163,7 +149,7 @@ static void fused_rows(const cpu_be *b, const dsv4_matrix_view *m, int64_t r0, i
         else
             b->kt->dot_fp4_bf16(m, r0, nr, n, xp.XB, m->k, C, ldc);
     else if (use_fp4_512(b, m))
-        b->kt->dot_fp4_split(m, r0, nr, n, xp.XS, m->k, C, ldc, NULL);
+        b->kt->dot_fp4_packed(m, r0, nr, n, xp.XS, m->k, C, ldc, NULL);
     else if (xp.XN && use_fp8_bf16(b, m))
         b->kt->dot_fp8_bf16(m, r0, nr, n, xp.XN, m->k, C, ldc);
     else if (b->kt->dot_fp8 && m->format == DSV4_FORMAT_FP8 && m->k % 32 == 0)

@@ -12,7 +12,7 @@
  * AVX-512 fp4 decode-dot: a 16-entry table permute turns nibble codes into fp32 directly
  * (vpermps uses the low 4 bits of each lane). The even elements of a 32-group come from the
  * low nibbles and the odd ones from the high nibbles, so X is given "split": within each
- * 32-block, elements 0, 2, .., 30 then 1, 3, .., 31 (split_rows in fast/cpu/ffn.c).
+ * 32-block, elements 0, 2, .., 30 then 1, 3, .., 31 (pack_fp4_split below).
  */
 static const float e2m1_table[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -118,6 +118,20 @@ TGT512 static AINL void dot_rows_512(int fmt, const dsv4_matrix_view *m, int64_t
     }
 }
 
+/* The split layout: within each 32-block, the even elements then the odd ones. */
+static void pack_fp4_split(const float *X, int64_t ldx, int64_t n, int64_t k, float *XS)
+{
+    for (int64_t q = 0; q < n; q++) {
+        const float *x = X + q * ldx;
+        float *o = XS + q * k;
+        for (int64_t c = 0; c < k; c += 32)
+            for (int i = 0; i < 16; i++) {
+                o[c + i] = x[c + 2 * i];
+                o[c + 16 + i] = x[c + 2 * i + 1];
+            }
+    }
+}
+
 TGT512 static void dot_rows_fp4_512(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *XS,
                                     int64_t ldx, float *C, int64_t ldc, float *tmp)
 {
@@ -203,7 +217,8 @@ TGT512 static void swiglu_row_512(const float *gr, const float *ur, float *h, in
 
 void dsv4_cpu_kernels_fill_avx512(dsv4_cpu_kernels_table *t)
 {
-    t->dot_fp4_split = dot_rows_fp4_512;
+    t->dot_fp4_packed = dot_rows_fp4_512;
+    t->pack_fp4 = pack_fp4_split;
     t->dot_fp8 = dot_rows_fp8_512;
     t->swiglu_row = swiglu_row_512;
 }

@@ -16,8 +16,8 @@
  * Levels nest: ref < avx2 (AVX2 + FMA + F16C) < avx512 (F, BW, VL) < avx512-bf16 (+ BF16)
  * < avx512-vbmi (+ VBMI); each file fills the entries of its instruction set:
  *   kernels/ref.c         dequant, dot (decode one row, then a four-sum fp32 dot)
- *   kernels/avx2.c        dequant, dot (decode 32 elements at a time, FMA)
- *   kernels/avx512.c      dot_fp4_split, dot_fp8, swiglu_row (register-blocked tiles)
+ *   kernels/avx2.c        dequant, dot, pack_fp4 + dot_fp4_packed, dot_fp8 (register-blocked)
+ *   kernels/avx512.c      pack_fp4 + dot_fp4_packed, dot_fp8, swiglu_row (16-lane tiles)
  *   kernels/avx512bf16.c  dot_fp4_bf16, dot_fp8_bf16 (vdpbf16ps)
  *   kernels/avx512vbmi.c  dot_fp4_bf16_k128 (grouped-scale fp4 on byte permutes)
  * An entry left NULL is a kernel this level does not have; the caller takes the next regime.
@@ -25,8 +25,9 @@
  * Every entry computes C[q * ldc + j] = X[q, :] . W[r0 + j, :] (the dot entries) for weight
  * rows j < nr of m and activation rows q < n, or the rows' fp32 values (dequant), with the same
  * decoded weights as dsv4_matrix_dequant_rows (the tests check every table against it).
- * Activation layouts: natural fp32 (dot, dot_fp8), "split" fp32 (within each 32-block the even
- * elements then the odd ones: dot_fp4_split), bf16 permuted per 64-block (dot_fp4_bf16), bf16 in
+ * Activation layouts: natural fp32 (dot, dot_fp8), fp32 as the table's own pack_fp4 lays it out
+ * (dot_fp4_packed; BLIS's packing: each instruction set permutes X to match the order its
+ * decoder produces weights in), bf16 permuted per 64-block (dot_fp4_bf16), bf16 in
  * tilebf4's 128-block layout (dot_fp4_bf16_k128, see avx512vbmi.c), bf16 natural (dot_fp8_bf16).
  */
 #ifndef DSV4MOE_FAST_CPU_KERNELS_H
@@ -55,7 +56,9 @@ typedef struct dsv4_cpu_kernels_table {
     const char *name;                     /* dsv4_cpu_kernels_name(level) */
     dsv4_cpu_dequant_fn dequant;          /* any format, any k */
     dsv4_cpu_dot_fn dot;                  /* any format, any k; natural fp32 X */
-    dsv4_cpu_dot_fn dot_fp4_split;        /* fp4, k % 32 == 0; split fp32 X (tmp unused) */
+    dsv4_cpu_dot_fn dot_fp4_packed;       /* fp4, k % 32 == 0; X as pack_fp4 writes it (tmp unused) */
+    /* X [n, k] (rows ldx apart) into XP [n, k] in dot_fp4_packed's order, k % 32 == 0. */
+    void (*pack_fp4)(const float *X, int64_t ldx, int64_t n, int64_t k, float *XP);
     dsv4_cpu_dot_fn dot_fp8;              /* fp8, k % 32 == 0; natural fp32 X (tmp unused) */
     dsv4_cpu_dot_bf16_fn dot_fp4_bf16;    /* fp4, k % 64 == 0 */
     dsv4_cpu_dot_bf16_fn dot_fp4_bf16_k128; /* fp4, k % 128 == 0 */

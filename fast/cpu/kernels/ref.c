@@ -22,7 +22,8 @@ void dsv4_cpu_kernels_fill_ref(dsv4_cpu_kernels_table *t)
 {
     t->dequant = dsv4_matrix_dequant_rows;
     t->dot = dsv4_cpu_ref_dot;
-    t->dot_fp4_split = t->dot_fp8 = NULL;
+    t->dot_fp4_packed = t->dot_fp8 = NULL;
+    t->pack_fp4 = NULL;
     t->dot_fp4_bf16 = t->dot_fp4_bf16_k128 = t->dot_fp8_bf16 = NULL;
     t->swiglu_row = NULL;
 }
