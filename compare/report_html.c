@@ -1,7 +1,11 @@
 /*
  * report.html (dsv4moe/run.h): one self-contained page, inline CSS and
- * inline SVG, no script and no external resource. A summary table, every
- * case with its checks (the detail as a tooltip), per case with numerics the
+ * inline SVG, no script and no external resource. A summary table, then the
+ * matrix at a glance (per scenario, pass / fail counts per axis value, the
+ * values with failures first, links to the failing cases) and the failing
+ * cases with their failing checks; then every case (failing ones first) with
+ * its checks, the numerics and memory panels folded into <details> (open for
+ * a failing case) (the detail as a tooltip), per case with numerics the
  * bf16 ULP percentiles on a log scale and the error metrics, memory bars
  * (budget, planned maximum, planned step, measured peak, log scale), and for
  * a failing check its detail; a symmetry failure's differing collectives
@@ -265,6 +269,215 @@ static const char *status_class(dsv4_result r)
     return r == DSV4_RESULT_PASS ? "pass" : r == DSV4_RESULT_FAIL ? "fail" : r == DSV4_RESULT_SKIP ? "skip" : "error";
 }
 
+/* ---------------- the matrix summary ---------------- */
+
+/* One (scenario, axis, value) of the matrix: its case counts and the failing cases. */
+typedef struct {
+    const char *scen;
+    char *axis, *value;
+    size_t order; /* first appearance: the matrix keeps the scenario's axis and value order */
+    size_t n[4];  /* pass, fail, skip, error (dsv4_result order) */
+    size_t *bad;  /* indices of the failed and errored cases */
+    size_t nbad, capbad;
+} mx_cell;
+
+typedef struct {
+    mx_cell *c;
+    size_t n, cap;
+    bool oom;
+} mx_table;
+
+static mx_cell *mx_find(mx_table *t, const char *scen, const char *axis, size_t alen, const char *value, size_t vlen)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (!strcmp(t->c[i].scen, scen) && strlen(t->c[i].axis) == alen && !strncmp(t->c[i].axis, axis, alen) &&
+            strlen(t->c[i].value) == vlen && !strncmp(t->c[i].value, value, vlen))
+            return &t->c[i];
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 32;
+        mx_cell *nc = realloc(t->c, cap * sizeof *nc);
+        if (!nc)
+            return NULL;
+        t->c = nc;
+        t->cap = cap;
+    }
+    mx_cell *c = &t->c[t->n];
+    memset(c, 0, sizeof *c);
+    c->scen = scen;
+    c->order = t->n;
+    c->axis = malloc(alen + 1);
+    c->value = malloc(vlen + 1);
+    if (!c->axis || !c->value) {
+        free(c->axis);
+        free(c->value);
+        return NULL;
+    }
+    memcpy(c->axis, axis, alen);
+    c->axis[alen] = '\0';
+    memcpy(c->value, value, vlen);
+    c->value[vlen] = '\0';
+    t->n++;
+    return c;
+}
+
+static void mx_count(mx_table *t, const char *scen, const char *axis, size_t alen, const char *value, size_t vlen,
+                     dsv4_result r, size_t idx)
+{
+    mx_cell *c = t->oom ? NULL : mx_find(t, scen, axis, alen, value, vlen);
+    if (!c) {
+        t->oom = true;
+        return;
+    }
+    c->n[r]++;
+    if (r != DSV4_RESULT_FAIL && r != DSV4_RESULT_ERROR)
+        return;
+    if (c->nbad == c->capbad) {
+        size_t cap = c->capbad ? 2 * c->capbad : 8;
+        size_t *nb = realloc(c->bad, cap * sizeof *nb);
+        if (!nb) {
+            t->oom = true;
+            return;
+        }
+        c->bad = nb;
+        c->capbad = cap;
+    }
+    c->bad[c->nbad++] = idx;
+}
+
+/* A product case's name is "<scenario>/<axis>=<value>,<axis>=<value>..." (a value may be a
+   bracketed list with commas); any other case counts under the axis "case". */
+static void mx_add_case(mx_table *t, const dsv4_case_result *c, size_t idx)
+{
+    const char *name = dsv4_case_name(c), *scen = dsv4_case_scenario(c);
+    size_t sl = strlen(scen);
+    const char *rest = !strncmp(name, scen, sl) && name[sl] == '/' ? name + sl + 1 : name;
+    dsv4_result r = dsv4_case_status(c);
+    bool pairs = false;
+    for (const char *p = rest; *p;) {
+        const char *e = p;
+        int depth = 0;
+        while (*e && (depth > 0 || *e != ',')) {
+            depth += *e == '[' ? 1 : *e == ']' ? -1 : 0;
+            e++;
+        }
+        const char *eq = memchr(p, '=', (size_t)(e - p));
+        if (eq) {
+            mx_count(t, scen, p, (size_t)(eq - p), eq + 1, (size_t)(e - eq - 1), r, idx);
+            pairs = true;
+        }
+        p = *e ? e + 1 : e;
+    }
+    if (!pairs)
+        mx_count(t, scen, "case", 4, rest, strlen(rest), r, idx);
+}
+
+static void mx_free(mx_table *t)
+{
+    for (size_t i = 0; i < t->n; i++) {
+        free(t->c[i].axis);
+        free(t->c[i].value);
+        free(t->c[i].bad);
+    }
+    free(t->c);
+}
+
+/* Failing values first (most failures first), then the scenario's own order. */
+static int mx_cmp(const void *a, const void *b)
+{
+    const mx_cell *x = a, *y = b;
+    size_t bx = x->n[DSV4_RESULT_FAIL] + x->n[DSV4_RESULT_ERROR], by = y->n[DSV4_RESULT_FAIL] + y->n[DSV4_RESULT_ERROR];
+    if ((bx > 0) != (by > 0))
+        return bx > 0 ? -1 : 1;
+    if (bx != by)
+        return bx > by ? -1 : 1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* The matrix: per scenario, one row per axis value with its pass / fail counts and links to the
+   failing cases; then the failing cases with their failing checks. Returns false when out of memory. */
+static bool matrix_section(dsv4_strbuf *b, const dsv4_run_results *R)
+{
+    mx_table t = {0};
+    size_t nbad = 0;
+    for (size_t i = 0; i < dsv4_run_count(R); i++) {
+        const dsv4_case_result *c = dsv4_run_get(R, i);
+        if (dsv4_case_injected(c))
+            continue;
+        mx_add_case(&t, c, i);
+        dsv4_result r = dsv4_case_status(c);
+        nbad += r == DSV4_RESULT_FAIL || r == DSV4_RESULT_ERROR;
+    }
+    if (t.oom) {
+        mx_free(&t);
+        return false;
+    }
+    qsort(t.c, t.n, sizeof *t.c, mx_cmp);
+    dsv4_sb_str(b, "<h2 id=\"matrix\">Matrix</h2>\n<p class=\"note\">Cases by axis value (the scenario's axes; "
+                  "cases outside the product under <i>case</i>); values with failures first. A number links to "
+                  "the case's details below.</p>\n");
+    const char *scen_done[64];
+    size_t nscen = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        const char *scen = t.c[i].scen;
+        bool seen = false;
+        for (size_t k = 0; k < nscen && !seen; k++)
+            seen = !strcmp(scen_done[k], scen);
+        if (seen)
+            continue;
+        if (nscen < 64)
+            scen_done[nscen++] = scen;
+        dsv4_sb_str(b, "<h3>");
+        hb_esc(b, scen);
+        dsv4_sb_str(b, "</h3>\n<table class=\"mx\"><tr><th>axis</th><th>value</th><th>cases</th><th>passed</th>"
+                      "<th>failed</th><th>errors</th><th>skipped</th><th>failing cases</th></tr>\n");
+        for (size_t j = i; j < t.n; j++) {
+            const mx_cell *m = &t.c[j];
+            if (strcmp(m->scen, scen))
+                continue;
+            size_t bad = m->n[DSV4_RESULT_FAIL] + m->n[DSV4_RESULT_ERROR];
+            dsv4_sb_printf(b, "<tr class=\"%s\"><td>", bad ? "fail" : "pass");
+            hb_esc(b, m->axis);
+            dsv4_sb_str(b, "</td><td class=\"name\">");
+            hb_esc(b, m->value);
+            dsv4_sb_printf(b, "</td><td class=\"num\">%zu</td><td class=\"num\">%zu</td><td class=\"num\">%zu</td>"
+                              "<td class=\"num\">%zu</td><td class=\"num\">%zu</td><td>",
+                           m->n[0] + m->n[1] + m->n[2] + m->n[3], m->n[DSV4_RESULT_PASS], m->n[DSV4_RESULT_FAIL],
+                           m->n[DSV4_RESULT_ERROR], m->n[DSV4_RESULT_SKIP]);
+            for (size_t k = 0; k < m->nbad && k < 40; k++)
+                dsv4_sb_printf(b, "%s<a href=\"#case-%zu\">%zu</a>", k ? " " : "", m->bad[k], m->bad[k]);
+            if (m->nbad > 40)
+                dsv4_sb_printf(b, " (+%zu more)", m->nbad - 40);
+            dsv4_sb_str(b, "</td></tr>\n");
+        }
+        dsv4_sb_str(b, "</table>\n");
+    }
+    mx_free(&t);
+    dsv4_sb_printf(b, "<h2 id=\"failing\">Failing cases (%zu)</h2>\n", nbad);
+    if (!nbad) {
+        dsv4_sb_str(b, "<p>none</p>\n");
+        return true;
+    }
+    dsv4_sb_str(b, "<ul class=\"failing\">\n");
+    for (size_t i = 0; i < dsv4_run_count(R); i++) {
+        const dsv4_case_result *c = dsv4_run_get(R, i);
+        dsv4_result r = dsv4_case_status(c);
+        if (dsv4_case_injected(c) || (r != DSV4_RESULT_FAIL && r != DSV4_RESULT_ERROR))
+            continue;
+        dsv4_sb_printf(b, "<li><a href=\"#case-%zu\">%zu</a> <span class=\"name\">", i, i);
+        hb_esc(b, dsv4_case_name(c));
+        dsv4_sb_printf(b, "</span> <span class=\"st %s\">%s</span>:", status_class(r), dsv4_result_name(r));
+        for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
+            const char *d;
+            dsv4_result cr = dsv4_case_check(c, 1u << k, &d);
+            if (cr == DSV4_RESULT_FAIL || cr == DSV4_RESULT_ERROR)
+                dsv4_sb_printf(b, " %s", dsv4_check_name(1u << k));
+        }
+        dsv4_sb_str(b, "</li>\n");
+    }
+    dsv4_sb_str(b, "</ul>\n");
+    return true;
+}
+
 static const char CSS[] =
     "body{font:13px/1.35 system-ui,sans-serif;margin:16px;color:#222}h1{font-size:20px}h2{font-size:16px}"
     "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}"
@@ -276,7 +489,9 @@ static const char CSS[] =
     ".det{font-family:monospace;font-size:11px;white-space:pre-wrap;max-width:900px}"
     ".sym td.tr{font-family:monospace;background:#fff3f3}.note{font-size:11px;color:#555}"
     "svg .wh{font-weight:bold;text-anchor:end}svg .wv{font-family:monospace;text-anchor:end}"
-    ".inj{font-size:11px;background:#fde;padding:0 3px;border-radius:3px}";
+    ".inj{font-size:11px;background:#fde;padding:0 3px;border-radius:3px}"
+    "h3{font-size:14px;margin:10px 0 4px}.mx td{padding:2px 6px}.mx td.name{max-width:260px}"
+    "ul.failing{font-size:12px}details summary{cursor:pointer;font-size:11px;color:#333}";
 
 dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_error *err)
 {
@@ -293,6 +508,8 @@ dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_e
                   "<td class=\"num\">%.2f</td><td>%s</td></tr></table>\n",
               s.cases, s.passed, s.failed ? " fail" : "", s.failed, s.skipped, s.errors ? " error" : "", s.errors,
               s.seconds, DSV4_VERSION);
+    if (!matrix_section(&b, R))
+        b.oom = true; /* dsv4_sb_write_file reports it */
 #ifdef DSV4_FAULTS
     fault_section(&b, R);
 #endif
@@ -303,9 +520,14 @@ dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_e
                "marked <span class=\"inj\">injected</span> had a defect of the review injected (fault build) and "
                "are not counted in the summary.</p>\n<table class=\"cases\"><tr><th>#</th>"
                "<th>case</th><th>status</th><th>checks</th><th>time (s)</th><th>numerics</th><th>memory</th></tr>\n");
+    /* Failed and errored cases first; every case keeps its index (the anchor case-<index>). */
+    for (int pass = 0; pass < 2; pass++)
     for (size_t i = 0; i < dsv4_run_count(R); i++) {
         const dsv4_case_result *c = dsv4_run_get(R, i);
         dsv4_result st = dsv4_case_status(c);
+        bool bad = st == DSV4_RESULT_FAIL || st == DSV4_RESULT_ERROR;
+        if (bad != (pass == 0))
+            continue;
         dsv4_sb_printf(&b, "<tr id=\"case-%zu\"><td class=\"num\">%zu</td><td class=\"name\">", i, i);
         hb_esc(&b, dsv4_case_name(c));
         if (dsv4_case_defect(c)) {
@@ -327,6 +549,9 @@ dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_e
         dsv4_sb_printf(&b, "</td><td class=\"num\">%.3f</td><td>", dsv4_case_seconds(c));
         dsv4_compare_metrics m;
         if (dsv4_case_metrics(c, &m)) {
+            /* details on demand: open for a failing case, one summary line otherwise */
+            dsv4_sb_printf(&b, "<details%s><summary>ulp p99 %u, max %u; diff %.3g</summary>", bad ? " open" : "",
+                           m.ulp_p99, m.ulp_max, m.deepgemm_diff);
             svg_ulp(&b, &m);
             dsv4_sb_printf(&b, "<div class=\"metrics\">n %lld, max_abs %.3g, max_rel %.3g<br>nmse %.3g, diff %.3g, rms %.3g"
                           "<br>ulp&ne;0 %lld, beyond tol %lld, non-finite %lld</div>",
@@ -337,13 +562,21 @@ dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_e
                 svg_errors(&b, &E);
                 svg_worst(&b, &E);
             }
+            dsv4_sb_str(&b, "</details>");
         } else {
             dsv4_sb_str(&b, "<span class=\"note\">nothing compared</span>");
         }
         dsv4_sb_str(&b, "</td><td>");
         dsv4_case_memory mem = dsv4_case_memory_of(c);
-        if (mem.available || mem.planned_max)
+        if (mem.available || mem.planned_max) {
+            char pk[32], pl[32];
+            human_bytes(mem.peak, pk, sizeof pk);
+            human_bytes(mem.planned_max, pl, sizeof pl);
+            dsv4_sb_printf(&b, "<details%s><summary>peak %s of %s planned</summary>", bad ? " open" : "",
+                           mem.measured ? pk : "not measured", pl);
             svg_mem(&b, &mem);
+            dsv4_sb_str(&b, "</details>");
+        }
         else
             dsv4_sb_str(&b, "<span class=\"note\">no plan</span>");
         dsv4_sb_str(&b, "</td></tr>\n");

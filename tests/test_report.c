@@ -162,6 +162,61 @@ START_TEST(error_profiles)
 END_TEST
 
 /* The progress line goes to stderr on a terminal only. */
+/* report.html opens with the matrix: per axis value its counts, the failing values first with
+   links to their cases, then the failing cases; the case table lists failing cases first and
+   folds the passing cases' panels into <details>. */
+START_TEST(html_matrix_summary)
+{
+    static const char yaml[] = "name: mx\n"
+                               "defaults: {preset: tiny, layer: 1, topology: {backend: cpu}, checks: [numerics, refusal]}\n"
+                               "axes:\n"
+                               "  tokens: [3, 5]\n"
+                               "  expect: [pass, {refused: zzz}]\n"
+                               "cases:\n"
+                               "  - {name: lone, tokens: [2]}\n";
+    dsv4_scenario *s = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_scenario_load_string(yaml, "mx.yaml", &s, &e) == DSV4_OK, "%s", e.message);
+    dsv4_run_options o;
+    dsv4_run_options_init(&o);
+    o.cache_dir = cache_dir();
+    dsv4_run_results *r = NULL;
+    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_uint_eq(dsv4_run_count(r), 5);
+    char hp[512];
+    tu_path(hp, sizeof hp, "report_matrix.html");
+    ck_assert_msg(dsv4_report_html(r, hp, &e) == DSV4_OK, "%s", e.message);
+    static char h[1 << 20];
+    ck_assert_int_gt(tu_read_file(hp, h, sizeof h), 0);
+    /* cases 1 and 3 (expect = the refusal) fail; the matrix comes before the cases */
+    const char *mx = strstr(h, "<h2 id=\"matrix\">"), *cases = strstr(h, "<h2>Cases</h2>");
+    ck_assert_ptr_nonnull(mx);
+    ck_assert_ptr_nonnull(cases);
+    ck_assert(mx < cases);
+    const char *row_fail = strstr(mx, "<tr class=\"fail\"><td>expect</td><td class=\"name\">1</td><td class=\"num\">2</td>"
+                                      "<td class=\"num\">0</td><td class=\"num\">2</td><td class=\"num\">0</td>"
+                                      "<td class=\"num\">0</td><td><a href=\"#case-1\">1</a> <a href=\"#case-3\">3</a></td></tr>");
+    const char *row_pass = strstr(mx, "<tr class=\"pass\"><td>expect</td><td class=\"name\">pass</td><td class=\"num\">2</td>"
+                                      "<td class=\"num\">2</td><td class=\"num\">0</td>");
+    const char *row_tok = strstr(mx, "<td>tokens</td><td class=\"name\">3</td><td class=\"num\">2</td><td class=\"num\">1</td>"
+                                     "<td class=\"num\">1</td>");
+    const char *row_case = strstr(mx, "<tr class=\"pass\"><td>case</td><td class=\"name\">lone</td>");
+    ck_assert_msg(row_fail && row_pass && row_tok && row_case, "matrix rows missing");
+    ck_assert(row_fail < row_pass); /* failures first */
+    const char *failing = strstr(h, "<h2 id=\"failing\">Failing cases (2)</h2>");
+    ck_assert_ptr_nonnull(failing);
+    ck_assert_ptr_nonnull(strstr(failing, "<li><a href=\"#case-1\">1</a> <span class=\"name\">mx/tokens=3,expect=1</span>"));
+    /* the case table: the failing cases 1 and 3 before case 0; passing panels folded */
+    const char *c0 = strstr(cases, "<tr id=\"case-0\">"), *c1 = strstr(cases, "<tr id=\"case-1\">"),
+               *c3 = strstr(cases, "<tr id=\"case-3\">");
+    ck_assert(c0 && c1 && c3 && c1 < c3 && c3 < c0);
+    ck_assert_ptr_nonnull(strstr(c0, "<details><summary>ulp p99 0, max 0; diff 0</summary>"));
+    ck_assert_ptr_null(strstr(h, "<script"));
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+}
+END_TEST
+
 START_TEST(progress_only_on_a_terminal)
 {
     const char *cli = getenv("DSV4MOE_CLI");
@@ -202,6 +257,7 @@ Suite *report_suite(void)
     tcase_set_timeout(t, 300);
     tcase_add_test(t, error_profiles);
     tcase_add_test(t, progress_only_on_a_terminal);
+    tcase_add_test(t, html_matrix_summary);
     suite_add_tcase(s, t);
     return s;
 }
