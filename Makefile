@@ -61,7 +61,7 @@ LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test test-asan test-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
+.PHONY: all run test test-asan test-run test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -121,7 +121,7 @@ $(EXAMPLE_BIN): $(BUILD)/examples/example.c $(LIB_A)
 # Runs the suite of this build variant; tests find the CLI and data through the environment.
 test-run: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN)
 	DSV4MOE_CLI=$(abspath $(CLI)) DSV4MOE_TMP=$(abspath $(BUILD)/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
-	  DSV4MOE_PYTHON=$(PYTHON) DSV4MOE_EXAMPLE=$(abspath $(EXAMPLE_BIN)) \
+	  DSV4MOE_PYTHON=$(PYTHON) DSV4MOE_EXAMPLE=$(abspath $(EXAMPLE_BIN)) DSV4MOE_TEST_COVERAGE=$(DSV4MOE_TEST_COVERAGE) \
 	  CK_DEFAULT_TIMEOUT=600 $(TEST_BIN)
 	@$(MAKE) --no-print-directory fuzz-replay
 
@@ -129,10 +129,19 @@ test: deps
 	@$(MAKE) --no-print-directory test-run
 	@$(MAKE) --no-print-directory test-faults
 
+# The variants' make arguments (also used by ci-build, so CI builds exactly what these run).
+ASAN_VARS := BUILD=build/asan OPT=-O1 SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+# Coverage at -O1: gcov's line counts stay exact for the gated code (ref, compare, scenarios,
+# fast/plan) and the suite runs about 3x faster than at -O0.
+COV_OPT ?= -O1
+COV_VARS := BUILD=build/cov OPT=$(COV_OPT) COVFLAGS=--coverage DSV4MOE_TEST_COVERAGE=1
+FAULT_VARS := BUILD=build/faults FAULTS=1
+
+# Everything a variant's test-run needs, built without running anything.
+test-build: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(REPLAY_BINS)
+
 test-asan: deps
-	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
-	  SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
-	  test-run
+	@$(MAKE) --no-print-directory $(ASAN_VARS) test-run
 
 run: deps
 	@$(MAKE) --no-print-directory all
@@ -286,10 +295,23 @@ bench: deps
 	$(BENCH_BIN) $(OUT)/bench/core.json $(OUT)/bench
 	$(BENCH_CPU_BIN) $(OUT)/bench/cpu.json $(OUT)/bench
 
-coverage: deps
-	@find build/cov -name '*.gcda' -delete 2>/dev/null || true
-	@$(MAKE) --no-print-directory BUILD=build/cov OPT=-O0 COVFLAGS=--coverage test-run
+coverage: deps coverage-run
 	@sh coverage/report.sh build/cov $(OUT)/coverage
+
+# The coverage build's suite alone (no report): .ci/run runs it beside the others. The suite
+# sees DSV4MOE_TEST_COVERAGE=1: the large-T duplicates of the cpu cases (the same code paths
+# at a smaller shape run anyway) are skipped there.
+coverage-run:
+	@find build/cov -name '*.gcda' -delete 2>/dev/null || true
+	@$(MAKE) --no-print-directory $(COV_VARS) test-run
+
+# CI's build phase (.ci/run): the release build, the asan, coverage and fault builds, one after
+# the other (each make -j2 keeps both cores busy), so the suites can then run side by side.
+ci-build: deps
+	@$(MAKE) --no-print-directory all test-build
+	@$(MAKE) --no-print-directory $(ASAN_VARS) test-build
+	@$(MAKE) --no-print-directory $(COV_VARS) test-build
+	@$(MAKE) --no-print-directory $(FAULT_VARS) all build/faults/tests/run_tests
 
 # ---------------- fuzzing (tests/fuzz, docs/reliability.md) ----------------
 # `make fuzz` builds one libFuzzer binary per target with clang (ASan + UBSan)
