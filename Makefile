@@ -191,8 +191,14 @@ $(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
+# The common backend table (tests/test_backend_ops.c) runs in the device program too, cuda included.
+$(CUDA_BUILD)/tests/test_backend_ops.o: tests/test_backend_ops.c tests/backend_ops.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA -DBO_GEN_THREADS=16 $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o \
+	  $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
 # The benchmark's CUDA build: device-resident buffers through the CUDA runtime (dsv4_backend_forward_device).
 CUDA_BENCH := $(CUDA_BUILD)/bench_cuda

@@ -38,7 +38,7 @@ T4=$(date +%s)
 {
     echo "== test_cuda rc $rc_tests ($((T1 - T0)) s): $(grep -E '^[0-9]+%: Checks' "$O/test_cuda.log" | tail -n 1)"
     grep -E ':(F|E):' "$O/test_cuda.log" | head -n 20
-    grep -E '^cuda_suite' "$O/test_cuda.log" | sed -E 's/^cuda_suite +//' | \
+    grep -E '^(cuda_suite|backend_ops cuda)' "$O/test_cuda.log" | sed -E 's/^(cuda_suite|backend_ops cuda) +//' | \
         awk '{ line = $0; if (length(line) > 150) line = substr(line, 1, 150) "..."; print line }' | head -n 60
     echo "== scenarios/gpu.yaml rc $rc_scen ($((T2 - T1)) s): $(grep -E 'cases:' "$O/gpu_yaml.log" | tail -n 1)"
     grep -E 'FAIL|ERROR' "$O/gpu_yaml.log" | head -n 15

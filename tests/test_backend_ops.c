@@ -1,0 +1,62 @@
+/*
+ * The backend test table (tests/backend_ops.h) over every backend this build and machine have:
+ * ref (against itself: determinism and statistics) and cpu on its best kernel table here; in the
+ * `make cuda` test program (DSV4_WITH_CUDA) also cuda, twice (eager, then graphs where the case
+ * asks), when a device starts. One loop test per case; each iteration runs all the backends.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backend_ops.h"
+
+Suite *backend_ops_suite(void);
+
+/* The cpu backend's memory model bounds what it really allocated (every shape of the table). */
+static void cpu_extra(const bo_case *k, const dsv4_config *c, const bo_backend *be, const bo_out *ref,
+                      const bo_out *got)
+{
+    (void)c, (void)be, (void)ref;
+    ck_assert_msg(got->stats.workspace_peak <= got->stats.workspace_planned, "%s: workspace peak %llu > planned %llu",
+                  k->name, (unsigned long long)got->stats.workspace_peak,
+                  (unsigned long long)got->stats.workspace_planned);
+    if (k->tokens > 0)
+        ck_assert(got->stats.workspace_peak > 0);
+}
+
+
+START_TEST(table_on_every_backend)
+{
+    const bo_case *k = &bo_cases[_i];
+    if (bo_skipped_under_coverage(k))
+        return;
+    static const struct {
+        bo_backend be;
+        bo_extra_fn extra;
+    } backends[] = {
+        {{DSV4_BACKEND_REF, 3, DSV4_CPU_KERNELS_AUTO, 2}, NULL},
+        {{DSV4_BACKEND_CPU, 2, DSV4_CPU_KERNELS_AUTO, 2}, cpu_extra},
+#ifdef DSV4_WITH_CUDA
+        {{DSV4_BACKEND_CUDA, 2, DSV4_CPU_KERNELS_AUTO, 2}, bo_cuda_extra},
+#endif
+    };
+    int ran = 0;
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
+        if (!bo_backend_available(backends[i].be.kind))
+            continue;
+        bo_check(k, &backends[i].be, backends[i].extra);
+        ran++;
+    }
+    ck_assert_int_ge(ran, 1);
+}
+END_TEST
+
+Suite *backend_ops_suite(void)
+{
+    Suite *s = suite_create("backend_ops");
+    TCase *tc = tcase_create("table");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, table_on_every_backend, 0, BO_NCASES);
+    suite_add_tcase(s, tc);
+    return s;
+}
