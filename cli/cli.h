@@ -38,6 +38,8 @@ int cli_parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo, i
 int cli_known(const char *cmd, const char *arg, const char *const *options);
 /* Takes the value of option argv[*i]; prints and returns NULL when missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
+/* Seconds on the monotonic clock (durations of the commands' steps). */
+double cli_now(void);
 
 int cmd_gen(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

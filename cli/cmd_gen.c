@@ -27,13 +27,6 @@ static const char GEN_HELP[] =
     "  --probe-tokens N     tokens of the clamp probe (default 16; 0 skips the probe)\n"
     "  --probe-experts N    experts of the clamp probe (default 8)\n";
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int mkdirs(const char *dir)
 {
     char buf[1024];
@@ -137,10 +130,10 @@ int cmd_gen(int argc, char **argv)
            (long long)cfg.dim, (long long)cfg.moe_inter_dim, (long long)cfg.n_routed_experts,
            (long long)cfg.n_activated, dsv4_weight_format_name(cfg.routed_format),
            dsv4_weight_format_name(cfg.shared_format), (unsigned long long)opt.seed, opt.threads);
-    double t0 = now();
+    double t0 = cli_now();
     if (dsv4_gen_weights(&cfg, &opt, wpath, &err))
         return cli_fail(cmd, &err);
-    double t1 = now();
+    double t1 = cli_now();
     if (dsv4_gen_input(&cfg, &opt, tokens, ipath, &err))
         return cli_fail(cmd, &err);
     dsv4_checkpoint *ck = NULL;

@@ -22,13 +22,6 @@ static const char REF_HELP[] =
     "  --out FILE           where to write the outputs (atomically)\n"
     "  --threads N          worker threads (default: online CPUs)\n";
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int cmd_ref(int argc, char **argv)
 {
     const char *cmd = "ref";
@@ -78,7 +71,7 @@ int cmd_ref(int argc, char **argv)
     int32_t *ids = NULL, *topk = NULL;
     float *topw = NULL;
     rc = EXIT_BAD_INPUT;
-    double t0 = now();
+    double t0 = cli_now();
     if (dsv4_checkpoint_open(wpath, &ck, &err) || dsv4_st_open(ipath, &in, &err)) {
         cli_fail(cmd, &err);
         goto done;
@@ -113,13 +106,13 @@ int cmd_ref(int argc, char **argv)
         cli_fail(cmd, &err);
         goto done;
     }
-    double t1 = now();
+    double t1 = cli_now();
     dsv4_ref_output out = {.y = y, .topk_ids = topk, .topk_weights = topw};
     if (dsv4_ref_forward(ref, T, x, ti ? ids : NULL, &out, &err)) {
         cli_fail(cmd, &err);
         goto done;
     }
-    double t2 = now();
+    double t2 = cli_now();
     int64_t sy[2] = {T, H}, sk[2] = {T, K};
     char hash[32];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)dsv4_ref_hash(&cfg, T, &out));

@@ -38,13 +38,6 @@ typedef struct {
     double t0;
 } progress_state;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void on_progress(void *user, size_t done, size_t total, const dsv4_case_result *last)
 {
     progress_state *p = user;
@@ -52,7 +45,7 @@ static void on_progress(void *user, size_t done, size_t total, const dsv4_case_r
     if (!p->tty)
         return;
     size_t d = p->base + done;
-    double el = now_s() - p->t0;
+    double el = cli_now() - p->t0;
     double left = d ? el / (double)d * (double)(p->total - d) : 0;
     const char *name = dsv4_case_name(last);
     size_t nl = strlen(name);
@@ -211,7 +204,7 @@ int cmd_run(int argc, char **argv)
         cache = cache_buf;
     }
 
-    progress_state ps = {isatty(2) != 0, 0, total, now_s()};
+    progress_state ps = {isatty(2) != 0, 0, total, cli_now()};
     dsv4_run_options ro;
     dsv4_run_options_init(&ro);
     ro.cache_dir = cache;
@@ -222,7 +215,7 @@ int cmd_run(int argc, char **argv)
     ro.progress_user = &ps;
     ro.faults = faults;
     dsv4_run_results *res = NULL;
-    double t0 = now_s();
+    double t0 = cli_now();
     for (int f = 0; f < nfiles; f++) {
         size_t before = dsv4_run_count(res);
         if (dsv4_run_scenario(scns[f], &ro, &res, &err) != DSV4_OK) {
@@ -235,7 +228,7 @@ int cmd_run(int argc, char **argv)
         }
         ps.base += dsv4_run_count(res) - before;
     }
-    double wall = now_s() - t0;
+    double wall = cli_now() - t0;
     if (ps.tty)
         fputs("\r\033[K", stderr);
 

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 
@@ -115,4 +116,11 @@ int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg
     if (dsv4_config_validate(cfg, &err))
         return cli_fail(cmd, &err);
     return EXIT_OK;
+}
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

@@ -1,4 +1,5 @@
 #include "dsv4moe/rng.h"
+#include "hash.h"
 
 /* The splitmix64 finaliser: a bijection on 64 bits with full avalanche. */
 static uint64_t mix64(uint64_t z)
@@ -10,11 +11,7 @@ static uint64_t mix64(uint64_t z)
 
 uint64_t dsv4_rng_key(uint64_t seed, const char *name)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (const unsigned char *p = (const unsigned char *)(name ? name : ""); *p; p++) {
-        h ^= *p;
-        h *= 0x100000001b3ULL;
-    }
+    uint64_t h = dsv4_fnv1a_str(DSV4_FNV_OFFSET, name ? name : "");
     return mix64(h ^ mix64(seed + 0x9e3779b97f4a7c15ULL));
 }
 

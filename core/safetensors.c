@@ -22,6 +22,7 @@
 
 #include "dsv4moe/safetensors.h"
 #include "err.h"
+#include "hash.h"
 #include "faults.h"
 
 /* ---------------- dtypes ---------------- */
@@ -555,13 +556,7 @@ struct dsv4_st_writer {
     uint64_t total; /* data section size so far */
 };
 
-static uint64_t hash_name(const char *s)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
+static uint64_t hash_name(const char *s) { return dsv4_fnv1a_str(DSV4_FNV_OFFSET, s); }
 
 /* The slot holding `name`, or the empty slot where it would go. */
 static size_t *slot_for(const dsv4_st_writer *w, const char *name)

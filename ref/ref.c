@@ -8,6 +8,7 @@
 #include "dsv4moe/formats.h"
 #include "dsv4moe/ref.h"
 #include "dsv4moe/weights.h"
+#include "hash.h"
 #include "err.h"
 #include "parallel.h"
 #include "ref_internal.h"
@@ -472,26 +473,16 @@ done:
     return st;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-
 uint64_t dsv4_ref_hash(const dsv4_config *c, int64_t T, const dsv4_ref_output *out)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
+    uint64_t h = DSV4_FNV_OFFSET;
     if (!c || !out || T < 0)
         return h;
     if (out->y)
-        h = fnv(h, out->y, (size_t)(T * c->dim) * sizeof *out->y);
+        h = dsv4_fnv1a(h, out->y, (size_t)(T * c->dim) * sizeof *out->y);
     if (out->topk_ids)
-        h = fnv(h, out->topk_ids, (size_t)(T * c->n_activated) * sizeof *out->topk_ids);
+        h = dsv4_fnv1a(h, out->topk_ids, (size_t)(T * c->n_activated) * sizeof *out->topk_ids);
     if (out->topk_weights)
-        h = fnv(h, out->topk_weights, (size_t)(T * c->n_activated) * sizeof *out->topk_weights);
+        h = dsv4_fnv1a(h, out->topk_weights, (size_t)(T * c->n_activated) * sizeof *out->topk_weights);
     return h;
 }

@@ -11,6 +11,7 @@
 #include "dsv4moe/comm.h"
 #include "comm_impl.h"
 #include "err.h"
+#include "hash.h"
 
 const char *dsv4_group_name(dsv4_group group)
 {
@@ -87,22 +88,13 @@ void dsv4_comm_base_fini(dsv4_comm *comm)
     comm->trace_len = comm->trace_cap = 0;
 }
 
-static uint64_t fnv_u64(uint64_t h, uint64_t v)
-{
-    for (int b = 0; b < 8; b++) {
-        h ^= (v >> (8 * b)) & 0xffu;
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-
 uint64_t dsv4_comm_counts_hash(const uint64_t *send_counts, const uint64_t *recv_counts, int n)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
+    uint64_t h = DSV4_FNV_OFFSET;
     for (int i = 0; i < n; i++)
-        h = fnv_u64(h, send_counts[i]);
+        h = dsv4_fnv1a_u64(h, send_counts[i]);
     for (int i = 0; i < n; i++)
-        h = fnv_u64(h, recv_counts[i]);
+        h = dsv4_fnv1a_u64(h, recv_counts[i]);
     return h;
 }
 
