@@ -61,7 +61,7 @@ LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test test-asan test-run test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
+.PHONY: all run test test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -119,11 +119,14 @@ $(EXAMPLE_BIN): $(BUILD)/examples/example.c $(LIB_A)
 	$(CC) -Iinclude $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
 
 # Runs the suite of this build variant; tests find the CLI and data through the environment.
-test-run: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN)
+# test-suites is the Check program alone (CK_RUN_SUITE / DSV4MOE_EXCLUDE_SUITE select suites).
+test-run: test-suites
+	@$(MAKE) --no-print-directory fuzz-replay
+
+test-suites: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN)
 	DSV4MOE_CLI=$(abspath $(CLI)) DSV4MOE_TMP=$(abspath $(BUILD)/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
 	  DSV4MOE_PYTHON=$(PYTHON) DSV4MOE_EXAMPLE=$(abspath $(EXAMPLE_BIN)) DSV4MOE_TEST_COVERAGE=$(DSV4MOE_TEST_COVERAGE) \
 	  CK_DEFAULT_TIMEOUT=600 $(TEST_BIN)
-	@$(MAKE) --no-print-directory fuzz-replay
 
 test: deps
 	@$(MAKE) --no-print-directory test-run
@@ -137,11 +140,12 @@ COV_OPT ?= -O1
 COV_VARS := BUILD=build/cov OPT=$(COV_OPT) COVFLAGS=--coverage DSV4MOE_TEST_COVERAGE=1
 FAULT_VARS := BUILD=build/faults FAULTS=1
 
-# Everything a variant's test-run needs, built without running anything.
-test-build: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(REPLAY_BINS)
-
 test-asan: deps
 	@$(MAKE) --no-print-directory $(ASAN_VARS) test-run
+
+# The ASan build's Check program alone (.ci/run: the allocation sweep beside the other suites).
+test-asan-suites:
+	@$(MAKE) --no-print-directory $(ASAN_VARS) test-suites
 
 run: deps
 	@$(MAKE) --no-print-directory all
@@ -345,6 +349,10 @@ fuzz:
 	  SANFLAGS="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" \
 	  $(FUZZ_TARGETS:%=build/fuzz/fuzz/fuzz_%)
 	@echo "fuzz: binaries in build/fuzz/fuzz/; run e.g. build/fuzz/fuzz/fuzz_scenario tests/fuzz/corpus/scenario"
+
+# Everything a variant's test-run needs, built without running anything (after REPLAY_BINS:
+# prerequisites are expanded where the rule is read).
+test-build: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(REPLAY_BINS)
 
 fuzz-replay: $(REPLAY_BINS)
 	@for t in $(FUZZ_TARGETS); do \
