@@ -210,14 +210,7 @@ TGT static AINL void tile2(int fmt, int NW, int RB, const dsv4_matrix_view *m, i
     int sfp32 = m->scale_format == DSV4_SCALE_FP32;
     const uint8_t *row[8], *scl[8];
     __m256 acc[8][8];
-#pragma GCC unroll 8
-    for (int w = 0; w < NW; w++) {
-        row[w] = row_data(m, r + w);
-        scl[w] = row_scales(m, r + w);
-#pragma GCC unroll 8
-        for (int q = 0; q < RB; q++)
-            acc[w][q] = _mm256_setzero_ps();
-    }
+    TILE_INIT(NW, RB, m, r, row, scl, acc, _mm256_setzero_ps());
     for (int64_t c = 0; c < nc; c++) {
 #pragma GCC unroll 8
         for (int w = 0; w < NW; w++) {
@@ -258,48 +251,14 @@ TGT static AINL void tile2(int fmt, int NW, int RB, const dsv4_matrix_view *m, i
 TGT static AINL void dot_rows_tiled(int fmt, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n,
                                     const float *X, int64_t ldx, float *C, int64_t ldc)
 {
-    int64_t nc = m->k / 32;
-    for (int64_t q = 0; q < n;) {
-        int64_t passes = cdiv(n - q, 8);
-        int rb = (int)cdiv(n - q, passes);
-        const float *Xq = X + q * ldx;
-        float *Cq = C + q * ldc;
-        int64_t j = 0;
-#define T2(NW_, RB_)                                                                                             \
-    do {                                                                                                         \
-        for (; j + (NW_) <= nr; j += (NW_))                                                                      \
-            tile2(fmt, NW_, RB_, m, r0 + j, nc, Xq, ldx, Cq + j, ldc);                                           \
-        for (; j < nr; j++)                                                                                      \
-            tile2(fmt, 1, RB_, m, r0 + j, nc, Xq, ldx, Cq + j, ldc);                                             \
-    } while (0)
-        switch (rb) {
-        case 1: T2(4, 1); break; /* 8 rows: 16 row and scale pointers spill the GPRs */
-        case 2: T2(4, 2); break;
-        case 3: T2(2, 3); break;
-        case 4: T2(2, 4); break;
-        case 5: T2(1, 5); break;
-        case 6: T2(1, 6); break;
-        case 7: T2(1, 7); break;
-        default: T2(1, 8); break;
-        }
-#undef T2
-        q += rb;
-    }
+    /* one activation row: 4 weight rows (8 would need 16 row and scale pointers: GPR spills) */
+#define TILE2(NW_, RB_, ...) tile2(fmt, NW_, RB_, __VA_ARGS__)
+    ROW_BLOCKS(float, TILE2, m->k / 32, 4, 4, 2, 2, 1, 1, 1, 1)
+#undef TILE2
 }
 
-TGT static void dot_fp4_packed_avx2(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *XS,
-                                    int64_t ldx, float *C, int64_t ldc, float *tmp)
-{
-    (void)tmp;
-    dot_rows_tiled(F_FP4, m, r0, nr, n, XS, ldx, C, ldc);
-}
-
-TGT static void dot_fp8_avx2(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X,
-                             int64_t ldx, float *C, int64_t ldc, float *tmp)
-{
-    (void)tmp;
-    dot_rows_tiled(F_FP8, m, r0, nr, n, X, ldx, C, ldc);
-}
+DOT_ENTRY(TGT, dot_fp4_packed_avx2, dot_rows_tiled, F_FP4)
+DOT_ENTRY(TGT, dot_fp8_avx2, dot_rows_tiled, F_FP8)
 
 TGT static void dot_avx2(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X, int64_t ldx,
                          float *C, int64_t ldc, float *tmp)

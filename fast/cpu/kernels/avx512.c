@@ -89,33 +89,9 @@ TGT512 static AINL void tile512(int fmt, int NW, int RB, const dsv4_matrix_view 
 TGT512 static AINL void dot_rows_512(int fmt, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n,
                                      const float *X, int64_t ldx, float *C, int64_t ldc)
 {
-    int64_t nc = m->k / 32;
-    for (int64_t q = 0; q < n;) {
-        int64_t passes = cdiv(n - q, 8);
-        int rb = (int)cdiv(n - q, passes);
-        const float *Xq = X + q * ldx;
-        float *Cq = C + q * ldc;
-        int64_t j = 0;
-#define T512(NW_, RB_)                                                                                           \
-    do {                                                                                                         \
-        for (; j + (NW_) <= nr; j += (NW_))                                                                      \
-            tile512(fmt, NW_, RB_, m, r0 + j, nc, Xq, ldx, Cq + j, ldc);                                         \
-        for (; j < nr; j++)                                                                                      \
-            tile512(fmt, 1, RB_, m, r0 + j, nc, Xq, ldx, Cq + j, ldc);                                           \
-    } while (0)
-        switch (rb) {
-        case 1: T512(8, 1); break;
-        case 2: T512(4, 2); break;
-        case 3: T512(4, 3); break;
-        case 4: T512(4, 4); break;
-        case 5: T512(2, 5); break;
-        case 6: T512(2, 6); break;
-        case 7: T512(2, 7); break;
-        default: T512(2, 8); break;
-        }
-#undef T512
-        q += rb;
-    }
+#define TILE512(NW_, RB_, ...) tile512(fmt, NW_, RB_, __VA_ARGS__)
+    ROW_BLOCKS(float, TILE512, m->k / 32, 8, 4, 4, 4, 2, 2, 2, 2)
+#undef TILE512
 }
 
 /* The split layout: within each 32-block, the even elements then the odd ones. */
@@ -132,19 +108,8 @@ static void pack_fp4_split(const float *X, int64_t ldx, int64_t n, int64_t k, fl
     }
 }
 
-TGT512 static void dot_rows_fp4_512(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *XS,
-                                    int64_t ldx, float *C, int64_t ldc, float *tmp)
-{
-    (void)tmp;
-    dot_rows_512(F_FP4, m, r0, nr, n, XS, ldx, C, ldc);
-}
-
-TGT512 static void dot_rows_fp8_512(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X,
-                                    int64_t ldx, float *C, int64_t ldc, float *tmp)
-{
-    (void)tmp;
-    dot_rows_512(F_FP8, m, r0, nr, n, X, ldx, C, ldc);
-}
+DOT_ENTRY(TGT512, dot_rows_fp4_512, dot_rows_512, F_FP4)
+DOT_ENTRY(TGT512, dot_rows_fp8_512, dot_rows_512, F_FP8)
 
 /*
  * The SwiGLU epilogue of one row on AVX-512 (16 lanes, the tail masked): the same operations

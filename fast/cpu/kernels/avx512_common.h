@@ -22,48 +22,13 @@ enum { F_FP8 = 1, F_FP4 = 2 };
 TGT512 static AINL void tile_init(int NW, int RB, const dsv4_matrix_view *m, int64_t r, const uint8_t *row[8],
                                   const uint8_t *scl[8], __m512 acc[8][8])
 {
-#pragma GCC unroll 8
-    for (int w = 0; w < NW; w++) {
-        row[w] = row_data(m, r + w);
-        scl[w] = row_scales(m, r + w);
-#pragma GCC unroll 8
-        for (int q = 0; q < RB; q++)
-            acc[w][q] = _mm512_setzero_ps();
-    }
+    TILE_INIT(NW, RB, m, r, row, scl, acc, _mm512_setzero_ps());
 }
 
 
-/*
- * The activation-row blocking of the bf16 kernels: rows in even passes of at most 8 (9 rows
- * run as 5 + 4, not 8 + 1), NW weight rows per tile call, fewer as RB grows so that the
- * accumulators fit the registers. TILE(NW, RB, m, r, nc, X, ldx, C, ldc); NC: its step count.
- */
-#define BF16_ROW_BLOCKS(TILE, NC)                                                                                \
-    for (int64_t q = 0; q < n;) {                                                                                \
-        int64_t passes = cdiv(n - q, 8);                                                                         \
-        int rb = (int)cdiv(n - q, passes);                                                                       \
-        const uint16_t *Xq = X + q * ldx;                                                                        \
-        float *Cq = C + q * ldc;                                                                                 \
-        int64_t j = 0;                                                                                           \
-        switch (rb) {                                                                                            \
-        case 1: BF16_TILES(TILE, NC, 8, 1); break;                                                               \
-        case 2: BF16_TILES(TILE, NC, 8, 2); break;                                                               \
-        case 3: BF16_TILES(TILE, NC, 4, 3); break;                                                               \
-        case 4: BF16_TILES(TILE, NC, 4, 4); break;                                                               \
-        case 5: BF16_TILES(TILE, NC, 4, 5); break;                                                               \
-        case 6: BF16_TILES(TILE, NC, 2, 6); break;                                                               \
-        case 7: BF16_TILES(TILE, NC, 2, 7); break;                                                               \
-        default: BF16_TILES(TILE, NC, 2, 8); break;                                                              \
-        }                                                                                                        \
-        q += rb;                                                                                                 \
-    }
-#define BF16_TILES(TILE, NC, NW_, RB_)                                                                           \
-    do {                                                                                                         \
-        for (; j + (NW_) <= nr; j += (NW_))                                                                      \
-            TILE(NW_, RB_, m, r0 + j, NC, Xq, ldx, Cq + j, ldc);                                                 \
-        for (; j < nr; j++)                                                                                      \
-            TILE(1, RB_, m, r0 + j, NC, Xq, ldx, Cq + j, ldc);                                                   \
-    } while (0)
+/* The bf16 kernels' blocking (kutil.h's ROW_BLOCKS): 8 weight rows per tile call up to 2
+   activation rows, 4 up to 5, then 2, so that the accumulators fit the registers. */
+#define BF16_ROW_BLOCKS(TILE, NC) ROW_BLOCKS(uint16_t, TILE, NC, 8, 8, 4, 4, 4, 2, 2, 2)
 
 /* The step tilebf4 and tile8bf share: acc[q] += sv * (X[q]'s 128-block c . wv[0..3]), q < RB. */
 TGTBF static AINL void dot4_step(int RB, const uint16_t *X, int64_t ldx, int64_t c, const __m512bh wv[4], __m512 sv,
