@@ -151,9 +151,25 @@ CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lc
 NVCCFLAGS := -std=c++17 -O3 -Iinclude -Icore -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings \
   -Xcompiler -Wall,-Wextra,-Werror,-fPIC $(NVCCEXTRA)
 
-$(CUDA_BUILD)/fast/cuda/%.o: fast/cuda/%.cu $(wildcard fast/cuda/*.cuh) $(wildcard include/dsv4moe/*.h)
+ifeq ($(FAULTS),1)
+NVCCFLAGS += -DDSV4_FAULTS
+endif
+
+$(CUDA_BUILD)/fast/cuda/%.o: fast/cuda/%.cu $(wildcard fast/cuda/*.cuh) $(wildcard fast/cuda/*.h) $(wildcard include/dsv4moe/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# The fp8 mode's grouped GEMM is CUTLASS 4.2 (header-only; ci/cutlass.sh puts the pinned wheel's
+# headers under CUTLASS_DIR, docs/dependencies.md). Only this object includes it; NDEBUG keeps
+# CUTLASS's device asserts out, which would otherwise serialize its wgmma pipeline (ptxas C7510).
+CUTLASS_DIR ?= build/cutlass-4.2.0.0
+CUTLASS_STAMP := $(CUTLASS_DIR)/include/cutlass/util/packed_stride.hpp
+$(CUTLASS_STAMP):
+	sh ci/cutlass.sh $(CUTLASS_DIR)
+
+$(CUDA_BUILD)/fast/cuda/gemm_fp8.o: fast/cuda/gemm_fp8.cu fast/cuda/gemm_fp8.h $(CUTLASS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DNDEBUG -isystem $(CUTLASS_DIR)/include --expt-relaxed-constexpr -c $< -o $@
 
 $(CUDA_BUILD)/fast/backend/backend.o: fast/backend/backend.c
 	@mkdir -p $(dir $@)

@@ -44,6 +44,7 @@ static void set_flash(dsv4_config *c)
     c->shared_format = DSV4_FORMAT_FP8;
     c->weight_scale = DSV4_SCALE_UE8M0;
     c->act_quant = DSV4_ACT_QUANT_UE8M0;
+    c->gemm = DSV4_GEMM_AUTO;
 }
 
 void dsv4_config_init(dsv4_config *cfg)
@@ -146,6 +147,7 @@ static const char *const pred_names[] = {"none", "const", "linear", NULL};
 static const char *const fmt_names[] = {"bf16", "fp8", "fp4", NULL};
 static const char *const scale_names[] = {"ue8m0", "fp32", NULL};
 static const char *const act_names[] = {"none", "ue8m0", "fp32", NULL};
+static const char *const gemm_names[] = {"auto", "exact", "fp8", NULL};
 
 #define KEY(n, k, e) {#n, k, offsetof(dsv4_config, n), e}
 static const key_desc keys[] = {
@@ -173,6 +175,7 @@ static const key_desc keys[] = {
     KEY(shared_format, K_ENUM, fmt_names),
     KEY(weight_scale, K_ENUM, scale_names),
     KEY(act_quant, K_ENUM, act_names),
+    KEY(gemm, K_ENUM, gemm_names),
 };
 #undef KEY
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -215,6 +218,7 @@ static const char *enum_name(const char *const *names, int v)
 const char *dsv4_score_func_name(dsv4_score_func v) { return enum_name(score_names, (int)v); }
 const char *dsv4_weight_format_name(dsv4_weight_format v) { return enum_name(fmt_names, (int)v); }
 const char *dsv4_act_quant_name(dsv4_act_quant v) { return enum_name(act_names, (int)v); }
+const char *dsv4_gemm_mode_name(dsv4_gemm_mode v) { return enum_name(gemm_names, (int)v); }
 
 static void list_enum(char *buf, size_t n, const char *const *names)
 {
@@ -279,6 +283,7 @@ dsv4_status dsv4_config_validate(const dsv4_config *c, dsv4_error *err)
     CHECK_ENUM(shared_format, fmt_names);
     CHECK_ENUM(weight_scale, scale_names);
     CHECK_ENUM(act_quant, act_names);
+    CHECK_ENUM(gemm, gemm_names);
     if (c->shared_format == DSV4_FORMAT_FP4)
         return bad(err, "shared_format", "value fp4 is not allowed: the shared expert is bf16 or fp8");
 

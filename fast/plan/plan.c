@@ -62,6 +62,7 @@ struct dsv4_plan {
     int64_t e_first, e_count;
     int64_t i_first, i_count;
     uint64_t row_bytes;
+    dsv4_gemm_mode gemm; /* resolved: exact or fp8 */
     char *explain;
     size_t explain_len, explain_cap;
 };
@@ -273,13 +274,18 @@ static uint64_t act_bytes(const dsv4_config *c, int64_t n)
 
 static uint64_t align128(uint64_t v) { return v > UINT64_MAX - 127 ? UINT64_MAX : (v + 127) / 128 * 128; }
 
-static uint64_t row_bytes(const dsv4_config *c, int64_t il)
+static uint64_t row_bytes(const dsv4_config *c, int64_t il, dsv4_gemm_mode gemm)
 {
     uint64_t H = (uint64_t)c->dim, I = (uint64_t)il;
     uint64_t r = act_bytes(c, c->dim);
     r = sat_add(r, sat_mul(I, 4));
     r = sat_add(r, act_bytes(c, il));
     r = sat_add(r, sat_mul(H, 2));
+    /* gemm fp8 (SPEC.md section 9): a grouped GEMM reads each group's activations as contiguous
+       rows and writes bf16 g|u before the epilogue: one more gathered activation row, 2I bf16
+       values and h's scales in a second layout */
+    if (gemm == DSV4_GEMM_FP8)
+        r = sat_add(sat_add(r, act_bytes(c, c->dim)), sat_add(sat_mul(I, 4), sat_mul((I + 127) / 128, 4)));
     return r;
 }
 
@@ -426,6 +432,25 @@ static int64_t largest_fitting(const dsv4_plan *p, int64_t hi, dsv4_executor_kin
  * ------------------------------------------------------------------------- */
 #define REFUSE(...) dsv4_seterr(err, DSV4_ERR_REFUSED, "plan", __VA_ARGS__)
 
+/* Whether the config's GEMMs can run on FP8 tensor cores (SPEC.md section 9): fp8/fp4 routed
+   experts, an fp8 shared expert (or none), quantized activations, dims multiples of 128. */
+static bool fp8_gemm_eligible(const dsv4_config *c, const char **why)
+{
+    if (c->routed_format == DSV4_FORMAT_BF16)
+        *why = "routed_format is bf16";
+    else if (c->n_shared_experts > 0 && c->shared_format == DSV4_FORMAT_BF16)
+        *why = "shared_format is bf16";
+    else if (c->act_quant == DSV4_ACT_QUANT_NONE)
+        *why = "act_quant is none";
+    else if (c->dim % 128 || c->moe_inter_dim % 128)
+        *why = "dim or moe_inter_dim is not a multiple of 128";
+    else
+        return true;
+    return false;
+}
+
+dsv4_gemm_mode dsv4_plan_gemm(const dsv4_plan *plan) { return plan ? plan->gemm : DSV4_GEMM_EXACT; }
+
 static const sm_caps *caps_of(int sm)
 {
     for (size_t i = 0; i < N_SM_CAPS; i++)
@@ -473,6 +498,15 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
         return REFUSE("role %d is not prefill, decode or mixed", (int)t->role);
     if ((unsigned)t->backend > DSV4_BACKEND_CUDA)
         return REFUSE("backend %d is not ref, cpu or cuda", (int)t->backend);
+    if (c->gemm == DSV4_GEMM_FP8) {
+        const char *why = "";
+        if (t->backend != DSV4_BACKEND_CUDA)
+            return REFUSE("gemm fp8 needs backend cuda (FP8 tensor cores; backend is %s): set gemm exact or auto",
+                          dsv4_backend_kind_name(t->backend));
+        if (!fp8_gemm_eligible(c, &why))
+            return REFUSE("gemm fp8 needs fp8/fp4 weights with quantized activations and dims multiples of 128, "
+                          "but %s: set gemm exact or auto", why);
+    }
     if ((unsigned)t->dispatch > DSV4_DISPATCH_LOW_LATENCY)
         return REFUSE("dispatch %d is not auto, all_gather, all_to_all or low_latency", (int)t->dispatch);
     if ((unsigned)t->executor > DSV4_EXECUTOR_PER_TOKEN)
@@ -757,7 +791,10 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
     p->e_first = (int64_t)(t->rank % t->ep) * p->e_count;
     p->i_count = cfg->moe_inter_dim / t->tp;
     p->i_first = (int64_t)(t->rank % t->tp) * p->i_count;
-    p->row_bytes = row_bytes(cfg, p->i_count);
+    const char *nofp8 = "backend is not cuda";
+    bool fp8 = t->backend == DSV4_BACKEND_CUDA && fp8_gemm_eligible(cfg, &nofp8);
+    p->gemm = cfg->gemm == DSV4_GEMM_AUTO ? (fp8 ? DSV4_GEMM_FP8 : DSV4_GEMM_EXACT) : cfg->gemm;
+    p->row_bytes = row_bytes(cfg, p->i_count, p->gemm);
 
     char a[32], b[32], c[32], d[32], smw[16] = "";
     uint64_t reserve = budget_reserve(budget);
@@ -768,6 +805,13 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
                        t->rank, t->world_size, t->tp, t->dp, t->ep, dsv4_role_name(t->role),
                        dsv4_backend_kind_name(t->backend), smw, t->cuda_graph ? "on" : "off",
                        (long long)t->max_tokens_per_rank, dispatch_name(t->dispatch), executor_req_name(t->executor));
+    ok = ok && explainf(p, "gemm: %s (%s)", dsv4_gemm_mode_name(p->gemm),
+                        p->gemm == DSV4_GEMM_FP8 ? (cfg->gemm == DSV4_GEMM_FP8 ? "as asked: e4m3 tensor cores, fp32 "
+                                                                                "promotion every 128 of K"
+                                                                              : "auto: e4m3 tensor cores on cuda, fp32 "
+                                                                                "promotion every 128 of K")
+                        : cfg->gemm == DSV4_GEMM_EXACT ? "as asked: exact products"
+                                                       : nofp8);
     ok = ok && explainf(p, "budget: device %s - taken %s - reserve %s (max(reserve_mb %llu MiB, 2 GiB, 5%% of "
                            "device)) = %s available",
                         fmt_bytes(a, sizeof a, budget->device_bytes), fmt_bytes(b, sizeof b, budget->taken_bytes),

@@ -43,6 +43,11 @@ typedef struct dsv4_backend_stats {
     uint64_t workspace_allocated; /* bytes of the one workspace allocated at creation */
     uint64_t device_allocated;    /* device memory taken at creation (weights + workspace),
                                      measured with cudaMemGetInfo before and after */
+    uint64_t gemm_fp8;            /* 1 when large expert groups run on FP8 tensor cores (gemm fp8,
+                                     SPEC.md section 9), 0 for the exact mode and for ref and cpu */
+    uint64_t fp8_exact_experts;   /* gemm fp8: experts (the shared one included) kept on the exact
+                                     kernels because an fp4 128-group's scales could not convert to
+                                     e4m3 exactly (include/dsv4moe/formats.h, DSV4_FP4_TO_FP8_SPREAD) */
 } dsv4_backend_stats;
 
 /*
