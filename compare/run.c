@@ -398,8 +398,10 @@ static bool all_bf16(const dsv4_config *c)
     return c->routed_format == DSV4_FORMAT_BF16 && c->shared_format == DSV4_FORMAT_BF16;
 }
 
-/* The per-quant tolerance; fills why on failure. */
-static bool within_tolerance(const dsv4_config *c, const dsv4_compare_metrics *m, char *why, size_t n)
+/* The per-quant tolerance (SPEC.md section 9: the exact mode's, or the fp8 mode's when the plan
+   runs gemm fp8); fills why on failure. */
+static bool within_tolerance(const dsv4_config *c, dsv4_gemm_mode gemm, const dsv4_compare_metrics *m, char *why,
+                             size_t n)
 {
     if (m->bad_nonfinite > 0) {
         snprintf(why, n, "%lld non-finite values where the reference is finite", (long long)m->bad_nonfinite);
@@ -409,6 +411,18 @@ static bool within_tolerance(const dsv4_config *c, const dsv4_compare_metrics *m
         if (!(m->deepgemm_diff < 1e-4) || m->ulp_p99 > 1) {
             snprintf(why, n, "bf16 tolerance (deepgemm_diff < 1e-4, ulp_p99 <= 1) broken: diff %.3g, ulp_p99 %u",
                      m->deepgemm_diff, m->ulp_p99);
+            return false;
+        }
+    } else if (gemm == DSV4_GEMM_FP8) {
+        /* e4m3 tensor-core sums keep ~14 bits for 128 products before the fp32 promotion: the
+           measured bound of SPEC.md section 9 (the review's defects put 19-36 % beyond) */
+        int64_t allowed = m->n / 50 > 1 ? m->n / 50 : 1;
+        double worst = DSV4_COMPARE_ATOL + 0.2 * m->rms_ref;
+        if (!(m->deepgemm_diff < 1e-3) || m->tol_violations > allowed || m->max_abs > worst) {
+            snprintf(why, n,
+                     "gemm fp8 tolerance (deepgemm_diff < 1e-3, at most 2 %% of elements (%lld) beyond atol = rtol "
+                     "= 0.035, max |a-b| <= 0.035 + 0.2 rms = %.3g) broken: diff %.3g, %lld beyond, max |a-b| %.3g",
+                     (long long)allowed, worst, m->deepgemm_diff, (long long)m->tol_violations, m->max_abs);
             return false;
         }
     } else {
@@ -993,7 +1007,7 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
                 error_profile(c, y, yr, sc->tokens, 1, H);
                 char line[512], why[256];
                 dsv4_compare_format(&c->m, line, sizeof line);
-                if (within_tolerance(cfg, &c->m, why, sizeof why))
+                if (within_tolerance(cfg, dsv4_plan_gemm(plan), &c->m, why, sizeof why))
                     set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "%s vs ref%s: %s", dsv4_backend_name(be),
                               note, line);
                 else
@@ -1091,7 +1105,7 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
                     char why[256];
                     if (n > 0 && !dsv4_compare_bf16(y + row * H, yr + row * H, n, &m))
                         cmp_oom = true;
-                    else if (n > 0 && !within_tolerance(cfg, &m, why, sizeof why))
+                    else if (n > 0 && !within_tolerance(cfg, DSV4_GEMM_EXACT, &m, why, sizeof why))
                         snprintf(bad, sizeof bad, "rank %d: %s", r, why);
                 }
                 row += sc->tokens[r];

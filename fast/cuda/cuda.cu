@@ -249,6 +249,10 @@ void set_modes(CudaBe *b)
 
 template <typename T> T *at(const CudaBe *b, uint64_t off) { return (T *)(void *)(b->ws + off); }
 
+/* Whether some kernel of the chunk reads the activations' codes as f16 (k_tileh): not when gemm
+   fp8 takes every large group and the mid-size groups stay on mma.sync. */
+bool f16_codes_read(const CudaBe *b);
+
 WeightDesc desc_routed_gu(const CudaBe *b)
 {
     WeightDesc d;
@@ -342,6 +346,8 @@ const TileHVar tileh_mid[] = {{"mma", nullptr, 0, 0},
                               {"p32", k_tileh<32, true>, 32, TileH<32>::SMEM},
                               {"s32", k_tileh<32, false>, 32, TileH<32>::SMEM}};
 constexpr int N_TILEH_BIG = sizeof tileh_big / sizeof tileh_big[0], N_TILEH_MID = sizeof tileh_mid / sizeof tileh_mid[0];
+
+bool f16_codes_read(const CudaBe *b) { return b->tile16 && (!(b->fp8 && b->all_ok8) || tileh_mid[b->mid_var].k); }
 
 /* The index of the variant named `name` in table v (unset or unknown: 0, the default). */
 int tileh_pick(const TileHVar *v, int n, const char *name)
@@ -519,7 +525,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     if (fp8) {
         Quant8Args q8;
         q8.sel = sel, q8.h = h16, q8.gu8 = at<uint16_t>(b, L.gu8), q8.q = hq, q8.s = hs, q8.s8 = at<float>(b, L.hs8);
-        q8.slot_w = ga.slot_w, q8.stats = ga.stats, q8.I = I, q8.qmode = (int)c->act_quant, q8.f16_codes = b->tile16;
+        q8.slot_w = ga.slot_w, q8.stats = ga.stats, q8.I = I, q8.qmode = (int)c->act_quant, q8.f16_codes = f16_codes_read(b);
         q8.before = fa.before, q8.clamp_r = fa.clamp_r, q8.clamp_s = fa.clamp_s, q8.L = fa.L;
         k_quant8<<<rows_grid, (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(q8);
         p8.N = p8.Nsh = H, p8.K = p8.Ksh = I;
@@ -578,7 +584,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
     ra.ids = at<int32_t>(b, L.ids), ra.w = at<float>(b, L.w), ra.kept = at<int32_t>(b, L.kept);
     ra.xq = b->qx ? at<uint8_t>(b, L.xq) : nullptr;
     ra.xs = b->qx ? at<float>(b, L.xs) : nullptr;
-    ra.x16 = b->fast && b->tile16 ? at<uint16_t>(b, L.x16) : nullptr;
+    ra.x16 = b->fast && f16_codes_read(b) ? at<uint16_t>(b, L.x16) : nullptr;
     ra.stats = stats;
     ra.t0 = t0;
     ra.H = H, ra.E = E, ra.K = K, ra.V = (int)c->vocab_size;
