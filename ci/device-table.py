@@ -112,7 +112,7 @@ def main():
     print()
     print(f"device-check: {args.seconds} s")
     for s in steps:
-        print(f"  {s['step']:<13} {s['status']:<8} {s['seconds']:4d}s  {s['note'][:100]}")
+        print(f"  {s['step']:<16} {s['status']:<8} {s['seconds']:4d}s  {s['note'][:100]}")
     if ce:
         print(f"ceilings: copy {fmt(ce.get('copy_gbs'), '{:.1f}')} GB/s (read+written); FP8 GEMM "
               f"{fmt(ce.get('fp8_gemm_tflops'), '{:.1f}')} TFLOP/s ({ce.get('fp8_gemm_kind')}: {ce.get('fp8_block_mode')}); "
@@ -168,7 +168,10 @@ def main():
             if t in (4096, 16384):
                 tg.append("2xHF " + ("n/a" if row["x_hf"] is None else "ok" if row["x_hf"] >= 2.0 else "MISS"))
             slower = [p for p in ("torch", "hf") if row[f"x_{p}"] is not None and row[f"x_{p}"] <= 1.0]
-            tg.append("peers " + ("ok" if not slower else "MISS(" + ",".join(slower) + ")"))
+            if row["x_torch"] is None and row["x_hf"] is None:
+                tg.append("peers n/a")
+            else:
+                tg.append("peers " + ("ok" if not slower else "MISS(" + ",".join(slower) + ")"))
             if row["x_gmm"] is not None:
                 tg.append("gmm " + ("ok" if row["x_gmm"] > 1.0 else "MISS"))
         row["targets"] = " ".join(tg)
