@@ -38,7 +38,6 @@ usage: hf_peer.py [--json PATH] [--tokens 1,8,...] [--quick] [--preset v4-flash|
                   [--device cuda|cpu]
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -49,25 +48,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the device has no network; nothi
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_util import add_common_args, capture, err, reps_for, run, tokens, write_json  # noqa: E402
 
-TOKENS = [1, 8, 32, 128, 256, 1024, 4096, 16384]
 LAYER_IDX = 5  # non-hash with the default mlp_layer_types (bench_cuda times layer 5 too)
 
 
 def log(*a):
     print("hf_peer:", *a, flush=True)
-
-
-def err(ex):
-    return f"{type(ex).__name__}: {str(ex).splitlines()[0][:300] if str(ex) else ''}"
-
-
-def write_json(path, obj):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
 
 
 def hf_config(shp, DeepseekV4Config):
@@ -138,33 +125,12 @@ def timer(dev):
     return time_cpu
 
 
-def capture(fn):
-    """fn captured in a CUDA graph after two warm-up calls on a side stream; returns the graph."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return graph
-
-
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--json", default="out/bench/hf_peer.json")
-    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    ap.add_argument("--preset", default="v4-flash", choices=["v4-flash", "mini"])
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    ap.add_argument("--no-graph", action="store_true")
+    add_common_args(ap, "out/bench/hf_peer.json")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = ap.parse_args()
-    Ts = [int(t) for t in args.tokens.split(",") if t]
+    Ts = tokens(args)
     out = {"available": False, "peer": "HF transformers DeepseekV4SparseMoeBlock, experts_implementation grouped_mm, bf16",
            "preset": args.preset, "layer_idx": LAYER_IDX, "runs": []}
 
@@ -250,16 +216,12 @@ def measure(args, Ts, out, torch, mods):
         log("check failed:", checks["error"])
     out["checks"] = checks
 
-    def reps_for(T):
-        reps = 50 if T <= 256 else 30 if T <= 1024 else 20 if T <= 4096 else 10
-        return max(5, reps // 5) if args.quick else reps
-
     use_graph = dev.type == "cuda" and not args.no_graph
     graph_note = "ok" if use_graph else ("not tried (--no-graph)" if args.no_graph else "not tried (cpu)")
     rows = []
     for T in Ts:
         row = {"tokens": T}
-        reps = reps_for(T)
+        reps = reps_for(T, args.quick)
         x3 = torch_peer.make_x(T, H, dev, 1000 + T).view(1, T, H)
 
         def fwd():
@@ -274,7 +236,7 @@ def measure(args, Ts, out, torch, mods):
             if use_graph and "eager_ms" in row:
                 graph = None
                 try:
-                    graph = capture(fwd)
+                    graph = capture(torch, fwd)
                     md, mn = time_fn(graph.replay, reps)
                     row.update(graph_ms=md, graph_min_ms=mn)
                 except Exception as ex:  # noqa: BLE001
@@ -294,7 +256,6 @@ def measure(args, Ts, out, torch, mods):
         rows.append(row)
         log(f"T={T:6d} eager {row.get('eager_ms', float('nan')):.4f} ms  graph {row.get('graph_ms', float('nan')):.4f} ms"
             f"  {row.get('eager_error', '')}")
-        del x3
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -317,8 +278,4 @@ def measure(args, Ts, out, torch, mods):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        sys.exit(1)
+    run(main)

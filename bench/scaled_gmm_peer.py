@@ -27,31 +27,17 @@ is refused, the JSON says so ("available": false, "reason") and the exit status 
 usage: scaled_gmm_peer.py [--json PATH] [--tokens 1,8,...] [--quick] [--preset v4-flash|mini] [--no-graph]
 """
 import argparse
-import json
 import math
 import os
 import sys
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-TOKENS = [1, 8, 32, 128, 256, 1024, 4096, 16384]
+from peer_util import add_common_args, capture, err, reps_for, run, tokens, write_json  # noqa: E402
 
 
 def log(*a):
     print("scaled_gmm_peer:", *a, flush=True)
-
-
-def err(ex):
-    return f"{type(ex).__name__}: {str(ex).splitlines()[0][:300] if str(ex) else ''}"
-
-
-def write_json(path, obj):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
 
 
 def routed_counts(torch, torch_peer, shp, dev, T):
@@ -128,29 +114,11 @@ class Gemms:
         return worst
 
 
-def capture(torch, fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return graph
-
-
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--json", default="out/bench/gmm_peer.json")
-    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    ap.add_argument("--preset", default="v4-flash", choices=["v4-flash", "mini"])
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    ap.add_argument("--no-graph", action="store_true")
+    add_common_args(ap, "out/bench/gmm_peer.json")
     args = ap.parse_args()
-    Ts = [int(t) for t in args.tokens.split(",") if t]
+    Ts = tokens(args)
     out = {"available": False, "peer": "torch._scaled_grouped_mm, e4m3, rowwise fp32 scales, bf16 out: the routed "
            "experts' two grouped GEMMs only", "preset": args.preset, "runs": []}
     try:
@@ -225,16 +193,12 @@ def measure(args, Ts, out, torch):
         if pad else "as routed (any row count, empty groups included)"
     log(f"check at T={T0}: max rel err vs fp32 product {out['checks']['max_rel_err_vs_fp32']:.2e}; groups {out['groups']}")
 
-    def reps_for(T):
-        reps = 50 if T <= 256 else 30 if T <= 1024 else 20 if T <= 4096 else 10
-        return max(5, reps // 5) if args.quick else reps
-
     use_graph = not args.no_graph
     graph_note = "ok" if use_graph else "not tried (--no-graph)"
     rows = []
     for T in Ts:
         S = T * K
-        reps = reps_for(T)
+        reps = reps_for(T, args.quick)
         row = {"tokens": T, "slots": S, "reps": reps, "dists": {}}
         for dist in ("routed", "balanced"):
             counts = routed_counts(torch, torch_peer, shp, dev, T) if dist == "routed" else balanced_counts(torch, E, S, dev)
@@ -295,8 +259,4 @@ def measure(args, Ts, out, torch):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        sys.exit(1)
+    run(main)

@@ -36,10 +36,12 @@ import os
 import statistics
 import sys
 import time
-import traceback
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_util import run  # noqa: E402
 
 # core/config.c set_flash
 FLASH = dict(H=4096, I=2048, E=256, K=6, route_scale=1.5, L=10.0)
@@ -434,8 +436,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        sys.exit(1)
+    run(main)
