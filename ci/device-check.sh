@@ -37,8 +37,9 @@
 # results.json (steps, the table's numbers per T and mode, issue 15's targets), ceilings.json,
 # torch_peer.json, bench_cuda.json (the fp8 mode's when there are two), logs.tar.gz (every step's log),
 # gpu-report.tar.gz (the scenario report), bench.tar.gz (every JSON the steps wrote: both modes'
-# bench_cuda_*.json, hf_peer.json, gmm_peer.json, the A/B and profile runs'). Large work files (the generated v4-flash layer, about
-# 3.3 GB) go to $DSV4_DEVCHECK_WORK (default /tmp/dsv4-devcheck), never to $OUT.
+# bench_cuda_*.json, hf_peer.json, gmm_peer.json, the A/B and profile runs'). Large work files (the
+# generated v4-flash layer, about 3.3 GB) go to $DSV4_DEVCHECK_WORK (default /tmp/dsv4-devcheck),
+# never to $OUT.
 # The short table is printed last. Exit status: 0 when no step failed (absent and skipped are not
 # failures), 1 otherwise.
 set -u

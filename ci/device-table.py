@@ -201,19 +201,20 @@ def main():
     if table:
         mcols = list(modes) or ["cuda"]
         head = f"{'T':>6} " + " ".join(f"{m + ' ms':>9}" for m in mcols)
-        head += f" {'%copy':>6} {'%fp8':>6} {'torch ms':>9} {'HF ms':>9} {'gmm ms':>9} {'gmm%fp8':>7}"
+        head += f" {'cfg':>7} {'%copy':>6} {'%fp8':>6} {'torch ms':>9} {'HF ms':>9} {'gmm ms':>9} {'gmm%fp8':>7}"
         head += f" {'x torch':>7} {'x HF':>6} {'x gmm':>6}  targets (issue 15, {lead or 'no cuda run'})"
         print(head)
         for r in table:
             line = f"{r['tokens']:6d} " + " ".join(fmt(r.get(f"{m}_ms"), "{:.4f}", 9) for m in mcols)
             pct = (lambda v: fmt(None if v is None else 100 * v, "{:.1f}%", 6))
             hfm = {"graph": "g", "eager": "e"}.get(r["hf_mode"], "")
-            line += f" {pct(r.get(f'{lead}_share_of_copy'))} {pct(r.get(f'{lead}_share_of_fp8'))}"
+            cfg = (("on" if r[f"{lead}_graph"] else "off") + " " + str(r[f"{lead}_io"])[:3]) if r.get(f"{lead}_ms") else "-"
+            line += f" {cfg:>7} {pct(r.get(f'{lead}_share_of_copy'))} {pct(r.get(f'{lead}_share_of_fp8'))}"
             line += f" {fmt(r['torch_ms'], '{:.4f}', 9)} {fmt(r['hf_ms'], '{:.4f}', 8)}{hfm or ' '} {fmt(r['gmm_ms'], '{:.4f}', 9)}"
             line += f" {pct(r['gmm_share_of_fp8']):>7}"
             line += f" {fmt(r['x_torch'], '{:.2f}x', 7)} {fmt(r['x_hf'], '{:.2f}x', 6)} {fmt(r['x_gmm'], '{:.2f}x', 6)}  {r['targets']}"
             print(line)
-        print(f"  ms: median; dsv4moe = bench_cuda's best configuration of each T per mode; %copy / %fp8: the {lead or '-'} "
+        print(f"  ms: median; dsv4moe = bench_cuda's best configuration of each T per mode (cfg: the {lead or '-'} mode's graph on/off, io host/device); %copy / %fp8: the {lead or '-'} "
               f"mode's touched-weight GB/s and FLOP/s against the ceilings (copy {fmt(copy_ceiling, '{:.0f}')} GB/s, "
               f"FP8 {fmt(fp8_ceiling, '{:.0f}')} TFLOP/s); HF ms g = CUDA-graph replay, e = eager; gmm = "
               f"torch._scaled_grouped_mm on the routed GEMMs only; x P = P ms / dsv4moe ms ({lead or '-'} mode; > 1: dsv4moe faster)")
