@@ -68,9 +68,14 @@ def cuda_modes(bench):
         info[m] = {"file": os.path.basename(p), "available": bool(bc and bc.get("available")),
                    "reason": (bc or {}).get("reason", "not readable" if bc is None else None),
                    "targets_issue7": (bc or {}).get("targets")}
+        info[m]["timed"] = 0
         for r in (bc or {}).get("runs", []) if bc and bc.get("available") else []:
             if not r.get("ok") or "tokens" not in r or num(r.get("median_ms")) is None:
+                why = r.get("error") or r.get("note")
+                if why and not info[m].get("first_error"):
+                    info[m]["first_error"] = why
                 continue
+            info[m]["timed"] += 1
             mode = str(r.get("gemm", m))
             best = modes.setdefault(mode, {})
             t = int(r["tokens"])
@@ -122,6 +127,8 @@ def main():
     for m, i in cinfo.items():
         if not i["available"]:
             print(f"dsv4moe cuda ({m}, {i['file']}): not timed ({i['reason']})")
+        elif not i["timed"]:
+            print(f"dsv4moe cuda ({m}, {i['file']}): no T timed ({i.get('first_error') or 'no rows'})")
     if tp:
         print(f"torch peer: routed bf16-dequantized, torch._grouped_mm or loop, graph where faster; shared: {tp.get('shared_path')}")
     else:
@@ -201,15 +208,16 @@ def main():
     if table:
         mcols = list(modes) or ["cuda"]
         head = f"{'T':>6} " + " ".join(f"{m + ' ms':>9}" for m in mcols)
-        head += f" {'cfg':>7} {'%copy':>6} {'%fp8':>6} {'torch ms':>9} {'HF ms':>9} {'gmm ms':>9} {'gmm%fp8':>7}"
+        head += f" {'cfg':>8} {'%copy':>6} {'%fp8':>6} {'torch ms':>9} {'HF ms':>9} {'gmm ms':>9} {'gmm%fp8':>7}"
         head += f" {'x torch':>7} {'x HF':>6} {'x gmm':>6}  targets (issue 15, {lead or 'no cuda run'})"
         print(head)
         for r in table:
             line = f"{r['tokens']:6d} " + " ".join(fmt(r.get(f"{m}_ms"), "{:.4f}", 9) for m in mcols)
             pct = (lambda v: fmt(None if v is None else 100 * v, "{:.1f}%", 6))
             hfm = {"graph": "g", "eager": "e"}.get(r["hf_mode"], "")
-            cfg = (("on" if r[f"{lead}_graph"] else "off") + " " + str(r[f"{lead}_io"])[:3]) if r.get(f"{lead}_ms") else "-"
-            line += f" {cfg:>7} {pct(r.get(f'{lead}_share_of_copy'))} {pct(r.get(f'{lead}_share_of_fp8'))}"
+            io = {"device": "dev"}.get(r.get(f"{lead}_io"), r.get(f"{lead}_io"))
+            cfg = (("on " if r[f"{lead}_graph"] else "off ") + str(io)) if r.get(f"{lead}_ms") else "-"
+            line += f" {cfg:>8} {pct(r.get(f'{lead}_share_of_copy'))} {pct(r.get(f'{lead}_share_of_fp8'))}"
             line += f" {fmt(r['torch_ms'], '{:.4f}', 9)} {fmt(r['hf_ms'], '{:.4f}', 8)}{hfm or ' '} {fmt(r['gmm_ms'], '{:.4f}', 9)}"
             line += f" {pct(r['gmm_share_of_fp8']):>7}"
             line += f" {fmt(r['x_torch'], '{:.2f}x', 7)} {fmt(r['x_hf'], '{:.2f}x', 6)} {fmt(r['x_gmm'], '{:.2f}x', 6)}  {r['targets']}"
