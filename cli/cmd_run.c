@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "dsv4moe/backend.h"
 #include "faults.h"
 #include "dsv4moe/run.h"
 #include "dsv4moe/scenario.h"
@@ -162,10 +163,17 @@ int cmd_run(int argc, char **argv)
             else if (!strcmp(v, "cpu"))
                 backend = 1;
             else if (!strcmp(v, "cuda"))
-                backend = 2; /* a library built without CUDA skips those cases */
+                backend = 2;
             else {
                 free(files);
                 return cli_failf(cmd, "option --backend: '%s' is not ref, cpu or cuda", v);
+            }
+            /* Asking for a backend this build lacks would "pass" on the checks that need no
+               backend; it is bad input, refused before any case runs. */
+            if (!dsv4_backend_available((dsv4_backend_kind)backend)) {
+                free(files);
+                return cli_failf(cmd, "option --backend: '%s' is not part of this build (available: %s)", v,
+                                 dsv4_backends_available());
             }
         } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads)) {
             free(files);
@@ -243,8 +251,7 @@ int cmd_run(int argc, char **argv)
     snprintf(jpath, sizeof jpath, "%s/report.json", report);
     snprintf(xpath, sizeof xpath, "%s/junit.xml", report);
     snprintf(hpath, sizeof hpath, "%s/report.html", report);
-    if (dsv4_report_json(res, NULL, jpath, &err) || dsv4_report_junit(res, NULL, xpath, &err) ||
-        dsv4_report_html(res, hpath, &err)) {
+    if (dsv4_report_write_all(res, report, &err)) {
         fprintf(stderr, "dsv4moe run: %s\n", err.message);
         dsv4_run_results_free(res);
         rc = EXIT_BAD_INPUT;

@@ -23,6 +23,7 @@
 #include "dsv4moe/safetensors.h"
 #include "err.h"
 #include "faults.h"
+#include "fileio.h"
 
 /* ---------------- dtypes ---------------- */
 
@@ -748,30 +749,12 @@ static char *build_header(const dsv4_st_writer *w)
     return s;
 }
 
-/* write(2) in chunks (Linux writes at most ~2 GiB at once), retrying short writes. */
-static int write_all(int fd, const void *buf, uint64_t n)
-{
-    const char *p = buf;
-    while (n > 0) {
-        size_t chunk = n > (1u << 30) ? (size_t)1 << 30 : (size_t)n;
-        ssize_t r = write(fd, p, chunk);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return r < 0 ? errno : ENOSPC;
-        p += r;
-        n -= (uint64_t)r;
-    }
-    return 0;
-}
-
 dsv4_status dsv4_st_writer_write(dsv4_st_writer *w, const char *path, dsv4_st_fill_fn fill, void *user,
                                  dsv4_error *err)
 {
     if (!w || !path || !path[0])
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "safetensors writer", "writer and path must not be NULL");
     where_buf wb;
-    char eb[128];
     for (size_t i = 0; !fill && i < w->n; i++)
         if (!w->t[i].data)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, twhere(&wb, path, w->t[i].name),
@@ -798,92 +781,45 @@ dsv4_status dsv4_st_writer_write(dsv4_st_writer *w, const char *path, dsv4_st_fi
     memset(head + 8 + jl, ' ', hl - jl);
     free(json);
 
-    /* A fresh temporary name next to the destination (so rename stays within
-     * one file system); O_EXCL and a counter avoid clashing with a concurrent
-     * writer without any global state. */
-    size_t tl = strlen(path) + 64;
-    char *tmp = malloc(tl);
-    dsv4_status st = DSV4_OK;
-    int fd = -1, e;
-    if (!tmp) {
-        free(head);
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-    }
-    for (unsigned c = 0; fd < 0 && c < 10000; c++) {
-        snprintf(tmp, tl, "%s.tmp.%ld.%u", path, (long)getpid(), c);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) {
-            st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot create temporary file %s: %s", tmp,
-                             errstr(errno, eb, sizeof eb));
-            free(head);
-            free(tmp);
-            return st;
-        }
-    }
-    if (fd < 0) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot find a free temporary name next to it");
-        free(head);
-        free(tmp);
-        return st;
-    }
-    if ((e = write_all(fd, head, 8 + hl))) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write %s: %s", tmp, errstr(e, eb, sizeof eb));
-        goto fail;
-    }
-    for (size_t i = 0; i < w->n; i++) {
+    /* The one file-writing path (core/fileio.c): checked destination, O_EXCL
+     * temporary next to it, fsync, rename, folder fsync. */
+    dsv4_outfile o;
+    dsv4_status st = dsv4_out_begin(&o, path, err);
+    if (!st)
+        st = dsv4_out_write(&o, head, 8 + hl, err);
+    free(head);
+    for (size_t i = 0; !st && i < w->n; i++) {
         const wtensor *t = &w->t[i];
         if (t->data) {
-            e = write_all(fd, t->data, t->nbytes);
+            st = dsv4_out_write(&o, t->data, t->nbytes, err);
+            continue;
+        }
+        void *buf = t->nbytes <= SIZE_MAX - 1 ? calloc(1, (size_t)t->nbytes + 1) : NULL;
+        if (!buf) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, twhere(&wb, path, t->name), "out of memory for %llu bytes",
+                             (unsigned long long)t->nbytes);
+            break;
+        }
+        /* The callback reports into a record of our own, so its message
+         * can be put after the file and key, and a failure it returned
+         * without a message still gets one. */
+        dsv4_error ce;
+        dsv4_error_clear(&ce);
+        st = fill(user, i, t->name, buf, t->nbytes, &ce);
+        if (st) {
+            if (ce.message[0])
+                dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed: %s", ce.message);
+            else
+                dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed (%s)",
+                            dsv4_status_str(st));
         } else {
-            void *buf = t->nbytes <= SIZE_MAX - 1 ? calloc(1, (size_t)t->nbytes + 1) : NULL;
-            if (!buf) {
-                st = dsv4_seterr(err, DSV4_ERR_NOMEM, twhere(&wb, path, t->name), "out of memory for %llu bytes",
-                                 (unsigned long long)t->nbytes);
-                goto fail;
-            }
-            /* The callback reports into a record of our own, so its message
-             * can be put after the file and key, and a failure it returned
-             * without a message still gets one. */
-            dsv4_error ce;
-            dsv4_error_clear(&ce);
-            st = fill(user, i, t->name, buf, t->nbytes, &ce);
-            if (st) {
-                free(buf);
-                if (ce.message[0])
-                    dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed: %s", ce.message);
-                else
-                    dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed (%s)",
-                                dsv4_status_str(st));
-                goto fail;
-            }
-            e = write_all(fd, buf, t->nbytes);
-            free(buf);
+            st = dsv4_out_write(&o, buf, t->nbytes, err);
         }
-        if (e) {
-            st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write %s: %s", tmp, errstr(e, eb, sizeof eb));
-            goto fail;
-        }
+        free(buf);
     }
-    e = close(fd) ? errno : 0; /* close can report a deferred write error */
-    fd = -1;
-    if (e) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write %s: %s", tmp, errstr(e, eb, sizeof eb));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot rename %s into place: %s", tmp,
-                         errstr(errno, eb, sizeof eb));
-        goto fail;
-    }
-    free(head);
-    free(tmp);
-    return DSV4_OK;
-fail:
-    if (fd >= 0)
-        close(fd);
-    unlink(tmp);
-    free(head);
-    free(tmp);
+    if (!st)
+        return dsv4_out_commit(&o, err);
+    dsv4_out_abort(&o);
     return st;
 }
 
