@@ -44,9 +44,10 @@ static void shape_str(const dsv4_tensor_info *t, char *buf, size_t n)
 static dsv4_status expect(const dsv4_checkpoint *ck, const char *key, const dsv4_dtype *dtypes, int ndim,
                           const int64_t *shape, const dsv4_tensor_info **out, dsv4_error *err)
 {
-    const dsv4_tensor_info *t = dsv4_checkpoint_find(ck, key);
-    if (!t)
-        return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, key, "tensor is missing from the checkpoint");
+    const dsv4_tensor_info *t = NULL;
+    dsv4_status gst = dsv4_checkpoint_get(ck, key, &t, err);
+    if (gst)
+        return gst;
     bool dt_ok = false;
     char want_dt[64] = "";
     for (const dsv4_dtype *d = dtypes; *d != DSV4_DTYPE_COUNT; d++) {
@@ -243,11 +244,22 @@ dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c,
             return st;
         r.tid2eid = t->data;
     } else {
-        if (dsv4_checkpoint_find(ck, bias)) {
-            if ((st = expect(ck, bias, DT_F32, 1, se, &t, err)))
-                return st;
-            r.bias = t->data;
+        /* A tid2eid for this layer says the checkpoint is a hash layer; routing it by score
+           (the config's n_hash_layers makes it non-hash) would ignore the table silently. */
+        const dsv4_tensor_info *ht = dsv4_checkpoint_find(ck, tid);
+        if (ht) {
+            char where[300];
+            snprintf(where, sizeof where, "%s: tensor '%s'", ht->file, tid);
+            return dsv4_seterr(err, DSV4_ERR_CONFIG, where,
+                               "the checkpoint routes layer %lld by hash (it holds tid2eid), but the config makes "
+                               "it a score-routed layer (n_hash_layers = %lld); set n_hash_layers above %lld",
+                               L, (long long)c->n_hash_layers, L);
         }
+        /* The bias is part of a non-hash layer's routing (SPEC.md): a checkpoint without it
+           would route as if it were 0, silently; it is required. */
+        if ((st = expect(ck, bias, DT_F32, 1, se, &t, err)))
+            return st;
+        r.bias = t->data;
         if (c->top_p < 1.0f && c->top_p_predictor == DSV4_PREDICTOR_CONST) {
             if ((st = expect(ck, pn, DT_F32, 1, se, &t, err)))
                 return st;
@@ -261,8 +273,20 @@ dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c,
             r.pred_bias = t->data;
         }
     }
-    /* A NaN bias or predictor value would silently reorder every later expert: refuse it here,
-       where every consumer binds the router. */
+    /* A NaN gate weight makes every score of its token NaN, and the token silently falls back to
+       experts 0..K-1; a NaN bias or predictor value would reorder every later expert: refuse
+       them here, where every consumer binds the router. */
+    for (int64_t i = 0; i < E * H; i++) {
+        float v = dsv4_load_bf16(r.gate, i);
+        if (!isfinite(v)) {
+            const dsv4_tensor_info *ti = dsv4_checkpoint_find(ck, gate);
+            char where[300];
+            snprintf(where, sizeof where, "%s: tensor '%s'", ti ? ti->file : "checkpoint", gate);
+            return dsv4_seterr(err, DSV4_ERR_NUMERIC, where,
+                               "element %lld (expert %lld, column %lld) is %g; routing tensors must be finite",
+                               (long long)i, (long long)(i / H), (long long)(i % H), (double)v);
+        }
+    }
     const struct {
         const uint8_t *v;
         int64_t n;
@@ -275,7 +299,7 @@ dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c,
                 const dsv4_tensor_info *ti = dsv4_checkpoint_find(ck, vecs[q].key);
                 char where[300];
                 snprintf(where, sizeof where, "%s: tensor '%s'", ti ? ti->file : "checkpoint", vecs[q].key);
-                return dsv4_seterr(err, DSV4_ERR_NUMERIC, where, "element %lld is %g; routing tensors must be finite",
+                return dsv4_seterr(err, DSV4_ERR_NUMERIC, where, "element %lld is %.9g; routing tensors must be finite",
                                    (long long)i, (double)v);
             }
         }
