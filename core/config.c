@@ -264,9 +264,9 @@ static dsv4_status bad(dsv4_error *err, const char *field, const char *fmt, ...)
     } while (0)
 
 /*
- * The rules of one field that depend on no other field: checked by dsv4_config_set for the
- * key it sets (so a config file's bad value is reported at its file:line:col, and --set's
- * at once), and by dsv4_config_validate for all (only == NULL). Values are printed at full
+ * The rules of one field that depend on no other field: checked by dsv4_config_load_file for
+ * each key it sets (so a config file's bad value is reported at its file:line:col), and by
+ * dsv4_config_validate for all (only == NULL). Values are printed at full
  * precision: fp32 needs 9 significant digits to tell 1.00000012 from 1.
  */
 #define ONLY(name) (!only || !strcmp(only, name))
@@ -443,8 +443,6 @@ dsv4_status dsv4_config_set(dsv4_config *cfg, const char *key, const char *value
         break;
     }
     }
-    if ((st = check_self(&c, k->name, err)))
-        return st;
     *cfg = c;
     return DSV4_OK;
 }
@@ -636,6 +634,10 @@ dsv4_status dsv4_config_load_file(dsv4_config *cfg, const char *path, dsv4_error
         dsv4_error e;
         dsv4_error_clear(&e);
         st = dsv4_config_set(&c, p, v, &e);
+        /* The rules of the field alone are checked here, while the line is known; a rule
+           linking fields waits for dsv4_config_validate (a later --set may complete it). */
+        if (!st)
+            st = check_self(&c, p, &e);
         if (st) {
             snprintf(where, sizeof where, "%s:%d:%d", path, lineno, st == DSV4_ERR_NOT_FOUND ? col : vcol);
             dsv4_seterr(err, st, where, "%s", e.message);
