@@ -407,7 +407,7 @@ static bool within_tolerance(const dsv4_config *c, const dsv4_compare_metrics *m
     }
     if (all_bf16(c)) {
         if (!(m->deepgemm_diff < 1e-4) || m->ulp_p99 > 1) {
-            snprintf(why, n, "bf16 tolerance (deepgemm_diff < 1e-4, ulp_p99 <= 1) broken: diff %.3g, ulp_p99 %u",
+            snprintf(why, n, "bf16 tolerance (deepgemm_diff < 1e-4, ulp_p99 <= 1) broken: diff %.9g, ulp_p99 %u",
                      m->deepgemm_diff, m->ulp_p99);
             return false;
         }
@@ -421,7 +421,7 @@ static bool within_tolerance(const dsv4_config *c, const dsv4_compare_metrics *m
         if (!(m->deepgemm_diff < 1e-3) || m->tol_violations > allowed || m->max_abs > worst) {
             snprintf(why, n,
                      "fp8/fp4 tolerance (deepgemm_diff < 1e-3, at most 0.5 %% of elements (%lld) beyond atol = rtol "
-                     "= 0.035, max |a-b| <= 0.035 + 0.1 rms = %.3g) broken: diff %.3g, %lld beyond, max |a-b| %.3g",
+                     "= 0.035, max |a-b| <= 0.035 + 0.1 rms = %.9g) broken: diff %.9g, %lld beyond, max |a-b| %.9g",
                      (long long)allowed, worst, m->deepgemm_diff, (long long)m->tol_violations, m->max_abs);
             return false;
         }

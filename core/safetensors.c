@@ -600,8 +600,15 @@ static dsv4_status st_open(const char *path, bool lazy, dsv4_st_file **out, dsv4
         goto fail;
     }
     if (hlen > DSV4_ST_MAX_HEADER) {
-        st = dsv4_seterr(err, DSV4_ERR_FORMAT, path, "header length %llu exceeds the limit of %u bytes",
-                         (unsigned long long)hlen, DSV4_ST_MAX_HEADER);
+        /* Text where the length should be (an index or config named as a weights file) makes an
+           absurd length; say what the bytes look like rather than only the number. */
+        bool text = true;
+        for (int i = 0; i < 8; i++)
+            text &= h8[i] >= 0x20 && h8[i] < 0x7F;
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, path, "header length %llu exceeds the limit of %u bytes%s%.8s%s",
+                         (unsigned long long)hlen, DSV4_ST_MAX_HEADER,
+                         text ? " (the file starts with the text '" : "", text ? (const char *)h8 : "",
+                         text ? "': not a safetensors file?)" : "");
         goto fail;
     }
     if (hlen > fsize - 8) {
@@ -1276,6 +1283,13 @@ static dsv4_status open_index(dsv4_checkpoint *ck, const char *idx, dsv4_error *
         if (!plain_name(json_string_value(v))) {
             st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key),
                              "file name '%s' is not a plain name in the index's folder (no '/', '.' or '..')",
+                             json_string_value(v));
+            goto done;
+        }
+        const char *base = strrchr(idx, '/');
+        if (!strcmp(json_string_value(v), base ? base + 1 : idx)) {
+            st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key),
+                             "weight_map names the index itself ('%s') as the file holding the key",
                              json_string_value(v));
             goto done;
         }

@@ -283,7 +283,7 @@ dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c,
             char where[300];
             snprintf(where, sizeof where, "%s: tensor '%s'", ti ? ti->file : "checkpoint", gate);
             return dsv4_seterr(err, DSV4_ERR_NUMERIC, where,
-                               "element %lld (expert %lld, column %lld) is %g; routing tensors must be finite",
+                               "element %lld (expert %lld, column %lld) is %.9g; routing tensors must be finite",
                                (long long)i, (long long)(i / H), (long long)(i % H), (double)v);
         }
     }

@@ -636,6 +636,18 @@ START_TEST(messages_show_found_values_and_escape_controls)
              model, dir);
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_msg(strstr(out_buf, "found missing") || strstr(out_buf, "found "), "%s", out_buf);
+    /* An index mapping a key to itself used to report a header length of 8e18 and no more. */
+    char idx[800];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
+    static const char selfmap[] = "{\"weight_map\": {\"layers.1.ffn.gate.weight\": \"model.safetensors.index.json\"}}";
+    ck_assert_int_eq(tu_write_file(idx, selfmap, sizeof selfmap - 1), 0);
+    ck_assert_int_eq(dsv4_checkpoint_open(dir, &ck, &e), DSV4_ERR_FORMAT);
+    ck_assert_msg(strstr(e.message, "names the index itself"), "%s", e.message);
+    dsv4_st_file *sf;
+    ck_assert_int_eq(dsv4_st_open(idx, &sf, &e), DSV4_ERR_FORMAT);
+    ck_assert_msg(strstr(e.message, "starts with the text '{\"weight'") && strstr(e.message, "not a safetensors"), "%s",
+                  e.message);
+    unlink(idx);
     /* --set prints the rejected value at full precision. */
     ck_assert_int_eq(run_cli("plan --preset tiny --layer 1 --set top_p=1.0000001"), 2);
     ck_assert_msg(strstr(out_buf, "1.00000012"), "%s", out_buf);
