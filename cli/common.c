@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "err.h"
 
 const char CLI_CONFIG_HELP[] =
     "  --preset NAME        start from a preset (default v4-flash; see `dsv4moe help presets`)\n"
@@ -128,24 +129,7 @@ void cli_print_skipped(const char *cmd, const dsv4_checkpoint *ck)
     }
 }
 
-const char *cli_esc(const char *s, char *buf, size_t n)
-{
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p && o + 1 < n; p++) {
-        int c1 = p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F;
-        if (*p < 0x20 || *p == 0x7F || c1) {
-            if (o + 5 > n)
-                break;
-            snprintf(buf + o, n - o, "\\x%02x", c1 ? p[1] : *p);
-            o += 4;
-            p += c1;
-        } else {
-            buf[o++] = (char)*p;
-        }
-    }
-    buf[o] = '\0';
-    return buf;
-}
+const char *cli_esc(const char *s, char *buf, size_t n) { return dsv4_escape_controls(s, buf, n); }
 
 const char *cli_tensor_desc(const dsv4_tensor_info *t, char *buf, size_t n)
 {

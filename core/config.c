@@ -12,6 +12,7 @@
 
 #include "dsv4moe/config.h"
 #include "err.h"
+#include "fileio.h"
 
 /* Dims are bounded so that every product of two of them fits int64 with room to spare. */
 #define DIM_MAX (1 << 20)
@@ -503,16 +504,6 @@ dsv4_status dsv4_config_get(const dsv4_config *cfg, const char *key, char *buf, 
 /* Largest config file read: a config is a few dozen lines; this bounds what a wrong path costs. */
 #define CONFIG_FILE_MAX (1 << 20)
 
-static const char *file_kind(mode_t m)
-{
-    return S_ISDIR(m)    ? "a folder"
-           : S_ISCHR(m)  ? "a character device"
-           : S_ISBLK(m)  ? "a block device"
-           : S_ISFIFO(m) ? "a FIFO"
-           : S_ISSOCK(m) ? "a socket"
-                         : "not a regular file";
-}
-
 /* Reads the whole regular file (at most CONFIG_FILE_MAX bytes) into a new buffer. */
 static dsv4_status read_config_bytes(const char *path, char **out, size_t *len, dsv4_error *err)
 {
@@ -530,7 +521,7 @@ static dsv4_status read_config_bytes(const char *path, char **out, size_t *len, 
     }
     if (!S_ISREG(sb.st_mode)) {
         /* /dev/zero would be read forever, a FIFO would block. */
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "is %s; a config file must be a regular file", file_kind(sb.st_mode));
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "is %s; a config file must be a regular file", dsv4_file_kind(sb.st_mode));
         goto done;
     }
     if (sb.st_size > CONFIG_FILE_MAX) {

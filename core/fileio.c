@@ -88,9 +88,10 @@ static const char *errstr(int e, char *buf, size_t n)
     return buf;
 }
 
-static const char *kind_of(mode_t m)
+const char *dsv4_file_kind(mode_t m)
 {
-    return S_ISLNK(m)    ? "a symbolic link (links are not followed: name the target itself)"
+    return S_ISREG(m)    ? "a regular file"
+           : S_ISLNK(m)  ? "a symbolic link"
            : S_ISDIR(m)  ? "a folder"
            : S_ISCHR(m)  ? "a character device"
            : S_ISBLK(m)  ? "a block device"
@@ -111,8 +112,9 @@ dsv4_status dsv4_out_check_dest(const char *path, mode_t *mode, dsv4_error *err)
     }
     if (!S_ISREG(sb.st_mode))
         return dsv4_seterr(err, DSV4_ERR_IO, path,
-                           "the destination is %s; only an absent path or a regular file is replaced",
-                           kind_of(sb.st_mode));
+                           "the destination is %s%s; only an absent path or a regular file is replaced",
+                           dsv4_file_kind(sb.st_mode),
+                           S_ISLNK(sb.st_mode) ? " (links are not followed: name the target itself)" : "");
     *mode = sb.st_mode & 07777;
     return DSV4_OK;
 }

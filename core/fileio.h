@@ -53,6 +53,9 @@ dsv4_status dsv4_write_file_atomic(const char *path, const char *data, size_t le
  */
 dsv4_status dsv4_out_check_dest(const char *path, mode_t *mode, dsv4_error *err);
 
+/* "a folder", "a character device", "a FIFO", ... for messages. */
+const char *dsv4_file_kind(mode_t mode);
+
 /* fsync of a folder (after a rename into it); errors other than EINVAL/EROFS are reported. */
 dsv4_status dsv4_fsync_dir(const char *dir, dsv4_error *err);
 

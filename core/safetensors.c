@@ -1138,14 +1138,7 @@ static const char *entry_kind(const char *p)
         return "it vanished while the folder was read";
     if (S_ISLNK(lb.st_mode) && stat(p, &sb) != 0)
         return "a dangling symbolic link";
-    if (S_ISLNK(lb.st_mode))
-        lb = sb;
-    return S_ISDIR(lb.st_mode)    ? "a folder, not a file"
-           : S_ISFIFO(lb.st_mode) ? "a FIFO, not a regular file"
-           : S_ISCHR(lb.st_mode)  ? "a character device, not a regular file"
-           : S_ISBLK(lb.st_mode)  ? "a block device, not a regular file"
-           : S_ISSOCK(lb.st_mode) ? "a socket, not a regular file"
-                                  : "not a regular file";
+    return dsv4_file_kind(S_ISLNK(lb.st_mode) ? sb.st_mode : lb.st_mode);
 }
 
 /*

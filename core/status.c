@@ -37,26 +37,30 @@ void dsv4_error_clear(dsv4_error *err)
     err->message[0] = '\0';
 }
 
-/* Control characters (C0, DEL, and C1 as UTF-8) of a name or value quoted in a message
-   must not reach a terminal raw: they become \xNN. In place, cut to n - 1 bytes. */
-static void escape_controls(char *s, size_t n)
+const char *dsv4_escape_controls(const char *s, char *buf, size_t n)
 {
-    char tmp[DSV4_ERROR_MESSAGE_MAX];
     size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p && o + 1 < sizeof tmp; p++) {
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p && o + 1 < n; p++) {
         bool c1 = p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F;
         if (*p < 0x20 || *p == 0x7F || c1) {
-            unsigned v = c1 ? p[1] : *p;
-            if (o + 5 > sizeof tmp)
+            if (o + 5 > n)
                 break;
-            snprintf(tmp + o, sizeof tmp - o, "\\x%02x", v);
+            snprintf(buf + o, n - o, "\\x%02x", (unsigned)(c1 ? p[1] : *p));
             o += 4;
             p += c1;
         } else {
-            tmp[o++] = (char)*p;
+            buf[o++] = (char)*p;
         }
     }
-    tmp[o] = '\0';
+    buf[o] = '\0';
+    return buf;
+}
+
+/* In place, cut to n - 1 bytes. */
+static void escape_controls(char *s, size_t n)
+{
+    char tmp[DSV4_ERROR_MESSAGE_MAX];
+    dsv4_escape_controls(s, tmp, sizeof tmp);
     snprintf(s, n, "%s", tmp);
 }
 
