@@ -1069,6 +1069,11 @@ const dsv4_tensor_info *dsv4_checkpoint_tensor(const dsv4_checkpoint *ck, size_t
     return t && ck_load(ck, t, NULL) == DSV4_OK ? t : NULL;
 }
 
+const dsv4_tensor_info *dsv4_checkpoint_find_meta(const dsv4_checkpoint *ck, const char *name)
+{
+    return ck && name ? find_sorted(ck->tensors, ck->n, name) : NULL;
+}
+
 const dsv4_tensor_info *dsv4_checkpoint_find(const dsv4_checkpoint *ck, const char *name)
 {
     const dsv4_tensor_info *t = NULL;

@@ -146,6 +146,8 @@ dsv4_status dsv4_checkpoint_get(const dsv4_checkpoint *ckpt, const char *name, c
                                 dsv4_error *err);
 /* NULL when absent or unreadable (dsv4_checkpoint_get says which). */
 const dsv4_tensor_info *dsv4_checkpoint_find(const dsv4_checkpoint *ckpt, const char *name);
+/* NULL when absent; reads nothing (like dsv4_checkpoint_tensor_meta). */
+const dsv4_tensor_info *dsv4_checkpoint_find_meta(const dsv4_checkpoint *ckpt, const char *name);
 dsv4_layout dsv4_checkpoint_layout(const dsv4_checkpoint *ckpt);
 /*
  * Entries of a folder (without an index) left out of the checkpoint, in name order: the path

@@ -58,6 +58,11 @@ typedef struct dsv4_router_view {
  */
 dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, int64_t expert,
                                 dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err);
+/* The same checks and view, without reading the bytes (a checkpoint reads a tensor on first
+   use): the view's data must not be read before dsv4_weights_matrix has been called for it.
+   Lets a consumer check a whole layer at creation and read only the experts it runs. */
+dsv4_status dsv4_weights_matrix_view(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, int64_t expert,
+                                     dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err);
 
 /* The router tensors of cfg->layer: the bias required on non-hash layers (DSV4_ERR_NOT_FOUND
    naming the key and the files searched), tid2eid required on hash layers, and a tid2eid of a
