@@ -521,7 +521,8 @@ static dsv4_status read_config_bytes(const char *path, char **out, size_t *len, 
     }
     if (!S_ISREG(sb.st_mode)) {
         /* /dev/zero would be read forever, a FIFO would block. */
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "is %s; a config file must be a regular file", dsv4_file_kind(sb.st_mode));
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "is %s; a config file must be a regular file",
+                         dsv4_file_kind(sb.st_mode));
         goto done;
     }
     if (sb.st_size > CONFIG_FILE_MAX) {
