@@ -251,12 +251,20 @@ dsv4_status dsv4_out_commit_all(dsv4_outfile *o, size_t n, const char *lock_path
         st = out_finish(&o[i], err);
     int lk = -1;
     if (!st && lock_path) {
-        lk = open(lock_path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+        lk = open(lock_path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
         int e = lk < 0 ? errno : 0;
+        struct stat lb;
+        if (!e && fstat(lk, &lb) != 0)
+            e = errno;
+        if (!e && !S_ISREG(lb.st_mode)) {
+            st = dsv4_seterr(err, DSV4_ERR_IO, lock_path, "the lock file is %s, not a regular file",
+                             dsv4_file_kind(lb.st_mode));
+            e = -1;
+        }
         while (!e && flock(lk, LOCK_EX) != 0)
             if (errno != EINTR)
                 e = errno;
-        if (e)
+        if (e > 0)
             st = dsv4_seterr(err, DSV4_ERR_IO, lock_path, "cannot lock: %s", errstr(e, eb, sizeof eb));
     }
     /* Something may have been put at a destination while we wrote: check all before renaming any. */

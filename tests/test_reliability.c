@@ -596,6 +596,16 @@ START_TEST(exit_codes_never_pass_for_nothing)
     snprintf(rp, sizeof rp, "%s/rep/report.json", dir);
     ck_assert(!tu_file_exists(rp));
 #endif
+    /* A lock file that is not a regular file: refused, nothing written. */
+    char d2[512], lock[700], a2[2048];
+    fresh(d2, sizeof d2, "rel_lockfifo");
+    snprintf(lock, sizeof lock, "%s/.report.lock", d2);
+    ck_assert_int_eq(mkfifo(lock, 0600), 0);
+    snprintf(a2, sizeof a2, "run %s --report %s", smoke(), d2);
+    ck_assert_int_eq(run_cli(a2), 2);
+    ck_assert_msg(strstr(out_buf, "lock file is a FIFO"), "%s", out_buf);
+    ck_assert_int_eq(count_named(d2, "report."), 1); /* only the lock itself */
+    ck_assert_int_eq(count_named(d2, ".tmp."), 0);
 }
 END_TEST
 
