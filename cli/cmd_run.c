@@ -55,7 +55,8 @@ static void on_progress(void *user, size_t done, size_t total, const dsv4_case_r
     size_t d = p->base + done;
     double el = now_s() - p->t0;
     double left = d ? el / (double)d * (double)(p->total - d) : 0;
-    const char *name = dsv4_case_name(last);
+    char esc[1024];
+    const char *name = cli_esc(dsv4_case_name(last), esc, sizeof esc);
     size_t nl = strlen(name);
     fprintf(stderr, "\r\033[K[%zu/%zu] %s  %.0f s left  %s%s", d, p->total, dsv4_result_name(dsv4_case_status(last)),
             left, nl > 60 ? "..." : "", nl > 60 ? name + nl - 57 : name);
@@ -236,7 +237,8 @@ int cmd_run(int argc, char **argv)
         if (dsv4_run_scenario(scns[f], &ro, &res, &err) != DSV4_OK) {
             if (ps.tty)
                 fputs("\r\033[K", stderr);
-            fprintf(stderr, "dsv4moe run: %s: %s\n", files[f], err.message);
+            char esc[4096];
+            fprintf(stderr, "dsv4moe run: %s: %s\n", cli_esc(files[f], esc, sizeof esc), err.message);
             dsv4_run_results_free(res);
             rc = EXIT_BAD_INPUT;
             goto out;
@@ -266,12 +268,15 @@ int cmd_run(int argc, char **argv)
         dsv4_result st = dsv4_case_status(c);
         if ((st != DSV4_RESULT_FAIL && st != DSV4_RESULT_ERROR) || dsv4_case_injected(c))
             continue; /* an injected run's failure is in the detection table */
-        printf("\n%s %s\n", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", dsv4_case_name(c));
+        /* Names and details come from the scenario file: control characters are escaped. */
+        char esc[4096];
+        printf("\n%s %s\n", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", cli_esc(dsv4_case_name(c), esc, sizeof esc));
         for (int b = 0; b < DSV4_CHECK_COUNT; b++) {
             const char *detail;
             dsv4_result r = dsv4_case_check(c, 1u << b, &detail);
             if (r == DSV4_RESULT_FAIL || r == DSV4_RESULT_ERROR)
-                printf("  %-16s %s: %s\n", dsv4_check_name(1u << b), dsv4_result_name(r), detail);
+                printf("  %-16s %s: %s\n", dsv4_check_name(1u << b), dsv4_result_name(r),
+                       cli_esc(detail, esc, sizeof esc));
         }
     }
     printf("\nreports: %s, %s, %s\n", jpath, xpath, hpath);

@@ -658,6 +658,19 @@ START_TEST(messages_show_found_values_and_escape_controls)
     ck_assert_msg(strstr(e.message, "starts with the text '{\"weight'") && strstr(e.message, "not a safetensors"), "%s",
                   e.message);
     unlink(idx);
+    /* A case name with an escape sequence, from a scenario file, in the run summary. */
+    char yaml[700], rep[700];
+    snprintf(yaml, sizeof yaml, "%s/esc.yaml", dir);
+    static const char esc_yaml[] =
+        "name: esc\ndefaults:\n  preset: tiny\n  layer: 1\n  topology: {world: 1, tp: 1, dp: 1, ep: 1, backend: ref}\n"
+        "  tokens: [5]\n  seed: 5\n  checks: [numerics]\n  expect: {refused: nothing}\ncases:\n"
+        "  - name: \"bad\\e[2Jname\"\n";
+    ck_assert_int_eq(tu_write_file(yaml, esc_yaml, sizeof esc_yaml - 1), 0);
+    snprintf(rep, sizeof rep, "%s/rep", dir);
+    snprintf(args, sizeof args, "run %s --report %s", yaml, rep);
+    ck_assert_int_eq(run_cli(args), 1);
+    ck_assert_ptr_null(strchr(out_buf, '\x1b'));
+    ck_assert_msg(strstr(out_buf, "FAIL esc/bad\\x1b[2Jname"), "%s", out_buf);
     /* --set prints the rejected value at full precision. */
     ck_assert_int_eq(run_cli("plan --preset tiny --layer 1 --set top_p=1.0000001"), 2);
     ck_assert_msg(strstr(out_buf, "1.00000012"), "%s", out_buf);
