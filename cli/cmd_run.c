@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "dsv4moe/backend.h"
 #include "faults.h"
 #include "dsv4moe/run.h"
 #include "dsv4moe/scenario.h"
@@ -54,7 +55,8 @@ static void on_progress(void *user, size_t done, size_t total, const dsv4_case_r
     size_t d = p->base + done;
     double el = now_s() - p->t0;
     double left = d ? el / (double)d * (double)(p->total - d) : 0;
-    const char *name = dsv4_case_name(last);
+    char esc[1024];
+    const char *name = cli_esc(dsv4_case_name(last), esc, sizeof esc);
     size_t nl = strlen(name);
     fprintf(stderr, "\r\033[K[%zu/%zu] %s  %.0f s left  %s%s", d, p->total, dsv4_result_name(dsv4_case_status(last)),
             left, nl > 60 ? "..." : "", nl > 60 ? name + nl - 57 : name);
@@ -162,10 +164,17 @@ int cmd_run(int argc, char **argv)
             else if (!strcmp(v, "cpu"))
                 backend = 1;
             else if (!strcmp(v, "cuda"))
-                backend = 2; /* a library built without CUDA skips those cases */
+                backend = 2;
             else {
                 free(files);
                 return cli_failf(cmd, "option --backend: '%s' is not ref, cpu or cuda", v);
+            }
+            /* Asking for a backend this build lacks would "pass" on the checks that need no
+               backend; it is bad input, refused before any case runs. */
+            if (!dsv4_backend_available((dsv4_backend_kind)backend)) {
+                free(files);
+                return cli_failf(cmd, "option --backend: '%s' is not part of this build (available: %s)", v,
+                                 dsv4_backends_available());
             }
         } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads)) {
             free(files);
@@ -228,7 +237,8 @@ int cmd_run(int argc, char **argv)
         if (dsv4_run_scenario(scns[f], &ro, &res, &err) != DSV4_OK) {
             if (ps.tty)
                 fputs("\r\033[K", stderr);
-            fprintf(stderr, "dsv4moe run: %s: %s\n", files[f], err.message);
+            char esc[4096];
+            fprintf(stderr, "dsv4moe run: %s: %s\n", cli_esc(files[f], esc, sizeof esc), err.message);
             dsv4_run_results_free(res);
             rc = EXIT_BAD_INPUT;
             goto out;
@@ -243,8 +253,7 @@ int cmd_run(int argc, char **argv)
     snprintf(jpath, sizeof jpath, "%s/report.json", report);
     snprintf(xpath, sizeof xpath, "%s/junit.xml", report);
     snprintf(hpath, sizeof hpath, "%s/report.html", report);
-    if (dsv4_report_json(res, NULL, jpath, &err) || dsv4_report_junit(res, NULL, xpath, &err) ||
-        dsv4_report_html(res, hpath, &err)) {
+    if (dsv4_report_write_all(res, report, &err)) {
         fprintf(stderr, "dsv4moe run: %s\n", err.message);
         dsv4_run_results_free(res);
         rc = EXIT_BAD_INPUT;
@@ -259,12 +268,15 @@ int cmd_run(int argc, char **argv)
         dsv4_result st = dsv4_case_status(c);
         if ((st != DSV4_RESULT_FAIL && st != DSV4_RESULT_ERROR) || dsv4_case_injected(c))
             continue; /* an injected run's failure is in the detection table */
-        printf("\n%s %s\n", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", dsv4_case_name(c));
+        /* Names and details come from the scenario file: control characters are escaped. */
+        char esc[4096];
+        printf("\n%s %s\n", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", cli_esc(dsv4_case_name(c), esc, sizeof esc));
         for (int b = 0; b < DSV4_CHECK_COUNT; b++) {
             const char *detail;
             dsv4_result r = dsv4_case_check(c, 1u << b, &detail);
             if (r == DSV4_RESULT_FAIL || r == DSV4_RESULT_ERROR)
-                printf("  %-16s %s: %s\n", dsv4_check_name(1u << b), dsv4_result_name(r), detail);
+                printf("  %-16s %s: %s\n", dsv4_check_name(1u << b), dsv4_result_name(r),
+                       cli_esc(detail, esc, sizeof esc));
         }
     }
     printf("\nreports: %s, %s, %s\n", jpath, xpath, hpath);

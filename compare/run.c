@@ -409,7 +409,7 @@ static bool within_tolerance(const dsv4_config *c, dsv4_gemm_mode gemm, const ds
     }
     if (all_bf16(c)) {
         if (!(m->deepgemm_diff < 1e-4) || m->ulp_p99 > 1) {
-            snprintf(why, n, "bf16 tolerance (deepgemm_diff < 1e-4, ulp_p99 <= 1) broken: diff %.3g, ulp_p99 %u",
+            snprintf(why, n, "bf16 tolerance (deepgemm_diff < 1e-4, ulp_p99 <= 1) broken: diff %.9g, ulp_p99 %u",
                      m->deepgemm_diff, m->ulp_p99);
             return false;
         }
@@ -435,7 +435,7 @@ static bool within_tolerance(const dsv4_config *c, dsv4_gemm_mode gemm, const ds
         if (!(m->deepgemm_diff < 1e-3) || m->tol_violations > allowed || m->max_abs > worst) {
             snprintf(why, n,
                      "fp8/fp4 tolerance (deepgemm_diff < 1e-3, at most 0.5 %% of elements (%lld) beyond atol = rtol "
-                     "= 0.035, max |a-b| <= 0.035 + 0.1 rms = %.3g) broken: diff %.3g, %lld beyond, max |a-b| %.3g",
+                     "= 0.035, max |a-b| <= 0.035 + 0.1 rms = %.9g) broken: diff %.9g, %lld beyond, max |a-b| %.9g",
                      (long long)allowed, worst, m->deepgemm_diff, (long long)m->tol_violations, m->max_abs);
             return false;
         }
@@ -1680,6 +1680,14 @@ static json_t *case_json(const dsv4_run_results *R, const dsv4_case_result *c)
 
 dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path, dsv4_error *err)
 {
+    dsv4_outfile o;
+    dsv4_status st = dsv4_report_json_stage(R, scn, path, &o, err);
+    return st ? st : dsv4_out_commit(&o, err);
+}
+
+dsv4_status dsv4_report_json_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
+                                   dsv4_outfile *o, dsv4_error *err)
+{
     if (!R || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and path must not be NULL");
     j_failed = false;
@@ -1746,7 +1754,9 @@ dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn
     }
     withnl[len] = '\n';
     withnl[len + 1] = '\0';
-    dsv4_status st = dsv4_write_file_atomic(path, withnl, len + 1, err);
+    dsv4_status st = dsv4_out_begin(o, path, err);
+    if (!st)
+        st = dsv4_out_write(o, withnl, len + 1, err);
     free(withnl);
     return st;
 }
@@ -1854,6 +1864,14 @@ static void junit_case(dsv4_strbuf *b, const dsv4_case_result *c)
 
 dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path, dsv4_error *err)
 {
+    dsv4_outfile o;
+    dsv4_status st = dsv4_report_junit_stage(R, scn, path, &o, err);
+    return st ? st : dsv4_out_commit(&o, err);
+}
+
+dsv4_status dsv4_report_junit_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
+                                    dsv4_outfile *o, dsv4_error *err)
+{
     if (!R || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and path must not be NULL");
     dsv4_strbuf b = {0};
@@ -1901,5 +1919,45 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *sc
         dsv4_sb_printf(&b, "  </testsuite>\n");
     }
     dsv4_sb_printf(&b, "</testsuites>\n");
-    return dsv4_sb_write_file(&b, path, err);
+    return dsv4_sb_stage(&b, path, o, err);
+}
+
+/* Joins dir and name into a new string; NULL when out of memory. */
+static char *dir_join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+dsv4_status dsv4_report_write_all(const dsv4_run_results *R, const char *dir, dsv4_error *err)
+{
+    if (!R || !dir || !dir[0])
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and folder must not be NULL or empty");
+    static const char *const names[3] = {"report.json", "junit.xml", "report.html"};
+    char *paths[4] = {NULL, NULL, NULL, NULL};
+    dsv4_outfile o[3];
+    size_t staged = 0;
+    dsv4_status st = DSV4_OK;
+    for (int i = 0; i < 3 && !st; i++)
+        if (!(paths[i] = dir_join(dir, names[i])))
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+    if (!st && !(paths[3] = dir_join(dir, DSV4_REPORT_LOCK)))
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+    if (!st && !(st = dsv4_report_json_stage(R, NULL, paths[0], &o[0], err)))
+        staged++;
+    if (!st && !(st = dsv4_report_junit_stage(R, NULL, paths[1], &o[1], err)))
+        staged++;
+    if (!st && !(st = dsv4_report_html_stage(R, paths[2], &o[2], err)))
+        staged++;
+    if (!st)
+        st = dsv4_out_commit_all(o, 3, paths[3], err);
+    else
+        for (size_t i = 0; i < staged; i++)
+            dsv4_out_abort(&o[i]);
+    for (int i = 0; i < 4; i++)
+        free(paths[i]);
+    return st;
 }

@@ -225,7 +225,7 @@ static dsv4_status report_nonfinite(const float *w, int64_t k, int64_t r0, int64
             float v = w[r * k + c];
             if ((f32_bits(v) & F32_ABS_MASK) >= F32_INF_BITS)
                 return dsv4_seterr(err, DSV4_ERR_NUMERIC, name ? name : "weight",
-                                   "element [%lld, %lld] is %g; weights to quantize must be finite",
+                                   "element [%lld, %lld] is %.9g; weights to quantize must be finite",
                                    (long long)r, (long long)c, (double)v);
         }
     return dsv4_seterr(err, DSV4_ERR_INTERNAL, name ? name : "weight", "non-finite value vanished");

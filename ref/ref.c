@@ -1,5 +1,6 @@
 /* The reference layer: binding a checkpoint, and the forward (SPEC.md sections 2-5). */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,11 +17,18 @@
 typedef struct {
     dsv4_matrix_view v;
     uint8_t *owned_q, *owned_s;
+    bool read; /* the view's bytes have been read from the checkpoint */
 } matrix;
 
+/* Every matrix of the layer is checked at creation (dsv4_weights_matrix_view), but its bytes
+   are read only when a forward first runs its expert: a few tokens touch a few of 256
+   experts, and the checkpoint reads into owned memory (never a mapping that could fault). */
 struct dsv4_ref {
     dsv4_config cfg;
     int threads;
+    const dsv4_checkpoint *ck;
+    pthread_mutex_t read_mu; /* guards the `read` flags: forwards may run on several threads */
+    bool mu_init;
     dsv4_router_tensors rt;
     matrix *experts;  /* [E][3] */
     matrix shared[3];
@@ -64,13 +72,36 @@ static dsv4_status quantize_owned(const dsv4_config *c, dsv4_weight_format fmt, 
 
 static dsv4_status bind_matrix(dsv4_ref *r, const dsv4_checkpoint *ck, int64_t e, int p, matrix *m, dsv4_error *err)
 {
-    dsv4_status st = dsv4_weights_matrix(ck, &r->cfg, e, (dsv4_proj)p, &m->v, err);
+    dsv4_status st = dsv4_weights_matrix_view(ck, &r->cfg, e, (dsv4_proj)p, &m->v, err);
     if (st)
         return st;
     dsv4_weight_format want = e == DSV4_SHARED_EXPERT ? r->cfg.shared_format : r->cfg.routed_format;
-    if (m->v.format != want) /* a bf16 stacked export under a quantized config */
+    if (m->v.format != want) { /* a bf16 stacked export under a quantized config: quantized now */
+        if ((st = dsv4_weights_matrix(ck, &r->cfg, e, (dsv4_proj)p, &m->v, err)))
+            return st;
+        m->read = true;
         return quantize_owned(&r->cfg, want, m, err);
+    }
     return DSV4_OK;
+}
+
+/* Reads the three matrices of `expert` on its first use. */
+static dsv4_status read_expert(const dsv4_ref *r, int64_t expert, dsv4_error *err)
+{
+    matrix *ms = expert == DSV4_SHARED_EXPERT ? (matrix *)r->shared : &r->experts[3 * expert];
+    dsv4_status st = DSV4_OK;
+    pthread_mutex_lock((pthread_mutex_t *)&r->read_mu);
+    for (int p = 0; p < 3 && !st; p++) {
+        if (ms[p].read)
+            continue;
+        dsv4_matrix_view v;
+        if (!(st = dsv4_weights_matrix(r->ck, &r->cfg, expert, (dsv4_proj)p, &v, err))) {
+            ms[p].v = v;
+            ms[p].read = true;
+        }
+    }
+    pthread_mutex_unlock((pthread_mutex_t *)&r->read_mu);
+    return st;
 }
 
 void dsv4_ref_free(dsv4_ref *r)
@@ -89,6 +120,8 @@ void dsv4_ref_free(dsv4_ref *r)
         free(r->shared[p].owned_s);
     }
     dsv4_router_tensors_release(&r->rt, NULL);
+    if (r->mu_init)
+        pthread_mutex_destroy(&r->read_mu);
     free(r);
 }
 
@@ -110,6 +143,12 @@ dsv4_status dsv4_ref_create(const dsv4_config *cfg, const dsv4_checkpoint *ck, i
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref", "out of memory");
     r->cfg = *cfg;
     r->threads = threads;
+    r->ck = ck;
+    if (pthread_mutex_init(&r->read_mu, NULL) != 0) {
+        free(r);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref", "cannot create a lock");
+    }
+    r->mu_init = true;
     const dsv4_config *c = &r->cfg;
     int64_t E = c->n_routed_experts;
     if ((st = dsv4_router_tensors_load(ck, c, NULL, &r->rt, err)))
@@ -321,6 +360,9 @@ dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, int64_t expert,
             memset(out, 0, (size_t)(n * H) * sizeof *out);
         return DSV4_OK;
     }
+    dsv4_status rst = read_expert(r, expert, err);
+    if (rst)
+        return rst;
     dsv4_weight_format fmt = shared ? c->shared_format : c->routed_format;
     bool quant = fmt != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
     int64_t chunks = cdiv(ni, ROWS_PER_CHUNK);

@@ -78,6 +78,17 @@ static dsv4_status ref_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, 
 #define DSV4_BACKENDS_EXTRA ""
 #endif
 
+const char *dsv4_backends_available(void) { return "ref, cpu" DSV4_BACKENDS_EXTRA; }
+
+bool dsv4_backend_available(dsv4_backend_kind kind)
+{
+#ifdef DSV4_WITH_CUDA
+    if (kind == DSV4_BACKEND_CUDA)
+        return true;
+#endif
+    return kind == DSV4_BACKEND_REF || kind == DSV4_BACKEND_CPU;
+}
+
 dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads,
                                 dsv4_backend **out, dsv4_error *err)
 {

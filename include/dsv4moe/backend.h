@@ -10,6 +10,7 @@
 #ifndef DSV4MOE_BACKEND_H
 #define DSV4MOE_BACKEND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include "config.h"
 #include "plan.h"
@@ -59,6 +60,10 @@ typedef struct dsv4_backend_stats {
  */
 dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads,
                                 dsv4_backend **out, dsv4_error *err);
+/* Whether this build holds the backend (cuda only in a CUDA build), and the list as text. */
+bool dsv4_backend_available(dsv4_backend_kind kind);
+const char *dsv4_backends_available(void);
+
 /* NULL is a no-op. */
 void dsv4_backend_free(dsv4_backend *backend);
 const char *dsv4_backend_name(const dsv4_backend *backend);

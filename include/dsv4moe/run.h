@@ -185,6 +185,19 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *results, const dsv4_scenar
  */
 dsv4_status dsv4_report_html(const dsv4_run_results *results, const char *path, dsv4_error *err);
 
+/*
+ * The three reports of one run as one unit: DIR/report.json, DIR/junit.xml and
+ * DIR/report.html (every case of results). All three are rendered and written to
+ * temporaries in DIR and fsynced first; only when all three are complete are they renamed
+ * into place, together, while holding an exclusive flock(2) on DIR/.report.lock. So a
+ * failure anywhere (a full disk at the third) changes none of the previous reports, and
+ * two runs writing to one folder leave the three files of one of them, never a mix. A
+ * reader that wants a consistent set takes LOCK_SH on DIR/.report.lock while reading.
+ * DIR must exist.
+ */
+#define DSV4_REPORT_LOCK ".report.lock"
+dsv4_status dsv4_report_write_all(const dsv4_run_results *results, const char *dir, dsv4_error *err);
+
 #ifdef DSV4_FAULTS
 /*
  * The detection table of a run with options.faults (fault build only): one row per case
