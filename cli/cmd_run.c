@@ -90,25 +90,6 @@ static int print_detection_table(const dsv4_run_results *res)
 }
 #endif
 
-static int mkdir_p(const char *path)
-{
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf)
-        return -1;
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++)
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char s = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return -1;
-            buf[i] = s;
-        }
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
-}
-
 int cmd_run(int argc, char **argv)
 {
     const char *cmd = "run";
@@ -201,7 +182,7 @@ int cmd_run(int argc, char **argv)
                        filter ? "'" : "");
         goto out;
     }
-    if (mkdir_p(report) != 0) {
+    if (cli_mkdir_p(report) != 0) {
         rc = cli_failf(cmd, "cannot create the report folder '%s': %s", report, strerror(errno));
         goto out;
     }

@@ -26,6 +26,7 @@
 #include "dsv4moe/run.h"
 #include "err.h"
 #include "faults.h"
+#include "run_ext.h"
 
 #define RUN_CACHE_VERSION "dsv4moe-cache-1"
 /* The clamp must be seen once a case has this many tokens (see docs/scenarios.md). */
@@ -398,35 +399,11 @@ static bool all_bf16(const dsv4_config *c)
     return c->routed_format == DSV4_FORMAT_BF16 && c->shared_format == DSV4_FORMAT_BF16;
 }
 
-/* The per-quant tolerance; fills why on failure. */
+/* The per-quant tolerance of the project's own backends (one rule set for run, diff and check:
+   dsv4_compare_within); fills why on failure. */
 static bool within_tolerance(const dsv4_config *c, const dsv4_compare_metrics *m, char *why, size_t n)
 {
-    if (m->bad_nonfinite > 0) {
-        snprintf(why, n, "%lld non-finite values where the reference is finite", (long long)m->bad_nonfinite);
-        return false;
-    }
-    if (all_bf16(c)) {
-        if (!(m->deepgemm_diff < 1e-4) || m->ulp_p99 > 1) {
-            snprintf(why, n, "bf16 tolerance (deepgemm_diff < 1e-4, ulp_p99 <= 1) broken: diff %.3g, ulp_p99 %u",
-                     m->deepgemm_diff, m->ulp_p99);
-            return false;
-        }
-    } else {
-        /* An activation on an e4m3 rounding boundary can round the other way when g or u differ
-           by one fp32 accumulation ulp; each such flip moves a whole output row by one e4m3 step
-           times |W2|. So a few elements may leave atol/rtol; the worst must stay a small share
-           of the output's rms, and the overall diff tight. A dropped clamp breaks all three. */
-        int64_t allowed = m->n / 200 > 1 ? m->n / 200 : 1;
-        double worst = DSV4_COMPARE_ATOL + 0.1 * m->rms_ref;
-        if (!(m->deepgemm_diff < 1e-3) || m->tol_violations > allowed || m->max_abs > worst) {
-            snprintf(why, n,
-                     "fp8/fp4 tolerance (deepgemm_diff < 1e-3, at most 0.5 %% of elements (%lld) beyond atol = rtol "
-                     "= 0.035, max |a-b| <= 0.035 + 0.1 rms = %.3g) broken: diff %.3g, %lld beyond, max |a-b| %.3g",
-                     (long long)allowed, worst, m->deepgemm_diff, (long long)m->tol_violations, m->max_abs);
-            return false;
-        }
-    }
-    return true;
+    return dsv4_compare_within(all_bf16(c) ? DSV4_TOL_EXACT_BF16 : DSV4_TOL_EXACT_QUANT, m, why, n);
 }
 
 static void trace_entry(const dsv4_coll_record *r, char *buf, size_t n)
@@ -1272,6 +1249,20 @@ static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, si
     return c;
 }
 
+/* Room for `extra` more cases in R->cases. */
+static bool grow_cases(dsv4_run_results *R, size_t extra)
+{
+    if (R->n + extra <= R->cap)
+        return true;
+    size_t cap = R->cap ? R->cap * 2 : 64;
+    dsv4_case_result **nc = realloc(R->cases, cap * sizeof *nc);
+    if (!nc)
+        return false;
+    R->cases = nc;
+    R->cap = cap;
+    return true;
+}
+
 dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, dsv4_run_results **results,
                               dsv4_error *err)
 {
@@ -1336,14 +1327,8 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
         const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
         if (opts->filter && !strstr(sc->name, opts->filter))
             continue;
-        if (R->n + 2 > R->cap) {
-            size_t cap = R->cap ? R->cap * 2 : 64;
-            dsv4_case_result **nc = realloc(R->cases, cap * sizeof *nc);
-            if (!nc)
-                goto nomem;
-            R->cases = nc;
-            R->cap = cap;
-        }
+        if (!grow_cases(R, 2))
+            goto nomem;
         dsv4_case_result *c = new_case(scn, scn_index, i, sc);
         if (!c)
             goto nomem;
@@ -1888,4 +1873,96 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *sc
     }
     dsv4_sb_printf(&b, "</testsuites>\n");
     return dsv4_sb_write_file(&b, path, err);
+}
+
+/* ---------------- results built outside the runner (run_ext.h, dsv4moe check) ---------------- */
+
+size_t dsv4_run_ext_scenario(dsv4_run_results **RP, const char *name, const char *path)
+{
+    if (!RP)
+        return SIZE_MAX;
+    dsv4_run_results *R = *RP;
+    bool created = !R;
+    if (created && !(R = calloc(1, sizeof *R)))
+        return SIZE_MAX;
+    scn_rec *ns = realloc(R->scns, (R->nscn + 1) * sizeof *ns);
+    if (ns)
+        R->scns = ns;
+    scn_rec rec = {xstrdup(name), xstrdup(path), 0, calloc(1, sizeof(char *))};
+    if (!ns || !rec.name || !rec.path || !rec.axis_names) {
+        free(rec.name), free(rec.path), free(rec.axis_names);
+        if (created)
+            dsv4_run_results_free(R);
+        return SIZE_MAX;
+    }
+    R->scns[R->nscn] = rec;
+    *RP = R;
+    return R->nscn++;
+}
+
+dsv4_case_result *dsv4_run_ext_case(dsv4_run_results *R, size_t scn, size_t index, const char *name,
+                                    const dsv4_config *cfg, int n_ranks, const int64_t *tokens, uint64_t seed,
+                                    const char *ran_on)
+{
+    if (!R || scn >= R->nscn || n_ranks < 1 || !grow_cases(R, 1))
+        return NULL;
+    dsv4_case_result *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->name = xstrdup(name);
+    c->scn_name = xstrdup(R->scns[scn].name);
+    c->scn_path = xstrdup(R->scns[scn].path);
+    c->scn = scn;
+    c->index = index;
+    c->explicit_index = -1;
+    c->cfg = *cfg;
+    c->topo.world_size = n_ranks;
+    c->topo.tp = c->topo.dp = c->topo.ep = 1;
+    c->n_ranks = n_ranks;
+    c->tokens = malloc((size_t)n_ranks * sizeof *c->tokens);
+    c->replay = calloc((size_t)n_ranks, sizeof *c->replay);
+    c->seed = seed;
+    c->twin = SIZE_MAX;
+    c->backend = xstrdup(ran_on);
+    if (!c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay || (ran_on && !c->backend)) {
+        case_free(c);
+        return NULL;
+    }
+    memcpy(c->tokens, tokens, (size_t)n_ranks * sizeof *c->tokens);
+    R->cases[R->n++] = c;
+    return c;
+}
+
+void dsv4_run_ext_check(dsv4_case_result *c, unsigned check_bit, dsv4_result r, const char *detail)
+{
+    if (!c || bit_index(check_bit) < 0 || check_set(c, check_bit))
+        return;
+    c->requested |= check_bit;
+    set_check(c, check_bit, r, "%s", detail ? detail : "");
+}
+
+void dsv4_run_ext_numerics(dsv4_case_result *c, const dsv4_compare_metrics *m, const uint16_t *a, const uint16_t *b,
+                           int64_t T, int64_t H)
+{
+    if (!c || !m)
+        return;
+    c->m = *m;
+    c->has_metrics = true;
+    if (a && b && T > 0)
+        error_profile(c, a, b, &T, 1, H);
+}
+
+void dsv4_run_ext_finish(dsv4_case_result *c, double seconds)
+{
+    if (!c)
+        return;
+    c->seconds = seconds;
+    finish_status(c);
+}
+
+dsv4_status dsv4_run_ext_mkdir_p(const char *path, dsv4_error *err) { return mkdir_p(path, err); }
+
+void dsv4_run_ext_slices(const dsv4_topology *t, const int64_t *tokens, int n, int64_t *off)
+{
+    slice_offsets(t, tokens, n, off);
 }
