@@ -19,6 +19,8 @@
 #include "fileio.h"
 #include "strbuf.h"
 #include "dsv4moe/dist.h"
+#include "dsv4moe/engines.h"
+#include "dsv4moe/symmetry.h"
 #include "dsv4moe/backend.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
@@ -583,6 +585,24 @@ static dsv4_status backend_checkpoint_path(const char *dir, const dsv4_config *c
     return write_shards(src, out, sc->checkpoint.shards, sc->checkpoint.experts_last, err);
 }
 
+/* Writes every rank's trace as trace_dir/<case id>/rank<r>.jsonl; a failure is the symmetry
+   check's error (a trace asked for and not written must not read as a pass). */
+static void write_traces(const char *trace_dir, dsv4_case_result *c, const dsv4_dist_rank *ranks, int world)
+{
+    char id[512], dir[4700], path[4800];
+    dsv4_error e;
+    dsv4_error_clear(&e);
+    dsv4_export_case_id(c->name, -1, id, sizeof id);
+    snprintf(dir, sizeof dir, "%s/%s", trace_dir, id);
+    dsv4_status st = mkdir_p(dir, &e);
+    for (int r = 0; r < world && !st; r++) {
+        snprintf(path, sizeof path, "%s/rank%d.jsonl", dir, r);
+        st = dsv4_trace_write_jsonl(ranks[r].trace, ranks[r].trace_len, r, world, path, &e);
+    }
+    if (st)
+        set_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_ERROR, "writing the collective traces failed: %s", e.message);
+}
+
 /* ---------------- one case ---------------- */
 
 typedef struct {
@@ -1090,6 +1110,10 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
                           bitwise ? "bit-identical to" : "within tolerance of", line);
         }
     }
+
+    /* the ranks' traces for dsv4moe symmetry (options.trace_dir) */
+    if (ctx->o->trace_dir && ctx->o->trace_dir[0] && !c->injected)
+        write_traces(ctx->o->trace_dir, c, ranks, world);
 
     /* symmetry */
     if (req & DSV4_CHECK_SYMMETRY) {

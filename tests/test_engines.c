@@ -625,6 +625,28 @@ START_TEST(symmetry_jsonl_from_the_communicator)
 }
 END_TEST
 
+START_TEST(run_writes_traces_symmetry_reads)
+{
+    char d[512], args[2048], cmd[2048];
+    tu_path(d, sizeof d, "run_traces");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", d);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "run %s/tests/smoke.yaml --report %s/rep --cache %s/cache --traces %s/t", src(), d, d, d);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    snprintf(args, sizeof args, "symmetry %s/t/smoke.topology=2/rank0.jsonl %s/t/smoke.topology=2/rank1.jsonl", d, d);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "2 JSONL traces: the same"));
+    /* rank 1 skips its last collective */
+    snprintf(cmd, sizeof cmd, "sed -i '$d' %s/t/smoke.topology=2/rank1.jsonl", d);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    ck_assert_int_eq(run_cli(args), 1);
+    ck_assert_ptr_nonnull(strstr(out_buf, "rank 1 [(none"));
+    /* world-1 cases write none */
+    snprintf(cmd, sizeof cmd, "test ! -e %s/t/smoke.topology=0", d);
+    ck_assert_int_eq(run_sh(cmd), 0);
+}
+END_TEST
+
 START_TEST(symmetry_flight_recorder_dumps)
 {
     /* tests/data/nccl_trace_rank_0.json: a world-of-one dump in the format of torch's
@@ -685,6 +707,7 @@ Suite *engines_suite(void)
     tcase_add_test(tc, check_bad_outputs_exit_2);
     tcase_add_test(tc, python_helper_unit_tests);
     tcase_add_test(tc, symmetry_jsonl_from_the_communicator);
+    tcase_add_test(tc, run_writes_traces_symmetry_reads);
     tcase_add_test(tc, symmetry_flight_recorder_dumps);
     suite_add_tcase(s, tc);
     return s;
