@@ -20,6 +20,7 @@ import sys
 
 # The flight recorder reads these when the process group is created: set them before torch starts.
 os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # the name newer torch reads
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("MASTER_PORT", "29517")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -43,8 +44,25 @@ def record(path):
     dist.all_to_all_single(torch.empty_like(a2a), a2a)
     dist.barrier()
     torch.cuda.synchronize()
-    text = torch._C._distributed_c10d._dump_nccl_trace_json()
+    text, how = None, []
+    # the symbol has moved between torch versions: the NCCL dump first, on the C module or the
+    # Python one, then the generic flight recorder's
+    import torch.distributed.distributed_c10d as dc
+    for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json"):
+        for mod in (torch._C._distributed_c10d, dc):
+            fn = getattr(mod, name, None)
+            for args in ((True, False), ()):
+                if fn is None or text is not None:
+                    continue
+                try:
+                    text = fn(*args)
+                    how.append("%s.%s%s" % (mod.__name__, name, args))
+                except Exception as e:  # noqa: BLE001 - try the next spelling
+                    how.append("%s.%s%s failed: %r" % (mod.__name__, name, args, e))
+    print("record: " + "; ".join(how))
     dist.destroy_process_group()
+    if text is None:
+        return False
     with open(path, "w") as f:
         f.write(text if isinstance(text, str) else text.decode("utf-8"))
     return True

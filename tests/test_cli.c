@@ -24,7 +24,7 @@ static int run_sh(const char *cmd) { int rc = system(cmd); return WIFEXITED(rc) 
 
 START_TEST(help_for_every_command)
 {
-    const char *cmds[] = {"gen", "inspect", "ref", "plan", "run", "diff", "bench"};
+    const char *cmds[] = {"gen", "inspect", "ref", "plan", "run", "diff", "export", "check", "symmetry", "bench"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char a[64];
         snprintf(a, sizeof a, "%s --help", cmds[i]);

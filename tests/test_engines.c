@@ -526,6 +526,23 @@ START_TEST(check_bad_outputs_exit_2)
     snprintf(args, sizeof args, "check %s --outputs %s", out, out); /* no case folder there */
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "no case folder"));
+    /* malformed case folders: a newer format version, a config value out of range, not JSON */
+    static const struct {
+        const char *sed, *msg;
+    } broken[] = {{"s/\"version\": 1/\"version\": 7/", "\"version\" must be an integer in [1, 1]"},
+                  {"s/\"n_activated\": 4/\"n_activated\": 99/", "n_activated"},
+                  {"s/{/[/", "case.json"}};
+    for (size_t k = 0; k < sizeof broken / sizeof broken[0]; k++) {
+        char cd[640];
+        snprintf(cd, sizeof cd, "%s-cases-%zu", out, k);
+        snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s/engines.topp %s/ && sed -i '%s' %s/engines.topp/case.json",
+                 cd, cd, cases_dir, cd, broken[k].sed, cd);
+        ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
+        snprintf(args, sizeof args, "check %s --outputs %s", cd, out);
+        ck_assert_int_eq(run_cli(args), 2);
+        ck_assert_msg(strstr(out_buf, broken[k].msg), "%zu: %.3000s", k, out_buf);
+        ck_assert_ptr_nonnull(strstr(out_buf, "engines.topp/case.json"));
+    }
 }
 END_TEST
 
@@ -681,6 +698,12 @@ START_TEST(symmetry_flight_recorder_dumps)
     ck_assert_msg(run_cli(args) == 1, "%.3000s", out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "count 4194304"));
     ck_assert_ptr_nonnull(strstr(out_buf, "count 2097152"));
+    /* a malformed dump names its entry */
+    snprintf(cmd, sizeof cmd, "sed 's/\"profiling_name\"/\"profiling_nom\"/' %s/nccl_trace_rank_0.json > %s/bad_rank_4.json", d, d);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "symmetry %s/nccl_trace_rank_0.json %s/bad_rank_4.json", d, d);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "flight recorder entry 0"));
     /* a JSONL trace does not mix with a dump */
     snprintf(cmd, sizeof cmd, "printf '{\"format\":\"dsv4moe-trace\",\"version\":1,\"rank\":5}\\n' > %s/r5.jsonl", d);
     ck_assert_int_eq(run_sh(cmd), 0);
