@@ -172,9 +172,9 @@ static dsv4_status export_one(const char *dir, const export_case *e, const dsv4_
         return st;
     /* the layer */
     snprintf(model_out, model_out_size, "%s/model.safetensors", folder);
+    if (model_src)
+        unlink(model_out); /* a file of an earlier export in the way of the link */
     if (!model_src || link(model_src, model_out) != 0) {
-        if (model_src)
-            unlink(model_out); /* an old file in the way: generate into its place atomically */
         dsv4_config gc = *cfg;
         dsv4_gen_options go;
         dsv4_gen_options_init(&go);

@@ -109,7 +109,8 @@ static dsv4_status load_jsonl(dsv4_trace *t, const char *text, dsv4_error *err)
                           json_is_integer(r) && json_integer_value(r) >= 0;
                 if (ok)
                     t->rank = (int)json_integer_value(r);
-                json_decref(o);
+                else
+                    json_decref(o);
                 if (!ok)
                     return dsv4_seterr(err, DSV4_ERR_FORMAT, t->path,
                                        "line %d: the header must be {\"format\": \"%s\", \"version\": 1..%d, \"rank\": "
