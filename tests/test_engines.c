@@ -11,12 +11,14 @@
 #include "dsv4moe/backend.h"
 #include "dsv4moe/comm.h"
 #include "dsv4moe/compare.h"
+#include "dsv4moe/engines.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/symmetry.h"
 #include "testutil.h"
+
 
 Suite *engines_suite(void);
 
@@ -561,7 +563,6 @@ END_TEST
 typedef struct {
     dsv4_sim_world *w;
     int rank;
-    bool skew; /* rank 1 issues a different count in its second all_reduce */
     dsv4_coll_record rec[16];
     size_t n;
     char path[600];
@@ -713,6 +714,172 @@ START_TEST(symmetry_flight_recorder_dumps)
 }
 END_TEST
 
+
+/* ---------------- the library's argument checks ---------------- */
+
+START_TEST(api_rejects_bad_arguments)
+{
+    dsv4_error e;
+    dsv4_error_clear(&e);
+    char buf[256];
+    /* export */
+    dsv4_export_options eo;
+    dsv4_export_options_init(&eo);
+    dsv4_export_options_init(NULL);
+    ck_assert_int_eq(dsv4_export_scenario(NULL, "/tmp", &eo, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_scenario *scn = NULL;
+    char path[700];
+    snprintf(path, sizeof path, "%s/tests/smoke.yaml", src());
+    ck_assert_int_eq(dsv4_scenario_load(path, &scn, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_export_scenario(scn, "", &eo, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+    eo.struct_size = 3;
+    ck_assert_int_eq(dsv4_export_scenario(scn, "/tmp/x", &eo, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(e.message, "struct_size"));
+    dsv4_export_options_init(&eo);
+    eo.layout = (dsv4_layout)7;
+    ck_assert_int_eq(dsv4_export_scenario(scn, "/tmp/x", &eo, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_export_options_init(&eo);
+    eo.threads = 0;
+    ck_assert_int_eq(dsv4_export_scenario(scn, "/tmp/x", &eo, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_export_options_init(&eo);
+    ck_assert_int_eq(dsv4_export_scenario(scn, "/dev/null/x", &eo, NULL, NULL, &e), DSV4_ERR_IO);
+    /* a filter and the refusal left out: smoke has 4 cases, one a refusal? count what is written */
+    char d[512];
+    tu_path(d, sizeof d, "eng_api_export");
+    size_t w = 99, l = 99;
+    eo.filter = "hash-layer";
+    ck_assert_msg(dsv4_export_scenario(scn, d, &eo, &w, &l, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_uint_eq(w, 1);
+    ck_assert_uint_eq(l, 0);
+    dsv4_scenario_free(scn);
+    dsv4_export_case_id(".hidden/a b", 3, buf, sizeof buf);
+    ck_assert_str_eq(buf, "_hidden.a_b.rank3");
+    dsv4_export_case_id("x/y", -1, buf, 3);
+    ck_assert_str_eq(buf, "x.");
+    dsv4_export_case_id(NULL, -1, buf, sizeof buf);
+    ck_assert_str_eq(buf, "");
+    dsv4_export_case_id("a", -1, NULL, 0);
+    /* check */
+    dsv4_check_options co;
+    dsv4_check_options_init(&co);
+    dsv4_check_options_init(NULL);
+    dsv4_run_results *R = (dsv4_run_results *)1;
+    ck_assert_int_eq(dsv4_check_engine(NULL, d, &co, &R, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_check_engine(d, d, &co, NULL, &e), DSV4_ERR_INVALID_ARG);
+    co.struct_size = 1;
+    ck_assert_int_eq(dsv4_check_engine(d, d, &co, &R, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_null(R);
+    dsv4_check_options_init(&co);
+    co.n_map = DSV4_CHECK_MAP_MAX + 1;
+    ck_assert_int_eq(dsv4_check_engine(d, d, &co, &R, &e), DSV4_ERR_INVALID_ARG);
+    co.n_map = 1;
+    co.map_from[0] = "out";
+    co.map_to[0] = "z";
+    ck_assert_int_eq(dsv4_check_engine(d, d, &co, &R, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_check_options_init(&co);
+    ck_assert_int_eq(dsv4_check_engine("/nonexistent-dir", d, &co, &R, &e), DSV4_ERR_IO);
+    /* the exported case without outputs: results with one error case */
+    char o[600];
+    snprintf(o, sizeof o, "%s/outs", d);
+    snprintf(path, sizeof path, "mkdir -p %s", o);
+    ck_assert_int_eq(run_sh(path), 0);
+    ck_assert_msg(dsv4_check_engine(d, o, NULL, &R, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_uint_eq(dsv4_run_count(R), 1);
+    ck_assert_int_eq(dsv4_case_status(dsv4_run_get(R, 0)), DSV4_RESULT_ERROR);
+    dsv4_run_results_free(R);
+    /* traces */
+    dsv4_trace *t = NULL;
+    ck_assert_int_eq(dsv4_trace_load(NULL, 0, &t, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_trace_load("/nonexistent.jsonl", 0, &t, &e), DSV4_ERR_IO);
+    snprintf(path, sizeof path, "%s/empty.jsonl", d);
+    ck_assert_int_eq(tu_write_file(path, "", 0), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, 0, &t, &e), DSV4_ERR_FORMAT);
+    ck_assert_int_eq(tu_write_file(path, "\n\n", 2), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, 0, &t, &e), DSV4_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(e.message, "no header"));
+    ck_assert_int_eq(tu_write_file(path, "[1]\n", 4), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, 0, &t, &e), DSV4_ERR_FORMAT);
+    ck_assert_int_eq(tu_write_file(path, "{\"format\":\"x\"}\n", 15), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, 0, &t, &e), DSV4_ERR_FORMAT);
+    const char *fr = "{\"entries\": 5}";
+    snprintf(path, sizeof path, "%s/fr.json", d);
+    ck_assert_int_eq(tu_write_file(path, fr, strlen(fr)), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, 0, &t, &e), DSV4_ERR_FORMAT);
+    fr = "{\"pg_config\": {}, \"entries\": []}";
+    ck_assert_int_eq(tu_write_file(path, fr, strlen(fr)), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, -1, &t, &e), DSV4_ERR_INVALID_ARG); /* no rank in the name */
+    ck_assert_ptr_nonnull(strstr(e.message, "rank"));
+    ck_assert_int_eq(dsv4_trace_load(path, 2, &t, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_trace_rank(t), 2);
+    ck_assert_uint_eq(dsv4_trace_count(t), 0);
+    dsv4_symmetry_result sr;
+    const dsv4_trace *one[1] = {t};
+    ck_assert_int_eq(dsv4_trace_symmetry(one, 1, &sr, &e), DSV4_ERR_INVALID_ARG);
+    const dsv4_trace *two[2] = {t, NULL};
+    ck_assert_int_eq(dsv4_trace_symmetry(two, 2, &sr, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_trace_free(t);
+    dsv4_trace_free(NULL);
+    ck_assert_int_eq(dsv4_trace_rank(NULL), -1);
+    ck_assert_uint_eq(dsv4_trace_count(NULL), 0);
+    ck_assert_int_eq(dsv4_trace_write_jsonl(NULL, 1, 0, 1, path, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_trace_write_jsonl(NULL, 0, 2, 2, path, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_trace_write_jsonl(NULL, 0, 0, 1, "/dev/null/x", &e), DSV4_ERR_IO);
+    /* comparison helpers */
+    dsv4_routing_metrics rm;
+    int64_t ids[2] = {0, 1};
+    ck_assert(!dsv4_compare_routing(1, 4, 2, ids, NULL, DSV4_SENTINEL_E, 2, ids, NULL, NULL));
+    ck_assert(!dsv4_compare_routing(-1, 4, 2, ids, NULL, DSV4_SENTINEL_E, 2, ids, NULL, &rm));
+    ck_assert(!dsv4_compare_routing(1, 4, 0, ids, NULL, DSV4_SENTINEL_E, 2, ids, NULL, &rm));
+    ck_assert(dsv4_compare_routing(0, 4, 0, NULL, NULL, DSV4_SENTINEL_E, 0, NULL, NULL, &rm));
+    ck_assert(dsv4_routing_within(&rm, NULL, 0));
+    ck_assert(!dsv4_routing_within(NULL, buf, sizeof buf));
+    dsv4_routing_format(&rm, buf, sizeof buf);
+    ck_assert_ptr_nonnull(strstr(buf, "weights not compared"));
+    dsv4_routing_format(NULL, buf, sizeof buf);
+    ck_assert_str_eq(buf, "");
+    dsv4_routing_format(&rm, NULL, 0);
+    dsv4_sentinel sn;
+    ck_assert(dsv4_sentinel_parse("e", &sn) && sn == DSV4_SENTINEL_E);
+    ck_assert(dsv4_sentinel_parse("-1", &sn) && sn == DSV4_SENTINEL_MINUS1);
+    ck_assert(dsv4_sentinel_parse("absent", &sn) && sn == DSV4_SENTINEL_ABSENT);
+    ck_assert(!dsv4_sentinel_parse("none", &sn) && !dsv4_sentinel_parse(NULL, &sn));
+    ck_assert_str_eq(dsv4_sentinel_name(DSV4_SENTINEL_ABSENT), "absent");
+    ck_assert_str_eq(dsv4_sentinel_name((dsv4_sentinel)9), "?");
+    ck_assert_str_eq(dsv4_tolerance_name((dsv4_tolerance)9), "?");
+    ck_assert_str_eq(dsv4_tolerance_describe((dsv4_tolerance)9), "?");
+    ck_assert(!dsv4_tolerance_parse(NULL, NULL));
+    ck_assert(!dsv4_compare_within(DSV4_TOL_EXACT_QUANT, NULL, buf, sizeof buf));
+    dsv4_compare_metrics m;
+    memset(&m, 0, sizeof m);
+    ck_assert(!dsv4_compare_within((dsv4_tolerance)9, &m, NULL, 0));
+    ck_assert(dsv4_compare_within(DSV4_TOL_EXACT_BF16, &m, NULL, 0)); /* nothing compared */
+    ck_assert(!dsv4_compare_any(DSV4_DTYPE_F32, NULL, NULL, 0, NULL));
+    /* routing tensors that do not fit together name both shapes */
+    dsv4_tensor_info ta, tb;
+    memset(&ta, 0, sizeof ta);
+    memset(&tb, 0, sizeof tb);
+    int32_t d32[4] = {0, 1, 1, 2};
+    ta.name = "topk_ids";
+    ta.dtype = DSV4_DTYPE_I32;
+    ta.ndim = 2;
+    ta.shape[0] = 2;
+    ta.shape[1] = 2;
+    ta.numel = 4;
+    ta.data = d32;
+    tb = ta;
+    tb.shape[0] = 1;
+    tb.shape[1] = 4;
+    char msg[768];
+    ck_assert(!dsv4_compare_routing_tensors(4, &ta, NULL, DSV4_SENTINEL_E, &tb, NULL, &rm, msg, sizeof msg));
+    ck_assert_ptr_nonnull(strstr(msg, "[2, 2]"));
+    ck_assert_ptr_nonnull(strstr(msg, "[1, 4]"));
+    ck_assert(!dsv4_compare_routing_tensors(4, NULL, NULL, DSV4_SENTINEL_E, &tb, NULL, &rm, NULL, 0));
+    ck_assert(dsv4_compare_routing_tensors(4, &ta, NULL, DSV4_SENTINEL_E, &ta, NULL, &rm, msg, sizeof msg));
+    ck_assert(dsv4_routing_within(&rm, NULL, 0));
+    dsv4_tensor_shape_str(&ta, NULL, 0);
+}
+END_TEST
+
 Suite *engines_suite(void)
 {
     Suite *s = suite_create("engines");
@@ -732,6 +899,7 @@ Suite *engines_suite(void)
     tcase_add_test(tc, symmetry_jsonl_from_the_communicator);
     tcase_add_test(tc, run_writes_traces_symmetry_reads);
     tcase_add_test(tc, symmetry_flight_recorder_dumps);
+    tcase_add_test(tc, api_rejects_bad_arguments);
     suite_add_tcase(s, tc);
     return s;
 }
