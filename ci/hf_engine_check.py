@@ -69,6 +69,9 @@ cases:
              shared_clamp: {shared_clamp}, top_p: 0.7, top_p_predictor: const}}
 """
 
+EXPERTS_IMPL = "eager"
+DTYPE = "float32"
+
 DEFECTS = [
     ("routed_clamp_dropped", "the routed experts' SwiGLU clamp dropped (experts.limit = inf)", True),
     ("shared_clamp_dropped", "the shared expert's SwiGLU clamp dropped (shared_experts.limit = inf)", True),
@@ -111,12 +114,17 @@ def make_config(cfg_cls, case):
         setattr(cfg, k, v)
     if hasattr(cfg, "mlp_layer_types"):
         cfg.mlp_layer_types = ["hash_moe" if i < n_hash else "moe" for i in range(n_layers)]
+    try:
+        # the experts' own loop in fp32 (grouped_mm kernels want bf16); --experts-impl picks another
+        cfg._experts_implementation = EXPERTS_IMPL
+    except (AttributeError, ValueError, KeyError):
+        pass
     return cfg
 
 
 def load_block(m, cfg_cls, case, device):
     import torch
-    block = m.DeepseekV4SparseMoeBlock(make_config(cfg_cls, case), case.layer).to(torch.float32)
+    block = m.DeepseekV4SparseMoeBlock(make_config(cfg_cls, case), case.layer).to(getattr(torch, DTYPE))
     prefix = "model.layers.%d.mlp." % case.layer
     sd, extra = {}, {}
     for k, (dt, a) in case.weights().items():
@@ -130,7 +138,7 @@ def load_block(m, cfg_cls, case, device):
             extra[name] = arr  # SPEC.md's top-p predictor: not part of HF's block
             continue
         t = torch.from_numpy(np.ascontiguousarray(arr))
-        sd[name] = t.long() if name.endswith("tid2eid") else t.float()
+        sd[name] = t.long() if name.endswith("tid2eid") else t.float()  # load_state_dict casts to the block's dtype
     missing, unexpected = block.load_state_dict(sd, strict=False)
     # a buffer HF keeps that the layer's kind does not use (e.g. a bias of a hash router) may stay
     # at its initial value; anything else missing, or any key left over, is a loading defect
@@ -242,7 +250,7 @@ def run_case(m, cfg_cls, case, device, defect, out_dir):
         return logits, torch.from_numpy(w).to(weights.device, weights.dtype), torch.from_numpy(idx).to(indices.device)
 
     block.gate.forward = gate
-    x = torch.from_numpy(x_np).to(device)[None]
+    x = torch.from_numpy(x_np).to(device=device, dtype=getattr(torch, DTYPE))[None]
     ids = torch.from_numpy(case.input_ids.astype(np.int64)).to(device)[None]
     with torch.no_grad():
         if case.tokens == 0:
@@ -270,7 +278,13 @@ def main():
     ap.add_argument("--work", default="/tmp/dsv4-hf-engine")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--experts-impl", default="eager", help="HF's experts implementation (eager, grouped_mm, ...)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the block's dtype (float32: as SPEC.md section 9 measured it)")
     a = ap.parse_args()
+    global EXPERTS_IMPL, DTYPE
+    EXPERTS_IMPL = a.experts_impl
+    DTYPE = a.dtype
     try:
         version, m, cfg_cls = hf_classes()
     except Exception as e:  # no torch / transformers / DeepseekV4 in this environment
@@ -279,8 +293,8 @@ def main():
     import torch
     device = a.device if a.device != "cuda" or torch.cuda.is_available() else "cpu"
     sc = shared_clamps(m)
-    print("hf-engine: transformers %s, torch %s, device %s; DeepseekV4MLP clamps the shared expert: %s"
-          % (version, torch.__version__, device, sc))
+    print("hf-engine: transformers %s, torch %s, device %s, %s, experts %s; DeepseekV4MLP clamps the shared "
+          "expert: %s" % (version, torch.__version__, device, DTYPE, EXPERTS_IMPL, sc))
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     scn = os.path.join(a.work, "hf.yaml")
