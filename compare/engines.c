@@ -550,6 +550,7 @@ static void check_case(const char *cases_dir, const char *outputs_dir, const cha
         rok = dsv4_routing_within(&rm, rwhy, sizeof rwhy);
     }
     const char *engine = dsv4_st_metadata(fo, "engine");
+    dsv4_run_ext_ran_on(c, engine);
     if (ok && rok)
         snprintf(msg, sizeof msg, "%s vs ref (rule %s): y %s; %s", engine ? engine : "engine",
                  dsv4_tolerance_name(rule), T ? line : "nothing compared (0 tokens)", rline);

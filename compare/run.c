@@ -1957,6 +1957,17 @@ dsv4_case_result *dsv4_run_ext_case(dsv4_run_results *R, size_t scn, size_t inde
     return c;
 }
 
+void dsv4_run_ext_ran_on(dsv4_case_result *c, const char *ran_on)
+{
+    char *n = ran_on ? xstrdup(ran_on) : NULL;
+    if (!c || !n) {
+        free(n);
+        return;
+    }
+    free(c->backend);
+    c->backend = n;
+}
+
 void dsv4_run_ext_check(dsv4_case_result *c, unsigned check_bit, dsv4_result r, const char *detail)
 {
     if (!c || bit_index(check_bit) < 0 || check_set(c, check_bit))

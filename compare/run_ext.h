@@ -18,6 +18,9 @@ dsv4_case_result *dsv4_run_ext_case(dsv4_run_results *R, size_t scn, size_t inde
                                     const dsv4_config *cfg, int n_ranks, const int64_t *tokens, uint64_t seed,
                                     const char *ran_on);
 
+/* Names what produced the case's outputs (report.json "ran_on"); NULL keeps the current name. */
+void dsv4_run_ext_ran_on(dsv4_case_result *c, const char *ran_on);
+
 /* Sets one check's result and detail (the first setting of a check wins). */
 void dsv4_run_ext_check(dsv4_case_result *c, unsigned check_bit, dsv4_result r, const char *detail);
 

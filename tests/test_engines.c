@@ -424,6 +424,9 @@ START_TEST(clean_engine_passes_check)
     tu_path(p, sizeof p, "eng_out_clean-report/junit.xml");
     ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
     ck_assert_ptr_nonnull(strstr(buf, "tests=\"11\" failures=\"0\" errors=\"0\""));
+    tu_path(p, sizeof p, "eng_out_clean-report/report.json");
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_ptr_nonnull(strstr(buf, "\"ran_on\": \"numpy-indep\""));
     tu_path(p, sizeof p, "eng_out_clean-report/report.html");
     ck_assert(tu_file_exists(p));
     /* an engine's freedom: slot order, the -1 convention (with --sentinel -1), float32 y, y only */
