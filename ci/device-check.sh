@@ -24,6 +24,10 @@
 #   nccl           tests/nccl/device-run.sh: the NCCL communicator's one-GPU tests and a world of every GPU
 #   sanitizer      compute-sanitizer memcheck on the test program's "small" Tcase (CK_RUN_CASE=small,
 #                  CK_FORK=no; DSV4_SANITIZER_ARGS adds arguments)
+#   hf-engine      ci/hf_engine_check.py: HF transformers' DeepseekV4SparseMoeBlock on exported bf16
+#                  cases through dsv4moe check, clean and with each defect patched in (docs/engines.md)
+#   flight-recorder ci/record_flight_recorder.py: a real NCCL flight-recorder dump (world of one) and
+#                  divergent copies through dsv4moe symmetry
 # (make cuda-test runs the same three through ci/cuda-test.sh; this script runs them as separate
 # steps with their own timeouts so one hang costs one row.)
 # Absent pieces (the CUDA backend is not there yet) are "absent" rows, not failures.
@@ -34,12 +38,12 @@
 # the same machine: the table then shows them as they were).
 #
 # Output: at most 8 files under $OUT (the device tool brings back only that many): summary.txt,
-# results.json (steps, the table's numbers per T and mode, issue 15's targets), ceilings.json,
-# torch_peer.json, bench_cuda.json (the fp8 mode's when there are two), logs.tar.gz (every step's log),
-# gpu-report.tar.gz (the scenario report), bench.tar.gz (every JSON the steps wrote: both modes'
-# bench_cuda_*.json, hf_peer.json, gmm_peer.json, the A/B and profile runs'). Large work files (the
-# generated v4-flash layer, about 3.3 GB) go to $DSV4_DEVCHECK_WORK (default /tmp/dsv4-devcheck),
-# never to $OUT.
+# results.json (steps, the table's numbers per T and mode, issue 15's targets), bench_cuda.json (the
+# fp8 mode's when there are two), logs.tar.gz (every step's log), gpu-report.tar.gz (the scenario
+# report), bench.tar.gz (every JSON the steps wrote: ceilings.json, torch_peer.json, both modes'
+# bench_cuda_*.json, hf_peer.json, gmm_peer.json, the A/B and profile runs'), engines.tar.gz
+# (hf-engine's table and reports, the flight-recorder dumps). Large work files (the generated
+# v4-flash layer, about 3.3 GB) go to $DSV4_DEVCHECK_WORK (default /tmp/dsv4-devcheck), never to $OUT.
 # The short table is printed last. Exit status: 0 when no step failed (absent and skipped are not
 # failures), 1 otherwise.
 set -u
@@ -217,10 +221,20 @@ else
     absent nccl "tests/nccl/device-run.sh not there"
 fi
 
+# ---- outside engines (docs/engines.md): HF transformers' block held by dsv4moe check with the
+# defect table; a real NCCL flight-recorder dump (world of one) and divergent copies through symmetry ----
+mkdir -p "$WORK/engines"
+if $PY -c 'import torch, transformers' 2>/dev/null; then
+    step hf-engine 240 "PYTHONUNBUFFERED=1 $PY ci/hf_engine_check.py --cli build/dsv4moe --work $WORK/hf-engine \
+        --json $WORK/engines/hf_engine.json"
+    step flight-recorder 90 "$PY ci/record_flight_recorder.py $WORK/engines/flight-recorder --cli build/dsv4moe"
+else
+    absent hf-engine "no torch or transformers for $PY"
+    absent flight-recorder "no torch for $PY"
+fi
+
 # ---- bundle (at most 8 files under $OUT) ----
-for f in ceilings torch_peer bench_cuda; do
-    [ -f "$WORK/bench/$f.json" ] && cp "$WORK/bench/$f.json" "$OUT/$f.json"
-done
+[ -f "$WORK/bench/bench_cuda.json" ] && cp "$WORK/bench/bench_cuda.json" "$OUT/bench_cuda.json"
 [ -f "$WORK/bench/bench_cuda_fp8.json" ] && cp "$WORK/bench/bench_cuda_fp8.json" "$OUT/bench_cuda.json"
 if ls "$WORK"/bench/*.json >/dev/null 2>&1; then
     (cd "$WORK" && tar -czf - bench/*.json) >"$OUT/bench.tar.gz"
@@ -230,6 +244,9 @@ tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs 2>/dev/null
 # the scenario report without a large HTML page (the JSON and JUnit hold every number)
 find "$WORK/gpu" -name report.html -size +8M -delete 2>/dev/null
 [ -d "$WORK/gpu" ] && tar -czf "$OUT/gpu-report.tar.gz" -C "$WORK" gpu 2>/dev/null
+# the HF table (JSON) and the flight-recorder dumps, with the HF check reports
+cp -r "$WORK/hf-engine"/report-* "$WORK/engines/" 2>/dev/null
+[ -n "$(ls -A "$WORK/engines" 2>/dev/null)" ] && tar -czf "$OUT/engines.tar.gz" -C "$WORK" engines 2>/dev/null
 
 # ---- the short table, last ----
 T_TOTAL=$(($(date +%s) - T_START))

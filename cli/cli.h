@@ -38,6 +38,8 @@ int cli_parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo, i
 /* Returns 0 when `arg` is one of the NULL-terminated `options`; else prints "unknown option"
    (or "unexpected argument") naming the command's --help and returns -1. */
 int cli_known(const char *cmd, const char *arg, const char *const *options);
+/* mkdir -p: the folder and its parents; 0 on success, -1 with errno set otherwise. */
+int cli_mkdir_p(const char *path);
 /* Takes the value of option argv[*i]; prints and returns NULL when missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 
@@ -55,5 +57,8 @@ int cmd_ref(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_symmetry(int argc, char **argv);
 
 #endif

@@ -132,10 +132,14 @@ int cmd_ref(int argc, char **argv)
     int64_t sy[2] = {T, H}, sk[2] = {T, K};
     char hash[32];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)dsv4_ref_hash(&cfg, T, &out));
+    char nexp[32]; /* the pruned-slot sentinel of topk_ids, for dsv4moe diff */
+    snprintf(nexp, sizeof nexp, "%lld", (long long)cfg.n_routed_experts);
     if (dsv4_st_writer_create(&w, &err) || dsv4_st_writer_add(w, "y", DSV4_DTYPE_BF16, 2, sy, y, &err) ||
         dsv4_st_writer_add(w, "topk_ids", DSV4_DTYPE_I32, 2, sk, topk, &err) ||
         dsv4_st_writer_add(w, "topk_weights", DSV4_DTYPE_F32, 2, sk, topw, &err) ||
-        dsv4_st_writer_set_metadata(w, "ref_hash", hash, &err) || dsv4_st_writer_write(w, opath, NULL, NULL, &err)) {
+        dsv4_st_writer_set_metadata(w, "ref_hash", hash, &err) ||
+        dsv4_st_writer_set_metadata(w, "n_routed_experts", nexp, &err) ||
+        dsv4_st_writer_write(w, opath, NULL, NULL, &err)) {
         cli_fail(cmd, &err);
         goto done;
     }

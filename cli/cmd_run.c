@@ -15,7 +15,7 @@
 
 static const char RUN_HELP[] =
     "usage: dsv4moe run FILE.yaml... [--report DIR] [--cache DIR] [--backend ref|cpu|cuda]\n"
-    "                   [--filter SUBSTRING] [--threads N] [--faults]\n\n"
+    "                   [--filter SUBSTRING] [--threads N] [--traces DIR] [--faults]\n\n"
     "Expands each scenario file into its cases (docs/scenarios.md), runs every case's checks\n"
     "(numerics, determinism, symmetry, memory, empty, clamp_exercised, refusal) and writes\n"
     "DIR/report.json, DIR/junit.xml and DIR/report.html. Prints a summary and the details of\n"
@@ -26,6 +26,8 @@ static const char RUN_HELP[] =
     "                       (cases on cuda keep theirs)\n"
     "  --filter SUBSTRING   only the cases whose name contains SUBSTRING\n"
     "  --threads N          threads of the backend and the reference (default 2)\n"
+    "  --traces DIR         multi-rank cases write each rank's collective trace to\n"
+    "                       DIR/<case id>/rank<r>.jsonl (dsv4moe symmetry reads them; docs/engines.md)\n"
     "  --faults             the defect catalogue (fault build only: make faults, then\n"
     "                       build/faults/dsv4moe): every case with a `fault` key runs clean\n"
     "                       and with its defect of the review injected; prints the detection\n"
@@ -92,29 +94,10 @@ static int print_detection_table(const dsv4_run_results *res)
 }
 #endif
 
-static int mkdir_p(const char *path)
-{
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf)
-        return -1;
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++)
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char s = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return -1;
-            buf[i] = s;
-        }
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
-}
-
 int cmd_run(int argc, char **argv)
 {
     const char *cmd = "run";
-    const char *report = "out", *cache = NULL, *filter = NULL;
+    const char *report = "out", *cache = NULL, *filter = NULL, *traces = NULL;
     int backend = -1;
     int64_t threads = 2;
     bool faults = false;
@@ -122,7 +105,7 @@ int cmd_run(int argc, char **argv)
     int nfiles = 0;
     if (!files)
         return cli_failf(cmd, "out of memory");
-    static const char *const opts[] = {"--report", "--cache", "--backend", "--filter", "--threads", NULL};
+    static const char *const opts[] = {"--report", "--cache", "--backend", "--filter", "--threads", "--traces", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -158,6 +141,8 @@ int cmd_run(int argc, char **argv)
             cache = v;
         else if (!strcmp(a, "--filter"))
             filter = v;
+        else if (!strcmp(a, "--traces"))
+            traces = v;
         else if (!strcmp(a, "--backend")) {
             if (!strcmp(v, "ref"))
                 backend = 0;
@@ -210,7 +195,7 @@ int cmd_run(int argc, char **argv)
                        filter ? "'" : "");
         goto out;
     }
-    if (mkdir_p(report) != 0) {
+    if (cli_mkdir_p(report) != 0) {
         rc = cli_failf(cmd, "cannot create the report folder '%s': %s", report, strerror(errno));
         goto out;
     }
@@ -230,6 +215,7 @@ int cmd_run(int argc, char **argv)
     ro.progress = on_progress;
     ro.progress_user = &ps;
     ro.faults = faults;
+    ro.trace_dir = traces;
     dsv4_run_results *res = NULL;
     double t0 = now_s();
     for (int f = 0; f < nfiles; f++) {

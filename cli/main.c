@@ -35,6 +35,9 @@ static const command commands[] = {
     {"plan", "print the execution plan or the refusal", cmd_plan},
     {"run", "run scenario matrices and write reports", cmd_run},
     {"diff", "compare two output files", cmd_diff},
+    {"export", "write a matrix's cases as folders an outside engine runs", cmd_export},
+    {"check", "hold an outside engine's outputs against exported cases", cmd_check},
+    {"symmetry", "compare the collective traces of an engine's ranks", cmd_symmetry},
     {"bench", "time the backends", cmd_bench},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])

@@ -19,6 +19,8 @@
 #include "fileio.h"
 #include "strbuf.h"
 #include "dsv4moe/dist.h"
+#include "dsv4moe/engines.h"
+#include "dsv4moe/symmetry.h"
 #include "dsv4moe/backend.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
@@ -26,6 +28,7 @@
 #include "dsv4moe/run.h"
 #include "err.h"
 #include "faults.h"
+#include "run_ext.h"
 
 #define RUN_CACHE_VERSION "dsv4moe-cache-1"
 /* The clamp must be seen once a case has this many tokens (see docs/scenarios.md). */
@@ -398,49 +401,16 @@ static bool all_bf16(const dsv4_config *c)
     return c->routed_format == DSV4_FORMAT_BF16 && c->shared_format == DSV4_FORMAT_BF16;
 }
 
-/* The per-quant tolerance (SPEC.md section 9: the exact mode's, or the fp8 mode's when the plan
-   runs gemm fp8); fills why on failure. */
+/* The per-quant tolerance of the project's own backends (one rule set for run, diff and check:
+   dsv4_compare_within): the exact mode's, or SPEC.md section 9's fp8 bound when the plan runs
+   gemm fp8; fills why on failure. */
 static bool within_tolerance(const dsv4_config *c, dsv4_gemm_mode gemm, const dsv4_compare_metrics *m, char *why,
                              size_t n)
 {
-    if (m->bad_nonfinite > 0) {
-        snprintf(why, n, "%lld non-finite values where the reference is finite", (long long)m->bad_nonfinite);
-        return false;
-    }
-    if (all_bf16(c)) {
-        if (!(m->deepgemm_diff < 1e-4) || m->ulp_p99 > 1) {
-            snprintf(why, n, "bf16 tolerance (deepgemm_diff < 1e-4, ulp_p99 <= 1) broken: diff %.9g, ulp_p99 %u",
-                     m->deepgemm_diff, m->ulp_p99);
-            return false;
-        }
-    } else if (gemm == DSV4_GEMM_FP8) {
-        /* e4m3 tensor-core sums keep ~14 bits for 128 products before the fp32 promotion: the
-           measured bound of SPEC.md section 9 (the review's defects put 19-36 % beyond) */
-        int64_t allowed = m->n / 50 > 1 ? m->n / 50 : 1;
-        double worst = DSV4_COMPARE_ATOL + 0.2 * m->rms_ref;
-        if (!(m->deepgemm_diff < 1e-3) || m->tol_violations > allowed || m->max_abs > worst) {
-            snprintf(why, n,
-                     "gemm fp8 tolerance (deepgemm_diff < 1e-3, at most 2 %% of elements (%lld) beyond atol = rtol "
-                     "= 0.035, max |a-b| <= 0.035 + 0.2 rms = %.3g) broken: diff %.3g, %lld beyond, max |a-b| %.3g",
-                     (long long)allowed, worst, m->deepgemm_diff, (long long)m->tol_violations, m->max_abs);
-            return false;
-        }
-    } else {
-        /* An activation on an e4m3 rounding boundary can round the other way when g or u differ
-           by one fp32 accumulation ulp; each such flip moves a whole output row by one e4m3 step
-           times |W2|. So a few elements may leave atol/rtol; the worst must stay a small share
-           of the output's rms, and the overall diff tight. A dropped clamp breaks all three. */
-        int64_t allowed = m->n / 200 > 1 ? m->n / 200 : 1;
-        double worst = DSV4_COMPARE_ATOL + 0.1 * m->rms_ref;
-        if (!(m->deepgemm_diff < 1e-3) || m->tol_violations > allowed || m->max_abs > worst) {
-            snprintf(why, n,
-                     "fp8/fp4 tolerance (deepgemm_diff < 1e-3, at most 0.5 %% of elements (%lld) beyond atol = rtol "
-                     "= 0.035, max |a-b| <= 0.035 + 0.1 rms = %.9g) broken: diff %.9g, %lld beyond, max |a-b| %.9g",
-                     (long long)allowed, worst, m->deepgemm_diff, (long long)m->tol_violations, m->max_abs);
-            return false;
-        }
-    }
-    return true;
+    return dsv4_compare_within(all_bf16(c)               ? DSV4_TOL_EXACT_BF16
+                               : gemm == DSV4_GEMM_FP8 ? DSV4_TOL_FP8_MMA
+                                                       : DSV4_TOL_EXACT_QUANT,
+                               m, why, n);
 }
 
 static void trace_entry(const dsv4_coll_record *r, char *buf, size_t n)
@@ -618,6 +588,24 @@ static dsv4_status backend_checkpoint_path(const char *dir, const dsv4_config *c
     if ((st = mkdir_p(out, err)))
         return st;
     return write_shards(src, out, sc->checkpoint.shards, sc->checkpoint.experts_last, err);
+}
+
+/* Writes every rank's trace as trace_dir/<case id>/rank<r>.jsonl; a failure is the symmetry
+   check's error (a trace asked for and not written must not read as a pass). */
+static void write_traces(const char *trace_dir, dsv4_case_result *c, const dsv4_dist_rank *ranks, int world)
+{
+    char id[512], dir[4700], path[4800];
+    dsv4_error e;
+    dsv4_error_clear(&e);
+    dsv4_export_case_id(c->name, -1, id, sizeof id);
+    snprintf(dir, sizeof dir, "%s/%s", trace_dir, id);
+    dsv4_status st = mkdir_p(dir, &e);
+    for (int r = 0; r < world && !st; r++) {
+        snprintf(path, sizeof path, "%s/rank%d.jsonl", dir, r);
+        st = dsv4_trace_write_jsonl(ranks[r].trace, ranks[r].trace_len, r, world, path, &e);
+    }
+    if (st)
+        set_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_ERROR, "writing the collective traces failed: %s", e.message);
 }
 
 /* ---------------- one case ---------------- */
@@ -1128,6 +1116,10 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
         }
     }
 
+    /* the ranks' traces for dsv4moe symmetry (options.trace_dir) */
+    if (ctx->o->trace_dir && ctx->o->trace_dir[0] && !c->injected)
+        write_traces(ctx->o->trace_dir, c, ranks, world);
+
     /* symmetry */
     if (req & DSV4_CHECK_SYMMETRY) {
         char bad[1024] = "";
@@ -1286,6 +1278,20 @@ static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, si
     return c;
 }
 
+/* Room for `extra` more cases in R->cases. */
+static bool grow_cases(dsv4_run_results *R, size_t extra)
+{
+    if (R->n + extra <= R->cap)
+        return true;
+    size_t cap = R->cap ? R->cap * 2 : 64;
+    dsv4_case_result **nc = realloc(R->cases, cap * sizeof *nc);
+    if (!nc)
+        return false;
+    R->cases = nc;
+    R->cap = cap;
+    return true;
+}
+
 dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, dsv4_run_results **results,
                               dsv4_error *err)
 {
@@ -1350,14 +1356,8 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
         const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
         if (opts->filter && !strstr(sc->name, opts->filter))
             continue;
-        if (R->n + 2 > R->cap) {
-            size_t cap = R->cap ? R->cap * 2 : 64;
-            dsv4_case_result **nc = realloc(R->cases, cap * sizeof *nc);
-            if (!nc)
-                goto nomem;
-            R->cases = nc;
-            R->cap = cap;
-        }
+        if (!grow_cases(R, 2))
+            goto nomem;
         dsv4_case_result *c = new_case(scn, scn_index, i, sc);
         if (!c)
             goto nomem;
@@ -1960,4 +1960,107 @@ dsv4_status dsv4_report_write_all(const dsv4_run_results *R, const char *dir, ds
     for (int i = 0; i < 4; i++)
         free(paths[i]);
     return st;
+}
+
+/* ---------------- results built outside the runner (run_ext.h, dsv4moe check) ---------------- */
+
+size_t dsv4_run_ext_scenario(dsv4_run_results **RP, const char *name, const char *path)
+{
+    if (!RP)
+        return SIZE_MAX;
+    dsv4_run_results *R = *RP;
+    bool created = !R;
+    if (created && !(R = calloc(1, sizeof *R)))
+        return SIZE_MAX;
+    scn_rec *ns = realloc(R->scns, (R->nscn + 1) * sizeof *ns);
+    if (ns)
+        R->scns = ns;
+    scn_rec rec = {xstrdup(name), xstrdup(path), 0, calloc(1, sizeof(char *))};
+    if (!ns || !rec.name || !rec.path || !rec.axis_names) {
+        free(rec.name), free(rec.path), free(rec.axis_names);
+        if (created)
+            dsv4_run_results_free(R);
+        return SIZE_MAX;
+    }
+    R->scns[R->nscn] = rec;
+    *RP = R;
+    return R->nscn++;
+}
+
+dsv4_case_result *dsv4_run_ext_case(dsv4_run_results *R, size_t scn, size_t index, const char *name,
+                                    const dsv4_config *cfg, int n_ranks, const int64_t *tokens, uint64_t seed,
+                                    const char *ran_on)
+{
+    if (!R || scn >= R->nscn || n_ranks < 1 || !grow_cases(R, 1))
+        return NULL;
+    dsv4_case_result *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->name = xstrdup(name);
+    c->scn_name = xstrdup(R->scns[scn].name);
+    c->scn_path = xstrdup(R->scns[scn].path);
+    c->scn = scn;
+    c->index = index;
+    c->explicit_index = -1;
+    c->cfg = *cfg;
+    c->topo.world_size = n_ranks;
+    c->topo.tp = c->topo.dp = c->topo.ep = 1;
+    c->n_ranks = n_ranks;
+    c->tokens = malloc((size_t)n_ranks * sizeof *c->tokens);
+    c->replay = calloc((size_t)n_ranks, sizeof *c->replay);
+    c->seed = seed;
+    c->twin = SIZE_MAX;
+    c->backend = xstrdup(ran_on);
+    if (!c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay || (ran_on && !c->backend)) {
+        case_free(c);
+        return NULL;
+    }
+    memcpy(c->tokens, tokens, (size_t)n_ranks * sizeof *c->tokens);
+    R->cases[R->n++] = c;
+    return c;
+}
+
+void dsv4_run_ext_ran_on(dsv4_case_result *c, const char *ran_on)
+{
+    char *n = ran_on ? xstrdup(ran_on) : NULL;
+    if (!c || !n) {
+        free(n);
+        return;
+    }
+    free(c->backend);
+    c->backend = n;
+}
+
+void dsv4_run_ext_check(dsv4_case_result *c, unsigned check_bit, dsv4_result r, const char *detail)
+{
+    if (!c || bit_index(check_bit) < 0 || check_set(c, check_bit))
+        return;
+    c->requested |= check_bit;
+    set_check(c, check_bit, r, "%s", detail ? detail : "");
+}
+
+void dsv4_run_ext_numerics(dsv4_case_result *c, const dsv4_compare_metrics *m, const uint16_t *a, const uint16_t *b,
+                           int64_t T, int64_t H)
+{
+    if (!c || !m)
+        return;
+    c->m = *m;
+    c->has_metrics = true;
+    if (a && b && T > 0)
+        error_profile(c, a, b, &T, 1, H);
+}
+
+void dsv4_run_ext_finish(dsv4_case_result *c, double seconds)
+{
+    if (!c)
+        return;
+    c->seconds = seconds;
+    finish_status(c);
+}
+
+dsv4_status dsv4_run_ext_mkdir_p(const char *path, dsv4_error *err) { return mkdir_p(path, err); }
+
+void dsv4_run_ext_slices(const dsv4_topology *t, const int64_t *tokens, int n, int64_t *off)
+{
+    slice_offsets(t, tokens, n, off);
 }

@@ -61,6 +61,10 @@ typedef struct dsv4_run_options {
      * In the release library true is DSV4_ERR_UNSUPPORTED. Default false.
      */
     bool faults;
+    /* When set, every multi-rank case writes each rank's collective trace as the JSONL of
+       dsv4moe/symmetry.h to trace_dir/<case id>/rank<r>.jsonl (dsv4moe symmetry reads them;
+       the case id as dsv4_export_case_id makes it). Default NULL. */
+    const char *trace_dir;
 } dsv4_run_options;
 
 /* cache "out/cache", backend -1, no filter, 2 threads, no progress, no defects. NULL is a no-op. */
