@@ -32,7 +32,7 @@ OPT ?= -O2
 SANFLAGS ?=
 COVFLAGS ?=
 WARN := -Wall -Wextra -Werror -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
-CPPFLAGS_ALL := -Iinclude -Icore -Iref -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
+CPPFLAGS_ALL := -Iinclude -Icore -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
 CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
 # The reference's numerics must not depend on the compiler fusing a*b+c.
 CFLAGS_REF := -ffp-contract=off

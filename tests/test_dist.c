@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dsv4moe/backend.h"
 #include "dsv4moe/dist.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
@@ -219,6 +220,116 @@ static int same_sequence(const dsv4_dist_rank *a, const dsv4_dist_rank *b)
     return 1;
 }
 
+/* The single-rank counterpart (dsv4_dist_single_rank) of a step: y[r] gets rank r's rows. */
+static void single_rank(const layer *L, const dsv4_topology *t, int world, const int64_t *counts, const int64_t *offs,
+                        uint16_t **y)
+{
+    ranks_io io;
+    setup_io(&io, L, world, counts, offs);
+    for (int r = 0; r < world; r++)
+        io.r[r].y = y[r];
+    dsv4_budget b = big_budget();
+    dsv4_error e;
+    ck_assert_msg(dsv4_dist_single_rank(&L->c, L->ck, t, &b, NULL, io.r, &e) == DSV4_OK, "%s", e.message);
+    for (int r = 0; r < world; r++)
+        io.r[r].y = io.y[r];
+    free_io(&io, world);
+}
+
+/* ep 2, 4, 8 on the cpu backend: every rank's rows bit-identical to the cpu backend's single-rank
+   counterpart, identical collective sequences, each rank's peak within the plan. */
+START_TEST(cpu_ep_reproduces_cpu_bit_for_bit)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "cpuep%d", _i);
+    layer L = make_layer(ep_layers[_i].preset, ep_layers[_i].layer, tag);
+    int64_t H = L.c.dim;
+    const int64_t counts[8] = {37, 0, 5, 130, 1, 0, 64, 9};
+    for (int ep = 2; ep <= 8; ep *= 2) {
+        int64_t offs[8];
+        for (int r = 0, o = 0; r < ep; o += (int)counts[r], r++)
+            offs[r] = o;
+        ranks_io io;
+        setup_io(&io, &L, ep, counts, offs);
+        dsv4_topology t = topo_of(ep, 1, ep, ep, 256);
+        t.backend = DSV4_BACKEND_CPU;
+        t.chunk_tokens = 128;
+        dsv4_budget b = big_budget();
+        dsv4_error e;
+        ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io.r, &e) == DSV4_OK, "ep %d: %s", ep, e.message);
+        uint16_t *yb[8];
+        for (int r = 0; r < ep; r++)
+            yb[r] = calloc((size_t)(counts[r] * H + 1), 2);
+        single_rank(&L, &t, ep, counts, offs, yb);
+        for (int r = 0; r < ep; r++) {
+            int64_t i = 0;
+            while (i < counts[r] * H && yb[r][i] == io.y[r][i])
+                i++;
+            ck_assert_msg(i == counts[r] * H, "%s layer %lld ep %d rank %d: token %lld channel %lld 0x%04x vs 0x%04x",
+                          ep_layers[_i].preset, (long long)ep_layers[_i].layer, ep, r, (long long)(i / H),
+                          (long long)(i % H), io.y[r][i], yb[r][i]);
+            ck_assert_msg(same_sequence(&io.r[0], &io.r[r]), "ep %d: rank %d's collectives differ", ep, r);
+            ck_assert_msg(io.r[r].workspace_peak <= io.r[r].workspace_planned, "ep %d rank %d: peak %llu above plan %llu",
+                          ep, r, (unsigned long long)io.r[r].workspace_peak,
+                          (unsigned long long)io.r[r].workspace_planned);
+            if (counts[r] > 0)
+                ck_assert_uint_gt(io.r[r].workspace_peak, (uint64_t)(counts[r] * H * 4));
+            free(yb[r]);
+        }
+        free_io(&io, ep);
+    }
+    free_layer(&L);
+}
+END_TEST
+
+/* tp = 2 on the cpu backend: both tp
+   ranks hold the same rows, within tolerance of the cpu backend's single-rank counterpart and
+   of the reference. */
+START_TEST(cpu_tp_within_tolerance)
+{
+    layer B = make_layer("mini-bf16", 1, "cputp");
+    int64_t H = B.c.dim, n = 40;
+    const int64_t counts[2] = {40, 40}, offs[2] = {3, 3};
+    ranks_io io;
+    setup_io(&io, &B, 2, counts, offs);
+    dsv4_topology t = topo_of(2, 2, 1, 1, 256);
+    t.backend = DSV4_BACKEND_CPU;
+    dsv4_budget b = big_budget();
+    dsv4_error e;
+    ck_assert_msg(dsv4_dist_forward(&B.c, B.ck, &t, &b, NULL, io.r, &e) == DSV4_OK, "%s", e.message);
+    uint16_t *yr = calloc((size_t)(n * H + 1), 2), *ys0 = calloc((size_t)(n * H + 1), 2),
+             *ys1 = calloc((size_t)(n * H + 1), 2);
+    int32_t ids[160];
+    ref_alone(&B, 3, n, yr, ids);
+    uint16_t *ys[2] = {ys0, ys1};
+    single_rank(&B, &t, 2, counts, offs, ys);
+    int64_t close = 0, same = 0;
+    for (int64_t i = 0; i < n * H; i++) {
+        float a = dsv4_bf16_to_f32(yr[i]), c1 = dsv4_bf16_to_f32(ys0[i]);
+        float v0 = dsv4_bf16_to_f32(io.y[0][i]);
+        ck_assert(io.y[0][i] == io.y[1][i]);
+        float d = a - v0, d1 = c1 - v0;
+        /* against the reference as the ref backend's tp test; against the cpu backend's one rank
+           with the backend's tolerance (atol = rtol = 0.035, docs/cpu.md) */
+        close += (d < 0 ? -d : d) <= 0.02f * (a < 0 ? -a : a) + 1e-3f &&
+                 (d1 < 0 ? -d1 : d1) <= 0.035f * (c1 < 0 ? -c1 : c1) + 0.035f;
+        same += c1 == v0;
+    }
+    ck_assert_msg(close == n * H, "%lld of %lld within tolerance", (long long)close, (long long)(n * H));
+    ck_assert_msg(same > n * H * 9 / 10, "only %lld of %lld bit-identical to one rank", (long long)same,
+                  (long long)(n * H));
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(io.r[r].workspace_peak <= io.r[r].workspace_planned, "rank %d: peak %llu above plan %llu", r,
+                      (unsigned long long)io.r[r].workspace_peak, (unsigned long long)io.r[r].workspace_planned);
+    ck_assert(same_sequence(&io.r[0], &io.r[1]));
+    free(yr);
+    free(ys0);
+    free(ys1);
+    free_io(&io, 2);
+    free_layer(&B);
+}
+END_TEST
+
 START_TEST(per_rank_token_vectors_give_identical_sequences)
 {
     layer L = make_layer("mini", 2, "sym");
@@ -250,7 +361,10 @@ START_TEST(per_rank_token_vectors_give_identical_sequences)
                 io.r[r].can_replay = graph && vecs[v][r] <= 64 && (v >= 2 || r != 2);
             dsv4_budget b = big_budget();
             dsv4_error e;
-            ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io.r, &e) == DSV4_OK, "vec %d graph %d: %s", v,
+            dsv4_dist_options o;
+            dsv4_dist_options_init(&o);
+            o.compute_backend = DSV4_BACKEND_CPU; /* the cuda plan's protocol, computed by cpu stages */
+            ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, &o, io.r, &e) == DSV4_OK, "vec %d graph %d: %s", v,
                           graph, e.message);
             for (int r = 0; r < 4; r++) {
                 ck_assert_msg(same_sequence(&io.r[0], &io.r[r]), "vec %d graph %d: rank %d's collectives differ", v,
@@ -288,6 +402,7 @@ START_TEST(asymmetric_schedule_is_reported_not_hung)
         dsv4_dist_options_init(&o);
         o.timeout_ms = 200;
         o.fault_skip_meta_rank = 1;
+        o.compute_backend = DSV4_BACKEND_CPU;
         dsv4_budget b = big_budget();
         dsv4_error e;
         struct timespec t0, t1;
@@ -355,7 +470,9 @@ Suite *dist_suite(void)
     TCase *tc = tcase_create("dist");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, ep_reproduces_single_rank_bit_for_bit, 0, (int)(sizeof ep_layers / sizeof ep_layers[0]));
+    tcase_add_loop_test(tc, cpu_ep_reproduces_cpu_bit_for_bit, 0, (int)(sizeof ep_layers / sizeof ep_layers[0]));
     tcase_add_test(tc, tp_shards_agree_with_reference);
+    tcase_add_test(tc, cpu_tp_within_tolerance);
     tcase_add_test(tc, per_rank_token_vectors_give_identical_sequences);
     tcase_add_test(tc, asymmetric_schedule_is_reported_not_hung);
     tcase_add_test(tc, refusals_and_bad_inputs_before_any_thread);

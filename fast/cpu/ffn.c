@@ -353,7 +353,7 @@ dsv4_status dsv4_cpu_ffn(cpu_be *b, float *wbase, const wscratch *ws, const cmat
                          _Atomic uint64_t *ucl, dsv4_error *err)
 {
     const dsv4_config *c = &b->cfg;
-    int64_t H = c->dim, I = c->moe_inter_dim;
+    int64_t H = c->dim, I = b->inter; /* this rank's share of moe_inter_dim */
     dsv4_status st = DSV4_OK;
     if (DSV4_FAULT(DSV4_FAULT_F01) && m != b->shared && m[0].v.format == DSV4_FORMAT_FP8)
         clamp = false; /* fault F01: the fp8 per-block routed family without the SwiGLU clamp */
@@ -400,7 +400,7 @@ void dsv4_cpu_batch_worker(void *p, int64_t w, int64_t wend)
     (void)wend;
     cpu_be *b = j->b;
     const dsv4_config *c = &b->cfg;
-    int64_t H = c->dim, I = c->moe_inter_dim;
+    int64_t H = c->dim, I = b->inter; /* this rank's share of moe_inter_dim */
     wscratch ws = dsv4_cpu_worker_scratch(b, j->wbase, (int)w);
     for (;;) {
         int64_t e = j->e0 + atomic_fetch_add(&j->next, 1);

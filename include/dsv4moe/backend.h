@@ -5,7 +5,9 @@
  * workspace and statistics, and is freed. Implementations: "ref" (the
  * deterministic reference), "cpu" (OpenBLAS) and, in a library built with
  * DSV4_WITH_CUDA (`make cuda`: build/cuda/libdsv4moe.a), "cuda" (one sm_90 GPU,
- * docs/cuda.md). A build without CUDA answers DSV4_ERR_UNSUPPORTED for cuda.
+ * docs/cuda.md). A build without CUDA answers DSV4_ERR_UNSUPPORTED for cuda. The registry
+ * (dsv4_backend_count, dsv4_backend_info_*) says which backends a library holds and this
+ * machine runs; the planner takes each backend's memory model from it.
  */
 #ifndef DSV4MOE_BACKEND_H
 #define DSV4MOE_BACKEND_H
@@ -114,6 +116,32 @@ dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *backend);
  */
 dsv4_status dsv4_backend_forward_device(dsv4_backend *backend, int64_t tokens, const void *x, const int32_t *input_ids,
                                         const dsv4_forward_out *out, dsv4_error *err);
+
+/* ---------------- the backend registry ---------------- */
+
+/* What the registry knows of one backend. */
+typedef struct dsv4_backend_info {
+    uint32_t struct_size;   /* sizeof(dsv4_backend_info), set by the library */
+    const char *name;       /* "ref", "cpu", "cuda" (static storage) */
+    dsv4_backend_kind kind;
+    bool built;             /* compiled into this library (cuda: `make cuda`) */
+    bool available;         /* built, and this machine can run it (cuda: a device) */
+    bool sharded;           /* runs ranks of sharded plans (ep > 1, tp > 1) through its stages */
+    char why[160];          /* why it is not available; "" when it is */
+} dsv4_backend_info;
+
+/* The number of registered backends (every kind, built or not). */
+int dsv4_backend_count(void);
+/* The index-th backend (0 .. count - 1), in dsv4_backend_kind order; DSV4_ERR_RANGE outside. */
+dsv4_status dsv4_backend_info_at(int index, dsv4_backend_info *out, dsv4_error *err);
+/* The backend of a kind; DSV4_ERR_INVALID_ARG for an unknown kind. */
+dsv4_status dsv4_backend_info_of(dsv4_backend_kind kind, dsv4_backend_info *out, dsv4_error *err);
+/*
+ * Whether the plan's backend can execute the plan here: DSV4_OK, or DSV4_ERR_UNSUPPORTED with a
+ * message naming what is missing (not built, no device on this machine, a sharded plan for a
+ * backend without stages). dsv4_backend_create asks this first.
+ */
+dsv4_status dsv4_backend_plan_supported(const dsv4_plan *plan, dsv4_error *err);
 
 #ifdef __cplusplus
 }
