@@ -155,11 +155,14 @@ $(CUDA_BUILD)/fast/cuda/%.o: fast/cuda/%.cu $(wildcard fast/cuda/*.cuh) $(wildca
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(CUDA_BUILD)/fast/backend/backend.o: fast/backend/backend.c
+# The backend interface and the registry (which lists the cuda entry) compiled -DDSV4_WITH_CUDA.
+CUDA_HOST_OBJS := $(CUDA_BUILD)/fast/backend/backend.o $(CUDA_BUILD)/fast/backend/registry.o
+$(CUDA_BUILD)/fast/backend/%.o: fast/backend/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o,$(LIB_OBJS)) $(CUDA_BUILD)/fast/backend/backend.o $(CUDA_OBJS)
+$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backend/registry.o,$(LIB_OBJS)) \
+  $(CUDA_HOST_OBJS) $(CUDA_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@
 	ar rcs $@ $^

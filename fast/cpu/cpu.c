@@ -236,28 +236,9 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
                 e++;
                 continue;
             }
-            int64_t e1 = e, rows = 0, groups = 0;
-            while (e1 < E) {
-                int64_t n1 = off[e1 + 1] - off[e1];
-                if (n1 > LARGE_ROWS || rows + n1 > cap)
-                    break;
-                rows += n1;
-                groups += n1 > 0;
-                skips += n1 == 0;
-                e1++;
-            }
-            batch_job bj = {.b = b, .wbase = wbase, .e0 = e, .e1 = e1, .off = off, .base = off[e], .stok = stok,
-                            .sw = sw, .xq = xq, .XG = XG, .GU = GU, .HB = HB, .O = O};
-            atomic_init(&bj.next, 0);
-            atomic_init(&bj.gc, 0);
-            atomic_init(&bj.uc, 0);
-            int workers = groups < b->threads ? (int)groups : b->threads;
-            if ((double)rows * (double)H * (double)I < 2e5)
-                workers = 1;
-            dsv4_parallel_for(workers, workers, 1, dsv4_cpu_batch_worker, &bj);
-            rg += atomic_load(&bj.gc);
-            ru += atomic_load(&bj.uc);
-            launches += (uint64_t)groups;
+            int64_t rows = 0;
+            int64_t e1 = dsv4_cpu_run_batch(b, wbase, e, E, off, cap, stok, sw, xq, XG, GU, HB, O, &rows, &launches,
+                                            &skips, &rg, &ru);
             comb_job cb = {y, O, stok + off[e], after ? sw + off[e] : NULL, rows, H};
             dsv4_parallel_for(rows * H < 262144 ? 1 : b->threads, H, 64, dsv4_cpu_combine, &cb);
             e = e1;

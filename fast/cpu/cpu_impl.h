@@ -132,6 +132,15 @@ typedef struct {
 
 void dsv4_cpu_batch_worker(void *p, int64_t w, int64_t wend);
 
+/* One expert-parallel batch from expert e (its group at most LARGE_ROWS rows): e and the
+   consecutive experts below e_end whose groups fit `cap` rows together, one expert per worker;
+   row q of the batch (slot off[e] + q) is read from xq at stok's row and written to O + q H.
+   Returns the batch's end; adds its rows to *rows, its non-empty groups to *groups, its empty
+   experts to *skips and its clamp counts to *gc, *uc. */
+int64_t dsv4_cpu_run_batch(cpu_be *b, float *wbase, int64_t e, int64_t e_end, const int64_t *off, int64_t cap,
+                           const int32_t *stok, const float *sw, const float *xq, float *XG, float *GU, float *HB,
+                           float *O, int64_t *rows, uint64_t *groups, uint64_t *skips, uint64_t *gc, uint64_t *uc);
+
 /* Router (SPEC.md 2-3) over tokens [lo, hi): ids, weights, kept counts, non-finite flags. */
 typedef struct {
     cpu_be *b;

@@ -157,28 +157,10 @@ static dsv4_status cpu_experts(void *p, int64_t m, const uint16_t *x, const int3
             e++;
             continue;
         }
-        int64_t e1 = e, rows = 0, groups = 0;
-        while (e1 < e_end) {
-            int64_t n1 = off[e1 + 1] - off[e1];
-            if (n1 > LARGE_ROWS || rows + n1 > cap)
-                break;
-            rows += n1;
-            groups += n1 > 0;
-            b->stats.empty_skips += n1 == 0;
-            e1++;
-        }
-        batch_job bj = {.b = b, .wbase = wbase, .e0 = e, .e1 = e1, .off = off, .base = off[e], .stok = stok, .sw = w,
-                        .xq = xq, .XG = XG, .GU = GU, .HB = HB, .O = out + off[e] * H};
-        atomic_init(&bj.next, 0);
-        atomic_init(&bj.gc, 0);
-        atomic_init(&bj.uc, 0);
-        int workers = groups < b->threads ? (int)groups : b->threads;
-        if ((double)rows * (double)H * (double)I < 2e5)
-            workers = 1;
-        dsv4_parallel_for(workers, workers, 1, dsv4_cpu_batch_worker, &bj);
-        b->stats.routed_g_clamped += atomic_load(&bj.gc);
-        b->stats.routed_u_clamped += atomic_load(&bj.uc);
-        b->stats.launches += (uint64_t)groups;
+        int64_t rows = 0;
+        int64_t e1 = dsv4_cpu_run_batch(b, wbase, e, e_end, off, cap, stok, w, xq, XG, GU, HB, out + off[e] * H, &rows,
+                                        &b->stats.launches, &b->stats.empty_skips, &b->stats.routed_g_clamped,
+                                        &b->stats.routed_u_clamped);
         e = e1;
     }
     return DSV4_OK;
