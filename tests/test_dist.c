@@ -8,6 +8,7 @@
 #include "dsv4moe/dist.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
+#include "backend/backend_impl.h"
 #include "dsv4moe/ref.h"
 #include "testutil.h"
 
@@ -464,6 +465,82 @@ START_TEST(refusals_and_bad_inputs_before_any_thread)
 }
 END_TEST
 
+/* The stages refuse work that is not the rank's: other experts, another inter range, unsorted
+   groups, weights where none belong, tokens outside the chunk. */
+START_TEST(stages_check_their_arguments)
+{
+    layer L = make_layer("mini", 1, "stages");
+    int64_t H = L.c.dim, E = L.c.n_routed_experts;
+    dsv4_error e;
+    dsv4_budget b = big_budget();
+    for (int kind = 0; kind < 2; kind++) {
+        dsv4_topology t = topo_of(2, 1, 2, 2, 64);
+        t.rank = 1; /* experts [E/2, E) */
+        t.backend = kind ? DSV4_BACKEND_CPU : DSV4_BACKEND_REF;
+        dsv4_plan *p;
+        dsv4_backend *be;
+        ck_assert_msg(dsv4_plan_create(&L.c, &t, &b, &p, &e) == DSV4_OK, "%s", e.message);
+        ck_assert_msg(dsv4_backend_create(p, L.ck, 1, &be, &e) == DSV4_OK, "%s", e.message);
+        const dsv4_backend_stages *st = dsv4_backend_get_stages(be);
+        ck_assert_ptr_nonnull(st);
+        void *impl = be->impl;
+        int32_t ex[3] = {(int32_t)(E / 2), (int32_t)(E / 2), (int32_t)(E - 1)}, sh[3] = {-1, -1, -1};
+        float w[3] = {0.5f, 0.25f, 0.125f}, *out = calloc((size_t)(3 * H), sizeof *out);
+        uint16_t *x = calloc((size_t)(3 * H), 2), *y = calloc((size_t)(3 * H), 2);
+        memcpy(x, L.x, (size_t)(3 * H) * 2);
+        int64_t I = L.c.moe_inter_dim;
+        ck_assert_msg(st->experts(impl, 3, x, ex, w, 0, I, out, &e) == DSV4_OK, "%s", e.message);
+        ck_assert(out[0] != 0.0f || out[1] != 0.0f);
+        ck_assert_int_eq(st->experts(impl, 0, x, ex, w, 0, I, out, &e), DSV4_OK);
+        ck_assert_int_eq(st->experts(impl, 3, x, sh, w, 0, I, out, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_msg(st->experts(impl, 3, x, sh, NULL, 0, I, out, &e) == DSV4_OK, "%s", e.message);
+        if (kind) { /* the cpu backend holds only its shard */
+            int32_t other[3] = {0, 1, 2}, unsorted[3] = {(int32_t)(E - 1), (int32_t)(E / 2), (int32_t)(E / 2)};
+            ck_assert_int_eq(st->experts(impl, 3, x, other, w, 0, I, out, &e), DSV4_ERR_INVALID_ARG);
+            ck_assert_ptr_nonnull(strstr(e.message, "expert 0"));
+            ck_assert_int_eq(st->experts(impl, 3, x, unsorted, w, 0, I, out, &e), DSV4_ERR_INVALID_ARG);
+            ck_assert_int_eq(st->experts(impl, 3, x, ex, NULL, 0, I, out, &e), DSV4_ERR_INVALID_ARG);
+            ck_assert_int_eq(st->experts(impl, 3, x, ex, w, 128, I, out, &e), DSV4_ERR_INVALID_ARG);
+            ck_assert_ptr_nonnull(strstr(e.message, "inter rows"));
+            int32_t ids[24];
+            float rw[24];
+            ck_assert_int_eq(st->route(impl, 65, x, NULL, ids, rw, NULL, &e), DSV4_ERR_INVALID_ARG);
+        }
+        int32_t tok[3] = {0, 1, 5};
+        uint16_t o[3 * 256] = {0};
+        ck_assert_int_eq(st->combine(impl, 3, 3, tok, w, o, NULL, y, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(e.message, "token 5"));
+        tok[2] = 2;
+        ck_assert_msg(st->combine(impl, 3, 3, tok, w, o, x, y, &e) == DSV4_OK, "%s", e.message);
+        ck_assert_int_eq(memcmp(x, y, (size_t)(3 * H) * 2), 0); /* zero outputs plus the shared rows */
+        /* a rank of a sharded plan: stages only */
+        dsv4_forward_out fo = {.y = y};
+        ck_assert_int_eq(dsv4_backend_forward(be, 1, x, L.ids, &fo, &e), DSV4_ERR_UNSUPPORTED);
+        free(out);
+        free(x);
+        free(y);
+        dsv4_backend_free(be);
+        dsv4_plan_free(p);
+    }
+    /* the driver's own argument checks */
+    dsv4_dist_options o;
+    dsv4_dist_options_init(&o);
+    ck_assert_int_eq(o.compute_backend, -1);
+    o.compute_backend = 9;
+    const int64_t counts[2] = {1, 1}, offs[2] = {0, 1};
+    ranks_io io;
+    setup_io(&io, &L, 2, counts, offs);
+    dsv4_topology t = topo_of(2, 1, 2, 2, 64);
+    ck_assert_int_eq(dsv4_dist_forward(&L.c, L.ck, &t, &b, &o, io.r, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_dist_single_rank(NULL, L.ck, &t, &b, NULL, io.r, &e), DSV4_ERR_INVALID_ARG);
+    t.backend = DSV4_BACKEND_CUDA; /* no stand-in: this build has no cuda (or no stages for it) */
+    ck_assert_int_eq(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io.r, &e), DSV4_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(e.message, "cuda"));
+    free_io(&io, 2);
+    free_layer(&L);
+}
+END_TEST
+
 Suite *dist_suite(void)
 {
     Suite *s = suite_create("dist");
@@ -473,6 +550,7 @@ Suite *dist_suite(void)
     tcase_add_loop_test(tc, cpu_ep_reproduces_cpu_bit_for_bit, 0, (int)(sizeof ep_layers / sizeof ep_layers[0]));
     tcase_add_test(tc, tp_shards_agree_with_reference);
     tcase_add_test(tc, cpu_tp_within_tolerance);
+    tcase_add_test(tc, stages_check_their_arguments);
     tcase_add_test(tc, per_rank_token_vectors_give_identical_sequences);
     tcase_add_test(tc, asymmetric_schedule_is_reported_not_hung);
     tcase_add_test(tc, refusals_and_bad_inputs_before_any_thread);
