@@ -177,6 +177,16 @@ $(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
 $(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
+# The device sim communicator's device test (include/dsv4moe/comm_devsim.h): ep 2, 4, 8 on one GPU.
+CUDA_DEVSIM_TEST := $(CUDA_BUILD)/test_devsim
+
+$(CUDA_BUILD)/tests/cuda/test_devsim.o: tests/cuda/test_devsim.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) -Itests -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(CUDA_DEVSIM_TEST): $(CUDA_BUILD)/tests/cuda/test_devsim.o $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
+
 # The benchmark's CUDA build: device-resident buffers through the CUDA runtime (dsv4_backend_forward_device).
 CUDA_BENCH := $(CUDA_BUILD)/bench_cuda
 
@@ -188,7 +198,7 @@ $(CUDA_BENCH): $(CUDA_BUILD)/bench/bench_cuda.o $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
 cuda: deps
-	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_BENCH) $(CEILINGS_BIN)
+	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_DEVSIM_TEST) $(CUDA_BENCH) $(CEILINGS_BIN)
 
 # On the GPU machine: the device tests, the scenario file and a memcheck run (logs under $(OUT)/cuda).
 cuda-test: cuda
