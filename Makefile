@@ -32,14 +32,14 @@ OPT ?= -O2
 SANFLAGS ?=
 COVFLAGS ?=
 WARN := -Wall -Wextra -Werror -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
-CPPFLAGS_ALL := -Iinclude -Icore -Iref -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
+CPPFLAGS_ALL := -Iinclude -Icore -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
 CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
 # The reference's numerics must not depend on the compiler fusing a*b+c.
 CFLAGS_REF := -ffp-contract=off
 LDLIBS_ALL := -ljansson -lyaml -lopenblas -lm -pthread
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -pthread)
 
-LIB_SRCS := $(filter-out core/faults.c,$(wildcard core/*.c)) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard compare/*.c) $(wildcard scenarios/*.c)
+LIB_SRCS := $(filter-out core/faults.c,$(wildcard core/*.c)) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard fast/cpu/kernels/*.c) $(wildcard compare/*.c) $(wildcard scenarios/*.c)
 # ---- the fault build (make faults): the defect catalogue of core/faults.h ----
 # FAULTS=1 compiles every object with -DDSV4_FAULTS and adds core/faults.c; only ever
 # with its own BUILD folder (build/faults), so the release library never holds a fault.
@@ -171,11 +171,14 @@ $(CUDA_BUILD)/fast/cuda/gemm_fp8.o: fast/cuda/gemm_fp8.cu fast/cuda/gemm_fp8.h $
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -DNDEBUG -isystem $(CUTLASS_DIR)/include --expt-relaxed-constexpr -c $< -o $@
 
-$(CUDA_BUILD)/fast/backend/backend.o: fast/backend/backend.c
+# The backend interface and the registry (which lists the cuda entry) compiled -DDSV4_WITH_CUDA.
+CUDA_HOST_OBJS := $(CUDA_BUILD)/fast/backend/backend.o $(CUDA_BUILD)/fast/backend/registry.o
+$(CUDA_BUILD)/fast/backend/%.o: fast/backend/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o,$(LIB_OBJS)) $(CUDA_BUILD)/fast/backend/backend.o $(CUDA_OBJS)
+$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backend/registry.o,$(LIB_OBJS)) \
+  $(CUDA_HOST_OBJS) $(CUDA_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@
 	ar rcs $@ $^
@@ -190,6 +193,16 @@ $(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
 $(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
+# The device sim communicator's device test (include/dsv4moe/comm_devsim.h): ep 2, 4, 8 on one GPU.
+CUDA_DEVSIM_TEST := $(CUDA_BUILD)/test_devsim
+
+$(CUDA_BUILD)/tests/cuda/test_devsim.o: tests/cuda/test_devsim.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) -Itests -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(CUDA_DEVSIM_TEST): $(CUDA_BUILD)/tests/cuda/test_devsim.o $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
+
 # The benchmark's CUDA build: device-resident buffers through the CUDA runtime (dsv4_backend_forward_device).
 CUDA_BENCH := $(CUDA_BUILD)/bench_cuda
 
@@ -201,7 +214,7 @@ $(CUDA_BENCH): $(CUDA_BUILD)/bench/bench_cuda.o $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
 cuda: deps
-	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_BENCH) $(CEILINGS_BIN)
+	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_DEVSIM_TEST) $(CUDA_BENCH) $(CEILINGS_BIN)
 
 # On the GPU machine: the device tests, the scenario file and a memcheck run (logs under $(OUT)/cuda).
 cuda-test: cuda

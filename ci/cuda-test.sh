@@ -3,6 +3,7 @@
 #   1. build/cuda/test_cuda: the backend against the reference (tests/cuda/test_cuda.c);
 #   2. scenarios/gpu.yaml through the CUDA CLI with --backend cuda;
 #   3. compute-sanitizer memcheck on the "small" test case;
+#   3b. build/cuda/test_devsim (the device sim communicator, ep 2/4/8) and it under memcheck;
 #   4. timings at v4-flash shapes when DSV4MOE_CUDA_BENCH=1 (experts: DSV4MOE_CUDA_BENCH_EXPERTS, default 32).
 # usage: cuda-test.sh BUILDDIR OUTDIR. Logs under OUTDIR; a table last.
 set -u
@@ -25,6 +26,11 @@ T2=$(date +%s)
 CK_FORK=no CK_RUN_CASE=small timeout "${T_SAN:-200}" "$SAN" --tool memcheck --leak-check full --error-exitcode 9 \
     "$B/test_cuda" >"$O/memcheck.log" 2>&1
 rc_san=$?
+timeout "${T_DEVSIM:-60}" "$B/test_devsim" >"$O/devsim.log" 2>&1
+rc_devsim=$?
+CK_FORK=no timeout "${T_SAN:-200}" "$SAN" --tool memcheck --leak-check full --error-exitcode 9 \
+    "$B/test_devsim" >"$O/devsim_memcheck.log" 2>&1
+rc_devsim_san=$?
 T3=$(date +%s)
 rm -f "$O/rep/report.html"
 if [ "${DSV4MOE_CUDA_BENCH:-0}" = 1 ]; then
@@ -45,6 +51,8 @@ T4=$(date +%s)
     echo "== compute-sanitizer memcheck rc $rc_san ($((T3 - T2)) s): $(grep -E 'ERROR SUMMARY' "$O/memcheck.log" | tail -n 1)"
     grep -E '^[0-9]+%: Checks' "$O/memcheck.log" | tail -n 1
     grep -E '========= (Invalid|Program hit|Error)' "$O/memcheck.log" | sort | uniq -c | head -n 5
+    echo "== test_devsim rc $rc_devsim: $(grep -E '^[0-9]+%: Checks' "$O/devsim.log" | tail -n 1); memcheck rc $rc_devsim_san: $(grep -E 'ERROR SUMMARY' "$O/devsim_memcheck.log" | tail -n 1)"
+    grep -E ':(F|E):' "$O/devsim.log" | head -n 10
     if [ -f "$O/timing.log" ]; then
         echo "== timings ($((T4 - T3)) s)"
         grep -E '^cuda_bench' "$O/timing.log" | sed -E 's/^cuda_bench //'
@@ -52,4 +60,4 @@ T4=$(date +%s)
     fi
 } >>"$O/summary.txt"
 cat "$O/summary.txt"
-[ $rc_tests -eq 0 ] && [ $rc_scen -eq 0 ] && [ $rc_san -eq 0 ]
+[ $rc_tests -eq 0 ] && [ $rc_scen -eq 0 ] && [ $rc_san -eq 0 ] && [ $rc_devsim -eq 0 ] && [ $rc_devsim_san -eq 0 ]

@@ -20,6 +20,9 @@
 #                  and CUDA-graph replay, per T (a transformers without DeepseekV4 is a JSON saying so)
 #   gmm-peer       bench/scaled_gmm_peer.py: torch._scaled_grouped_mm on the routed experts' two GEMMs, per T
 #   cuda-test      build/cuda/test_cuda (DSV4MOE_CUDA_REQUIRED=1: GPU cases may not skip), when built
+#   devsim         build/cuda/test_devsim: the device sim communicator, ep 2/4/8 ranks as threads with
+#                  their own streams on one GPU, and the skipped-metadata deadlock reported (not hung);
+#                  then the same under compute-sanitizer memcheck (CK_FORK=no)
 #   gpu-scenario   build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda, when both exist
 #   nccl           tests/nccl/device-run.sh: the NCCL communicator's one-GPU tests and a world of every GPU
 #   sanitizer      compute-sanitizer memcheck on the test program's "small" Tcase (CK_RUN_CASE=small,
@@ -198,13 +201,20 @@ if [ -n "$CUDA_TEST" ]; then
 else
     absent cuda-test "no build/cuda/test_cuda (make cuda builds it with the CUDA backend)"
 fi
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x build/cuda/test_devsim ]; then
+    step devsim 60 "$CUDA_ENV build/cuda/test_devsim"
+    [ -x "$SAN" ] && step devsim-sanitizer 90 "$CUDA_ENV CK_FORK=no $SAN --tool memcheck --leak-check full \
+        --error-exitcode 9 build/cuda/test_devsim"
+else
+    absent devsim "no build/cuda/test_devsim (make cuda builds it)"
+fi
 if [ -x build/cuda/dsv4moe ] && [ -f scenarios/gpu.yaml ]; then
     step gpu-scenario 200 "$CUDA_ENV build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads 8 \
         --report $WORK/gpu --cache $WORK/cuda-tmp/scen-cache"
 else
     absent gpu-scenario "build/cuda/dsv4moe or scenarios/gpu.yaml not there"
 fi
-SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -n "$CUDA_TEST" ] && [ -x "$SAN" ]; then
     # the test program's "small" Tcase, in one process (CK_FORK=no) so memcheck sees every kernel
     step sanitizer 150 "$CUDA_ENV CK_FORK=no CK_RUN_CASE=small $SAN --tool memcheck --leak-check full \

@@ -19,7 +19,7 @@ typedef struct {
 
 static const entry CATALOGUE[DSV4_FAULT_END] = {
     [DSV4_FAULT_F01] = {"f01", "1", "routed experts of the fp8 per-block family run without the SwiGLU clamp",
-                        "fast/cpu/cpu.c ffn()"},
+                        "fast/cpu/ffn.c dsv4_cpu_ffn()"},
     [DSV4_FAULT_F02] = {"f02", "2",
                         "one rank with dispatch all_gather is refused, the message naming the quantization, ep and "
                         "parallelism instead of the dispatch",

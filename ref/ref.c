@@ -537,3 +537,99 @@ uint64_t dsv4_ref_hash(const dsv4_config *c, int64_t T, const dsv4_ref_output *o
         h = fnv(h, out->topk_weights, (size_t)(T * c->n_activated) * sizeof *out->topk_weights);
     return h;
 }
+
+/* ---------------- the stages (dsv4moe/ref.h) ---------------- */
+
+dsv4_status dsv4_ref_stage_route(const dsv4_ref *r, int64_t n, const uint16_t *x, const int32_t *in_ids, int32_t *ids,
+                                 float *w, int32_t *kept, uint64_t *nonfinite_rows, dsv4_error *err)
+{
+    if (!r || n < 0 || (n > 0 && (!x || !ids || !w)))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref route", "handle, x, ids and w must not be NULL");
+    int64_t H = r->cfg.dim;
+    float *xf = malloc((size_t)(n * H + 1) * sizeof *xf);
+    unsigned char *nf = malloc((size_t)n + 1);
+    dsv4_status st = DSV4_OK;
+    if (!xf || !nf) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, "ref route", "out of memory for %lld tokens", (long long)n);
+        goto done;
+    }
+    for (int64_t i = 0; i < n * H; i++)
+        xf[i] = dsv4_bf16_to_f32(x[i]);
+    if ((st = dsv4_ref_route(r, r->threads, n, xf, in_ids, ids, w, kept, nf, err)))
+        goto done;
+    if (nonfinite_rows)
+        for (int64_t t = 0; t < n; t++)
+            *nonfinite_rows += nf[t];
+done:
+    free(xf);
+    free(nf);
+    return st;
+}
+
+dsv4_status dsv4_ref_stage_experts(const dsv4_ref *r, int64_t m, const uint16_t *x, const int32_t *expert,
+                                   const float *w, int64_t i0, int64_t ni, float *out, dsv4_ref_stats *stats,
+                                   dsv4_error *err)
+{
+    if (!r || m < 0 || (m > 0 && (!x || !expert || !out)))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref experts", "handle, x, expert and out must not be NULL");
+    const dsv4_config *c = &r->cfg;
+    int64_t H = c->dim;
+    float *xf = malloc((size_t)(m * H + 1) * sizeof *xf);
+    if (!xf)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref experts", "out of memory for %lld rows", (long long)m);
+    for (int64_t i = 0; i < m * H; i++)
+        xf[i] = dsv4_bf16_to_f32(x[i]);
+    dsv4_ref_stats dummy;
+    memset(&dummy, 0, sizeof dummy);
+    if (!stats)
+        stats = &dummy;
+    dsv4_status st = DSV4_OK;
+    for (int64_t a = 0; a < m && !st;) {
+        int64_t b = a, e = expert[a];
+        while (b < m && expert[b] == e)
+            b++;
+        bool shared = e == DSV4_SHARED_EXPERT;
+        if (shared && w)
+            st = dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref experts", "the shared expert takes no router weights");
+        else
+            st = dsv4_ref_ffn_partial(r, r->threads, e, b - a, xf + a * H, shared ? NULL : w + a, i0, ni, out + a * H,
+                                      shared ? &stats->shared_g_clamped : &stats->routed_g_clamped,
+                                      shared ? &stats->shared_u_clamped : &stats->routed_u_clamped, err);
+        a = b;
+    }
+    free(xf);
+    return st;
+}
+
+dsv4_status dsv4_ref_stage_combine(const dsv4_ref *r, int64_t n, int64_t ns, const int32_t *tok, const float *w,
+                                   const uint16_t *o, const uint16_t *shared, uint16_t *y, dsv4_error *err)
+{
+    if (!r || n < 0 || ns < 0 || (ns > 0 && (!tok || !w || !o)) || (n > 0 && !y))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref combine", "handle, slots and y must not be NULL");
+    const dsv4_config *c = &r->cfg;
+    int64_t H = c->dim;
+    float *acc = calloc((size_t)(n * H + 1), sizeof *acc);
+    float *row = malloc((size_t)H * sizeof *row);
+    if (!acc || !row) {
+        free(acc);
+        free(row);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref combine", "out of memory for %lld tokens", (long long)n);
+    }
+    dsv4_status st = DSV4_OK;
+    for (int64_t s = 0; s < ns; s++) {
+        if (tok[s] < 0 || tok[s] >= n) {
+            st = dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref combine", "slot %lld names token %d outside [0, %lld)",
+                             (long long)s, tok[s], (long long)n);
+            break;
+        }
+        for (int64_t h = 0; h < H; h++)
+            row[h] = dsv4_bf16_to_f32(o[s * H + h]);
+        dsv4_ref_accumulate(c, H, row, w[s], acc + (int64_t)tok[s] * H);
+    }
+    if (!st)
+        for (int64_t i = 0; i < n * H; i++)
+            y[i] = dsv4_f32_to_bf16(shared ? acc[i] + dsv4_bf16_to_f32(shared[i]) : acc[i]);
+    free(acc);
+    free(row);
+    return st;
+}

@@ -14,12 +14,45 @@
 #include "dsv4moe/weights.h"
 #include "testutil.h"
 
+/* The registry: every kind listed, with what this build and machine hold. */
+START_TEST(registry_lists_backends)
+{
+    dsv4_error e;
+    dsv4_backend_info info;
+    ck_assert_int_eq(dsv4_backend_count(), 3);
+    const char *names[3] = {"ref", "cpu", "cuda"};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(dsv4_backend_info_at(i, &info, &e), DSV4_OK);
+        ck_assert_str_eq(info.name, names[i]);
+        ck_assert_int_eq((int)info.kind, i);
+        ck_assert_uint_eq(info.struct_size, sizeof info);
+        if (i < 2) { /* ref and cpu: in every build, on every machine, with stages */
+            ck_assert(info.built && info.available && info.sharded);
+            ck_assert_str_eq(info.why, "");
+        }
+    }
+#ifndef DSV4_WITH_CUDA
+    ck_assert(!info.built && !info.available && !info.sharded);
+    ck_assert_msg(strstr(info.why, "not available in this build (available: ref, cpu)") != NULL, "%s", info.why);
+#endif
+    ck_assert_int_eq(dsv4_backend_info_at(3, &info, &e), DSV4_ERR_RANGE);
+    ck_assert_int_eq(dsv4_backend_info_at(-1, &info, &e), DSV4_ERR_RANGE);
+    ck_assert_int_eq(dsv4_backend_info_at(0, NULL, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_info_of((dsv4_backend_kind)7, &info, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_info_of(DSV4_BACKEND_CPU, &info, &e), DSV4_OK);
+    ck_assert_str_eq(info.name, "cpu");
+    ck_assert_int_eq(dsv4_backend_plan_supported(NULL, &e), DSV4_ERR_INVALID_ARG);
+}
+END_TEST
+
 Suite *cpu_suite(void);
 
-/* fast/cpu/cpu.c: the CPU backend's weight decoder (SIMD where available). */
-void dsv4_cpu_dequant_rows_for_test(const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out);
-/* fast/cpu/cpu.c: the fused decode-dot a forward would run (C[q * m->n + j] = X[q] . W[j]). */
-int dsv4_cpu_fused_dot_for_test(const dsv4_matrix_view *m, int64_t n, const float *X, float *C);
+/* The CPU backend's kernel tables and its fused regime on one matrix (internal headers). */
+#include "cpu/cpu_impl.h"
+#include "cpu/kernels/kernels.h"
+
+/* The kernel table the cpu backend of check_case runs (AUTO: the best this CPU has). */
+static dsv4_cpu_kernels case_kernels = DSV4_CPU_KERNELS_AUTO;
 
 typedef struct {
     const char *name;
@@ -103,8 +136,14 @@ static void run_backend(const dsv4_config *c, dsv4_backend_kind kind, int64_t ch
     dsv4_plan *p = make_plan(c, kind, chunk);
     dsv4_backend *b = NULL;
     dsv4_error e;
-    ck_assert_msg(dsv4_backend_create(p, ck, threads, &b, &e) == DSV4_OK, "create: %s", e.message);
+    dsv4_backend_options bo;
+    dsv4_backend_options_init(&bo);
+    bo.threads = threads;
+    bo.cpu_kernels = case_kernels;
+    ck_assert_msg(dsv4_backend_create_with(p, ck, &bo, &b, &e) == DSV4_OK, "create: %s", e.message);
     ck_assert_str_eq(dsv4_backend_name(b), kind == DSV4_BACKEND_CPU ? "cpu" : "ref");
+    if (kind == DSV4_BACKEND_CPU && case_kernels != DSV4_CPU_KERNELS_AUTO)
+        ck_assert_str_eq(dsv4_backend_kernels(b), dsv4_cpu_kernels_name(case_kernels));
     int64_t H = c->dim, K = c->n_activated;
     r->y = calloc((size_t)(T * H + 1), sizeof *r->y);
     r->ids = calloc((size_t)(T * K + 1), sizeof *r->ids);
@@ -266,36 +305,86 @@ START_TEST(ref_same_bytes_at_any_thread_count)
 }
 END_TEST
 
-/* The scalar fallback (no SIMD) gives the same answers. */
-START_TEST(scalar_fallback)
+/* Every kernel table this CPU runs below its best (the best runs every case above), each on
+   the regimes it changes: the reference (portable C), AVX2 only, AVX-512 without the bf16
+   kernels (the fp32 fp4 kernel, dequantize + sgemm for large groups), AVX512-BF16 without VBMI
+   (the 64-block bf16 fp4 kernel instead of the grouped-scale one). */
+START_TEST(every_kernel_table)
 {
-    setenv("DSV4MOE_CPU_NO_SIMD", "1", 1);
-    cpu_case k1 = {"scalar mini", "mini", 1, 77, 0, -1, -1, -1, 2, 0};
-    check_case(&k1);
-    cpu_case k2 = {"scalar mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 2, 0};
-    check_case(&k2);
-    unsetenv("DSV4MOE_CPU_NO_SIMD");
-    /* AVX2 kernels only (where the CPU has AVX-512, its kernels are the default) */
-    setenv("DSV4MOE_CPU_NO_AVX512", "1", 1);
-    cpu_case k3 = {"avx2 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2, 0};
-    check_case(&k3);
-    cpu_case k4 = {"avx2 mini-fp8 T=5", "mini-fp8", 1, 5, 0, -1, -1, -1, 2, 0};
-    check_case(&k4);
-    unsetenv("DSV4MOE_CPU_NO_AVX512");
-    /* AVX-512 without the bf16 kernel: the fp32 fp4 kernel, and dequantize + sgemm for large groups */
-    setenv("DSV4MOE_CPU_NO_BF16", "1", 1);
-    cpu_case k5 = {"fp32-512 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2, 0};
-    check_case(&k5);
-    cpu_case k6 = {"fp32-512 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 2, 0};
-    check_case(&k6);
-    unsetenv("DSV4MOE_CPU_NO_BF16");
-    /* AVX512-BF16 without VBMI: the 64-block bf16 fp4 kernel instead of the grouped-scale one */
-    setenv("DSV4MOE_CPU_NO_VBMI", "1", 1);
-    cpu_case k7 = {"bf16-64 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2, 0};
-    check_case(&k7);
-    cpu_case k8 = {"bf16-64 mini T=1", "mini", 1, 1, 0, -1, -1, -1, 2, 0};
-    check_case(&k8);
-    unsetenv("DSV4MOE_CPU_NO_VBMI");
+    static const struct {
+        dsv4_cpu_kernels level;
+        cpu_case k[2];
+    } runs[] = {
+        {DSV4_CPU_KERNELS_REF,
+         {{"ref mini", "mini", 1, 77, 0, -1, -1, -1, 2, 0}, {"ref mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 2, 0}}},
+        {DSV4_CPU_KERNELS_AVX2,
+         {{"avx2 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2, 0}, {"avx2 mini-fp8 T=5", "mini-fp8", 1, 5, 0, -1, -1, -1, 2, 0}}},
+        {DSV4_CPU_KERNELS_AVX512,
+         {{"fp32-512 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2, 0},
+          {"fp32-512 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 2, 0}}},
+        {DSV4_CPU_KERNELS_AVX512_BF16,
+         {{"bf16-64 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 2, 0}, {"bf16-64 mini T=1", "mini", 1, 1, 0, -1, -1, -1, 2, 0}}},
+    };
+    int ran = 0;
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        if (!dsv4_cpu_kernels_available(runs[r].level))
+            continue;
+        case_kernels = runs[r].level;
+        check_case(&runs[r].k[0]);
+        check_case(&runs[r].k[1]);
+        ran++;
+    }
+    case_kernels = DSV4_CPU_KERNELS_AUTO;
+    ck_assert_int_ge(ran, 1); /* the reference runs everywhere */
+}
+END_TEST
+
+/* A table this CPU lacks is refused at creation naming the rule; unknown names and values too. */
+START_TEST(kernel_table_choice_errors)
+{
+    dsv4_cpu_kernels k;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_cpu_kernels_from_name("avx2", &k, &e), DSV4_OK);
+    ck_assert_int_eq(k, DSV4_CPU_KERNELS_AVX2);
+    ck_assert_int_eq(dsv4_cpu_kernels_from_name("sse9", &k, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(e.message, "avx512-vbmi"));
+    ck_assert_str_eq(dsv4_cpu_kernels_name((dsv4_cpu_kernels)42), "unknown");
+    ck_assert(dsv4_cpu_kernels_available(DSV4_CPU_KERNELS_REF));
+    const dsv4_cpu_kernels_table *t = NULL;
+    ck_assert_int_eq(dsv4_cpu_kernels_get((dsv4_cpu_kernels)-1, &t, &e), DSV4_ERR_INVALID_ARG);
+    for (int l = DSV4_CPU_KERNELS_REF; l <= DSV4_CPU_KERNELS_AVX512_VBMI; l++) {
+        dsv4_status st = dsv4_cpu_kernels_get((dsv4_cpu_kernels)l, &t, &e);
+        if (dsv4_cpu_kernels_available((dsv4_cpu_kernels)l)) {
+            ck_assert_int_eq(st, DSV4_OK);
+            ck_assert_str_eq(t->name, dsv4_cpu_kernels_name((dsv4_cpu_kernels)l));
+        } else {
+            ck_assert_int_eq(st, DSV4_ERR_UNSUPPORTED);
+            ck_assert_ptr_nonnull(strstr(e.message, "lacks"));
+        }
+    }
+    /* through the backend: a bad struct_size and an out-of-range value are refused */
+    cpu_case kc = {"opts", "mini", 1, 1, 0, -1, -1, -1, 1, 0};
+    dsv4_config c = case_config(&kc);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&kc, &c, &ck, &in);
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CPU, 0);
+    dsv4_backend *b = NULL;
+    dsv4_backend_options bo;
+    dsv4_backend_options_init(&bo);
+    bo.struct_size = 4;
+    ck_assert_int_eq(dsv4_backend_create_with(p, ck, &bo, &b, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(e.message, "struct_size"));
+    dsv4_backend_options_init(&bo);
+    bo.cpu_kernels = (dsv4_cpu_kernels)99;
+    ck_assert_int_eq(dsv4_backend_create_with(p, ck, &bo, &b, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_null(b);
+    ck_assert_int_eq(dsv4_backend_create_with(p, ck, NULL, &b, &e), DSV4_OK);
+    ck_assert_str_ne(dsv4_backend_kernels(b), "auto");
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
 }
 END_TEST
 
@@ -303,7 +392,7 @@ END_TEST
    activation rows: the fused kernel within 1e-5 of sum |w x| of the double dot of the library's
    dequantized rows; NaN where the library's row has one. bf16-exact X (the bf16 kernels) and,
    with exact = 0, X off the bf16 grid (the fp32 kernels). */
-static void fused_dot_case(dsv4_weight_format fmt, dsv4_scale_format sf, int64_t k, int exact)
+static void fused_dot_case(const dsv4_cpu_kernels_table *kt, dsv4_weight_format fmt, dsv4_scale_format sf, int64_t k, int exact)
 {
     const int64_t n = 136;
     dsv4_matrix_view v;
@@ -355,7 +444,7 @@ static void fused_dot_case(dsv4_weight_format fmt, dsv4_scale_format sf, int64_t
             if (!exact)
                 X[i] += ldexpf(1.0f, -20);
         }
-        ck_assert_int_eq(dsv4_cpu_fused_dot_for_test(&v, nx, X, C), 0);
+        ck_assert_int_eq(dsv4_cpu_fused_dot(kt, &v, nx, X, C), 0);
         for (int64_t q = 0; q < nx; q++)
             for (int64_t j = 0; j < n; j++) {
                 double ref = 0, mag = 0;
@@ -368,8 +457,8 @@ static void fused_dot_case(dsv4_weight_format fmt, dsv4_scale_format sf, int64_t
                     ck_assert_msg(isnan(got), "fmt %d k %lld row %lld: %g, want NaN", fmt, (long long)k, (long long)j, got);
                     continue;
                 }
-                ck_assert_msg(fabs(got - ref) <= 1e-5 * mag + 1e-37, "fmt %d sf %d k %lld exact %d rows %lld: C[%lld, %lld] %.9g vs %.9g",
-                              fmt, sf, (long long)k, exact, (long long)nx, (long long)q, (long long)j, got, ref);
+                ck_assert_msg(fabs(got - ref) <= 1e-5 * mag + 1e-37, "%s fmt %d sf %d k %lld exact %d rows %lld: C[%lld, %lld] %.9g vs %.9g",
+                              kt->name, fmt, sf, (long long)k, exact, (long long)nx, (long long)q, (long long)j, got, ref);
             }
         free(X);
         free(C);
@@ -383,25 +472,24 @@ static void fused_dot_case(dsv4_weight_format fmt, dsv4_scale_format sf, int64_t
    grouped kernels) and not (320: the 64-block bf16 kernel / fp32 kernels). */
 START_TEST(fused_kernels_match_dequant)
 {
-    const char *off[5] = {NULL, "DSV4MOE_CPU_NO_VBMI", "DSV4MOE_CPU_NO_BF16", "DSV4MOE_CPU_NO_AVX512",
-                          "DSV4MOE_CPU_NO_SIMD"};
-    for (int o = 0; o < 5; o++) {
-        if (off[o])
-            setenv(off[o], "1", 1);
+    for (int l = DSV4_CPU_KERNELS_REF; l <= DSV4_CPU_KERNELS_AVX512_VBMI; l++) {
+        const dsv4_cpu_kernels_table *kt = NULL;
+        dsv4_error e;
+        if (!dsv4_cpu_kernels_available((dsv4_cpu_kernels)l))
+            continue;
+        ck_assert_int_eq(dsv4_cpu_kernels_get((dsv4_cpu_kernels)l, &kt, &e), DSV4_OK);
         for (int exact = 0; exact < 2; exact++) {
-            fused_dot_case(DSV4_FORMAT_FP4, DSV4_SCALE_UE8M0, 384, exact);
-            fused_dot_case(DSV4_FORMAT_FP4, DSV4_SCALE_UE8M0, 320, exact);
-            fused_dot_case(DSV4_FORMAT_FP8, DSV4_SCALE_UE8M0, 384, exact);
-            fused_dot_case(DSV4_FORMAT_FP8, DSV4_SCALE_FP32, 384, exact);
-            fused_dot_case(DSV4_FORMAT_FP8, DSV4_SCALE_UE8M0, 320, exact);
+            fused_dot_case(kt, DSV4_FORMAT_FP4, DSV4_SCALE_UE8M0, 384, exact);
+            fused_dot_case(kt, DSV4_FORMAT_FP4, DSV4_SCALE_UE8M0, 320, exact);
+            fused_dot_case(kt, DSV4_FORMAT_FP8, DSV4_SCALE_UE8M0, 384, exact);
+            fused_dot_case(kt, DSV4_FORMAT_FP8, DSV4_SCALE_FP32, 384, exact);
+            fused_dot_case(kt, DSV4_FORMAT_FP8, DSV4_SCALE_UE8M0, 320, exact);
         }
-        if (off[o])
-            unsetenv(off[o]);
     }
 }
 END_TEST
 
-/* The backend's decoders give exactly dsv4_matrix_dequant_rows's values. */
+/* Every table's decoders give exactly dsv4_matrix_dequant_rows's values. */
 START_TEST(decoders_match_library)
 {
     const char *presets[] = {"mini", "mini-fp8", "mini-bf16"};
@@ -421,10 +509,16 @@ START_TEST(decoders_match_library)
                 size_t nn = (size_t)(v.n * v.k);
                 float *a = malloc(nn * sizeof *a), *b = malloc(nn * sizeof *b);
                 dsv4_matrix_dequant_rows(&v, 0, v.n, a);
-                dsv4_cpu_dequant_rows_for_test(&v, 0, v.n, b);
-                for (size_t i = 0; i < nn; i++)
-                    ck_assert_msg(a[i] == b[i] || (isnan(a[i]) && isnan(b[i])), "%s %s [%zu]: %a vs %a",
-                                  presets[pi], v.key, i, (double)a[i], (double)b[i]);
+                for (int l = DSV4_CPU_KERNELS_REF; l <= DSV4_CPU_KERNELS_AVX512_VBMI; l++) {
+                    const dsv4_cpu_kernels_table *kt = NULL;
+                    if (dsv4_cpu_kernels_get((dsv4_cpu_kernels)l, &kt, &e) != DSV4_OK)
+                        continue; /* a table this CPU lacks */
+                    memset(b, 0, nn * sizeof *b);
+                    kt->dequant(&v, 0, v.n, b);
+                    for (size_t i = 0; i < nn; i++)
+                        ck_assert_msg(a[i] == b[i] || (isnan(a[i]) && isnan(b[i])), "%s %s %s [%zu]: %a vs %a",
+                                      kt->name, presets[pi], v.key, i, (double)a[i], (double)b[i]);
+                }
                 free(a);
                 free(b);
             }
@@ -494,16 +588,21 @@ START_TEST(refusals_name_backend_and_router)
     ck_assert_msg(strstr(e.message, "cuda") != NULL, "%s", e.message);
     ck_assert_ptr_null(b);
     dsv4_plan_free(p);
-    /* cpu with an expert-parallel router */
+    /* cpu with an expert-parallel router: a rank of it runs the stages (fast/dist), not a forward */
     dsv4_topology_init(&topo);
     topo.backend = DSV4_BACKEND_CPU;
     topo.world_size = 2;
     topo.dp = 2;
     topo.ep = 2;
     ck_assert_msg(dsv4_plan_create(&c, &topo, &bud, &p, &e) == DSV4_OK, "%s", e.message);
-    ck_assert_int_eq(dsv4_backend_create(p, ck, 2, &b, &e), DSV4_ERR_UNSUPPORTED);
-    ck_assert_msg(strstr(e.message, dsv4_router_kind_name(dsv4_plan_router(p))) != NULL, "%s", e.message);
-    ck_assert_msg(strstr(e.message, "router") != NULL, "%s", e.message);
+    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
+    uint16_t x1[2 * 256] = {0}, y1[2 * 256];
+    int32_t id1[2] = {1, 2};
+    dsv4_forward_out fo = {.y = y1};
+    ck_assert_int_eq(dsv4_backend_forward(b, 1, x1, id1, &fo, &e), DSV4_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.message, "dsv4_dist_forward") != NULL, "%s", e.message);
+    dsv4_backend_free(b);
+    b = NULL;
     dsv4_plan_free(p);
     /* bad arguments */
     p = make_plan(&c, DSV4_BACKEND_CPU, 0);
@@ -615,9 +714,11 @@ Suite *cpu_suite(void)
     tcase_add_test(tc, mini_fp8_t30);
     tcase_add_test(tc, mini_bf16_t30);
     tcase_add_test(tc, mini_t1100);
-    tcase_add_test(tc, scalar_fallback);
+    tcase_add_test(tc, every_kernel_table);
+    tcase_add_test(tc, kernel_table_choice_errors);
     tcase_add_test(tc, hash_bad_input_id_is_range_error);
     tcase_add_test(tc, refusals_name_backend_and_router);
+    tcase_add_test(tc, registry_lists_backends);
     tcase_add_test(tc, repeat_forward_is_stable);
     suite_add_tcase(s, tc);
     return s;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "dsv4moe/plan.h"
+#include "../backend/backend_impl.h"
 #include "err.h"
 #include "faults.h"
 
@@ -322,35 +323,32 @@ static uint64_t exec_rows(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
 }
 
 /*
- * The CPU backend (fast/cpu) computes in fp32: its chunk holds x, its two quantized copies and
- * y as fp32 [Tc, H]; logits [Tc, E]; ids, weights and the permutation [Tc, K]; per-expert
- * counts; group buffers of `cap` rows of 2H + 3I fp32 values, where cap is the rows of one
- * 64 MiB batch, at least the largest group (Tc, or Tc K when a hash row repeats an expert) and
- * at most Tc K; and per worker a scratch of 513 rows of max(H, I) fp32 values (a dequantized
- * tile of 256 weight rows, a block of 256 activation rows converted for the fused kernels, one
- * decoded row: TILE_ROWS + SMALL_ROWS + 1 in fast/cpu/cpu.c).
+ * The distributed driver's own buffers for a chunk of tc tokens on a rank of a world > 1
+ * (fast/dist/dist.c), next to the backend's workspace when the backend brings its own memory
+ * model: ids, weights, slot records (24 bytes) and the slot order [Tc K]; the shared expert's
+ * rows (fp32 and bf16) and ids; with ep > 1 the dispatch (bf16 rows, ids, weights out and in,
+ * the received rows regrouped, their fp32 outputs and bf16 copies on the way back, the outputs
+ * received), else the slots' bf16 rows and their fp32 outputs with the shared rows (the tp
+ * all_reduce buffer) and bf16 copies. A rank receives at most ep Tc min(K, E_local) slots
+ * (ep Tc K on hash layers, where a row may repeat an expert). 1 KiB covers the allocations'
+ * padding.
  */
-#define CPU_BATCH_BYTES (UINT64_C(64) << 20)
-#define CPU_TILE_ROWS 513
-
-static uint64_t cpu_chunk_ws(const dsv4_plan *p, int64_t tc)
+static uint64_t driver_ws(const dsv4_plan *p, int64_t tc)
 {
     const dsv4_config *c = &p->cfg;
-    uint64_t t = (uint64_t)tc, E = (uint64_t)c->n_routed_experts, K = (uint64_t)c->n_activated;
-    uint64_t H = (uint64_t)c->dim, I = (uint64_t)c->moe_inter_dim, kmax = H > I ? H : I;
-    uint64_t workers = p->topo.host_threads > 0 ? (uint64_t)p->topo.host_threads : 1;
-    uint64_t w = sat_mul(sat_mul(4, t), sat_mul(H, 4));
-    w = sat_add(w, sat_mul(sat_mul(t, E), 4));
-    w = sat_add(w, sat_mul(sat_mul(4, t), sat_mul(K, 4)));
-    w = sat_add(w, sat_add(sat_mul(t, 5), sat_mul(2 * (E + 1), 8)));
-    uint64_t rowb = sat_mul(sat_add(sat_mul(2, H), sat_mul(3, I)), 4);
-    uint64_t tk = sat_mul(t, K), batch = CPU_BATCH_BYTES / (rowb ? rowb : 1);
-    uint64_t largest = dsv4_config_is_hash_layer(c) ? tk : t;
-    uint64_t cap = batch < tk ? batch : tk;
-    cap = cap > largest ? cap : largest;
-    w = sat_add(w, sat_mul(cap, rowb));
-    w = sat_add(w, sat_mul(workers, sat_mul(CPU_TILE_ROWS, sat_mul(kmax, 4))));
-    return sat_add(w, sat_mul(workers, sat_mul(kmax, 4))); /* the scalar path's row buffer */
+    uint64_t t = (uint64_t)tc, K = (uint64_t)c->n_activated, H = (uint64_t)c->dim, El = (uint64_t)p->e_count;
+    uint64_t ns = sat_mul(t, K);
+    uint64_t w = sat_add(1024, sat_mul(ns, 40));
+    if (c->n_shared_experts > 0)
+        w = sat_add(w, sat_add(sat_mul(t, 4), sat_mul(sat_mul(t, H), 6)));
+    if (p->topo.ep > 1) {
+        uint64_t kc = dsv4_config_is_hash_layer(c) || K < El ? K : El;
+        uint64_t nr = sat_mul(sat_mul((uint64_t)p->topo.ep, t), kc);
+        w = sat_add(w, sat_mul(ns, sat_add(sat_mul(4, H), 8)));
+        return sat_add(w, sat_mul(nr, sat_add(sat_mul(10, H), 40)));
+    }
+    w = sat_add(w, sat_mul(ns, sat_add(sat_mul(8, H), 4)));
+    return sat_add(w, sat_mul(sat_mul(t, H), 4));
 }
 
 /* Workspace of one chunk of tc tokens (tc > 0) with executor ex; 0 for tc <= 0. */
@@ -358,8 +356,12 @@ static uint64_t chunk_ws(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
 {
     if (tc <= 0)
         return 0;
-    if (p->topo.backend == DSV4_BACKEND_CPU)
-        return cpu_chunk_ws(p, tc);
+    /* A backend with its own memory model (the registry's): its workspace, plus the driver's
+       buffers on a rank of several. */
+    const dsv4_backend_entry *be = dsv4_backend_registry_find(p->topo.backend);
+    if (be && be->workspace_bytes)
+        return sat_add(be->workspace_bytes(&p->cfg, &p->topo, tc),
+                       p->topo.world_size > 1 ? driver_ws(p, tc) : 0);
     const dsv4_config *c = &p->cfg;
     uint64_t t = (uint64_t)tc, E = (uint64_t)c->n_routed_experts, K = (uint64_t)c->n_activated;
     uint64_t H = (uint64_t)c->dim, El = (uint64_t)p->e_count, tg, s;

@@ -5,7 +5,9 @@
  * workspace and statistics, and is freed. Implementations: "ref" (the
  * deterministic reference), "cpu" (OpenBLAS) and, in a library built with
  * DSV4_WITH_CUDA (`make cuda`: build/cuda/libdsv4moe.a), "cuda" (one sm_90 GPU,
- * docs/cuda.md). A build without CUDA answers DSV4_ERR_UNSUPPORTED for cuda.
+ * docs/cuda.md). A build without CUDA answers DSV4_ERR_UNSUPPORTED for cuda. The registry
+ * (dsv4_backend_count, dsv4_backend_info_*) says which backends a library holds and this
+ * machine runs; the planner takes each backend's memory model from it.
  */
 #ifndef DSV4MOE_BACKEND_H
 #define DSV4MOE_BACKEND_H
@@ -52,6 +54,43 @@ typedef struct dsv4_backend_stats {
 } dsv4_backend_stats;
 
 /*
+ * The CPU backend's kernel tables, one per instruction-set level; each level includes the
+ * ones below it. AUTO runs the best this CPU has; a lower level is for comparison (on an
+ * AVX-512 machine, AVX2 runs the kernels an AVX2-only server would) and for tests, which run
+ * every level the machine has. Outputs of different levels agree within the backend's
+ * tolerance (SPEC.md 7); one level is deterministic run to run.
+ */
+typedef enum dsv4_cpu_kernels {
+    DSV4_CPU_KERNELS_AUTO = 0,
+    DSV4_CPU_KERNELS_REF,          /* portable C */
+    DSV4_CPU_KERNELS_AVX2,         /* AVX2 + FMA + F16C */
+    DSV4_CPU_KERNELS_AVX512,       /* AVX-512 F, BW, VL */
+    DSV4_CPU_KERNELS_AVX512_BF16,  /* + AVX512-BF16 */
+    DSV4_CPU_KERNELS_AVX512_VBMI   /* + AVX512-VBMI */
+} dsv4_cpu_kernels;
+
+/* "auto", "ref", "avx2", "avx512", "avx512-bf16", "avx512-vbmi"; "unknown" outside the enum. */
+const char *dsv4_cpu_kernels_name(dsv4_cpu_kernels kernels);
+/* The level of a name above; DSV4_ERR_INVALID_ARG (naming the accepted names) otherwise. */
+dsv4_status dsv4_cpu_kernels_from_name(const char *name, dsv4_cpu_kernels *out, dsv4_error *err);
+/* Whether this CPU runs the level (AUTO and REF: always). */
+bool dsv4_cpu_kernels_available(dsv4_cpu_kernels kernels);
+
+/* Options of dsv4_backend_create_with; versioned: fill with dsv4_backend_options_init. */
+typedef struct dsv4_backend_options {
+    uint32_t struct_size;         /* sizeof(dsv4_backend_options), set by init */
+    int threads;                  /* worker threads, [1, 256]; init: 1 */
+    dsv4_cpu_kernels cpu_kernels; /* cpu backend: the kernel table; init: AUTO. A level this CPU
+                                     lacks is refused at creation (DSV4_ERR_UNSUPPORTED). */
+} dsv4_backend_options;
+
+void dsv4_backend_options_init(dsv4_backend_options *opt);
+
+/* dsv4_backend_create with options (opt NULL: the defaults of dsv4_backend_options_init). */
+dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
+                                     const dsv4_backend_options *opt, dsv4_backend **out, dsv4_error *err);
+
+/*
  * Creates the backend named by plan's topology (ref, cpu or cuda). The config must
  * be the plan's; the checkpoint must outlive the backend (cuda copies the weights to
  * the device at creation). threads >= 1. cuda: topology.cuda_graph on captures one
@@ -67,6 +106,9 @@ const char *dsv4_backends_available(void);
 /* NULL is a no-op. */
 void dsv4_backend_free(dsv4_backend *backend);
 const char *dsv4_backend_name(const dsv4_backend *backend);
+/* The kernels a backend runs: the cpu backend's table (dsv4_cpu_kernels_name of the level chosen,
+   never "auto"); the backend's name for the others. */
+const char *dsv4_backend_kernels(const dsv4_backend *backend);
 /* One forward of T tokens on this rank (T >= 0, at most the plan's max_tokens_per_rank). */
 dsv4_status dsv4_backend_forward(dsv4_backend *backend, int64_t tokens, const uint16_t *x, const int32_t *input_ids,
                                  dsv4_forward_out *out, dsv4_error *err);
@@ -83,6 +125,32 @@ dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *backend);
  */
 dsv4_status dsv4_backend_forward_device(dsv4_backend *backend, int64_t tokens, const void *x, const int32_t *input_ids,
                                         const dsv4_forward_out *out, dsv4_error *err);
+
+/* ---------------- the backend registry ---------------- */
+
+/* What the registry knows of one backend. */
+typedef struct dsv4_backend_info {
+    uint32_t struct_size;   /* sizeof(dsv4_backend_info), set by the library */
+    const char *name;       /* "ref", "cpu", "cuda" (static storage) */
+    dsv4_backend_kind kind;
+    bool built;             /* compiled into this library (cuda: `make cuda`) */
+    bool available;         /* built, and this machine can run it (cuda: a device) */
+    bool sharded;           /* runs ranks of sharded plans (ep > 1, tp > 1) through its stages */
+    char why[160];          /* why it is not available; "" when it is */
+} dsv4_backend_info;
+
+/* The number of registered backends (every kind, built or not). */
+int dsv4_backend_count(void);
+/* The index-th backend (0 .. count - 1), in dsv4_backend_kind order; DSV4_ERR_RANGE outside. */
+dsv4_status dsv4_backend_info_at(int index, dsv4_backend_info *out, dsv4_error *err);
+/* The backend of a kind; DSV4_ERR_INVALID_ARG for an unknown kind. */
+dsv4_status dsv4_backend_info_of(dsv4_backend_kind kind, dsv4_backend_info *out, dsv4_error *err);
+/*
+ * Whether the plan's backend can execute the plan here: DSV4_OK, or DSV4_ERR_UNSUPPORTED with a
+ * message naming what is missing (not built, no device on this machine, a sharded plan for a
+ * backend without stages). dsv4_backend_create asks this first.
+ */
+dsv4_status dsv4_backend_plan_supported(const dsv4_plan *plan, dsv4_error *err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,169 @@
+/*
+ * The AVX2 + FMA + F16C kernels: weight rows decoded 32 elements at a time into four 8-lane
+ * fp32 vectors (fp4 by a byte shuffle table, fp8 e4m3 through fp16 bits and vcvtph2ps, bf16 by
+ * a shift) and multiplied into X by FMA. Rows with k % 32 != 0 take the reference kernels.
+ */
+#include "kernels.h"
+#include "kutil.h"
+
+#if CPU_X86
+#include <immintrin.h>
+
+enum { F_BF16 = 0, F_FP8 = 1, F_FP4 = 2 };
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define AINL __attribute__((always_inline)) inline
+
+/* Decodes elements [32c, 32c + 32) of a row into w[0..3] (fp32, scaled). */
+TGT static AINL void dec32(int fmt, const uint8_t *row, const uint8_t *scl, int sfp32, int64_t c, __m256 w[4])
+{
+    if (fmt == F_FP4) {
+        const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+        const __m128i m0f = _mm_set1_epi8(0x0F);
+        __m128i bb = _mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c));
+        __m128i lo = _mm_and_si128(bb, m0f), hi = _mm_and_si128(_mm_srli_epi16(bb, 4), m0f);
+        __m128i vl = _mm_shuffle_epi8(lut, lo), vh = _mm_shuffle_epi8(lut, hi);
+        __m128i e0 = _mm_unpacklo_epi8(vl, vh), e1 = _mm_unpackhi_epi8(vl, vh);
+        __m256 sv = _mm256_set1_ps(ue8m0f(scl[c]) * 0.5f);
+        w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)), sv);
+        w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))), sv);
+        w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)), sv);
+        w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8))), sv);
+    } else if (fmt == F_FP8) {
+        int64_t bk = c >> 2;
+        float s = sfp32 ? ldf32(scl + 4 * bk) : ue8m0f(scl[bk]);
+        __m256 sv = _mm256_set1_ps(s * 256.0f);
+        const __m256i mmag = _mm256_set1_epi16(0x3F80), msgn = _mm256_set1_epi16((short)0x8000);
+        for (int h = 0; h < 2; h++) {
+            __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(row + 32 * c + 16 * h)));
+            __m256i hf = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(v, 7), mmag),
+                                         _mm256_and_si256(_mm256_slli_epi16(v, 8), msgn));
+            w[2 * h] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hf)), sv);
+            w[2 * h + 1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hf, 1)), sv);
+        }
+    } else {
+        for (int i = 0; i < 4; i++) {
+            __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 64 * c + 16 * i)));
+            w[i] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        }
+    }
+}
+
+TGT static AINL float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+/* RB rows of X against one weight row; NA accumulators per row (4 for RB <= 2, else 2). */
+TGT static AINL void dot_block(int fmt, int RB, const uint8_t *row, const uint8_t *scl, int sfp32, int64_t nc,
+                               const float *X, int64_t ldx, float *out, int64_t ldo)
+{
+    __m256 acc[4][4];
+    for (int r = 0; r < RB; r++)
+        for (int a = 0; a < 4; a++)
+            acc[r][a] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < nc; c++) {
+        __m256 w[4];
+        dec32(fmt, row, scl, sfp32, c, w);
+        for (int r = 0; r < RB; r++) {
+            const float *x = X + r * ldx + 32 * c;
+            if (RB <= 2) {
+                for (int a = 0; a < 4; a++)
+                    acc[r][a] = _mm256_fmadd_ps(w[a], _mm256_loadu_ps(x + 8 * a), acc[r][a]);
+            } else {
+                acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), acc[r][1]);
+                acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), acc[r][1]);
+            }
+        }
+    }
+    for (int r = 0; r < RB; r++) {
+        __m256 s = RB <= 2 ? _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]))
+                           : _mm256_add_ps(acc[r][0], acc[r][1]);
+        out[r * ldo] = hsum(s);
+    }
+}
+
+TGT static AINL void dot_rows_fmt(int fmt, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n,
+                                  const float *X, int64_t ldx, float *C, int64_t ldc)
+{
+    int64_t nc = m->k / 32;
+    int sfp32 = m->scale_format == DSV4_SCALE_FP32;
+    for (int64_t j = 0; j < nr; j++) {
+        const uint8_t *row = row_data(m, r0 + j), *scl = row_scales(m, r0 + j);
+        int64_t q = 0;
+        for (; q + 4 <= n; q += 4)
+            dot_block(fmt, 4, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+        for (; q + 2 <= n; q += 2)
+            dot_block(fmt, 2, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+        if (q < n)
+            dot_block(fmt, 1, row, scl, sfp32, nc, X + q * ldx, ldx, C + q * ldc + j, ldc);
+    }
+}
+
+TGT static void dot_rows_simd(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X,
+                              int64_t ldx, float *C, int64_t ldc)
+{
+    if (m->format == DSV4_FORMAT_FP4)
+        dot_rows_fmt(F_FP4, m, r0, nr, n, X, ldx, C, ldc);
+    else if (m->format == DSV4_FORMAT_FP8)
+        dot_rows_fmt(F_FP8, m, r0, nr, n, X, ldx, C, ldc);
+    else
+        dot_rows_fmt(F_BF16, m, r0, nr, n, X, ldx, C, ldc);
+}
+
+TGT static AINL void dequant_fmt(int fmt, const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out)
+{
+    int64_t nc = m->k / 32, k = m->k;
+    int sfp32 = m->scale_format == DSV4_SCALE_FP32;
+    for (int64_t j = 0; j < nr; j++) {
+        const uint8_t *row = row_data(m, r0 + j), *scl = row_scales(m, r0 + j);
+        float *o = out + j * k;
+        for (int64_t c = 0; c < nc; c++) {
+            __m256 w[4];
+            dec32(fmt, row, scl, sfp32, c, w);
+            for (int a = 0; a < 4; a++)
+                _mm256_storeu_ps(o + 32 * c + 8 * a, w[a]);
+        }
+    }
+}
+
+TGT static void dequant_simd(const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out)
+{
+    if (m->format == DSV4_FORMAT_FP4)
+        dequant_fmt(F_FP4, m, r0, nr, out);
+    else if (m->format == DSV4_FORMAT_FP8)
+        dequant_fmt(F_FP8, m, r0, nr, out);
+    else
+        dequant_fmt(F_BF16, m, r0, nr, out);
+}
+
+TGT static void dot_avx2(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X, int64_t ldx,
+                         float *C, int64_t ldc, float *tmp)
+{
+    if (m->k % 32)
+        dsv4_cpu_ref_dot(m, r0, nr, n, X, ldx, C, ldc, tmp);
+    else
+        dot_rows_simd(m, r0, nr, n, X, ldx, C, ldc);
+}
+
+TGT static void dequant_avx2(const dsv4_matrix_view *m, int64_t r0, int64_t nr, float *out)
+{
+    if (m->k % 32)
+        dsv4_matrix_dequant_rows(m, r0, nr, out);
+    else
+        dequant_simd(m, r0, nr, out);
+}
+
+void dsv4_cpu_kernels_fill_avx2(dsv4_cpu_kernels_table *t)
+{
+    t->dequant = dequant_avx2;
+    t->dot = dot_avx2;
+}
+#else
+void dsv4_cpu_kernels_fill_avx2(dsv4_cpu_kernels_table *t) { (void)t; }
+#endif
