@@ -32,7 +32,7 @@ OPT ?= -O2
 SANFLAGS ?=
 COVFLAGS ?=
 WARN := -Wall -Wextra -Werror -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
-CPPFLAGS_ALL := -Iinclude -Icore -Iref -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
+CPPFLAGS_ALL := -Iinclude -Icore -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
 CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
 # The reference's numerics must not depend on the compiler fusing a*b+c.
 CFLAGS_REF := -ffp-contract=off
@@ -175,15 +175,34 @@ CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lc
 NVCCFLAGS := -std=c++17 -O3 -Iinclude -Icore -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings \
   -Xcompiler -Wall,-Wextra,-Werror,-fPIC $(NVCCEXTRA)
 
-$(CUDA_BUILD)/fast/cuda/%.o: fast/cuda/%.cu $(wildcard fast/cuda/*.cuh) $(wildcard include/dsv4moe/*.h)
+ifeq ($(FAULTS),1)
+NVCCFLAGS += -DDSV4_FAULTS
+endif
+
+$(CUDA_BUILD)/fast/cuda/%.o: fast/cuda/%.cu $(wildcard fast/cuda/*.cuh) $(wildcard fast/cuda/*.h) $(wildcard include/dsv4moe/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(CUDA_BUILD)/fast/backend/backend.o: fast/backend/backend.c
+# The fp8 mode's grouped GEMM is CUTLASS 4.2 (header-only; ci/cutlass.sh puts the pinned wheel's
+# headers under CUTLASS_DIR, docs/dependencies.md). Only this object includes it; NDEBUG keeps
+# CUTLASS's device asserts out, which would otherwise serialize its wgmma pipeline (ptxas C7510).
+CUTLASS_DIR ?= build/cutlass-4.2.0.0
+CUTLASS_STAMP := $(CUTLASS_DIR)/include/cutlass/util/packed_stride.hpp
+$(CUTLASS_STAMP):
+	sh ci/cutlass.sh $(CUTLASS_DIR)
+
+$(CUDA_BUILD)/fast/cuda/gemm_fp8.o: fast/cuda/gemm_fp8.cu fast/cuda/gemm_fp8.h $(CUTLASS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DNDEBUG -isystem $(CUTLASS_DIR)/include --expt-relaxed-constexpr -c $< -o $@
+
+# The backend interface and the registry (which lists the cuda entry) compiled -DDSV4_WITH_CUDA.
+CUDA_HOST_OBJS := $(CUDA_BUILD)/fast/backend/backend.o $(CUDA_BUILD)/fast/backend/registry.o
+$(CUDA_BUILD)/fast/backend/%.o: fast/backend/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o,$(LIB_OBJS)) $(CUDA_BUILD)/fast/backend/backend.o $(CUDA_OBJS)
+$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backend/registry.o,$(LIB_OBJS)) \
+  $(CUDA_HOST_OBJS) $(CUDA_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@
 	ar rcs $@ $^
@@ -195,14 +214,18 @@ $(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-# The common backend table (tests/test_backend_ops.c) runs in the device program too, cuda included.
-$(CUDA_BUILD)/tests/test_backend_ops.o: tests/test_backend_ops.c tests/backend_ops.h
-	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA -DBO_GEN_THREADS=16 $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
-$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o $(CUDA_LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o \
-	  $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
+# The device sim communicator's device test (include/dsv4moe/comm_devsim.h): ep 2, 4, 8 on one GPU.
+CUDA_DEVSIM_TEST := $(CUDA_BUILD)/test_devsim
+
+$(CUDA_BUILD)/tests/cuda/test_devsim.o: tests/cuda/test_devsim.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) -Itests -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(CUDA_DEVSIM_TEST): $(CUDA_BUILD)/tests/cuda/test_devsim.o $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
 # The benchmark's CUDA build: device-resident buffers through the CUDA runtime (dsv4_backend_forward_device).
 CUDA_BENCH := $(CUDA_BUILD)/bench_cuda
@@ -215,7 +238,7 @@ $(CUDA_BENCH): $(CUDA_BUILD)/bench/bench_cuda.o $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
 cuda: deps
-	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_BENCH) $(CEILINGS_BIN)
+	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_DEVSIM_TEST) $(CUDA_BENCH) $(CEILINGS_BIN)
 
 # On the GPU machine: the device tests, the scenario file and a memcheck run (logs under $(OUT)/cuda).
 cuda-test: cuda

@@ -18,7 +18,7 @@
  * ceilings, says so, writes a JSON with "available": false and exits 0.
  *
  * usage: bench_cuda [--ceilings F] [--peer F] [--json F] [--dir WORKDIR] [--tokens 1,8,...]
- *                   [--threads N] [--quick] [--backend cuda|cpu] [--preset NAME]
+ *                   [--threads N] [--quick] [--backend cuda|cpu] [--preset NAME] [--gemm auto|exact|fp8]
  * (--backend cpu and --preset mini exercise the timing path on a machine without a GPU.)
  */
 #include <errno.h>
@@ -266,6 +266,7 @@ int main(int argc, char **argv)
     bool quick = false;
     dsv4_backend_kind kind = DSV4_BACKEND_CUDA;
     const char *preset = "v4-flash";
+    const char *gemm = "auto"; /* the numerics mode (SPEC.md section 9): the config key gemm */
     int64_t Ts[MAX_T] = {1, 8, 32, 128, 256, 1024, 4096, 16384};
     int nT = 8;
     for (int i = 1; i < argc; i++) {
@@ -282,6 +283,8 @@ int main(int argc, char **argv)
             dir = argv[++i];
         else if (v && !strcmp(a, "--preset"))
             preset = argv[++i];
+        else if (v && !strcmp(a, "--gemm"))
+            gemm = argv[++i];
         else if (v && !strcmp(a, "--backend")) {
             i++;
             if (!strcmp(v, "cuda"))
@@ -313,7 +316,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: bench_cuda [--ceilings F] [--peer F] [--json F] [--dir WORKDIR] [--tokens 1,8,...] "
-                    "[--threads N] [--quick] [--backend cuda|cpu] [--preset NAME]\n");
+                    "[--threads N] [--quick] [--backend cuda|cpu] [--preset NAME] [--gemm auto|exact|fp8]\n");
             return 2;
         }
     }
@@ -388,6 +391,10 @@ int main(int argc, char **argv)
         return 1;
     }
     cfg.layer = cfg.n_layers > 5 ? 5 : cfg.n_layers - 1;
+    if (dsv4_config_set(&cfg, "gemm", gemm, &e)) {
+        fprintf(stderr, "bench_cuda: --gemm: %s\n", e.message);
+        return 2;
+    }
     if (gen_layer(&cfg, dir, preset, tmax, threads, wp, ip, sizeof wp))
         return 1;
     dsv4_checkpoint *ck = NULL;
@@ -429,6 +436,7 @@ int main(int argc, char **argv)
     }
     fprintf(jf, "{\n  \"available\": true,\n  \"backend\": \"%s\",\n  \"preset\": \"%s\",\n  \"layer\": %lld,\n",
             dsv4_backend_kind_name(kind), preset, (long long)cfg.layer);
+    fprintf(jf, "  \"gemm\": \"%s\",\n", gemm);
     fprintf(jf, "  \"checkpoint_bytes\": %llu,\n  \"timing\": \"host clock around the synchronous forward, warm-ups, "
                 "median; io host: dsv4_backend_forward (x upload and y download included); io device: "
                 "dsv4_backend_forward_device on device-resident x and y\",\n",
@@ -489,8 +497,15 @@ int main(int argc, char **argv)
             dsv4_plan_free(plan);
             continue;
         }
-        printf("\nbench_cuda: %s layer %lld, graph %s, backend %s (created in %.1f s)\n", preset, (long long)cfg.layer,
-               graph ? "on" : "off", dsv4_backend_name(b), now() - tc0);
+        {
+            dsv4_backend_stats bs = dsv4_backend_get_stats(b);
+            printf("\nbench_cuda: %s layer %lld, graph %s, backend %s, gemm %s (%s; %llu experts on the exact kernels) "
+                   "(created in %.1f s)\n",
+                   preset, (long long)cfg.layer, graph ? "on" : "off", dsv4_backend_name(b),
+                   dsv4_gemm_mode_name(dsv4_plan_gemm(plan)),
+                   bs.gemm_fp8 ? "large groups: CUTLASS grouped FP8 block-scaled GEMM" : "exact kernels",
+                   (unsigned long long)bs.fp8_exact_experts, now() - tc0);
+        }
         for (int dev = 0; dev <= have_dev; dev++) {
             printf("  io %s\n", dev ? "device (dsv4_backend_forward_device)" : "host (dsv4_backend_forward)");
             printf("%6s %10s %10s %5s %9s %8s %7s %8s %7s %9s %6s %8s %9s %8s  %s\n", "T", "ms", "min ms", "exp",

@@ -36,10 +36,12 @@ import os
 import statistics
 import sys
 import time
-import traceback
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_util import run  # noqa: E402
 
 # core/config.c set_flash
 FLASH = dict(H=4096, I=2048, E=256, K=6, route_scale=1.5, L=10.0)
@@ -102,6 +104,24 @@ def fp8_block_dequant(q, s):
 
 # ---------------- the layer ----------------
 
+def make_router(g, E, H, dev):
+    """The gate [E, H] bf16 ~ N(0, 1/H) and the selection bias [E] fp32 ~ N(0, 0.1^2), the first two
+    draws of generator g (bench/hf_peer.py and bench/scaled_gmm_peer.py draw the same router)."""
+    gate = (torch.randn(E, H, generator=g, device=dev) / math.sqrt(H)).to(BF16)
+    bias = torch.randn(E, generator=g, device=dev) * 0.1
+    return gate, bias
+
+
+def route(x, gate32, bias, K, route_scale):
+    """SPEC router: fp32 logits, sqrt(softplus), top-K of score + bias, weights normalised x route_scale."""
+    logits = x.float() @ gate32.t()
+    scores = torch.sqrt(F.softplus(logits))  # softplus(l) = l for l > 20, else log1p(exp(l))
+    idx = torch.topk(scores + bias, K, dim=-1, sorted=True).indices
+    w = scores.gather(1, idx)
+    w = w / w.sum(dim=-1, keepdim=True) * route_scale
+    return idx, w
+
+
 class Layer:
     def __init__(self, shp, dev, seed=1):
         H, I, E = shp["H"], shp["I"], shp["E"]
@@ -111,9 +131,8 @@ class Layer:
         g.manual_seed(seed)
         lut = torch.tensor(E2M1, device=dev)
         t0 = time.time()
-        self.gate = (torch.randn(E, H, generator=g, device=dev) / math.sqrt(H)).to(BF16)
+        self.gate, self.bias = make_router(g, E, H, dev)
         self.gate32 = self.gate.float()  # fp32 logits (gate_logits = fp32)
-        self.bias = torch.randn(E, generator=g, device=dev) * 0.1
         # routed experts in the checkpoint's format, dequantized to bf16 once, per expert chunk.
         # |e2m1| of uniform codes has rms 2.93: exponents -6/-5 give g, u of std ~4 (x ~ N(0,1), H 4096),
         # -9/-8 give w2 of std ~0.011 = sqrt(0.25 / I).
@@ -144,18 +163,14 @@ class Layer:
         self.scaled_mm_form = None
         self.fp8_ok = {}  # rows -> whether the fp8 shared path ran at that many rows
         del w1, w3, w2s
-        torch.cuda.synchronize()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         log(f"weights ready in {time.time() - t0:.1f} s: routed bf16 {2 * (self.w13.numel() + self.w2.numel()) / 1e9:.2f} GB "
             f"(fp4 checkpoint bytes {self.fp4_bytes / 1e9:.2f} GB)")
 
     # -- router --
     def route(self, x):
-        logits = x.float() @ self.gate32.t()
-        scores = torch.sqrt(F.softplus(logits))  # softplus(l) = l for l > 20, else log1p(exp(l))
-        idx = torch.topk(scores + self.bias, self.K, dim=-1, sorted=True).indices
-        w = scores.gather(1, idx)
-        w = w / w.sum(dim=-1, keepdim=True) * self.route_scale
-        return idx, w
+        return route(x, self.gate32, self.bias, self.K, self.route_scale)
 
     def swiglu(self, gu, w=None):
         I, L = self.I, self.L
@@ -421,8 +436,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        sys.exit(1)
+    run(main)

@@ -12,22 +12,41 @@
 #   cpu-test       make -j16 PYTHON=python3 test (the Check suite and the CLI tests)
 #   ceilings       copy bandwidth and cuBLASLt FP8 block-scaled / per-tensor / bf16 GEMM rates
 #   torch-peer     bench/torch_peer.py: the same layer in plain PyTorch, per T
-#   bench-cuda     bench_cuda: the CUDA backend per T against the ceilings and the peer
+#   bench-cuda-fp8, bench-cuda-exact
+#                  bench_cuda --gemm fp8 / --gemm exact: the CUDA backend per T in each numerics mode
+#                  against the ceilings and the torch peer (when bench_cuda's usage names --gemm;
+#                  otherwise one step "bench-cuda" without it)
+#   hf-peer        bench/hf_peer.py: HF transformers' DeepseekV4SparseMoeBlock (grouped_mm, bf16), eager
+#                  and CUDA-graph replay, per T (a transformers without DeepseekV4 is a JSON saying so)
+#   gmm-peer       bench/scaled_gmm_peer.py: torch._scaled_grouped_mm on the routed experts' two GEMMs, per T
 #   cuda-test      build/cuda/test_cuda (DSV4MOE_CUDA_REQUIRED=1: GPU cases may not skip), when built
+#   devsim         build/cuda/test_devsim: the device sim communicator, ep 2/4/8 ranks as threads with
+#                  their own streams on one GPU, and the skipped-metadata deadlock reported (not hung);
+#                  then the same under compute-sanitizer memcheck (CK_FORK=no)
 #   gpu-scenario   build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda, when both exist
 #   nccl           tests/nccl/device-run.sh: the NCCL communicator's one-GPU tests and a world of every GPU
 #   sanitizer      compute-sanitizer memcheck on the test program's "small" Tcase (CK_RUN_CASE=small,
 #                  CK_FORK=no; DSV4_SANITIZER_ARGS adds arguments)
+#   hf-engine      ci/hf_engine_check.py: HF transformers' DeepseekV4SparseMoeBlock on exported bf16
+#                  cases through dsv4moe check, clean and with each defect patched in (docs/engines.md)
+#   flight-recorder ci/record_flight_recorder.py: a real NCCL flight-recorder dump (world of one) and
+#                  divergent copies through dsv4moe symmetry
 # (make cuda-test runs the same three through ci/cuda-test.sh; this script runs them as separate
 # steps with their own timeouts so one hang costs one row.)
 # Absent pieces (the CUDA backend is not there yet) are "absent" rows, not failures.
 # DSV4_DEVCHECK_SKIP="cpu-test torch-peer" skips steps by name (local trials); DSV4_BENCH_ARGS adds
-# arguments to bench_cuda (e.g. --quick: fewer repetitions).
+# arguments to bench_cuda (e.g. --quick: fewer repetitions), DSV4_PEER_ARGS to the three peers (--quick).
+# The bench JSONs of an earlier call in $WORK/bench are removed first (so a skipped or failed step
+# cannot show old numbers), unless DSV4_DEVCHECK_KEEP=1 (reuse, e.g., the peers of an earlier call on
+# the same machine: the table then shows them as they were).
 #
 # Output: at most 8 files under $OUT (the device tool brings back only that many): summary.txt,
-# results.json, ceilings.json, torch_peer.json, bench_cuda.json, logs.tar.gz (every step's log),
-# gpu-report.tar.gz (the scenario report). Large work files (the generated v4-flash layer, about
-# 3.3 GB) go to $DSV4_DEVCHECK_WORK (default /tmp/dsv4-devcheck), never to $OUT.
+# results.json (steps, the table's numbers per T and mode, issue 15's targets), bench_cuda.json (the
+# fp8 mode's when there are two), logs.tar.gz (every step's log), gpu-report.tar.gz (the scenario
+# report), bench.tar.gz (every JSON the steps wrote: ceilings.json, torch_peer.json, both modes'
+# bench_cuda_*.json, hf_peer.json, gmm_peer.json, the A/B and profile runs'), engines.tar.gz
+# (hf-engine's table and reports, the flight-recorder dumps). Large work files (the generated
+# v4-flash layer, about 3.3 GB) go to $DSV4_DEVCHECK_WORK (default /tmp/dsv4-devcheck), never to $OUT.
 # The short table is printed last. Exit status: 0 when no step failed (absent and skipped are not
 # failures), 1 otherwise.
 set -u
@@ -38,6 +57,7 @@ JOBS=${DSV4_DEVCHECK_JOBS:-16}
 PY=${PYTHON:-python3}
 LOGS=$WORK/logs
 mkdir -p "$OUT" "$LOGS" "$WORK/bench"
+[ "${DSV4_DEVCHECK_KEEP:-0}" = 1 ] || rm -f "$WORK"/bench/*.json
 : >"$WORK/steps.tsv"
 T_START=$(date +%s)
 
@@ -113,13 +133,26 @@ step cpu-test 150 "make -j$JOBS PYTHON=$PY test"
 
 # ---- measurements ----
 step ceilings 90 "build/bench/ceilings $WORK/bench/ceilings.json"
-step torch-peer 180 "PYTHONUNBUFFERED=1 $PY bench/torch_peer.py --json $WORK/bench/torch_peer.json"
-if [ -x "$BENCH" ]; then
+step torch-peer 180 "PYTHONUNBUFFERED=1 $PY bench/torch_peer.py --json $WORK/bench/torch_peer.json ${DSV4_PEER_ARGS:-}"
+# both numerics modes when bench_cuda takes --gemm (its usage, printed for an unknown argument, says so)
+GEMM_MODES=""
+if [ -x "$BENCH" ] && timeout 20 "$BENCH" --help 2>&1 | grep -q -e '--gemm'; then
+    GEMM_MODES="fp8 exact"
+fi
+if [ -x "$BENCH" ] && [ -n "$GEMM_MODES" ]; then
+    for m in $GEMM_MODES; do
+        step "bench-cuda-$m" 240 "$BENCH --gemm $m --ceilings $WORK/bench/ceilings.json --peer $WORK/bench/torch_peer.json \
+            --json $WORK/bench/bench_cuda_$m.json --dir $WORK/bench --threads $JOBS ${DSV4_BENCH_ARGS:-}"
+    done
+elif [ -x "$BENCH" ]; then
     step bench-cuda 240 "$BENCH --ceilings $WORK/bench/ceilings.json --peer $WORK/bench/torch_peer.json \
         --json $WORK/bench/bench_cuda.json --dir $WORK/bench --threads $JOBS ${DSV4_BENCH_ARGS:-}"
 else
     absent bench-cuda "$BENCH not built"
 fi
+# the peers of issue 15: HF's own block (bf16, grouped_mm, CUDA graph) and torch's FP8 grouped GEMM alone
+step hf-peer 200 "PYTHONUNBUFFERED=1 $PY bench/hf_peer.py --json $WORK/bench/hf_peer.json ${DSV4_PEER_ARGS:-}"
+step gmm-peer 120 "PYTHONUNBUFFERED=1 $PY bench/scaled_gmm_peer.py --json $WORK/bench/gmm_peer.json ${DSV4_PEER_ARGS:-}"
 
 # ---- optional: the same benchmark on the mma.sync kernels and on the k_tileh variants
 # (DSV4_DEVCHECK_AB=1), and per-kernel device times from Nsight Compute (DSV4_DEVCHECK_PROFILE=1:
@@ -168,13 +201,20 @@ if [ -n "$CUDA_TEST" ]; then
 else
     absent cuda-test "no build/cuda/test_cuda (make cuda builds it with the CUDA backend)"
 fi
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x build/cuda/test_devsim ]; then
+    step devsim 60 "$CUDA_ENV build/cuda/test_devsim"
+    [ -x "$SAN" ] && step devsim-sanitizer 90 "$CUDA_ENV CK_FORK=no $SAN --tool memcheck --leak-check full \
+        --error-exitcode 9 build/cuda/test_devsim"
+else
+    absent devsim "no build/cuda/test_devsim (make cuda builds it)"
+fi
 if [ -x build/cuda/dsv4moe ] && [ -f scenarios/gpu.yaml ]; then
     step gpu-scenario 200 "$CUDA_ENV build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads 8 \
         --report $WORK/gpu --cache $WORK/cuda-tmp/scen-cache"
 else
     absent gpu-scenario "build/cuda/dsv4moe or scenarios/gpu.yaml not there"
 fi
-SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -n "$CUDA_TEST" ] && [ -x "$SAN" ]; then
     # the test program's "small" Tcase, in one process (CK_FORK=no) so memcheck sees every kernel
     step sanitizer 150 "$CUDA_ENV CK_FORK=no CK_RUN_CASE=small $SAN --tool memcheck --leak-check full \
@@ -191,87 +231,36 @@ else
     absent nccl "tests/nccl/device-run.sh not there"
 fi
 
+# ---- outside engines (docs/engines.md): HF transformers' block held by dsv4moe check with the
+# defect table; a real NCCL flight-recorder dump (world of one) and divergent copies through symmetry ----
+mkdir -p "$WORK/engines"
+if $PY -c 'import torch, transformers' 2>/dev/null; then
+    step hf-engine 240 "PYTHONUNBUFFERED=1 $PY ci/hf_engine_check.py --cli build/dsv4moe --work $WORK/hf-engine \
+        --json $WORK/engines/hf_engine.json"
+    step flight-recorder 90 "$PY ci/record_flight_recorder.py $WORK/engines/flight-recorder --cli build/dsv4moe"
+else
+    absent hf-engine "no torch or transformers for $PY"
+    absent flight-recorder "no torch for $PY"
+fi
+
 # ---- bundle (at most 8 files under $OUT) ----
-for f in ceilings torch_peer bench_cuda; do
-    [ -f "$WORK/bench/$f.json" ] && cp "$WORK/bench/$f.json" "$OUT/$f.json"
-done
+[ -f "$WORK/bench/bench_cuda.json" ] && cp "$WORK/bench/bench_cuda.json" "$OUT/bench_cuda.json"
+[ -f "$WORK/bench/bench_cuda_fp8.json" ] && cp "$WORK/bench/bench_cuda_fp8.json" "$OUT/bench_cuda.json"
+if ls "$WORK"/bench/*.json >/dev/null 2>&1; then
+    (cd "$WORK" && tar -czf - bench/*.json) >"$OUT/bench.tar.gz"
+fi
 cp "$WORK/steps.tsv" "$LOGS/steps.tsv"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs 2>/dev/null
 # the scenario report without a large HTML page (the JSON and JUnit hold every number)
 find "$WORK/gpu" -name report.html -size +8M -delete 2>/dev/null
 [ -d "$WORK/gpu" ] && tar -czf "$OUT/gpu-report.tar.gz" -C "$WORK" gpu 2>/dev/null
+# the HF table (JSON) and the flight-recorder dumps, with the HF check reports
+cp -r "$WORK/hf-engine"/report-* "$WORK/engines/" 2>/dev/null
+[ -n "$(ls -A "$WORK/engines" 2>/dev/null)" ] && tar -czf "$OUT/engines.tar.gz" -C "$WORK" engines 2>/dev/null
 
 # ---- the short table, last ----
 T_TOTAL=$(($(date +%s) - T_START))
-$PY - "$WORK/steps.tsv" "$OUT" "$T_TOTAL" <<'EOF' | tee "$OUT/summary.txt"
-import json, os, sys
-steps_path, out, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
-steps = []
-for line in open(steps_path):
-    p = line.rstrip("\n").split("\t")
-    if len(p) >= 3:
-        steps.append({"step": p[0], "status": p[1], "seconds": int(p[2]), "note": p[3] if len(p) > 3 else ""})
-def load(name):
-    try:
-        with open(os.path.join(out, name)) as f:
-            return json.load(f)
-    except Exception:
-        return None
-ce, pe, bc = load("ceilings.json"), load("torch_peer.json"), load("bench_cuda.json")
-print()
-print(f"device-check: {total} s")
-for s in steps:
-    print(f"  {s['step']:<13} {s['status']:<8} {s['seconds']:4d}s  {s['note'][:100]}")
-def fmt(v, f="{:.1f}"):
-    return f.format(v) if isinstance(v, (int, float)) and v == v and v >= 0 else "-"
-if ce:
-    print(f"ceilings: copy {fmt(ce.get('copy_gbs'))} GB/s (read+written); FP8 GEMM {fmt(ce.get('fp8_gemm_tflops'))} "
-          f"TFLOP/s ({ce.get('fp8_gemm_kind')}: {ce.get('fp8_block_mode')}); FP8 per-tensor "
-          f"{fmt(ce.get('fp8_tensor_tflops'))}; bf16 {fmt(ce.get('bf16_tflops'))}")
-peer = {}
-if pe:
-    for r in pe.get("runs", []):
-        peer[r["tokens"]] = r
-    print(f"torch peer: routed bf16-dequantized ({len(peer)} T); shared: {pe.get('shared_path')}")
-rows = {}
-if bc and bc.get("available"):
-    for r in bc.get("runs", []):
-        if r.get("ok") and "tokens" in r:
-            t = r["tokens"]
-            if t not in rows or r["median_ms"] < rows[t]["median_ms"]:
-                rows[t] = r
-Ts = sorted(set(peer) | set(rows))
-if rows:
-    print(f"{'T':>6} {'cuda ms':>9} {'graph':>5} {'io':>6} {'%copy':>6} {'%fp8':>6} {'torch ms':>9} {'x torch':>8}  targets")
-    for t in Ts:
-        r, p = rows.get(t), peer.get(t, {})
-        if not r:
-            print(f"{t:6d} {'-':>9} {'':>5} {'':>6} {'':>6} {fmt(p.get('peer_ms'), '{:.3f}'):>9}")
-            continue
-        print(f"{t:6d} {r['median_ms']:9.4f} {'on' if r['graph'] else 'off':>5} {r.get('io', 'host'):>6} {100*r['share_of_copy']:5.1f}% "
-              f"{100*r['share_of_fp8_gemm']:5.1f}% {fmt(r['torch_ms'], '{:.3f}'):>9} {fmt(r['speedup_vs_torch'], '{:.2f}'):>7}x  {r['targets']}")
-    tg = bc.get("targets", {})
-    print("targets: T>=32 >=70% copy bw: {} (where reachable: {}); T=1 <60us: {}; T=16384 >=50% FP8: {}; "
-          "faster than torch at every T: {}".format(
-        *[{True: "met", False: "NOT met"}.get(tg.get(k), "not run") for k in (
-            "bw_share_ge_70pct_T_ge_32", "bw_share_ge_70pct_where_reachable", "t1_lt_60us",
-            "fp8_share_ge_50pct_T16384", "faster_than_torch_every_T")]))
-else:
-    why = bc.get("reason") if bc else "bench_cuda did not run"
-    print(f"cuda backend: not timed ({why})")
-    if peer:
-        print(f"{'T':>6} {'torch ms':>9} {'method':>14} {'TFLOP/s':>8}   targets to beat: torch time; T=1 < 0.060 ms")
-        for t in Ts:
-            p = peer[t]
-            print(f"{t:6d} {fmt(p.get('peer_ms'), '{:.3f}'):>9} {str(p.get('peer_method')):>14} {fmt(p.get('tflops')):>8}")
-res = {"seconds": total, "steps": steps, "ceilings": ce and {k: ce.get(k) for k in (
-    "copy_gbs", "fp8_gemm_tflops", "fp8_gemm_kind", "fp8_block_mode", "fp8_tensor_tflops", "bf16_tflops")},
-    "torch_peer_ms": {str(t): peer[t].get("peer_ms") for t in peer},
-    "cuda_available": bool(bc and bc.get("available")),
-    "cuda_best_ms": {str(t): rows[t]["median_ms"] for t in rows},
-    "targets": bc.get("targets") if bc else None}
-with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(res, f, indent=1)
-EOF
+$PY ci/device-table.py --steps "$WORK/steps.tsv" --bench "$WORK/bench" --out "$OUT" --seconds "$T_TOTAL" \
+    2>&1 | tee "$OUT/summary.txt"
 grep -q "$(printf '\tfail\t')" "$WORK/steps.tsv" && exit 1
 exit 0

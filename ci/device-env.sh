@@ -18,3 +18,6 @@ export PATH="/usr/local/cuda/bin:$PATH"
 export DSV4_NO_DEPS=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset _a _inc _lib
+# The CUTLASS headers of `make cuda` (ci/cutlass.sh): the machine has no network, so they travel in
+# the git-ignored .cutlass/ (a copy of build/cutlass-4.2.0.0 made here).
+[ -f .cutlass/include/cutlass/util/packed_stride.hpp ] && export CUTLASS_DIR=.cutlass

@@ -3,8 +3,10 @@
 #define DSV4MOE_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "dsv4moe/config.h"
+#include "dsv4moe/safetensors.h"
 
 /* Exit statuses of every subcommand. */
 enum { EXIT_OK = 0, EXIT_CHECK_FAILED = 1, EXIT_BAD_INPUT = 2 };
@@ -36,10 +38,20 @@ int cli_parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo, i
 /* Returns 0 when `arg` is one of the NULL-terminated `options`; else prints "unknown option"
    (or "unexpected argument") naming the command's --help and returns -1. */
 int cli_known(const char *cmd, const char *arg, const char *const *options);
+/* mkdir -p: the folder and its parents; 0 on success, -1 with errno set otherwise. */
+int cli_mkdir_p(const char *path);
 /* Takes the value of option argv[*i]; prints and returns NULL when missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 /* Seconds on the monotonic clock (durations of the commands' steps). */
 double cli_now(void);
+
+/* Prints, one line each to stderr, the folder entries the checkpoint left out and why. */
+void cli_print_skipped(const char *cmd, const dsv4_checkpoint *ck);
+
+/* `s` with control characters (C0, DEL, C1 as UTF-8) written as \xNN, into buf[0, n); returns buf. */
+const char *cli_esc(const char *s, char *buf, size_t n);
+/* "BF16 [8, 256]", or "missing" for NULL; returns buf. */
+const char *cli_tensor_desc(const dsv4_tensor_info *t, char *buf, size_t n);
 
 int cmd_gen(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
@@ -47,5 +59,8 @@ int cmd_ref(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_symmetry(int argc, char **argv);
 
 #endif

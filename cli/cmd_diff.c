@@ -7,66 +7,125 @@
 #include "dsv4moe/safetensors.h"
 
 static const char DIFF_HELP[] =
-    "usage: dsv4moe diff A.safetensors B.safetensors [--tensor NAME ...]\n\n"
-    "Compares the tensors two dumps have in common (or the named ones): BF16 tensors by the\n"
-    "SPEC.md section 7 metrics with B as the reference (max |a-b|, max relative error, nMSE,\n"
-    "DeepGEMM's diff, bf16 ULP percentiles, elements beyond atol = rtol = 0.035, NaN where B is\n"
-    "finite), other dtypes bytewise (elements that differ). So an engine's dump can be held\n"
-    "against `dsv4moe ref`.\n\n"
-    "  --tensor NAME   compare this tensor (repeatable; default: every common tensor)\n\n"
-    "exit status: 0 every tensor within tolerance (BF16: DeepGEMM diff < 1e-3, no NaN where B is\n"
-    "finite, at most 0.5 %% of elements beyond atol/rtol; other dtypes: identical), 1 some tensor\n"
-    "outside it, 2 bad input (a missing file or tensor, or shapes and dtypes that differ)\n";
+    "usage: dsv4moe diff A.safetensors B.safetensors [--tensor NAME ...] [--rule RULE]\n"
+    "                    [--sentinel E|-1|absent] [--experts E]\n\n"
+    "Holds dump A (a candidate: a backend, an engine) against dump B (the reference, e.g. from\n"
+    "`dsv4moe ref`), tensor by tensor, on the tensors they have in common (or the named ones):\n"
+    "  - float tensors (F32, F64, F16, BF16, F8_E4M3, F8_E5M2) by the SPEC.md section 7 metrics\n"
+    "    (max |a-b|, max relative error, nMSE, DeepGEMM's diff, ULP percentiles in the dtype's own\n"
+    "    ULPs, elements beyond atol = rtol = 0.035), judged by one tolerance rule (--rule);\n"
+    "  - topk_ids with topk_weights routing-aware: the kept experts of each token compared as a set\n"
+    "    (slot order free), A's pruned top-p slots in its sentinel convention (--sentinel), weights\n"
+    "    matched by expert id within |a-b| <= 1e-6 + 1e-5 |b| (fp32 terms);\n"
+    "  - any other tensor bytewise.\n"
+    "The rules are those of `run` and `check` (docs/scenarios.md, \"Tolerance rules\").\n\n"
+    "  --tensor NAME     compare this tensor (repeatable; default: every common tensor)\n"
+    "  --rule RULE       exact-quant (default: the outside-engine rule of SPEC.md section 9, held for\n"
+    "                    every format), exact-bf16 (the project's own backends on bf16 layers: what\n"
+    "                    `run` applies there), fp8-mma (FP8 tensor-core accumulation)\n"
+    "  --sentinel S      how A marks a pruned slot: E (default, the reference's), -1, absent\n"
+    "  --experts E       n_routed_experts (default: B's metadata n_routed_experts, written by `ref`)\n\n"
+    "exit status: 0 every tensor within tolerance, 1 some tensor outside it (a NaN or Inf in A where\n"
+    "B is finite, a non-finite B value that A does not repeat as the same infinity, and any NaN pair\n"
+    "always fail), 2 bad input (a missing file or tensor, shapes or dtypes that differ: both printed)\n";
+
+typedef struct {
+    dsv4_tolerance rule;
+    dsv4_sentinel sentinel;
+    long long experts; /* -1: from B's metadata */
+} diff_opts;
+
+static void shape_line(const dsv4_tensor_info *t, char *buf, size_t n)
+{
+    char s[96];
+    dsv4_tensor_shape_str(t, s, sizeof s);
+    snprintf(buf, n, "%s %s in %s", dsv4_dtype_name(t->dtype), s, t->file);
+}
 
 /* Compares one tensor pair; returns 0 within tolerance, 1 outside, 2 not comparable. */
-static int diff_tensor(const dsv4_tensor_info *a, const dsv4_tensor_info *b)
+static int diff_tensor(const dsv4_tensor_info *a, const dsv4_tensor_info *b, const diff_opts *o)
 {
     bool same = a->dtype == b->dtype && a->ndim == b->ndim;
     for (int d = 0; same && d < a->ndim; d++)
         same = a->shape[d] == b->shape[d];
     if (!same) {
-        fprintf(stderr, "dsv4moe diff: tensor '%s': %s with %d dims in %s, %s with %d dims in %s\n", a->name,
-                dsv4_dtype_name(a->dtype), a->ndim, a->file, dsv4_dtype_name(b->dtype), b->ndim, b->file);
+        char la[256], lb[256];
+        shape_line(a, la, sizeof la);
+        shape_line(b, lb, sizeof lb);
+        fprintf(stderr, "dsv4moe diff: tensor '%s': %s, %s\n", a->name, la, lb);
         return 2;
     }
-    if (a->dtype != DSV4_DTYPE_BF16) {
+    if (!dsv4_compare_dtype_ok(a->dtype)) {
         size_t es = dsv4_dtype_size(a->dtype);
         uint64_t differ = 0;
         for (uint64_t i = 0; i < a->numel; i++)
             differ += memcmp((const char *)a->data + i * es, (const char *)b->data + i * es, es) != 0;
-        printf("%-24s %-5s %llu elements, %llu differ\n", a->name, dsv4_dtype_name(a->dtype),
+        printf("%-24s %-7s %llu elements, %llu differ\n", a->name, dsv4_dtype_name(a->dtype),
                (unsigned long long)a->numel, (unsigned long long)differ);
         return differ ? 1 : 0;
     }
-    /* The mapping may be unaligned: copy into aligned arrays first. */
-    uint16_t *x = malloc(a->nbytes + 2), *y = malloc(b->nbytes + 2);
-    if (!x || !y) {
-        free(x);
-        free(y);
-        fprintf(stderr, "dsv4moe diff: out of memory for tensor '%s'\n", a->name);
-        return 2;
-    }
-    memcpy(x, a->data, a->nbytes);
-    memcpy(y, b->data, b->nbytes);
     dsv4_compare_metrics m;
-    bool ok = dsv4_compare_bf16(x, y, (int64_t)a->numel, &m);
-    free(x);
-    free(y);
-    if (!ok) {
+    if (!dsv4_compare_any(a->dtype, a->data, b->data, (int64_t)a->numel, &m)) {
         fprintf(stderr, "dsv4moe diff: out of memory comparing tensor '%s'\n", a->name);
         return 2;
     }
-    char line[512];
+    char line[512], why[512];
     dsv4_compare_format(&m, line, sizeof line);
-    printf("%-24s BF16  %s\n", a->name, line);
-    int64_t allowed = m.n / 200 > 1 ? m.n / 200 : 1;
-    return m.bad_nonfinite == 0 && m.deepgemm_diff < 1e-3 && m.tol_violations <= allowed ? 0 : 1;
+    bool ok = dsv4_compare_within(o->rule, &m, why, sizeof why);
+    printf("%-24s %-7s %s\n", a->name, dsv4_dtype_name(a->dtype), line);
+    if (!ok)
+        printf("%-24s %-7s outside: %s\n", "", "", why);
+    return ok ? 0 : 1;
+}
+
+/* topk_ids (+ topk_weights when both have them) routing-aware; 0, 1 or 2 as diff_tensor. */
+static int diff_routing(const dsv4_st_file *fa, const dsv4_st_file *fb, bool with_weights, const diff_opts *o)
+{
+    const dsv4_tensor_info *ia = dsv4_st_find(fa, "topk_ids"), *ib = dsv4_st_find(fb, "topk_ids");
+    const dsv4_tensor_info *wa = with_weights ? dsv4_st_find(fa, "topk_weights") : NULL;
+    const dsv4_tensor_info *wb = with_weights ? dsv4_st_find(fb, "topk_weights") : NULL;
+    long long E = o->experts;
+    if (E < 0) {
+        const char *meta = dsv4_st_metadata(fb, "n_routed_experts");
+        char *end = NULL;
+        E = meta ? strtoll(meta, &end, 10) : -1;
+        if (!meta || *end || E < 1) {
+            fprintf(stderr,
+                    "dsv4moe diff: comparing topk_ids needs n_routed_experts (the pruned-slot sentinel): %s has no "
+                    "metadata n_routed_experts; give --experts E\n",
+                    dsv4_st_path(fb));
+            return 2;
+        }
+    }
+    dsv4_routing_metrics m;
+    char msg[768];
+    if (!dsv4_compare_routing_tensors(E, ia, wa, o->sentinel, ib, wb, &m, msg, sizeof msg)) {
+        fprintf(stderr, "dsv4moe diff: %s\n", msg);
+        return 2;
+    }
+    char line[256], why[768];
+    dsv4_routing_format(&m, line, sizeof line);
+    bool ok = dsv4_routing_within(&m, why, sizeof why);
+    printf("%-24s %-7s %s (as sets per token, sentinel %s, E %lld)\n", wa ? "topk_ids+topk_weights" : "topk_ids",
+           "routing", line, dsv4_sentinel_name(o->sentinel), E);
+    if (!ok)
+        printf("%-24s %-7s outside: %s\n", "", "", why);
+    return ok ? 0 : 1;
+}
+
+static bool named(const char *const *names, int nn, const char *n)
+{
+    for (int k = 0; k < nn; k++)
+        if (!strcmp(names[k], n))
+            return true;
+    return false;
 }
 
 int cmd_diff(int argc, char **argv)
 {
     const char *cmd = "diff", *pa = NULL, *pb = NULL, *names[64];
     int nn = 0;
+    diff_opts o = {DSV4_TOL_EXACT_QUANT, DSV4_SENTINEL_E, -1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf(DIFF_HELP);
@@ -78,6 +137,24 @@ int cmd_diff(int argc, char **argv)
             if (nn == (int)(sizeof names / sizeof names[0]))
                 return cli_failf(cmd, "too many --tensor options (at most %zu)", sizeof names / sizeof names[0]);
             names[nn++] = v;
+        } else if (!strcmp(argv[i], "--rule")) {
+            const char *v = cli_value(cmd, argc, argv, &i);
+            if (!v)
+                return EXIT_BAD_INPUT;
+            if (!dsv4_tolerance_parse(v, &o.rule))
+                return cli_failf(cmd, "--rule '%s': not exact-bf16, exact-quant or fp8-mma", v);
+        } else if (!strcmp(argv[i], "--sentinel")) {
+            const char *v = cli_value(cmd, argc, argv, &i);
+            if (!v)
+                return EXIT_BAD_INPUT;
+            if (!dsv4_sentinel_parse(v, &o.sentinel))
+                return cli_failf(cmd, "--sentinel '%s': not E, -1 or absent", v);
+        } else if (!strcmp(argv[i], "--experts")) {
+            const char *v = cli_value(cmd, argc, argv, &i);
+            int64_t e;
+            if (!v || cli_parse_i64(cmd, "--experts", v, 1, 1 << 20, &e))
+                return EXIT_BAD_INPUT;
+            o.experts = (long long)e;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return cli_failf(cmd, "unknown option '%s' (see dsv4moe diff --help)", argv[i]);
         } else if (!pa) {
@@ -98,36 +175,40 @@ int cmd_diff(int argc, char **argv)
         return cli_fail(cmd, &err);
     }
     int worst = 0, compared = 0;
-    if (nn) {
-        for (int k = 0; k < nn && worst < 2; k++) {
-            const dsv4_tensor_info *ta = dsv4_st_find(a, names[k]), *tb = dsv4_st_find(b, names[k]);
-            if (!ta || !tb) {
-                fprintf(stderr, "dsv4moe diff: tensor '%s' is missing from %s\n", names[k], !ta ? pa : pb);
-                worst = 2;
-                break;
-            }
-            int r = diff_tensor(ta, tb);
-            worst = r > worst ? r : worst;
-            compared++;
-        }
-    } else {
-        for (size_t k = 0; k < dsv4_st_count(a) && worst < 2; k++) {
-            const dsv4_tensor_info *ta = dsv4_st_tensor(a, k), *tb = dsv4_st_find(b, ta->name);
-            if (!tb)
-                continue;
-            int r = diff_tensor(ta, tb);
-            worst = r > worst ? r : worst;
-            compared++;
-        }
-        if (!compared && worst < 2) {
-            fprintf(stderr, "dsv4moe diff: %s and %s have no tensor in common\n", pa, pb);
+    for (int k = 0; k < nn && worst < 2; k++)
+        if (!dsv4_st_find(a, names[k]) || !dsv4_st_find(b, names[k])) {
+            fprintf(stderr, "dsv4moe diff: tensor '%s' is missing from %s\n", names[k],
+                    !dsv4_st_find(a, names[k]) ? pa : pb);
             worst = 2;
         }
+    /* Routing-aware when both have topk_ids (and it is asked for): topk_weights goes with it. */
+    bool ids_both = dsv4_st_find(a, "topk_ids") && dsv4_st_find(b, "topk_ids");
+    bool w_both = dsv4_st_find(a, "topk_weights") && dsv4_st_find(b, "topk_weights");
+    bool routing = ids_both && (!nn || named(names, nn, "topk_ids"));
+    bool route_w = routing && w_both && (!nn || named(names, nn, "topk_weights"));
+    for (size_t k = 0; k < dsv4_st_count(a) && worst < 2; k++) {
+        const dsv4_tensor_info *ta = dsv4_st_tensor(a, k), *tb = dsv4_st_find(b, ta->name);
+        if (!tb || (nn && !named(names, nn, ta->name)))
+            continue;
+        if (routing && (!strcmp(ta->name, "topk_ids") || (route_w && !strcmp(ta->name, "topk_weights"))))
+            continue;
+        int r = diff_tensor(ta, tb, &o);
+        worst = r > worst ? r : worst;
+        compared++;
+    }
+    if (routing && worst < 2) {
+        int r = diff_routing(a, b, route_w, &o);
+        worst = r > worst ? r : worst;
+        compared += route_w ? 2 : 1;
+    }
+    if (!compared && worst < 2) {
+        fprintf(stderr, "dsv4moe diff: %s and %s have no tensor in common\n", pa, pb);
+        worst = 2;
     }
     dsv4_st_close(a);
     dsv4_st_close(b);
     if (worst < 2)
-        printf("dsv4moe diff: %d tensor%s compared: %s\n", compared, compared == 1 ? "" : "s",
-               worst ? "outside tolerance" : "within tolerance");
+        printf("dsv4moe diff: %d tensor%s compared (rule %s): %s\n", compared, compared == 1 ? "" : "s",
+               dsv4_tolerance_name(o.rule), worst ? "outside tolerance" : "within tolerance");
     return worst;
 }

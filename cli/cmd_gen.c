@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "fileio.h"
 #include "dsv4moe/gen.h"
 #include "dsv4moe/safetensors.h"
 
@@ -124,6 +125,10 @@ int cmd_gen(int argc, char **argv)
     }
     dsv4_error err;
     dsv4_error_clear(&err);
+    /* Both destinations are checked before a minute of generation, not after. */
+    mode_t dmode;
+    if (dsv4_out_check_dest(wpath, &dmode, &err) || dsv4_out_check_dest(ipath, &dmode, &err))
+        return cli_fail(cmd, &err);
     printf("dsv4moe gen: %s layer %lld (%s), H %lld I %lld E %lld K %lld, routed %s, shared %s, seed %llu, "
            "%d threads\n",
            co.preset ? co.preset : "v4-flash", (long long)cfg.layer, dsv4_config_is_hash_layer(&cfg) ? "hash" : "non-hash",
@@ -144,7 +149,7 @@ int cmd_gen(int argc, char **argv)
     }
     uint64_t bytes = 0;
     for (size_t i = 0; i < dsv4_checkpoint_tensor_count(ck); i++)
-        bytes += dsv4_checkpoint_tensor(ck, i)->nbytes;
+        bytes += dsv4_checkpoint_tensor_meta(ck, i)->nbytes;
     printf("  weights  %s: %zu tensors, %.1f MB of data, %s layout (%.2f s)\n", wpath,
            dsv4_checkpoint_tensor_count(ck), (double)bytes / 1e6, dsv4_layout_name(dsv4_checkpoint_layout(ck)),
            t1 - t0);

@@ -36,26 +36,28 @@ int cmd_inspect(int argc, char **argv)
     dsv4_error_clear(&err);
     if (dsv4_checkpoint_open(path, &ck, &err))
         return cli_fail(cmd, &err);
+    cli_print_skipped(cmd, ck);
     size_t nt = dsv4_checkpoint_tensor_count(ck), nf = dsv4_checkpoint_file_count(ck);
     uint64_t bytes = 0;
     for (size_t i = 0; i < nt; i++)
-        bytes += dsv4_checkpoint_tensor(ck, i)->nbytes;
+        bytes += dsv4_checkpoint_tensor_meta(ck, i)->nbytes;
     const char *prefix = dsv4_checkpoint_prefix(ck);
     printf("%s: %zu file%s, %zu tensors, %llu bytes of data, layout %s%s%s%s\n", path, nf, nf == 1 ? "" : "s", nt,
            (unsigned long long)bytes, dsv4_layout_name(dsv4_checkpoint_layout(ck)), prefix[0] ? " (prefix '" : "",
            prefix, prefix[0] ? "')" : "");
+    char esc[4096];
     for (size_t f = 0; f < nf; f++)
-        printf("  file %s\n", dsv4_checkpoint_file_path(ck, f));
+        printf("  file %s\n", cli_esc(dsv4_checkpoint_file_path(ck, f), esc, sizeof esc));
     if (!quiet) {
         for (size_t i = 0; i < nt; i++) {
-            const dsv4_tensor_info *t = dsv4_checkpoint_tensor(ck, i);
+            const dsv4_tensor_info *t = dsv4_checkpoint_tensor_meta(ck, i);
             char shape[160];
             size_t off = (size_t)snprintf(shape, sizeof shape, "[");
             for (int d = 0; d < t->ndim && off < sizeof shape; d++)
                 off += (size_t)snprintf(shape + off, sizeof shape - off, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
             if (off < sizeof shape)
                 snprintf(shape + off, sizeof shape - off, "]");
-            printf("  %-56s %-8s %-22s %llu\n", t->name, dsv4_dtype_name(t->dtype), shape,
+            printf("  %-56s %-8s %-22s %llu\n", cli_esc(t->name, esc, sizeof esc), dsv4_dtype_name(t->dtype), shape,
                    (unsigned long long)t->nbytes);
         }
     }

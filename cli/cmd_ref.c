@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "fileio.h"
 #include "dsv4moe/ref.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
@@ -71,19 +72,27 @@ int cmd_ref(int argc, char **argv)
     int32_t *ids = NULL, *topk = NULL;
     float *topw = NULL;
     rc = EXIT_BAD_INPUT;
+    /* An impossible destination is refused before minutes of work, not after. */
+    mode_t dmode;
+    if (dsv4_out_check_dest(opath, &dmode, &err))
+        return cli_fail(cmd, &err);
     double t0 = cli_now();
     if (dsv4_checkpoint_open(wpath, &ck, &err) || dsv4_st_open(ipath, &in, &err)) {
         cli_fail(cmd, &err);
         goto done;
     }
+    cli_print_skipped(cmd, ck);
     const dsv4_tensor_info *tx = dsv4_st_find(in, "x"), *ti = dsv4_st_find(in, "input_ids");
+    char found[160];
     if (!tx || tx->dtype != DSV4_DTYPE_BF16 || tx->ndim != 2 || tx->shape[1] != cfg.dim) {
-        cli_failf(cmd, "%s: tensor 'x' must exist as BF16 [T, dim = %lld]", ipath, (long long)cfg.dim);
+        cli_failf(cmd, "%s: tensor 'x' must exist as BF16 [T, dim = %lld]; found %s", ipath, (long long)cfg.dim,
+                  cli_tensor_desc(tx, found, sizeof found));
         goto done;
     }
     int64_t T = tx->shape[0], H = cfg.dim, K = cfg.n_activated;
     if (ti && (ti->dtype != DSV4_DTYPE_I32 || ti->ndim != 1 || ti->shape[0] != T)) {
-        cli_failf(cmd, "%s: tensor 'input_ids' must be I32 [T = %lld]", ipath, (long long)T);
+        cli_failf(cmd, "%s: tensor 'input_ids' must be I32 [T = %lld]; found %s", ipath, (long long)T,
+                  cli_tensor_desc(ti, found, sizeof found));
         goto done;
     }
     if (!ti && dsv4_config_is_hash_layer(&cfg)) {
@@ -116,10 +125,14 @@ int cmd_ref(int argc, char **argv)
     int64_t sy[2] = {T, H}, sk[2] = {T, K};
     char hash[32];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)dsv4_ref_hash(&cfg, T, &out));
+    char nexp[32]; /* the pruned-slot sentinel of topk_ids, for dsv4moe diff */
+    snprintf(nexp, sizeof nexp, "%lld", (long long)cfg.n_routed_experts);
     if (dsv4_st_writer_create(&w, &err) || dsv4_st_writer_add(w, "y", DSV4_DTYPE_BF16, 2, sy, y, &err) ||
         dsv4_st_writer_add(w, "topk_ids", DSV4_DTYPE_I32, 2, sk, topk, &err) ||
         dsv4_st_writer_add(w, "topk_weights", DSV4_DTYPE_F32, 2, sk, topw, &err) ||
-        dsv4_st_writer_set_metadata(w, "ref_hash", hash, &err) || dsv4_st_writer_write(w, opath, NULL, NULL, &err)) {
+        dsv4_st_writer_set_metadata(w, "ref_hash", hash, &err) ||
+        dsv4_st_writer_set_metadata(w, "n_routed_experts", nexp, &err) ||
+        dsv4_st_writer_write(w, opath, NULL, NULL, &err)) {
         cli_fail(cmd, &err);
         goto done;
     }

@@ -8,13 +8,14 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "dsv4moe/backend.h"
 #include "faults.h"
 #include "dsv4moe/run.h"
 #include "dsv4moe/scenario.h"
 
 static const char RUN_HELP[] =
     "usage: dsv4moe run FILE.yaml... [--report DIR] [--cache DIR] [--backend ref|cpu|cuda]\n"
-    "                   [--filter SUBSTRING] [--threads N] [--faults]\n\n"
+    "                   [--filter SUBSTRING] [--threads N] [--traces DIR] [--faults]\n\n"
     "Expands each scenario file into its cases (docs/scenarios.md), runs every case's checks\n"
     "(numerics, determinism, symmetry, memory, empty, clamp_exercised, refusal) and writes\n"
     "DIR/report.json, DIR/junit.xml and DIR/report.html. Prints a summary and the details of\n"
@@ -25,6 +26,8 @@ static const char RUN_HELP[] =
     "                       (cases on cuda keep theirs)\n"
     "  --filter SUBSTRING   only the cases whose name contains SUBSTRING\n"
     "  --threads N          threads of the backend and the reference (default 2)\n"
+    "  --traces DIR         multi-rank cases write each rank's collective trace to\n"
+    "                       DIR/<case id>/rank<r>.jsonl (dsv4moe symmetry reads them; docs/engines.md)\n"
     "  --faults             the defect catalogue (fault build only: make faults, then\n"
     "                       build/faults/dsv4moe): every case with a `fault` key runs clean\n"
     "                       and with its defect of the review injected; prints the detection\n"
@@ -47,7 +50,8 @@ static void on_progress(void *user, size_t done, size_t total, const dsv4_case_r
     size_t d = p->base + done;
     double el = cli_now() - p->t0;
     double left = d ? el / (double)d * (double)(p->total - d) : 0;
-    const char *name = dsv4_case_name(last);
+    char esc[1024];
+    const char *name = cli_esc(dsv4_case_name(last), esc, sizeof esc);
     size_t nl = strlen(name);
     fprintf(stderr, "\r\033[K[%zu/%zu] %s  %.0f s left  %s%s", d, p->total, dsv4_result_name(dsv4_case_status(last)),
             left, nl > 60 ? "..." : "", nl > 60 ? name + nl - 57 : name);
@@ -83,29 +87,10 @@ static int print_detection_table(const dsv4_run_results *res)
 }
 #endif
 
-static int mkdir_p(const char *path)
-{
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf)
-        return -1;
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++)
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char s = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return -1;
-            buf[i] = s;
-        }
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
-}
-
 int cmd_run(int argc, char **argv)
 {
     const char *cmd = "run";
-    const char *report = "out", *cache = NULL, *filter = NULL;
+    const char *report = "out", *cache = NULL, *filter = NULL, *traces = NULL;
     int backend = -1;
     int64_t threads = 2;
     bool faults = false;
@@ -113,7 +98,7 @@ int cmd_run(int argc, char **argv)
     int nfiles = 0;
     if (!files)
         return cli_failf(cmd, "out of memory");
-    static const char *const opts[] = {"--report", "--cache", "--backend", "--filter", "--threads", NULL};
+    static const char *const opts[] = {"--report", "--cache", "--backend", "--filter", "--threads", "--traces", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -149,16 +134,25 @@ int cmd_run(int argc, char **argv)
             cache = v;
         else if (!strcmp(a, "--filter"))
             filter = v;
+        else if (!strcmp(a, "--traces"))
+            traces = v;
         else if (!strcmp(a, "--backend")) {
             if (!strcmp(v, "ref"))
                 backend = 0;
             else if (!strcmp(v, "cpu"))
                 backend = 1;
             else if (!strcmp(v, "cuda"))
-                backend = 2; /* a library built without CUDA skips those cases */
+                backend = 2;
             else {
                 free(files);
                 return cli_failf(cmd, "option --backend: '%s' is not ref, cpu or cuda", v);
+            }
+            /* Asking for a backend this build lacks would "pass" on the checks that need no
+               backend; it is bad input, refused before any case runs. */
+            if (!dsv4_backend_available((dsv4_backend_kind)backend)) {
+                free(files);
+                return cli_failf(cmd, "option --backend: '%s' is not part of this build (available: %s)", v,
+                                 dsv4_backends_available());
             }
         } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads)) {
             free(files);
@@ -194,7 +188,7 @@ int cmd_run(int argc, char **argv)
                        filter ? "'" : "");
         goto out;
     }
-    if (mkdir_p(report) != 0) {
+    if (cli_mkdir_p(report) != 0) {
         rc = cli_failf(cmd, "cannot create the report folder '%s': %s", report, strerror(errno));
         goto out;
     }
@@ -214,6 +208,7 @@ int cmd_run(int argc, char **argv)
     ro.progress = on_progress;
     ro.progress_user = &ps;
     ro.faults = faults;
+    ro.trace_dir = traces;
     dsv4_run_results *res = NULL;
     double t0 = cli_now();
     for (int f = 0; f < nfiles; f++) {
@@ -221,7 +216,8 @@ int cmd_run(int argc, char **argv)
         if (dsv4_run_scenario(scns[f], &ro, &res, &err) != DSV4_OK) {
             if (ps.tty)
                 fputs("\r\033[K", stderr);
-            fprintf(stderr, "dsv4moe run: %s: %s\n", files[f], err.message);
+            char esc[4096];
+            fprintf(stderr, "dsv4moe run: %s: %s\n", cli_esc(files[f], esc, sizeof esc), err.message);
             dsv4_run_results_free(res);
             rc = EXIT_BAD_INPUT;
             goto out;
@@ -236,8 +232,7 @@ int cmd_run(int argc, char **argv)
     snprintf(jpath, sizeof jpath, "%s/report.json", report);
     snprintf(xpath, sizeof xpath, "%s/junit.xml", report);
     snprintf(hpath, sizeof hpath, "%s/report.html", report);
-    if (dsv4_report_json(res, NULL, jpath, &err) || dsv4_report_junit(res, NULL, xpath, &err) ||
-        dsv4_report_html(res, hpath, &err)) {
+    if (dsv4_report_write_all(res, report, &err)) {
         fprintf(stderr, "dsv4moe run: %s\n", err.message);
         dsv4_run_results_free(res);
         rc = EXIT_BAD_INPUT;
@@ -252,12 +247,15 @@ int cmd_run(int argc, char **argv)
         dsv4_result st = dsv4_case_status(c);
         if ((st != DSV4_RESULT_FAIL && st != DSV4_RESULT_ERROR) || dsv4_case_injected(c))
             continue; /* an injected run's failure is in the detection table */
-        printf("\n%s %s\n", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", dsv4_case_name(c));
+        /* Names and details come from the scenario file: control characters are escaped. */
+        char esc[4096];
+        printf("\n%s %s\n", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", cli_esc(dsv4_case_name(c), esc, sizeof esc));
         for (int b = 0; b < DSV4_CHECK_COUNT; b++) {
             const char *detail;
             dsv4_result r = dsv4_case_check(c, 1u << b, &detail);
             if (r == DSV4_RESULT_FAIL || r == DSV4_RESULT_ERROR)
-                printf("  %-16s %s: %s\n", dsv4_check_name(1u << b), dsv4_result_name(r), detail);
+                printf("  %-16s %s: %s\n", dsv4_check_name(1u << b), dsv4_result_name(r),
+                       cli_esc(detail, esc, sizeof esc));
         }
     }
     printf("\nreports: %s, %s, %s\n", jpath, xpath, hpath);

@@ -3,9 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cli.h"
+#include "err.h"
 
 const char CLI_CONFIG_HELP[] =
     "  --preset NAME        start from a preset (default v4-flash; see `dsv4moe help presets`)\n"
@@ -26,12 +28,14 @@ int cli_fail(const char *cmd, const dsv4_error *err)
 
 int cli_failf(const char *cmd, const char *fmt, ...)
 {
+    /* Formatted first, then escaped: an argument quoted here (a file or case name) may hold
+       control characters, which must not reach the terminal raw. */
+    char msg[2048], esc[8192];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "dsv4moe %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "dsv4moe %s: %s\n", cmd, cli_esc(msg, esc, sizeof esc));
     return EXIT_BAD_INPUT;
 }
 
@@ -116,6 +120,58 @@ int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg
     if (dsv4_config_validate(cfg, &err))
         return cli_fail(cmd, &err);
     return EXIT_OK;
+}
+
+void cli_print_skipped(const char *cmd, const dsv4_checkpoint *ck)
+{
+    for (size_t i = 0; i < dsv4_checkpoint_skipped_count(ck); i++) {
+        const char *why = NULL, *path = dsv4_checkpoint_skipped(ck, i, &why);
+        char e[8192];
+        fprintf(stderr, "dsv4moe %s: skipped %s: %s\n", cmd, cli_esc(path, e, sizeof e), why);
+    }
+}
+
+const char *cli_esc(const char *s, char *buf, size_t n) { return dsv4_escape_controls(s, buf, n); }
+
+const char *cli_tensor_desc(const dsv4_tensor_info *t, char *buf, size_t n)
+{
+    if (!t) {
+        snprintf(buf, n, "missing");
+        return buf;
+    }
+    size_t off = (size_t)snprintf(buf, n, "%s [", dsv4_dtype_name(t->dtype));
+    for (int i = 0; i < t->ndim && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (off < n)
+        snprintf(buf + off, n - off, "]");
+    return buf;
+}
+
+int cli_mkdir_p(const char *path)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+    if (!n || n >= sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++)
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char s = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return -1;
+            buf[i] = s;
+        }
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
 }
 
 double cli_now(void)

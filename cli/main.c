@@ -1,9 +1,13 @@
 /* dsv4moe: the command-line tool. Exit status 0 ok, 1 check failed, 2 bad input. */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "dsv4moe/config.h"
+#include "dsv4moe/files.h"
 
 static int cmd_pending(const char *name, const char *what, int argc, char **argv)
 {
@@ -31,6 +35,9 @@ static const command commands[] = {
     {"plan", "print the execution plan or the refusal", cmd_plan},
     {"run", "run scenario matrices and write reports", cmd_run},
     {"diff", "compare two output files", cmd_diff},
+    {"export", "write a matrix's cases as folders an outside engine runs", cmd_export},
+    {"check", "hold an outside engine's outputs against exported cases", cmd_check},
+    {"symmetry", "compare the collective traces of an engine's ranks", cmd_symmetry},
     {"bench", "time the backends", cmd_bench},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
@@ -67,11 +74,60 @@ static int help(int argc, char **argv)
         }
         return EXIT_OK;
     }
+    if (argc > 1) {
+        fprintf(stderr, "dsv4moe help: no help topic '%s' (topics: presets, keys, or a command's --help)\n", argv[1]);
+        return EXIT_BAD_INPUT;
+    }
     usage(stdout);
     return EXIT_OK;
 }
 
-int main(int argc, char **argv)
+/* SIGINT/SIGTERM: remove the temporary files being written, then die of the signal as
+ * before, so the caller sees the usual status and the destinations are as they were. */
+static void on_signal(int sig)
+{
+    dsv4_files_remove_temporaries();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install_handlers(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigfillset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    /* A file-size limit makes write(2) fail with EFBIG instead of killing the process,
+     * so the writer removes its temporary and says why. */
+    signal(SIGXFSZ, SIG_IGN);
+}
+
+/* A command whose output could not be written has not done its job: flush and check both
+ * streams (`dsv4moe plan > /dev/full` must not exit 0). */
+static int finish(int rc)
+{
+    int bad_out = fflush(stdout) != 0 || ferror(stdout);
+    int e = errno;
+    if (fclose(stdout) != 0 && !bad_out) {
+        bad_out = 1;
+        e = errno;
+    }
+    if (bad_out) {
+        fprintf(stderr, "dsv4moe: cannot write the standard output: %s\n", strerror(e));
+        if (rc == EXIT_OK)
+            rc = EXIT_BAD_INPUT;
+    }
+    if (fflush(stderr) != 0 || ferror(stderr)) {
+        if (rc == EXIT_OK)
+            rc = EXIT_BAD_INPUT;
+    }
+    return rc;
+}
+
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -90,4 +146,10 @@ int main(int argc, char **argv)
     fprintf(stderr, "dsv4moe: unknown command '%s'\n", name);
     usage(stderr);
     return EXIT_BAD_INPUT;
+}
+
+int main(int argc, char **argv)
+{
+    install_handlers();
+    return finish(dispatch(argc, argv));
 }

@@ -495,6 +495,13 @@ static const char CSS[] =
 
 dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_error *err)
 {
+    dsv4_outfile o;
+    dsv4_status st = dsv4_report_html_stage(R, path, &o, err);
+    return st ? st : dsv4_out_commit(&o, err);
+}
+
+dsv4_status dsv4_report_html_stage(const dsv4_run_results *R, const char *path, dsv4_outfile *o, dsv4_error *err)
+{
     if (!R || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and path must not be NULL");
     dsv4_strbuf b = {0};
@@ -597,5 +604,5 @@ dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_e
         }
     }
     dsv4_sb_str(&b, "</table>\n</body></html>\n");
-    return dsv4_sb_write_file(&b, path, err);
+    return dsv4_sb_stage(&b, path, o, err);
 }

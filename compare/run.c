@@ -19,6 +19,8 @@
 #include "fileio.h"
 #include "strbuf.h"
 #include "dsv4moe/dist.h"
+#include "dsv4moe/engines.h"
+#include "dsv4moe/symmetry.h"
 #include "dsv4moe/backend.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
@@ -26,6 +28,7 @@
 #include "dsv4moe/run.h"
 #include "err.h"
 #include "faults.h"
+#include "run_ext.h"
 
 #define RUN_CACHE_VERSION "dsv4moe-cache-1"
 /* The clamp must be seen once a case has this many tokens (see docs/scenarios.md). */
@@ -398,35 +401,16 @@ static bool all_bf16(const dsv4_config *c)
     return c->routed_format == DSV4_FORMAT_BF16 && c->shared_format == DSV4_FORMAT_BF16;
 }
 
-/* The per-quant tolerance; fills why on failure. */
-static bool within_tolerance(const dsv4_config *c, const dsv4_compare_metrics *m, char *why, size_t n)
+/* The per-quant tolerance of the project's own backends (one rule set for run, diff and check:
+   dsv4_compare_within): the exact mode's, or SPEC.md section 9's fp8 bound when the plan runs
+   gemm fp8; fills why on failure. */
+static bool within_tolerance(const dsv4_config *c, dsv4_gemm_mode gemm, const dsv4_compare_metrics *m, char *why,
+                             size_t n)
 {
-    if (m->bad_nonfinite > 0) {
-        snprintf(why, n, "%lld non-finite values where the reference is finite", (long long)m->bad_nonfinite);
-        return false;
-    }
-    if (all_bf16(c)) {
-        if (!(m->deepgemm_diff < 1e-4) || m->ulp_p99 > 1) {
-            snprintf(why, n, "bf16 tolerance (deepgemm_diff < 1e-4, ulp_p99 <= 1) broken: diff %.3g, ulp_p99 %u",
-                     m->deepgemm_diff, m->ulp_p99);
-            return false;
-        }
-    } else {
-        /* An activation on an e4m3 rounding boundary can round the other way when g or u differ
-           by one fp32 accumulation ulp; each such flip moves a whole output row by one e4m3 step
-           times |W2|. So a few elements may leave atol/rtol; the worst must stay a small share
-           of the output's rms, and the overall diff tight. A dropped clamp breaks all three. */
-        int64_t allowed = m->n / 200 > 1 ? m->n / 200 : 1;
-        double worst = DSV4_COMPARE_ATOL + 0.1 * m->rms_ref;
-        if (!(m->deepgemm_diff < 1e-3) || m->tol_violations > allowed || m->max_abs > worst) {
-            snprintf(why, n,
-                     "fp8/fp4 tolerance (deepgemm_diff < 1e-3, at most 0.5 %% of elements (%lld) beyond atol = rtol "
-                     "= 0.035, max |a-b| <= 0.035 + 0.1 rms = %.3g) broken: diff %.3g, %lld beyond, max |a-b| %.3g",
-                     (long long)allowed, worst, m->deepgemm_diff, (long long)m->tol_violations, m->max_abs);
-            return false;
-        }
-    }
-    return true;
+    return dsv4_compare_within(all_bf16(c)               ? DSV4_TOL_EXACT_BF16
+                               : gemm == DSV4_GEMM_FP8 ? DSV4_TOL_FP8_MMA
+                                                       : DSV4_TOL_EXACT_QUANT,
+                               m, why, n);
 }
 
 static void trace_entry(const dsv4_coll_record *r, char *buf, size_t n)
@@ -604,6 +588,24 @@ static dsv4_status backend_checkpoint_path(const char *dir, const dsv4_config *c
     if ((st = mkdir_p(out, err)))
         return st;
     return write_shards(src, out, sc->checkpoint.shards, sc->checkpoint.experts_last, err);
+}
+
+/* Writes every rank's trace as trace_dir/<case id>/rank<r>.jsonl; a failure is the symmetry
+   check's error (a trace asked for and not written must not read as a pass). */
+static void write_traces(const char *trace_dir, dsv4_case_result *c, const dsv4_dist_rank *ranks, int world)
+{
+    char id[512], dir[4700], path[4800];
+    dsv4_error e;
+    dsv4_error_clear(&e);
+    dsv4_export_case_id(c->name, -1, id, sizeof id);
+    snprintf(dir, sizeof dir, "%s/%s", trace_dir, id);
+    dsv4_status st = mkdir_p(dir, &e);
+    for (int r = 0; r < world && !st; r++) {
+        snprintf(path, sizeof path, "%s/rank%d.jsonl", dir, r);
+        st = dsv4_trace_write_jsonl(ranks[r].trace, ranks[r].trace_len, r, world, path, &e);
+    }
+    if (st)
+        set_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_ERROR, "writing the collective traces failed: %s", e.message);
 }
 
 /* ---------------- one case ---------------- */
@@ -929,29 +931,29 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
         const int64_t T = sc->tokens[0];
         const dsv4_plan *plan = plans[0];
         const char *note = "";
-        dsv4_status st = dsv4_backend_create(plan, ck_be, ctx->o->threads, &be, &e);
-        if (st == DSV4_ERR_UNSUPPORTED && topo.backend == DSV4_BACKEND_CUDA) {
-            /* A library built without DSV4_WITH_CUDA (`make cuda` builds the one with it): the plan's
-               half of memory holds without a device; the measured peak needs CUDA. */
-            if ((req & DSV4_CHECK_MEMORY) && !check_set(c, DSV4_CHECK_MEMORY))
-                set_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS,
-                          "planned maximum %llu <= available %llu (the measured peak needs the cuda backend, not in "
-                          "this build)",
-                          (unsigned long long)c->mem.planned_max, (unsigned long long)c->mem.available);
-            set_rest(c, DSV4_RESULT_SKIP, "skipped: no CUDA in this build");
-            goto done;
-        }
-        if (st == DSV4_ERR_UNSUPPORTED && topo.backend == DSV4_BACKEND_CPU) {
-            /* The CPU backend is not part of this build: the reference backend stands in. */
+        /* The registry says whether this library holds the backend and this machine runs it. */
+        dsv4_backend_info info;
+        if (dsv4_backend_info_of(topo.backend, &info, &e) == DSV4_OK && !info.available) {
+            if (topo.backend == DSV4_BACKEND_CUDA) {
+                /* The plan's half of memory holds without a device; the measured peak needs CUDA. */
+                if ((req & DSV4_CHECK_MEMORY) && !check_set(c, DSV4_CHECK_MEMORY))
+                    set_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS,
+                              "planned maximum %llu <= available %llu (the measured peak needs the cuda backend: %s)",
+                              (unsigned long long)c->mem.planned_max, (unsigned long long)c->mem.available,
+                              info.why);
+                set_rest(c, DSV4_RESULT_SKIP, info.built ? "skipped: no CUDA device on this machine"
+                                                         : "skipped: no CUDA in this build");
+                goto done;
+            }
+            /* Any other backend missing here: the reference stands in, and says so. */
             dsv4_topology t = topo;
             t.backend = DSV4_BACKEND_REF;
-            if (dsv4_plan_create(cfg, &t, &sc->budget, &fallback_plan, &e) == DSV4_OK &&
-                dsv4_backend_create(fallback_plan, ck_be, ctx->o->threads, &be, &e) == DSV4_OK) {
+            if (dsv4_plan_create(cfg, &t, &sc->budget, &fallback_plan, &e) == DSV4_OK) {
                 plan = fallback_plan;
-                st = DSV4_OK;
-                note = " (cpu backend unavailable: fell back to ref)";
+                note = " (backend unavailable here: ref stood in)";
             }
         }
+        dsv4_status st = dsv4_backend_create(plan, ck_be, ctx->o->threads, &be, &e);
         if (st) {
             char msg[DSV4_ERROR_MESSAGE_MAX + 256];
             snprintf(msg, sizeof msg, "the %s backend would not start%s%s%s: %s", dsv4_backend_kind_name(topo.backend),
@@ -993,7 +995,7 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
                 error_profile(c, y, yr, sc->tokens, 1, H);
                 char line[512], why[256];
                 dsv4_compare_format(&c->m, line, sizeof line);
-                if (within_tolerance(cfg, &c->m, why, sizeof why))
+                if (within_tolerance(cfg, dsv4_plan_gemm(plan), &c->m, why, sizeof why))
                     set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "%s vs ref%s: %s", dsv4_backend_name(be),
                               note, line);
                 else
@@ -1028,7 +1030,7 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
         goto done;
     }
 
-    /* ---- several ranks: the distributed driver (reference arithmetic) ---- */
+    /* ---- several ranks: the distributed driver, each rank running its plan's backend's stages ---- */
     if (world > DSV4_COMM_MAX_RANKS) {
         char msg[128];
         snprintf(msg, sizeof msg, "not run: world %d above the %d ranks the simulator holds", world,
@@ -1054,13 +1056,25 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
             row += sc->tokens[r];
         }
     }
-    free(c->backend);
-    c->backend = xstrdup("dist");
-    c->lost_detail |= !c->backend;
     dsv4_dist_options dopt;
     dsv4_dist_options_init(&dopt);
     if (ctx->timeout_ms > 0)
         dopt.timeout_ms = ctx->timeout_ms;
+    /* A backend this library or machine lacks (cuda without `make cuda` or a device): the cpu
+       backend's stages compute the plan's step (its protocol, replay decision and chunks). */
+    dsv4_backend_info binfo;
+    const char *standin = "";
+    if (dsv4_backend_info_of(topo.backend, &binfo, &e) == DSV4_OK && !binfo.available) {
+        dopt.compute_backend = DSV4_BACKEND_CPU;
+        standin = " (cpu stages standing in: the plan's backend is not available here)";
+    }
+    const char *computed = dsv4_backend_kind_name(dopt.compute_backend >= 0 ? (dsv4_backend_kind)dopt.compute_backend
+                                                                            : topo.backend);
+    char ran_on[64];
+    snprintf(ran_on, sizeof ran_on, "dist:%s", computed);
+    free(c->backend);
+    c->backend = xstrdup(ran_on);
+    c->lost_detail |= !c->backend;
     dsv4_status dst = dsv4_dist_forward(cfg, ck_be, &topo, &sc->budget, &dopt, ranks, &e);
     char dmsg[DSV4_ERROR_MESSAGE_MAX + 128] = "";
     if (dst)
@@ -1071,31 +1085,56 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
         if (dst) {
             set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s", dmsg);
         } else if (ref_ok) {
+            /* tp = 1: every rank bit-identical to the computing backend's single-rank counterpart
+               (dsv4_dist_single_rank: the same stages over the same groups on one rank); every
+               rank within tolerance of the reference. */
             bool bitwise = topo.tp <= 1, cmp_oom = false;
-            char bad[512] = "";
-            int64_t row = 0;
-            for (int r = 0; r < world && !bad[0]; r++) {
-                int64_t n = sc->tokens[r] * H;
-                if (bitwise) {
-                    if (memcmp(y + row * H, yr + row * H, (size_t)n * 2) != 0) {
-                        int64_t i = 0;
-                        while (i < n && y[row * H + i] == yr[row * H + i])
-                            i++;
-                        snprintf(bad, sizeof bad,
-                                 "rank %d differs from the reference (ep sharding must be bit-identical): first at "
-                                 "token %lld channel %lld: 0x%04x vs 0x%04x",
-                                 r, (long long)(i / H), (long long)(i % H), y[row * H + i], yr[row * H + i]);
-                    }
+            char bad[DSV4_ERROR_MESSAGE_MAX + 256] = "";
+            uint16_t *ys = bitwise ? calloc((size_t)(all_rows * H + 1), sizeof *ys) : NULL;
+            if (bitwise && !ys) {
+                cmp_oom = true;
+            } else if (bitwise) {
+                dsv4_dist_rank *one = calloc((size_t)world, sizeof *one);
+                if (!one) {
+                    cmp_oom = true;
                 } else {
-                    dsv4_compare_metrics m;
-                    char why[256];
-                    if (n > 0 && !dsv4_compare_bf16(y + row * H, yr + row * H, n, &m))
-                        cmp_oom = true;
-                    else if (n > 0 && !within_tolerance(cfg, &m, why, sizeof why))
-                        snprintf(bad, sizeof bad, "rank %d: %s", r, why);
+                    int64_t row = 0;
+                    for (int r = 0; r < world; r++) {
+                        one[r] = ranks[r];
+                        one[r].y = ys + row * H;
+                        one[r].topk_ids = NULL;
+                        one[r].topk_weights = NULL;
+                        one[r].trace = NULL;
+                        row += sc->tokens[r];
+                    }
+                    dsv4_error e1;
+                    if (dsv4_dist_single_rank(cfg, ck_be, &topo, &sc->budget, &dopt, one, &e1) != DSV4_OK)
+                        snprintf(bad, sizeof bad, "the %s backend's single-rank counterpart failed: %s", computed,
+                                 e1.message);
+                    free(one);
                 }
+            }
+            int64_t row = 0;
+            for (int r = 0; r < world && !bad[0] && !cmp_oom; r++) {
+                int64_t n = sc->tokens[r] * H;
+                if (bitwise && memcmp(y + row * H, ys + row * H, (size_t)n * 2) != 0) {
+                    int64_t i = 0;
+                    while (i < n && y[row * H + i] == ys[row * H + i])
+                        i++;
+                    snprintf(bad, sizeof bad,
+                             "rank %d differs from the %s backend on one rank (ep sharding must be bit-identical): "
+                             "first at token %lld channel %lld: 0x%04x vs 0x%04x",
+                             r, computed, (long long)(i / H), (long long)(i % H), y[row * H + i], ys[row * H + i]);
+                }
+                dsv4_compare_metrics m;
+                char why[256];
+                if (!bad[0] && n > 0 && !dsv4_compare_bf16(y + row * H, yr + row * H, n, &m))
+                    cmp_oom = true;
+                else if (!bad[0] && n > 0 && !within_tolerance(cfg, DSV4_GEMM_EXACT, &m, why, sizeof why))
+                    snprintf(bad, sizeof bad, "rank %d vs ref: %s", r, why);
                 row += sc->tokens[r];
             }
+            free(ys);
             if (all_rows > 0 && dsv4_compare_bf16(y, yr, all_rows * H, &c->m)) {
                 c->has_metrics = true;
                 error_profile(c, y, yr, sc->tokens, world, H);
@@ -1107,12 +1146,20 @@ static void run_case(const run_ctx *ctx, const dsv4_scenario_case *sc, dsv4_case
             if (cmp_oom) /* a comparison that did not run must not read as a pass */
                 set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_ERROR, "comparison failed (out of memory)");
             else if (bad[0])
-                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s; all ranks: %s", bad, line);
+                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "%s%s; all ranks vs ref: %s", bad, standin, line);
+            else if (bitwise)
+                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS,
+                          "%d ranks of %s bit-identical to %s on one rank%s; vs ref: %s", world, computed, computed,
+                          standin, line);
             else
-                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "%d ranks %s the reference: %s", world,
-                          bitwise ? "bit-identical to" : "within tolerance of", line);
+                set_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "%d ranks of %s (tp %d) within tolerance of ref%s: %s",
+                          world, computed, topo.tp, standin, line);
         }
     }
+
+    /* the ranks' traces for dsv4moe symmetry (options.trace_dir) */
+    if (ctx->o->trace_dir && ctx->o->trace_dir[0] && !c->injected)
+        write_traces(ctx->o->trace_dir, c, ranks, world);
 
     /* symmetry */
     if (req & DSV4_CHECK_SYMMETRY) {
@@ -1272,6 +1319,20 @@ static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, si
     return c;
 }
 
+/* Room for `extra` more cases in R->cases. */
+static bool grow_cases(dsv4_run_results *R, size_t extra)
+{
+    if (R->n + extra <= R->cap)
+        return true;
+    size_t cap = R->cap ? R->cap * 2 : 64;
+    dsv4_case_result **nc = realloc(R->cases, cap * sizeof *nc);
+    if (!nc)
+        return false;
+    R->cases = nc;
+    R->cap = cap;
+    return true;
+}
+
 dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, dsv4_run_results **results,
                               dsv4_error *err)
 {
@@ -1336,14 +1397,8 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
         const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
         if (opts->filter && !strstr(sc->name, opts->filter))
             continue;
-        if (R->n + 2 > R->cap) {
-            size_t cap = R->cap ? R->cap * 2 : 64;
-            dsv4_case_result **nc = realloc(R->cases, cap * sizeof *nc);
-            if (!nc)
-                goto nomem;
-            R->cases = nc;
-            R->cap = cap;
-        }
+        if (!grow_cases(R, 2))
+            goto nomem;
         dsv4_case_result *c = new_case(scn, scn_index, i, sc);
         if (!c)
             goto nomem;
@@ -1666,6 +1721,14 @@ static json_t *case_json(const dsv4_run_results *R, const dsv4_case_result *c)
 
 dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path, dsv4_error *err)
 {
+    dsv4_outfile o;
+    dsv4_status st = dsv4_report_json_stage(R, scn, path, &o, err);
+    return st ? st : dsv4_out_commit(&o, err);
+}
+
+dsv4_status dsv4_report_json_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
+                                   dsv4_outfile *o, dsv4_error *err)
+{
     if (!R || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and path must not be NULL");
     j_failed = false;
@@ -1732,7 +1795,9 @@ dsv4_status dsv4_report_json(const dsv4_run_results *R, const dsv4_scenario *scn
     }
     withnl[len] = '\n';
     withnl[len + 1] = '\0';
-    dsv4_status st = dsv4_write_file_atomic(path, withnl, len + 1, err);
+    dsv4_status st = dsv4_out_begin(o, path, err);
+    if (!st)
+        st = dsv4_out_write(o, withnl, len + 1, err);
     free(withnl);
     return st;
 }
@@ -1840,6 +1905,14 @@ static void junit_case(dsv4_strbuf *b, const dsv4_case_result *c)
 
 dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path, dsv4_error *err)
 {
+    dsv4_outfile o;
+    dsv4_status st = dsv4_report_junit_stage(R, scn, path, &o, err);
+    return st ? st : dsv4_out_commit(&o, err);
+}
+
+dsv4_status dsv4_report_junit_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
+                                    dsv4_outfile *o, dsv4_error *err)
+{
     if (!R || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and path must not be NULL");
     dsv4_strbuf b = {0};
@@ -1887,5 +1960,148 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *R, const dsv4_scenario *sc
         dsv4_sb_printf(&b, "  </testsuite>\n");
     }
     dsv4_sb_printf(&b, "</testsuites>\n");
-    return dsv4_sb_write_file(&b, path, err);
+    return dsv4_sb_stage(&b, path, o, err);
+}
+
+/* Joins dir and name into a new string; NULL when out of memory. */
+static char *dir_join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+dsv4_status dsv4_report_write_all(const dsv4_run_results *R, const char *dir, dsv4_error *err)
+{
+    if (!R || !dir || !dir[0])
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "report", "results and folder must not be NULL or empty");
+    static const char *const names[3] = {"report.json", "junit.xml", "report.html"};
+    char *paths[4] = {NULL, NULL, NULL, NULL};
+    dsv4_outfile o[3];
+    size_t staged = 0;
+    dsv4_status st = DSV4_OK;
+    for (int i = 0; i < 3 && !st; i++)
+        if (!(paths[i] = dir_join(dir, names[i])))
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+    if (!st && !(paths[3] = dir_join(dir, DSV4_REPORT_LOCK)))
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+    if (!st && !(st = dsv4_report_json_stage(R, NULL, paths[0], &o[0], err)))
+        staged++;
+    if (!st && !(st = dsv4_report_junit_stage(R, NULL, paths[1], &o[1], err)))
+        staged++;
+    if (!st && !(st = dsv4_report_html_stage(R, paths[2], &o[2], err)))
+        staged++;
+    if (!st)
+        st = dsv4_out_commit_all(o, 3, paths[3], err);
+    else
+        for (size_t i = 0; i < staged; i++)
+            dsv4_out_abort(&o[i]);
+    for (int i = 0; i < 4; i++)
+        free(paths[i]);
+    return st;
+}
+
+/* ---------------- results built outside the runner (run_ext.h, dsv4moe check) ---------------- */
+
+size_t dsv4_run_ext_scenario(dsv4_run_results **RP, const char *name, const char *path)
+{
+    if (!RP)
+        return SIZE_MAX;
+    dsv4_run_results *R = *RP;
+    bool created = !R;
+    if (created && !(R = calloc(1, sizeof *R)))
+        return SIZE_MAX;
+    scn_rec *ns = realloc(R->scns, (R->nscn + 1) * sizeof *ns);
+    if (ns)
+        R->scns = ns;
+    scn_rec rec = {xstrdup(name), xstrdup(path), 0, calloc(1, sizeof(char *))};
+    if (!ns || !rec.name || !rec.path || !rec.axis_names) {
+        free(rec.name), free(rec.path), free(rec.axis_names);
+        if (created)
+            dsv4_run_results_free(R);
+        return SIZE_MAX;
+    }
+    R->scns[R->nscn] = rec;
+    *RP = R;
+    return R->nscn++;
+}
+
+dsv4_case_result *dsv4_run_ext_case(dsv4_run_results *R, size_t scn, size_t index, const char *name,
+                                    const dsv4_config *cfg, int n_ranks, const int64_t *tokens, uint64_t seed,
+                                    const char *ran_on)
+{
+    if (!R || scn >= R->nscn || n_ranks < 1 || !grow_cases(R, 1))
+        return NULL;
+    dsv4_case_result *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->name = xstrdup(name);
+    c->scn_name = xstrdup(R->scns[scn].name);
+    c->scn_path = xstrdup(R->scns[scn].path);
+    c->scn = scn;
+    c->index = index;
+    c->explicit_index = -1;
+    c->cfg = *cfg;
+    c->topo.world_size = n_ranks;
+    c->topo.tp = c->topo.dp = c->topo.ep = 1;
+    c->n_ranks = n_ranks;
+    c->tokens = malloc((size_t)n_ranks * sizeof *c->tokens);
+    c->replay = calloc((size_t)n_ranks, sizeof *c->replay);
+    c->seed = seed;
+    c->twin = SIZE_MAX;
+    c->backend = xstrdup(ran_on);
+    if (!c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay || (ran_on && !c->backend)) {
+        case_free(c);
+        return NULL;
+    }
+    memcpy(c->tokens, tokens, (size_t)n_ranks * sizeof *c->tokens);
+    R->cases[R->n++] = c;
+    return c;
+}
+
+void dsv4_run_ext_ran_on(dsv4_case_result *c, const char *ran_on)
+{
+    char *n = ran_on ? xstrdup(ran_on) : NULL;
+    if (!c || !n) {
+        free(n);
+        return;
+    }
+    free(c->backend);
+    c->backend = n;
+}
+
+void dsv4_run_ext_check(dsv4_case_result *c, unsigned check_bit, dsv4_result r, const char *detail)
+{
+    if (!c || bit_index(check_bit) < 0 || check_set(c, check_bit))
+        return;
+    c->requested |= check_bit;
+    set_check(c, check_bit, r, "%s", detail ? detail : "");
+}
+
+void dsv4_run_ext_numerics(dsv4_case_result *c, const dsv4_compare_metrics *m, const uint16_t *a, const uint16_t *b,
+                           int64_t T, int64_t H)
+{
+    if (!c || !m)
+        return;
+    c->m = *m;
+    c->has_metrics = true;
+    if (a && b && T > 0)
+        error_profile(c, a, b, &T, 1, H);
+}
+
+void dsv4_run_ext_finish(dsv4_case_result *c, double seconds)
+{
+    if (!c)
+        return;
+    c->seconds = seconds;
+    finish_status(c);
+}
+
+dsv4_status dsv4_run_ext_mkdir_p(const char *path, dsv4_error *err) { return mkdir_p(path, err); }
+
+void dsv4_run_ext_slices(const dsv4_topology *t, const int64_t *tokens, int n, int64_t *off)
+{
+    slice_offsets(t, tokens, n, off);
 }

@@ -57,13 +57,20 @@ void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...)
     free(s);
 }
 
-dsv4_status dsv4_sb_write_file(dsv4_strbuf *b, const char *path, dsv4_error *err)
+dsv4_status dsv4_sb_stage(dsv4_strbuf *b, const char *path, dsv4_outfile *o, dsv4_error *err)
 {
-    dsv4_status st = b->oom ? dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory")
-                            : dsv4_write_file_atomic(path, b->s, b->n, err);
+    dsv4_status st = b->oom ? dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory") : dsv4_out_begin(o, path, err);
+    if (!st)
+        st = dsv4_out_write(o, b->s, b->n, err);
     free(b->s);
     b->s = NULL;
     b->n = b->cap = 0;
     return st;
 }
 
+dsv4_status dsv4_sb_write_file(dsv4_strbuf *b, const char *path, dsv4_error *err)
+{
+    dsv4_outfile o;
+    dsv4_status st = dsv4_sb_stage(b, path, &o, err);
+    return st ? st : dsv4_out_commit(&o, err);
+}

@@ -5,7 +5,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "dsv4moe/run.h"
 #include "dsv4moe/status.h"
+#include "fileio.h"
 
 /* Zero-initialise; s is NULL until the first append. After a failed allocation `oom` is set and
    later appends do nothing, so writers check once at the end. The owner frees s. */
@@ -21,5 +23,15 @@ void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...) __attribute__((format(
 /* Writes the buffer to `path` atomically, or nothing when an append ran out of memory
    (DSV4_ERR_NOMEM naming path); frees the text either way. */
 dsv4_status dsv4_sb_write_file(dsv4_strbuf *b, const char *path, dsv4_error *err);
+/* Like dsv4_sb_write_file, but leaves the written temporary uncommitted in *o (see
+   dsv4_out_commit_all); on error nothing exists. */
+dsv4_status dsv4_sb_stage(dsv4_strbuf *b, const char *path, dsv4_outfile *o, dsv4_error *err);
+
+/* The three reports, staged into *o for dsv4_report_write_all (compare/run.c, report_html.c). */
+dsv4_status dsv4_report_json_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
+                                   dsv4_outfile *o, dsv4_error *err);
+dsv4_status dsv4_report_junit_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
+                                    dsv4_outfile *o, dsv4_error *err);
+dsv4_status dsv4_report_html_stage(const dsv4_run_results *R, const char *path, dsv4_outfile *o, dsv4_error *err);
 
 #endif

@@ -1,4 +1,7 @@
 #include <errno.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <float.h>
 #include <math.h>
@@ -9,6 +12,7 @@
 
 #include "dsv4moe/config.h"
 #include "err.h"
+#include "fileio.h"
 
 /* Dims are bounded so that every product of two of them fits int64 with room to spare. */
 #define DIM_MAX (1 << 20)
@@ -44,6 +48,7 @@ static void set_flash(dsv4_config *c)
     c->shared_format = DSV4_FORMAT_FP8;
     c->weight_scale = DSV4_SCALE_UE8M0;
     c->act_quant = DSV4_ACT_QUANT_UE8M0;
+    c->gemm = DSV4_GEMM_AUTO;
 }
 
 void dsv4_config_init(dsv4_config *cfg)
@@ -146,6 +151,7 @@ static const char *const pred_names[] = {"none", "const", "linear", NULL};
 static const char *const fmt_names[] = {"bf16", "fp8", "fp4", NULL};
 static const char *const scale_names[] = {"ue8m0", "fp32", NULL};
 static const char *const act_names[] = {"none", "ue8m0", "fp32", NULL};
+static const char *const gemm_names[] = {"auto", "exact", "fp8", NULL};
 
 #define KEY(n, k, e) {#n, k, offsetof(dsv4_config, n), e}
 static const key_desc keys[] = {
@@ -173,6 +179,7 @@ static const key_desc keys[] = {
     KEY(shared_format, K_ENUM, fmt_names),
     KEY(weight_scale, K_ENUM, scale_names),
     KEY(act_quant, K_ENUM, act_names),
+    KEY(gemm, K_ENUM, gemm_names),
 };
 #undef KEY
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -215,6 +222,7 @@ static const char *enum_name(const char *const *names, int v)
 const char *dsv4_score_func_name(dsv4_score_func v) { return enum_name(score_names, (int)v); }
 const char *dsv4_weight_format_name(dsv4_weight_format v) { return enum_name(fmt_names, (int)v); }
 const char *dsv4_act_quant_name(dsv4_act_quant v) { return enum_name(act_names, (int)v); }
+const char *dsv4_gemm_mode_name(dsv4_gemm_mode v) { return enum_name(gemm_names, (int)v); }
 
 static void list_enum(char *buf, size_t n, const char *const *names)
 {
@@ -260,6 +268,41 @@ static dsv4_status bad(dsv4_error *err, const char *field, const char *fmt, ...)
         }                                                                                               \
     } while (0)
 
+/*
+ * The rules of one field that depend on no other field: checked by dsv4_config_load_file for
+ * each key it sets (so a config file's bad value is reported at its file:line:col), and by
+ * dsv4_config_validate for all (only == NULL). Values are printed at full
+ * precision: fp32 needs 9 significant digits to tell 1.00000012 from 1.
+ */
+#define ONLY(name) (!only || !strcmp(only, name))
+static dsv4_status check_self(const dsv4_config *c, const char *only, dsv4_error *err)
+{
+    if (ONLY("dim"))
+        CHECK_INT(dim, 1, DIM_MAX, "must be in [1, 1048576]");
+    if (ONLY("moe_inter_dim"))
+        CHECK_INT(moe_inter_dim, 1, DIM_MAX, "must be in [1, 1048576]");
+    if (ONLY("n_routed_experts"))
+        CHECK_INT(n_routed_experts, 1, EXPERTS_MAX, "must be in [1, 65536]");
+    if (ONLY("n_shared_experts"))
+        CHECK_INT(n_shared_experts, 0, 1, "must be 0 or 1");
+    if (ONLY("vocab_size"))
+        CHECK_INT(vocab_size, 1, VOCAB_MAX, "must be in [1, 2147483647]");
+    if (ONLY("n_layers"))
+        CHECK_INT(n_layers, 1, 1 << 20, "must be in [1, 1048576]");
+    if (ONLY("route_scale") && (!isfinite(c->route_scale) || !(c->route_scale > 0)))
+        return bad(err, "route_scale", "value %.9g is out of range: must be finite and > 0", (double)c->route_scale);
+    if (ONLY("norm_eps") && (!isfinite(c->norm_eps) || c->norm_eps < 0))
+        return bad(err, "norm_eps", "value %.9g is out of range: must be finite and >= 0", (double)c->norm_eps);
+    if (ONLY("swiglu_limit") && (!isfinite(c->swiglu_limit) || c->swiglu_limit < 0))
+        return bad(err, "swiglu_limit",
+                   "value %.9g is out of range: must be finite and >= 0 (0 disables the clamp)",
+                   (double)c->swiglu_limit);
+    if (ONLY("top_p") && !(c->top_p > 0 && c->top_p <= 1))
+        return bad(err, "top_p", "value %.9g is out of range: must be in (0, 1]", (double)c->top_p);
+    return DSV4_OK;
+}
+#undef ONLY
+
 dsv4_status dsv4_config_validate(const dsv4_config *c, dsv4_error *err)
 {
     if (!c)
@@ -279,6 +322,7 @@ dsv4_status dsv4_config_validate(const dsv4_config *c, dsv4_error *err)
     CHECK_ENUM(shared_format, fmt_names);
     CHECK_ENUM(weight_scale, scale_names);
     CHECK_ENUM(act_quant, act_names);
+    CHECK_ENUM(gemm, gemm_names);
     if (c->shared_format == DSV4_FORMAT_FP4)
         return bad(err, "shared_format", "value fp4 is not allowed: the shared expert is bf16 or fp8");
 
@@ -287,19 +331,16 @@ dsv4_status dsv4_config_validate(const dsv4_config *c, dsv4_error *err)
     int64_t mult = any_fp8 ? 128 : any_fp4 ? 32 : 1;
     const char *why = any_fp8 ? "a multiple of 128 (fp8 block scales)" : any_fp4 ? "a multiple of 32 (fp4 scale groups)" : "";
 
-    CHECK_INT(dim, 1, DIM_MAX, "must be in [1, 1048576]");
-    CHECK_INT(moe_inter_dim, 1, DIM_MAX, "must be in [1, 1048576]");
+    dsv4_status st = check_self(c, NULL, err);
+    if (st)
+        return st;
     if (c->dim % mult)
         return bad(err, "dim", "value %lld must be %s", (long long)c->dim, why);
     if (c->moe_inter_dim % mult)
         return bad(err, "moe_inter_dim", "value %lld must be %s", (long long)c->moe_inter_dim, why);
-    CHECK_INT(n_routed_experts, 1, EXPERTS_MAX, "must be in [1, 65536]");
     if (c->n_activated < 1 || c->n_activated > c->n_routed_experts)
         return bad(err, "n_activated", "value %lld is out of range: must be in [1, n_routed_experts = %lld]",
                    (long long)c->n_activated, (long long)c->n_routed_experts);
-    CHECK_INT(n_shared_experts, 0, 1, "must be 0 or 1");
-    CHECK_INT(vocab_size, 1, VOCAB_MAX, "must be in [1, 2147483647]");
-    CHECK_INT(n_layers, 1, 1 << 20, "must be in [1, 1048576]");
     if (c->n_hash_layers < 0 || c->n_hash_layers > c->n_layers)
         return bad(err, "n_hash_layers", "value %lld is out of range: must be in [0, n_layers = %lld]",
                    (long long)c->n_hash_layers, (long long)c->n_layers);
@@ -309,21 +350,11 @@ dsv4_status dsv4_config_validate(const dsv4_config *c, dsv4_error *err)
     if (c->layer >= c->n_layers)
         return bad(err, "layer", "value %lld is out of range: must be below n_layers = %lld",
                    (long long)c->layer, (long long)c->n_layers);
-
-    if (!isfinite(c->route_scale) || !(c->route_scale > 0))
-        return bad(err, "route_scale", "value %g is out of range: must be finite and > 0", (double)c->route_scale);
-    if (!isfinite(c->norm_eps) || c->norm_eps < 0)
-        return bad(err, "norm_eps", "value %g is out of range: must be finite and >= 0", (double)c->norm_eps);
-    if (!isfinite(c->swiglu_limit) || c->swiglu_limit < 0)
-        return bad(err, "swiglu_limit", "value %g is out of range: must be finite and >= 0 (0 disables the clamp)",
-                   (double)c->swiglu_limit);
-    if (!(c->top_p > 0 && c->top_p <= 1))
-        return bad(err, "top_p", "value %g is out of range: must be in (0, 1]", (double)c->top_p);
     if (c->top_p_min_keep < 1 || c->top_p_min_keep > c->n_activated)
         return bad(err, "top_p_min_keep", "value %lld is out of range: must be in [1, n_activated = %lld]",
                    (long long)c->top_p_min_keep, (long long)c->n_activated);
     if (c->score_func == DSV4_SCORE_SOFTMAX && c->norm_eps != 0)
-        return bad(err, "norm_eps", "value %g has no effect with score_func softmax (weights are not "
+        return bad(err, "norm_eps", "value %.9g has no effect with score_func softmax (weights are not "
                    "renormalised); leave it 0", (double)c->norm_eps);
     return DSV4_OK;
 }
@@ -356,7 +387,7 @@ static dsv4_status parse_float(const char *key, const char *s, float *out, dsv4_
     if (!isfinite(v) || fabs(v) > 3.0e38)
         return bad(err, key, "value '%s' is not a finite fp32 number", s);
     if (v != 0 && fabs(v) < FLT_MIN)
-        return bad(err, key, "value '%s' is below the smallest normal fp32 number (%g)", s, (double)FLT_MIN);
+        return bad(err, key, "value '%s' is below the smallest normal fp32 number (%.9g)", s, (double)FLT_MIN);
     *out = (float)v;
     return DSV4_OK;
 }
@@ -475,25 +506,102 @@ dsv4_status dsv4_config_get(const dsv4_config *cfg, const char *key, char *buf, 
     return DSV4_OK;
 }
 
+/* Largest config file read: a config is a few dozen lines; this bounds what a wrong path costs. */
+#define CONFIG_FILE_MAX (1 << 20)
+
+/* Reads the whole regular file (at most CONFIG_FILE_MAX bytes) into a new buffer. */
+static dsv4_status read_config_bytes(const char *path, char **out, size_t *len, dsv4_error *err)
+{
+    /* O_NONBLOCK: a FIFO must not hang the open before fstat refuses it. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open: %s", strerror(errno));
+    struct stat sb;
+    dsv4_status st = DSV4_OK;
+    char *buf = NULL;
+    size_t n = 0;
+    if (fstat(fd, &sb) != 0) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot stat: %s", strerror(errno));
+        goto done;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        /* /dev/zero would be read forever, a FIFO would block. */
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "is %s; a config file must be a regular file",
+                         dsv4_file_kind(sb.st_mode));
+        goto done;
+    }
+    if (sb.st_size > CONFIG_FILE_MAX) {
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, path, "is %lld bytes; a config file is at most %d bytes",
+                         (long long)sb.st_size, CONFIG_FILE_MAX);
+        goto done;
+    }
+    size_t cap = (size_t)sb.st_size + 1; /* one more than expected, to see a file that grew */
+    if (!(buf = malloc(cap + 1))) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
+        goto done;
+    }
+    for (;;) {
+        if (n == cap) { /* it grew since fstat */
+            st = dsv4_seterr(err, DSV4_ERR_IO, path, "changed while being read (%lld bytes at open)",
+                             (long long)sb.st_size);
+            goto done;
+        }
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            st = dsv4_seterr(err, DSV4_ERR_IO, path, "read error: %s", strerror(errno));
+            goto done;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+done:
+    close(fd);
+    if (st) {
+        free(buf);
+        return st;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return DSV4_OK;
+}
+
 dsv4_status dsv4_config_load_file(dsv4_config *cfg, const char *path, dsv4_error *err)
 {
     if (!cfg || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "config", "config and path must not be NULL");
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open: %s", strerror(errno));
+    char *text = NULL;
+    size_t tlen = 0;
+    dsv4_status st = read_config_bytes(path, &text, &tlen, err);
+    if (st)
+        return st;
     dsv4_config c = *cfg;
     char line[1024];
     int lineno = 0;
-    dsv4_status st = DSV4_OK;
-    while (fgets(line, sizeof line, f)) {
+    char where[300];
+    /* Bytes, not C strings: a NUL inside a line would otherwise end it early and hide the rest. */
+    for (size_t pos = 0; pos < tlen && !st;) {
         lineno++;
-        size_t len = strlen(line);
-        if (len == sizeof line - 1 && line[len - 1] != '\n') {
-            st = dsv4_seterr(err, DSV4_ERR_FORMAT, path, "line %d is longer than %zu characters", lineno,
+        const char *nl = memchr(text + pos, '\n', tlen - pos);
+        size_t len = nl ? (size_t)(nl - (text + pos)) : tlen - pos;
+        const char *nul = memchr(text + pos, '\0', len);
+        if (nul) {
+            snprintf(where, sizeof where, "%s:%d:%d", path, lineno, (int)(nul - (text + pos)) + 1);
+            st = dsv4_seterr(err, DSV4_ERR_FORMAT, where, "NUL byte (a config file is text)");
+            break;
+        }
+        if (len > sizeof line - 2) {
+            snprintf(where, sizeof where, "%s:%d", path, lineno);
+            st = dsv4_seterr(err, DSV4_ERR_FORMAT, where, "line %d is longer than %zu characters", lineno,
                              sizeof line - 2);
             break;
         }
+        memcpy(line, text + pos, len);
+        line[len] = '\0';
+        pos += len + (nl != NULL);
         char *hash = strchr(line, '#');
         if (hash)
             *hash = '\0';
@@ -501,13 +609,12 @@ dsv4_status dsv4_config_load_file(dsv4_config *cfg, const char *path, dsv4_error
         while (*p == ' ' || *p == '\t')
             p++;
         char *end = p + strlen(p);
-        while (end > p && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' ' || end[-1] == '\t'))
+        while (end > p && (end[-1] == '\r' || end[-1] == ' ' || end[-1] == '\t'))
             *--end = '\0';
         if (!*p)
             continue;
         int col = (int)(p - line) + 1;
         char *sep = p + strcspn(p, "=:");
-        char where[300];
         snprintf(where, sizeof where, "%s:%d:%d", path, lineno, col);
         if (!*sep) {
             st = dsv4_seterr(err, DSV4_ERR_FORMAT, where, "expected 'key = value', got '%s'", p);
@@ -524,15 +631,17 @@ dsv4_status dsv4_config_load_file(dsv4_config *cfg, const char *path, dsv4_error
         dsv4_error e;
         dsv4_error_clear(&e);
         st = dsv4_config_set(&c, p, v, &e);
+        /* The rules of the field alone are checked here, while the line is known; a rule
+           linking fields waits for dsv4_config_validate (a later --set may complete it). */
+        if (!st)
+            st = check_self(&c, p, &e);
         if (st) {
             snprintf(where, sizeof where, "%s:%d:%d", path, lineno, st == DSV4_ERR_NOT_FOUND ? col : vcol);
             dsv4_seterr(err, st, where, "%s", e.message);
             break;
         }
     }
-    if (!st && ferror(f))
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "read error");
-    fclose(f);
+    free(text);
     if (!st)
         *cfg = c;
     return st;

@@ -12,6 +12,7 @@
  * encodes to zero whichever way it rounded: the ue8m0 paths are bit-identical
  * under any rounding mode.
  */
+#include <math.h>
 #include <string.h>
 
 #include "dsv4moe/formats.h"
@@ -224,7 +225,7 @@ static dsv4_status report_nonfinite(const float *w, int64_t k, int64_t r0, int64
             float v = w[r * k + c];
             if ((f32_bits(v) & F32_ABS_MASK) >= F32_INF_BITS)
                 return dsv4_seterr(err, DSV4_ERR_NUMERIC, name ? name : "weight",
-                                   "element [%lld, %lld] is %g; weights to quantize must be finite",
+                                   "element [%lld, %lld] is %.9g; weights to quantize must be finite",
                                    (long long)r, (long long)c, (double)v);
         }
     return dsv4_seterr(err, DSV4_ERR_INTERNAL, name ? name : "weight", "non-finite value vanished");
@@ -466,4 +467,69 @@ void dsv4_act_quant_row(const float *x, int64_t k, dsv4_act_quant mode, float *o
         if (scales)
             scales[g0 / B] = s;
     }
+}
+
+void dsv4_fp8_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const void *scales, dsv4_scale_format scale_format,
+                          int64_t n, int64_t k, uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb,
+                          int64_t s_row)
+{
+    const int64_t kbs = k / 128, sk = (k + 127) / 128;
+    for (int64_t r = 0; r < n; r++) {
+        memcpy(dst + (uint64_t)r * dst_row_bytes, q + (uint64_t)r * row_bytes, (size_t)k);
+        for (int64_t kb = 0; kb < kbs; kb++) {
+            const int64_t i = (r / 128) * sk + kb;
+            dst_scales[kb * s_kb + r * s_row] = scale_format == DSV4_SCALE_FP32 ? ((const float *)scales)[i]
+                                                                               : dsv4_ue8m0_to_f32(((const uint8_t *)scales)[i]);
+        }
+    }
+}
+
+int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n, int64_t k,
+                             uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb, int64_t s_row,
+                             int64_t *first_row, int64_t *first_group)
+{
+    /* e4m3 code of e2m1 nibble v (low 3 bits: magnitude) times 2^d, d in [-8, 6], built once */
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    uint8_t code[15][8];
+    for (int d = -8; d <= 6; d++)
+        for (int m = 0; m < 8; m++)
+            code[d + 8][m] = dsv4_f32_to_e4m3(ldexpf(mag[m], d));
+    const int64_t kbs = k / 128, ng = k / DSV4_FP4_GROUP;
+    int64_t bad = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const uint8_t *qr = q + (uint64_t)r * row_bytes, *sr = scales + r * ng;
+        uint8_t *o = dst + (uint64_t)r * dst_row_bytes;
+        for (int64_t kb = 0; kb < kbs; kb++) {
+            const uint8_t *s4 = sr + kb * 4;
+            int lo = 255, hi = 0;
+            for (int j = 0; j < 4; j++) {
+                lo = s4[j] < lo ? s4[j] : lo;
+                hi = s4[j] > hi ? s4[j] : hi;
+            }
+            float *sc = &dst_scales[kb * s_kb + r * s_row];
+            if (hi == 255 || hi - lo > DSV4_FP4_TO_FP8_SPREAD) {
+                if (bad++ == 0) {
+                    if (first_row)
+                        *first_row = r;
+                    if (first_group)
+                        *first_group = kb;
+                }
+                memset(o + kb * 128, 0, 128);
+                *sc = NAN;
+                continue;
+            }
+            *sc = ldexpf(1.0f, hi - 133); /* 2^-133 at least: an fp32 subnormal, exact */
+            for (int j = 0; j < 4; j++) {
+                const uint8_t *c = code[s4[j] - hi + 6 + 8];
+                for (int64_t e = kb * 128 + j * 32; e < kb * 128 + j * 32 + 32; e += 2) {
+                    const uint8_t byte = qr[e / 2];
+                    for (int h = 0; h < 2; h++) {
+                        const uint8_t nib = (uint8_t)(h ? byte >> 4 : byte & 0xFu);
+                        o[e + h] = (uint8_t)(c[nib & 7u] | ((nib & 8u) ? 0x80u : 0u));
+                    }
+                }
+            }
+        }
+    }
+    return bad;
 }

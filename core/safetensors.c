@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "err.h"
 #include "hash.h"
 #include "faults.h"
+#include "fileio.h"
 
 /* ---------------- dtypes ---------------- */
 
@@ -167,8 +169,18 @@ static int cmp_str_ptr(const void *a, const void *b)
 
 struct dsv4_st_file {
     char *path;
-    void *map; /* the whole file, so never of length 0 (a file is >= 8 bytes) */
+    /* The data section lives in owned memory, never in a mapping of the file: a file
+     * truncated or rewritten under the process must be an error, not SIGBUS. It is an
+     * anonymous mapping (MAP_NORESERVE) so that a checkpoint's tensors cost memory only once
+     * read; `map` is never of length 0. */
+    void *map;
     size_t map_len;
+    uint64_t data_start; /* file offset of the data section */
+    int fd;              /* kept open while tensors remain to be read (checkpoints), else -1 */
+    struct stat id;      /* size and mtime at open: a later read checks the file is the same */
+    bool *loaded;        /* per tensor (by data offset) */
+    pthread_mutex_t mu;
+    bool mu_init;
     dsv4_tensor_info *tensors; /* by data offset */
     size_t n;
     const dsv4_tensor_info **by_name;
@@ -187,8 +199,13 @@ void dsv4_st_close(dsv4_st_file *f)
     free(f->meta);
     free(f->tensors);
     free(f->by_name);
+    free(f->loaded);
     if (f->map)
         munmap(f->map, f->map_len);
+    if (f->fd >= 0)
+        close(f->fd);
+    if (f->mu_init)
+        pthread_mutex_destroy(&f->mu);
     free(f->path);
     free(f);
 }
@@ -400,24 +417,12 @@ static dsv4_status check_tiling(const dsv4_st_file *f, uint64_t data_size, dsv4_
     return DSV4_OK;
 }
 
-static dsv4_status parse_file(dsv4_st_file *f, dsv4_error *err)
+/* Parses the header hdr[0, hlen) of a file whose data section holds data_size bytes. */
+static dsv4_status parse_header(dsv4_st_file *f, const unsigned char *hdr, uint64_t hlen, uint64_t data_size,
+                                dsv4_error *err)
 {
-    const unsigned char *p = f->map;
-    uint64_t fsize = f->map_len, hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = hlen << 8 | p[i];
-    if (hlen == 0)
-        return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "header length is 0 (the header must be a JSON object)");
-    if (hlen > DSV4_ST_MAX_HEADER)
-        return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "header length %llu exceeds the limit of %u bytes",
-                           (unsigned long long)hlen, DSV4_ST_MAX_HEADER);
-    if (hlen > fsize - 8)
-        return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "header length %llu exceeds file size %llu (truncated?)",
-                           (unsigned long long)hlen, (unsigned long long)fsize);
-    uint64_t data_size = fsize - 8 - hlen;
-
     json_error_t je;
-    json_t *root = json_loadb((const char *)p + 8, (size_t)hlen, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+    json_t *root = json_loadb((const char *)hdr, (size_t)hlen, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!root)
         return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path,
                            "header is not valid JSON: %s at line %d, column %d (byte %d of the header)", je.text,
@@ -459,7 +464,7 @@ static dsv4_status parse_file(dsv4_st_file *f, dsv4_error *err)
     qsort(f->tensors, f->n, sizeof *f->tensors, cmp_info_offset);
     if ((st = check_tiling(f, data_size, err)))
         goto done;
-    const unsigned char *data = p + 8 + hlen;
+    const unsigned char *data = f->map;
     for (size_t i = 0; i < f->n; i++) {
         f->tensors[i].data = data + f->tensors[i].offset;
         f->by_name[i] = &f->tensors[i];
@@ -470,7 +475,79 @@ done:
     return st;
 }
 
-dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err)
+/* pread of n bytes at off: 0, an errno, or -1 when the file ended first. */
+static int pread_all(int fd, void *buf, uint64_t n, uint64_t off)
+{
+    unsigned char *p = buf;
+    while (n > 0) {
+        size_t chunk = n > (1u << 30) ? (size_t)1 << 30 : (size_t)n;
+        ssize_t r = pread(fd, p, chunk, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return errno;
+        if (r == 0)
+            return -1;
+        p += r;
+        n -= (uint64_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Whether the open file still has the size and modification time it had at open. */
+static dsv4_status same_file(const dsv4_st_file *f, dsv4_error *err)
+{
+    char eb[128];
+    struct stat sb;
+    if (fstat(f->fd, &sb) != 0)
+        return dsv4_seterr(err, DSV4_ERR_IO, f->path, "cannot stat: %s", errstr(errno, eb, sizeof eb));
+    if (sb.st_size != f->id.st_size || sb.st_mtim.tv_sec != f->id.st_mtim.tv_sec ||
+        sb.st_mtim.tv_nsec != f->id.st_mtim.tv_nsec)
+        return dsv4_seterr(err, DSV4_ERR_IO, f->path,
+                           "the file changed after it was opened (%lld bytes then, %lld now); "
+                           "a checkpoint must not be rewritten while it is read",
+                           (long long)f->id.st_size, (long long)sb.st_size);
+    return DSV4_OK;
+}
+
+/* Reads bytes [off, off + n) of the data section into place (the caller holds f->mu or owns f). */
+static dsv4_status read_data(dsv4_st_file *f, uint64_t off, uint64_t n, const char *key, dsv4_error *err)
+{
+    char eb[128];
+    where_buf wb;
+    const char *where = key ? twhere(&wb, f->path, key) : f->path;
+    dsv4_status st = same_file(f, err);
+    if (st)
+        return st;
+    int e = pread_all(f->fd, (unsigned char *)f->map + off, n, f->data_start + off);
+    if (e < 0)
+        return dsv4_seterr(err, DSV4_ERR_IO, where,
+                           "the file ended before byte %llu (truncated while being read?)",
+                           (unsigned long long)(f->data_start + off + n));
+    if (e)
+        return dsv4_seterr(err, DSV4_ERR_IO, where, "cannot read: %s", errstr(e, eb, sizeof eb));
+    return same_file(f, err);
+}
+
+/* Makes the data of f->tensors[i] readable: read on first use, under the file's lock. */
+static dsv4_status load_tensor(dsv4_st_file *f, size_t i, dsv4_error *err)
+{
+    if (!f->loaded)
+        return DSV4_OK; /* read whole at open */
+    pthread_mutex_lock(&f->mu);
+    dsv4_status st = DSV4_OK;
+    if (!f->loaded[i]) {
+        const dsv4_tensor_info *t = &f->tensors[i];
+        st = read_data(f, t->offset, t->nbytes, t->name, err);
+        f->loaded[i] = st == DSV4_OK;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return st;
+}
+
+/* Opens and validates; `lazy`: tensors are read on first use (checkpoints), else all now. */
+static dsv4_status st_open(const char *path, bool lazy, dsv4_st_file **out, dsv4_error *err)
 {
     if (!out)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_st_open", "out must not be NULL");
@@ -483,16 +560,18 @@ dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err)
         free(f);
         return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
     }
+    f->fd = -1;
     dsv4_status st = DSV4_OK;
+    unsigned char *hdr = NULL;
     /* O_NONBLOCK: opening a FIFO must not hang before fstat can refuse it;
      * it changes nothing for a regular file. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
+    f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f->fd < 0) {
         st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open: %s", errstr(errno, eb, sizeof eb));
         goto fail;
     }
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
+    if (fstat(f->fd, &sb) != 0) {
         st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot stat: %s", errstr(errno, eb, sizeof eb));
         goto fail;
     }
@@ -500,38 +579,107 @@ dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err)
         st = dsv4_seterr(err, DSV4_ERR_IO, path, "not a regular file");
         goto fail;
     }
+    f->id = sb;
     if (sb.st_size < 8) {
         st = dsv4_seterr(err, DSV4_ERR_FORMAT, path,
                          "file is %lld bytes, shorter than the 8-byte header length that starts a safetensors file",
                          (long long)sb.st_size);
         goto fail;
     }
-    if ((uint64_t)sb.st_size > SIZE_MAX) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "file of %lld bytes cannot be mapped", (long long)sb.st_size);
+    uint64_t fsize = (uint64_t)sb.st_size, hlen = 0;
+    unsigned char h8[8];
+    int e = pread_all(f->fd, h8, 8, 0);
+    if (e) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot read the header length: %s",
+                         e < 0 ? "the file ended" : errstr(e, eb, sizeof eb));
         goto fail;
     }
-    /* The whole file is mapped: its length is >= 8, so an empty data section
-     * never asks mmap for 0 bytes, and data pointers of empty tensors stay
-     * inside (or one past) the mapping. */
-    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | h8[i];
+    if (hlen == 0) {
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, path, "header length is 0 (the header must be a JSON object)");
+        goto fail;
+    }
+    if (hlen > DSV4_ST_MAX_HEADER) {
+        /* Text where the length should be (an index or config named as a weights file) makes an
+           absurd length; say what the bytes look like rather than only the number. */
+        bool text = true;
+        for (int i = 0; i < 8; i++)
+            text &= h8[i] >= 0x20 && h8[i] < 0x7F;
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, path, "header length %llu exceeds the limit of %u bytes%s%.8s%s",
+                         (unsigned long long)hlen, DSV4_ST_MAX_HEADER,
+                         text ? " (the file starts with the text '" : "", text ? (const char *)h8 : "",
+                         text ? "': not a safetensors file?)" : "");
+        goto fail;
+    }
+    if (hlen > fsize - 8) {
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, path, "header length %llu exceeds file size %llu (truncated?)",
+                         (unsigned long long)hlen, (unsigned long long)fsize);
+        goto fail;
+    }
+    uint64_t data_size = fsize - 8 - hlen;
+    if (data_size > SIZE_MAX - 1) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "data section of %llu bytes cannot be held in memory",
+                         (unsigned long long)data_size);
+        goto fail;
+    }
+    if (!(hdr = malloc((size_t)hlen))) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory for a header of %llu bytes",
+                         (unsigned long long)hlen);
+        goto fail;
+    }
+    if ((e = pread_all(f->fd, hdr, hlen, 8))) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot read the header: %s",
+                         e < 0 ? "the file ended" : errstr(e, eb, sizeof eb));
+        goto fail;
+    }
+    f->data_start = 8 + hlen;
+    f->map_len = data_size ? (size_t)data_size : 1;
+    void *map = mmap(NULL, f->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (map == MAP_FAILED) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot map %lld bytes: %s", (long long)sb.st_size,
-                         errstr(errno, eb, sizeof eb));
+        f->map_len = 0;
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, path, "cannot reserve %llu bytes for the data: %s",
+                         (unsigned long long)data_size, errstr(errno, eb, sizeof eb));
         goto fail;
     }
     f->map = map;
-    f->map_len = (size_t)sb.st_size;
-    close(fd); /* the mapping keeps the file */
-    fd = -1;
-    if ((st = parse_file(f, err)))
+#ifdef MADV_HUGEPAGE
+    /* Large pages where the kernel has them: reading GBs of weights into 4 KiB pages spends
+     * most of the load time faulting them in. Advice only; failure changes nothing. */
+    if (f->map_len >= ((size_t)2 << 20))
+        madvise(map, f->map_len, MADV_HUGEPAGE);
+#endif
+    if ((st = parse_header(f, hdr, hlen, data_size, err)))
         goto fail;
+    free(hdr);
+    hdr = NULL;
+    if (!lazy || f->n == 0) {
+        if ((st = read_data(f, 0, data_size, NULL, err)))
+            goto fail;
+        close(f->fd);
+        f->fd = -1;
+    } else {
+        if (!(f->loaded = calloc(f->n, sizeof *f->loaded))) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
+            goto fail;
+        }
+        if (pthread_mutex_init(&f->mu, NULL) != 0) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, path, "cannot create a lock");
+            goto fail;
+        }
+        f->mu_init = true;
+    }
     *out = f;
     return DSV4_OK;
 fail:
-    if (fd >= 0)
-        close(fd);
+    free(hdr);
     dsv4_st_close(f);
     return st;
+}
+
+dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err)
+{
+    return st_open(path, false, out, err);
 }
 
 /* ---------------- writer ---------------- */
@@ -743,30 +891,12 @@ static char *build_header(const dsv4_st_writer *w)
     return s;
 }
 
-/* write(2) in chunks (Linux writes at most ~2 GiB at once), retrying short writes. */
-static int write_all(int fd, const void *buf, uint64_t n)
-{
-    const char *p = buf;
-    while (n > 0) {
-        size_t chunk = n > (1u << 30) ? (size_t)1 << 30 : (size_t)n;
-        ssize_t r = write(fd, p, chunk);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return r < 0 ? errno : ENOSPC;
-        p += r;
-        n -= (uint64_t)r;
-    }
-    return 0;
-}
-
 dsv4_status dsv4_st_writer_write(dsv4_st_writer *w, const char *path, dsv4_st_fill_fn fill, void *user,
                                  dsv4_error *err)
 {
     if (!w || !path || !path[0])
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "safetensors writer", "writer and path must not be NULL");
     where_buf wb;
-    char eb[128];
     for (size_t i = 0; !fill && i < w->n; i++)
         if (!w->t[i].data)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, twhere(&wb, path, w->t[i].name),
@@ -793,92 +923,45 @@ dsv4_status dsv4_st_writer_write(dsv4_st_writer *w, const char *path, dsv4_st_fi
     memset(head + 8 + jl, ' ', hl - jl);
     free(json);
 
-    /* A fresh temporary name next to the destination (so rename stays within
-     * one file system); O_EXCL and a counter avoid clashing with a concurrent
-     * writer without any global state. */
-    size_t tl = strlen(path) + 64;
-    char *tmp = malloc(tl);
-    dsv4_status st = DSV4_OK;
-    int fd = -1, e;
-    if (!tmp) {
-        free(head);
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-    }
-    for (unsigned c = 0; fd < 0 && c < 10000; c++) {
-        snprintf(tmp, tl, "%s.tmp.%ld.%u", path, (long)getpid(), c);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) {
-            st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot create temporary file %s: %s", tmp,
-                             errstr(errno, eb, sizeof eb));
-            free(head);
-            free(tmp);
-            return st;
-        }
-    }
-    if (fd < 0) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot find a free temporary name next to it");
-        free(head);
-        free(tmp);
-        return st;
-    }
-    if ((e = write_all(fd, head, 8 + hl))) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write %s: %s", tmp, errstr(e, eb, sizeof eb));
-        goto fail;
-    }
-    for (size_t i = 0; i < w->n; i++) {
+    /* The one file-writing path (core/fileio.c): checked destination, O_EXCL
+     * temporary next to it, fsync, rename, folder fsync. */
+    dsv4_outfile o;
+    dsv4_status st = dsv4_out_begin(&o, path, err);
+    if (!st)
+        st = dsv4_out_write(&o, head, 8 + hl, err);
+    free(head);
+    for (size_t i = 0; !st && i < w->n; i++) {
         const wtensor *t = &w->t[i];
         if (t->data) {
-            e = write_all(fd, t->data, t->nbytes);
+            st = dsv4_out_write(&o, t->data, t->nbytes, err);
+            continue;
+        }
+        void *buf = t->nbytes <= SIZE_MAX - 1 ? calloc(1, (size_t)t->nbytes + 1) : NULL;
+        if (!buf) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, twhere(&wb, path, t->name), "out of memory for %llu bytes",
+                             (unsigned long long)t->nbytes);
+            break;
+        }
+        /* The callback reports into a record of our own, so its message
+         * can be put after the file and key, and a failure it returned
+         * without a message still gets one. */
+        dsv4_error ce;
+        dsv4_error_clear(&ce);
+        st = fill(user, i, t->name, buf, t->nbytes, &ce);
+        if (st) {
+            if (ce.message[0])
+                dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed: %s", ce.message);
+            else
+                dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed (%s)",
+                            dsv4_status_str(st));
         } else {
-            void *buf = t->nbytes <= SIZE_MAX - 1 ? calloc(1, (size_t)t->nbytes + 1) : NULL;
-            if (!buf) {
-                st = dsv4_seterr(err, DSV4_ERR_NOMEM, twhere(&wb, path, t->name), "out of memory for %llu bytes",
-                                 (unsigned long long)t->nbytes);
-                goto fail;
-            }
-            /* The callback reports into a record of our own, so its message
-             * can be put after the file and key, and a failure it returned
-             * without a message still gets one. */
-            dsv4_error ce;
-            dsv4_error_clear(&ce);
-            st = fill(user, i, t->name, buf, t->nbytes, &ce);
-            if (st) {
-                free(buf);
-                if (ce.message[0])
-                    dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed: %s", ce.message);
-                else
-                    dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed (%s)",
-                                dsv4_status_str(st));
-                goto fail;
-            }
-            e = write_all(fd, buf, t->nbytes);
-            free(buf);
+            st = dsv4_out_write(&o, buf, t->nbytes, err);
         }
-        if (e) {
-            st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write %s: %s", tmp, errstr(e, eb, sizeof eb));
-            goto fail;
-        }
+        free(buf);
     }
-    e = close(fd) ? errno : 0; /* close can report a deferred write error */
-    fd = -1;
-    if (e) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write %s: %s", tmp, errstr(e, eb, sizeof eb));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot rename %s into place: %s", tmp,
-                         errstr(errno, eb, sizeof eb));
-        goto fail;
-    }
-    free(head);
-    free(tmp);
-    return DSV4_OK;
-fail:
-    if (fd >= 0)
-        close(fd);
-    unlink(tmp);
-    free(head);
-    free(tmp);
+    if (!st)
+        return dsv4_out_commit(&o, err);
+    dsv4_out_abort(&o);
     return st;
 }
 
@@ -891,6 +974,8 @@ struct dsv4_checkpoint {
     size_t n;
     dsv4_layout layout;
     const char *prefix;
+    char **skipped; /* path, reason, path, reason, ... */
+    size_t n_skipped;
 };
 
 void dsv4_checkpoint_close(dsv4_checkpoint *ck)
@@ -901,6 +986,9 @@ void dsv4_checkpoint_close(dsv4_checkpoint *ck)
         dsv4_st_close(ck->files[i]);
     free(ck->files);
     free(ck->tensors);
+    for (size_t i = 0; i < 2 * ck->n_skipped; i++)
+        free(ck->skipped[i]);
+    free(ck->skipped);
     free(ck);
 }
 
@@ -913,14 +1001,78 @@ const char *dsv4_checkpoint_file_path(const dsv4_checkpoint *ck, size_t index)
 
 size_t dsv4_checkpoint_tensor_count(const dsv4_checkpoint *ck) { return ck ? ck->n : 0; }
 
-const dsv4_tensor_info *dsv4_checkpoint_tensor(const dsv4_checkpoint *ck, size_t index)
+size_t dsv4_checkpoint_skipped_count(const dsv4_checkpoint *ck) { return ck ? ck->n_skipped : 0; }
+
+const char *dsv4_checkpoint_skipped(const dsv4_checkpoint *ck, size_t index, const char **reason)
+{
+    if (!ck || index >= ck->n_skipped)
+        return NULL;
+    if (reason)
+        *reason = ck->skipped[2 * index + 1];
+    return ck->skipped[2 * index];
+}
+
+const dsv4_tensor_info *dsv4_checkpoint_tensor_meta(const dsv4_checkpoint *ck, size_t index)
 {
     return ck && index < ck->n ? ck->tensors[index] : NULL;
 }
 
-const dsv4_tensor_info *dsv4_checkpoint_find(const dsv4_checkpoint *ck, const char *name)
+/* Reads t's data on first use, from the file of ck that holds it. */
+static dsv4_status ck_load(const dsv4_checkpoint *ck, const dsv4_tensor_info *t, dsv4_error *err)
+{
+    for (size_t i = 0; i < ck->n_files; i++) {
+        dsv4_st_file *f = ck->files[i];
+        if (t >= f->tensors && t < f->tensors + f->n)
+            return load_tensor(f, (size_t)(t - f->tensors), err);
+    }
+    return dsv4_seterr(err, DSV4_ERR_INTERNAL, t->name, "tensor belongs to no file of the checkpoint");
+}
+
+dsv4_status dsv4_checkpoint_get(const dsv4_checkpoint *ck, const char *name, const dsv4_tensor_info **out,
+                                dsv4_error *err)
+{
+    if (!ck || !name || !out)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_checkpoint_get", "arguments must not be NULL");
+    *out = NULL;
+    const dsv4_tensor_info *t = find_sorted(ck->tensors, ck->n, name);
+    if (!t) {
+        /* Name the files searched, so a user sees which checkpoint was meant. */
+        char files[700];
+        size_t off = 0;
+        files[0] = '\0';
+        for (size_t i = 0; i < ck->n_files && off < sizeof files; i++) {
+            if (i == 4 && ck->n_files > 5) {
+                snprintf(files + off, sizeof files - off, " and %zu more", ck->n_files - 4);
+                break;
+            }
+            off += (size_t)snprintf(files + off, sizeof files - off, "%s%s", i ? ", " : "", ck->files[i]->path);
+        }
+        where_buf wb;
+        snprintf(wb.s, sizeof wb.s, "tensor '%s'", name);
+        return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, wb.s, "is missing from the checkpoint (searched %zu file%s: %s)",
+                           ck->n_files, ck->n_files == 1 ? "" : "s", files);
+    }
+    dsv4_status st = ck_load(ck, t, err);
+    if (!st)
+        *out = t;
+    return st;
+}
+
+const dsv4_tensor_info *dsv4_checkpoint_tensor(const dsv4_checkpoint *ck, size_t index)
+{
+    const dsv4_tensor_info *t = dsv4_checkpoint_tensor_meta(ck, index);
+    return t && ck_load(ck, t, NULL) == DSV4_OK ? t : NULL;
+}
+
+const dsv4_tensor_info *dsv4_checkpoint_find_meta(const dsv4_checkpoint *ck, const char *name)
 {
     return ck && name ? find_sorted(ck->tensors, ck->n, name) : NULL;
+}
+
+const dsv4_tensor_info *dsv4_checkpoint_find(const dsv4_checkpoint *ck, const char *name)
+{
+    const dsv4_tensor_info *t = NULL;
+    return ck && name && dsv4_checkpoint_get(ck, name, &t, NULL) == DSV4_OK ? t : NULL;
 }
 
 dsv4_layout dsv4_checkpoint_layout(const dsv4_checkpoint *ck) { return ck ? ck->layout : DSV4_LAYOUT_UNKNOWN; }
@@ -936,7 +1088,7 @@ static dsv4_status open_files(dsv4_checkpoint *ck, const char *dir, const char *
         char *p = dir[0] ? join_path(dir, names[i]) : strdup(names[i]);
         if (!p)
             return dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-        dsv4_status st = dsv4_st_open(p, &ck->files[i], err);
+        dsv4_status st = st_open(p, true, &ck->files[i], err);
         free(p);
         if (st)
             return st;
@@ -945,7 +1097,56 @@ static dsv4_status open_files(dsv4_checkpoint *ck, const char *dir, const char *
     return DSV4_OK;
 }
 
-/* A folder without an index: every regular *.safetensors file in it. */
+/* Records a file of the folder that is not part of the checkpoint, and why. */
+static bool add_skipped(dsv4_checkpoint *ck, const char *path, const char *reason)
+{
+    char **ns = realloc(ck->skipped, 2 * (ck->n_skipped + 1) * sizeof *ns);
+    if (!ns)
+        return false;
+    ck->skipped = ns;
+    char *p = strdup(path), *r = strdup(reason);
+    if (!p || !r) {
+        free(p);
+        free(r);
+        return false;
+    }
+    ns[2 * ck->n_skipped] = p;
+    ns[2 * ck->n_skipped + 1] = r;
+    ck->n_skipped++;
+    return true;
+}
+
+static bool layer_key(const char *s, const char *part);
+
+/* Whether a file holds a layer's tensors ("[model.]layers.<digits>."): the files of a
+ * checkpoint do, the inputs and outputs written next to them (x, y, topk_ids) do not. */
+static bool holds_layer_tensors(const dsv4_st_file *f)
+{
+    for (size_t i = 0; i < f->n; i++) {
+        const char *k = f->tensors[i].name;
+        if (layer_key(k, "") || (strncmp(k, "model.", 6) == 0 && layer_key(k + 6, "")))
+            return true;
+    }
+    return false;
+}
+
+/* Why a directory entry that is not a regular file was left out. */
+static const char *entry_kind(const char *p)
+{
+    struct stat lb, sb;
+    if (lstat(p, &lb) != 0)
+        return "it vanished while the folder was read";
+    if (S_ISLNK(lb.st_mode) && stat(p, &sb) != 0)
+        return "a dangling symbolic link";
+    return dsv4_file_kind(S_ISLNK(lb.st_mode) ? sb.st_mode : lb.st_mode);
+}
+
+/*
+ * A folder without an index: the regular *.safetensors files in it that hold layer tensors,
+ * sorted by name. The others are recorded as skipped, with the reason: entries that are not
+ * regular files (dangling links, FIFOs, devices, folders) and files holding no layer tensor
+ * (an input or output written next to the weights). A malformed file is an error.
+ */
 static dsv4_status open_folder(dsv4_checkpoint *ck, const char *dir, dsv4_error *err)
 {
     char eb[128];
@@ -958,12 +1159,6 @@ static dsv4_status open_folder(dsv4_checkpoint *ck, const char *dir, dsv4_error 
     struct dirent *de;
     while ((de = readdir(d))) {
         if (!ends_with(de->d_name, ".safetensors"))
-            continue;
-        char *p = join_path(dir, de->d_name);
-        struct stat sb;
-        bool reg = p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-        free(p);
-        if (!reg)
             continue;
         if (n == cap) {
             size_t nc = cap ? 2 * cap : 16;
@@ -981,13 +1176,46 @@ static dsv4_status open_folder(dsv4_checkpoint *ck, const char *dir, dsv4_error 
         }
         n++;
     }
-    if (n == 0) {
-        st = dsv4_seterr(err, DSV4_ERR_NOT_FOUND, dir,
-                         "folder holds neither model.safetensors.index.json nor any *.safetensors file");
+    /* Sorted first, so the files and the skipped list come out in one order on any file system. */
+    if (n)
+        qsort(names, n, sizeof *names, cmp_str_ptr);
+    if (!(ck->files = calloc(n + 1, sizeof *ck->files))) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
         goto done;
     }
-    qsort(names, n, sizeof *names, cmp_str_ptr);
-    st = open_files(ck, dir, (const char *const *)names, n, err);
+    for (size_t i = 0; i < n && !st; i++) {
+        char *p = join_path(dir, names[i]);
+        if (!p) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+            break;
+        }
+        struct stat sb;
+        dsv4_st_file *f = NULL;
+        if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            if (!add_skipped(ck, p, entry_kind(p)))
+                st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+        } else if (!(st = st_open(p, true, &f, err))) {
+            if (holds_layer_tensors(f)) {
+                ck->files[ck->n_files++] = f;
+                f = NULL;
+            } else {
+                char why[400];
+                snprintf(why, sizeof why, "holds no layer tensor (%zu tensor%s%s%s%s: an input or output file?)",
+                         f->n, f->n == 1 ? "" : "s", f->n ? ", first '" : "", f->n ? f->by_name[0]->name : "",
+                         f->n ? "'" : "");
+                if (!add_skipped(ck, p, why))
+                    st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+            }
+            dsv4_st_close(f);
+        }
+        free(p);
+    }
+    if (!st && ck->n_files == 0)
+        st = dsv4_seterr(err, DSV4_ERR_NOT_FOUND, dir,
+                         "folder holds neither model.safetensors.index.json nor a *.safetensors file with layer "
+                         "tensors (%zu *.safetensors entr%s skipped%s%s%s)",
+                         ck->n_skipped, ck->n_skipped == 1 ? "y" : "ies", ck->n_skipped ? ": " : "",
+                         ck->n_skipped ? ck->skipped[0] : "", ck->n_skipped > 1 ? ", ..." : "");
 done:
     closedir(d);
     for (size_t i = 0; i < n; i++)
@@ -1048,6 +1276,13 @@ static dsv4_status open_index(dsv4_checkpoint *ck, const char *idx, dsv4_error *
         if (!plain_name(json_string_value(v))) {
             st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key),
                              "file name '%s' is not a plain name in the index's folder (no '/', '.' or '..')",
+                             json_string_value(v));
+            goto done;
+        }
+        const char *base = strrchr(idx, '/');
+        if (!strcmp(json_string_value(v), base ? base + 1 : idx)) {
+            st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key),
+                             "weight_map names the index itself ('%s') as the file holding the key",
                              json_string_value(v));
             goto done;
         }

@@ -1,4 +1,5 @@
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,6 +37,33 @@ void dsv4_error_clear(dsv4_error *err)
     err->message[0] = '\0';
 }
 
+const char *dsv4_escape_controls(const char *s, char *buf, size_t n)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p && o + 1 < n; p++) {
+        bool c1 = p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F;
+        if (*p < 0x20 || *p == 0x7F || c1) {
+            if (o + 5 > n)
+                break;
+            snprintf(buf + o, n - o, "\\x%02x", (unsigned)(c1 ? p[1] : *p));
+            o += 4;
+            p += c1;
+        } else {
+            buf[o++] = (char)*p;
+        }
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+/* In place, cut to n - 1 bytes. */
+static void escape_controls(char *s, size_t n)
+{
+    char tmp[DSV4_ERROR_MESSAGE_MAX];
+    dsv4_escape_controls(s, tmp, sizeof tmp);
+    snprintf(s, n, "%s", tmp);
+}
+
 dsv4_status dsv4_seterr(dsv4_error *err, dsv4_status st, const char *where, const char *fmt, ...)
 {
     if (!err)
@@ -53,5 +81,7 @@ dsv4_status dsv4_seterr(dsv4_error *err, dsv4_status st, const char *where, cons
     va_start(ap, fmt);
     vsnprintf(err->message + n, sizeof err->message - n, fmt, ap);
     va_end(ap);
+    escape_controls(err->where, sizeof err->where);
+    escape_controls(err->message, sizeof err->message);
     return st;
 }

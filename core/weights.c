@@ -41,12 +41,16 @@ static void shape_str(const dsv4_tensor_info *t, char *buf, size_t n)
 }
 
 /* Looks up `key` and checks dtype and shape; `dtypes` lists the accepted dtypes (COUNT-terminated). */
-static dsv4_status expect(const dsv4_checkpoint *ck, const char *key, const dsv4_dtype *dtypes, int ndim,
-                          const int64_t *shape, const dsv4_tensor_info **out, dsv4_error *err)
+/* `load`: read the bytes now; else only the contract is checked (dsv4_weights_matrix_view). */
+static dsv4_status expect_as(const dsv4_checkpoint *ck, const char *key, const dsv4_dtype *dtypes, int ndim,
+                             const int64_t *shape, bool load, const dsv4_tensor_info **out, dsv4_error *err)
 {
-    const dsv4_tensor_info *t = dsv4_checkpoint_find(ck, key);
-    if (!t)
-        return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, key, "tensor is missing from the checkpoint");
+    const dsv4_tensor_info *t = load ? NULL : dsv4_checkpoint_find_meta(ck, key);
+    if (!t) { /* reads it, or says it is missing and where it was searched for */
+        dsv4_status gst = dsv4_checkpoint_get(ck, key, &t, err);
+        if (gst)
+            return gst;
+    }
     bool dt_ok = false;
     char want_dt[64] = "";
     for (const dsv4_dtype *d = dtypes; *d != DSV4_DTYPE_COUNT; d++) {
@@ -73,6 +77,12 @@ static dsv4_status expect(const dsv4_checkpoint *ck, const char *key, const dsv4
     return DSV4_OK;
 }
 
+static dsv4_status expect(const dsv4_checkpoint *ck, const char *key, const dsv4_dtype *dtypes, int ndim,
+                          const int64_t *shape, const dsv4_tensor_info **out, dsv4_error *err)
+{
+    return expect_as(ck, key, dtypes, ndim, shape, true, out, err);
+}
+
 static const dsv4_dtype DT_BF16[] = {DSV4_DTYPE_BF16, DSV4_DTYPE_COUNT};
 static const dsv4_dtype DT_F32[] = {DSV4_DTYPE_F32, DSV4_DTYPE_COUNT};
 static const dsv4_dtype DT_I32[] = {DSV4_DTYPE_I32, DSV4_DTYPE_COUNT};
@@ -81,7 +91,7 @@ static const dsv4_dtype DT_E8M0[] = {DSV4_DTYPE_F8_E8M0, DSV4_DTYPE_COUNT};
 static const dsv4_dtype DT_FP4[] = {DSV4_DTYPE_I8, DSV4_DTYPE_U8, DSV4_DTYPE_COUNT};
 
 static dsv4_status matrix_split(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert, dsv4_proj proj,
-                                dsv4_matrix_view *m, dsv4_error *err)
+                                bool load, dsv4_matrix_view *m, dsv4_error *err)
 {
     char key[160], skey[170];
     if (expert == DSV4_SHARED_EXPERT)
@@ -102,22 +112,24 @@ static dsv4_status matrix_split(const dsv4_checkpoint *ck, const dsv4_config *c,
     switch (fmt) {
     case DSV4_FORMAT_BF16: {
         int64_t sh[2] = {n, k};
-        if ((st = expect(ck, key, DT_BF16, 2, sh, &w, err)))
+        if ((st = expect_as(ck, key, DT_BF16, 2, sh, load, &w, err)))
             return st;
         m->row_bytes = (uint64_t)k * 2;
         break;
     }
     case DSV4_FORMAT_FP8: {
         int64_t sh[2] = {n, k}, ssh[2] = {cdiv(n, 128), cdiv(k, 128)};
-        if ((st = expect(ck, key, DT_E4M3, 2, sh, &w, err)) ||
-            (st = expect(ck, skey, c->weight_scale == DSV4_SCALE_FP32 ? DT_F32 : DT_E8M0, 2, ssh, &s, err)))
+        if ((st = expect_as(ck, key, DT_E4M3, 2, sh, load, &w, err)) ||
+            (st = expect_as(ck, skey, c->weight_scale == DSV4_SCALE_FP32 ? DT_F32 : DT_E8M0, 2, ssh, load, &s,
+                            err)))
             return st;
         m->row_bytes = (uint64_t)k;
         break;
     }
     case DSV4_FORMAT_FP4: {
         int64_t sh[2] = {n, k / 2}, ssh[2] = {n, k / 32};
-        if ((st = expect(ck, key, DT_FP4, 2, sh, &w, err)) || (st = expect(ck, skey, DT_E8M0, 2, ssh, &s, err)))
+        if ((st = expect_as(ck, key, DT_FP4, 2, sh, load, &w, err)) ||
+            (st = expect_as(ck, skey, DT_E8M0, 2, ssh, load, &s, err)))
             return st;
         m->row_bytes = (uint64_t)k / 2;
         break;
@@ -130,7 +142,7 @@ static dsv4_status matrix_split(const dsv4_checkpoint *ck, const dsv4_config *c,
 }
 
 static dsv4_status matrix_stacked(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert,
-                                  dsv4_proj proj, dsv4_matrix_view *m, dsv4_error *err)
+                                  dsv4_proj proj, bool load, dsv4_matrix_view *m, dsv4_error *err)
 {
     const char *p = dsv4_checkpoint_prefix(ck);
     char key[192];
@@ -147,19 +159,19 @@ static dsv4_status matrix_stacked(const dsv4_checkpoint *ck, const dsv4_config *
         int64_t sh[2] = {m->n, m->k};
         if (DSV4_FAULT(DSV4_FAULT_F06) && c->shared_format == DSV4_FORMAT_FP8 && c->weight_scale == DSV4_SCALE_FP32)
             sh[0] = m->k, sh[1] = m->n; /* fault F06: non-e8m0 online quantization's 2D view as [K, N] */
-        if ((st = expect(ck, key, DT_BF16, 2, sh, &t, err)))
+        if ((st = expect_as(ck, key, DT_BF16, 2, sh, load, &t, err)))
             return st;
         m->data = t->data;
     } else if (proj == DSV4_PROJ_W2) {
         snprintf(key, sizeof key, "%slayers.%lld.mlp.experts.down_proj", p, (long long)c->layer);
         int64_t sh[3] = {E, H, I};
-        if ((st = expect(ck, key, DT_BF16, 3, sh, &t, err)))
+        if ((st = expect_as(ck, key, DT_BF16, 3, sh, load, &t, err)))
             return st;
         m->data = (const uint8_t *)t->data + (uint64_t)expert * (uint64_t)H * (uint64_t)I * 2;
     } else {
         snprintf(key, sizeof key, "%slayers.%lld.mlp.experts.gate_up_proj", p, (long long)c->layer);
         int64_t sh[3] = {E, 2 * I, H};
-        if ((st = expect(ck, key, DT_BF16, 3, sh, &t, err)))
+        if ((st = expect_as(ck, key, DT_BF16, 3, sh, load, &t, err)))
             return st;
         /* Rows [0, I) are the gate (w1), rows [I, 2I) the up projection (w3). */
         uint64_t row0 = (uint64_t)expert * 2 * (uint64_t)I + (proj == DSV4_PROJ_W3 ? (uint64_t)I : 0);
@@ -169,8 +181,8 @@ static dsv4_status matrix_stacked(const dsv4_checkpoint *ck, const dsv4_config *
     return DSV4_OK;
 }
 
-dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert, dsv4_proj proj,
-                                dsv4_matrix_view *out, dsv4_error *err)
+static dsv4_status weights_matrix(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert, dsv4_proj proj,
+                                  bool load, dsv4_matrix_view *out, dsv4_error *err)
 {
     if (!ck || !c || !out)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "weights", "checkpoint, config and output must not be NULL");
@@ -188,8 +200,8 @@ dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ck, const dsv4_config *c,
     m.k = proj == DSV4_PROJ_W2 ? c->moe_inter_dim : c->dim;
     dsv4_status st;
     switch (dsv4_checkpoint_layout(ck)) {
-    case DSV4_LAYOUT_SPLIT: st = matrix_split(ck, c, expert, proj, &m, err); break;
-    case DSV4_LAYOUT_STACKED: st = matrix_stacked(ck, c, expert, proj, &m, err); break;
+    case DSV4_LAYOUT_SPLIT: st = matrix_split(ck, c, expert, proj, load, &m, err); break;
+    case DSV4_LAYOUT_STACKED: st = matrix_stacked(ck, c, expert, proj, load, &m, err); break;
     default:
         return dsv4_seterr(err, DSV4_ERR_FORMAT, dsv4_checkpoint_file_count(ck) ? dsv4_checkpoint_file_path(ck, 0) : "checkpoint",
                            "no DSV4 MoE layout detected (neither layers.N.ffn.* nor [model.]layers.N.mlp.* keys)");
@@ -197,6 +209,18 @@ dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ck, const dsv4_config *c,
     if (st == DSV4_OK)
         *out = m;
     return st;
+}
+
+dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert, dsv4_proj proj,
+                                dsv4_matrix_view *out, dsv4_error *err)
+{
+    return weights_matrix(ck, c, expert, proj, true, out, err);
+}
+
+dsv4_status dsv4_weights_matrix_view(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert,
+                                     dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err)
+{
+    return weights_matrix(ck, c, expert, proj, false, out, err);
 }
 
 dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c, dsv4_router_view *out,
@@ -243,11 +267,22 @@ dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c,
             return st;
         r.tid2eid = t->data;
     } else {
-        if (dsv4_checkpoint_find(ck, bias)) {
-            if ((st = expect(ck, bias, DT_F32, 1, se, &t, err)))
-                return st;
-            r.bias = t->data;
+        /* A tid2eid for this layer says the checkpoint is a hash layer; routing it by score
+           (the config's n_hash_layers makes it non-hash) would ignore the table silently. */
+        const dsv4_tensor_info *ht = dsv4_checkpoint_find(ck, tid);
+        if (ht) {
+            char where[300];
+            snprintf(where, sizeof where, "%s: tensor '%s'", ht->file, tid);
+            return dsv4_seterr(err, DSV4_ERR_CONFIG, where,
+                               "the checkpoint routes layer %lld by hash (it holds tid2eid), but the config makes "
+                               "it a score-routed layer (n_hash_layers = %lld); set n_hash_layers above %lld",
+                               L, (long long)c->n_hash_layers, L);
         }
+        /* The bias is part of a non-hash layer's routing (SPEC.md): a checkpoint without it
+           would route as if it were 0, silently; it is required. */
+        if ((st = expect(ck, bias, DT_F32, 1, se, &t, err)))
+            return st;
+        r.bias = t->data;
         if (c->top_p < 1.0f && c->top_p_predictor == DSV4_PREDICTOR_CONST) {
             if ((st = expect(ck, pn, DT_F32, 1, se, &t, err)))
                 return st;
@@ -261,8 +296,20 @@ dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c,
             r.pred_bias = t->data;
         }
     }
-    /* A NaN bias or predictor value would silently reorder every later expert: refuse it here,
-       where every consumer binds the router. */
+    /* A NaN gate weight makes every score of its token NaN, and the token silently falls back to
+       experts 0..K-1; a NaN bias or predictor value would reorder every later expert: refuse
+       them here, where every consumer binds the router. */
+    for (int64_t i = 0; i < E * H; i++) {
+        float v = dsv4_load_bf16(r.gate, i);
+        if (!isfinite(v)) {
+            const dsv4_tensor_info *ti = dsv4_checkpoint_find(ck, gate);
+            char where[300];
+            snprintf(where, sizeof where, "%s: tensor '%s'", ti ? ti->file : "checkpoint", gate);
+            return dsv4_seterr(err, DSV4_ERR_NUMERIC, where,
+                               "element %lld (expert %lld, column %lld) is %.9g; routing tensors must be finite",
+                               (long long)i, (long long)(i / H), (long long)(i % H), (double)v);
+        }
+    }
     const struct {
         const uint8_t *v;
         int64_t n;
@@ -275,7 +322,7 @@ dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c,
                 const dsv4_tensor_info *ti = dsv4_checkpoint_find(ck, vecs[q].key);
                 char where[300];
                 snprintf(where, sizeof where, "%s: tensor '%s'", ti ? ti->file : "checkpoint", vecs[q].key);
-                return dsv4_seterr(err, DSV4_ERR_NUMERIC, where, "element %lld is %g; routing tensors must be finite",
+                return dsv4_seterr(err, DSV4_ERR_NUMERIC, where, "element %lld is %.9g; routing tensors must be finite",
                                    (long long)i, (double)v);
             }
         }

@@ -1,5 +1,6 @@
 /* The reference layer: binding a checkpoint, and the forward (SPEC.md sections 2-5). */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,11 +18,18 @@
 typedef struct {
     dsv4_matrix_view v;
     uint8_t *owned_q, *owned_s;
+    bool read; /* the view's bytes have been read from the checkpoint */
 } matrix;
 
+/* Every matrix of the layer is checked at creation (dsv4_weights_matrix_view), but its bytes
+   are read only when a forward first runs its expert: a few tokens touch a few of 256
+   experts, and the checkpoint reads into owned memory (never a mapping that could fault). */
 struct dsv4_ref {
     dsv4_config cfg;
     int threads;
+    const dsv4_checkpoint *ck;
+    pthread_mutex_t read_mu; /* guards the `read` flags: forwards may run on several threads */
+    bool mu_init;
     dsv4_router_tensors rt;
     matrix *experts;  /* [E][3] */
     matrix shared[3];
@@ -65,13 +73,36 @@ static dsv4_status quantize_owned(const dsv4_config *c, dsv4_weight_format fmt, 
 
 static dsv4_status bind_matrix(dsv4_ref *r, const dsv4_checkpoint *ck, int64_t e, int p, matrix *m, dsv4_error *err)
 {
-    dsv4_status st = dsv4_weights_matrix(ck, &r->cfg, e, (dsv4_proj)p, &m->v, err);
+    dsv4_status st = dsv4_weights_matrix_view(ck, &r->cfg, e, (dsv4_proj)p, &m->v, err);
     if (st)
         return st;
     dsv4_weight_format want = e == DSV4_SHARED_EXPERT ? r->cfg.shared_format : r->cfg.routed_format;
-    if (m->v.format != want) /* a bf16 stacked export under a quantized config */
+    if (m->v.format != want) { /* a bf16 stacked export under a quantized config: quantized now */
+        if ((st = dsv4_weights_matrix(ck, &r->cfg, e, (dsv4_proj)p, &m->v, err)))
+            return st;
+        m->read = true;
         return quantize_owned(&r->cfg, want, m, err);
+    }
     return DSV4_OK;
+}
+
+/* Reads the three matrices of `expert` on its first use. */
+static dsv4_status read_expert(const dsv4_ref *r, int64_t expert, dsv4_error *err)
+{
+    matrix *ms = expert == DSV4_SHARED_EXPERT ? (matrix *)r->shared : &r->experts[3 * expert];
+    dsv4_status st = DSV4_OK;
+    pthread_mutex_lock((pthread_mutex_t *)&r->read_mu);
+    for (int p = 0; p < 3 && !st; p++) {
+        if (ms[p].read)
+            continue;
+        dsv4_matrix_view v;
+        if (!(st = dsv4_weights_matrix(r->ck, &r->cfg, expert, (dsv4_proj)p, &v, err))) {
+            ms[p].v = v;
+            ms[p].read = true;
+        }
+    }
+    pthread_mutex_unlock((pthread_mutex_t *)&r->read_mu);
+    return st;
 }
 
 void dsv4_ref_free(dsv4_ref *r)
@@ -90,6 +121,8 @@ void dsv4_ref_free(dsv4_ref *r)
         free(r->shared[p].owned_s);
     }
     dsv4_router_tensors_release(&r->rt, NULL);
+    if (r->mu_init)
+        pthread_mutex_destroy(&r->read_mu);
     free(r);
 }
 
@@ -111,6 +144,12 @@ dsv4_status dsv4_ref_create(const dsv4_config *cfg, const dsv4_checkpoint *ck, i
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref", "out of memory");
     r->cfg = *cfg;
     r->threads = threads;
+    r->ck = ck;
+    if (pthread_mutex_init(&r->read_mu, NULL) != 0) {
+        free(r);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref", "cannot create a lock");
+    }
+    r->mu_init = true;
     const dsv4_config *c = &r->cfg;
     int64_t E = c->n_routed_experts;
     if ((st = dsv4_router_tensors_load(ck, c, NULL, &r->rt, err)))
@@ -322,6 +361,9 @@ dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, int64_t expert,
             memset(out, 0, (size_t)(n * H) * sizeof *out);
         return DSV4_OK;
     }
+    dsv4_status rst = read_expert(r, expert, err);
+    if (rst)
+        return rst;
     dsv4_weight_format fmt = shared ? c->shared_format : c->routed_format;
     bool quant = fmt != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
     int64_t chunks = cdiv(ni, ROWS_PER_CHUNK);
@@ -485,4 +527,100 @@ uint64_t dsv4_ref_hash(const dsv4_config *c, int64_t T, const dsv4_ref_output *o
     if (out->topk_weights)
         h = dsv4_fnv1a(h, out->topk_weights, (size_t)(T * c->n_activated) * sizeof *out->topk_weights);
     return h;
+}
+
+/* ---------------- the stages (dsv4moe/ref.h) ---------------- */
+
+dsv4_status dsv4_ref_stage_route(const dsv4_ref *r, int64_t n, const uint16_t *x, const int32_t *in_ids, int32_t *ids,
+                                 float *w, int32_t *kept, uint64_t *nonfinite_rows, dsv4_error *err)
+{
+    if (!r || n < 0 || (n > 0 && (!x || !ids || !w)))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref route", "handle, x, ids and w must not be NULL");
+    int64_t H = r->cfg.dim;
+    float *xf = malloc((size_t)(n * H + 1) * sizeof *xf);
+    unsigned char *nf = malloc((size_t)n + 1);
+    dsv4_status st = DSV4_OK;
+    if (!xf || !nf) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, "ref route", "out of memory for %lld tokens", (long long)n);
+        goto done;
+    }
+    for (int64_t i = 0; i < n * H; i++)
+        xf[i] = dsv4_bf16_to_f32(x[i]);
+    if ((st = dsv4_ref_route(r, r->threads, n, xf, in_ids, ids, w, kept, nf, err)))
+        goto done;
+    if (nonfinite_rows)
+        for (int64_t t = 0; t < n; t++)
+            *nonfinite_rows += nf[t];
+done:
+    free(xf);
+    free(nf);
+    return st;
+}
+
+dsv4_status dsv4_ref_stage_experts(const dsv4_ref *r, int64_t m, const uint16_t *x, const int32_t *expert,
+                                   const float *w, int64_t i0, int64_t ni, float *out, dsv4_ref_stats *stats,
+                                   dsv4_error *err)
+{
+    if (!r || m < 0 || (m > 0 && (!x || !expert || !out)))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref experts", "handle, x, expert and out must not be NULL");
+    const dsv4_config *c = &r->cfg;
+    int64_t H = c->dim;
+    float *xf = malloc((size_t)(m * H + 1) * sizeof *xf);
+    if (!xf)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref experts", "out of memory for %lld rows", (long long)m);
+    for (int64_t i = 0; i < m * H; i++)
+        xf[i] = dsv4_bf16_to_f32(x[i]);
+    dsv4_ref_stats dummy;
+    memset(&dummy, 0, sizeof dummy);
+    if (!stats)
+        stats = &dummy;
+    dsv4_status st = DSV4_OK;
+    for (int64_t a = 0; a < m && !st;) {
+        int64_t b = a, e = expert[a];
+        while (b < m && expert[b] == e)
+            b++;
+        bool shared = e == DSV4_SHARED_EXPERT;
+        if (shared && w)
+            st = dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref experts", "the shared expert takes no router weights");
+        else
+            st = dsv4_ref_ffn_partial(r, r->threads, e, b - a, xf + a * H, shared ? NULL : w + a, i0, ni, out + a * H,
+                                      shared ? &stats->shared_g_clamped : &stats->routed_g_clamped,
+                                      shared ? &stats->shared_u_clamped : &stats->routed_u_clamped, err);
+        a = b;
+    }
+    free(xf);
+    return st;
+}
+
+dsv4_status dsv4_ref_stage_combine(const dsv4_ref *r, int64_t n, int64_t ns, const int32_t *tok, const float *w,
+                                   const uint16_t *o, const uint16_t *shared, uint16_t *y, dsv4_error *err)
+{
+    if (!r || n < 0 || ns < 0 || (ns > 0 && (!tok || !w || !o)) || (n > 0 && !y))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref combine", "handle, slots and y must not be NULL");
+    const dsv4_config *c = &r->cfg;
+    int64_t H = c->dim;
+    float *acc = calloc((size_t)(n * H + 1), sizeof *acc);
+    float *row = malloc((size_t)H * sizeof *row);
+    if (!acc || !row) {
+        free(acc);
+        free(row);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "ref combine", "out of memory for %lld tokens", (long long)n);
+    }
+    dsv4_status st = DSV4_OK;
+    for (int64_t s = 0; s < ns; s++) {
+        if (tok[s] < 0 || tok[s] >= n) {
+            st = dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref combine", "slot %lld names token %d outside [0, %lld)",
+                             (long long)s, tok[s], (long long)n);
+            break;
+        }
+        for (int64_t h = 0; h < H; h++)
+            row[h] = dsv4_bf16_to_f32(o[s * H + h]);
+        dsv4_ref_accumulate(c, H, row, w[s], acc + (int64_t)tok[s] * H);
+    }
+    if (!st)
+        for (int64_t i = 0; i < n * H; i++)
+            y[i] = dsv4_f32_to_bf16(shared ? acc[i] + dsv4_bf16_to_f32(shared[i]) : acc[i]);
+    free(acc);
+    free(row);
+    return st;
 }

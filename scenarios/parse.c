@@ -169,7 +169,7 @@ static dsv4_status get_num(ctx *c, const yaml_node_t *n, const char *what, doubl
         return fail(c, DSV4_ERR_FORMAT, n->start_mark, "%s: expected a finite number, got '%s'", what,
                     shown(n, b, sizeof b));
     if (v < lo || v > hi)
-        return fail(c, DSV4_ERR_CONFIG, n->start_mark, "%s: %g is outside [%g, %g]", what, v, lo, hi);
+        return fail(c, DSV4_ERR_CONFIG, n->start_mark, "%s: %.9g is outside [%.9g, %.9g]", what, v, lo, hi);
     *out = v;
     return DSV4_OK;
 }

@@ -2,10 +2,10 @@
  * The backend test table and its checker (ggml's test-backend-ops as the model): one list of
  * layer cases, each run on a backend and on the reference through the backend interface, and
  * one comparison (SPEC.md section 7 metrics, routing, statistics). tests/test_backend_ops.c runs
- * the table over every backend this build and machine have (ref and cpu here; cuda in the
- * `make cuda` test program, tests/cuda/test_cuda.c, on the device); test_cpu.c and test_cuda.c
- * use the same checker for their backend-specific cases (kernel tables; graphs, large shapes).
- * Header-only (static functions) so that both test programs compile it.
+ * the table over every backend this build and machine have (ref and cpu here); test_cpu.c uses
+ * the same checker for the cpu backend's own cases (its kernel tables). Header-only (static inline
+ * functions) so that the device test program can include it too (not done yet: it keeps its own
+ * table, with the gemm fp8 cases).
  */
 #ifndef DSV4MOE_TESTS_BACKEND_OPS_H
 #define DSV4MOE_TESTS_BACKEND_OPS_H

@@ -249,40 +249,47 @@ static void prepare_dirs(void)
     rm_tree(af_root);
     ck_assert_int_eq(mkdir(af_root, 0755), 0);
     char p[1024];
-    snprintf(p, sizeof p, "%s/reports", af_root);
-    ck_assert_int_eq(mkdir(p, 0755), 0);
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/reports/%s", af_root, report_names[i]);
-        ck_assert_int_eq(tu_write_file(p, previous, sizeof previous - 1), 0);
+    for (int u = 0; u < 2; u++) {
+        snprintf(p, sizeof p, "%s/%s", af_root, u ? "unit" : "reports");
+        ck_assert_int_eq(mkdir(p, 0755), 0);
+        for (int i = 0; i < 3; i++) {
+            snprintf(p, sizeof p, "%s/%s/%s", af_root, u ? "unit" : "reports", report_names[i]);
+            ck_assert_int_eq(tu_write_file(p, previous, sizeof previous - 1), 0);
+        }
     }
 }
 
-/* Each report is either the previous text (untouched) or a complete new report; nothing else in the folder. */
-static void check_reports(const bool written[3], unsigned long long n)
+/* Each report is either the previous text (untouched) or a complete new report; nothing else in the folder.
+   unit/ is written by dsv4_report_write_all: all three old or all three new (written[3]). */
+static void check_reports(const bool written[4], unsigned long long n)
 {
     char p[1024];
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/reports/%s", af_root, report_names[i]);
+    for (int k = 0; k < 6; k++) {
+        int i = k % 3;
+        bool w = k < 3 ? written[i] : written[3];
+        snprintf(p, sizeof p, "%s/%s/%s", af_root, k < 3 ? "reports" : "unit", report_names[i]);
         FILE *f = fopen(p, "rb");
         ck_assert_msg(f, "n=%llu: %s is gone", n, report_names[i]);
         char buf[64] = {0};
         size_t got = fread(buf, 1, sizeof buf - 1, f);
         fclose(f);
         bool old = got == sizeof previous - 1 && !memcmp(buf, previous, got);
-        if (!written[i])
+        if (!w)
             ck_assert_msg(old, "n=%llu: %s changed although its writer failed", n, report_names[i]);
         else
             ck_assert_msg(!old && got > 16, "n=%llu: %s not rewritten", n, report_names[i]);
     }
-    snprintf(p, sizeof p, "%s/reports", af_root);
-    DIR *d = opendir(p);
-    ck_assert_ptr_nonnull(d);
-    int entries = 0;
-    struct dirent *de;
-    while ((de = readdir(d)))
-        entries += de->d_name[0] != '.';
-    closedir(d);
-    ck_assert_msg(entries == 3, "n=%llu: %d entries in the report folder (a temporary file left?)", n, entries);
+    for (int u = 0; u < 2; u++) {
+        snprintf(p, sizeof p, "%s/%s", af_root, u ? "unit" : "reports");
+        DIR *d = opendir(p);
+        ck_assert_ptr_nonnull(d);
+        int entries = 0;
+        struct dirent *de;
+        while ((de = readdir(d)))
+            entries += de->d_name[0] != '.';
+        closedir(d);
+        ck_assert_msg(entries == 3, "n=%llu: %d entries in %s (a temporary file left?)", n, entries, p);
+    }
 }
 
 /* report.json without its timings (the only field that differs between two clean runs). */
@@ -317,7 +324,7 @@ typedef struct wf_result {
     char message[DSV4_ERROR_MESSAGE_MAX];
     int case_errors;     /* cases recorded as DSV4_RESULT_ERROR */
     int case_pass;
-    bool written[3]; /* which report writers succeeded */
+    bool written[4]; /* which report writers succeeded; [3]: dsv4_report_write_all */
 } wf_result;
 
 #define STEP(name, call)                                                                                              \
@@ -404,6 +411,9 @@ static wf_result workflow(void)
     snprintf(rp, sizeof rp, "%s/reports/%s", af_root, report_names[2]);
     STEP("report html", dsv4_report_html(res, rp, &e));
     r.written[2] = true;
+    snprintf(rp, sizeof rp, "%s/unit", af_root);
+    STEP("reports as one unit", dsv4_report_write_all(res, rp, &e));
+    r.written[3] = true;
 out:
     dsv4_run_results_free(res);
     dsv4_scenario_free(scn);

@@ -167,7 +167,7 @@ START_TEST(set_parses_every_key_and_round_trips)
                         "score_func=softmax", "gate_logits=bf16", "route_scale=2.5", "norm_eps=0",
                         "swiglu_limit=7", "shared_clamp=false", "weight_point=after_w2", "top_p=0.75",
                         "top_p_min_keep=2", "top_p_renorm=true", "top_p_predictor=linear", "routed_format=fp8",
-                        "shared_format=bf16", "weight_scale=fp32", "act_quant=fp32"};
+                        "shared_format=bf16", "weight_scale=fp32", "act_quant=fp32", "gemm=exact"};
     size_t n = sizeof kv / sizeof kv[0];
     size_t nkeys = 0;
     while (dsv4_config_keys()[nkeys])

@@ -15,6 +15,37 @@
 #include "dsv4moe/weights.h"
 #include "testutil.h"
 
+/* The registry: every kind listed, with what this build and machine hold. */
+START_TEST(registry_lists_backends)
+{
+    dsv4_error e;
+    dsv4_backend_info info;
+    ck_assert_int_eq(dsv4_backend_count(), 3);
+    const char *names[3] = {"ref", "cpu", "cuda"};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(dsv4_backend_info_at(i, &info, &e), DSV4_OK);
+        ck_assert_str_eq(info.name, names[i]);
+        ck_assert_int_eq((int)info.kind, i);
+        ck_assert_uint_eq(info.struct_size, sizeof info);
+        if (i < 2) { /* ref and cpu: in every build, on every machine, with stages */
+            ck_assert(info.built && info.available && info.sharded);
+            ck_assert_str_eq(info.why, "");
+        }
+    }
+#ifndef DSV4_WITH_CUDA
+    ck_assert(!info.built && !info.available && !info.sharded);
+    ck_assert_msg(strstr(info.why, "not available in this build (available: ref, cpu)") != NULL, "%s", info.why);
+#endif
+    ck_assert_int_eq(dsv4_backend_info_at(3, &info, &e), DSV4_ERR_RANGE);
+    ck_assert_int_eq(dsv4_backend_info_at(-1, &info, &e), DSV4_ERR_RANGE);
+    ck_assert_int_eq(dsv4_backend_info_at(0, NULL, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_info_of((dsv4_backend_kind)7, &info, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_info_of(DSV4_BACKEND_CPU, &info, &e), DSV4_OK);
+    ck_assert_str_eq(info.name, "cpu");
+    ck_assert_int_eq(dsv4_backend_plan_supported(NULL, &e), DSV4_ERR_INVALID_ARG);
+}
+END_TEST
+
 Suite *cpu_suite(void);
 
 /* The CPU backend's kernel tables and its fused regime on one matrix (internal headers). */
@@ -353,16 +384,21 @@ START_TEST(refusals_name_backend_and_router)
     ck_assert_msg(strstr(e.message, "cuda") != NULL, "%s", e.message);
     ck_assert_ptr_null(b);
     dsv4_plan_free(p);
-    /* cpu with an expert-parallel router */
+    /* cpu with an expert-parallel router: a rank of it runs the stages (fast/dist), not a forward */
     dsv4_topology_init(&topo);
     topo.backend = DSV4_BACKEND_CPU;
     topo.world_size = 2;
     topo.dp = 2;
     topo.ep = 2;
     ck_assert_msg(dsv4_plan_create(&c, &topo, &bud, &p, &e) == DSV4_OK, "%s", e.message);
-    ck_assert_int_eq(dsv4_backend_create(p, ck, 2, &b, &e), DSV4_ERR_UNSUPPORTED);
-    ck_assert_msg(strstr(e.message, dsv4_router_kind_name(dsv4_plan_router(p))) != NULL, "%s", e.message);
-    ck_assert_msg(strstr(e.message, "router") != NULL, "%s", e.message);
+    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
+    uint16_t x1[2 * 256] = {0}, y1[2 * 256];
+    int32_t id1[2] = {1, 2};
+    dsv4_forward_out fo = {.y = y1};
+    ck_assert_int_eq(dsv4_backend_forward(b, 1, x1, id1, &fo, &e), DSV4_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.message, "dsv4_dist_forward") != NULL, "%s", e.message);
+    dsv4_backend_free(b);
+    b = NULL;
     dsv4_plan_free(p);
     /* bad arguments */
     p = make_plan(&c, DSV4_BACKEND_CPU, 0);
@@ -452,6 +488,7 @@ Suite *cpu_suite(void)
     tcase_add_test(tc, kernel_table_choice_errors);
     tcase_add_test(tc, hash_bad_input_id_is_range_error);
     tcase_add_test(tc, refusals_name_backend_and_router);
+    tcase_add_test(tc, registry_lists_backends);
     tcase_add_test(tc, repeat_forward_is_stable);
     suite_add_tcase(s, tc);
     return s;

@@ -1,12 +1,15 @@
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "dsv4moe/backend.h"
 #include "dsv4moe/dist.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
+#include "backend/backend_impl.h"
 #include "dsv4moe/ref.h"
 #include "testutil.h"
 
@@ -22,12 +25,11 @@ typedef struct {
     int64_t pool;
 } layer;
 
-static layer make_layer(const char *preset, int64_t l, const char *tag)
+static layer make_layer_cfg(const dsv4_config *c, const char *tag)
 {
     layer L;
     memset(&L, 0, sizeof L);
-    ck_assert_int_eq(dsv4_config_preset(preset, &L.c, NULL), DSV4_OK);
-    L.c.layer = l;
+    L.c = *c;
     L.pool = 400;
     char w[512], in[512], name[96];
     snprintf(name, sizeof name, "dist_%s.safetensors", tag);
@@ -45,6 +47,14 @@ static layer make_layer(const char *preset, int64_t l, const char *tag)
     L.x = dsv4_st_find(L.in, "x")->data;
     L.ids = dsv4_st_find(L.in, "input_ids")->data;
     return L;
+}
+
+static layer make_layer(const char *preset, int64_t l, const char *tag)
+{
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_preset(preset, &c, NULL), DSV4_OK);
+    c.layer = l;
+    return make_layer_cfg(&c, tag);
 }
 
 static void free_layer(layer *L)
@@ -124,6 +134,41 @@ static const struct {
     int64_t layer;
 } ep_layers[] = {{"mini", 0}, {"mini", 1}, {"mini-topp", 1}, {"mini-fp8", 2}, {"mini-bf16", 3}};
 
+/* The fingerprint sequence of rank r: (group, seq, op, dtype, tag) of each collective. */
+static int same_sequence(const dsv4_dist_rank *a, const dsv4_dist_rank *b)
+{
+    if (a->trace_len != b->trace_len)
+        return 0;
+    for (size_t i = 0; i < a->trace_len; i++) {
+        const dsv4_coll_record *x = &a->trace[i], *y = &b->trace[i];
+        if (x->group != y->group || x->seq != y->seq || x->op != y->op || x->dtype != y->dtype ||
+            strcmp(x->tag, y->tag))
+            return 0;
+        if (x->op != DSV4_COLL_ALL_TO_ALLV && x->count != y->count)
+            return 0;
+    }
+    return 1;
+}
+
+/* The single-rank counterpart (dsv4_dist_single_rank) of a step: y[r] gets rank r's rows. */
+static void single_rank(const layer *L, const dsv4_topology *t, int world, const int64_t *counts, const int64_t *offs,
+                        uint16_t **y)
+{
+    ranks_io io;
+    setup_io(&io, L, world, counts, offs);
+    for (int r = 0; r < world; r++)
+        io.r[r].y = y[r];
+    dsv4_budget b = big_budget();
+    dsv4_error e;
+    ck_assert_msg(dsv4_dist_single_rank(&L->c, L->ck, t, &b, NULL, io.r, &e) == DSV4_OK, "%s", e.message);
+    for (int r = 0; r < world; r++)
+        io.r[r].y = io.y[r];
+    free_io(&io, world);
+}
+
+/* ep 2, 4, 8 on the ref and the cpu backend: every rank's rows bit-identical to the backend on one
+   rank (ref: the single-rank reference on the rank's tokens; both: the single-rank counterpart,
+   dsv4_dist_single_rank), identical collective sequences, each rank's peak within the plan. */
 START_TEST(ep_reproduces_single_rank_bit_for_bit)
 {
     char tag[64];
@@ -131,42 +176,60 @@ START_TEST(ep_reproduces_single_rank_bit_for_bit)
     layer L = make_layer(ep_layers[_i].preset, ep_layers[_i].layer, tag);
     int64_t H = L.c.dim, K = L.c.n_activated;
     const int64_t counts[8] = {37, 0, 5, 130, 1, 0, 64, 9};
-    for (int ep = 2; ep <= 8; ep *= 2) {
-        int64_t offs[8];
-        for (int r = 0, o = 0; r < ep; o += (int)counts[r], r++)
-            offs[r] = o;
-        ranks_io io;
-        setup_io(&io, &L, ep, counts, offs);
-        dsv4_topology t = topo_of(ep, 1, ep, ep, 256);
-        t.chunk_tokens = 128; /* rank 3's 130 tokens take two chunks; every rank runs two */
-        dsv4_budget b = big_budget();
-        dsv4_dist_options o;
-        dsv4_dist_options_init(&o);
-        dsv4_error e;
-        ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, &o, io.r, &e) == DSV4_OK, "ep %d: %s", ep, e.message);
-        for (int r = 0; r < ep; r++) {
-            ck_assert_int_eq(io.r[r].chunks, counts[3] > 128 && ep > 3 ? 2 : 1);
-            uint16_t *y = calloc((size_t)(counts[r] * H + 1), 2);
-            int32_t *ids = calloc((size_t)(counts[r] * K + 1), 4);
-            ref_alone(&L, offs[r], counts[r], y, ids);
-            ck_assert_msg(memcmp(y, io.y[r], (size_t)(counts[r] * H) * 2) == 0, "%s layer %lld ep %d rank %d differs",
-                          ep_layers[_i].preset, (long long)ep_layers[_i].layer, ep, r);
-            ck_assert_int_eq(memcmp(ids, io.ids[r], (size_t)(counts[r] * K) * 4), 0);
-            /* The driver's buffers were measured; a rank with tokens holds some, and the plan
-               accounts for the step it ran. */
-            ck_assert_uint_gt(io.r[r].workspace_planned, 0);
-            if (counts[r] > 0)
-                ck_assert_uint_gt(io.r[r].workspace_peak, (uint64_t)(counts[r] * H * 4));
-            ck_assert_msg(io.r[r].workspace_peak <= io.r[r].workspace_planned, "rank %d: peak %llu above plan %llu", r,
-                          (unsigned long long)io.r[r].workspace_peak, (unsigned long long)io.r[r].workspace_planned);
-            if (getenv("DSV4MOE_PRINT_WORKSPACE"))
-                fprintf(stderr, "ep %d rank %d T %lld: planned %llu peak %llu\n", ep, r, (long long)counts[r],
-                        (unsigned long long)io.r[r].workspace_planned, (unsigned long long)io.r[r].workspace_peak);
-            free(y);
-            free(ids);
+    for (int kind = 0; kind < 2; kind++)
+        for (int ep = 2; ep <= 8; ep *= 2) {
+            int64_t offs[8];
+            for (int r = 0, o = 0; r < ep; o += (int)counts[r], r++)
+                offs[r] = o;
+            ranks_io io;
+            setup_io(&io, &L, ep, counts, offs);
+            dsv4_topology t = topo_of(ep, 1, ep, ep, 256);
+            t.backend = kind ? DSV4_BACKEND_CPU : DSV4_BACKEND_REF;
+            t.chunk_tokens = 128; /* rank 3's 130 tokens take two chunks; every rank runs two */
+            dsv4_budget b = big_budget();
+            dsv4_error e;
+            ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io.r, &e) == DSV4_OK, "ep %d: %s", ep,
+                          e.message);
+            uint16_t *ys[8];
+            for (int r = 0; r < ep; r++)
+                ys[r] = calloc((size_t)(counts[r] * H + 1), 2);
+            single_rank(&L, &t, ep, counts, offs, ys);
+            for (int r = 0; r < ep; r++) {
+                ck_assert_int_eq(io.r[r].chunks, counts[3] > 128 && ep > 3 ? 2 : 1);
+                int64_t i = 0;
+                while (i < counts[r] * H && ys[r][i] == io.y[r][i])
+                    i++;
+                ck_assert_msg(i == counts[r] * H, "%s layer %lld %s ep %d rank %d: token %lld channel %lld",
+                              ep_layers[_i].preset, (long long)ep_layers[_i].layer, kind ? "cpu" : "ref", ep, r,
+                              (long long)(i / H), (long long)(i % H));
+                if (!kind) { /* the reference's stages are its forward's */
+                    uint16_t *y = calloc((size_t)(counts[r] * H + 1), 2);
+                    int32_t *ids = calloc((size_t)(counts[r] * K + 1), 4);
+                    ref_alone(&L, offs[r], counts[r], y, ids);
+                    ck_assert_msg(memcmp(y, io.y[r], (size_t)(counts[r] * H) * 2) == 0,
+                                  "%s layer %lld ep %d rank %d differs", ep_layers[_i].preset,
+                                  (long long)ep_layers[_i].layer, ep, r);
+                    ck_assert_int_eq(memcmp(ids, io.ids[r], (size_t)(counts[r] * K) * 4), 0);
+                    free(y);
+                    free(ids);
+                }
+                ck_assert_msg(same_sequence(&io.r[0], &io.r[r]), "ep %d: rank %d's collectives differ", ep, r);
+                /* The rank's buffers were measured; a rank with tokens holds some, and the plan
+                   accounts for the step it ran. */
+                ck_assert_uint_gt(io.r[r].workspace_planned, 0);
+                if (counts[r] > 0)
+                    ck_assert_uint_gt(io.r[r].workspace_peak, (uint64_t)(counts[r] * H * 4));
+                ck_assert_msg(io.r[r].workspace_peak <= io.r[r].workspace_planned, "rank %d: peak %llu above plan %llu",
+                              r, (unsigned long long)io.r[r].workspace_peak,
+                              (unsigned long long)io.r[r].workspace_planned);
+                if (getenv("DSV4MOE_PRINT_WORKSPACE"))
+                    fprintf(stderr, "%s ep %d rank %d T %lld: planned %llu peak %llu\n", kind ? "cpu" : "ref", ep, r,
+                            (long long)counts[r], (unsigned long long)io.r[r].workspace_planned,
+                            (unsigned long long)io.r[r].workspace_peak);
+                free(ys[r]);
+            }
+            free_io(&io, ep);
         }
-        free_io(&io, ep);
-    }
     free_layer(&L);
 }
 END_TEST
@@ -203,21 +266,83 @@ START_TEST(tp_shards_agree_with_reference)
 }
 END_TEST
 
-/* The fingerprint sequence of rank r: (group, seq, op, dtype, tag) of each collective. */
-static int same_sequence(const dsv4_dist_rank *a, const dsv4_dist_rank *b)
+
+/* tp = 2 on the cpu backend: both tp ranks hold the same rows, within tolerance of the cpu
+   backend's single-rank counterpart and of the reference. mini-bf16 (64-row shards), and mini
+   with I = 256 (128-row shards) on fp4 / fp8 weights with ue8m0 and fp32 block scales: the
+   shards of w1 and w3 are row views, w2's column shards copies with their scales. */
+static const struct {
+    const char *preset;
+    int64_t inter;
+    dsv4_weight_format routed, shared;
+    dsv4_scale_format scale;
+    dsv4_act_quant act;
+} tp_cases[] = {
+    {"mini-bf16", 0, DSV4_FORMAT_BF16, DSV4_FORMAT_BF16, DSV4_SCALE_UE8M0, DSV4_ACT_QUANT_NONE},
+    {"mini", 256, DSV4_FORMAT_FP4, DSV4_FORMAT_FP8, DSV4_SCALE_UE8M0, DSV4_ACT_QUANT_UE8M0},
+    {"mini", 256, DSV4_FORMAT_FP8, DSV4_FORMAT_FP8, DSV4_SCALE_FP32, DSV4_ACT_QUANT_FP32},
+    {"mini", 256, DSV4_FORMAT_FP4, DSV4_FORMAT_BF16, DSV4_SCALE_UE8M0, DSV4_ACT_QUANT_NONE},
+};
+
+START_TEST(cpu_tp_within_tolerance)
 {
-    if (a->trace_len != b->trace_len)
-        return 0;
-    for (size_t i = 0; i < a->trace_len; i++) {
-        const dsv4_coll_record *x = &a->trace[i], *y = &b->trace[i];
-        if (x->group != y->group || x->seq != y->seq || x->op != y->op || x->dtype != y->dtype ||
-            strcmp(x->tag, y->tag))
-            return 0;
-        if (x->op != DSV4_COLL_ALL_TO_ALLV && x->count != y->count)
-            return 0;
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_preset(tp_cases[_i].preset, &c, NULL), DSV4_OK);
+    c.layer = 1;
+    if (tp_cases[_i].inter) {
+        c.moe_inter_dim = tp_cases[_i].inter;
+        c.routed_format = tp_cases[_i].routed;
+        c.shared_format = tp_cases[_i].shared;
+        c.weight_scale = tp_cases[_i].scale;
+        c.act_quant = tp_cases[_i].act;
     }
-    return 1;
+    char tag[32];
+    snprintf(tag, sizeof tag, "cputp%d", _i);
+    layer B = make_layer_cfg(&c, tag);
+    int64_t H = B.c.dim, n = 40;
+    const int64_t counts[2] = {40, 40}, offs[2] = {3, 3};
+    ranks_io io;
+    setup_io(&io, &B, 2, counts, offs);
+    dsv4_topology t = topo_of(2, 2, 1, 1, 256);
+    t.backend = DSV4_BACKEND_CPU;
+    dsv4_budget b = big_budget();
+    dsv4_error e;
+    ck_assert_msg(dsv4_dist_forward(&B.c, B.ck, &t, &b, NULL, io.r, &e) == DSV4_OK, "%s", e.message);
+    uint16_t *yr = calloc((size_t)(n * H + 1), 2), *ys0 = calloc((size_t)(n * H + 1), 2),
+             *ys1 = calloc((size_t)(n * H + 1), 2);
+    int32_t ids[160];
+    ref_alone(&B, 3, n, yr, ids);
+    uint16_t *ys[2] = {ys0, ys1};
+    single_rank(&B, &t, 2, counts, offs, ys);
+    int64_t close = 0, same = 0;
+    double rms = 0;
+    for (int64_t i = 0; i < n * H; i++) {
+        float a = dsv4_bf16_to_f32(yr[i]);
+        rms += (double)a * a;
+    }
+    float tol = 0.035f + 0.1f * (float)sqrt(rms / (double)(n * H)); /* the runner's fp8/fp4 bound */
+    for (int64_t i = 0; i < n * H; i++) {
+        float a = dsv4_bf16_to_f32(yr[i]), c1 = dsv4_bf16_to_f32(ys0[i]);
+        float v0 = dsv4_bf16_to_f32(io.y[0][i]);
+        ck_assert(io.y[0][i] == io.y[1][i]);
+        float d = a - v0, d1 = c1 - v0;
+        close += (d < 0 ? -d : d) <= tol && (d1 < 0 ? -d1 : d1) <= tol;
+        same += c1 == v0;
+    }
+    ck_assert_msg(close == n * H, "case %d: %lld of %lld within tolerance", _i, (long long)close, (long long)(n * H));
+    ck_assert_msg(same > n * H * 8 / 10, "case %d: only %lld of %lld bit-identical to one rank", _i, (long long)same,
+                  (long long)(n * H));
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(io.r[r].workspace_peak <= io.r[r].workspace_planned, "rank %d: peak %llu above plan %llu", r,
+                      (unsigned long long)io.r[r].workspace_peak, (unsigned long long)io.r[r].workspace_planned);
+    ck_assert(same_sequence(&io.r[0], &io.r[1]));
+    free(yr);
+    free(ys0);
+    free(ys1);
+    free_io(&io, 2);
+    free_layer(&B);
 }
+END_TEST
 
 START_TEST(per_rank_token_vectors_give_identical_sequences)
 {
@@ -250,7 +375,10 @@ START_TEST(per_rank_token_vectors_give_identical_sequences)
                 io.r[r].can_replay = graph && vecs[v][r] <= 64 && (v >= 2 || r != 2);
             dsv4_budget b = big_budget();
             dsv4_error e;
-            ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io.r, &e) == DSV4_OK, "vec %d graph %d: %s", v,
+            dsv4_dist_options o;
+            dsv4_dist_options_init(&o);
+            o.compute_backend = DSV4_BACKEND_CPU; /* the cuda plan's protocol, computed by cpu stages */
+            ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, &o, io.r, &e) == DSV4_OK, "vec %d graph %d: %s", v,
                           graph, e.message);
             for (int r = 0; r < 4; r++) {
                 ck_assert_msg(same_sequence(&io.r[0], &io.r[r]), "vec %d graph %d: rank %d's collectives differ", v,
@@ -288,6 +416,7 @@ START_TEST(asymmetric_schedule_is_reported_not_hung)
         dsv4_dist_options_init(&o);
         o.timeout_ms = 200;
         o.fault_skip_meta_rank = 1;
+        o.compute_backend = DSV4_BACKEND_CPU;
         dsv4_budget b = big_budget();
         dsv4_error e;
         struct timespec t0, t1;
@@ -349,6 +478,82 @@ START_TEST(refusals_and_bad_inputs_before_any_thread)
 }
 END_TEST
 
+/* The stages refuse work that is not the rank's: other experts, another inter range, unsorted
+   groups, weights where none belong, tokens outside the chunk. */
+START_TEST(stages_check_their_arguments)
+{
+    layer L = make_layer("mini", 1, "stages");
+    int64_t H = L.c.dim, E = L.c.n_routed_experts;
+    dsv4_error e;
+    dsv4_budget b = big_budget();
+    for (int kind = 0; kind < 2; kind++) {
+        dsv4_topology t = topo_of(2, 1, 2, 2, 64);
+        t.rank = 1; /* experts [E/2, E) */
+        t.backend = kind ? DSV4_BACKEND_CPU : DSV4_BACKEND_REF;
+        dsv4_plan *p;
+        dsv4_backend *be;
+        ck_assert_msg(dsv4_plan_create(&L.c, &t, &b, &p, &e) == DSV4_OK, "%s", e.message);
+        ck_assert_msg(dsv4_backend_create(p, L.ck, 1, &be, &e) == DSV4_OK, "%s", e.message);
+        const dsv4_backend_stages *st = dsv4_backend_get_stages(be);
+        ck_assert_ptr_nonnull(st);
+        void *impl = be->impl;
+        int32_t ex[3] = {(int32_t)(E / 2), (int32_t)(E / 2), (int32_t)(E - 1)}, sh[3] = {-1, -1, -1};
+        float w[3] = {0.5f, 0.25f, 0.125f}, *out = calloc((size_t)(3 * H), sizeof *out);
+        uint16_t *x = calloc((size_t)(3 * H), 2), *y = calloc((size_t)(3 * H), 2);
+        memcpy(x, L.x, (size_t)(3 * H) * 2);
+        int64_t I = L.c.moe_inter_dim;
+        ck_assert_msg(st->experts(impl, 3, x, ex, w, 0, I, out, &e) == DSV4_OK, "%s", e.message);
+        ck_assert(out[0] != 0.0f || out[1] != 0.0f);
+        ck_assert_int_eq(st->experts(impl, 0, x, ex, w, 0, I, out, &e), DSV4_OK);
+        ck_assert_int_eq(st->experts(impl, 3, x, sh, w, 0, I, out, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_msg(st->experts(impl, 3, x, sh, NULL, 0, I, out, &e) == DSV4_OK, "%s", e.message);
+        if (kind) { /* the cpu backend holds only its shard */
+            int32_t other[3] = {0, 1, 2}, unsorted[3] = {(int32_t)(E - 1), (int32_t)(E / 2), (int32_t)(E / 2)};
+            ck_assert_int_eq(st->experts(impl, 3, x, other, w, 0, I, out, &e), DSV4_ERR_INVALID_ARG);
+            ck_assert_ptr_nonnull(strstr(e.message, "expert 0"));
+            ck_assert_int_eq(st->experts(impl, 3, x, unsorted, w, 0, I, out, &e), DSV4_ERR_INVALID_ARG);
+            ck_assert_int_eq(st->experts(impl, 3, x, ex, NULL, 0, I, out, &e), DSV4_ERR_INVALID_ARG);
+            ck_assert_int_eq(st->experts(impl, 3, x, ex, w, 128, I, out, &e), DSV4_ERR_INVALID_ARG);
+            ck_assert_ptr_nonnull(strstr(e.message, "inter rows"));
+            int32_t ids[24];
+            float rw[24];
+            ck_assert_int_eq(st->route(impl, 65, x, NULL, ids, rw, NULL, &e), DSV4_ERR_INVALID_ARG);
+        }
+        int32_t tok[3] = {0, 1, 5};
+        uint16_t o[3 * 256] = {0};
+        ck_assert_int_eq(st->combine(impl, 3, 3, tok, w, o, NULL, y, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(e.message, "token 5"));
+        tok[2] = 2;
+        ck_assert_msg(st->combine(impl, 3, 3, tok, w, o, x, y, &e) == DSV4_OK, "%s", e.message);
+        ck_assert_int_eq(memcmp(x, y, (size_t)(3 * H) * 2), 0); /* zero outputs plus the shared rows */
+        /* a rank of a sharded plan: stages only */
+        dsv4_forward_out fo = {.y = y};
+        ck_assert_int_eq(dsv4_backend_forward(be, 1, x, L.ids, &fo, &e), DSV4_ERR_UNSUPPORTED);
+        free(out);
+        free(x);
+        free(y);
+        dsv4_backend_free(be);
+        dsv4_plan_free(p);
+    }
+    /* the driver's own argument checks */
+    dsv4_dist_options o;
+    dsv4_dist_options_init(&o);
+    ck_assert_int_eq(o.compute_backend, -1);
+    o.compute_backend = 9;
+    const int64_t counts[2] = {1, 1}, offs[2] = {0, 1};
+    ranks_io io;
+    setup_io(&io, &L, 2, counts, offs);
+    dsv4_topology t = topo_of(2, 1, 2, 2, 64);
+    ck_assert_int_eq(dsv4_dist_forward(&L.c, L.ck, &t, &b, &o, io.r, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_dist_single_rank(NULL, L.ck, &t, &b, NULL, io.r, &e), DSV4_ERR_INVALID_ARG);
+    t.backend = DSV4_BACKEND_CUDA; /* no stand-in: this build has no cuda (or no stages for it) */
+    ck_assert_int_eq(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io.r, &e), DSV4_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(e.message, "cuda"));
+    free_io(&io, 2);
+    free_layer(&L);
+}
+END_TEST
+
 Suite *dist_suite(void)
 {
     Suite *s = suite_create("dist");
@@ -356,6 +561,8 @@ Suite *dist_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, ep_reproduces_single_rank_bit_for_bit, 0, (int)(sizeof ep_layers / sizeof ep_layers[0]));
     tcase_add_test(tc, tp_shards_agree_with_reference);
+    tcase_add_loop_test(tc, cpu_tp_within_tolerance, 0, (int)(sizeof tp_cases / sizeof tp_cases[0]));
+    tcase_add_test(tc, stages_check_their_arguments);
     tcase_add_test(tc, per_rank_token_vectors_give_identical_sequences);
     tcase_add_test(tc, asymmetric_schedule_is_reported_not_hung);
     tcase_add_test(tc, refusals_and_bad_inputs_before_any_thread);

@@ -1012,6 +1012,69 @@ START_TEST(results_do_not_depend_on_rounding_mode)
 }
 END_TEST
 
+
+/* ---- fp4 / fp8 weights to e4m3 with 1x128 scales (the fp8 GEMM mode) ---- */
+
+/* Every e2m1 value of every sub-group scale within the spread converts exactly; one more is refused. */
+START_TEST(fp4_to_e4m3_exact_within_spread)
+{
+    enum { N = 3, K = 256 };
+    uint8_t q[N * K / 2], sc[N * K / 32], dst[N * K];
+    float ds[(K / 128) * N];
+    uint32_t st = 12345;
+    for (int base = 0; base <= 240; base += 7)
+        for (int spread = 0; spread <= DSV4_FP4_TO_FP8_SPREAD + 1; spread++) {
+            for (int i = 0; i < N * K / 2; i++) {
+                st = st * 1664525u + 1013904223u;
+                q[i] = (uint8_t)(st >> 24);
+            }
+            for (int r = 0; r < N; r++)
+                for (int g = 0; g < K / 32; g++) /* the four sub-groups of each 128-group: base .. base + spread */
+                    sc[r * (K / 32) + g] = (uint8_t)(base + (g % 4 == 1 ? spread : (g % 4 == 3 ? spread / 2 : 0)));
+            int64_t fr = -1, fg = -1;
+            int64_t bad = dsv4_fp4_to_e4m3_128(q, K / 2, sc, N, K, dst, K, ds, N, 1, &fr, &fg);
+            if (spread > DSV4_FP4_TO_FP8_SPREAD || base + spread > 254) {
+                REQUIRE(bad == N * (K / 128) && fr == 0 && fg == 0, "base %d spread %d: %lld groups refused", base,
+                        spread, (long long)bad);
+                REQUIRE(isnan(ds[0]), "refused group's scale is NaN");
+                continue;
+            }
+            REQUIRE(bad == 0, "base %d spread %d: %lld groups refused", base, spread, (long long)bad);
+            float want[N * K];
+            dsv4_dequant_fp4_rows(q, sc, N, K, 0, N, want);
+            for (int r = 0; r < N; r++)
+                for (int k = 0; k < K; k++) {
+                    float got = dsv4_e4m3_to_f32(dst[r * K + k]) * ds[(k / 128) * N + r];
+                    REQUIRE(got == want[r * K + k], "base %d spread %d [%d,%d]: %a != %a", base, spread, r, k,
+                            (double)got, (double)want[r * K + k]);
+                }
+        }
+}
+END_TEST
+
+/* fp8 codes are kept; each row gets its 128x128 block's scale (ue8m0 and fp32), N-major. */
+START_TEST(fp8_to_e4m3_rows_take_block_scale)
+{
+    enum { N = 200, K = 256 };
+    static uint8_t q[N * K], dst[N * K];
+    uint8_t su[2 * 2] = {120, 127, 130, 3};
+    float sf[2 * 2] = {0.5f, 3.0f, 1e-3f, 7.25f};
+    static float ds[(K / 128) * N];
+    for (int i = 0; i < N * K; i++)
+        q[i] = (uint8_t)(i * 37 + 11);
+    for (int mode = 0; mode < 2; mode++) {
+        dsv4_fp8_to_e4m3_128(q, K, mode ? (const void *)sf : (const void *)su, mode ? DSV4_SCALE_FP32 : DSV4_SCALE_UE8M0,
+                             N, K, dst, K, ds, N, 1);
+        ck_assert_int_eq(memcmp(q, dst, sizeof q), 0);
+        for (int r = 0; r < N; r++)
+            for (int kb = 0; kb < 2; kb++) {
+                float want = mode ? sf[(r / 128) * 2 + kb] : dsv4_ue8m0_to_f32(su[(r / 128) * 2 + kb]);
+                REQUIRE(ds[kb * N + r] == want, "row %d block %d", r, kb);
+            }
+    }
+}
+END_TEST
+
 Suite *formats_suite(void)
 {
     Suite *s = suite_create("formats");
@@ -1070,6 +1133,8 @@ Suite *formats_suite(void)
 
     tc = tcase_create("determinism");
     tcase_add_test(tc, results_do_not_depend_on_rounding_mode);
+    tcase_add_test(tc, fp4_to_e4m3_exact_within_spread);
+    tcase_add_test(tc, fp8_to_e4m3_rows_take_block_scale);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,6 +1,7 @@
 /*
- * The backend interface (dsv4moe/backend.h): dispatch on the plan's backend
- * kind, and the "ref" implementation, a thin wrapper of dsv4_ref.
+ * The backend interface (dsv4moe/backend.h): dispatch through the registry
+ * (fast/backend/registry.c), and the "ref" implementation, a thin wrapper of
+ * dsv4_ref with its stages (dsv4_ref_stage_*).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,14 @@ typedef struct {
     dsv4_ref *ref;
     dsv4_backend_stats stats;
 } ref_impl;
+
+static void add_clamps(dsv4_backend_stats *s, const dsv4_ref_stats *r)
+{
+    s->routed_g_clamped += r->routed_g_clamped;
+    s->routed_u_clamped += r->routed_u_clamped;
+    s->shared_g_clamped += r->shared_g_clamped;
+    s->shared_u_clamped += r->shared_u_clamped;
+}
 
 static dsv4_status ref_forward(void *p, int64_t T, const uint16_t *x, const int32_t *ids, dsv4_forward_out *out,
                                dsv4_error *err)
@@ -34,12 +43,40 @@ static dsv4_status ref_forward(void *p, int64_t T, const uint16_t *x, const int3
     r->stats.tokens += (uint64_t)T;
     /* launches and empty_skips stay 0: the reference does not report its groups. */
     r->stats.nonfinite_rows += (uint64_t)ro.stats.nonfinite_rows;
-    r->stats.routed_g_clamped += ro.stats.routed_g_clamped;
-    r->stats.routed_u_clamped += ro.stats.routed_u_clamped;
-    r->stats.shared_g_clamped += ro.stats.shared_g_clamped;
-    r->stats.shared_u_clamped += ro.stats.shared_u_clamped;
+    add_clamps(&r->stats, &ro.stats);
     return DSV4_OK;
 }
+
+static dsv4_status ref_route(void *p, int64_t n, const uint16_t *x, const int32_t *in_ids, int32_t *ids, float *w,
+                             int32_t *kept, dsv4_error *err)
+{
+    ref_impl *r = p;
+    dsv4_status st = dsv4_ref_stage_route(r->ref, n, x, in_ids, ids, w, kept, &r->stats.nonfinite_rows, err);
+    if (!st) {
+        r->stats.forwards++;
+        r->stats.tokens += (uint64_t)n;
+    }
+    return st;
+}
+
+static dsv4_status ref_experts(void *p, int64_t m, const uint16_t *x, const int32_t *expert, const float *w,
+                               int64_t i0, int64_t ni, float *out, dsv4_error *err)
+{
+    ref_impl *r = p;
+    dsv4_ref_stats rs;
+    memset(&rs, 0, sizeof rs);
+    dsv4_status st = dsv4_ref_stage_experts(r->ref, m, x, expert, w, i0, ni, out, &rs, err);
+    add_clamps(&r->stats, &rs);
+    return st;
+}
+
+static dsv4_status ref_combine(void *p, int64_t n, int64_t ns, const int32_t *tok, const float *w, const uint16_t *o,
+                               const uint16_t *shared, uint16_t *y, dsv4_error *err)
+{
+    return dsv4_ref_stage_combine(((ref_impl *)p)->ref, n, ns, tok, w, o, shared, y, err);
+}
+
+const dsv4_backend_stages dsv4_ref_backend_stages = {ref_route, ref_experts, ref_combine};
 
 static dsv4_backend_stats ref_stats(const void *p) { return ((const ref_impl *)p)->stats; }
 
@@ -54,9 +91,11 @@ static void ref_free(void *p)
 
 static const dsv4_backend_vtable ref_vtable = {"ref", ref_forward, ref_stats, ref_free, NULL};
 
-static dsv4_status ref_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, int threads, void **impl,
-                              dsv4_error *err)
+dsv4_status dsv4_ref_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck,
+                                    const dsv4_backend_options *opt, void **impl, const dsv4_backend_vtable **vt,
+                                    dsv4_error *err)
 {
+    int threads = opt->threads;
     ref_impl *r = calloc(1, sizeof *r);
     if (!r)
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "backend ref", "out of memory");
@@ -67,16 +106,11 @@ static dsv4_status ref_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, 
     }
     r->stats.workspace_planned = dsv4_plan_workspace_max(plan);
     *impl = r;
+    *vt = &ref_vtable;
     return DSV4_OK;
 }
 
 /* ---------------- dispatch ---------------- */
-
-#ifdef DSV4_WITH_CUDA
-#define DSV4_BACKENDS_EXTRA ", cuda"
-#else
-#define DSV4_BACKENDS_EXTRA ""
-#endif
 
 void dsv4_backend_options_init(dsv4_backend_options *opt)
 {
@@ -86,6 +120,20 @@ void dsv4_backend_options_init(dsv4_backend_options *opt)
     opt->struct_size = (uint32_t)sizeof *opt;
     opt->threads = 1;
     opt->cpu_kernels = DSV4_CPU_KERNELS_AUTO;
+}
+
+/* The registry knows what this build holds (registry.c); the text list follows the same flag. */
+#ifdef DSV4_WITH_CUDA
+#define DSV4_BACKENDS_BUILT "ref, cpu, cuda"
+#else
+#define DSV4_BACKENDS_BUILT "ref, cpu"
+#endif
+const char *dsv4_backends_available(void) { return DSV4_BACKENDS_BUILT; }
+
+bool dsv4_backend_available(dsv4_backend_kind kind)
+{
+    dsv4_backend_info info;
+    return dsv4_backend_info_of(kind, &info, NULL) == DSV4_OK && info.built;
 }
 
 dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads,
@@ -119,36 +167,30 @@ dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoin
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
                            "cpu_kernels %d is not a dsv4_cpu_kernels value", (int)opt.cpu_kernels);
     const dsv4_topology *topo = dsv4_plan_topology(plan);
+    dsv4_status st = dsv4_backend_plan_supported(plan, err);
+    if (st)
+        return st;
+    const dsv4_backend_entry *ent = dsv4_backend_registry_find(topo->backend);
     dsv4_backend *b = calloc(1, sizeof *b);
     if (!b)
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "backend", "out of memory");
     b->max_tokens = topo->max_tokens_per_rank;
-    dsv4_status st;
-    switch (topo->backend) {
-    case DSV4_BACKEND_REF:
-        b->vt = &ref_vtable;
-        st = ref_create(plan, ckpt, threads, &b->impl, err);
-        break;
-    case DSV4_BACKEND_CPU:
-        st = dsv4_cpu_backend_create(plan, ckpt, &opt, &b->impl, &b->vt, err);
-        break;
-#ifdef DSV4_WITH_CUDA
-    case DSV4_BACKEND_CUDA:
-        st = dsv4_cuda_backend_create(plan, ckpt, threads, &b->impl, &b->vt, err);
-        break;
-#endif
-    default:
-        st = dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend",
-                         "backend %s is not available in this build (available: ref, cpu%s)",
-                         dsv4_backend_kind_name(topo->backend), DSV4_BACKENDS_EXTRA);
-        break;
-    }
-    if (st) {
+    b->stages = ent->stages;
+    b->sharded = dsv4_plan_router(plan) != DSV4_ROUTER_LOCAL ||
+                 dsv4_plan_expert_count(plan) != dsv4_plan_config(plan)->n_routed_experts ||
+                 dsv4_plan_inter_count(plan) != dsv4_plan_config(plan)->moe_inter_dim;
+    if ((st = ent->create(plan, ckpt, &opt, &b->impl, &b->vt, err))) {
         free(b);
         return st;
     }
     *out = b;
     return DSV4_OK;
+}
+
+const dsv4_backend_stages *dsv4_backend_get_stages(const dsv4_backend *b)
+{
+    const dsv4_backend_stages *s = b ? b->stages : NULL;
+    return s && s->route && s->experts && s->combine ? s : NULL;
 }
 
 void dsv4_backend_free(dsv4_backend *b)
@@ -178,6 +220,10 @@ dsv4_status dsv4_backend_forward(dsv4_backend *b, int64_t T, const uint16_t *x, 
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend forward",
                            "token count %lld is outside [0, max_tokens_per_rank = %lld]", (long long)T,
                            (long long)b->max_tokens);
+    if (b->sharded)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend forward",
+                           "the plan shards the layer over ranks: a rank of it runs through the distributed driver "
+                           "(dsv4_dist_forward), which composes the %s backend's stages", b->vt->name);
     return b->vt->forward(b->impl, T, x, input_ids, out, err);
 }
 

@@ -1,11 +1,28 @@
 /*
- * Internal: the backend vtable (ggml-backend / BLIS-context style). Every
- * implementation fills one dsv4_backend_vtable and an opaque handle; the
- * public functions of dsv4moe/backend.h only dispatch. Not installed.
+ * Internal: the backend vtable and the backend registry (ggml-backend / BLIS-context style).
+ * Every implementation fills one dsv4_backend_vtable and an opaque handle and has one entry
+ * in the registry (fast/backend/registry.c); the public functions of dsv4moe/backend.h only
+ * dispatch. Not installed.
+ *
+ * Stages. A backend that runs on a rank of a sharded plan implements the three optional stage
+ * slots; the distributed driver (fast/dist) composes them around its collectives, and the
+ * single-rank forward is the same composition without the exchange:
+ *
+ *   route    tokens -> top-K expert ids (pruned slots E) and router weights;
+ *   experts  the FFN of a list of token-slots grouped by expert (ascending), for this rank's
+ *            expert range and, under tp, its range of moe_inter_dim; also the shared expert;
+ *   combine  each token's expert outputs accumulated in the order given (ascending expert id),
+ *            the shared expert's row added, rounded to bf16.
+ *
+ * The token rows travel as bf16, the way they are dispatched; expert outputs come back as fp32
+ * partial down projections (summed over the rank's inter range, not rounded), so that under tp
+ * the driver can all_reduce them before rounding.
  */
 #ifndef DSV4MOE_FAST_BACKEND_IMPL_H
 #define DSV4MOE_FAST_BACKEND_IMPL_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include "dsv4moe/backend.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
@@ -22,24 +39,82 @@ typedef struct dsv4_backend_vtable {
                                   const dsv4_forward_out *out, dsv4_error *err);
 } dsv4_backend_vtable;
 
+/* The stages (see the top of this file): a table next to the vtable, named by the registry
+   entry; NULL slots (or no table) mean the backend runs only unsharded single-rank plans. */
+typedef struct dsv4_backend_stages {
+    /* Routes n tokens (0 <= n <= the plan's chunk): x bf16 [n, H], input_ids [n] on hash layers
+       (checked by the caller). ids, w [n, K]; kept [n] may be NULL. */
+    dsv4_status (*route)(void *impl, int64_t n, const uint16_t *x, const int32_t *input_ids, int32_t *ids, float *w,
+                         int32_t *kept, dsv4_error *err);
+    /* The FFN of m token-slots: x bf16 [m, H] (the tokens' rows), expert[m] grouped ascending
+       (routed ids inside the plan's expert range, or DSV4_SHARED_EXPERT for every row), w[m] the
+       router weights (NULL for the shared expert), inter rows [i0, i0 + ni) of the plan's inter
+       range. out [m, H] fp32: the down projection summed over those rows, not rounded.
+       m is at most the plan's bound for the step (dsv4_plan_workspace_bytes covers it). */
+    dsv4_status (*experts)(void *impl, int64_t m, const uint16_t *x, const int32_t *expert, const float *w,
+                           int64_t i0, int64_t ni, float *out, dsv4_error *err);
+    /* y[t] = bf16(sum over the slots s of token t, in the order given, of o_s (before_w2) or
+       w_s o_s (after_w2), plus shared[t]) for t in [0, n). o bf16 [ns, H] (expert outputs),
+       tok[ns] in [0, n), w[ns]; shared bf16 [n, H] or NULL (no shared expert). */
+    dsv4_status (*combine)(void *impl, int64_t n, int64_t ns, const int32_t *tok, const float *w, const uint16_t *o,
+                           const uint16_t *shared, uint16_t *y, dsv4_error *err);
+} dsv4_backend_stages;
+
 struct dsv4_backend {
     const dsv4_backend_vtable *vt;
+    const dsv4_backend_stages *stages; /* the registry entry's, or NULL */
     void *impl;
     int64_t max_tokens; /* the plan's max_tokens_per_rank */
+    bool sharded;       /* a rank of a sharded plan: stages only, no whole forward */
 };
 
-/* The CPU backend (fast/cpu/cpu.c): fills *impl and returns its vtable through *vt; opt is
-   complete (struct_size, threads and cpu_kernels checked by the caller). */
+/* ---------------- the registry ---------------- */
+
+/* opt is complete (struct_size, threads and cpu_kernels checked by the caller). */
+typedef dsv4_status (*dsv4_backend_create_fn)(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
+                                              const dsv4_backend_options *opt, void **impl,
+                                              const dsv4_backend_vtable **vt, dsv4_error *err);
+
+typedef struct dsv4_backend_entry {
+    const char *name;
+    dsv4_backend_kind kind;
+    /* Built into this library; NULL create where it is not (cuda without `make cuda`). */
+    dsv4_backend_create_fn create;
+    /* Whether this machine can run it (a device present, ...); NULL: always. why gets the reason. */
+    bool (*available)(char *why, size_t n);
+    /* The backend's own workspace for a chunk of `tokens` tokens of a rank of `topo` (its shard
+       of experts and of moe_inter_dim follows from cfg and topo), everything it allocates per
+       forward or per stage call. NULL: the planner's executor layout model (docs/planner.md). */
+    uint64_t (*workspace_bytes)(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
+    /* The stages, NULL where the backend has none. */
+    const dsv4_backend_stages *stages;
+    /* Whether the backend can execute the plan; why names what it cannot. NULL: every plan. */
+    bool (*supports)(const dsv4_plan *plan, char *why, size_t n);
+} dsv4_backend_entry;
+
+/* The entry of `kind`, NULL when the kind is unknown. */
+const dsv4_backend_entry *dsv4_backend_registry_find(dsv4_backend_kind kind);
+
+/* The stages of a created backend: NULL unless route, experts and combine are all set. */
+const dsv4_backend_stages *dsv4_backend_get_stages(const dsv4_backend *b);
+
+/* The CPU backend (fast/cpu/cpu.c): fills *impl and returns its vtable through *vt. */
 dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
                                     const dsv4_backend_options *opt, void **impl, const dsv4_backend_vtable **vt,
                                     dsv4_error *err);
 /* The name of the kernel table a CPU backend impl runs. */
 const char *dsv4_cpu_backend_kernels(const void *impl);
 
+/* The reference backend (fast/backend/backend.c). */
+dsv4_status dsv4_ref_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
+                                    const dsv4_backend_options *opt, void **impl, const dsv4_backend_vtable **vt,
+                                    dsv4_error *err);
+
 #ifdef DSV4_WITH_CUDA
 /* The CUDA backend (fast/cuda/cuda.cu, `make cuda` builds only). */
 dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads, void **impl,
                                      const dsv4_backend_vtable **vt, dsv4_error *err);
+bool dsv4_cuda_backend_available(char *why, size_t n);
 #endif
 
 #endif

@@ -63,7 +63,7 @@
 /* OpenBLAS's own thread count (declared here: not every cblas.h has it). */
 void openblas_set_num_threads(int num_threads);
 
-static void *ensure(cpu_be *b, int id, size_t bytes)
+void *dsv4_cpu_ensure(cpu_be *b, int id, size_t bytes)
 {
     if (bytes == 0)
         bytes = 1;
@@ -77,15 +77,7 @@ static void *ensure(cpu_be *b, int id, size_t bytes)
 
 /* ---------------- per-row conversions ---------------- */
 
-typedef struct {
-    const uint16_t *x;
-    float *xf, *xq, *xqs;
-    int64_t H;
-    dsv4_act_quant mode;
-    bool qr, qs; /* quantize into xq / xqs (else they alias xf) */
-} conv_job;
-
-static void convert_rows(void *p, int64_t lo, int64_t hi)
+void dsv4_cpu_convert_rows(void *p, int64_t lo, int64_t hi)
 {
     conv_job *j = p;
     int64_t H = j->H;
@@ -101,12 +93,7 @@ static void convert_rows(void *p, int64_t lo, int64_t hi)
     }
 }
 
-typedef struct {
-    const float *y;
-    uint16_t *out;
-} out_job;
-
-static void output_rows(void *p, int64_t lo, int64_t hi)
+void dsv4_cpu_output_rows(void *p, int64_t lo, int64_t hi)
 {
     out_job *j = p;
     for (int64_t i = lo; i < hi; i++)
@@ -114,6 +101,19 @@ static void output_rows(void *p, int64_t lo, int64_t hi)
 }
 
 /* ---------------- forward ---------------- */
+
+void dsv4_cpu_route_chunk(cpu_be *b, int64_t Tc, const float *xf, const int32_t *in_ids, float *logits, int32_t *ids,
+                          float *w, int32_t *kept, unsigned char *nonf)
+{
+    int64_t E = b->cfg.n_routed_experts, H = b->cfg.dim;
+    logit_job lj = {b, xf, logits, Tc};
+    if (Tc <= 4)
+        dsv4_parallel_for((double)E * H < 4e5 ? 1 : b->threads, E, 16, dsv4_cpu_logits_cols, &lj);
+    else
+        dsv4_parallel_for((double)Tc * E * H < 4e6 ? 1 : b->threads, Tc, 16, dsv4_cpu_logits_rows, &lj);
+    route_job rj = {b, xf, logits, in_ids, ids, kept, w, nonf};
+    dsv4_parallel_for(Tc * E < 8192 ? 1 : b->threads, Tc, 16, dsv4_cpu_route, &rj);
+}
 
 static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int32_t *in_ids, dsv4_forward_out *out,
                                dsv4_error *err)
@@ -136,19 +136,19 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
     bool qs = c->n_shared_experts > 0 && c->shared_format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
     int64_t Tc0 = T < b->chunk ? T : b->chunk;
     size_t TH = (size_t)(Tc0 * H), TK = (size_t)(Tc0 * K);
-    float *xf = ensure(b, B_XF, TH * sizeof(float));
-    float *xq = qr ? ensure(b, B_XQ, TH * sizeof(float)) : xf;
-    float *xqs = !qs ? xf : qr ? xq : ensure(b, B_XQS, TH * sizeof(float));
-    float *y = ensure(b, B_Y, TH * sizeof(float));
-    float *logits = ensure(b, B_LOG, (size_t)(Tc0 * E) * sizeof(float));
-    int32_t *ids = ensure(b, B_IDS, TK * sizeof(int32_t));
-    float *w = ensure(b, B_W, TK * sizeof(float));
-    int32_t *kept = ensure(b, B_KEPT, (size_t)Tc0 * sizeof(int32_t));
-    unsigned char *nonf = ensure(b, B_NONF, (size_t)Tc0);
-    int64_t *cnt = ensure(b, B_CNT, (size_t)(E + 1) * sizeof(int64_t));
-    int64_t *off = ensure(b, B_OFF, (size_t)(E + 1) * sizeof(int64_t));
-    int32_t *stok = ensure(b, B_STOK, TK * sizeof(int32_t));
-    float *sw = ensure(b, B_SW, TK * sizeof(float));
+    float *xf = dsv4_cpu_ensure(b, B_XF, TH * sizeof(float));
+    float *xq = qr ? dsv4_cpu_ensure(b, B_XQ, TH * sizeof(float)) : xf;
+    float *xqs = !qs ? xf : qr ? xq : dsv4_cpu_ensure(b, B_XQS, TH * sizeof(float));
+    float *y = dsv4_cpu_ensure(b, B_Y, TH * sizeof(float));
+    float *logits = dsv4_cpu_ensure(b, B_LOG, (size_t)(Tc0 * E) * sizeof(float));
+    int32_t *ids = dsv4_cpu_ensure(b, B_IDS, TK * sizeof(int32_t));
+    float *w = dsv4_cpu_ensure(b, B_W, TK * sizeof(float));
+    int32_t *kept = dsv4_cpu_ensure(b, B_KEPT, (size_t)Tc0 * sizeof(int32_t));
+    unsigned char *nonf = dsv4_cpu_ensure(b, B_NONF, (size_t)Tc0);
+    int64_t *cnt = dsv4_cpu_ensure(b, B_CNT, (size_t)(E + 1) * sizeof(int64_t));
+    int64_t *off = dsv4_cpu_ensure(b, B_OFF, (size_t)(E + 1) * sizeof(int64_t));
+    int32_t *stok = dsv4_cpu_ensure(b, B_STOK, TK * sizeof(int32_t));
+    float *sw = dsv4_cpu_ensure(b, B_SW, TK * sizeof(float));
     if (!xf || !xq || !xqs || !y || !logits || !ids || !w || !kept || !nonf || !cnt || !off || !stok || !sw)
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "cpu forward", "out of memory for a chunk of %lld tokens",
                            (long long)Tc0);
@@ -157,14 +157,8 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
         int64_t Tc = T - t0 < b->chunk ? T - t0 : b->chunk;
         /* 1-2: convert and quantize x, route */
         conv_job cj = {x + t0 * H, xf, xq, xqs, H, c->act_quant, qr, qs};
-        dsv4_parallel_for(Tc * H < 65536 ? 1 : b->threads, Tc, 8, convert_rows, &cj);
-        logit_job lj = {b, xf, logits, Tc};
-        if (Tc <= 4)
-            dsv4_parallel_for((double)E * H < 4e5 ? 1 : b->threads, E, 16, dsv4_cpu_logits_cols, &lj);
-        else
-            dsv4_parallel_for((double)Tc * E * H < 4e6 ? 1 : b->threads, Tc, 16, dsv4_cpu_logits_rows, &lj);
-        route_job rj = {b, xf, logits, hash ? in_ids + t0 : NULL, ids, kept, w, nonf};
-        dsv4_parallel_for(Tc * E < 8192 ? 1 : b->threads, Tc, 16, dsv4_cpu_route, &rj);
+        dsv4_parallel_for(Tc * H < 65536 ? 1 : b->threads, Tc, 8, dsv4_cpu_convert_rows, &cj);
+        dsv4_cpu_route_chunk(b, Tc, xf, hash ? in_ids + t0 : NULL, logits, ids, w, kept, nonf);
         for (int64_t t = 0; t < Tc; t++)
             nonfinite += nonf[t];
         if (out->topk_ids)
@@ -205,11 +199,11 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
         cap = cap > maxn ? cap : maxn;
         cap = cap < Tc * K ? cap : Tc * K;
         cap = cap > maxn ? cap : maxn;
-        float *XG = ensure(b, B_XG, (size_t)(cap * H) * sizeof(float));
-        float *GU = ensure(b, B_GU, (size_t)(cap * 2 * I) * sizeof(float));
-        float *HB = ensure(b, B_HB, (size_t)(cap * I) * sizeof(float));
-        float *O = ensure(b, B_O, (size_t)(cap * H) * sizeof(float));
-        float *wbase = ensure(b, B_TILE, (size_t)b->threads * dsv4_cpu_wscratch_floats(c) * sizeof(float));
+        float *XG = dsv4_cpu_ensure(b, B_XG, (size_t)(cap * H) * sizeof(float));
+        float *GU = dsv4_cpu_ensure(b, B_GU, (size_t)(cap * 2 * I) * sizeof(float));
+        float *HB = dsv4_cpu_ensure(b, B_HB, (size_t)(cap * I) * sizeof(float));
+        float *O = dsv4_cpu_ensure(b, B_O, (size_t)(cap * H) * sizeof(float));
+        float *wbase = dsv4_cpu_ensure(b, B_TILE, (size_t)b->threads * dsv4_cpu_wscratch_floats(c) * sizeof(float));
         if (!XG || !GU || !HB || !O || !wbase)
             return dsv4_seterr(err, DSV4_ERR_NOMEM, "cpu forward", "out of memory for groups of %lld rows",
                                (long long)cap);
@@ -242,28 +236,9 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
                 e++;
                 continue;
             }
-            int64_t e1 = e, rows = 0, groups = 0;
-            while (e1 < E) {
-                int64_t n1 = off[e1 + 1] - off[e1];
-                if (n1 > LARGE_ROWS || rows + n1 > cap)
-                    break;
-                rows += n1;
-                groups += n1 > 0;
-                skips += n1 == 0;
-                e1++;
-            }
-            batch_job bj = {.b = b, .wbase = wbase, .e0 = e, .e1 = e1, .off = off, .base = off[e], .stok = stok,
-                            .sw = sw, .xq = xq, .XG = XG, .GU = GU, .HB = HB, .O = O};
-            atomic_init(&bj.next, 0);
-            atomic_init(&bj.gc, 0);
-            atomic_init(&bj.uc, 0);
-            int workers = groups < b->threads ? (int)groups : b->threads;
-            if ((double)rows * (double)H * (double)I < 2e5)
-                workers = 1;
-            dsv4_parallel_for(workers, workers, 1, dsv4_cpu_batch_worker, &bj);
-            rg += atomic_load(&bj.gc);
-            ru += atomic_load(&bj.uc);
-            launches += (uint64_t)groups;
+            int64_t rows = 0;
+            int64_t e1 = dsv4_cpu_run_batch(b, wbase, e, E, off, cap, stok, sw, xq, XG, GU, HB, O, &rows, &launches,
+                                            &skips, &rg, &ru);
             comb_job cb = {y, O, stok + off[e], after ? sw + off[e] : NULL, rows, H};
             dsv4_parallel_for(rows * H < 262144 ? 1 : b->threads, H, 64, dsv4_cpu_combine, &cb);
             e = e1;
@@ -280,7 +255,7 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
             dsv4_parallel_for(Tc * H < 262144 ? 1 : b->threads, H, 64, dsv4_cpu_combine, &cb);
         }
         out_job oj = {y, out->y + t0 * H};
-        dsv4_parallel_for(Tc * H < 262144 ? 1 : b->threads, Tc * H, 4096, output_rows, &oj);
+        dsv4_parallel_for(Tc * H < 262144 ? 1 : b->threads, Tc * H, 4096, dsv4_cpu_output_rows, &oj);
     }
     b->stats.forwards++;
     b->stats.tokens += (uint64_t)T;
@@ -366,31 +341,85 @@ static dsv4_status quantize_at_load(cpu_be *b, dsv4_weight_format fmt, cmat *m, 
     return st;
 }
 
+/* Bytes of the scale entries: fp8 block scales per 128 x 128 (fp32 or ue8m0), fp4 per 32. */
+static size_t scale_size(const cpu_be *b, const dsv4_matrix_view *v)
+{
+    (void)b;
+    return v->format == DSV4_FORMAT_FP8 && v->scale_format == DSV4_SCALE_FP32 ? 4 : 1;
+}
+
+/* tp: w1 / w3 rows [i_first, i_first + inter) as a view into the same bytes (the planner keeps the
+   range on whole scale blocks). */
+static void shard_rows(const cpu_be *b, cmat *m)
+{
+    dsv4_matrix_view *v = &m->v;
+    int64_t r0 = b->i_first;
+    v->data += (uint64_t)r0 * v->row_bytes;
+    if (v->format == DSV4_FORMAT_FP8)
+        v->scales += (size_t)(r0 / 128) * (size_t)cdiv(v->k, 128) * scale_size(b, v);
+    else if (v->format == DSV4_FORMAT_FP4)
+        v->scales += (size_t)r0 * (size_t)(v->k / 32);
+    v->n = b->inter;
+}
+
+/* tp: w2 columns [i_first, i_first + inter), copied into bytes of their own (a column range of
+   a row-major matrix is no view: its rows and scale rows would keep the whole width). */
+static dsv4_status shard_columns(cpu_be *b, cmat *m, dsv4_error *err)
+{
+    dsv4_matrix_view *v = &m->v;
+    int64_t n = v->n, c0 = b->i_first, nc = b->inter;
+    size_t ss = scale_size(b, v);
+    uint64_t rb = v->format == DSV4_FORMAT_FP8 ? (uint64_t)nc : v->format == DSV4_FORMAT_FP4 ? (uint64_t)nc / 2
+                                                                                               : (uint64_t)nc * 2;
+    uint64_t skip = v->format == DSV4_FORMAT_FP8 ? (uint64_t)c0 : v->format == DSV4_FORMAT_FP4 ? (uint64_t)c0 / 2
+                                                                                                 : (uint64_t)c0 * 2;
+    size_t sbytes = v->format == DSV4_FORMAT_FP8   ? (size_t)cdiv(n, 128) * (size_t)cdiv(nc, 128) * ss
+                    : v->format == DSV4_FORMAT_FP4 ? (size_t)n * (size_t)(nc / 32)
+                                                   : 0;
+    uint8_t *q = dsv4_alloc(b->persist, (size_t)(rb * (uint64_t)n)), *sc = sbytes ? dsv4_alloc(b->persist, sbytes) : NULL;
+    if (!q || (sbytes && !sc)) {
+        dsv4_release(b->persist, q);
+        dsv4_release(b->persist, sc);
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, v->key, "out of memory for the tp shard");
+    }
+    for (int64_t r = 0; r < n; r++)
+        memcpy(q + (uint64_t)r * rb, v->data + (uint64_t)r * v->row_bytes + skip, (size_t)rb);
+    if (v->format == DSV4_FORMAT_FP8) {
+        int64_t kb = cdiv(v->k, 128), nb = cdiv(nc, 128);
+        for (int64_t r = 0; r < cdiv(n, 128); r++)
+            memcpy(sc + (size_t)(r * nb) * ss, v->scales + (size_t)(r * kb + c0 / 128) * ss, (size_t)nb * ss);
+    } else if (v->format == DSV4_FORMAT_FP4) {
+        for (int64_t r = 0; r < n; r++)
+            memcpy(sc + (size_t)(r * (nc / 32)), v->scales + (size_t)(r * (v->k / 32) + c0 / 32), (size_t)(nc / 32));
+    }
+    dsv4_release(b->persist, m->own_q);
+    dsv4_release(b->persist, m->own_s);
+    m->own_q = q;
+    m->own_s = sc;
+    v->data = q;
+    v->scales = sc;
+    v->row_bytes = rb;
+    v->k = nc;
+    return DSV4_OK;
+}
+
 static dsv4_status bind(cpu_be *b, const dsv4_checkpoint *ck, int64_t e, int p, cmat *m, dsv4_error *err)
 {
     dsv4_status st = dsv4_weights_matrix(ck, &b->cfg, e, (dsv4_proj)p, &m->v, err);
     if (st)
         return st;
     dsv4_weight_format want = e == DSV4_SHARED_EXPERT ? b->cfg.shared_format : b->cfg.routed_format;
-    return m->v.format != want ? quantize_at_load(b, want, m, err) : DSV4_OK;
+    if (m->v.format != want && (st = quantize_at_load(b, want, m, err)))
+        return st;
+    if (b->inter == b->cfg.moe_inter_dim)
+        return DSV4_OK;
+    return p == DSV4_PROJ_W2 ? shard_columns(b, m, err) : (shard_rows(b, m), DSV4_OK);
 }
 
 dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, const dsv4_backend_options *opt,
                                     void **impl, const dsv4_backend_vtable **vt, dsv4_error *err)
 {
     const dsv4_config *cfg = dsv4_plan_config(plan);
-    dsv4_router_kind rk = dsv4_plan_router(plan);
-    if (rk != DSV4_ROUTER_LOCAL)
-        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend cpu",
-                           "router %s is not supported by the cpu backend (it runs router local on one rank; the "
-                           "distributed routers run through fast/dist)",
-                           dsv4_router_kind_name(rk));
-    if (dsv4_plan_expert_count(plan) != cfg->n_routed_experts || dsv4_plan_inter_count(plan) != cfg->moe_inter_dim)
-        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend cpu",
-                           "the plan shards the layer (experts %lld of %lld, inter %lld of %lld): the cpu backend "
-                           "runs the whole layer on one rank (tp 1, ep 1)",
-                           (long long)dsv4_plan_expert_count(plan), (long long)cfg->n_routed_experts,
-                           (long long)dsv4_plan_inter_count(plan), (long long)cfg->moe_inter_dim);
     dsv4_status st = dsv4_config_validate(cfg, err);
     if (st)
         return st;
@@ -412,6 +441,10 @@ dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint
     if (DSV4_FAULT(DSV4_FAULT_F08))
         b->chunk = b->max_tokens; /* fault F08: long prefills unchunked, no token bound */
     b->kt = kt;
+    b->e_first = dsv4_plan_expert_first(plan);
+    b->e_count = dsv4_plan_expert_count(plan);
+    b->i_first = dsv4_plan_inter_first(plan);
+    b->inter = dsv4_plan_inter_count(plan);
     b->stats.workspace_planned = dsv4_plan_workspace_max(plan);
     atomic_init(&b->nomem, 0);
     if ((st = dsv4_allocator_create(0, &b->persist, err)) || (st = dsv4_allocator_create(0, &b->ws, err)))
@@ -423,7 +456,8 @@ dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint
     b->experts = dsv4_alloc(b->persist, (size_t)(3 * E) * sizeof *b->experts);
     if (!b->experts)
         goto nomem;
-    for (int64_t e = 0; e < E; e++)
+    memset(b->experts, 0, (size_t)(3 * E) * sizeof *b->experts);
+    for (int64_t e = b->e_first; e < b->e_first + b->e_count; e++)
         for (int p = 0; p < 3; p++)
             if ((st = bind(b, ck, e, p, &b->experts[3 * e + p], err)))
                 goto fail;

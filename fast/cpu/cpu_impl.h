@@ -26,7 +26,7 @@
 #define NBUF 20
 
 enum { B_XF, B_XQ, B_XQS, B_Y, B_LOG, B_IDS, B_W, B_KEPT, B_NONF, B_CNT, B_OFF, B_STOK, B_SW, B_XG, B_GU, B_HB, B_O,
-       B_TILE };
+       B_TILE, B_OC, B_SH };
 
 typedef struct {
     dsv4_matrix_view v;
@@ -37,6 +37,9 @@ typedef struct cpu_be {
     dsv4_config cfg;
     int threads;
     int64_t chunk, max_tokens;
+    /* The plan's shard: experts [e_first, e_first + e_count) bound (the others left empty), and
+       moe_inter_dim rows [i_first, i_first + inter) (w1, w3 rows and w2 columns bound to them). */
+    int64_t e_first, e_count, i_first, inter;
     const dsv4_cpu_kernels_table *kt; /* the kernel table this backend runs */
     dsv4_allocator *persist, *ws;
     dsv4_router_tensors rt;
@@ -49,6 +52,35 @@ typedef struct cpu_be {
     dsv4_backend_stats stats;
     _Atomic int nomem;               /* a worker could not allocate */
 } cpu_be;
+
+/* The workspace buffer `id`, grown to at least `bytes` (kept between forwards); NULL when out
+   of memory. */
+void *dsv4_cpu_ensure(cpu_be *b, int id, size_t bytes);
+
+/* x bf16 rows -> fp32 xf, and the act_quant copies (qr: xq, qs: xqs; else they alias xf). */
+typedef struct {
+    const uint16_t *x;
+    float *xf, *xq, *xqs;
+    int64_t H;
+    dsv4_act_quant mode;
+    bool qr, qs; /* quantize into xq / xqs (else they alias xf) */
+} conv_job;
+
+void dsv4_cpu_convert_rows(void *p, int64_t lo, int64_t hi);
+
+/* out[i] = bf16(y[i]) over [lo, hi). */
+typedef struct {
+    const float *y;
+    uint16_t *out;
+} out_job;
+
+void dsv4_cpu_output_rows(void *p, int64_t lo, int64_t hi);
+
+/* Router logits and routing of Tc tokens of xf (fp32 [Tc, H]): ids, w [Tc, K], kept [Tc],
+   nonf [Tc] non-finite flags; in_ids on hash layers (checked by the caller). The forward's
+   step 1 and the route stage. */
+void dsv4_cpu_route_chunk(cpu_be *b, int64_t Tc, const float *xf, const int32_t *in_ids, float *logits, int32_t *ids,
+                          float *w, int32_t *kept, unsigned char *nonf);
 
 /* Per-worker scratch: a dequantized tile, split X rows (fp4 AVX-512 path), one decoded row. */
 typedef struct {
@@ -99,6 +131,15 @@ typedef struct {
 } batch_job;
 
 void dsv4_cpu_batch_worker(void *p, int64_t w, int64_t wend);
+
+/* One expert-parallel batch from expert e (its group at most LARGE_ROWS rows): e and the
+   consecutive experts below e_end whose groups fit `cap` rows together, one expert per worker;
+   row q of the batch (slot off[e] + q) is read from xq at stok's row and written to O + q H.
+   Returns the batch's end; adds its rows to *rows, its non-empty groups to *groups, its empty
+   experts to *skips and its clamp counts to *gc, *uc. */
+int64_t dsv4_cpu_run_batch(cpu_be *b, float *wbase, int64_t e, int64_t e_end, const int64_t *off, int64_t cap,
+                           const int32_t *stok, const float *sw, const float *xq, float *XG, float *GU, float *HB,
+                           float *O, int64_t *rows, uint64_t *groups, uint64_t *skips, uint64_t *gc, uint64_t *uc);
 
 /* Router (SPEC.md 2-3) over tokens [lo, hi): ids, weights, kept counts, non-finite flags. */
 typedef struct {

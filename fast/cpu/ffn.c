@@ -339,7 +339,7 @@ dsv4_status dsv4_cpu_ffn(cpu_be *b, float *wbase, const wscratch *ws, const cmat
                          _Atomic uint64_t *ucl, dsv4_error *err)
 {
     const dsv4_config *c = &b->cfg;
-    int64_t H = c->dim, I = c->moe_inter_dim;
+    int64_t H = c->dim, I = b->inter; /* this rank's share of moe_inter_dim */
     dsv4_status st = DSV4_OK;
     if (DSV4_FAULT(DSV4_FAULT_F01) && m != b->shared && m[0].v.format == DSV4_FORMAT_FP8)
         clamp = false; /* fault F01: the fp8 per-block routed family without the SwiGLU clamp */
@@ -386,7 +386,7 @@ void dsv4_cpu_batch_worker(void *p, int64_t w, int64_t wend)
     (void)wend;
     cpu_be *b = j->b;
     const dsv4_config *c = &b->cfg;
-    int64_t H = c->dim, I = c->moe_inter_dim;
+    int64_t H = c->dim, I = b->inter; /* this rank's share of moe_inter_dim */
     wscratch ws = dsv4_cpu_worker_scratch(b, j->wbase, (int)w);
     for (;;) {
         int64_t e = j->e0 + atomic_fetch_add(&j->next, 1);
@@ -402,6 +402,36 @@ void dsv4_cpu_batch_worker(void *p, int64_t w, int64_t wend)
             j->O + r * H, &j->gc, &j->uc, NULL);
     }
 }
+int64_t dsv4_cpu_run_batch(cpu_be *b, float *wbase, int64_t e, int64_t e_end, const int64_t *off, int64_t cap,
+                           const int32_t *stok, const float *sw, const float *xq, float *XG, float *GU, float *HB,
+                           float *O, int64_t *rows, uint64_t *groups, uint64_t *skips, uint64_t *gc, uint64_t *uc)
+{
+    int64_t e1 = e, nrows = 0, ngroups = 0;
+    while (e1 < e_end) {
+        int64_t n1 = off[e1 + 1] - off[e1];
+        if (n1 > LARGE_ROWS || nrows + n1 > cap)
+            break;
+        nrows += n1;
+        ngroups += n1 > 0;
+        *skips += n1 == 0;
+        e1++;
+    }
+    batch_job bj = {.b = b, .wbase = wbase, .e0 = e, .e1 = e1, .off = off, .base = off[e], .stok = stok, .sw = sw,
+                    .xq = xq, .XG = XG, .GU = GU, .HB = HB, .O = O};
+    atomic_init(&bj.next, 0);
+    atomic_init(&bj.gc, 0);
+    atomic_init(&bj.uc, 0);
+    int workers = ngroups < b->threads ? (int)ngroups : b->threads;
+    if ((double)nrows * (double)b->cfg.dim * (double)b->inter < 2e5)
+        workers = 1;
+    dsv4_parallel_for(workers, workers, 1, dsv4_cpu_batch_worker, &bj);
+    *gc += atomic_load(&bj.gc);
+    *uc += atomic_load(&bj.uc);
+    *rows += nrows;
+    *groups += (uint64_t)ngroups;
+    return e1;
+}
+
 /* The fused regime on one matrix (cpu_impl.h). */
 int dsv4_cpu_fused_dot(const dsv4_cpu_kernels_table *kt, const dsv4_matrix_view *m, int64_t n, const float *X,
                        float *C)

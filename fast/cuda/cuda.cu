@@ -45,6 +45,13 @@ extern "C" {
 
 #include "kernels.cuh"
 #include "mma.cuh"
+#include "fp8path.cuh"
+#include "gemm_fp8.h"
+#ifdef DSV4_FAULTS
+extern "C" {
+#include "faults.h"
+}
+#endif
 
 using namespace dsv4cuda;
 
@@ -76,6 +83,7 @@ struct Layout {
     int64_t tc, slots, rows, tiles;
     int64_t cap_mid, cap_big; /* fp8 path: tile list capacities (32-row tiles, then large-group tiles) */
     uint64_t x16;             /* fp8 path with k_tileh: the x codes as f16 */
+    uint64_t xp, xs8, gu8, hs8; /* gemm fp8: gathered x codes, their M-major scales, the GEMM's g|u, h's M-major scales */
     int lslices;              /* the router logits' split-K slices */
 };
 
@@ -115,6 +123,15 @@ struct CudaBe {
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     cudaStream_t s2 = nullptr, s3 = nullptr, s4 = nullptr; /* forked regimes: 32-row, 128-row tiles, shared decode */
+    /* gemm fp8 (SPEC.md section 9): large groups on the grouped FP8 GEMM over row-major e4m3 copies
+       of the weights with 1x128 scales (N-major); experts whose fp4 scales cannot convert exactly
+       (ok8[e] = 0) keep the exact kernels */
+    bool fp8 = false;
+    uint8_t *w8[4] = {};  /* routed gate|up [E][2I, H], routed down [E][H, I], shared gate|up, shared down */
+    float *s8[4] = {};
+    uint8_t *ok8 = nullptr; /* device [E + 1] */
+    bool all_ok8 = true;
+    Fp8Gemm *g8[2] = {};  /* gate/up, down */
     cudaEvent_t ev_fork = nullptr, ev_j2 = nullptr, ev_j3 = nullptr, ev_j4 = nullptr;
     int nsm = 132;
 };
@@ -205,6 +222,13 @@ Layout layout_for(const CudaBe *b, int64_t tc)
         L.hq = take(hbytes);
         L.hs = hq ? take((uint64_t)(L.rows * ngi) * 4) : 0;
     }
+    if (b->fp8) {
+        const int64_t hrows = L.rows + (c->n_shared_experts > 0 ? tc : 0);
+        L.xp = take((uint64_t)(L.rows * H));
+        L.xs8 = take((uint64_t)(hrows * ngh) * 4);
+        L.gu8 = take((uint64_t)(hrows * 2 * I) * 2);
+        L.hs8 = take((uint64_t)(hrows * ngi) * 4);
+    }
     L.o = take((uint64_t)(L.rows * H) * 2);
     L.osh = c->n_shared_experts > 0 ? take((uint64_t)(tc * H) * 2) : 0;
     L.total = off;
@@ -224,6 +248,10 @@ void set_modes(CudaBe *b)
 }
 
 template <typename T> T *at(const CudaBe *b, uint64_t off) { return (T *)(void *)(b->ws + off); }
+
+/* Whether some kernel of the chunk reads the activations' codes as f16 (k_tileh): not when gemm
+   fp8 takes every large group and the mid-size groups stay on mma.sync. */
+bool f16_codes_read(const CudaBe *b);
 
 WeightDesc desc_routed_gu(const CudaBe *b)
 {
@@ -319,6 +347,8 @@ const TileHVar tileh_mid[] = {{"mma", nullptr, 0, 0},
                               {"s32", k_tileh<32, false>, 32, TileH<32>::SMEM}};
 constexpr int N_TILEH_BIG = sizeof tileh_big / sizeof tileh_big[0], N_TILEH_MID = sizeof tileh_mid / sizeof tileh_mid[0];
 
+bool f16_codes_read(const CudaBe *b) { return b->tile16 && (!(b->fp8 && b->all_ok8) || tileh_mid[b->mid_var].k); }
+
 /* The index of the variant named `name` in table v (unset or unknown: 0, the default). */
 int tileh_pick(const TileHVar *v, int n, const char *name)
 {
@@ -360,8 +390,11 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
  * differs from the routed experts', its own k_dec on a forked stream), the 32-row and 128-row
  * tile kernels on two more forked streams, all joined back before returning; each is launched
  * only when the chunk's bounds allow it a group. Every block reads its group from the device.
+ * With p8 (gemm fp8), large groups of convertible experts run on the grouped FP8 GEMM on the
+ * 128-row tiles' stream instead (k_count2 left them off the big tile list).
  */
-cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa)
+cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const Fp8Proj *p8 = nullptr,
+                           Fp8Gemm *g8 = nullptr)
 {
     const dsv4_config *c = &b->cfg;
     cudaStream_t s = b->stream;
@@ -399,7 +432,9 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa)
         else
             k_tile_mid<<<grid, TileMid::THREADS, TileMid::SMEM, b->s2>>>(m);
     }
-    if (big) {
+    if (big && p8 && (e = fp8gemm_enqueue(g8, *p8, b->s3)) != cudaSuccess)
+        return e;
+    if (big && !(p8 && b->all_ok8)) { /* gemm fp8: only experts whose weights did not convert have big tiles */
         FastArgs g = fa;
         g.meta_tiles = 3;
         g.tile_e += L.cap_mid;
@@ -434,6 +469,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     g2.has_shared = shared;
     g2.mid_rows = 32, g2.big_rows = b->big_rows;
     g2.place = L.slots <= 1024;
+    g2.cut_ok = b->fp8 ? b->ok8 : nullptr;
     /* one block: as many threads as experts (a warp multiple, at most 1024; the loops cover the rest) */
     k_count2<<<1, (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s>>>(g2);
     if (!g2.place)
@@ -444,6 +480,10 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     fa.stats = ga.stats, fa.E = E, fa.act_max = (int)(L.slots < E ? L.slots : E);
     fa.before = c->weight_point == DSV4_WEIGHT_BEFORE_W2, fa.clamp_r = 1, fa.clamp_s = c->shared_clamp;
     fa.L = c->swiglu_limit;
+#ifdef DSV4_FAULTS
+    if (b->fp8)
+        fa.clamp_r = !DSV4_FAULT(DSV4_FAULT_F01); /* fault F01: the fp8 executor's routed experts lose the clamp */
+#endif
     uint16_t *h16 = at<uint16_t>(b, L.gu);
     uint8_t *hq = at<uint8_t>(b, L.hq);
     float *hs = at<float>(b, L.hs);
@@ -456,14 +496,50 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     gu.Ash = gu.A, gu.Assh = gu.As;
     gu.A16 = gu.Ash16 = b->tile16 ? at<uint16_t>(b, L.x16) : nullptr;
     gu.out = h16, gu.out_sh = h16 + L.rows * I;
-    cudaError_t e = launch_regimes(b, L, gu);
+    /* gemm fp8: a group above FM_MID_MAX rows can exist in this chunk */
+    const bool fp8 = b->fp8 && std::max(b->repeats ? L.slots : L.tc, shared ? L.tc : (int64_t)0) > FM_MID_MAX;
+    Sel8 sel;
+    sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_off = ga.slot_off, sel.cnt = ga.cnt;
+    sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
+    sel.sh_row0 = L.rows, sel.E = E, sel.slots = (int)L.slots, sel.has_shared = shared, sel.min_rows = FM_MID_MAX;
+    const unsigned rows_grid = (unsigned)(L.slots + (shared ? L.tc : 0));
+    const int64_t ngh = H / 128;
+    Fp8Proj p8;
+    memset(&p8, 0, sizeof p8);
+    if (fp8) {
+        Gather8Args g8a;
+        g8a.sel = sel, g8a.xq = at<uint8_t>(b, L.xq), g8a.xs = at<float>(b, L.xs);
+        g8a.xp = at<uint8_t>(b, L.xp), g8a.xs8 = at<float>(b, L.xs8), g8a.H = H;
+        k_gather8<<<rows_grid, 128, 0, s>>>(g8a);
+        p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->ok8;
+        p8.E = E, p8.min_rows = FM_MID_MAX, p8.has_shared = shared, p8.sh_row0 = L.rows;
+        p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
+        p8.A = g8a.xp, p8.Ash = g8a.xq, p8.SFA = g8a.xs8, p8.SFAsh = g8a.xs8 + L.rows * ngh;
+        p8.B = b->w8[0], p8.SFB = b->s8[0], p8.Bsh = b->w8[2], p8.SFBsh = b->s8[2];
+        p8.b_stride = 2LL * I * H, p8.sfb_stride = 2LL * I * (H / 128);
+        p8.D = at<uint16_t>(b, L.gu8), p8.Dsh = p8.D + L.rows * 2 * I;
+    }
+    cudaError_t e = launch_regimes(b, L, gu, fp8 ? &p8 : nullptr, b->g8[0]);
     if (e != cudaSuccess)
         return e;
+    if (fp8) {
+        Quant8Args q8;
+        q8.sel = sel, q8.h = h16, q8.gu8 = at<uint16_t>(b, L.gu8), q8.q = hq, q8.s = hs, q8.s8 = at<float>(b, L.hs8);
+        q8.slot_w = ga.slot_w, q8.stats = ga.stats, q8.I = I, q8.qmode = (int)c->act_quant, q8.f16_codes = f16_codes_read(b);
+        q8.before = fa.before, q8.clamp_r = fa.clamp_r, q8.clamp_s = fa.clamp_s, q8.L = fa.L;
+        k_quant8<<<rows_grid, (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(q8);
+        p8.N = p8.Nsh = H, p8.K = p8.Ksh = I;
+        p8.A = hq, p8.Ash = hq + L.rows * I, p8.SFA = q8.s8, p8.SFAsh = q8.s8 + L.rows * ngi;
+        p8.B = b->w8[1], p8.SFB = b->s8[1], p8.Bsh = b->w8[3], p8.SFBsh = b->s8[3];
+        p8.b_stride = 1LL * H * I, p8.sfb_stride = 1LL * H * (I / 128);
+        p8.D = at<uint16_t>(b, L.o), p8.Dsh = shared ? at<uint16_t>(b, L.osh) : nullptr;
+    } else {
     QuantArgs qa;
     qa.h = h16, qa.q = hq, qa.s = hs, qa.slot_row = ga.slot_row, qa.meta = ga.meta, qa.ntok = ra.ntok;
     qa.sh_row0 = L.rows, qa.I = I, qa.qmode = (int)c->act_quant, qa.slots = (int)L.slots, qa.has_shared = shared;
     qa.f16_codes = b->tile16;
-    k_quant<<<(unsigned)(L.slots + (shared ? L.tc : 0)), (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(qa);
+    k_quant<<<rows_grid, (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(qa);
+    }
     /* down */
     FastArgs dn = fa;
     dn.r = b->fp[1], dn.sh = shared ? b->fp[3] : FProj();
@@ -472,7 +548,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     dn.Ash = hq + L.rows * I, dn.Assh = hs + L.rows * ngi;
     dn.A16 = b->tile16 ? h16 : nullptr, dn.Ash16 = b->tile16 ? h16 + L.rows * I : nullptr;
     dn.out = at<uint16_t>(b, L.o), dn.out_sh = shared ? at<uint16_t>(b, L.osh) : nullptr;
-    if ((e = launch_regimes(b, L, dn)) != cudaSuccess)
+    if ((e = launch_regimes(b, L, dn, fp8 ? &p8 : nullptr, b->g8[1])) != cudaSuccess)
         return e;
     CombineArgs ca;
     ca.O = dn.out;
@@ -508,7 +584,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
     ra.ids = at<int32_t>(b, L.ids), ra.w = at<float>(b, L.w), ra.kept = at<int32_t>(b, L.kept);
     ra.xq = b->qx ? at<uint8_t>(b, L.xq) : nullptr;
     ra.xs = b->qx ? at<float>(b, L.xs) : nullptr;
-    ra.x16 = b->fast && b->tile16 ? at<uint16_t>(b, L.x16) : nullptr;
+    ra.x16 = b->fast && f16_codes_read(b) ? at<uint16_t>(b, L.x16) : nullptr;
     ra.stats = stats;
     ra.t0 = t0;
     ra.H = H, ra.E = E, ra.K = K, ra.V = (int)c->vocab_size;
@@ -849,6 +925,11 @@ void cuda_free(void *p)
     }
     for (int i = 0; i < 8; i++)
         cudaFree(b->fbuf[i]);
+    for (int i = 0; i < 4; i++)
+        cudaFree(b->w8[i]), cudaFree(b->s8[i]);
+    cudaFree(b->ok8);
+    fp8gemm_free(b->g8[0]);
+    fp8gemm_free(b->g8[1]);
     cudaFree(b->gate16), cudaFree(b->bias), cudaFree(b->tid2eid);
     cudaFree(b->pred_norm), cudaFree(b->pred_w), cudaFree(b->pred_b);
     cudaFree(b->ws);
@@ -1117,6 +1198,101 @@ dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool 
     return st;
 }
 
+/* gemm fp8: one batch of experts' row-major e4m3 copies (gate|up stacked, or down) with 1x128 scales. */
+struct Fp8Job {
+    const dsv4_checkpoint *ck;
+    const dsv4_config *cfg;
+    bool shared, gu;
+    int64_t e0, n, k; /* rows of one projection, inner dimension */
+    uint8_t *hw;      /* [batch][rows, k] */
+    float *hs;        /* [batch][k / 128][rows] */
+    uint8_t *ok;      /* [batch]: every 128-group converted exactly */
+    dsv4_status *st;
+    dsv4_error *errs;
+};
+
+void fp8_range(void *ctx, int64_t begin, int64_t end)
+{
+    Fp8Job *j = (Fp8Job *)ctx;
+    const int nv = j->gu ? 2 : 1;
+    const int64_t rows = nv * j->n, ng = j->k / 128;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t e = j->shared ? DSV4_SHARED_EXPERT : j->e0 + i;
+        uint8_t *dw = j->hw + (uint64_t)(i * rows * j->k);
+        float *ds = j->hs + (uint64_t)(i * rows * ng);
+        dsv4_status st = DSV4_OK;
+        j->ok[i] = 1;
+        for (int m = 0; m < nv && !st; m++) {
+            dsv4_matrix_view v;
+            uint8_t *qb = nullptr, *sb = nullptr;
+            st = view_as(j->ck, j->cfg, e, j->gu ? (m ? DSV4_PROJ_W3 : DSV4_PROJ_W1) : DSV4_PROJ_W2, &v, &qb, &sb,
+                         &j->errs[i]);
+            if (!st && (v.n != j->n || v.k != j->k))
+                st = dsv4_seterr(&j->errs[i], DSV4_ERR_SHAPE, v.key, "shape differs from the config's");
+            else if (!st && v.format == DSV4_FORMAT_FP4) {
+                if (dsv4_fp4_to_e4m3_128(v.data, v.row_bytes, v.scales, j->n, j->k, dw + (uint64_t)(m * j->n * j->k),
+                                         (uint64_t)j->k, ds + m * j->n, rows, 1, nullptr, nullptr))
+                    j->ok[i] = 0;
+            } else if (!st && v.format == DSV4_FORMAT_FP8) {
+                dsv4_fp8_to_e4m3_128(v.data, v.row_bytes, v.scales, v.scale_format, j->n, j->k,
+                                     dw + (uint64_t)(m * j->n * j->k), (uint64_t)j->k, ds + m * j->n, rows, 1);
+            } else if (!st) {
+                st = dsv4_seterr(&j->errs[i], DSV4_ERR_UNSUPPORTED, v.key, "bf16 weights have no fp8 GEMM");
+            }
+            free(qb), free(sb);
+        }
+        j->st[i] = st;
+    }
+}
+
+/* gemm fp8: projection `gu` (gate|up) or down of the routed experts (slot 0 / 1) or the shared one
+   (2 / 3) as row-major e4m3 with N-major 1x128 scales (gemm_fp8.h); ok[e] &= converted exactly. */
+dsv4_status upload_fp8(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool gu, int threads, int slot,
+                       uint8_t *ok, dsv4_error *err)
+{
+    const dsv4_config *c = &b->cfg;
+    const int64_t count = shared ? 1 : c->n_routed_experts;
+    const int64_t n = gu ? c->moe_inter_dim : c->dim, k = gu ? c->dim : c->moe_inter_dim, rows = (gu ? 2 : 1) * n;
+    const uint64_t wbytes = (uint64_t)(rows * k), sbytes = (uint64_t)(rows * (k / 128)) * 4;
+    cudaError_t ce = cudaMalloc((void **)&b->w8[slot], (size_t)(wbytes * count));
+    if (ce == cudaSuccess)
+        ce = cudaMalloc((void **)&b->s8[slot], (size_t)(sbytes * count));
+    if (ce != cudaSuccess)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "cudaMalloc of %llu bytes of fp8 GEMM weights failed: %s",
+                           (unsigned long long)(wbytes * count), cudaGetErrorString(ce));
+    const int64_t batch = std::min<int64_t>(count, 16);
+    uint8_t *hw = (uint8_t *)malloc((size_t)(wbytes * batch));
+    float *hsb = (float *)malloc((size_t)(sbytes * batch));
+    dsv4_status *sts = (dsv4_status *)calloc((size_t)batch, sizeof *sts);
+    dsv4_error *errs = (dsv4_error *)calloc((size_t)batch, sizeof *errs);
+    uint8_t *oks = (uint8_t *)calloc((size_t)batch, 1);
+    dsv4_status st = DSV4_OK;
+    if (!hw || !hsb || !sts || !errs || !oks)
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory converting weights for the fp8 GEMM");
+    for (int64_t e0 = 0; e0 < count && !st; e0 += batch) {
+        Fp8Job j;
+        j.ck = ck, j.cfg = c, j.shared = shared, j.gu = gu, j.e0 = e0, j.n = n, j.k = k;
+        j.hw = hw, j.hs = hsb, j.ok = oks, j.st = sts, j.errs = errs;
+        const int64_t m = std::min(batch, count - e0);
+        dsv4_parallel_for(threads, m, 1, fp8_range, &j);
+        for (int64_t i = 0; i < m && !st; i++) {
+            if (sts[i]) {
+                st = sts[i];
+                if (err)
+                    *err = errs[i];
+            }
+            ok[e0 + i] &= oks[i];
+        }
+        if (!st && ((ce = cudaMemcpy(b->w8[slot] + e0 * wbytes, hw, (size_t)(wbytes * m), cudaMemcpyHostToDevice)) !=
+                        cudaSuccess ||
+                    (ce = cudaMemcpy((uint8_t *)b->s8[slot] + e0 * sbytes, hsb, (size_t)(sbytes * m),
+                                     cudaMemcpyHostToDevice)) != cudaSuccess))
+            st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "fp8 GEMM weight upload failed: %s", cudaGetErrorString(ce));
+    }
+    free(hw), free(hsb), free(sts), free(errs), free(oks);
+    return st;
+}
+
 dsv4_status upload_f32(const float *src, size_t n, float **dst, const char *what, dsv4_error *err)
 {
     *dst = nullptr;
@@ -1142,6 +1318,7 @@ extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int6
     b->cfg = *cfg;
     set_modes(b);
     b->fast = want_fast(cfg);
+    b->fp8 = b->fast && cfg->gemm != DSV4_GEMM_EXACT;
     set_kernels(b);
     uint64_t v = layout_for(b, tc).total;
     delete b;
@@ -1296,6 +1473,37 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         }
         if (st)
             goto fail;
+    }
+    if (b->fast && dsv4_plan_gemm(plan) == DSV4_GEMM_FP8) {
+        /* gemm fp8: row-major e4m3 copies of every projection for the grouped FP8 GEMM */
+        const int64_t ng = E + 1;
+        uint8_t *ok = (uint8_t *)malloc((size_t)ng);
+        if (!ok) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
+            goto fail;
+        }
+        memset(ok, 1, (size_t)ng);
+        ok[E] = c->n_shared_experts > 0;
+        for (int slot = 0; slot < 4 && !st; slot++)
+            if (slot < 2 || c->n_shared_experts > 0)
+                st = upload_fp8(b, ck, slot >= 2, slot % 2 == 0, threads < 1 ? 1 : threads, slot,
+                                slot >= 2 ? ok + E : ok, err);
+        uint64_t exact = 0;
+        for (int64_t e = 0; e < E; e++)
+            exact += !ok[e];
+        b->all_ok8 = exact == 0 && (c->n_shared_experts == 0 || ok[E]);
+        b->stats.fp8_exact_experts = exact + (c->n_shared_experts > 0 && !ok[E]);
+        size_t gb[2] = {0, 0};
+        if (!st && ((ce = cudaMalloc((void **)&b->ok8, (size_t)ng)) != cudaSuccess ||
+                    (ce = cudaMemcpy(b->ok8, ok, (size_t)ng, cudaMemcpyHostToDevice)) != cudaSuccess ||
+                    (ce = fp8gemm_create(&b->g8[0], (int)ng, &gb[0])) != cudaSuccess ||
+                    (ce = fp8gemm_create(&b->g8[1], (int)ng, &gb[1])) != cudaSuccess))
+            st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "fp8 GEMM setup failed: %s", cudaGetErrorString(ce));
+        free(ok);
+        if (st)
+            goto fail;
+        b->fp8 = true;
+        b->stats.gemm_fp8 = 1;
     }
     if (!b->fast) {
         for (int p = 0; p < 3; p++)

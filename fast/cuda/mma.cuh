@@ -1053,6 +1053,8 @@ struct Group2Args {
     int E, K, rows, cap_mid, cap_big, has_shared;
     int mid_rows, big_rows; /* rows per tile of the two tile regimes */
     int place; /* the chunk has at most blockDim.x slots: place them here, tokens ascending per expert */
+    const uint8_t *cut_ok; /* gemm fp8: [E + 1], large groups of these experts run on the grouped FP8 GEMM
+                              (gemm_fp8.h), not on the big tile list; NULL otherwise */
 };
 
 /*
@@ -1085,7 +1087,7 @@ __global__ void k_count2(Group2Args a)
         const int c = e < E ? c2cnt[e] : 0;
         const int pad = (c + 127) / 128 * 128, act = c > 0;
         const int mid = c > FM_DEC_MAX && c <= FM_MID_MAX ? (c + a.mid_rows - 1) / a.mid_rows : 0;
-        const int big = c > FM_MID_MAX ? (c + a.big_rows - 1) / a.big_rows : 0;
+        const int big = c > FM_MID_MAX && !(a.cut_ok && a.cut_ok[e]) ? (c + a.big_rows - 1) / a.big_rows : 0;
         int t0, t1, t2, t3, t4;
         const int so = block_excl_scan(c, tmp, &t0) + carry[0];
         const int po = block_excl_scan(pad, tmp, &t1) + carry[1];
@@ -1118,7 +1120,7 @@ __global__ void k_count2(Group2Args a)
         a.slot_off[E] = so;
         if (a.has_shared && nt > FM_DEC_MAX) {
             const int mid = nt <= FM_MID_MAX ? (nt + a.mid_rows - 1) / a.mid_rows : 0;
-            const int big = nt > FM_MID_MAX ? (nt + a.big_rows - 1) / a.big_rows : 0;
+            const int big = nt > FM_MID_MAX && !(a.cut_ok && a.cut_ok[E]) ? (nt + a.big_rows - 1) / a.big_rows : 0;
             for (int i = 0; i < mid && nm < a.cap_mid; i++, nm++) {
                 a.tile_e[nm] = E;
                 a.tile_r0[nm] = a.mid_rows * i;

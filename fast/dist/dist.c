@@ -1,4 +1,5 @@
-/* The distributed driver over simulated ranks (see include/dsv4moe/dist.h). */
+/* The distributed driver over simulated ranks (see include/dsv4moe/dist.h): each rank composes
+   the stages of its plan's backend (fast/backend/backend_impl.h) around the collectives. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,11 +8,11 @@
 #include "dsv4moe/alloc.h"
 #include "dsv4moe/dist.h"
 #include "dsv4moe/formats.h"
-#include "dsv4moe/ref.h"
+#include "dsv4moe/backend.h"
 #include "dsv4moe/weights.h"
+#include "../backend/backend_impl.h"
 #include "err.h"
 #include "faults.h"
-#include "ref_internal.h"
 
 void dsv4_dist_options_init(dsv4_dist_options *o)
 {
@@ -21,6 +22,31 @@ void dsv4_dist_options_init(dsv4_dist_options *o)
     o->struct_size = sizeof *o;
     o->timeout_ms = 5000;
     o->fault_skip_meta_rank = -1;
+    o->compute_backend = -1;
+}
+
+/* The range checks of every rank's input ids on hash layers, before any thread starts. */
+static dsv4_status check_input_ids(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, int world,
+                                   const dsv4_dist_rank *ranks, dsv4_error *err)
+{
+    if (!dsv4_config_is_hash_layer(cfg))
+        return DSV4_OK;
+    dsv4_allocator *a = NULL;
+    dsv4_router_tensors rt;
+    memset(&rt, 0, sizeof rt);
+    dsv4_status st = dsv4_allocator_create(0, &a, err);
+    if (!st)
+        st = dsv4_router_tensors_load(ckpt, cfg, a, &rt, err);
+    for (int r = 0; r < world && !st; r++)
+        if ((st = dsv4_router_check_input_ids(cfg, rt.tid2eid, ranks[r].tokens, ranks[r].input_ids, "dist", err))) {
+            char msg[DSV4_ERROR_MESSAGE_MAX];
+            snprintf(msg, sizeof msg, "%s", err ? err->message : "");
+            dsv4_seterr(err, st, "dist", "rank %d: %s", r, msg);
+        }
+    if (a)
+        dsv4_router_tensors_release(&rt, a);
+    dsv4_allocator_free(a);
+    return st;
 }
 
 void dsv4_dist_rank_release(dsv4_dist_rank *r)
@@ -34,13 +60,16 @@ void dsv4_dist_rank_release(dsv4_dist_rank *r)
 
 typedef struct {
     const dsv4_config *cfg;
-    const dsv4_ref *ref;
-    const dsv4_plan *plan;
+    const dsv4_plan *plan;            /* the step's protocol and shard */
+    const dsv4_plan *cplan;           /* the computing backend's plan (plan, or the stand-in's) */
+    dsv4_backend *be;                 /* this rank's backend (the plan's kind) */
+    const dsv4_backend_stages *stage; /* its stages */
+    void *impl;
     dsv4_comm *comm;
     dsv4_dist_rank *io;
     int rank;
     const dsv4_dist_options *opt;
-    dsv4_allocator *acct; /* this rank's workspace, measured against the plan */
+    dsv4_allocator *acct; /* the driver's buffers of this rank, measured against the plan */
 } rank_ctx;
 
 /* A token-slot of this rank's chunk: token (chunk-relative), slot, expert, weight. */
@@ -60,87 +89,121 @@ static int cmp_slot_expert(const void *a, const void *b)
     return (x->k > y->k) - (x->k < y->k);
 }
 
-/* Accumulates the bf16 outputs of a chunk's kept slots (o[slot index]) into acc [n, H] (zeroed) in
-   ascending expert id per token, adds the shared expert, rounds into y. sorted: by (expert, token, k). */
-static void combine(const dsv4_config *c, int64_t n, const slot *sorted, int64_t ns, const float *o,
-                    const float *shared, float *acc, uint16_t *y)
-{
-    int64_t H = c->dim;
-    for (int64_t s = 0; s < ns; s++)
-        dsv4_ref_accumulate(c, H, o + s * H, sorted[s].w, acc + sorted[s].t * H);
-    for (int64_t i = 0; i < n * H; i++)
-        y[i] = dsv4_f32_to_bf16(shared ? acc[i] + shared[i] : acc[i]);
-}
-
 #define TRY(expr)                                                                                           \
     do {                                                                                                    \
         if ((st = (expr)))                                                                                  \
             goto done;                                                                                      \
     } while (0)
 
+/* The driver's buffers of one chunk, all through the rank's accounting allocator. */
+typedef struct {
+    int32_t *ids, *tok, *ge, *sende, *recve, *shid;
+    float *w, *sw, *gw, *sendw, *recvw, *go, *shf;
+    slot *sl, *rs;
+    uint16_t *gx, *ob, *shb, *sendx, *recvx, *sendo;
+} chunk_bufs;
+
+static void release_bufs(dsv4_allocator *a, chunk_bufs *b)
+{
+    void *all[] = {b->ids, b->tok, b->ge, b->sende, b->recve, b->shid, b->w, b->sw, b->gw, b->sendw, b->recvw, b->go,
+                   b->shf, b->sl, b->rs, b->gx, b->ob, b->shb, b->sendx, b->recvx, b->sendo};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        dsv4_release(a, all[i]);
+    memset(b, 0, sizeof *b);
+}
+
+static void *zalloc(dsv4_allocator *a, uint64_t n, size_t size, bool *oom)
+{
+    void *p = dsv4_alloc(a, (size_t)(n + 1) * size);
+    *oom |= p == NULL;
+    return p;
+}
+
+static void round_bf16(const float *in, uint16_t *out, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = dsv4_f32_to_bf16(in[i]);
+}
+
+/* The kept slots of n routed tokens (b->ids, b->w) in b->sl sorted by (expert, token, slot), their
+   tokens and weights in b->tok, b->sw; returns their count. The sentinel E is no expert and is
+   never sent or computed. */
+static int64_t kept_slots(const dsv4_config *c, int64_t n, chunk_bufs *b)
+{
+    int64_t K = c->n_activated, E = c->n_routed_experts, ns = 0;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t k = 0; k < K; k++)
+            if (b->ids[t * K + k] != (int32_t)E || DSV4_FAULT(DSV4_FAULT_F12)) /* fault F12: sentinel unsanitised */
+                b->sl[ns++] = (slot){t, (int32_t)k, b->ids[t * K + k], b->w[t * K + k]};
+    qsort(b->sl, (size_t)ns, sizeof *b->sl, cmp_slot_expert);
+    for (int64_t s = 0; s < ns; s++) {
+        b->tok[s] = (int32_t)b->sl[s].t;
+        b->sw[s] = b->sl[s].w;
+    }
+    return ns;
+}
+
+/* The shared expert's rows of the chunk on this rank (partial under tp), fp32 into b->shf. */
+static dsv4_status shared_rows(rank_ctx *rc, int64_t n, const uint16_t *x, int64_t i0, int64_t ni, chunk_bufs *b,
+                               dsv4_error *err)
+{
+    for (int64_t t = 0; t < n; t++)
+        b->shid[t] = DSV4_SHARED_EXPERT;
+    return n ? rc->stage->experts(rc->impl, n, x, b->shid, NULL, i0, ni, b->shf, err) : DSV4_OK;
+}
+
 static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *err)
 {
     const dsv4_config *c = rc->cfg;
     const dsv4_topology *tp = dsv4_plan_topology(rc->plan);
-    int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts, I = c->moe_inter_dim;
+    int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
+    int64_t first = dsv4_plan_expert_first(rc->plan), cnt = dsv4_plan_expert_count(rc->plan);
+    int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
     dsv4_dist_rank *io = rc->io;
+    const uint16_t *x = io->x ? io->x + c0 * H : NULL;
+    bool has_shared = c->n_shared_experts > 0, oom = false;
     dsv4_status st = DSV4_OK;
-    uint64_t gdummy = 0, udummy = 0;
+    dsv4_allocator *A = rc->acct;
+    chunk_bufs b;
+    memset(&b, 0, sizeof b);
     int64_t nk = n * K;
-    float *xf = dsv4_alloc(rc->acct, (size_t)(n * H + 1) * sizeof *xf);
-    int32_t *ids = dsv4_alloc(rc->acct, (size_t)(nk + 1) * sizeof *ids);
-    float *w = dsv4_alloc(rc->acct, (size_t)(nk + 1) * sizeof *w);
-    slot *sl = dsv4_alloc(rc->acct, (size_t)(nk + 1) * sizeof *sl);
-    float *acc = dsv4_alloc(rc->acct, (size_t)(n * H + 1) * sizeof *acc);
-    float *shared = NULL, *o = NULL, *xs = NULL, *rx = NULL, *ro = NULL, *rw = NULL;
-    uint16_t *sendx = NULL, *recvx = NULL, *sendo = NULL, *recvo = NULL;
-    int32_t *sende = NULL, *recve = NULL;
-    float *sendw = NULL, *recvw = NULL;
-    slot *rs = NULL;
-    if (!xf || !ids || !w || !sl || !acc) {
+    b.ids = zalloc(A, (uint64_t)nk, sizeof *b.ids, &oom);
+    b.w = zalloc(A, (uint64_t)nk, sizeof *b.w, &oom);
+    b.sl = zalloc(A, (uint64_t)nk, sizeof *b.sl, &oom);
+    b.tok = zalloc(A, (uint64_t)nk, sizeof *b.tok, &oom);
+    b.sw = zalloc(A, (uint64_t)nk, sizeof *b.sw, &oom);
+    if (has_shared) {
+        b.shid = zalloc(A, (uint64_t)n, sizeof *b.shid, &oom);
+        b.shf = zalloc(A, (uint64_t)(n * H), sizeof *b.shf, &oom);
+        b.shb = zalloc(A, (uint64_t)(n * H), sizeof *b.shb, &oom);
+    }
+    if (oom) {
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for a chunk of %lld tokens", (long long)n);
         goto done;
     }
-    for (int64_t i = 0; i < n * H; i++)
-        xf[i] = dsv4_bf16_to_f32(io->x[c0 * H + i]);
-    TRY(dsv4_ref_route(rc->ref, 1, n, xf, io->input_ids ? io->input_ids + c0 : NULL, ids, w, NULL, NULL, err));
+    /* 1: route (a 0-row chunk computes nothing but joins every collective below) */
+    if (n)
+        TRY(rc->stage->route(rc->impl, n, x, io->input_ids ? io->input_ids + c0 : NULL, b.ids, b.w, NULL, err));
     if (io->topk_ids)
-        memcpy(io->topk_ids + c0 * K, ids, (size_t)nk * sizeof *ids);
+        memcpy(io->topk_ids + c0 * K, b.ids, (size_t)nk * sizeof *b.ids);
     if (io->topk_weights)
-        memcpy(io->topk_weights + c0 * K, w, (size_t)nk * sizeof *w);
-    /* Kept slots only: the sentinel E is no expert and is never sent or computed. */
-    int64_t ns = 0;
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t k = 0; k < K; k++)
-            if (ids[t * K + k] != (int32_t)E || DSV4_FAULT(DSV4_FAULT_F12)) /* fault F12: sentinel unsanitised */
-                sl[ns++] = (slot){t, (int32_t)k, ids[t * K + k], w[t * K + k]};
-    qsort(sl, (size_t)ns, sizeof *sl, cmp_slot_expert);
-    o = dsv4_alloc(rc->acct, (size_t)(ns * H + 1) * sizeof *o);
-    if (!o) {
-        st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %lld slots", (long long)ns);
-        goto done;
-    }
-    if (c->n_shared_experts > 0) {
-        shared = dsv4_alloc(rc->acct, (size_t)(n * H + 1) * sizeof *shared);
-        if (!shared) {
-            st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory");
-            goto done;
-        }
-    }
+        memcpy(io->topk_weights + c0 * K, b.w, (size_t)nk * sizeof *b.w);
+    int64_t ns = kept_slots(c, n, &b);
 
     if (tp->ep > 1) {
+        /* 2: dispatch the slots to the ranks holding their experts (sl is sorted by expert, so it is
+           grouped by destination in rank order) */
         int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
-        int64_t per = E / P, first = dsv4_plan_expert_first(rc->plan), cnt = dsv4_plan_expert_count(rc->plan);
+        int64_t per = E / P;
         uint64_t sc[DSV4_COMM_MAX_RANKS] = {0}, rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
         uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
-        /* sl is sorted by expert, so it is already grouped by destination in rank order. */
         for (int64_t s = 0; s < ns; s++)
-            sc[sl[s].e / per < P ? sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
-        for (int j = 0; j < P; j++)
-            ones[j] = 1;
+            sc[b.sl[s].e / per < P ? b.sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
         int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
-        for (int j = 0; j < P; j++)
+        for (int j = 0; j < P; j++) {
+            ones[j] = 1;
             scount[j] = (int64_t)sc[j];
+        }
         TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, scount, ones, rcount, ones,
                                   "dispatch counts", err));
         uint64_t nr = 0;
@@ -150,141 +213,102 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
             scH[j] = sc[j] * (uint64_t)H;
             rcH[j] = rcn[j] * (uint64_t)H;
         }
-        sendx = dsv4_alloc(rc->acct, (size_t)(ns * H + 1) * sizeof *sendx);
-        sende = dsv4_alloc(rc->acct, (size_t)(ns + 1) * sizeof *sende);
-        sendw = dsv4_alloc(rc->acct, (size_t)(ns + 1) * sizeof *sendw);
-        recvx = dsv4_alloc(rc->acct, (size_t)(nr * (uint64_t)H + 1) * sizeof *recvx);
-        recve = dsv4_alloc(rc->acct, (size_t)(nr + 1) * sizeof *recve);
-        recvw = dsv4_alloc(rc->acct, (size_t)(nr + 1) * sizeof *recvw);
-        rx = dsv4_alloc(rc->acct, (size_t)(nr * (uint64_t)H + 1) * sizeof *rx);
-        ro = dsv4_alloc(rc->acct, (size_t)(nr * (uint64_t)H + 1) * sizeof *ro);
-        rw = dsv4_alloc(rc->acct, (size_t)(nr + 1) * sizeof *rw);
-        rs = dsv4_alloc(rc->acct, (size_t)(nr + 1) * sizeof *rs);
-        sendo = dsv4_alloc(rc->acct, (size_t)(nr * (uint64_t)H + 1) * sizeof *sendo);
-        recvo = dsv4_alloc(rc->acct, (size_t)(ns * H + 1) * sizeof *recvo);
-        if (!sendx || !sende || !sendw || !recvx || !recve || !recvw || !rx || !ro || !rw || !rs || !sendo ||
-            !recvo) {
+        uint64_t uH = (uint64_t)H;
+        b.sendx = zalloc(A, (uint64_t)ns * uH, sizeof *b.sendx, &oom);
+        b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
+        b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
+        b.recvx = zalloc(A, nr * uH, sizeof *b.recvx, &oom);
+        b.recve = zalloc(A, nr, sizeof *b.recve, &oom);
+        b.recvw = zalloc(A, nr, sizeof *b.recvw, &oom);
+        b.rs = zalloc(A, nr, sizeof *b.rs, &oom);
+        b.gx = zalloc(A, nr * uH, sizeof *b.gx, &oom);
+        b.ge = zalloc(A, nr, sizeof *b.ge, &oom);
+        b.gw = zalloc(A, nr, sizeof *b.gw, &oom);
+        b.go = zalloc(A, nr * uH, sizeof *b.go, &oom);
+        b.sendo = zalloc(A, nr * uH, sizeof *b.sendo, &oom);
+        b.ob = zalloc(A, (uint64_t)ns * uH, sizeof *b.ob, &oom);
+        if (oom) {
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %llu received slots",
                              (unsigned long long)nr);
             goto done;
         }
         for (int64_t s = 0; s < ns; s++) {
-            memcpy(sendx + s * H, io->x + (c0 + sl[s].t) * H, (size_t)H * sizeof *sendx);
-            sende[s] = sl[s].e;
-            sendw[s] = sl[s].w;
+            memcpy(b.sendx + (uint64_t)s * uH, x + b.sl[s].t * H, (size_t)H * sizeof *b.sendx);
+            b.sende[s] = b.sl[s].e;
+            b.sendw[s] = b.sl[s].w;
         }
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, sendx, scH, recvx, rcH,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendx, scH, b.recvx, rcH,
                                   "dispatch rows", err));
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I32, sende, sc, recve, rcn,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I32, b.sende, sc, b.recve, rcn,
                                   "dispatch experts", err));
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_F32, sendw, sc, recvw, rcn,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_F32, b.sendw, sc, b.recvw, rcn,
                                   "dispatch weights", err));
-        /* This rank's experts, ascending; the received order is kept for the way back. */
+        /* 3: this rank's experts, grouped in ascending id (received order inside a group: source
+           rank, then its token order); the received order is kept for the way back */
         for (uint64_t q = 0; q < nr; q++) {
-            if (recve[q] < first || recve[q] >= first + cnt) {
+            if (b.recve[q] < first || b.recve[q] >= first + cnt) {
                 st = dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d received expert %d outside its [%lld, %lld)",
-                                 rc->rank, recve[q], (long long)first, (long long)(first + cnt));
+                                 rc->rank, b.recve[q], (long long)first, (long long)(first + cnt));
                 goto done;
             }
-            rs[q] = (slot){(int64_t)q, 0, recve[q], recvw[q]};
+            b.rs[q] = (slot){(int64_t)q, 0, b.recve[q], b.recvw[q]};
         }
-        qsort(rs, (size_t)nr, sizeof *rs, cmp_slot_expert);
-        for (uint64_t a = 0; a < nr;) {
-            uint64_t b = a;
-            while (b < nr && rs[b].e == rs[a].e)
-                b++;
-            for (uint64_t q = a; q < b; q++) {
-                for (int64_t h = 0; h < H; h++)
-                    rx[(q - a) * (uint64_t)H + (uint64_t)h] = dsv4_bf16_to_f32(recvx[(uint64_t)rs[q].t * (uint64_t)H + (uint64_t)h]);
-                rw[q - a] = rs[q].w;
-            }
-            TRY(dsv4_ref_ffn_partial(rc->ref, 1, rs[a].e, (int64_t)(b - a), rx, rw, 0, I, ro, &gdummy, &udummy, err));
-            for (uint64_t q = a; q < b; q++)
-                for (int64_t h = 0; h < H; h++)
-                    sendo[(uint64_t)rs[q].t * (uint64_t)H + (uint64_t)h] = dsv4_f32_to_bf16(ro[(q - a) * (uint64_t)H + (uint64_t)h]);
-            a = b;
+        qsort(b.rs, (size_t)nr, sizeof *b.rs, cmp_slot_expert);
+        for (uint64_t q = 0; q < nr; q++) {
+            memcpy(b.gx + q * uH, b.recvx + (uint64_t)b.rs[q].t * uH, (size_t)H * sizeof *b.gx);
+            b.ge[q] = b.rs[q].e;
+            b.gw[q] = b.rs[q].w;
         }
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, sendo, rcH, recvo, scH,
+        if (nr)
+            TRY(rc->stage->experts(rc->impl, (int64_t)nr, b.gx, b.ge, b.gw, i0, ni, b.go, err));
+        for (uint64_t q = 0; q < nr; q++)
+            round_bf16(b.go + q * uH, b.sendo + (uint64_t)b.rs[q].t * uH, uH);
+        /* 4: the outputs back to the home ranks, in the order they were sent */
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendo, rcH, b.ob, scH,
                                   "combine rows", err));
-        for (int64_t i = 0; i < ns * H; i++)
-            o[i] = dsv4_bf16_to_f32(recvo[i]);
-        if (shared)
-            TRY(dsv4_ref_ffn_partial(rc->ref, 1, DSV4_SHARED_EXPERT, n, xf, NULL, 0, I, shared, &gdummy, &udummy, err));
+        if (has_shared) {
+            TRY(shared_rows(rc, n, x, i0, ni, &b, err));
+            round_bf16(b.shf, b.shb, (uint64_t)(n * H));
+        }
     } else {
-        int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
-        xs = dsv4_alloc(rc->acct, (size_t)(ns * H + 1) * sizeof *xs);
-        float *ws = dsv4_alloc(rc->acct, (size_t)(ns + 1) * sizeof *ws);
-        if (!xs || !ws) {
-            dsv4_release(rc->acct, ws);
-            st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory");
+        /* every expert here; under tp, this rank's share of moe_inter_dim */
+        for (int64_t s = 0; s < ns; s++)
+            if (b.sl[s].e < first || b.sl[s].e >= first + cnt) {
+                st = dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d: a slot names expert %d outside [%lld, %lld)",
+                                 rc->rank, b.sl[s].e, (long long)first, (long long)(first + cnt));
+                goto done;
+            }
+        uint64_t len = (uint64_t)(ns * H) + (has_shared ? (uint64_t)(n * H) : 0);
+        b.gx = zalloc(A, (uint64_t)(ns * H), sizeof *b.gx, &oom);
+        b.ge = zalloc(A, (uint64_t)ns, sizeof *b.ge, &oom);
+        b.go = zalloc(A, len, sizeof *b.go, &oom); /* slots' rows, then the shared rows (one all_reduce) */
+        b.ob = zalloc(A, (uint64_t)(ns * H), sizeof *b.ob, &oom);
+        if (oom) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %lld slots", (long long)ns);
             goto done;
         }
-        for (int64_t a = 0; a < ns;) {
-            int64_t b = a;
-            while (b < ns && sl[b].e == sl[a].e)
-                b++;
-            for (int64_t q = a; q < b; q++) {
-                memcpy(xs + (q - a) * H, xf + sl[q].t * H, (size_t)H * sizeof *xs);
-                ws[q - a] = sl[q].w;
-            }
-            st = dsv4_ref_ffn_partial(rc->ref, 1, sl[a].e, b - a, xs, ws, i0, ni, o + a * H, &gdummy, &udummy, err);
-            if (st) {
-                dsv4_release(rc->acct, ws);
-                goto done;
-            }
-            a = b;
+        for (int64_t s = 0; s < ns; s++) {
+            memcpy(b.gx + s * H, x + b.sl[s].t * H, (size_t)H * sizeof *b.gx);
+            b.ge[s] = b.sl[s].e;
         }
-        dsv4_release(rc->acct, ws);
-        if (shared)
-            TRY(dsv4_ref_ffn_partial(rc->ref, 1, DSV4_SHARED_EXPERT, n, xf, NULL, i0, ni, shared, &gdummy, &udummy,
-                                     err));
-        if (tp->tp > 1) {
-            /* One all_reduce of the partial down projections, slots then shared rows. */
-            uint64_t len = (uint64_t)(ns * H) + (shared ? (uint64_t)(n * H) : 0);
-            float *buf = dsv4_alloc(rc->acct, (size_t)(len + 1) * sizeof *buf);
-            if (!buf) {
-                st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory");
-                goto done;
-            }
-            memcpy(buf, o, (size_t)(ns * H) * sizeof *buf);
-            if (shared)
-                memcpy(buf + ns * H, shared, (size_t)(n * H) * sizeof *buf);
-            st = dsv4_comm_all_reduce(rc->comm, DSV4_GROUP_TP, DSV4_DTYPE_F32, buf, len, "tp reduce", err);
-            if (!st) {
-                memcpy(o, buf, (size_t)(ns * H) * sizeof *o);
-                if (shared)
-                    memcpy(shared, buf + ns * H, (size_t)(n * H) * sizeof *shared);
-            }
-            dsv4_release(rc->acct, buf);
-            if (st)
-                goto done;
+        if (ns)
+            TRY(rc->stage->experts(rc->impl, ns, b.gx, b.ge, b.sw, i0, ni, b.go, err));
+        if (has_shared) {
+            TRY(shared_rows(rc, n, x, i0, ni, &b, err));
+            memcpy(b.go + ns * H, b.shf, (size_t)(n * H) * sizeof *b.go);
         }
-        dsv4_ref_round_rows(o, ns * H);
+        /* tp: one all_reduce of the partial down projections, slots then shared rows */
+        if (tp->tp > 1)
+            TRY(dsv4_comm_all_reduce(rc->comm, DSV4_GROUP_TP, DSV4_DTYPE_F32, b.go, len, "tp reduce", err));
+        round_bf16(b.go, b.ob, (uint64_t)(ns * H));
+        if (has_shared)
+            round_bf16(b.go + ns * H, b.shb, (uint64_t)(n * H));
     }
-    if (shared)
-        dsv4_ref_round_rows(shared, n * H);
-    combine(c, n, sl, ns, o, shared, acc, io->y + c0 * H);
+    /* 5: combine on the home rank, each token's slots in ascending expert id */
+    if (n)
+        TRY(rc->stage->combine(rc->impl, n, ns, b.tok, b.sw, b.ob, has_shared ? b.shb : NULL, io->y + c0 * H, err));
 done:
-    dsv4_release(rc->acct, acc);
-    dsv4_release(rc->acct, xf);
-    dsv4_release(rc->acct, ids);
-    dsv4_release(rc->acct, w);
-    dsv4_release(rc->acct, sl);
-    dsv4_release(rc->acct, shared);
-    dsv4_release(rc->acct, o);
-    dsv4_release(rc->acct, xs);
-    dsv4_release(rc->acct, rx);
-    dsv4_release(rc->acct, ro);
-    dsv4_release(rc->acct, rw);
-    dsv4_release(rc->acct, rs);
-    dsv4_release(rc->acct, sendx);
-    dsv4_release(rc->acct, recvx);
-    dsv4_release(rc->acct, sendo);
-    dsv4_release(rc->acct, recvo);
-    dsv4_release(rc->acct, sende);
-    dsv4_release(rc->acct, recve);
-    dsv4_release(rc->acct, sendw);
-    dsv4_release(rc->acct, recvw);
+    release_bufs(A, &b);
     return st;
 }
 
@@ -314,7 +338,8 @@ static void *rank_main(void *p)
     int64_t nch = dsv4_plan_chunks(rc->plan, maxT), ct = dsv4_plan_chunk_tokens(rc->plan);
     nch += DSV4_FAULT(DSV4_FAULT_F10) && maxT == 0; /* fault F10: a zero-size chunk when every rank is empty */
     io->chunks = nch;
-    io->workspace_planned = dsv4_plan_workspace_bytes(rc->plan, maxT, io->replayed);
+    io->workspace_planned = rc->cplan == rc->plan ? dsv4_plan_workspace_bytes(rc->plan, maxT, io->replayed)
+                                                  : dsv4_plan_workspace_bytes(rc->cplan, maxT, false);
     for (int64_t ch = 0; ch < nch; ch++) {
         int64_t b = ch * ct, e = b + ct < T ? b + ct : T;
         if ((st = run_chunk(rc, b < T ? b : T, e > b ? e - b : 0, err)))
@@ -322,7 +347,8 @@ static void *rank_main(void *p)
     }
 out:
     io->status = st;
-    io->workspace_peak = dsv4_allocator_stats(rc->acct).peak;
+    /* The driver's buffers and the backend's workspace are live together. */
+    io->workspace_peak = dsv4_allocator_stats(rc->acct).peak + dsv4_backend_get_stats(rc->be).workspace_peak;
     size_t n = 0;
     const dsv4_coll_record *tr = dsv4_comm_trace(rc->comm, &n);
     io->trace = n ? malloc(n * sizeof *io->trace) : NULL;
@@ -354,13 +380,13 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
         return dsv4_seterr(err, DSV4_ERR_REFUSED, "plan", "world_size %d is outside [1, %d]", world,
                            DSV4_COMM_MAX_RANKS);
     int64_t H = cfg->dim;
-    dsv4_plan *plans[DSV4_COMM_MAX_RANKS] = {0};
+    dsv4_plan *plans[DSV4_COMM_MAX_RANKS] = {0}, *cplans[DSV4_COMM_MAX_RANKS] = {0};
     dsv4_allocator *acct[DSV4_COMM_MAX_RANKS] = {0};
     rank_ctx ctx[DSV4_COMM_MAX_RANKS];
     pthread_t th[DSV4_COMM_MAX_RANKS];
     bool started[DSV4_COMM_MAX_RANKS] = {0};
+    dsv4_backend *be[DSV4_COMM_MAX_RANKS] = {0};
     dsv4_sim_world *sw = NULL;
-    dsv4_ref *ref = NULL;
     dsv4_status st = DSV4_OK;
     for (int r = 0; r < world; r++) {
         dsv4_dist_rank *io = &ranks[r];
@@ -388,30 +414,49 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
                                    "ranks %d and %d are in one tp group (tp = %d) but hold different tokens", lead,
                                    r, topo->tp);
         }
+    bool standin = opt->compute_backend >= 0 && opt->compute_backend != (int)topo->backend;
+    if (opt->compute_backend > (int)DSV4_BACKEND_CUDA)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist options", "compute_backend %d is not -1 or a backend kind",
+                           opt->compute_backend);
     for (int r = 0; r < world; r++) {
         dsv4_topology t = *topo;
         t.rank = r;
         if ((st = dsv4_plan_create(cfg, &t, budget, &plans[r], err)) ||
             (st = dsv4_allocator_create(0, &acct[r], err)))
             goto done;
+        if (standin) {
+            t.backend = (dsv4_backend_kind)opt->compute_backend;
+            t.cuda_graph = false;
+            t.n_buckets = 0;
+            if ((st = dsv4_plan_create(cfg, &t, budget, &cplans[r], err)))
+                goto done;
+        }
+    }
+    /* A rank's bad input would otherwise surface as its peers' deadlock reports. */
+    if ((st = check_input_ids(cfg, ckpt, world, ranks, err)))
+        goto done;
+    dsv4_backend_options bopt;
+    dsv4_backend_options_init(&bopt);
+    bopt.threads = 1; /* the ranks are the threads */
+    for (int r = 0; r < world; r++) {
+        if ((st = dsv4_backend_create_with(standin ? cplans[r] : plans[r], ckpt, &bopt, &be[r], err)))
+            goto done;
+        if (!dsv4_backend_get_stages(be[r])) {
+            st = dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "dist", "backend %s has no stages to run rank %d",
+                             dsv4_backend_name(be[r]), r);
+            goto done;
+        }
     }
     dsv4_comm_groups groups;
     dsv4_sim_options so;
     dsv4_sim_options_init(&so);
     so.timeout_ms = opt->timeout_ms;
     if ((st = dsv4_comm_groups_init(&groups, world, topo->tp, topo->dp, topo->ep, err)) ||
-        (st = dsv4_sim_world_create(&groups, &so, &sw, err)) || (st = dsv4_ref_create(cfg, ckpt, 1, &ref, err)))
+        (st = dsv4_sim_world_create(&groups, &so, &sw, err)))
         goto done;
-    /* A rank's bad input would otherwise surface as its peers' deadlock reports. */
-    for (int r = 0; r < world; r++)
-        if ((st = dsv4_ref_check_ids(ref, ranks[r].tokens, ranks[r].input_ids, err))) {
-            char msg[DSV4_ERROR_MESSAGE_MAX];
-            snprintf(msg, sizeof msg, "%s", err ? err->message : "");
-            dsv4_seterr(err, st, "dist", "rank %d: %s", r, msg);
-            goto done;
-        }
     for (int r = 0; r < world; r++) {
-        ctx[r] = (rank_ctx){cfg, ref, plans[r], dsv4_sim_world_comm(sw, r), &ranks[r], r, opt, acct[r]};
+        ctx[r] = (rank_ctx){cfg,   plans[r], standin ? cplans[r] : plans[r], be[r], dsv4_backend_get_stages(be[r]),
+                            be[r]->impl, dsv4_sim_world_comm(sw, r), &ranks[r], r, opt, acct[r]};
         started[r] = pthread_create(&th[r], NULL, rank_main, &ctx[r]) == 0;
         if (!started[r]) {
             /* Without its thread the rank never arrives: the others get the deadlock report. */
@@ -431,11 +476,208 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
                 break;
             }
 done:
-    dsv4_ref_free(ref);
     dsv4_sim_world_free(sw);
     for (int r = 0; r < world; r++) {
+        dsv4_backend_free(be[r]);
         dsv4_plan_free(plans[r]);
+        dsv4_plan_free(cplans[r]);
         dsv4_allocator_free(acct[r]);
     }
+    return st;
+}
+
+/* ---------------- the single-rank counterpart ---------------- */
+
+/* A slot of the union of every rank's chunk: rank, index in that rank's sorted slots, expert. */
+typedef struct {
+    int32_t r, e;
+    int64_t s;
+} uslot;
+
+static int cmp_uslot(const void *a, const void *b)
+{
+    const uslot *x = a, *y = b;
+    if (x->e != y->e)
+        return x->e < y->e ? -1 : 1;
+    if (x->r != y->r)
+        return x->r < y->r ? -1 : 1;
+    return (x->s > y->s) - (x->s < y->s);
+}
+
+typedef struct {
+    chunk_bufs b[DSV4_COMM_MAX_RANKS];
+    int64_t ns[DSV4_COMM_MAX_RANKS];
+    uslot *u;
+    uint16_t *ux;
+    int32_t *ue;
+    float *uw, *uo;
+} single_bufs;
+
+static void *xmalloc(uint64_t n, size_t size, bool *oom)
+{
+    void *p = malloc((size_t)(n + 1) * size);
+    *oom |= p == NULL;
+    return p;
+}
+
+static void single_free(single_bufs *S, int world)
+{
+    for (int r = 0; r < world; r++) {
+        chunk_bufs *b = &S->b[r];
+        void *all[] = {b->ids, b->w, b->sl, b->tok, b->sw, b->shid, b->shf, b->shb, b->gx, b->ge, b->go, b->ob};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            free(all[i]);
+    }
+    free(S->u);
+    free(S->ux);
+    free(S->ue);
+    free(S->uw);
+    free(S->uo);
+}
+
+/* One chunk index c0 of every rank on one backend handle (see dsv4_dist_single_rank). */
+static dsv4_status single_chunk(const dsv4_config *c, const dsv4_topology *topo, const dsv4_backend_stages *stg,
+                                void *impl, dsv4_dist_rank *ranks, int64_t c0, int64_t ct, single_bufs *S,
+                                dsv4_error *err)
+{
+    int world = topo->world_size;
+    int64_t H = c->dim, K = c->n_activated, I = c->moe_inter_dim, nu = 0;
+    dsv4_status st = DSV4_OK;
+    for (int r = 0; r < world && !st; r++) {
+        dsv4_dist_rank *io = &ranks[r];
+        chunk_bufs *b = &S->b[r];
+        int64_t n = io->tokens - c0 < ct ? io->tokens - c0 : ct;
+        n = n > 0 ? n : 0;
+        S->ns[r] = 0;
+        if (n && (st = stg->route(impl, n, io->x + c0 * H, io->input_ids ? io->input_ids + c0 : NULL, b->ids, b->w,
+                                  NULL, err)))
+            break;
+        if (io->topk_ids)
+            memcpy(io->topk_ids + c0 * K, b->ids, (size_t)(n * K) * sizeof *b->ids);
+        if (io->topk_weights)
+            memcpy(io->topk_weights + c0 * K, b->w, (size_t)(n * K) * sizeof *b->w);
+        S->ns[r] = kept_slots(c, n, b);
+        for (int64_t s = 0; s < S->ns[r]; s++)
+            S->u[nu++] = (uslot){r, b->sl[s].e, s};
+        if (topo->ep <= 1) { /* the rank's own groups, as it computes them */
+            for (int64_t s = 0; s < S->ns[r]; s++) {
+                memcpy(b->gx + s * H, io->x + (c0 + b->sl[s].t) * H, (size_t)H * sizeof *b->gx);
+                b->ge[s] = b->sl[s].e;
+            }
+            if (S->ns[r] && (st = stg->experts(impl, S->ns[r], b->gx, b->ge, b->sw, 0, I, b->go, err)))
+                break;
+            round_bf16(b->go, b->ob, (uint64_t)(S->ns[r] * H));
+        }
+        if (b->shid && n) {
+            for (int64_t t = 0; t < n; t++)
+                b->shid[t] = DSV4_SHARED_EXPERT;
+            if ((st = stg->experts(impl, n, io->x + c0 * H, b->shid, NULL, 0, I, b->shf, err)))
+                break;
+            round_bf16(b->shf, b->shb, (uint64_t)(n * H));
+        }
+    }
+    if (!st && topo->ep > 1 && nu) { /* every expert's group from all ranks' slots, as ep forms it */
+        qsort(S->u, (size_t)nu, sizeof *S->u, cmp_uslot);
+        for (int64_t q = 0; q < nu; q++) {
+            const chunk_bufs *b = &S->b[S->u[q].r];
+            const slot *sl = &b->sl[S->u[q].s];
+            memcpy(S->ux + q * H, ranks[S->u[q].r].x + (c0 + sl->t) * H, (size_t)H * sizeof *S->ux);
+            S->ue[q] = sl->e;
+            S->uw[q] = sl->w;
+        }
+        st = stg->experts(impl, nu, S->ux, S->ue, S->uw, 0, I, S->uo, err);
+        for (int64_t q = 0; q < nu && !st; q++)
+            round_bf16(S->uo + q * H, S->b[S->u[q].r].ob + S->u[q].s * H, (uint64_t)H);
+    }
+    for (int r = 0; r < world && !st; r++) {
+        int64_t n = ranks[r].tokens - c0 < ct ? ranks[r].tokens - c0 : ct;
+        const chunk_bufs *b = &S->b[r];
+        if (n > 0)
+            st = stg->combine(impl, n, S->ns[r], b->tok, b->sw, b->ob, b->shid ? b->shb : NULL,
+                              ranks[r].y + c0 * H, err);
+    }
+    return st;
+}
+
+dsv4_status dsv4_dist_single_rank(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
+                                  const dsv4_budget *budget, const dsv4_dist_options *opt, dsv4_dist_rank *ranks,
+                                  dsv4_error *err)
+{
+    if (!cfg || !ckpt || !topo || !budget || !ranks)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist single rank", "arguments must not be NULL");
+    int world = topo->world_size;
+    if (world < 1 || world > DSV4_COMM_MAX_RANKS)
+        return dsv4_seterr(err, DSV4_ERR_REFUSED, "plan", "world_size %d is outside [1, %d]", world,
+                           DSV4_COMM_MAX_RANKS);
+    int kind = opt && opt->compute_backend >= 0 ? opt->compute_backend : (int)topo->backend;
+    int64_t maxT = 0;
+    for (int r = 0; r < world; r++) {
+        if (ranks[r].tokens < 0 || (ranks[r].tokens > 0 && (!ranks[r].x || !ranks[r].y)))
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist single rank", "rank %d: tokens without x or y", r);
+        maxT = ranks[r].tokens > maxT ? ranks[r].tokens : maxT;
+    }
+    dsv4_status st;
+    dsv4_plan *sharded = NULL, *one = NULL;
+    dsv4_backend *be = NULL;
+    single_bufs S;
+    memset(&S, 0, sizeof S);
+    dsv4_topology t = *topo;
+    t.rank = 0;
+    if ((st = dsv4_plan_create(cfg, &t, budget, &sharded, err)))
+        return st;
+    int64_t ct = dsv4_plan_chunk_tokens(sharded);
+    t.world_size = t.tp = t.dp = t.ep = 1;
+    t.backend = (dsv4_backend_kind)kind;
+    t.cuda_graph = false;
+    t.n_buckets = 0;
+    t.dispatch = DSV4_DISPATCH_AUTO;
+    t.executor = DSV4_EXECUTOR_AUTO;
+    t.role = DSV4_ROLE_MIXED;
+    t.max_tokens_per_rank = ct > 0 ? ct : 1;
+    t.chunk_tokens = 0;
+    if ((st = dsv4_plan_create(cfg, &t, budget, &one, err)) || (st = dsv4_backend_create(one, ckpt, 1, &be, err)))
+        goto done;
+    const dsv4_backend_stages *stg = dsv4_backend_get_stages(be);
+    if (!stg) {
+        st = dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "dist single rank", "backend %s has no stages",
+                         dsv4_backend_name(be));
+        goto done;
+    }
+    int64_t H = cfg->dim, K = cfg->n_activated, nk = ct * K;
+    uint64_t all = (uint64_t)(world * nk);
+    bool oom = false;
+    for (int r = 0; r < world; r++) {
+        chunk_bufs *b = &S.b[r];
+        b->ids = xmalloc((uint64_t)nk, sizeof *b->ids, &oom);
+        b->w = xmalloc((uint64_t)nk, sizeof *b->w, &oom);
+        b->sl = xmalloc((uint64_t)nk, sizeof *b->sl, &oom);
+        b->tok = xmalloc((uint64_t)nk, sizeof *b->tok, &oom);
+        b->sw = xmalloc((uint64_t)nk, sizeof *b->sw, &oom);
+        b->gx = xmalloc((uint64_t)(nk * H), sizeof *b->gx, &oom);
+        b->ge = xmalloc((uint64_t)nk, sizeof *b->ge, &oom);
+        b->go = xmalloc((uint64_t)(nk * H), sizeof *b->go, &oom);
+        b->ob = xmalloc((uint64_t)(nk * H), sizeof *b->ob, &oom);
+        if (cfg->n_shared_experts > 0) {
+            b->shid = xmalloc((uint64_t)ct, sizeof *b->shid, &oom);
+            b->shf = xmalloc((uint64_t)(ct * H), sizeof *b->shf, &oom);
+            b->shb = xmalloc((uint64_t)(ct * H), sizeof *b->shb, &oom);
+        }
+    }
+    S.u = xmalloc(all, sizeof *S.u, &oom);
+    S.ux = xmalloc(all * (uint64_t)H, sizeof *S.ux, &oom);
+    S.ue = xmalloc(all, sizeof *S.ue, &oom);
+    S.uw = xmalloc(all, sizeof *S.uw, &oom);
+    S.uo = xmalloc(all * (uint64_t)H, sizeof *S.uo, &oom);
+    if (oom) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist single rank", "out of memory for %d ranks' chunks", world);
+        goto done;
+    }
+    for (int64_t c0 = 0; c0 < maxT && !st; c0 += ct)
+        st = single_chunk(cfg, topo, stg, be->impl, ranks, c0, ct, &S, err);
+done:
+    single_free(&S, world);
+    dsv4_backend_free(be);
+    dsv4_plan_free(one);
+    dsv4_plan_free(sharded);
     return st;
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "dsv4moe/plan.h"
+#include "../backend/backend_impl.h"
 #include "err.h"
 #include "faults.h"
 
@@ -62,6 +63,7 @@ struct dsv4_plan {
     int64_t e_first, e_count;
     int64_t i_first, i_count;
     uint64_t row_bytes;
+    dsv4_gemm_mode gemm; /* resolved: exact or fp8 */
     char *explain;
     size_t explain_len, explain_cap;
 };
@@ -273,13 +275,18 @@ static uint64_t act_bytes(const dsv4_config *c, int64_t n)
 
 static uint64_t align128(uint64_t v) { return v > UINT64_MAX - 127 ? UINT64_MAX : (v + 127) / 128 * 128; }
 
-static uint64_t row_bytes(const dsv4_config *c, int64_t il)
+static uint64_t row_bytes(const dsv4_config *c, int64_t il, dsv4_gemm_mode gemm)
 {
     uint64_t H = (uint64_t)c->dim, I = (uint64_t)il;
     uint64_t r = act_bytes(c, c->dim);
     r = sat_add(r, sat_mul(I, 4));
     r = sat_add(r, act_bytes(c, il));
     r = sat_add(r, sat_mul(H, 2));
+    /* gemm fp8 (SPEC.md section 9): a grouped GEMM reads each group's activations as contiguous
+       rows and writes bf16 g|u before the epilogue: one more gathered activation row, 2I bf16
+       values and h's scales in a second layout */
+    if (gemm == DSV4_GEMM_FP8)
+        r = sat_add(sat_add(r, act_bytes(c, c->dim)), sat_add(sat_mul(I, 4), sat_mul((I + 127) / 128, 4)));
     return r;
 }
 
@@ -316,35 +323,32 @@ static uint64_t exec_rows(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
 }
 
 /*
- * The CPU backend (fast/cpu) computes in fp32: its chunk holds x, its two quantized copies and
- * y as fp32 [Tc, H]; logits [Tc, E]; ids, weights and the permutation [Tc, K]; per-expert
- * counts; group buffers of `cap` rows of 2H + 3I fp32 values, where cap is the rows of one
- * 64 MiB batch, at least the largest group (Tc, or Tc K when a hash row repeats an expert) and
- * at most Tc K; and per worker a scratch of 513 rows of max(H, I) fp32 values (a dequantized
- * tile of 256 weight rows, a block of 256 activation rows converted for the fused kernels, one
- * decoded row: TILE_ROWS + SMALL_ROWS + 1 in fast/cpu/cpu.c).
+ * The distributed driver's own buffers for a chunk of tc tokens on a rank of a world > 1
+ * (fast/dist/dist.c), next to the backend's workspace when the backend brings its own memory
+ * model: ids, weights, slot records (24 bytes) and the slot order [Tc K]; the shared expert's
+ * rows (fp32 and bf16) and ids; with ep > 1 the dispatch (bf16 rows, ids, weights out and in,
+ * the received rows regrouped, their fp32 outputs and bf16 copies on the way back, the outputs
+ * received), else the slots' bf16 rows and their fp32 outputs with the shared rows (the tp
+ * all_reduce buffer) and bf16 copies. A rank receives at most ep Tc min(K, E_local) slots
+ * (ep Tc K on hash layers, where a row may repeat an expert). 1 KiB covers the allocations'
+ * padding.
  */
-#define CPU_BATCH_BYTES (UINT64_C(64) << 20)
-#define CPU_TILE_ROWS 513
-
-static uint64_t cpu_chunk_ws(const dsv4_plan *p, int64_t tc)
+static uint64_t driver_ws(const dsv4_plan *p, int64_t tc)
 {
     const dsv4_config *c = &p->cfg;
-    uint64_t t = (uint64_t)tc, E = (uint64_t)c->n_routed_experts, K = (uint64_t)c->n_activated;
-    uint64_t H = (uint64_t)c->dim, I = (uint64_t)c->moe_inter_dim, kmax = H > I ? H : I;
-    uint64_t workers = p->topo.host_threads > 0 ? (uint64_t)p->topo.host_threads : 1;
-    uint64_t w = sat_mul(sat_mul(4, t), sat_mul(H, 4));
-    w = sat_add(w, sat_mul(sat_mul(t, E), 4));
-    w = sat_add(w, sat_mul(sat_mul(4, t), sat_mul(K, 4)));
-    w = sat_add(w, sat_add(sat_mul(t, 5), sat_mul(2 * (E + 1), 8)));
-    uint64_t rowb = sat_mul(sat_add(sat_mul(2, H), sat_mul(3, I)), 4);
-    uint64_t tk = sat_mul(t, K), batch = CPU_BATCH_BYTES / (rowb ? rowb : 1);
-    uint64_t largest = dsv4_config_is_hash_layer(c) ? tk : t;
-    uint64_t cap = batch < tk ? batch : tk;
-    cap = cap > largest ? cap : largest;
-    w = sat_add(w, sat_mul(cap, rowb));
-    w = sat_add(w, sat_mul(workers, sat_mul(CPU_TILE_ROWS, sat_mul(kmax, 4))));
-    return sat_add(w, sat_mul(workers, sat_mul(kmax, 4))); /* the scalar path's row buffer */
+    uint64_t t = (uint64_t)tc, K = (uint64_t)c->n_activated, H = (uint64_t)c->dim, El = (uint64_t)p->e_count;
+    uint64_t ns = sat_mul(t, K);
+    uint64_t w = sat_add(1024, sat_mul(ns, 40));
+    if (c->n_shared_experts > 0)
+        w = sat_add(w, sat_add(sat_mul(t, 4), sat_mul(sat_mul(t, H), 6)));
+    if (p->topo.ep > 1) {
+        uint64_t kc = dsv4_config_is_hash_layer(c) || K < El ? K : El;
+        uint64_t nr = sat_mul(sat_mul((uint64_t)p->topo.ep, t), kc);
+        w = sat_add(w, sat_mul(ns, sat_add(sat_mul(4, H), 8)));
+        return sat_add(w, sat_mul(nr, sat_add(sat_mul(10, H), 40)));
+    }
+    w = sat_add(w, sat_mul(ns, sat_add(sat_mul(8, H), 4)));
+    return sat_add(w, sat_mul(sat_mul(t, H), 4));
 }
 
 /* Workspace of one chunk of tc tokens (tc > 0) with executor ex; 0 for tc <= 0. */
@@ -352,8 +356,12 @@ static uint64_t chunk_ws(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
 {
     if (tc <= 0)
         return 0;
-    if (p->topo.backend == DSV4_BACKEND_CPU)
-        return cpu_chunk_ws(p, tc);
+    /* A backend with its own memory model (the registry's): its workspace, plus the driver's
+       buffers on a rank of several. */
+    const dsv4_backend_entry *be = dsv4_backend_registry_find(p->topo.backend);
+    if (be && be->workspace_bytes)
+        return sat_add(be->workspace_bytes(&p->cfg, &p->topo, tc),
+                       p->topo.world_size > 1 ? driver_ws(p, tc) : 0);
     const dsv4_config *c = &p->cfg;
     uint64_t t = (uint64_t)tc, E = (uint64_t)c->n_routed_experts, K = (uint64_t)c->n_activated;
     uint64_t H = (uint64_t)c->dim, El = (uint64_t)p->e_count, tg, s;
@@ -426,6 +434,25 @@ static int64_t largest_fitting(const dsv4_plan *p, int64_t hi, dsv4_executor_kin
  * ------------------------------------------------------------------------- */
 #define REFUSE(...) dsv4_seterr(err, DSV4_ERR_REFUSED, "plan", __VA_ARGS__)
 
+/* Whether the config's GEMMs can run on FP8 tensor cores (SPEC.md section 9): fp8/fp4 routed
+   experts, an fp8 shared expert (or none), quantized activations, dims multiples of 128. */
+static bool fp8_gemm_eligible(const dsv4_config *c, const char **why)
+{
+    if (c->routed_format == DSV4_FORMAT_BF16)
+        *why = "routed_format is bf16";
+    else if (c->n_shared_experts > 0 && c->shared_format == DSV4_FORMAT_BF16)
+        *why = "shared_format is bf16";
+    else if (c->act_quant == DSV4_ACT_QUANT_NONE)
+        *why = "act_quant is none";
+    else if (c->dim % 128 || c->moe_inter_dim % 128)
+        *why = "dim or moe_inter_dim is not a multiple of 128";
+    else
+        return true;
+    return false;
+}
+
+dsv4_gemm_mode dsv4_plan_gemm(const dsv4_plan *plan) { return plan ? plan->gemm : DSV4_GEMM_EXACT; }
+
 static const sm_caps *caps_of(int sm)
 {
     for (size_t i = 0; i < N_SM_CAPS; i++)
@@ -473,6 +500,15 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
         return REFUSE("role %d is not prefill, decode or mixed", (int)t->role);
     if ((unsigned)t->backend > DSV4_BACKEND_CUDA)
         return REFUSE("backend %d is not ref, cpu or cuda", (int)t->backend);
+    if (c->gemm == DSV4_GEMM_FP8) {
+        const char *why = "";
+        if (t->backend != DSV4_BACKEND_CUDA)
+            return REFUSE("gemm fp8 needs backend cuda (FP8 tensor cores; backend is %s): set gemm exact or auto",
+                          dsv4_backend_kind_name(t->backend));
+        if (!fp8_gemm_eligible(c, &why))
+            return REFUSE("gemm fp8 needs fp8/fp4 weights with quantized activations and dims multiples of 128, "
+                          "but %s: set gemm exact or auto", why);
+    }
     if ((unsigned)t->dispatch > DSV4_DISPATCH_LOW_LATENCY)
         return REFUSE("dispatch %d is not auto, all_gather, all_to_all or low_latency", (int)t->dispatch);
     if ((unsigned)t->executor > DSV4_EXECUTOR_PER_TOKEN)
@@ -757,7 +793,10 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
     p->e_first = (int64_t)(t->rank % t->ep) * p->e_count;
     p->i_count = cfg->moe_inter_dim / t->tp;
     p->i_first = (int64_t)(t->rank % t->tp) * p->i_count;
-    p->row_bytes = row_bytes(cfg, p->i_count);
+    const char *nofp8 = "backend is not cuda";
+    bool fp8 = t->backend == DSV4_BACKEND_CUDA && fp8_gemm_eligible(cfg, &nofp8);
+    p->gemm = cfg->gemm == DSV4_GEMM_AUTO ? (fp8 ? DSV4_GEMM_FP8 : DSV4_GEMM_EXACT) : cfg->gemm;
+    p->row_bytes = row_bytes(cfg, p->i_count, p->gemm);
 
     char a[32], b[32], c[32], d[32], smw[16] = "";
     uint64_t reserve = budget_reserve(budget);
@@ -768,6 +807,13 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
                        t->rank, t->world_size, t->tp, t->dp, t->ep, dsv4_role_name(t->role),
                        dsv4_backend_kind_name(t->backend), smw, t->cuda_graph ? "on" : "off",
                        (long long)t->max_tokens_per_rank, dispatch_name(t->dispatch), executor_req_name(t->executor));
+    ok = ok && explainf(p, "gemm: %s (%s)", dsv4_gemm_mode_name(p->gemm),
+                        p->gemm == DSV4_GEMM_FP8 ? (cfg->gemm == DSV4_GEMM_FP8 ? "as asked: e4m3 tensor cores, fp32 "
+                                                                                "promotion every 128 of K"
+                                                                              : "auto: e4m3 tensor cores on cuda, fp32 "
+                                                                                "promotion every 128 of K")
+                        : cfg->gemm == DSV4_GEMM_EXACT ? "as asked: exact products"
+                                                       : nofp8);
     ok = ok && explainf(p, "budget: device %s - taken %s - reserve %s (max(reserve_mb %llu MiB, 2 GiB, 5%% of "
                            "device)) = %s available",
                         fmt_bytes(a, sizeof a, budget->device_bytes), fmt_bytes(b, sizeof b, budget->taken_bytes),

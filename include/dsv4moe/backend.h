@@ -5,7 +5,9 @@
  * workspace and statistics, and is freed. Implementations: "ref" (the
  * deterministic reference), "cpu" (OpenBLAS) and, in a library built with
  * DSV4_WITH_CUDA (`make cuda`: build/cuda/libdsv4moe.a), "cuda" (one sm_90 GPU,
- * docs/cuda.md). A build without CUDA answers DSV4_ERR_UNSUPPORTED for cuda.
+ * docs/cuda.md). A build without CUDA answers DSV4_ERR_UNSUPPORTED for cuda. The registry
+ * (dsv4_backend_count, dsv4_backend_info_*) says which backends a library holds and this
+ * machine runs; the planner takes each backend's memory model from it.
  */
 #ifndef DSV4MOE_BACKEND_H
 #define DSV4MOE_BACKEND_H
@@ -44,6 +46,11 @@ typedef struct dsv4_backend_stats {
     uint64_t workspace_allocated; /* bytes of the one workspace allocated at creation */
     uint64_t device_allocated;    /* device memory taken at creation (weights + workspace),
                                      measured with cudaMemGetInfo before and after */
+    uint64_t gemm_fp8;            /* 1 when large expert groups run on FP8 tensor cores (gemm fp8,
+                                     SPEC.md section 9), 0 for the exact mode and for ref and cpu */
+    uint64_t fp8_exact_experts;   /* gemm fp8: experts (the shared one included) kept on the exact
+                                     kernels because an fp4 128-group's scales could not convert to
+                                     e4m3 exactly (include/dsv4moe/formats.h, DSV4_FP4_TO_FP8_SPREAD) */
 } dsv4_backend_stats;
 
 /*
@@ -92,6 +99,10 @@ dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoin
  */
 dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads,
                                 dsv4_backend **out, dsv4_error *err);
+/* Whether this build holds the backend (cuda only in a CUDA build), and the list as text. */
+bool dsv4_backend_available(dsv4_backend_kind kind);
+const char *dsv4_backends_available(void);
+
 /* NULL is a no-op. */
 void dsv4_backend_free(dsv4_backend *backend);
 const char *dsv4_backend_name(const dsv4_backend *backend);
@@ -114,6 +125,32 @@ dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *backend);
  */
 dsv4_status dsv4_backend_forward_device(dsv4_backend *backend, int64_t tokens, const void *x, const int32_t *input_ids,
                                         const dsv4_forward_out *out, dsv4_error *err);
+
+/* ---------------- the backend registry ---------------- */
+
+/* What the registry knows of one backend. */
+typedef struct dsv4_backend_info {
+    uint32_t struct_size;   /* sizeof(dsv4_backend_info), set by the library */
+    const char *name;       /* "ref", "cpu", "cuda" (static storage) */
+    dsv4_backend_kind kind;
+    bool built;             /* compiled into this library (cuda: `make cuda`) */
+    bool available;         /* built, and this machine can run it (cuda: a device) */
+    bool sharded;           /* runs ranks of sharded plans (ep > 1, tp > 1) through its stages */
+    char why[160];          /* why it is not available; "" when it is */
+} dsv4_backend_info;
+
+/* The number of registered backends (every kind, built or not). */
+int dsv4_backend_count(void);
+/* The index-th backend (0 .. count - 1), in dsv4_backend_kind order; DSV4_ERR_RANGE outside. */
+dsv4_status dsv4_backend_info_at(int index, dsv4_backend_info *out, dsv4_error *err);
+/* The backend of a kind; DSV4_ERR_INVALID_ARG for an unknown kind. */
+dsv4_status dsv4_backend_info_of(dsv4_backend_kind kind, dsv4_backend_info *out, dsv4_error *err);
+/*
+ * Whether the plan's backend can execute the plan here: DSV4_OK, or DSV4_ERR_UNSUPPORTED with a
+ * message naming what is missing (not built, no device on this machine, a sharded plan for a
+ * backend without stages). dsv4_backend_create asks this first.
+ */
+dsv4_status dsv4_backend_plan_supported(const dsv4_plan *plan, dsv4_error *err);
 
 #ifdef __cplusplus
 }

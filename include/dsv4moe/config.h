@@ -60,6 +60,17 @@ typedef enum dsv4_act_quant {
 } dsv4_act_quant;
 
 /*
+ * How a fast path sums the products of its fp8/fp4 GEMMs (SPEC.md section 9). Not a property of
+ * the layer: the reference ignores it; the planner resolves auto and refuses what a backend
+ * cannot do (dsv4_plan_gemm).
+ */
+typedef enum dsv4_gemm_mode {
+    DSV4_GEMM_AUTO = 0,  /* fp8 on backend cuda for fp8/fp4 weights with quantized activations, exact elsewhere */
+    DSV4_GEMM_EXACT = 1, /* every product exact in fp32, sums in a fixed order (bit-faithful products) */
+    DSV4_GEMM_FP8 = 2    /* e4m3 tensor-core MMA, fp32 promotion every 128 of K (backend cuda only) */
+} dsv4_gemm_mode;
+
+/*
  * One DSV4 MoE layer. Field names are the SPEC.md section 8 keys.
  * act_quant applies before fp8 and fp4 GEMMs only; bf16 GEMMs always take
  * bf16 activations, so "none when both formats are bf16" needs no special case.
@@ -95,6 +106,7 @@ typedef struct dsv4_config {
     dsv4_weight_format shared_format;
     dsv4_scale_format weight_scale; /* scale format of fp8 weights */
     dsv4_act_quant act_quant;
+    dsv4_gemm_mode gemm; /* the fast paths' numerics mode (added at the end: struct_size tells) */
 } dsv4_config;
 
 /* Fills `cfg` with the v4-flash preset and layer = -1. NULL is a no-op. */
@@ -161,6 +173,7 @@ bool dsv4_config_is_hash_layer(const dsv4_config *cfg);
 const char *dsv4_score_func_name(dsv4_score_func v);
 const char *dsv4_weight_format_name(dsv4_weight_format v);
 const char *dsv4_act_quant_name(dsv4_act_quant v);
+const char *dsv4_gemm_mode_name(dsv4_gemm_mode v); /* "auto", "exact", "fp8" */
 
 #ifdef __cplusplus
 }

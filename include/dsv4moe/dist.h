@@ -48,8 +48,10 @@ typedef struct dsv4_dist_rank {
     int64_t step_max_tokens;    /* the world's largest T this step */
     int64_t chunks;
     uint64_t workspace_planned; /* the plan's workspace for this step (dsv4_plan_workspace_bytes) */
-    uint64_t workspace_peak;    /* the driver's buffers at their peak, through the accounting allocator;
-                                   the reference's fp32 copies of weights are not counted */
+    uint64_t workspace_peak;    /* the driver's buffers at their peak (through the accounting allocator)
+                                   plus the backend's measured workspace peak (the cpu backend
+                                   measures all of its workspace; the reference's own buffers and
+                                   fp32 copies of weights are not counted) */
     dsv4_status status;         /* this rank's result */
     dsv4_error error;
     dsv4_coll_record *trace;    /* this rank's collectives (free with dsv4_dist_rank_release) */
@@ -65,9 +67,17 @@ typedef struct dsv4_dist_options {
      * sim communicator must report it. -1 (the default) disables it.
      */
     int fault_skip_meta_rank;
+    /*
+     * The backend whose stages compute on every rank: -1 (the default) the plan's own. Another
+     * dsv4_backend_kind stands in where this library or machine lacks the plan's backend (a cuda
+     * plan's step in a build without CUDA): the step's protocol (metadata, replay decision,
+     * chunk count) is still the plan's; the stand-in computes eagerly and its workspace is
+     * measured against the stand-in's own plan of the same topology (graphs off).
+     */
+    int compute_backend;
 } dsv4_dist_options;
 
-/* timeout 5000 ms, no fault. NULL is a no-op. */
+/* timeout 5000 ms, no fault, the plan's backend. NULL is a no-op. */
 void dsv4_dist_options_init(dsv4_dist_options *opt);
 
 /*
@@ -79,6 +89,22 @@ void dsv4_dist_options_init(dsv4_dist_options *opt);
 dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
                               const dsv4_budget *budget, const dsv4_dist_options *opt, dsv4_dist_rank *ranks,
                               dsv4_error *err);
+
+/*
+ * The single-rank counterpart of a step, for checks: the computing backend (opt->compute_backend,
+ * or the plan's) on one rank holding the whole layer runs the same stages over the same work the
+ * ranks of `topo` do, chunk by chunk (the plan's chunk size): each rank's chunk routed and its
+ * shared expert computed as that rank computes them, each expert's group formed from every rank's
+ * slots of the chunk in rank order (ep > 1; else each rank's own groups), each token's outputs
+ * combined in ascending expert id. Writes ranks[r].y (and topk_ids / topk_weights when set); no
+ * communicator. A correct step with tp = 1 is bit-identical to it on every rank. A backend's
+ * GEMMs may differ by row count (the cpu backend's fused kernels up to 16 rows, tiles above), so
+ * a forward over the union of the ranks' tokens is not this: the shared expert of a rank with few
+ * tokens would run in another regime than over the union.
+ */
+dsv4_status dsv4_dist_single_rank(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
+                                  const dsv4_budget *budget, const dsv4_dist_options *opt, dsv4_dist_rank *ranks,
+                                  dsv4_error *err);
 
 /* Frees a rank's trace. NULL is a no-op. */
 void dsv4_dist_rank_release(dsv4_dist_rank *rank);

@@ -82,6 +82,31 @@ void dsv4_dequant_fp4_rows(const uint8_t *q, const uint8_t *scales, int64_t n, i
 void dsv4_dequant_bf16_rows(const uint16_t *w, int64_t k, int64_t n0, int64_t rows, float *out);
 
 /*
+ * ---- Weights for FP8 tensor cores with 1x128 scales (SPEC.md section 9, `gemm = fp8`) ----
+ * Both write e4m3 codes dst [n, k] (row r at dst + r * dst_row_bytes) and one fp32 scale per row
+ * and 128 of K, row r's scale of K block kb at dst_scales[kb * s_kb + r * s_row]; k % 128 == 0.
+ *
+ * fp8 (e4m3 codes with 128x128 block scales, ue8m0 or fp32): the codes unchanged, each row's scale
+ * the scale of its block. Always exact.
+ *
+ * fp4 (packed e2m1 with 1x32 ue8m0 scales): a 128-group's four scale bytes s0..s3 become one scale
+ * 2^(max s - 133) and each e2m1 value v of sub-group j the e4m3 code of v 2^(sj - max s + 6).
+ * e2m1 magnitudes are {0.5, 1, 1.5, 2, 3, 4, 6}: times 2^d they are e4m3 values exactly for
+ * d in [-8, 6] (6 * 2^6 = 384 <= 448; 0.5 * 2^-8 = 2^-9, e4m3's smallest subnormal, and
+ * 1.5 * 2^-8 = 3 * 2^-9 still fits its 3-bit subnormal mantissa). So a group converts exactly
+ * iff max s - min s <= DSV4_FP4_TO_FP8_SPREAD (14) and no byte is 255 (NaN). Returns the number of
+ * groups that do not (their codes are written as 0 and their scale as NaN); *first_row and
+ * *first_group (may be NULL) name the first such group.
+ */
+#define DSV4_FP4_TO_FP8_SPREAD 14
+void dsv4_fp8_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const void *scales, dsv4_scale_format scale_format,
+                          int64_t n, int64_t k, uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb,
+                          int64_t s_row);
+int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n, int64_t k,
+                             uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb, int64_t s_row,
+                             int64_t *first_row, int64_t *first_group);
+
+/*
  * ---- Activation quantizer: one row of K values, groups of 128 along K ----
  * (the last group may be partial). amax = max(max|x|, 1e-4) per group;
  * UE8M0: s = 2^ceil(log2(amax/448)); FP32: s = amax / 448;

@@ -125,6 +125,10 @@ dsv4_router_kind dsv4_plan_router(const dsv4_plan *plan);
 dsv4_executor_kind dsv4_plan_executor(const dsv4_plan *plan, int64_t tokens, bool graph_replay);
 /* Tokens per chunk (a multiple of 128, or max_tokens_per_rank when smaller). */
 int64_t dsv4_plan_chunk_tokens(const dsv4_plan *plan);
+/* The numerics mode the fast path runs (SPEC.md section 9): the config's gemm, with auto resolved
+   to fp8 on backend cuda for fp8/fp4 weights with quantized activations and dims multiples of
+   128, exact otherwise. gemm fp8 on any other backend or format is refused at creation. */
+dsv4_gemm_mode dsv4_plan_gemm(const dsv4_plan *plan);
 /* Chunks of a step whose largest rank holds `max_tokens` (0 for 0 tokens). */
 int64_t dsv4_plan_chunks(const dsv4_plan *plan, int64_t max_tokens);
 /* This rank's experts: [first, first + count). */

@@ -61,6 +61,10 @@ typedef struct dsv4_run_options {
      * In the release library true is DSV4_ERR_UNSUPPORTED. Default false.
      */
     bool faults;
+    /* When set, every multi-rank case writes each rank's collective trace as the JSONL of
+       dsv4moe/symmetry.h to trace_dir/<case id>/rank<r>.jsonl (dsv4moe symmetry reads them;
+       the case id as dsv4_export_case_id makes it). Default NULL. */
+    const char *trace_dir;
 } dsv4_run_options;
 
 /* cache "out/cache", backend -1, no filter, 2 threads, no progress, no defects. NULL is a no-op. */
@@ -184,6 +188,19 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *results, const dsv4_scenar
  * text is escaped. Written atomically like the others.
  */
 dsv4_status dsv4_report_html(const dsv4_run_results *results, const char *path, dsv4_error *err);
+
+/*
+ * The three reports of one run as one unit: DIR/report.json, DIR/junit.xml and
+ * DIR/report.html (every case of results). All three are rendered and written to
+ * temporaries in DIR and fsynced first; only when all three are complete are they renamed
+ * into place, together, while holding an exclusive flock(2) on DIR/.report.lock. So a
+ * failure anywhere (a full disk at the third) changes none of the previous reports, and
+ * two runs writing to one folder leave the three files of one of them, never a mix. A
+ * reader that wants a consistent set takes LOCK_SH on DIR/.report.lock while reading.
+ * DIR must exist.
+ */
+#define DSV4_REPORT_LOCK ".report.lock"
+dsv4_status dsv4_report_write_all(const dsv4_run_results *results, const char *dir, dsv4_error *err);
 
 #ifdef DSV4_FAULTS
 /*

@@ -35,14 +35,16 @@ typedef struct dsv4_tensor_info {
     uint64_t numel;
     uint64_t nbytes;
     uint64_t offset;   /* from the start of the data section */
-    const void *data;  /* read-only mapping, valid until the file is closed */
+    const void *data;  /* owned copy of the bytes, valid until the file or checkpoint is closed */
 } dsv4_tensor_info;
 
 /* ---------------- one file ---------------- */
 
 typedef struct dsv4_st_file dsv4_st_file;
 
-/* Opens and validates a file (memory-mapped). */
+/* Opens and validates a file and reads its data into owned memory (never a mapping of the
+ * file: a file truncated or rewritten later cannot fault the process). A file that changes
+ * while it is being read is DSV4_ERR_IO. */
 dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err);
 /* NULL is a no-op. */
 void dsv4_st_close(dsv4_st_file *file);
@@ -110,8 +112,10 @@ typedef struct dsv4_checkpoint dsv4_checkpoint;
  * Opens a checkpoint: one .safetensors file, a folder holding
  * model.safetensors.index.json (its weight_map names the files; every listed
  * key must be in its file and every tensor of those files must be listed),
- * a folder of .safetensors files without an index (all of them, sorted by
- * name), or the path of an index file itself (any path ending in ".json").
+ * a folder of .safetensors files without an index (the regular files whose
+ * keys include a layer tensor "[model.]layers.<digits>.", sorted by name; the other
+ * entries are skipped, see dsv4_checkpoint_skipped), or the path of an index
+ * file itself (any path ending in ".json").
  * A key present in two files is an error; a folder with neither an index
  * nor a .safetensors file is DSV4_ERR_NOT_FOUND. The layout is detected
  * from the keys of all files together (split: a key starting
@@ -125,12 +129,33 @@ dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out, dsv4_e
 void dsv4_checkpoint_close(dsv4_checkpoint *ckpt);
 size_t dsv4_checkpoint_file_count(const dsv4_checkpoint *ckpt);
 const char *dsv4_checkpoint_file_path(const dsv4_checkpoint *ckpt, size_t index);
-/* All tensors, sorted by name. */
+/*
+ * All tensors, sorted by name. A checkpoint reads only the headers at open; a tensor's data
+ * is read (pread into owned memory, once, thread-safe) when it is first returned by
+ * dsv4_checkpoint_get, dsv4_checkpoint_find or dsv4_checkpoint_tensor. Before each read the
+ * file's size and mtime are compared with those at open: a file rewritten or truncated
+ * meanwhile is DSV4_ERR_IO, never a signal. dsv4_checkpoint_tensor_meta reads nothing:
+ * its `data` must not be read (use it for names, dtypes, shapes and sizes).
+ */
 size_t dsv4_checkpoint_tensor_count(const dsv4_checkpoint *ckpt);
+const dsv4_tensor_info *dsv4_checkpoint_tensor_meta(const dsv4_checkpoint *ckpt, size_t index);
+/* NULL when the index is out of range or the data cannot be read. */
 const dsv4_tensor_info *dsv4_checkpoint_tensor(const dsv4_checkpoint *ckpt, size_t index);
-/* NULL when absent. */
+/* The tensor with its data read; DSV4_ERR_NOT_FOUND naming the files searched, or DSV4_ERR_IO. */
+dsv4_status dsv4_checkpoint_get(const dsv4_checkpoint *ckpt, const char *name, const dsv4_tensor_info **out,
+                                dsv4_error *err);
+/* NULL when absent or unreadable (dsv4_checkpoint_get says which). */
 const dsv4_tensor_info *dsv4_checkpoint_find(const dsv4_checkpoint *ckpt, const char *name);
+/* NULL when absent; reads nothing (like dsv4_checkpoint_tensor_meta). */
+const dsv4_tensor_info *dsv4_checkpoint_find_meta(const dsv4_checkpoint *ckpt, const char *name);
 dsv4_layout dsv4_checkpoint_layout(const dsv4_checkpoint *ckpt);
+/*
+ * Entries of a folder (without an index) left out of the checkpoint, in name order: the path
+ * and the reason ("a dangling symbolic link", "a FIFO, not a regular file", "holds no layer
+ * tensor (...)"). Callers should show them; the library never prints.
+ */
+size_t dsv4_checkpoint_skipped_count(const dsv4_checkpoint *ckpt);
+const char *dsv4_checkpoint_skipped(const dsv4_checkpoint *ckpt, size_t index, const char **reason);
 /* Key prefix of the stacked layout: "model." or "" (always "" for split). */
 const char *dsv4_checkpoint_prefix(const dsv4_checkpoint *ckpt);
 

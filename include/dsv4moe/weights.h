@@ -42,7 +42,7 @@ typedef struct dsv4_matrix_view {
 typedef struct dsv4_router_view {
     const char *gate_key;
     const uint8_t *gate;        /* bf16 [E, H] */
-    const uint8_t *bias;        /* f32 [E], non-hash layers (may be absent: zero bias) */
+    const uint8_t *bias;        /* f32 [E], non-hash layers (required); NULL on hash layers */
     const uint8_t *tid2eid;     /* i32 [V, K], hash layers */
     const uint8_t *pred_norm;   /* f32 [E], top_p_predictor const */
     const uint8_t *pred_weight; /* f32 [E, H], top_p_predictor linear */
@@ -58,10 +58,17 @@ typedef struct dsv4_router_view {
  */
 dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, int64_t expert,
                                 dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err);
+/* The same checks and view, without reading the bytes (a checkpoint reads a tensor on first
+   use): the view's data must not be read before dsv4_weights_matrix has been called for it.
+   Lets a consumer check a whole layer at creation and read only the experts it runs. */
+dsv4_status dsv4_weights_matrix_view(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, int64_t expert,
+                                     dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err);
 
-/* The router tensors of cfg->layer; tid2eid required on hash layers, predictor tensors as
-   configured. A non-finite value in the bias or the predictor's tensors is DSV4_ERR_NUMERIC
-   naming the key and the element. */
+/* The router tensors of cfg->layer: the bias required on non-hash layers (DSV4_ERR_NOT_FOUND
+   naming the key and the files searched), tid2eid required on hash layers, and a tid2eid of a
+   layer the config makes non-hash refused (DSV4_ERR_CONFIG: the table would be ignored);
+   predictor tensors as configured. A non-finite value in the gate weight, the bias or the
+   predictor's tensors is DSV4_ERR_NUMERIC naming the key and the element. */
 dsv4_status dsv4_weights_router(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, dsv4_router_view *out,
                                 dsv4_error *err);
 

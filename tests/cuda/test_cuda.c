@@ -10,10 +10,7 @@
  * the same kinds of case through the exact path (DSV4MOE_CUDA_PATH=exact) and compares the two
  * paths with each other; "device" checks dsv4_backend_forward_device against the host forward.
  * Tcases: "small" (quick, for compute-sanitizer), "numerics", "graphs", "flash", "exact",
- * "device", "host". The common table (every quant mode, clamp and top-p on and off, hash layers,
- * after_w2, T = 0 and 1, chunked prompts) is tests/backend_ops.h's, run by the backend_ops suite
- * (tests/test_backend_ops.c, linked into this program) on every backend that starts, cuda
- * included; the cases here are the cuda backend's own (graphs, v4-flash shapes, paths).
+ * "device", "host".
  */
 #include <check.h>
 #include <math.h>
@@ -35,22 +32,99 @@
 /* fast/cuda/cuda.cu */
 uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
 
-/* The case table, the runs and the checker shared with tests/test_backend_ops.c (which runs the
-   common table on the cuda backend in this program too). */
-#define BO_GEN_THREADS 16 /* the device machine's cores */
-#include "backend_ops.h"
-
-typedef bo_case cuda_case;
-typedef bo_out run_out;
-#define case_config bo_config
-#define case_data bo_data
-#define make_plan bo_plan
-#define free_out bo_free
+typedef struct {
+    const char *name;
+    const char *preset;
+    int64_t layer;
+    int64_t tokens;
+    int64_t chunk;      /* topology chunk_tokens (0: planner) */
+    float swiglu_limit; /* < 0: preset's */
+    int shared_clamp;   /* -1: preset's */
+    int after_w2;       /* -1: preset's */
+    int graph;          /* cuda_graph on (buckets 1..128) */
+    int64_t experts;    /* > 0: n_routed_experts override (v4-flash shapes with fewer experts) */
+    int fp8;            /* gemm fp8 (SPEC.md section 9; its tolerance); 0: gemm exact */
+} cuda_case;
 
 static int g_have_gpu = -1;
 
 /* Whether the cuda backend starts here (probed once on a tiny layer). */
 static int have_gpu(void);
+
+static dsv4_plan *make_plan(const dsv4_config *c0, dsv4_backend_kind kind, int64_t chunk, int graph)
+{
+    dsv4_config cc = *c0, *c = &cc;
+    if (kind != DSV4_BACKEND_CUDA && c->gemm == DSV4_GEMM_FP8)
+        c->gemm = DSV4_GEMM_AUTO; /* the reference of an fp8 case: gemm is a fast path's mode */
+    dsv4_topology topo;
+    dsv4_topology_init(&topo);
+    topo.backend = kind;
+    topo.chunk_tokens = chunk;
+    topo.max_tokens_per_rank = 4096;
+    if (graph) {
+        topo.cuda_graph = true;
+        topo.n_buckets = 8;
+        for (int i = 0; i < 8; i++)
+            topo.buckets[i] = 1 << i;
+    }
+    dsv4_budget bud;
+    dsv4_budget_init(&bud);
+    bud.device_bytes = 141ull << 30;
+    dsv4_plan *p = NULL;
+    dsv4_error e;
+    dsv4_status st = dsv4_plan_create(c, &topo, &bud, &p, &e);
+    ck_assert_msg(st == DSV4_OK, "plan: %s", e.message);
+    return p;
+}
+
+static dsv4_config case_config(const cuda_case *k)
+{
+    dsv4_config c;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_config_preset(k->preset, &c, &e), DSV4_OK);
+    c.layer = k->layer;
+    if (k->swiglu_limit >= 0)
+        c.swiglu_limit = k->swiglu_limit;
+    if (k->shared_clamp >= 0)
+        c.shared_clamp = k->shared_clamp != 0;
+    if (k->after_w2 >= 0)
+        c.weight_point = k->after_w2 ? DSV4_WEIGHT_AFTER_W2 : DSV4_WEIGHT_BEFORE_W2;
+    if (k->experts > 0)
+        c.n_routed_experts = k->experts;
+    c.gemm = k->fp8 ? DSV4_GEMM_FP8 : DSV4_GEMM_EXACT;
+    ck_assert_msg(dsv4_config_validate(&c, &e) == DSV4_OK, "%s", e.message);
+    return c;
+}
+
+static void case_data(const cuda_case *k, const dsv4_config *c, dsv4_checkpoint **ck, dsv4_st_file **in)
+{
+    char wp[512], ip[512], n1[160], n2[160];
+    snprintf(n1, sizeof n1, "cuda_%s_e%lld_l%lld_w.safetensors", k->preset, (long long)c->n_routed_experts,
+             (long long)k->layer);
+    snprintf(n2, sizeof n2, "cuda_%s_e%lld_l%lld_T%lld_in.safetensors", k->preset, (long long)c->n_routed_experts,
+             (long long)k->layer, (long long)k->tokens);
+    tu_path(wp, sizeof wp, n1);
+    tu_path(ip, sizeof ip, n2);
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    o.seed = 7;
+    o.threads = 16;
+    dsv4_error e;
+    if (!tu_file_exists(wp))
+        ck_assert_msg(dsv4_gen_weights(c, &o, wp, &e) == DSV4_OK, "%s", e.message);
+    o.seed = 11;
+    ck_assert_msg(dsv4_gen_input(c, &o, k->tokens, ip, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_checkpoint_open(wp, ck, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_st_open(ip, in, &e) == DSV4_OK, "%s", e.message);
+}
+
+typedef struct {
+    uint16_t *y;
+    int32_t *ids, *kept;
+    float *w;
+    dsv4_backend_stats stats;
+    uint64_t planned_step;
+} run_out;
 
 static void alloc_out(const dsv4_config *c, int64_t T, run_out *r)
 {
@@ -62,34 +136,168 @@ static void alloc_out(const dsv4_config *c, int64_t T, run_out *r)
     r->kept = calloc((size_t)(T + 1), sizeof *r->kept);
 }
 
-/* `forwards` forwards of the same input on one backend (bo_run); *same says all were equal. */
+/* `forwards` forwards of the same input on one backend; r keeps the last, *same says all were equal. */
 static void run_backend(const dsv4_config *c, dsv4_backend_kind kind, int64_t chunk, int graph,
                         const dsv4_checkpoint *ck, int64_t T, const uint16_t *x, const int32_t *in_ids, run_out *r,
                         int forwards, int *same)
 {
-    bo_case k = {"run", "", c->layer, T, chunk, -1, -1, -1, 0, graph, 0};
-    bo_backend be = {kind, 2, DSV4_CPU_KERNELS_AUTO, forwards};
-    bo_run(c, &k, &be, ck, x, in_ids, r);
+    dsv4_plan *p = make_plan(c, kind, chunk, graph);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "create: %s", e.message);
+    ck_assert_str_eq(dsv4_backend_name(b), kind == DSV4_BACKEND_CUDA ? "cuda" : "ref");
+    alloc_out(c, T, r);
+    int64_t H = c->dim;
+    uint16_t *first = NULL;
     if (same)
-        *same = r->repeat_same;
+        *same = 1;
+    for (int f = 0; f < forwards; f++) {
+        dsv4_forward_out o = {r->y, r->ids, r->w, r->kept};
+        ck_assert_msg(dsv4_backend_forward(b, T, x, in_ids, &o, &e) == DSV4_OK, "forward: %s", e.message);
+        if (same && f == 0 && forwards > 1) {
+            first = malloc((size_t)(T * H + 1) * sizeof *first);
+            memcpy(first, r->y, (size_t)(T * H) * sizeof *first);
+        } else if (same && first && memcmp(first, r->y, (size_t)(T * H) * sizeof *first) != 0) {
+            *same = 0;
+        }
+    }
+    free(first);
+    r->stats = dsv4_backend_get_stats(b);
+    r->planned_step = dsv4_plan_workspace_bytes(p, T, graph && dsv4_plan_can_replay(p, T));
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
 }
 
-/* A case on the cuda backend against the reference: two forwards (bit-identical), the common
-   contract (bo_check) and the cuda one (bo_cuda_extra: graph replays, workspace within the step). */
+static void free_out(run_out *r)
+{
+    free(r->y);
+    free(r->ids);
+    free(r->w);
+    free(r->kept);
+}
+
 static void check_case(const cuda_case *k)
 {
     if (!have_gpu()) {
         printf("cuda_suite %-28s SKIPPED (no CUDA device)\n", k->name);
         return;
     }
-    bo_backend be = {DSV4_BACKEND_CUDA, 2, DSV4_CPU_KERNELS_AUTO, 2};
-    bo_check(k, &be, bo_cuda_extra);
+    dsv4_config c = case_config(k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(k, &c, &ck, &in);
+    int64_t T = k->tokens, H = c.dim, K = c.n_activated, E = c.n_routed_experts;
+    const uint16_t *x = T ? dsv4_st_find(in, "x")->data : NULL;
+    const int32_t *ids = T ? dsv4_st_find(in, "input_ids")->data : NULL;
+    run_out ref, cu;
+    run_backend(&c, DSV4_BACKEND_REF, k->chunk, 0, ck, T, x, ids, &ref, 1, NULL);
+    int same = 1;
+    run_backend(&c, DSV4_BACKEND_CUDA, k->chunk, k->graph, ck, T, x, ids, &cu, 2, &same);
+
+    dsv4_compare_metrics m;
+    ck_assert(dsv4_compare_bf16(cu.y, ref.y, T * H, &m));
+    char line[512];
+    dsv4_compare_format(&m, line, sizeof line);
+    int64_t id_diff = 0, kept_diff = 0;
+    double wmax = 0;
+    for (int64_t i = 0; i < T * K; i++) {
+        id_diff += cu.ids[i] != ref.ids[i];
+        double d = fabs((double)cu.w[i] - ref.w[i]);
+        wmax = d > wmax ? d : wmax;
+    }
+    for (int64_t t = 0; t < T; t++)
+        kept_diff += cu.kept[t] != ref.kept[t];
+    printf("cuda_suite %-28s T %5lld: %s; ids differ %lld; kept differ %lld; max|dw| %.3g; clamp routed g/u "
+           "%llu/%llu (ref %llu/%llu) shared %llu/%llu (ref %llu/%llu); launches %llu skips %llu replays %llu; "
+           "ws peak %llu step-planned %llu allocated %llu device %llu; repeat %s\n",
+           k->name, (long long)T, line, (long long)id_diff, (long long)kept_diff, wmax,
+           (unsigned long long)cu.stats.routed_g_clamped, (unsigned long long)cu.stats.routed_u_clamped,
+           (unsigned long long)ref.stats.routed_g_clamped, (unsigned long long)ref.stats.routed_u_clamped,
+           (unsigned long long)cu.stats.shared_g_clamped, (unsigned long long)cu.stats.shared_u_clamped,
+           (unsigned long long)ref.stats.shared_g_clamped, (unsigned long long)ref.stats.shared_u_clamped,
+           (unsigned long long)cu.stats.launches, (unsigned long long)cu.stats.empty_skips,
+           (unsigned long long)cu.stats.graph_replays, (unsigned long long)cu.stats.workspace_peak,
+           (unsigned long long)cu.planned_step, (unsigned long long)cu.stats.workspace_allocated,
+           (unsigned long long)cu.stats.device_allocated, same ? "identical" : "DIFFERS");
+    fflush(stdout);
+    ck_assert_msg(same, "%s: two forwards of the same input differ", k->name);
+    ck_assert_msg(id_diff == 0, "%s: %lld topk ids differ", k->name, (long long)id_diff);
+    ck_assert_msg(kept_diff == 0, "%s: %lld kept counts differ", k->name, (long long)kept_diff);
+    ck_assert_msg(wmax < 1e-5, "%s: router weights differ by %g", k->name, wmax);
+    for (int64_t i = 0; i < T * K; i++)
+        ck_assert(cu.ids[i] >= 0 && cu.ids[i] <= E);
+    ck_assert_msg(m.finite_ok, "%s: %lld non-finite values where the reference is finite", k->name,
+                  (long long)m.bad_nonfinite);
+    if (T > 0 && k->fp8) {
+        /* SPEC.md section 9, gemm fp8: DeepGEMM diff < 1e-3, at most 2 % beyond atol = rtol = 0.035,
+           max |a-b| <= 0.035 + 0.2 rms(reference) */
+        ck_assert_uint_eq(cu.stats.gemm_fp8, 1);
+        ck_assert_msg(m.deepgemm_diff < 1e-3, "%s: diff %g", k->name, m.deepgemm_diff);
+        ck_assert_msg(m.tol_violations * 50 <= m.n, "%s: %lld of %lld past atol=rtol=0.035", k->name,
+                      (long long)m.tol_violations, (long long)m.n);
+        ck_assert_msg(m.max_abs <= 0.035 + 0.2 * m.rms_ref, "%s: max|a-b| %g > 0.035 + 0.2 rms %g", k->name, m.max_abs,
+                      m.rms_ref);
+    } else if (T > 0) {
+        ck_assert_uint_eq(cu.stats.gemm_fp8, 0);
+        ck_assert_msg(m.deepgemm_diff < 1e-3, "%s: diff %g", k->name, m.deepgemm_diff);
+        ck_assert_msg(m.nmse < 1e-3, "%s: nmse %g", k->name, m.nmse);
+        ck_assert_msg(m.ulp_p99 <= 2, "%s: bf16 ulp p99 %u", k->name, m.ulp_p99);
+        ck_assert_msg(m.tol_violations * 1000 <= m.n, "%s: %lld of %lld past atol=rtol=0.035", k->name,
+                      (long long)m.tol_violations, (long long)m.n);
+    }
+    ck_assert_uint_eq(cu.stats.forwards, 2);
+    ck_assert_uint_eq(cu.stats.tokens, 2 * (uint64_t)T);
+    ck_assert_uint_eq(cu.stats.nonfinite_rows, 2 * ref.stats.nonfinite_rows);
+    ck_assert(cu.stats.workspace_planned > 0);
+    if (T > 0) {
+        ck_assert(cu.stats.launches > 0);
+        /* fp8 sums move g and u by a few ulp, so values at the limit may fall on the other side */
+        const double rel = k->fp8 ? 0.05 : 0.02, abs_ = k->fp8 ? 4 : 2;
+        double rg = (double)ref.stats.routed_u_clamped, cg = (double)cu.stats.routed_u_clamped / 2;
+        ck_assert_msg(fabs(rg - cg) <= rel * rg + abs_, "%s: u clamp hits %g vs %g", k->name, cg, rg);
+        double sr = (double)ref.stats.shared_u_clamped, sc = (double)cu.stats.shared_u_clamped / 2;
+        ck_assert_msg(fabs(sr - sc) <= rel * sr + abs_, "%s: shared u clamp hits %g vs %g", k->name, sc, sr);
+        if (c.swiglu_limit == 0.0f)
+            ck_assert_uint_eq(cu.stats.routed_u_clamped + cu.stats.routed_g_clamped, 0);
+        if (k->graph && T <= 128)
+            ck_assert_uint_eq(cu.stats.graph_replays, 2);
+        else
+            ck_assert_uint_eq(cu.stats.graph_replays, 0);
+        ck_assert_msg(cu.stats.workspace_peak <= cu.planned_step, "%s: workspace peak %llu above the plan's %llu",
+                      k->name, (unsigned long long)cu.stats.workspace_peak, (unsigned long long)cu.planned_step);
+    } else {
+        ck_assert_uint_eq(cu.stats.launches, 0);
+        ck_assert_uint_eq(cu.stats.workspace_peak, 0);
+    }
+    free_out(&ref);
+    free_out(&cu);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
 }
 
 static int have_gpu(void)
 {
-    if (g_have_gpu < 0)
-        g_have_gpu = bo_backend_available(DSV4_BACKEND_CUDA); /* fails under DSV4MOE_CUDA_REQUIRED=1 */
+    if (g_have_gpu >= 0)
+        return g_have_gpu;
+    cuda_case k = {"probe", "tiny", 1, 1, 0, -1, -1, -1, 0, 0, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    dsv4_status st = dsv4_backend_create(p, ck, 1, &b, &e);
+    const char *req = getenv("DSV4MOE_CUDA_REQUIRED");
+    if (st != DSV4_OK) {
+        printf("cuda_suite: the cuda backend does not start here: %s\n", e.message);
+        ck_assert_msg(!(req && req[0] == '1'), "DSV4MOE_CUDA_REQUIRED=1 but: %s", e.message);
+    }
+    g_have_gpu = st == DSV4_OK;
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
     return g_have_gpu;
 }
 
@@ -101,26 +309,67 @@ static int have_gpu(void)
     }                                                                                                       \
     END_TEST
 
-/*                name                     preset       layer T     chunk L     scl after fp32 graph experts */
+/*                name                     preset       layer T     chunk L     scl after graph experts */
 CASE(small_mini_t5, "mini T=5", "mini", 1, 5, 0, -1, -1, -1, 0, 0, 0)
-CASE(small_mini_graph_t5, "mini graph T=5", "mini", 1, 5, 0, -1, -1, -1, 0, 1, 0)
+CASE(small_mini_graph_t5, "mini graph T=5", "mini", 1, 5, 0, -1, -1, -1, 1, 0, 0)
 CASE(small_fp8_t13, "mini-fp8 T=13", "mini-fp8", 1, 13, 0, -1, -1, -1, 0, 0, 0)
 
+CASE(mini_fp4_t77, "mini fp4/fp8", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_fp4_hash_t77, "mini hash layer", "mini", 0, 77, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_fp8_t77, "mini-fp8", "mini-fp8", 1, 77, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_bf16_t77, "mini-bf16", "mini-bf16", 1, 77, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_bf16_hash_t77, "mini-bf16 hash", "mini-bf16", 0, 77, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_noclamp_t77, "mini no clamp", "mini", 1, 77, 0, 0.0f, -1, -1, 0, 0, 0)
+CASE(mini_topp_t77, "mini-topp", "mini-topp", 1, 77, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_topp_noclamp_t77, "mini-topp no clamp", "mini-topp", 1, 77, 0, 0.0f, -1, -1, 0, 0, 0)
+CASE(mini_after_w2_t77, "mini after_w2 noshclamp", "mini", 1, 77, 0, -1, 0, 1, 0, 0, 0)
+CASE(mini_fp8_after_t77, "mini-fp8 after_w2", "mini-fp8", 1, 77, 0, -1, 0, 1, 0, 0, 0)
+CASE(mini_t1, "mini T=1", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_hash_t1, "mini hash T=1", "mini", 0, 1, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_fp8_t1, "mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_bf16_t1, "mini-bf16 T=1", "mini-bf16", 1, 1, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_t0, "mini T=0", "mini", 1, 0, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_chunked_t300, "mini chunk 128 T=300", "mini", 1, 300, 128, -1, -1, -1, 0, 0, 0)
+CASE(mini_topp_chunked_t300, "mini-topp chunk 128", "mini-topp", 1, 300, 128, -1, -1, -1, 0, 0, 0)
+CASE(mini_hash_chunked_t300, "mini hash chunk 128", "mini", 0, 300, 128, -1, -1, -1, 0, 0, 0)
 CASE(mini_long_t3000, "mini chunk 1024 T=3000", "mini", 1, 3000, 1024, -1, -1, -1, 0, 0, 0)
+CASE(tiny_t77, "tiny bf16", "tiny", 1, 77, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_t30, "mini T=30", "mini", 1, 30, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_fp8_t30, "mini-fp8 T=30", "mini-fp8", 1, 30, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_bf16_t30, "mini-bf16 T=30", "mini-bf16", 1, 30, 0, -1, -1, -1, 0, 0, 0)
+CASE(mini_t1100, "mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0)
 
-CASE(graph_mini_t1, "graph mini T=1", "mini", 1, 1, 0, -1, -1, -1, 0, 1, 0)
-CASE(graph_mini_t77, "graph mini T=77", "mini", 1, 77, 0, -1, -1, -1, 0, 1, 0)
-CASE(graph_hash_t3, "graph mini hash T=3", "mini", 0, 3, 0, -1, -1, -1, 0, 1, 0)
-CASE(graph_fp8_t9, "graph mini-fp8 T=9", "mini-fp8", 1, 9, 0, -1, -1, -1, 0, 1, 0)
-CASE(graph_bf16_t128, "graph mini-bf16 T=128", "mini-bf16", 1, 128, 0, -1, -1, -1, 0, 1, 0)
-CASE(graph_topp_t33, "graph mini-topp T=33", "mini-topp", 1, 33, 0, -1, -1, -1, 0, 1, 0)
-CASE(graph_eager_t200, "graph on, T=200 eager", "mini", 1, 200, 0, -1, -1, -1, 0, 1, 0)
-CASE(graph_t0, "graph T=0", "mini", 1, 0, 0, -1, -1, -1, 0, 1, 0)
+CASE(graph_mini_t1, "graph mini T=1", "mini", 1, 1, 0, -1, -1, -1, 1, 0, 0)
+CASE(graph_mini_t77, "graph mini T=77", "mini", 1, 77, 0, -1, -1, -1, 1, 0, 0)
+CASE(graph_hash_t3, "graph mini hash T=3", "mini", 0, 3, 0, -1, -1, -1, 1, 0, 0)
+CASE(graph_fp8_t9, "graph mini-fp8 T=9", "mini-fp8", 1, 9, 0, -1, -1, -1, 1, 0, 0)
+CASE(graph_bf16_t128, "graph mini-bf16 T=128", "mini-bf16", 1, 128, 0, -1, -1, -1, 1, 0, 0)
+CASE(graph_topp_t33, "graph mini-topp T=33", "mini-topp", 1, 33, 0, -1, -1, -1, 1, 0, 0)
 
-CASE(flash_t1, "v4-flash E32 T=1", "v4-flash", 5, 1, 0, -1, -1, -1, 0, 0, 32)
-CASE(flash_t8_graph, "v4-flash E32 graph T=8", "v4-flash", 5, 8, 0, -1, -1, -1, 0, 1, 32)
-CASE(flash_t40, "v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 0, 32)
-CASE(flash_hash_t5, "v4-flash E32 hash T=5", "v4-flash", 1, 5, 0, -1, -1, -1, 0, 0, 32)
+/* gemm fp8: groups above 64 rows (and the shared expert above 64 tokens) on the grouped FP8 GEMM */
+/*                name                     preset       layer T     chunk L     scl after graph experts fp8 */
+CASE(fp8_small_t300, "fp8 mini T=300", "mini", 1, 300, 0, -1, -1, -1, 0, 0, 1)
+CASE(fp8_mini_t1100, "fp8 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 1)
+CASE(fp8_hash_t1100, "fp8 mini hash T=1100", "mini", 0, 1100, 0, -1, -1, -1, 0, 0, 1)
+CASE(fp8_fp8_t1100, "fp8 mini-fp8 T=1100", "mini-fp8", 1, 1100, 0, -1, -1, -1, 0, 0, 1)
+CASE(fp8_topp_t1100, "fp8 mini-topp T=1100", "mini-topp", 1, 1100, 0, -1, -1, -1, 0, 0, 1)
+CASE(fp8_noclamp_t1100, "fp8 mini no clamp", "mini", 1, 1100, 0, 0.0f, -1, -1, 0, 0, 1)
+CASE(fp8_after_t1100, "fp8 after_w2 noshclamp", "mini", 1, 1100, 0, -1, 0, 1, 0, 0, 1)
+CASE(fp8_t1, "fp8 mini T=1", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 1)
+CASE(fp8_t0, "fp8 mini T=0", "mini", 1, 0, 0, -1, -1, -1, 0, 0, 1)
+CASE(fp8_odd_t77, "fp8 mini T=77", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 1)
+CASE(fp8_chunked_t3000, "fp8 chunk 1024 T=3000", "mini", 1, 3000, 1024, -1, -1, -1, 0, 0, 1)
+CASE(fp8_graph_t128, "fp8 graph mini T=128", "mini", 1, 128, 0, -1, -1, -1, 1, 0, 1)
+CASE(fp8_graph_t100, "fp8 graph mini-fp8 T=100", "mini-fp8", 1, 100, 0, -1, -1, -1, 1, 0, 1)
+CASE(fp8_flash_t1024, "fp8 flash e32 T=1024", "v4-flash", 5, 1024, 0, -1, -1, -1, 0, 32, 1)
+CASE(fp8_flash_hash_t600, "fp8 flash e32 hash T=600", "v4-flash", 0, 600, 0, -1, -1, -1, 0, 32, 1)
+CASE(graph_eager_t200, "graph on, T=200 eager", "mini", 1, 200, 0, -1, -1, -1, 1, 0, 0)
+CASE(graph_t0, "graph T=0", "mini", 1, 0, 0, -1, -1, -1, 1, 0, 0)
+
+CASE(flash_t1, "v4-flash E32 T=1", "v4-flash", 5, 1, 0, -1, -1, -1, 0, 32, 0)
+CASE(flash_t8_graph, "v4-flash E32 graph T=8", "v4-flash", 5, 8, 0, -1, -1, -1, 1, 32, 0)
+CASE(flash_t40, "v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 32, 0)
+CASE(flash_hash_t5, "v4-flash E32 hash T=5", "v4-flash", 1, 5, 0, -1, -1, -1, 0, 32, 0)
 
 /* The exact path (kernels.cuh) on formats that otherwise take the fp8 path. */
 #define CASE_EXACT(fn, ...)                                                                                 \
@@ -136,8 +385,8 @@ CASE(flash_hash_t5, "v4-flash E32 hash T=5", "v4-flash", 1, 5, 0, -1, -1, -1, 0,
 CASE_EXACT(exact_mini_t77, "exact mini T=77", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0)
 CASE_EXACT(exact_fp8_t30, "exact mini-fp8 T=30", "mini-fp8", 1, 30, 0, -1, -1, -1, 0, 0, 0)
 CASE_EXACT(exact_mini_t1100, "exact mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0)
-CASE_EXACT(exact_graph_t5, "exact graph mini T=5", "mini", 1, 5, 0, -1, -1, -1, 0, 1, 0)
-CASE_EXACT(exact_flash_t40, "exact v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 0, 32)
+CASE_EXACT(exact_graph_t5, "exact graph mini T=5", "mini", 1, 5, 0, -1, -1, -1, 1, 0, 0)
+CASE_EXACT(exact_flash_t40, "exact v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 32, 0)
 
 /* The fp8 path's mma.sync tile kernel for large groups (DSV4MOE_CUDA_TILE=mma) instead of k_tileh's wgmma. */
 #define CASE_MMA(fn, ...)                                                                                   \
@@ -152,8 +401,8 @@ CASE_EXACT(exact_flash_t40, "exact v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1,
 
 CASE_MMA(mma_mini_t77, "mma.sync mini T=77", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0)
 CASE_MMA(mma_mini_t1100, "mma.sync mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0)
-CASE_MMA(mma_flash_t40, "mma.sync v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 0, 32)
-CASE_MMA(mma_graph_t5, "mma.sync graph mini T=5", "mini", 1, 5, 0, -1, -1, -1, 0, 1, 0)
+CASE_MMA(mma_flash_t40, "mma.sync v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 32, 0)
+CASE_MMA(mma_graph_t5, "mma.sync graph mini T=5", "mini", 1, 5, 0, -1, -1, -1, 1, 0, 0)
 
 /* A case's config, checkpoint and input, for tests that run the backend themselves. */
 typedef struct {
@@ -197,7 +446,7 @@ static void fast_vs_exact(const char *preset, int64_t layer, int64_t T, int64_t 
 {
     if (!have_gpu())
         return;
-    cuda_case k = {"fast/exact", preset, layer, T, 0, -1, -1, -1, 0, 0, experts};
+    cuda_case k = {"fast/exact", preset, layer, T, 0, -1, -1, -1, 0, experts, 0};
     case_in ci;
     open_case(&k, &ci);
     const dsv4_config c = ci.c;
@@ -234,7 +483,7 @@ static void tileh_variants(const char *preset, int64_t layer, int64_t T, int64_t
         const char *var, *val;
     } vs[] = {{"DSV4MOE_CUDA_TILEH", "s64x2"}, {"DSV4MOE_CUDA_TILEH", "p64"}, {"DSV4MOE_CUDA_TILEH", "s64"},
               {"DSV4MOE_CUDA_TILEH", "p128"},  {"DSV4MOE_CUDA_MID", "p32"},   {"DSV4MOE_CUDA_MID", "s32"}};
-    cuda_case k = {"tileh", preset, layer, T, 0, -1, -1, -1, 0, 0, experts};
+    cuda_case k = {"tileh", preset, layer, T, 0, -1, -1, -1, 0, experts, 0};
     case_in ci;
     open_case(&k, &ci);
     const int64_t n = T * ci.c.dim;
@@ -278,7 +527,7 @@ END_TEST
  */
 static void device_vs_host(const char *preset, int64_t layer, int64_t T, int graph)
 {
-    cuda_case k = {"device", preset, layer, T, 0, -1, -1, -1, 0, graph, 0};
+    cuda_case k = {"device", preset, layer, T, 0, -1, -1, -1, graph, 0, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -383,7 +632,7 @@ static void replay_vs_eager(const char *preset, int64_t layer, int64_t T)
         printf("cuda_suite replay %s T %lld SKIPPED (no CUDA device)\n", preset, (long long)T);
         return;
     }
-    cuda_case k = {"replay", preset, layer, T, 0, -1, -1, -1, 0, 1, 0};
+    cuda_case k = {"replay", preset, layer, T, 0, -1, -1, -1, 1, 0, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -426,7 +675,7 @@ START_TEST(one_graph_many_t)
 {
     if (!have_gpu())
         return;
-    cuda_case k = {"multi", "mini", 1, 8, 0, -1, -1, -1, 0, 1, 0};
+    cuda_case k = {"multi", "mini", 1, 8, 0, -1, -1, -1, 1, 0, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -505,7 +754,10 @@ START_TEST(workspace_within_plan)
             dsv4_config pc;
             dsv4_error pe;
             ck_assert_int_eq(dsv4_config_preset(presets[i], &pc, &pe), DSV4_OK);
-            cuda_case k = {"ws", presets[i], layer == 0 ? 0 : pc.n_hash_layers, 1, 0, -1, -1, -1, 0, 0, 0};
+          for (int f8 = 0; f8 < 2; f8++) {
+            if (f8 && (pc.routed_format == DSV4_FORMAT_BF16 || pc.act_quant == DSV4_ACT_QUANT_NONE))
+                continue; /* gemm fp8 needs quantized weights and activations */
+            cuda_case k = {"ws", presets[i], layer == 0 ? 0 : pc.n_hash_layers, 1, 0, -1, -1, -1, 0, 0, f8};
             dsv4_config c = case_config(&k);
             for (int graph = 0; graph < 2; graph++) {
                 dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, graph);
@@ -522,12 +774,13 @@ START_TEST(workspace_within_plan)
                                 break;
                             }
                     uint64_t mine = dsv4_cuda_chunk_workspace_bytes(&c, tc), plan = dsv4_plan_workspace_bytes(p, T, rep);
-                    ck_assert_msg(mine <= plan, "%s layer %d graph %d T %lld: cuda workspace %llu > plan %llu",
-                                  presets[i], (int)k.layer, graph, (long long)T, (unsigned long long)mine,
+                    ck_assert_msg(mine <= plan, "%s layer %d graph %d fp8 %d T %lld: cuda workspace %llu > plan %llu",
+                                  presets[i], (int)k.layer, graph, f8, (long long)T, (unsigned long long)mine,
                                   (unsigned long long)plan);
                 }
                 dsv4_plan_free(p);
             }
+          }
         }
     }
 }
@@ -559,7 +812,7 @@ START_TEST(time_flash)
     const char *es = getenv("DSV4MOE_CUDA_BENCH_E");
     int64_t E = es ? atoll(es) : 256;
     int64_t Tmax = 4096;
-    cuda_case k = {"bench", "v4-flash", 5, Tmax, 0, -1, -1, -1, 0, 0, E};
+    cuda_case k = {"bench", "v4-flash", 5, Tmax, 0, -1, -1, -1, 0, E, 0};
     dsv4_config c = case_config(&k);
     double tg = now_s();
     dsv4_checkpoint *ck = NULL;
@@ -649,10 +902,51 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, small_mini_graph_t5);
     tcase_add_test(sm, small_fp8_t13);
     tcase_add_test(sm, bad_input_ids);
+    tcase_add_test(sm, fp8_small_t300);
     suite_add_tcase(s, sm);
+    TCase *f8 = tcase_create("fp8");
+    tcase_set_timeout(f8, 600);
+    tcase_add_test(f8, fp8_mini_t1100);
+    tcase_add_test(f8, fp8_hash_t1100);
+    tcase_add_test(f8, fp8_fp8_t1100);
+    tcase_add_test(f8, fp8_topp_t1100);
+    tcase_add_test(f8, fp8_noclamp_t1100);
+    tcase_add_test(f8, fp8_after_t1100);
+    tcase_add_test(f8, fp8_t1);
+    tcase_add_test(f8, fp8_t0);
+    tcase_add_test(f8, fp8_odd_t77);
+    tcase_add_test(f8, fp8_chunked_t3000);
+    tcase_add_test(f8, fp8_graph_t128);
+    tcase_add_test(f8, fp8_graph_t100);
+    tcase_add_test(f8, fp8_flash_t1024);
+    tcase_add_test(f8, fp8_flash_hash_t600);
+    suite_add_tcase(s, f8);
     TCase *nu = tcase_create("numerics");
     tcase_set_timeout(nu, 600);
+    tcase_add_test(nu, mini_fp4_t77);
+    tcase_add_test(nu, mini_fp4_hash_t77);
+    tcase_add_test(nu, mini_fp8_t77);
+    tcase_add_test(nu, mini_bf16_t77);
+    tcase_add_test(nu, mini_bf16_hash_t77);
+    tcase_add_test(nu, mini_noclamp_t77);
+    tcase_add_test(nu, mini_topp_t77);
+    tcase_add_test(nu, mini_topp_noclamp_t77);
+    tcase_add_test(nu, mini_after_w2_t77);
+    tcase_add_test(nu, mini_fp8_after_t77);
+    tcase_add_test(nu, mini_t1);
+    tcase_add_test(nu, mini_hash_t1);
+    tcase_add_test(nu, mini_fp8_t1);
+    tcase_add_test(nu, mini_bf16_t1);
+    tcase_add_test(nu, mini_t0);
+    tcase_add_test(nu, mini_chunked_t300);
+    tcase_add_test(nu, mini_topp_chunked_t300);
+    tcase_add_test(nu, mini_hash_chunked_t300);
     tcase_add_test(nu, mini_long_t3000);
+    tcase_add_test(nu, tiny_t77);
+    tcase_add_test(nu, mini_t30);
+    tcase_add_test(nu, mini_fp8_t30);
+    tcase_add_test(nu, mini_bf16_t30);
+    tcase_add_test(nu, mini_t1100);
     suite_add_tcase(s, nu);
     TCase *gr = tcase_create("graphs");
     tcase_set_timeout(gr, 600);
@@ -703,12 +997,9 @@ static Suite *cuda_suite(void)
     return s;
 }
 
-Suite *backend_ops_suite(void); /* tests/test_backend_ops.c: the common table, cuda included */
-
 int main(void)
 {
     SRunner *sr = srunner_create(cuda_suite());
-    srunner_add_suite(sr, backend_ops_suite());
     srunner_set_xml(sr, getenv("DSV4MOE_CUDA_XML") ? getenv("DSV4MOE_CUDA_XML") : "/dev/null");
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

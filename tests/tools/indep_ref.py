@@ -212,43 +212,37 @@ def ffn(xin, W1, W3, W2, fmt13, fmt2, aq, L, clamp, w=None, weight_point="before
     return o
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--weights", required=True)
-    ap.add_argument("--input", required=True)
-    ap.add_argument("--out-ref", required=True)
-    ap.add_argument("--set", action="append", default=[])
-    ap.add_argument("--verbose", "-v", action="store_true")
-    args = ap.parse_args()
+DEFAULTS = dict(dim="4096", moe_inter_dim="2048", n_routed_experts="256", n_activated="6",
+                n_shared_experts="1", n_hash_layers="3", layer="-1", score_func="sqrtsoftplus",
+                gate_logits="fp32", route_scale="1.5", norm_eps="0", swiglu_limit="10",
+                shared_clamp="true", weight_point="before_w2", top_p="1", top_p_min_keep="1",
+                top_p_renorm="false", top_p_predictor="none", routed_format="fp4",
+                shared_format="fp8", weight_scale="ue8m0", act_quant="ue8m0")
 
-    cfg = dict(dim="4096", moe_inter_dim="2048", n_routed_experts="256", n_activated="6",
-               n_shared_experts="1", n_hash_layers="3", layer="-1", score_func="sqrtsoftplus",
-               gate_logits="fp32", route_scale="1.5", norm_eps="0", swiglu_limit="10",
-               shared_clamp="true", weight_point="before_w2", top_p="1", top_p_min_keep="1",
-               top_p_renorm="false", top_p_predictor="none", routed_format="fp4",
-               shared_format="fp8", weight_scale="ue8m0", act_quant="ue8m0")
-    for kv in args.set:
-        k, v = kv.split("=", 1)
-        cfg[k.strip()] = v.strip()
-    H = int(cfg["dim"]); I = int(cfg["moe_inter_dim"]); E = int(cfg["n_routed_experts"])
+# Defects an engine may carry (the CI test's engine patches each in; docs/engines.md):
+DEFECTS = ("routed_clamp_dropped", "shared_clamp_dropped", "weight_point_swapped", "topp_slot_as_expert0")
+
+
+def forward(cfg, st, x, ids_in, defect=None, verbose=False):
+    """The layer on x (fp32 holding bf16 values) [T, H]; cfg maps SPEC.md section 8 keys to strings.
+    Returns (y as bf16 values in fp32 [T, H], topk_ids int64 [T, K] with E for pruned slots,
+    topk_weights fp32 [T, K])."""
+    assert defect is None or defect in DEFECTS, defect
+    H = int(cfg["dim"]); E = int(cfg["n_routed_experts"])
     K = int(cfg["n_activated"]); layer = int(cfg["layer"]); nh = int(cfg["n_hash_layers"])
     route_scale = F32(float(cfg["route_scale"])); L = float(cfg["swiglu_limit"])
     score = cfg["score_func"]; top_p = float(cfg["top_p"])
-    tb = lambda s: s.lower() in ("true", "1", "yes", "on")
+    tb = lambda s: str(s).lower() in ("true", "1", "yes", "on")
     shared_clamp = tb(cfg["shared_clamp"]); renorm = tb(cfg["top_p_renorm"])
     min_keep = int(cfg["top_p_min_keep"]); pred = cfg["top_p_predictor"]
     wp = cfg["weight_point"]; aq = cfg["act_quant"]; eps = F32(float(cfg["norm_eps"]))
     n_shared = int(cfg["n_shared_experts"])
+    if defect == "weight_point_swapped":
+        wp = "after_w2" if wp == "before_w2" else "before_w2"
     assert layer >= 0
-
-    st = read_st(args.weights)
-    inp = read_st(args.input)
-    x = inp["x"][1].astype(F32)
-    ids_in = inp["input_ids"][1]
     T = x.shape[0]
     assert x.shape[1] == H
     p = "layers.%d.ffn." % layer
-
     # ---- router (section 2)
     Wg = st[p + "gate.weight"][1].astype(F32)
     logits = dot(x, Wg)
@@ -340,12 +334,14 @@ def main():
                 if j in keep:
                     kept_sum = F32(kept_sum + w[t, j])
             for j in range(K):
-                if j not in keep:
+                if j not in keep and defect == "topp_slot_as_expert0":
+                    idx[t, j] = 0  # the defect: the pruned slot computed as expert 0 with its weight
+                elif j not in keep:
                     idx[t, j] = E
                     w[t, j] = 0
                 elif renorm and kept_sum > 0:
                     w[t, j] = F32(w[t, j] * F32(orig_sum / kept_sum))
-            if args.verbose and len(keep) < K:
+            if verbose and len(keep) < K:
                 print("t%d pruned %d: c=%s" % (t, K - len(keep), c))
 
     # ---- experts (section 4)
@@ -359,19 +355,39 @@ def main():
         W3, _ = load_weight(st, q + "w3")
         W2, f2 = load_weight(st, q + "w2")
         we = w[rows, slots].astype(F32)
-        o = ffn(x[rows], W1, W3, W2, f1, f2, aq, L, True, we, wp)
+        o = ffn(x[rows], W1, W3, W2, f1, f2, aq, L, defect != "routed_clamp_dropped", we, wp)
         if wp == "after_w2":
             o = (we[:, None] * o).astype(F32)
-        # rows are distinct (one slot per expert per token)
-        y[rows] = (y[rows] + o).astype(F32)
+        # rows are distinct (one slot per expert per token), except where a defect repeats expert 0
+        np.add.at(y, rows, o)
     if n_shared:
         q = p + "shared_experts."
         W1, f1 = load_weight(st, q + "w1")
         W3, _ = load_weight(st, q + "w3")
         W2, f2 = load_weight(st, q + "w2")
-        o = ffn(x, W1, W3, W2, f1, f2, aq, L, shared_clamp, None, wp)
+        o = ffn(x, W1, W3, W2, f1, f2, aq, L, shared_clamp and defect != "shared_clamp_dropped", None, wp)
         y = (y + bf16(o)).astype(F32)
-    yb = bf16(y)
+    return bf16(y), idx, w
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weights", required=True)
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--out-ref", required=True)
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--verbose", "-v", action="store_true")
+    args = ap.parse_args()
+
+    cfg = dict(DEFAULTS)
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        cfg[k.strip()] = v.strip()
+    st = read_st(args.weights)
+    inp = read_st(args.input)
+    x = inp["x"][1].astype(F32)
+    ids_in = inp["input_ids"][1]
+    yb, idx, w = forward(cfg, st, x, ids_in, verbose=args.verbose)
 
     # ---- compare
     ref = read_st(args.out_ref)

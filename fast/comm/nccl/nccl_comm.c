@@ -24,6 +24,7 @@
 #include "dsv4moe/comm_nccl.h"
 #include "comm_impl.h"
 #include "err.h"
+#include "fileio.h"
 #include "nccl_internal.h"
 
 #define MSG_MAX DSV4_ERROR_MESSAGE_MAX
@@ -610,27 +611,9 @@ dsv4_status dsv4_nccl_id_write_file(const char *path, const dsv4_nccl_id *id, ds
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_nccl_id_write_file", "%s is NULL", !path ? "path" : "id");
     char hex[DSV4_NCCL_ID_HEX_LEN + 2];
     dsv4_nccl_id_to_hex(id, hex, sizeof hex, NULL);
-    size_t len = strlen(path) + 32;
-    char *tmp = malloc(len);
-    if (!tmp)
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-    snprintf(tmp, len, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        dsv4_status st = dsv4_seterr(err, DSV4_ERR_IO, tmp, "cannot create: %s", strerror(errno));
-        free(tmp);
-        return st;
-    }
-    bool ok = fprintf(f, "%s\n", hex) == DSV4_NCCL_ID_HEX_LEN + 1;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        dsv4_status st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot write the id: %s", strerror(errno));
-        remove(tmp);
-        free(tmp);
-        return st;
-    }
-    free(tmp);
-    return DSV4_OK;
+    hex[DSV4_NCCL_ID_HEX_LEN] = '\n';
+    /* The library's one file-writing path: O_EXCL temporary, fsync, rename (core/fileio.c). */
+    return dsv4_write_file_atomic(path, hex, DSV4_NCCL_ID_HEX_LEN + 1, err);
 }
 
 dsv4_status dsv4_nccl_id_read_file(const char *path, int timeout_ms, dsv4_nccl_id *id, dsv4_error *err)

@@ -1,0 +1,117 @@
+/* dsv4moe check: an outside engine's outputs against exported cases (docs/engines.md). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "dsv4moe/engines.h"
+
+static const char CHECK_HELP[] =
+    "usage: dsv4moe check D --outputs O [--report R] [--map NAME=y|topk_ids|topk_weights ...]\n"
+    "                     [--sentinel E|-1|absent] [--fp8]\n\n"
+    "Holds an engine's outputs O/<case-id>/output.safetensors against the case folders of D (written by\n"
+    "`dsv4moe export`): y (any float dtype, [T, H]; rounded to bf16 when wider) by the SPEC.md section 7\n"
+    "metrics under the outside-engine rule of section 9 (exact-quant: DeepGEMM diff < 1e-3, at most\n"
+    "0.5 %% of the elements beyond atol = rtol = 0.035, max |a-b| <= 0.035 + 0.1 rms(reference), on every\n"
+    "format; bf16 ULP figures are reported, not judged), and, where the engine writes them, topk_ids as\n"
+    "sets per token and topk_weights matched by expert id (|a-b| <= 1e-6 + 1e-5 |b|). Writes\n"
+    "R/report.json, R/junit.xml and R/report.html as `run` does.\n\n"
+    "  --outputs O       the engine's outputs, one folder per case id\n"
+    "  --report R        where the reports go (default out/check)\n"
+    "  --map NAME=T      read the engine's tensor NAME as y, topk_ids or topk_weights (repeatable)\n"
+    "  --sentinel S      how the engine marks a pruned top-p slot: E (default), -1, absent\n"
+    "  --fp8             the engine accumulates on FP8 tensor cores: the fp8-mma bounds (at most 2 %%\n"
+    "                    beyond, max |a-b| <= 0.035 + 0.2 rms)\n\n"
+    "exit status: 0 every case passed, 1 some case failed, 2 bad input (a case without an output, an\n"
+    "unreadable or malformed output or case folder: each named)\n";
+
+int cmd_check(int argc, char **argv)
+{
+    const char *cmd = "check", *dir = NULL, *outputs = NULL, *report = "out/check";
+    dsv4_check_options co;
+    dsv4_check_options_init(&co);
+    static const char *const opts[] = {"--outputs", "--report", "--map", "--sentinel", NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(CHECK_HELP, stdout);
+            return EXIT_OK;
+        }
+        if (a[0] != '-' || !strcmp(a, "-")) {
+            if (dir)
+                return cli_failf(cmd, "unexpected argument '%s': one cases folder only", a);
+            dir = a;
+            continue;
+        }
+        if (!strcmp(a, "--fp8")) {
+            co.fp8_mma = true;
+            continue;
+        }
+        const char *v;
+        if (cli_known(cmd, a, opts) || !(v = cli_value(cmd, argc, argv, &i)))
+            return EXIT_BAD_INPUT;
+        if (!strcmp(a, "--outputs")) {
+            outputs = v;
+        } else if (!strcmp(a, "--report")) {
+            report = v;
+        } else if (!strcmp(a, "--sentinel")) {
+            if (!dsv4_sentinel_parse(v, &co.sentinel))
+                return cli_failf(cmd, "--sentinel '%s': not E, -1 or absent", v);
+        } else {
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v || (strcmp(eq + 1, "y") && strcmp(eq + 1, "topk_ids") && strcmp(eq + 1, "topk_weights")))
+                return cli_failf(cmd, "--map '%s': not NAME=y, NAME=topk_ids or NAME=topk_weights", v);
+            if (co.n_map == DSV4_CHECK_MAP_MAX)
+                return cli_failf(cmd, "too many --map options (at most %d)", DSV4_CHECK_MAP_MAX);
+            /* argv outlives the call: the name is the text before '=' (copied), the target after it */
+            char *from = strndup(v, (size_t)(eq - v));
+            if (!from)
+                return cli_failf(cmd, "out of memory");
+            co.map_from[co.n_map] = from;
+            co.map_to[co.n_map++] = eq + 1;
+        }
+    }
+    int rc = EXIT_OK;
+    if (!dir || !outputs) {
+        rc = cli_failf(cmd, "%s (see dsv4moe check --help)", !dir ? "no cases folder given" : "--outputs O is needed");
+        goto out;
+    }
+    dsv4_error err;
+    dsv4_error_clear(&err);
+    dsv4_run_results *res = NULL;
+    if (dsv4_check_engine(dir, outputs, &co, &res, &err)) {
+        rc = cli_fail(cmd, &err);
+        goto out;
+    }
+    char jpath[4200], xpath[4200], hpath[4200];
+    snprintf(jpath, sizeof jpath, "%s/report.json", report);
+    snprintf(xpath, sizeof xpath, "%s/junit.xml", report);
+    snprintf(hpath, sizeof hpath, "%s/report.html", report);
+    if (cli_mkdir_p(report) != 0) {
+        rc = cli_failf(cmd, "cannot create the report folder '%s': %s", report, strerror(errno));
+    } else if (dsv4_report_json(res, NULL, jpath, &err) || dsv4_report_junit(res, NULL, xpath, &err) ||
+               dsv4_report_html(res, hpath, &err)) {
+        rc = cli_fail(cmd, &err);
+    } else {
+        dsv4_run_summary s = dsv4_run_summarize(res);
+        for (size_t i = 0; i < dsv4_run_count(res); i++) {
+            const dsv4_case_result *c = dsv4_run_get(res, i);
+            const char *detail;
+            dsv4_case_check(c, DSV4_CHECK_NUMERICS, &detail);
+            dsv4_result r = dsv4_case_status(c);
+            printf("%-5s %s: %s\n", r == DSV4_RESULT_PASS ? "pass" : r == DSV4_RESULT_FAIL ? "FAIL" : "ERROR",
+                   dsv4_case_name(c), detail);
+            if (r == DSV4_RESULT_ERROR)
+                fprintf(stderr, "dsv4moe check: %s: %s\n", dsv4_case_name(c), detail);
+        }
+        printf("dsv4moe check: %zu cases: %zu passed, %zu failed, %zu errors\nreports: %s, %s, %s\n", s.cases,
+               s.passed, s.failed, s.errors, jpath, xpath, hpath);
+        rc = s.errors ? EXIT_BAD_INPUT : s.failed ? EXIT_CHECK_FAILED : EXIT_OK;
+    }
+    dsv4_run_results_free(res);
+out:
+    for (int k = 0; k < co.n_map; k++)
+        free((char *)co.map_from[k]);
+    return rc;
+}

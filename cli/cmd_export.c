@@ -1,0 +1,109 @@
+/* dsv4moe export: a scenario matrix's cases as folders an outside engine runs (docs/engines.md). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "dsv4moe/engines.h"
+#include "dsv4moe/scenario.h"
+
+static const char EXPORT_HELP[] =
+    "usage: dsv4moe export FILE.yaml... --dir D [--layout split|stacked] [--filter SUBSTRING] [--threads N]\n\n"
+    "Writes every world-1 case of the scenario files, and each rank of their multi-rank cases, that\n"
+    "expects a pass, as a folder D/<case-id>/ (docs/engines.md, format version 1):\n"
+    "  model.safetensors     the layer's checkpoint in the chosen layout with the real key names\n"
+    "  input.safetensors     x BF16 [T, H], input_ids I32 [T]\n"
+    "  expected.safetensors  the reference's y BF16 [T, H], topk_ids I32 [T, K], topk_weights F32 [T, K]\n"
+    "  case.json             the case id, layer, every config key, the checks and the tolerance\n"
+    "An engine runs each folder and writes O/<case-id>/output.safetensors; `dsv4moe check D --outputs O`\n"
+    "gives the verdicts.\n\n"
+    "  --dir D           where the case folders go (created)\n"
+    "  --layout L        split (default: the official release's keys and formats) or stacked (HF\n"
+    "                    transformers' keys, model.layers.N.mlp.*, bf16; the reference quantizes it at\n"
+    "                    load as the case's formats say, so a bf16-computing engine matches the bf16 cases)\n"
+    "  --filter S        only cases whose name contains S\n"
+    "  --threads N       the reference's threads (default 2; the outputs do not depend on it)\n\n"
+    "exit status: 0 written, 2 bad input (a scenario file, an option, a folder that cannot be written)\n";
+
+int cmd_export(int argc, char **argv)
+{
+    const char *cmd = "export", *dir = NULL, *filter = NULL;
+    dsv4_export_options eo;
+    dsv4_export_options_init(&eo);
+    int64_t threads = 2;
+    const char **files = calloc((size_t)argc + 1, sizeof *files);
+    int nfiles = 0, rc = EXIT_OK;
+    if (!files)
+        return cli_failf(cmd, "out of memory");
+    static const char *const opts[] = {"--dir", "--layout", "--filter", "--threads", NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(EXPORT_HELP, stdout);
+            free(files);
+            return EXIT_OK;
+        }
+        if (a[0] != '-' || !strcmp(a, "-")) {
+            files[nfiles++] = a;
+            continue;
+        }
+        const char *v;
+        if (cli_known(cmd, a, opts) || !(v = cli_value(cmd, argc, argv, &i))) {
+            free(files);
+            return EXIT_BAD_INPUT;
+        }
+        if (!strcmp(a, "--dir"))
+            dir = v;
+        else if (!strcmp(a, "--filter"))
+            filter = v;
+        else if (!strcmp(a, "--layout")) {
+            if (!strcmp(v, "split"))
+                eo.layout = DSV4_LAYOUT_SPLIT;
+            else if (!strcmp(v, "stacked"))
+                eo.layout = DSV4_LAYOUT_STACKED;
+            else {
+                free(files);
+                return cli_failf(cmd, "option --layout: '%s' is not split or stacked", v);
+            }
+        } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads)) {
+            free(files);
+            return EXIT_BAD_INPUT;
+        }
+    }
+    eo.threads = (int)threads;
+    eo.filter = filter;
+    if (!nfiles || !dir) {
+        free(files);
+        return cli_failf(cmd, "%s (see dsv4moe export --help)", !nfiles ? "no scenario file given" : "--dir D is needed");
+    }
+    dsv4_error err;
+    dsv4_error_clear(&err);
+    size_t total = 0, skipped = 0;
+    for (int f = 0; f < nfiles && rc == EXIT_OK; f++) {
+        dsv4_scenario *scn = NULL;
+        if (dsv4_scenario_load(files[f], &scn, &err) != DSV4_OK) {
+            fprintf(stderr, "dsv4moe export: %s\n", err.message);
+            rc = EXIT_BAD_INPUT;
+            break;
+        }
+        size_t w = 0, l = 0;
+        dsv4_status st = dsv4_export_scenario(scn, dir, &eo, &w, &l, &err);
+        total += w;
+        skipped += l;
+        if (st) {
+            fprintf(stderr, "dsv4moe export: %s: %s\n", files[f], err.message);
+            rc = EXIT_BAD_INPUT;
+        }
+        dsv4_scenario_free(scn);
+    }
+    if (rc == EXIT_OK) {
+        if (!total)
+            rc = cli_failf(cmd, "no case exported%s%s%s", filter ? " (--filter '" : "", filter ? filter : "",
+                           filter ? "')" : "");
+        else
+            printf("dsv4moe export: %zu case folder%s in %s (%zu case%s left out: refusals or invalid configs)\n",
+                   total, total == 1 ? "" : "s", dir, skipped, skipped == 1 ? "" : "s");
+    }
+    free(files);
+    return rc;
+}

@@ -1,0 +1,182 @@
+/*
+ * The `gemm = fp8` mode's own kernels around the grouped FP8 GEMM (gemm_fp8.h), included by
+ * cuda.cu after kernels.cuh and mma.cuh:
+ *
+ *   k_gather8  before gate/up: each large group's activation codes into contiguous rows (the
+ *              GEMM reads a group as one [M, H] matrix) and their scales in the GEMM's M-major
+ *              layout; the shared expert reads x's codes in place and needs only the scales.
+ *   k_quant8   after gate/up, instead of k_quant: for rows of a large fp8 group, the SwiGLU
+ *              epilogue of SPEC.md section 4 on the GEMM's bf16 g and u (clamp counted, silu,
+ *              router weight before w2, bf16 h) and the e4m3 quantization of h, whose scales
+ *              are written twice (K-major as the other kernels read them, M-major for the down
+ *              GEMM); every other row is k_quant's work, unchanged.
+ *
+ * "Large fp8 group": more than FM_MID_MAX rows (the decode and 32-row kernels keep the smaller
+ * ones) and an expert whose weights converted exactly (ok[e], repack at creation).
+ */
+#ifndef DSV4MOE_CUDA_FP8PATH_CUH
+#define DSV4MOE_CUDA_FP8PATH_CUH
+
+namespace dsv4cuda {
+
+/* Where a block's row sits: its group's rows M (0 when the row is not in a large fp8 group),
+   the group's first row r0 and the row's index in the group. */
+struct Row8 {
+    long long row;
+    int m, idx, slot; /* slot: the kept slot (-1 for the shared expert's rows) */
+    long long r0;
+};
+
+struct Sel8 {
+    const int32_t *slot_row, *slot_tok;
+    const int *slot_off, *cnt, *pad_off, *meta, *ntok;
+    const uint8_t *ok; /* [E + 1] */
+    long long sh_row0;
+    int E, slots, has_shared, min_rows;
+};
+
+/* Block b of a grid of slots + Tc blocks: false when it has no row. */
+__device__ __forceinline__ bool row8(const Sel8 &a, int b, Row8 &r)
+{
+    r.m = 0, r.idx = 0, r.r0 = 0;
+    if (b < a.slots) {
+        if (b >= a.meta[2])
+            return false;
+        r.slot = b;
+        r.row = a.slot_row[b];
+        /* the expert of kept slot b: the last e with slot_off[e] <= b (empty experts share the
+           next one's offset, so the last is the non-empty one) */
+        int lo = 0, hi = a.E - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (a.slot_off[mid] <= b)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const int c = a.cnt[lo];
+        if (a.ok[lo] && c > a.min_rows) {
+            r.m = c;
+            r.r0 = a.pad_off[lo];
+            r.idx = (int)(r.row - r.r0);
+        }
+        return true;
+    }
+    const int t = b - a.slots, nt = *a.ntok;
+    if (!a.has_shared || t >= nt)
+        return false;
+    r.slot = -1;
+    r.row = a.sh_row0 + t;
+    if (a.ok[a.E] && nt > a.min_rows) {
+        r.m = nt;
+        r.r0 = a.sh_row0;
+        r.idx = t;
+    }
+    return true;
+}
+
+struct Gather8Args {
+    Sel8 sel;
+    const uint8_t *xq; /* x codes [Tc, H] */
+    const float *xs;   /* [Tc, H / 128] */
+    uint8_t *xp;       /* [rows, H]: routed rows of large fp8 groups */
+    float *xs8;        /* M-major scales, group base r0 H / 128 */
+    int H;
+};
+
+__global__ void k_gather8(Gather8Args a)
+{
+    Row8 r;
+    if (!row8(a.sel, blockIdx.x, r) || !r.m)
+        return;
+    const int tok = r.slot >= 0 ? a.sel.slot_tok[r.slot] : r.idx;
+    const int ng = a.H >> 7;
+    if (r.slot >= 0) {
+        const uint4 *src = (const uint4 *)(a.xq + (long long)tok * a.H);
+        uint4 *dst = (uint4 *)(a.xp + r.row * a.H);
+        for (int i = threadIdx.x; i < (a.H >> 4); i += blockDim.x)
+            dst[i] = src[i];
+    }
+    float *s8 = a.xs8 + r.r0 * ng + r.idx;
+    for (int kb = threadIdx.x; kb < ng; kb += blockDim.x)
+        s8[(long long)kb * r.m] = a.xs[(long long)tok * ng + kb];
+}
+
+struct Quant8Args {
+    Sel8 sel;
+    uint16_t *h;          /* bf16 h [hrows, I] of the other kernels' rows */
+    const uint16_t *gu8;  /* the fp8 GEMM's bf16 [g | u] [hrows, 2 I] */
+    uint8_t *q;           /* codes [hrows, I] */
+    float *s, *s8;        /* scales K-major [hrows, I / 128]; M-major, group base r0 I / 128 */
+    const float *slot_w;
+    unsigned long long *stats;
+    int I, qmode, f16_codes, before, clamp_r, clamp_s;
+    float L;
+};
+
+__global__ void k_quant8(Quant8Args a)
+{
+    Row8 r;
+    if (!row8(a.sel, blockIdx.x, r))
+        return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, ng = a.I >> 7;
+    const bool shared = r.slot < 0;
+    const bool clamp = (shared ? a.clamp_s : a.clamp_r) && a.L > 0.0f;
+    const float w = !shared && a.before ? a.slot_w[r.slot] : 1.0f;
+    uint16_t *hr = a.h + r.row * a.I;
+    const uint16_t *gr = a.gu8 + r.row * 2 * a.I, *ur = gr + a.I;
+    unsigned long long gc = 0, uc = 0;
+    for (int gq = warp; gq < ng; gq += nw) {
+        const int k0 = gq * 128 + lane * 4;
+        float v[4];
+        bool ok[4] = {true, true, true, true};
+        uint8_t c[4];
+        if (r.m) {
+            /* SPEC.md section 4 on bf16 g, u: clamp, silu in fp32, router weight before w2, bf16 h */
+            const uint2 g2 = *(const uint2 *)(gr + k0), u2 = *(const uint2 *)(ur + k0);
+            const uint32_t gw[2] = {g2.x, g2.y}, uw[2] = {u2.x, u2.y};
+            for (int i = 0; i < 4; i++) {
+                float gv = bf16f((uint16_t)(gw[i >> 1] >> (16 * (i & 1))));
+                float uv = bf16f((uint16_t)(uw[i >> 1] >> (16 * (i & 1))));
+                if (clamp) {
+                    if (gv > a.L) {
+                        gv = a.L;
+                        gc++;
+                    }
+                    if (uv > a.L || uv < -a.L) {
+                        uv = uv > a.L ? a.L : -a.L;
+                        uc++;
+                    }
+                }
+                float hv = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+                if (w != 1.0f)
+                    hv = __fmul_rn(hv, w);
+                v[i] = rbf16(hv);
+            }
+        } else {
+            const uint2 raw = *(const uint2 *)(hr + k0);
+            v[0] = bf16f((uint16_t)raw.x), v[1] = bf16f((uint16_t)(raw.x >> 16));
+            v[2] = bf16f((uint16_t)raw.y), v[3] = bf16f((uint16_t)(raw.y >> 16));
+        }
+        const float s = quant_group4(v, ok, a.qmode, c); /* the group is read before anything is written */
+        *(uint32_t *)(a.q + r.row * a.I + k0) =
+            (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16) | ((uint32_t)c[3] << 24);
+        if (!r.m && a.f16_codes)
+            store_f16_codes(hr, k0, c);
+        if (lane == 0) {
+            a.s[r.row * ng + gq] = s;
+            if (r.m)
+                a.s8[r.r0 * ng + (long long)gq * r.m + r.idx] = s;
+        }
+    }
+    gc = warp_sum_u64(gc);
+    uc = warp_sum_u64(uc);
+    if (lane == 0 && (gc || uc)) {
+        atomicAdd(&a.stats[shared ? ST_SG : ST_RG], gc);
+        atomicAdd(&a.stats[shared ? ST_SU : ST_RU], uc);
+    }
+}
+
+} // namespace dsv4cuda
+
+#endif

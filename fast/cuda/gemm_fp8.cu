@@ -1,0 +1,251 @@
+/*
+ * The fp8 mode's grouped GEMM (gemm_fp8.h): one CUTLASS 4.2 instantiation serves every projection
+ * (gate/up and down of the routed experts and of the shared expert), since all of them are
+ * e4m3 [M, K] x e4m3 [N, K]^T -> bf16 [M, N] with 1x128 scales on both operands.
+ *
+ * Why these choices:
+ * - Weight scales 1x128 (one per row and 128 of K), not 128x128: fp4 experts enter as e4m3 codes
+ *   with one power-of-two scale per row and 128 of K (repack.c), and fp8 experts' 128x128 block
+ *   scales are the same value repeated over the block's rows, so one layout serves both formats
+ *   and one kernel is compiled (its build dominates `make cuda`).
+ * - 128x128x128 tiles, cooperative schedule (two consumer warpgroups on one 128-row tile), a
+ *   1x2 cluster (the two CTAs of a cluster share the A tile through TMA multicast): the
+ *   configuration of CUTLASS's example 68 that measured 1124 TFLOP/s on these shapes on the H200.
+ * - Rasterized along M (below), persistent grid of the device's SM count, problem shapes read on the device only (host
+ *   shapes NULL): the launch does not depend on the routing, so it is captured in a graph.
+ */
+#include "gemm_fp8.h"
+
+#include <new>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/numeric_types.h"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace dsv4cuda {
+namespace {
+
+using namespace cute;
+
+using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+using ElementA = cutlass::float_e4m3_t;
+using ElementB = cutlass::float_e4m3_t;
+using ElementD = cutlass::bfloat16_t;
+using ElementC = cutlass::bfloat16_t; /* never read: beta = 0 */
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor; /* B^T row-major: the weight [N, K] with K contiguous */
+using LayoutD = cutlass::layout::RowMajor;
+constexpr int AlignA = 16, AlignB = 16, AlignD = 8;
+using Acc = float;
+using TileShape = Shape<_128, _128, _128>;
+using ClusterShape = Shape<_1, _2, _1>;
+using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, 128>;
+using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+
+using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, Acc, Acc, ElementC, LayoutD *, AlignD, ElementD, LayoutD *, AlignD,
+    EpilogueSchedule, cutlass::epilogue::fusion::LinearCombination<ElementD, Acc>>::CollectiveOp;
+
+using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA *, LayoutSFA *>, AlignA, ElementB,
+    cute::tuple<LayoutB *, LayoutSFB *>, AlignB, Acc, TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+    KernelSchedule>::CollectiveOp;
+
+using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+using StrideA = typename Kernel::InternalStrideA;
+using StrideB = typename Kernel::InternalStrideB;
+using StrideD = typename Kernel::InternalStrideD;
+using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+
+/* The per-group argument arrays CUTLASS reads (device memory, one allocation). */
+struct Arrays {
+    Shape3 *shape;
+    const ElementA **a;
+    const ElementB **b;
+    const ElementC **c;
+    ElementD **d;
+    const Acc **sfa, **sfb;
+    StrideA *da;
+    StrideB *db;
+    StrideD *dd;
+    LayoutSFA *lsfa;
+    LayoutSFB *lsfb;
+};
+
+/* One thread per group: its rows (0 when another kernel computes it), pointers, strides, layouts. */
+__global__ void k_fp8_args(Fp8Proj p, Arrays r, int groups)
+{
+    const int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= groups)
+        return;
+    const bool sh = g == p.E;
+    int m = 0;
+    long long row0 = 0;
+    if (!sh) {
+        m = p.cnt[g];
+        row0 = p.pad_off[g];
+    } else if (p.has_shared) {
+        m = *p.ntok;
+    }
+    if (m <= p.min_rows || !p.ok[g])
+        m = 0;
+    const int n = sh ? p.Nsh : p.N, k = sh ? p.Ksh : p.K;
+    r.shape[g] = Shape3(m, n, k);
+    const uint8_t *a = sh ? p.Ash : p.A + row0 * k;
+    const float *sfa = sh ? p.SFAsh : p.SFA + row0 * (k / 128);
+    const uint8_t *b = sh ? p.Bsh : p.B + (long long)g * p.b_stride;
+    const float *sfb = sh ? p.SFBsh : p.SFB + (long long)g * p.sfb_stride;
+    uint16_t *d = sh ? p.Dsh : p.D + row0 * n;
+    r.a[g] = reinterpret_cast<const ElementA *>(a);
+    r.b[g] = reinterpret_cast<const ElementB *>(b);
+    r.d[g] = reinterpret_cast<ElementD *>(d);
+    r.c[g] = reinterpret_cast<const ElementC *>(d);
+    r.sfa[g] = sfa;
+    r.sfb[g] = sfb;
+    r.da[g] = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(m, k, 1));
+    r.db[g] = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(n, k, 1));
+    r.dd[g] = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(m, n, 1));
+    r.lsfa[g] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
+    r.lsfb[g] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, n, k, 1));
+}
+
+size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
+
+} // namespace
+
+struct Fp8Gemm {
+    int groups = 0;
+    uint8_t *mem = nullptr; /* the arrays, then CUTLASS's workspace */
+    Arrays arr{};
+    Gemm op;
+};
+
+cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, size_t *bytes)
+{
+    *out = nullptr;
+    if (bytes)
+        *bytes = 0;
+    Fp8Gemm *g = new (std::nothrow) Fp8Gemm;
+    if (!g)
+        return cudaErrorMemoryAllocation;
+    g->groups = groups;
+    const size_t n = (size_t)groups;
+    size_t off = 0;
+    size_t o_shape = off;
+    off += align256(n * sizeof(Shape3));
+    size_t o_ptr = off; /* a, b, c, d, sfa, sfb: six pointer arrays */
+    off += 6 * align256(n * sizeof(void *));
+    size_t o_da = off;
+    off += align256(n * sizeof(StrideA));
+    size_t o_db = off;
+    off += align256(n * sizeof(StrideB));
+    size_t o_dd = off;
+    off += align256(n * sizeof(StrideD));
+    size_t o_lsfa = off;
+    off += align256(n * sizeof(LayoutSFA));
+    size_t o_lsfb = off;
+    off += align256(n * sizeof(LayoutSFB));
+    const size_t arrays = off;
+
+    int dev = 0;
+    cudaError_t ce = cudaGetDevice(&dev);
+    if (ce != cudaSuccess) {
+        delete g;
+        return ce;
+    }
+    cutlass::KernelHardwareInfo hw = cutlass::KernelHardwareInfo::make_kernel_hardware_info<Kernel>(dev);
+    /* the arrays' addresses are fixed, so the arguments (and CUTLASS's params) are built once */
+    typename Gemm::Arguments args;
+    auto build = [&](uint8_t *base) {
+        Arrays &r = g->arr;
+        r.shape = (Shape3 *)(base + o_shape);
+        void **p = (void **)(base + o_ptr);
+        const size_t step = align256(n * sizeof(void *)) / sizeof(void *);
+        r.a = (const ElementA **)(p + 0 * step);
+        r.b = (const ElementB **)(p + 1 * step);
+        r.c = (const ElementC **)(p + 2 * step);
+        r.d = (ElementD **)(p + 3 * step);
+        r.sfa = (const Acc **)(p + 4 * step);
+        r.sfb = (const Acc **)(p + 5 * step);
+        r.da = (StrideA *)(base + o_da);
+        r.db = (StrideB *)(base + o_db);
+        r.dd = (StrideD *)(base + o_dd);
+        r.lsfa = (LayoutSFA *)(base + o_lsfa);
+        r.lsfb = (LayoutSFB *)(base + o_lsfb);
+        args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                        {groups, r.shape, nullptr},
+                                        {r.a, r.da, r.b, r.db, r.sfa, r.lsfa, r.sfb, r.lsfb},
+                                        {{}, r.c, r.dd, r.d, r.dd},
+                                        hw};
+        auto &f = args.epilogue.thread;
+        f.alpha = 1.0f;
+        f.beta = 0.0f;
+        f.alpha_ptr = nullptr;
+        f.beta_ptr = nullptr;
+        f.alpha_ptr_array = nullptr;
+        f.beta_ptr_array = nullptr;
+        f.dAlpha = {cute::_0{}, cute::_0{}, 0};
+        f.dBeta = {cute::_0{}, cute::_0{}, 0};
+        /* along M: the CTAs working at one time share an expert's weight tiles (each N tile of a
+           group is visited for all its M tiles in a row), so the weights, which dominate the
+           traffic of an MoE GEMM (384 rows per expert at T = 16384 against 16 MiB of gate|up),
+           come from DRAM about once; the group's activation rows are small and stay in L2 */
+        args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
+        args.scheduler.max_swizzle_size = 1;
+    };
+    build(nullptr); /* sizes only: the workspace size does not depend on the addresses */
+    const size_t ws = Gemm::get_workspace_size(args);
+    const size_t total = arrays + align256(ws);
+    if ((ce = cudaMalloc((void **)&g->mem, total)) != cudaSuccess) {
+        delete g;
+        return ce;
+    }
+    if ((ce = cudaMemset(g->mem, 0, total)) != cudaSuccess) {
+        fp8gemm_free(g);
+        return ce;
+    }
+    build(g->mem);
+    if (g->op.initialize(args, g->mem + arrays) != cutlass::Status::kSuccess) {
+        fp8gemm_free(g);
+        return cudaErrorInvalidConfiguration;
+    }
+    if (bytes)
+        *bytes = total;
+    *out = g;
+    return cudaSuccess;
+}
+
+cudaError_t fp8gemm_enqueue(Fp8Gemm *g, const Fp8Proj &p, cudaStream_t s)
+{
+    k_fp8_args<<<(unsigned)((g->groups + 127) / 128), 128, 0, s>>>(p, g->arr, g->groups);
+    cudaError_t ce = cudaPeekAtLastError();
+    if (ce != cudaSuccess)
+        return ce;
+    if (g->op.run(s) != cutlass::Status::kSuccess)
+        return cudaErrorLaunchFailure;
+    return cudaPeekAtLastError();
+}
+
+void fp8gemm_free(Fp8Gemm *g)
+{
+    if (!g)
+        return;
+    cudaFree(g->mem);
+    delete g;
+}
+
+} // namespace dsv4cuda

@@ -1,0 +1,89 @@
+/*
+ * dsv4moe: verifying another engine's MoE layer (docs/engines.md).
+ *
+ * dsv4_export_scenario() writes the cases of a scenario matrix as self-contained folders
+ * (the layer's checkpoint, the input, the reference's outputs and case.json); an engine runs
+ * each case and writes output.safetensors; dsv4_check_engine() holds those outputs against
+ * the reference with the outside-engine tolerance of SPEC.md section 9 and returns results
+ * that the report writers of dsv4moe/run.h take (report.json, junit.xml, report.html).
+ */
+#ifndef DSV4MOE_ENGINES_H
+#define DSV4MOE_ENGINES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "compare.h"
+#include "run.h"
+#include "safetensors.h"
+#include "scenario.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of the exported folder format (case.json "version"); docs/engines.md. */
+#define DSV4_ENGINE_FORMAT_VERSION 1
+
+typedef struct dsv4_export_options {
+    uint32_t struct_size; /* sizeof(dsv4_export_options), set by init */
+    dsv4_layout layout;   /* DSV4_LAYOUT_SPLIT (default: the official release's keys and formats) or
+                             DSV4_LAYOUT_STACKED (HF transformers' keys with the "model." prefix, bf16;
+                             the reference quantizes it at load as the case's formats say) */
+    int threads;          /* the reference's threads (>= 1; the outputs do not depend on it); default 2 */
+    const char *filter;   /* only cases whose name contains this substring; NULL: all */
+} dsv4_export_options;
+
+/* split layout, 2 threads, no filter. NULL is a no-op. */
+void dsv4_export_options_init(dsv4_export_options *opt);
+
+/*
+ * Writes every world-1 case of scn, and each rank of its multi-rank cases, that expects a pass
+ * and whose config validates, as dir/<case-id>/ (created; an existing case folder is
+ * overwritten file by file, each file atomically). *written (may be NULL) gets the number of
+ * folders written. Cases that expect a refusal or whose config is invalid are left out and
+ * counted in *left_out (may be NULL).
+ */
+dsv4_status dsv4_export_scenario(const dsv4_scenario *scn, const char *dir, const dsv4_export_options *opt,
+                                 size_t *written, size_t *left_out, dsv4_error *err);
+
+/* The folder name of a case (rank -1 for a world-1 case): the case name with '/' as "." and every
+   character other than [A-Za-z0-9._=,+-] as '_', then ".rank<r>" for a rank. */
+void dsv4_export_case_id(const char *case_name, int rank, char *buf, size_t size);
+
+#define DSV4_CHECK_MAP_MAX 8
+
+typedef struct dsv4_check_options {
+    uint32_t struct_size;   /* sizeof(dsv4_check_options), set by init */
+    dsv4_sentinel sentinel; /* how the engine marks a pruned slot in topk_ids (default E) */
+    bool fp8_mma;           /* the engine accumulates on FP8 tensor cores: SPEC.md section 9's fp8-mode
+                               bounds (DSV4_TOL_FP8_MMA) in place of the exact mode's (DSV4_TOL_EXACT_QUANT) */
+    int n_map;              /* tensor names of the engine: map_from[i] is read as map_to[i] ("y", "topk_ids",
+                               "topk_weights") */
+    const char *map_from[DSV4_CHECK_MAP_MAX];
+    const char *map_to[DSV4_CHECK_MAP_MAX];
+} dsv4_check_options;
+
+/* sentinel E, exact-mode bounds, no name map. NULL is a no-op. */
+void dsv4_check_options_init(dsv4_check_options *opt);
+
+/*
+ * Checks an engine's outputs: for every case folder of cases_dir (a folder holding case.json),
+ * outputs_dir/<case-id>/output.safetensors must hold y ([T, H], any float dtype: rounded to bf16
+ * when it is not bf16) and may hold topk_ids (I32/I64 [T, k]) and topk_weights ([T, k]). The
+ * numerics check of each case passes when y is within the tolerance rule (DSV4_TOL_EXACT_QUANT
+ * or, with fp8_mma, DSV4_TOL_FP8_MMA; ULP figures are reported, never judged) and, where the
+ * engine gave them, its routing ids match as sets per token and its weights by expert id.
+ * A case without an output, or with an unreadable or malformed one, is a case with status
+ * error naming the file and the rule. On success *results holds one case per folder (sorted by
+ * id); a cases_dir that cannot be read, or holds no case, or a case.json that is malformed, is an
+ * error of the call (DSV4_ERR_IO / DSV4_ERR_FORMAT naming the file), *results then NULL.
+ */
+dsv4_status dsv4_check_engine(const char *cases_dir, const char *outputs_dir, const dsv4_check_options *opt,
+                              dsv4_run_results **results, dsv4_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,434 @@
+"""Verifying an engine's MoE layer against cases exported by ``dsv4moe export`` (docs/engines.md).
+
+Plain Python and NumPy; torch tensors are accepted where arrays are (converted with
+``.detach().float().cpu().numpy()``), torch itself is never imported.
+
+An engine's own pytest suite parametrizes over an exported matrix in a few lines::
+
+    import pytest
+    from dsv4moe import testing
+
+    @pytest.mark.parametrize("case", testing.cases("exported"), ids=lambda c: c.id)
+    def test_moe_layer(case):
+        y, ids, w = my_engine(case.model_path, case.config, case.x, case.input_ids)
+        case.check(y, topk_ids=ids, topk_weights=w)   # raises CheckFailed with the verdict line
+
+The rules are those of ``dsv4moe check`` (SPEC.md section 9 for outside engines, docs/scenarios.md
+"Tolerance rules"): y is rounded to bf16 when it is wider, then held to DeepGEMM diff < 1e-3, at most
+0.5 % of the elements beyond atol = rtol = 0.035 and max |a-b| <= 0.035 + 0.1 rms(reference)
+(``fp8=True``: at most 2 %, 0.2 rms); bf16 ULP figures are reported, not judged; a NaN or Inf where
+the reference is finite, a non-finite reference value not repeated as the same infinity, and any NaN
+pair fail. Routing ids are compared as sets per token (slot order free) in the engine's sentinel
+convention ("E", "-1" or "absent"); weights are matched by expert id within |a-b| <= 1e-6 + 1e-5 |b|.
+
+``python3 -m dsv4moe.testing D --outputs O`` checks a folder of outputs as ``dsv4moe check`` does
+(exit 0 all pass, 1 some fail, 2 bad input).
+"""
+
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+FORMAT = "dsv4moe-engine-case"
+FORMAT_VERSION = 1
+
+ATOL = 0.035
+RTOL = 0.035
+WEIGHT_ATOL = 1e-6
+WEIGHT_RTOL = 1e-5
+RULES = {
+    # name: (deepgemm diff bound, share of elements beyond atol/rtol, rms factor of the max |a-b| bound)
+    "exact-quant": (1e-3, 0.005, 0.1),
+    "fp8-mma": (1e-3, 0.02, 0.2),
+}
+
+__all__ = ["Case", "CheckFailed", "Verdict", "cases", "compare", "compare_routing", "read_safetensors",
+           "write_safetensors", "to_bf16_bits", "from_bf16_bits"]
+
+
+class CheckFailed(AssertionError):
+    """An engine's output outside the case's tolerance; str() is the verdict line."""
+
+
+class CaseError(ValueError):
+    """A case folder or an output that cannot be read (dsv4moe check's exit status 2)."""
+
+
+# --------------------------------------------------------------------------- safetensors
+
+_NP = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+       "U8": "u1", "BOOL": "u1", "BF16": "<u2", "F8_E4M3": "u1", "F8_E5M2": "u1", "F8_E8M0": "u1",
+       "U16": "<u2", "U32": "<u4", "U64": "<u8"}
+
+
+def read_safetensors(path):
+    """{name: (dtype string, numpy array)}; BF16 and F8 tensors come as their raw bits (uint16 / uint8),
+    the metadata under the key "__metadata__" as (None, dict)."""
+    try:
+        with open(path, "rb") as f:
+            buf = f.read()
+    except OSError as e:
+        raise CaseError("%s: %s" % (path, e.strerror)) from None
+    if len(buf) < 8:
+        raise CaseError("%s: shorter than the 8-byte header length" % path)
+    (n,) = struct.unpack("<Q", buf[:8])
+    if n > len(buf) - 8:
+        raise CaseError("%s: header length %d beyond the file" % (path, n))
+    try:
+        hdr = json.loads(buf[8:8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CaseError("%s: malformed header (%s)" % (path, e)) from None
+    base = 8 + n
+    out = {}
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            out[k] = (None, dict(v))
+            continue
+        dt = v.get("dtype")
+        if dt not in _NP:
+            raise CaseError("%s: tensor %s has dtype %r" % (path, k, dt))
+        a, b = v["data_offsets"]
+        shape = tuple(int(d) for d in v["shape"])
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if not (0 <= a <= b <= len(buf) - base) or b - a != count * np.dtype(_NP[dt]).itemsize:
+            raise CaseError("%s: tensor %s: data offsets [%d, %d) do not fit its shape %s" % (path, k, a, b, shape))
+        out[k] = (dt, np.frombuffer(buf, dtype=_NP[dt], count=count, offset=base + a).reshape(shape))
+    return out
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """tensors: {name: (dtype string, numpy array)} in the dtypes of read_safetensors (BF16 as uint16 bits).
+    Written to a temporary name and renamed, so a reader never sees half a file."""
+    hdr, blobs, off = {}, [], 0
+    if metadata:
+        hdr["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for name, (dt, arr) in tensors.items():
+        raw = np.ascontiguousarray(np.asarray(arr).astype(_NP[dt], copy=False)).tobytes()
+        hdr[name] = {"dtype": dt, "shape": list(np.asarray(arr).shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(hdr, separators=(",", ":")).encode("utf-8")
+    h += b" " * ((8 - len(h) % 8) % 8)
+    tmp = path + ".tmp%d" % os.getpid()
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- numbers
+
+def _np(a):
+    """A numpy array from an array, a list, or a torch tensor (without importing torch)."""
+    if a is None:
+        return None
+    if hasattr(a, "detach") and hasattr(a, "cpu"):
+        t = a.detach()
+        if str(getattr(t, "dtype", "")).startswith("torch.int") or str(t.dtype) == "torch.long":
+            return t.cpu().numpy()
+        return t.float().cpu().numpy()
+    return np.asarray(a)
+
+
+def to_bf16_bits(a):
+    """float array -> bf16 bits (uint16), round to nearest even; NaN stays NaN."""
+    f = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+    u = f.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(f)
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
+
+
+def from_bf16_bits(b):
+    """bf16 bits (uint16) -> float32 values."""
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _ordered_mag(bits):
+    b = bits.astype(np.int64)
+    return (b >> 15) & 1, b & 0x7FFF
+
+
+class Verdict:
+    """The outcome of Case.check: ok, the verdict line (str), the y metrics and the routing figures."""
+
+    def __init__(self, ok, line, metrics, routing=None):
+        self.ok, self.line, self.metrics, self.routing = ok, line, metrics, routing
+
+    def __str__(self):
+        return self.line
+
+    def __bool__(self):
+        return self.ok
+
+
+def compare(a_bits, b_bits, rule="exact-quant"):
+    """SPEC.md section 7 metrics of bf16 arrays a (candidate) and b (reference) and the verdict of a rule
+    of docs/scenarios.md ("exact-quant" or "fp8-mma"). Returns (ok, why, metrics dict)."""
+    a_bits = np.asarray(a_bits, dtype=np.uint16).ravel()
+    b_bits = np.asarray(b_bits, dtype=np.uint16).ravel()
+    x = from_bf16_bits(a_bits).astype(np.float64)
+    y = from_bf16_bits(b_bits).astype(np.float64)
+    fy, fx = np.isfinite(y), np.isfinite(x)
+    m = {"n": int(x.size)}
+    m["ref_nonfinite"] = int((~fy).sum())
+    m["ref_nonfinite_bad"] = int((~fy & (np.isnan(y) | (x != y))).sum())
+    m["bad_nonfinite"] = int((fy & ~fx).sum())
+    both = fy & fx
+    xa, ya = x[both], y[both]
+    sab, saa, sbb = float((xa * ya).sum()), float((xa * xa).sum()), float((ya * ya).sum())
+    m["rms_ref"] = float(np.sqrt(sbb / xa.size)) if xa.size else 0.0
+    d = np.abs(xa - ya)
+    m["max_abs"] = float(d.max()) if d.size else 0.0
+    m["deepgemm_diff"] = 1.0 - 2.0 * sab / (saa + sbb) if saa + sbb > 0 else 0.0
+    m["tol_violations"] = int((d > ATOL + RTOL * np.abs(ya)).sum())
+    na, ma = _ordered_mag(a_bits[both])
+    nb, mb = _ordered_mag(b_bits[both])
+    ulp = np.minimum(np.where(na == nb, np.abs(ma - mb), ma + mb), 65535)
+    for q, key in ((0.50, "ulp_p50"), (0.99, "ulp_p99")):
+        m[key] = int(np.sort(ulp)[max(0, int(np.ceil(q * ulp.size)) - 1)]) if ulp.size else 0
+    m["ulp_max"] = int(ulp.max()) if ulp.size else 0
+    if m["bad_nonfinite"] or m["ref_nonfinite_bad"]:
+        return False, ("%d NaN or Inf values where the reference is finite, %d non-finite reference values not "
+                       "repeated as the same infinity" % (m["bad_nonfinite"], m["ref_nonfinite_bad"])), m
+    if m["n"] == 0:
+        return True, "", m
+    bound, share, rmsf = RULES[rule]
+    allowed = max(1, int(share * m["n"]))
+    worst = ATOL + rmsf * m["rms_ref"]
+    ok = m["deepgemm_diff"] < bound and m["tol_violations"] <= allowed and m["max_abs"] <= worst
+    why = "" if ok else ("%s tolerance broken: diff %.3g (< %g), %d beyond atol/rtol (at most %d), max |a-b| %.3g "
+                         "(at most %.3g)" % (rule, m["deepgemm_diff"], bound, m["tol_violations"], allowed,
+                                             m["max_abs"], worst))
+    return ok, why, m
+
+
+def _kept(ids, w, E, sentinel):
+    """A row's kept experts as a sorted list of (id, weight), the count of malformed entries and of
+    pruned or padding slots with a non-zero weight."""
+    kept, bad, nz = [], 0, 0
+    for j, i in enumerate(ids):
+        i = int(i)
+        wt = float(w[j]) if w is not None else 0.0
+        if 0 <= i < E:
+            kept.append((i, wt))
+        elif sentinel == "absent" or (sentinel == "E" and i == E) or (sentinel == "-1" and i == -1):
+            nz += not abs(wt) <= WEIGHT_ATOL
+        else:
+            bad += 1
+    return sorted(kept), bad, nz
+
+
+def compare_routing(ids, weights, ref_ids, ref_weights, E, sentinel="E"):
+    """Routing of a candidate against the reference (sentinel E). Returns (ok, why, summary)."""
+    ids = np.asarray(ids).astype(np.int64)
+    ref_ids = np.asarray(ref_ids).astype(np.int64)
+    if ids.ndim != 2 or ids.shape[0] != ref_ids.shape[0]:
+        raise CaseError("topk_ids has shape %s; the case needs [%d, k]" % (ids.shape, ref_ids.shape[0]))
+    if weights is not None:
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != ids.shape:
+            raise CaseError("topk_weights has shape %s, topk_ids %s" % (weights.shape, ids.shape))
+    ref_weights = np.asarray(ref_weights, dtype=np.float64)
+    bad_tokens, malformed, wbad, wn, first, firstw = 0, 0, 0, 0, "", ""
+    for t in range(ids.shape[0]):
+        a, ma, nza = _kept(ids[t], weights[t] if weights is not None else None, E, sentinel)
+        b, mb, _ = _kept(ref_ids[t], ref_weights[t], E, "E")
+        malformed += ma + mb
+        if ma or mb or [i for i, _ in a] != [i for i, _ in b]:
+            bad_tokens += 1
+            if not first:
+                first = "token %d: experts {%s} vs the reference's {%s}%s" % (
+                    t, ",".join(str(i) for i, _ in a), ",".join(str(i) for i, _ in b),
+                    " (malformed ids for sentinel %s)" % sentinel if ma else "")
+            continue
+        if weights is None:
+            continue
+        wbad += nza
+        for (i, wa), (_, wb) in zip(a, b):
+            wn += 1
+            if not (np.isfinite(wa) and np.isfinite(wb) and abs(wa - wb) <= WEIGHT_ATOL + WEIGHT_RTOL * abs(wb)):
+                wbad += 1
+                if not firstw:
+                    firstw = "token %d expert %d: weight %.9g vs the reference's %.9g" % (t, i, wa, wb)
+    summary = "tokens %d id sets differ %d malformed %d" % (ids.shape[0], bad_tokens, malformed)
+    if weights is not None:
+        summary += " weights %d beyond %d" % (wn, wbad)
+    if bad_tokens or malformed:
+        return False, "topk_ids differ as sets on %d tokens; first: %s" % (bad_tokens, first), summary
+    if wbad:
+        return False, "topk_weights: %d beyond |a-b| <= %g + %g |b|; first: %s" % (
+            wbad, WEIGHT_ATOL, WEIGHT_RTOL, firstw or "a pruned slot with a non-zero weight"), summary
+    return True, "", summary
+
+
+# --------------------------------------------------------------------------- cases
+
+class Case:
+    """One exported case folder. Tensors load lazily."""
+
+    def __init__(self, folder):
+        self.dir = folder
+        path = os.path.join(folder, "case.json")
+        try:
+            with open(path) as f:
+                self.meta = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CaseError("%s: %s" % (path, e)) from None
+        if self.meta.get("format") != FORMAT or not isinstance(self.meta.get("version"), int) \
+                or not 1 <= self.meta["version"] <= FORMAT_VERSION:
+            raise CaseError("%s: not a %s folder of version 1..%d" % (path, FORMAT, FORMAT_VERSION))
+        self.id = self.meta["case"]
+        self.name = self.meta.get("name", self.id)
+        self.config = dict(self.meta["config"])
+        self.layer = int(self.meta["layer"])
+        self.tokens = int(self.meta["tokens"])
+        self.layout = self.meta.get("layout", "split")
+        self.model_path = os.path.join(folder, self.meta["files"]["model"])
+        self._input = self._expected = None
+
+    def __repr__(self):
+        return "Case(%r)" % self.id
+
+    def config_strings(self):
+        """The config as `key=value` strings of SPEC.md section 8 (true/false for booleans)."""
+        out = {}
+        for k, v in self.config.items():
+            out[k] = ("true" if v else "false") if isinstance(v, bool) else str(v)
+        return out
+
+    def _load_input(self):
+        if self._input is None:
+            self._input = read_safetensors(os.path.join(self.dir, self.meta["files"]["input"]))
+        return self._input
+
+    @property
+    def x_bits(self):
+        """x as bf16 bits (uint16) [T, H]."""
+        return self._load_input()["x"][1]
+
+    @property
+    def x(self):
+        """x as float32 (bf16 values) [T, H]."""
+        return from_bf16_bits(self.x_bits)
+
+    @property
+    def input_ids(self):
+        return self._load_input()["input_ids"][1]
+
+    @property
+    def expected(self):
+        """{"y": float32 [T, H], "y_bits": uint16, "topk_ids": int32 [T, K] (E pruned), "topk_weights": float32}."""
+        if self._expected is None:
+            t = read_safetensors(os.path.join(self.dir, self.meta["files"]["expected"]))
+            self._expected = {"y_bits": t["y"][1], "y": from_bf16_bits(t["y"][1]), "topk_ids": t["topk_ids"][1],
+                              "topk_weights": t["topk_weights"][1]}
+        return self._expected
+
+    def weights(self):
+        """The layer's checkpoint {key: (dtype, array)} (BF16 and F8 as raw bits)."""
+        return read_safetensors(self.model_path)
+
+    def check(self, y, topk_ids=None, topk_weights=None, sentinel="E", fp8=False, raise_on_failure=True):
+        """Holds an engine's output against the reference. y: [T, H] (bf16 bits as uint16, or any float
+        array/tensor, rounded to bf16). Returns the Verdict; raises CheckFailed when it fails (unless
+        raise_on_failure is False) and CaseError when the output does not fit the case."""
+        T, H = self.tokens, int(self.config["dim"])
+        ya = _np(y)
+        if ya is None or ya.ndim != 2 or ya.shape != (T, H):
+            raise CaseError("%s: y has shape %s; the case needs [%d, %d]"
+                            % (self.id, None if ya is None else ya.shape, T, H))
+        bits = ya if ya.dtype == np.uint16 else to_bf16_bits(ya)
+        rule = "fp8-mma" if fp8 else "exact-quant"
+        ok, why, m = compare(bits, self.expected["y_bits"], rule)
+        line = ("y n %d max_abs %.4g diff %.3g ulp p50/p99/max %d/%d/%d tol_viol %d bad_nonfinite %d"
+                % (m["n"], m["max_abs"], m["deepgemm_diff"], m["ulp_p50"], m["ulp_p99"], m["ulp_max"],
+                   m["tol_violations"], m["bad_nonfinite"]))
+        rok, rwhy, rsum = True, "", "routing not given"
+        if topk_weights is not None and topk_ids is None:
+            raise CaseError("%s: topk_weights without topk_ids (weights are matched by expert id)" % self.id)
+        if topk_ids is not None:
+            rok, rwhy, rsum = compare_routing(_np(topk_ids), _np(topk_weights), self.expected["topk_ids"],
+                                              self.expected["topk_weights"], int(self.config["n_routed_experts"]),
+                                              sentinel)
+        verdict = "%s %s (rule %s): %s; routing: %s" % ("pass" if ok and rok else "FAIL", self.id, rule, line, rsum)
+        if not (ok and rok):
+            verdict += "; " + "; ".join(w for w in (why, rwhy) if w)
+        v = Verdict(ok and rok, verdict, m, rsum)
+        if not v.ok and raise_on_failure:
+            raise CheckFailed(verdict)
+        return v
+
+    def write_output(self, outputs_dir, y, topk_ids=None, topk_weights=None, engine=None):
+        """Writes outputs_dir/<id>/output.safetensors for `dsv4moe check` (y as bf16 unless it is float32)."""
+        folder = os.path.join(outputs_dir, self.id)
+        os.makedirs(folder, exist_ok=True)
+        ya = _np(y)
+        t = {"y": ("BF16", ya) if ya.dtype == np.uint16 else ("F32", ya.astype(np.float32))}
+        if topk_ids is not None:
+            t["topk_ids"] = ("I32", _np(topk_ids).astype(np.int32))
+        if topk_weights is not None:
+            t["topk_weights"] = ("F32", _np(topk_weights).astype(np.float32))
+        write_safetensors(os.path.join(folder, "output.safetensors"), t, {"engine": engine} if engine else None)
+
+
+def cases(folder, where=None):
+    """The case folders of an export (sorted by id) as Case objects; `where(case)` filters."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as e:
+        raise CaseError("%s: %s" % (folder, e.strerror)) from None
+    out = []
+    for n in names:
+        if not n.startswith(".") and os.path.isfile(os.path.join(folder, n, "case.json")):
+            c = Case(os.path.join(folder, n))
+            if where is None or where(c):
+                out.append(c)
+    if not out and where is None:
+        raise CaseError("%s: no case folder (dsv4moe export writes them)" % folder)
+    return out
+
+
+def _main(argv):
+    import argparse
+    ap = argparse.ArgumentParser(prog="python3 -m dsv4moe.testing",
+                                 description="check an engine's outputs against exported cases")
+    ap.add_argument("cases")
+    ap.add_argument("--outputs", required=True)
+    ap.add_argument("--sentinel", default="E", choices=["E", "-1", "absent"])
+    ap.add_argument("--fp8", action="store_true")
+    a = ap.parse_args(argv)
+    worst = 0
+    try:
+        allc = cases(a.cases)
+    except CaseError as e:
+        print("error: %s" % e, file=sys.stderr)
+        return 2
+    for c in allc:
+        path = os.path.join(a.outputs, c.id, "output.safetensors")
+        try:
+            if not os.path.exists(path):
+                raise CaseError("no output: %s does not exist (a case without an output is an error)" % path)
+            t = read_safetensors(path)
+            if "y" not in t:
+                raise CaseError("%s has no tensor y" % path)
+            y = t["y"][1] if t["y"][0] == "BF16" else t["y"][1].astype(np.float32)
+            ids = t["topk_ids"][1] if "topk_ids" in t else None
+            w = t["topk_weights"][1].astype(np.float32) if "topk_weights" in t else None
+            v = c.check(y, ids, w, sentinel=a.sentinel, fp8=a.fp8, raise_on_failure=False)
+        except CaseError as e:
+            print("ERROR %s: %s" % (c.id, e))
+            worst = 2
+            continue
+        print(v.line)
+        worst = max(worst, 0 if v.ok else 1)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

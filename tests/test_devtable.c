@@ -1,0 +1,189 @@
+/* ci/device-table.py, the table that ci/device-check.sh prints last: run on hand-written bench JSONs,
+ * its results.json and its text checked (which mode leads, best configuration per T, ratios to each
+ * peer, ceiling shares, issue 15's targets, peers that did not run). */
+#include <check.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+Suite *devtable_suite(void);
+
+static char out_buf[1 << 16];
+
+static void put(const char *dir, const char *name, const char *text)
+{
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    ck_assert_msg(tu_write_file(p, text, strlen(text)) == 0, "cannot write %s", p);
+}
+
+/* A fresh folder `name` in the scratch folder, with bench/ and out/ below it; its path into dir. */
+static void fresh(char *dir, size_t n, const char *name)
+{
+    char cmd[1200];
+    tu_path(dir, n, name);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s/bench' '%s/out'", dir, dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Runs device-table.py on dir/bench (steps dir/steps.tsv), output into out_buf; returns results.json. */
+static json_t *table(const char *dir)
+{
+    const char *py = getenv("DSV4MOE_PYTHON"), *src = getenv("DSV4MOE_SRC");
+    char cmd[4096], log[700], res[700];
+    snprintf(log, sizeof log, "%s/table.txt", dir);
+    snprintf(cmd, sizeof cmd, "%s %s/ci/device-table.py --steps %s/steps.tsv --bench %s/bench --out %s/out --seconds 7 >%s 2>&1",
+             py && py[0] ? py : "python3", src && src[0] ? src : ".", dir, dir, dir, log);
+    int rc = system(cmd);
+    ck_assert_msg(tu_read_file(log, out_buf, sizeof out_buf) >= 0, "no output from %s", cmd);
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "%s\n%s", cmd, out_buf);
+    snprintf(res, sizeof res, "%s/out/results.json", dir);
+    json_error_t je;
+    json_t *r = json_load_file(res, 0, &je);
+    ck_assert_msg(r != NULL, "%s: %s", res, je.text);
+    return r;
+}
+
+static json_t *row_of(json_t *res, int tokens)
+{
+    size_t i;
+    json_t *row;
+    json_array_foreach(json_object_get(res, "table"), i, row)
+    {
+        if (json_integer_value(json_object_get(row, "tokens")) == tokens)
+            return row;
+    }
+    ck_abort_msg("no table row for T = %d", tokens);
+    return NULL;
+}
+
+static double get_num(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    ck_assert_msg(json_is_number(v), "%s is not a number", k);
+    return json_number_value(v);
+}
+
+static const char *CEIL = "{\"copy_gbs\": 4000, \"fp8_gemm_tflops\": 1000, \"fp8_gemm_kind\": \"block-scaled\"}";
+
+START_TEST(two_modes_and_three_peers)
+{
+    char d[600];
+    fresh(d, sizeof d, "devtable_modes");
+    put(d, "steps.tsv", "build\tpass\t40\t\nhf-peer\tpass\t61\t\n");
+    put(d, "bench/ceilings.json", CEIL);
+    /* exact: T = 1 twice (the faster configuration counts), a failed row that must not count */
+    put(d, "bench/bench_cuda_exact.json",
+        "{\"available\": true, \"runs\": [{\"graph\": false, \"io\": \"host\", \"tokens\": 1, \"ok\": true, \"median_ms\": 0.2},"
+        "{\"graph\": true, \"io\": \"device\", \"tokens\": 1, \"ok\": true, \"median_ms\": 0.1, \"share_of_copy\": 0.1},"
+        "{\"graph\": true, \"io\": \"device\", \"tokens\": 1, \"ok\": false, \"median_ms\": -1},"
+        "{\"graph\": true, \"error\": \"no plan\"},"
+        "{\"graph\": false, \"io\": \"device\", \"tokens\": 16384, \"ok\": true, \"median_ms\": 20}]}");
+    put(d, "bench/bench_cuda_fp8.json",
+        "{\"available\": true, \"runs\": ["
+        "{\"graph\": true, \"io\": \"device\", \"tokens\": 1, \"ok\": true, \"median_ms\": 0.04, \"share_of_copy\": 0.3},"
+        "{\"graph\": false, \"io\": \"device\", \"tokens\": 4096, \"ok\": true, \"median_ms\": 2.0},"
+        "{\"graph\": false, \"io\": \"device\", \"tokens\": 16384, \"ok\": true, \"median_ms\": 5.0,"
+        " \"share_of_copy\": 0.02, \"share_of_fp8_gemm\": 0.6}]}");
+    put(d, "bench/torch_peer.json",
+        "{\"shared_path\": \"bf16\", \"runs\": [{\"tokens\": 1, \"peer_ms\": 0.3}, {\"tokens\": 16384, \"peer_ms\": 40}]}");
+    put(d, "bench/hf_peer.json",
+        "{\"available\": true, \"transformers\": \"5.17.0\", \"graph\": \"ok\", \"runs\": ["
+        "{\"tokens\": 1, \"ms\": 0.2, \"mode\": \"graph\"}, {\"tokens\": 4096, \"ms\": 3.0, \"mode\": \"graph\"},"
+        "{\"tokens\": 16384, \"ms\": 12.0, \"mode\": \"eager\"}]}");
+    put(d, "bench/gmm_peer.json",
+        "{\"available\": true, \"groups\": \"as routed\", \"runs\": [{\"tokens\": 16384, \"gemm_ms\": 4.0, \"tflops\": 800}]}");
+    json_t *r = table(d);
+
+    /* the fp8 mode leads; each mode keeps its own best time per T */
+    ck_assert_double_eq_tol(get_num(json_object_get(r, "cuda_best_ms"), "1"), 0.04, 1e-12);
+    json_t *ex = json_object_get(json_object_get(json_object_get(r, "cuda_modes"), "exact"), "best_ms");
+    ck_assert_double_eq_tol(get_num(ex, "1"), 0.1, 1e-12);
+    ck_assert_double_eq_tol(get_num(ex, "16384"), 20.0, 1e-12);
+
+    json_t *big = row_of(r, 16384);
+    ck_assert_double_eq_tol(get_num(big, "x_hf"), 12.0 / 5.0, 1e-12);
+    ck_assert_double_eq_tol(get_num(big, "x_torch"), 40.0 / 5.0, 1e-12);
+    ck_assert_double_eq_tol(get_num(big, "x_gmm"), 4.0 / 5.0, 1e-12);
+    ck_assert_double_eq_tol(get_num(big, "gmm_share_of_fp8"), 0.8, 1e-12);
+    ck_assert_double_eq_tol(get_num(big, "fp8_share_of_fp8"), 0.6, 1e-12);
+    ck_assert_str_eq(json_string_value(json_object_get(big, "hf_mode")), "eager");
+    ck_assert_str_eq(json_string_value(json_object_get(big, "targets")), "fp8 ok 2xHF ok peers ok gmm MISS");
+    ck_assert_str_eq(json_string_value(json_object_get(row_of(r, 4096), "targets")), "2xHF MISS peers ok");
+
+    json_t *tg = json_object_get(r, "targets_issue15");
+    ck_assert_str_eq(json_string_value(json_object_get(tg, "mode")), "fp8");
+    ck_assert(json_is_true(json_object_get(tg, "T16384_fp8_share_ge_50pct")));
+    ck_assert(json_is_false(json_object_get(tg, "T16384_T4096_2x_faster_than_hf"))); /* 3.0 / 2.0 at T = 4096 */
+    ck_assert(json_is_true(json_object_get(tg, "T1_le_50us")));
+    ck_assert(json_is_true(json_object_get(tg, "faster_than_torch_and_hf_every_T")));
+    ck_assert(json_is_false(json_object_get(tg, "faster_than_gemm_only_scaled_grouped_mm_every_T")));
+    ck_assert(json_is_null(json_object_get(tg, "T32_256_copy_share_ge_70pct"))); /* no T in [32, 256] */
+
+    /* the text: both modes' columns, the HF mode letter, the verdicts */
+    ck_assert_msg(strstr(out_buf, "exact ms") && strstr(out_buf, "fp8 ms"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "12.0000e"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "T=4096/16384 >= 2x HF: NOT met"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "hf-peer"), "%s", out_buf);
+    json_decref(r);
+}
+END_TEST
+
+START_TEST(modes_from_rows_and_peers_that_did_not_run)
+{
+    char d[600];
+    fresh(d, sizeof d, "devtable_rows");
+    put(d, "steps.tsv", "");
+    put(d, "bench/ceilings.json", CEIL);
+    /* one bench_cuda.json whose rows name their mode; the slower HF peer makes the torch/HF target fail */
+    put(d, "bench/bench_cuda.json",
+        "{\"available\": true, \"runs\": [{\"gemm\": \"exact\", \"tokens\": 128, \"ok\": true, \"median_ms\": 1.0,"
+        " \"share_of_copy\": 0.5}, {\"gemm\": \"fp8\", \"tokens\": 128, \"ok\": true, \"median_ms\": 0.5, \"share_of_copy\": 0.8}]}");
+    put(d, "bench/torch_peer.json", "{\"runs\": [{\"tokens\": 128, \"peer_ms\": 0.4}]}");
+    put(d, "bench/hf_peer.json", "{\"available\": false, \"reason\": \"transformers has no DeepseekV4 MoE block here\"}");
+    json_t *r = table(d);
+    json_t *row = row_of(r, 128);
+    ck_assert_double_eq_tol(get_num(row, "exact_ms"), 1.0, 1e-12);
+    ck_assert_double_eq_tol(get_num(row, "fp8_ms"), 0.5, 1e-12);
+    ck_assert_double_eq_tol(get_num(row, "x_torch"), 0.8, 1e-12);
+    ck_assert(json_is_null(json_object_get(row, "x_hf")));
+    ck_assert_str_eq(json_string_value(json_object_get(row, "targets")), "copy ok peers MISS(torch)");
+    json_t *tg = json_object_get(r, "targets_issue15");
+    ck_assert(json_is_true(json_object_get(tg, "T32_256_copy_share_ge_70pct")));
+    ck_assert(json_is_false(json_object_get(tg, "faster_than_torch_and_hf_every_T")));
+    ck_assert(json_is_false(json_object_get(json_object_get(r, "hf_peer"), "available")));
+    ck_assert_msg(strstr(out_buf, "HF peer: not timed (transformers has no DeepseekV4 MoE block here)"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "scaled_grouped_mm peer: not timed (did not run)"), "%s", out_buf);
+    json_decref(r);
+}
+END_TEST
+
+START_TEST(nothing_measured)
+{
+    char d[600];
+    fresh(d, sizeof d, "devtable_empty");
+    put(d, "steps.tsv", "build\tfail\t3\texit 2: make\n");
+    put(d, "bench/bench_cuda.json", "{\"available\": false, \"reason\": \"no CUDA backend in this build\", \"runs\": []}");
+    json_t *r = table(d);
+    ck_assert(json_is_false(json_object_get(r, "cuda_available")));
+    ck_assert_int_eq((int)json_array_size(json_object_get(r, "table")), 0);
+    ck_assert_msg(strstr(out_buf, "not timed (no CUDA backend in this build)"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "nothing timed"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "exit 2: make"), "%s", out_buf);
+    json_decref(r);
+}
+END_TEST
+
+Suite *devtable_suite(void)
+{
+    Suite *s = suite_create("devtable");
+    TCase *tc = tcase_create("table");
+    tcase_add_test(tc, two_modes_and_three_peers);
+    tcase_add_test(tc, modes_from_rows_and_peers_that_did_not_run);
+    tcase_add_test(tc, nothing_measured);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,908 @@
+/* Verifying another engine: the shared comparison (every float dtype, NaN rules, tolerance rules,
+   routing as sets), diff, export -> engine -> check with the defect table, the Python helper, and
+   the collective traces of `dsv4moe symmetry`. */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4moe/backend.h"
+#include "dsv4moe/comm.h"
+#include "dsv4moe/compare.h"
+#include "dsv4moe/engines.h"
+#include "dsv4moe/formats.h"
+#include "dsv4moe/gen.h"
+#include "dsv4moe/plan.h"
+#include "dsv4moe/safetensors.h"
+#include "dsv4moe/symmetry.h"
+#include "testutil.h"
+
+
+Suite *engines_suite(void);
+
+static char out_buf[1 << 17];
+
+static int run_cli(const char *args)
+{
+    int rc = tu_run_cli(args, "engines_out.txt", out_buf, sizeof out_buf);
+    ck_assert_msg(rc != -2, "DSV4MOE_CLI is not set (run through make test)");
+    return rc;
+}
+
+/* Runs a shell command with its output in out_buf; returns the exit status. */
+static int run_sh(const char *cmd)
+{
+    char log[512], full[8192];
+    tu_path(log, sizeof log, "engines_sh.txt");
+    snprintf(full, sizeof full, "(%s) >%s 2>&1", cmd, log);
+    int rc = system(full);
+    if (tu_read_file(log, out_buf, sizeof out_buf) < 0)
+        out_buf[0] = '\0';
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static const char *py(void)
+{
+    const char *p = getenv("DSV4MOE_PYTHON");
+    return p && p[0] ? p : "python3";
+}
+
+static const char *src(void)
+{
+    const char *s = getenv("DSV4MOE_SRC");
+    return s && s[0] ? s : ".";
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* ---------------- the comparison ---------------- */
+
+START_TEST(compare_every_float_dtype)
+{
+    dsv4_compare_metrics m;
+    float fa[4] = {1.0f, -2.0f, 0.5f, 3.0f}, fb[4] = {1.0f, -2.0f, 0.5f, 3.0f};
+    fa[3] = nextafterf(3.0f, 4.0f); /* one F32 ulp */
+    ck_assert(dsv4_compare_any(DSV4_DTYPE_F32, fa, fb, 4, &m));
+    ck_assert_uint_eq(m.ulp_max, 1);
+    ck_assert_int_eq(m.ulp_nonzero, 1);
+    ck_assert(m.finite_ok && m.max_abs > 0 && m.max_abs < 1e-6);
+    /* F16: 1.0 = 0x3C00, next 0x3C01; -2 = 0xC000 */
+    uint16_t ha[3] = {0x3C01, 0xC000, 0x0000}, hb[3] = {0x3C00, 0xC000, 0x8001};
+    ck_assert(dsv4_compare_any(DSV4_DTYPE_F16, ha, hb, 3, &m));
+    ck_assert_uint_eq(m.ulp_max, 1);
+    ck_assert_int_eq(m.ulp_nonzero, 2);
+    ck_assert(fabs(m.max_abs - 1.0 / 1024) < 1e-12);
+    /* e4m3: 0x38 = 1.0, 0x39 = 1.125; 0x7F is NaN */
+    uint8_t ea[2] = {0x39, 0x7F}, eb[2] = {0x38, 0x38};
+    ck_assert(dsv4_compare_any(DSV4_DTYPE_F8_E4M3, ea, eb, 2, &m));
+    ck_assert_int_eq(m.bad_nonfinite, 1);
+    ck_assert(!m.finite_ok);
+    ck_assert(fabs(m.max_abs - 0.125) < 1e-12);
+    /* e5m2: 0x3C = 1.0, 0x3D = 1.25, 0x7C = +inf */
+    uint8_t qa[2] = {0x3D, 0x7C}, qb[2] = {0x3C, 0x7C};
+    ck_assert(dsv4_compare_any(DSV4_DTYPE_F8_E5M2, qa, qb, 2, &m));
+    ck_assert(fabs(m.max_abs - 0.25) < 1e-12);
+    ck_assert_int_eq(m.ref_nonfinite, 1);
+    ck_assert_int_eq(m.ref_nonfinite_bad, 0); /* the same infinity repeats */
+    ck_assert(m.finite_ok);
+    double da[1] = {1.0}, db[1] = {1.0};
+    ck_assert(dsv4_compare_any(DSV4_DTYPE_F64, da, db, 1, &m));
+    ck_assert(m.max_abs == 0 && m.ulp_max == 0);
+    ck_assert(!dsv4_compare_any(DSV4_DTYPE_I32, da, db, 1, &m));
+    ck_assert(dsv4_float_value(DSV4_DTYPE_F8_E4M3, eb, 0) == 1.0);
+    ck_assert(isnan(dsv4_float_value(DSV4_DTYPE_I8, eb, 0)));
+}
+END_TEST
+
+START_TEST(nan_rules_fail_under_every_tolerance)
+{
+    /* bf16: a NaN in the reference where a is finite; a NaN pair; the same infinity; opposite infinities */
+    const uint16_t one = 0x3F80, nan = 0x7FC0, pinf = 0x7F80, ninf = 0xFF80;
+    const struct {
+        uint16_t a, b;
+        bool ok;
+    } pairs[] = {{one, nan, false}, {nan, nan, false}, {pinf, pinf, true}, {ninf, pinf, false}, {nan, one, false},
+                 {pinf, one, false}, {one, one, true}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        dsv4_compare_metrics m;
+        ck_assert(dsv4_compare_bf16(&pairs[i].a, &pairs[i].b, 1, &m));
+        for (int t = 0; t < DSV4_TOL_COUNT; t++) {
+            char why[512];
+            bool ok = dsv4_compare_within((dsv4_tolerance)t, &m, why, sizeof why);
+            ck_assert_msg(ok == pairs[i].ok, "pair %zu rule %s: %d (%s)", i, dsv4_tolerance_name((dsv4_tolerance)t), ok,
+                          why);
+            if (!ok)
+                ck_assert_ptr_nonnull(strstr(why, "non-finite"));
+        }
+    }
+}
+END_TEST
+
+START_TEST(tolerance_rules_bounds)
+{
+    dsv4_compare_metrics m;
+    memset(&m, 0, sizeof m);
+    m.n = 1000;
+    m.rms_ref = 1.0;
+    m.finite_ok = true;
+    char why[512];
+    /* ulp p99 2 with a tiny diff: the bf16 rule of the own backends fails, the engine rule passes */
+    m.deepgemm_diff = 5e-6;
+    m.ulp_p99 = 2;
+    ck_assert(!dsv4_compare_within(DSV4_TOL_EXACT_BF16, &m, why, sizeof why));
+    ck_assert_ptr_nonnull(strstr(why, "ulp_p99 2"));
+    ck_assert(dsv4_compare_within(DSV4_TOL_EXACT_QUANT, &m, why, sizeof why));
+    /* 5 of 1000 beyond: exact-quant allows 5, 6 fail it; fp8-mma allows 20 */
+    m.tol_violations = 5;
+    ck_assert(dsv4_compare_within(DSV4_TOL_EXACT_QUANT, &m, why, sizeof why));
+    m.tol_violations = 6;
+    ck_assert(!dsv4_compare_within(DSV4_TOL_EXACT_QUANT, &m, why, sizeof why));
+    ck_assert(dsv4_compare_within(DSV4_TOL_FP8_MMA, &m, why, sizeof why));
+    m.tol_violations = 0;
+    m.max_abs = 0.2; /* above 0.035 + 0.1 rms, below 0.035 + 0.2 rms */
+    ck_assert(!dsv4_compare_within(DSV4_TOL_EXACT_QUANT, &m, why, sizeof why));
+    ck_assert(dsv4_compare_within(DSV4_TOL_FP8_MMA, &m, why, sizeof why));
+    m.max_abs = 0;
+    m.deepgemm_diff = 2e-3;
+    for (int t = 0; t < DSV4_TOL_COUNT; t++)
+        ck_assert(!dsv4_compare_within((dsv4_tolerance)t, &m, why, sizeof why));
+    dsv4_tolerance t;
+    ck_assert(dsv4_tolerance_parse("fp8-mma", &t) && t == DSV4_TOL_FP8_MMA);
+    ck_assert(!dsv4_tolerance_parse("loose", &t));
+    ck_assert_str_eq(dsv4_tolerance_name(DSV4_TOL_EXACT_BF16), "exact-bf16");
+}
+END_TEST
+
+START_TEST(routing_as_sets_with_sentinels)
+{
+    const int64_t T = 2, K = 3, E = 8;
+    int64_t ref_ids[6] = {5, 1, 8, 2, 3, 4}; /* token 0: slot 2 pruned */
+    double ref_w[6] = {0.75, 0.5, 0, 0.4, 0.35, 0.3};
+    int64_t a_ids[6] = {1, 8, 5, 4, 2, 3};   /* the same sets, other slot order */
+    double a_w[6] = {0.5 * (1 + 4e-6), 0, 0.75, 0.3, 0.4, 0.35};
+    dsv4_routing_metrics m;
+    char why[512];
+    ck_assert(dsv4_compare_routing(T, E, K, a_ids, a_w, DSV4_SENTINEL_E, K, ref_ids, ref_w, &m));
+    ck_assert_msg(dsv4_routing_within(&m, why, sizeof why), "%s", why);
+    ck_assert_int_eq(m.weights_n, 5);
+    /* the -1 convention: E is then malformed, -1 fits */
+    ck_assert(dsv4_compare_routing(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w, &m));
+    ck_assert(!dsv4_routing_within(&m, why, sizeof why));
+    ck_assert_int_eq(m.malformed, 1);
+    a_ids[1] = -1;
+    ck_assert(dsv4_compare_routing(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w, &m));
+    ck_assert_msg(dsv4_routing_within(&m, why, sizeof why), "%s", why);
+    /* absent: two columns, the pruned slot left out, padding any id outside [0, E) */
+    int64_t b_ids[4] = {5, 1, 4, 3};
+    double b_w[4] = {0.75, 0.5, 0.3, 0.35};
+    ck_assert(dsv4_compare_routing(T, E, 2, b_ids, b_w, DSV4_SENTINEL_ABSENT, K, ref_ids, ref_w, &m));
+    ck_assert(!dsv4_routing_within(&m, why, sizeof why)); /* token 1 lacks expert 2 */
+    ck_assert_int_eq(m.id_tokens_bad, 1);
+    ck_assert_int_eq(m.first_bad_token, 1);
+    ck_assert_ptr_nonnull(strstr(why, "{3,4}"));
+    /* a weight beyond 1e-6 + 1e-5 |b| (matched by id, whatever the slot) */
+    a_w[3] = 0.3 * (1 + 5e-5);
+    ck_assert(dsv4_compare_routing(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w, &m));
+    ck_assert(!dsv4_routing_within(&m, why, sizeof why));
+    ck_assert_ptr_nonnull(strstr(why, "expert 4"));
+    a_w[3] = 0.3;
+    /* a pruned slot with a weight */
+    a_w[1] = 0.1;
+    ck_assert(dsv4_compare_routing(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w, &m));
+    ck_assert(!dsv4_routing_within(&m, why, sizeof why));
+    /* ids only: a pruned slot computed as expert 0 */
+    a_ids[1] = 0;
+    ck_assert(dsv4_compare_routing(T, E, K, a_ids, NULL, DSV4_SENTINEL_E, K, ref_ids, NULL, &m));
+    ck_assert(!dsv4_routing_within(&m, why, sizeof why));
+    ck_assert_ptr_nonnull(strstr(why, "{0,1,5}"));
+    ck_assert(!dsv4_compare_routing(T, E, K, a_ids, a_w, DSV4_SENTINEL_E, K, ref_ids, NULL, &m));
+}
+END_TEST
+
+/* ---------------- diff ---------------- */
+
+/* Writes y/topk_ids/topk_weights of the CPU backend on a generated layer into dir/cpu.safetensors. */
+static void cpu_dump(const char *dir, const char *preset, int layer)
+{
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_preset(preset, &c, NULL), DSV4_OK);
+    c.layer = layer;
+    char wpath[600], ipath[600], opath[600];
+    snprintf(wpath, sizeof wpath, "%s/model.safetensors", dir);
+    snprintf(ipath, sizeof ipath, "%s/input.safetensors", dir);
+    snprintf(opath, sizeof opath, "%s/cpu.safetensors", dir);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    dsv4_error e;
+    dsv4_error_clear(&e);
+    ck_assert_msg(dsv4_checkpoint_open(wpath, &ck, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_int_eq(dsv4_st_open(ipath, &in, &e), DSV4_OK);
+    const dsv4_tensor_info *tx = dsv4_st_find(in, "x"), *ti = dsv4_st_find(in, "input_ids");
+    int64_t T = tx->shape[0], H = c.dim, K = c.n_activated;
+    dsv4_topology topo;
+    dsv4_topology_init(&topo);
+    topo.backend = DSV4_BACKEND_CPU;
+    dsv4_budget budget;
+    dsv4_budget_init(&budget);
+    dsv4_plan *plan = NULL;
+    dsv4_backend *be = NULL;
+    ck_assert_msg(dsv4_plan_create(&c, &topo, &budget, &plan, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_backend_create(plan, ck, 2, &be, &e) == DSV4_OK, "%s", e.message);
+    uint16_t *x = malloc((size_t)(T * H) * 2), *y = calloc((size_t)(T * H), 2);
+    int32_t *ids = malloc((size_t)T * 4), *tk = calloc((size_t)(T * K), 4);
+    float *w = calloc((size_t)(T * K), 4);
+    memcpy(x, tx->data, (size_t)(T * H) * 2);
+    memcpy(ids, ti->data, (size_t)T * 4);
+    dsv4_forward_out fo = {.y = y, .topk_ids = tk, .topk_weights = w};
+    ck_assert_msg(dsv4_backend_forward(be, T, x, ids, &fo, &e) == DSV4_OK, "%s", e.message);
+    dsv4_st_writer *wr = NULL;
+    int64_t sy[2] = {T, H}, sk[2] = {T, K};
+    ck_assert_int_eq(dsv4_st_writer_create(&wr, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_st_writer_add(wr, "y", DSV4_DTYPE_BF16, 2, sy, y, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_st_writer_add(wr, "topk_ids", DSV4_DTYPE_I32, 2, sk, tk, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_st_writer_add(wr, "topk_weights", DSV4_DTYPE_F32, 2, sk, w, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_st_writer_write(wr, opath, NULL, NULL, &e), DSV4_OK);
+    dsv4_st_writer_free(wr);
+    free(x), free(y), free(ids), free(tk), free(w);
+    dsv4_backend_free(be);
+    dsv4_plan_free(plan);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+
+START_TEST(diff_cpu_backend_and_numpy_engine_against_ref)
+{
+    static const struct {
+        const char *preset;
+        int layer;
+    } L[] = {{"mini", 1}, {"mini-bf16", 1}, {"mini-topp", 2}};
+    int i = _i;
+    char dir[512], args[4096];
+    char name[64];
+    snprintf(name, sizeof name, "eng_diff_%d", i);
+    tu_path(dir, sizeof dir, name);
+    snprintf(args, sizeof args, "gen --preset %s --layer %d --tokens 40 --seed 5 --out %s", L[i].preset, L[i].layer,
+             dir);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    snprintf(args, sizeof args,
+             "ref --preset %s --layer %d --weights %s/model.safetensors --input %s/input.safetensors --out "
+             "%s/ref.safetensors",
+             L[i].preset, L[i].layer, dir, dir, dir);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    cpu_dump(dir, L[i].preset, L[i].layer);
+    snprintf(args, sizeof args, "diff %s/cpu.safetensors %s/ref.safetensors", dir, dir);
+    ck_assert_msg(run_cli(args) == 0, "cpu vs ref: %.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "within tolerance"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "topk_ids+topk_weights    routing"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "id sets differ 0"));
+    /* The own backends' bf16 rule is what run applies: the same verdict through diff --rule */
+    snprintf(args, sizeof args, "diff %s/cpu.safetensors %s/ref.safetensors --rule %s", dir, dir,
+             !strcmp(L[i].preset, "mini-bf16") ? "exact-bf16" : "exact-quant");
+    ck_assert_msg(run_cli(args) == 0, "cpu vs ref (own rule): %.3000s", out_buf);
+}
+END_TEST
+
+START_TEST(diff_nan_shapes_and_sentinels)
+{
+    char dir[512], args[4096], cmd[4096];
+    tu_path(dir, sizeof dir, "eng_diff_bad");
+    snprintf(args, sizeof args, "gen --preset mini-topp --layer 2 --tokens 24 --seed 3 --out %s", dir);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    snprintf(args, sizeof args,
+             "ref --preset mini-topp --layer 2 --weights %s/model.safetensors --input %s/input.safetensors --out "
+             "%s/ref.safetensors",
+             dir, dir, dir);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    /* A candidate written by Python: NaN in the reference, NaN pairs, -1 sentinels, shuffled slots. */
+    snprintf(cmd, sizeof cmd,
+             "PYTHONPATH=%s/python %s -c \"\n"
+             "import numpy as np\n"
+             "from dsv4moe import testing as t\n"
+             "r = t.read_safetensors('%s/ref.safetensors')\n"
+             "y, ids, w = r['y'][1].copy(), r['topk_ids'][1].copy(), r['topk_weights'][1].copy()\n"
+             "E = 16\n"
+             "t.write_safetensors('%s/perm.safetensors', {'y': ('BF16', y), 'topk_ids': ('I32', ids[:, ::-1]), "
+             "'topk_weights': ('F32', w[:, ::-1])})\n"
+             "t.write_safetensors('%s/m1.safetensors', {'y': ('BF16', y), 'topk_ids': ('I32', np.where(ids == E, -1, "
+             "ids)), 'topk_weights': ('F32', w)})\n"
+             "yn = y.copy(); yn[0, 0] = 0x7FC0\n"
+             "t.write_safetensors('%s/refnan.safetensors', {'y': ('BF16', yn)}, {'n_routed_experts': E})\n"
+             "t.write_safetensors('%s/nanpair.safetensors', {'y': ('BF16', yn)})\n"
+             "t.write_safetensors('%s/short.safetensors', {'y': ('BF16', y[:-1])})\n"
+             "assert (ids == E).any(), 'the case prunes nothing'\n"
+             "\"",
+             src(), py(), dir, dir, dir, dir, dir, dir);
+    ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
+    snprintf(args, sizeof args, "diff %s/perm.safetensors %s/ref.safetensors", dir, dir);
+    ck_assert_msg(run_cli(args) == 0, "slot order must not matter: %.3000s", out_buf);
+    snprintf(args, sizeof args, "diff %s/m1.safetensors %s/ref.safetensors", dir, dir);
+    ck_assert_msg(run_cli(args) == 1, "-1 read with the E convention must fail: %.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "nor the sentinel"));
+    snprintf(args, sizeof args, "diff %s/m1.safetensors %s/ref.safetensors --sentinel -1", dir, dir);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    /* NaN in the reference where A is finite fails; so does a NaN pair */
+    snprintf(args, sizeof args, "diff %s/ref.safetensors %s/refnan.safetensors --tensor y", dir, dir);
+    ck_assert_msg(run_cli(args) == 1, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "non-finite"));
+    snprintf(args, sizeof args, "diff %s/nanpair.safetensors %s/refnan.safetensors", dir, dir);
+    ck_assert_msg(run_cli(args) == 1, "%.3000s", out_buf);
+    /* shapes printed on a mismatch, exit 2 */
+    snprintf(args, sizeof args, "diff %s/short.safetensors %s/ref.safetensors", dir, dir);
+    ck_assert_msg(run_cli(args) == 2, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "[23, 256]"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "[24, 256]"));
+    snprintf(args, sizeof args, "diff %s/perm.safetensors %s/ref.safetensors --rule loose", dir, dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    snprintf(args, sizeof args, "diff %s/perm.safetensors %s/ref.safetensors --tensor nope", dir, dir);
+    ck_assert_int_eq(run_cli(args), 2);
+}
+END_TEST
+
+/* ---------------- export -> engine -> check ---------------- */
+
+static char cases_dir[512];
+
+static void export_once(void)
+{
+    static bool done;
+    if (done)
+        return;
+    char args[2048];
+    tu_path(cases_dir, sizeof cases_dir, "eng_cases");
+    snprintf(args, sizeof args, "export %s/scenarios/engines.yaml --dir %s", src(), cases_dir);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "11 case folders"));
+    done = true;
+}
+
+/* Runs the NumPy engine (with `opts`) into dir/NAME, then check; returns check's exit status. */
+static int engine_then_check(const char *name, const char *opts, const char *check_opts)
+{
+    char out[600], rep[640], cmd[4096], args[4096];
+    tu_path(out, sizeof out, name);
+    snprintf(rep, sizeof rep, "%s-report", out);
+    snprintf(cmd, sizeof cmd, "rm -rf %s && %s %s/tests/tools/numpy_engine.py %s %s %s", out, py(), src(), cases_dir,
+             out, opts);
+    ck_assert_msg(run_sh(cmd) == 0, "engine %s: %.3000s", opts, out_buf);
+    snprintf(args, sizeof args, "check %s --outputs %s --report %s %s", cases_dir, out, rep, check_opts);
+    return run_cli(args);
+}
+
+START_TEST(export_layout_and_case_json)
+{
+    export_once();
+    char p[700], buf[8192];
+    snprintf(p, sizeof p, "%s/engines.topp/case.json", cases_dir);
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_ptr_nonnull(strstr(buf, "\"format\": \"dsv4moe-engine-case\""));
+    ck_assert_ptr_nonnull(strstr(buf, "\"version\": 1"));
+    ck_assert_ptr_nonnull(strstr(buf, "\"top_p\": 0.6"));
+    ck_assert_ptr_nonnull(strstr(buf, "\"rule\": \"exact-quant\""));
+    ck_assert_ptr_nonnull(strstr(buf, "\"pruned_slots\""));
+    snprintf(p, sizeof p, "%s/engines.two-ranks.rank1/case.json", cases_dir);
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_ptr_nonnull(strstr(buf, "\"tokens\": 9"));
+    ck_assert_ptr_nonnull(strstr(buf, "two-ranks rank 1"));
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s %s/tests/tools/st_check.py %s/engines.two-ranks.rank1/input.safetensors --expect x:BF16:9,256 "
+             "--expect input_ids:I32:9 && %s %s/tests/tools/st_check.py %s/engines.topp/expected.safetensors "
+             "--expect y:BF16:32,256 --expect topk_ids:I32:32,4 --expect topk_weights:F32:32,4",
+             py(), src(), cases_dir, py(), src(), cases_dir);
+    ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
+    /* the stacked layout: HF's key names with the model. prefix, bf16 */
+    char d2[512], args[2048];
+    tu_path(d2, sizeof d2, "eng_cases_stacked");
+    snprintf(args, sizeof args, "export %s/scenarios/engines.yaml --dir %s --layout stacked --filter quant=2,layer=0",
+             src(), d2);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    snprintf(args, sizeof args, "inspect %s/engines.quant=2,layer=0/model.safetensors", d2);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "model.layers.0.mlp.experts.gate_up_proj"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "model.layers.0.mlp.gate.tid2eid"));
+    ck_assert_int_eq(run_cli("export --dir /tmp/x"), 2);
+    snprintf(args, sizeof args, "export %s/scenarios/engines.yaml --dir %s --layout folded", src(), d2);
+    ck_assert_int_eq(run_cli(args), 2);
+}
+END_TEST
+
+START_TEST(clean_engine_passes_check)
+{
+    export_once();
+    int rc = engine_then_check("eng_out_clean", "", "");
+    ck_assert_msg(rc == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "11 cases: 11 passed, 0 failed, 0 errors"));
+    char p[700], buf[4096];
+    tu_path(p, sizeof p, "eng_out_clean-report/junit.xml");
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_ptr_nonnull(strstr(buf, "tests=\"11\" failures=\"0\" errors=\"0\""));
+    tu_path(p, sizeof p, "eng_out_clean-report/report.json");
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_ptr_nonnull(strstr(buf, "\"ran_on\": \"numpy-indep\""));
+    tu_path(p, sizeof p, "eng_out_clean-report/report.html");
+    ck_assert(tu_file_exists(p));
+    /* an engine's freedom: slot order, the -1 convention (with --sentinel -1), float32 y, y only */
+    ck_assert_msg(engine_then_check("eng_out_rev", "--slot-order reversed", "") == 0, "%.3000s", out_buf);
+    ck_assert_msg(engine_then_check("eng_out_m1", "--sentinel -1", "--sentinel -1") == 0, "%.3000s", out_buf);
+    ck_assert_msg(engine_then_check("eng_out_m1b", "--sentinel -1", "") == 1, "%.3000s", out_buf);
+    ck_assert_msg(engine_then_check("eng_out_yonly", "--no-routing", "") == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "routing not given by the engine"));
+    /* diff holds the independent NumPy engine's dumps against the reference's within tolerance on every tensor */
+    const char *ids[] = {"engines.topp", "engines.quant=2,layer=0", "engines.quant=1,layer=1"};
+    for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++) {
+        char o[600], args[4096];
+        tu_path(o, sizeof o, "eng_out_clean");
+        snprintf(args, sizeof args, "diff %s/%s/output.safetensors %s/%s/expected.safetensors", o, ids[k], cases_dir,
+                 ids[k]);
+        ck_assert_msg(run_cli(args) == 0, "%s: %.3000s", ids[k], out_buf);
+        ck_assert_ptr_nonnull(strstr(out_buf, "3 tensors compared (rule exact-quant): within tolerance"));
+    }
+    ck_assert_msg(engine_then_check("eng_out_yonly", "--no-routing", "") == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "routing not given by the engine"));
+}
+END_TEST
+
+/* The defect table: each defect patched into the engine fails check on the cases that can show it. */
+static const struct {
+    const char *defect;
+    const char *must_fail[4]; /* case ids that must fail */
+    int min_fail;
+} DEFECTS[] = {
+    {"routed_clamp_dropped", {"quant=0,layer=1", "quant=2,layer=0", "topp", NULL}, 9},
+    {"shared_clamp_dropped", {"quant=0,layer=1", "quant=2,layer=1", "two-ranks rank 0", NULL}, 9},
+    {"weight_point_swapped", {"quant=0,layer=1", "quant=1,layer=0", "topp:", NULL}, 6},
+    {"topp_slot_as_expert0", {"topp:", "topp-bf16", NULL}, 2},
+};
+
+START_TEST(each_defect_fails_check)
+{
+    export_once();
+    int i = _i;
+    char name[64], opts[128];
+    snprintf(name, sizeof name, "eng_out_%s", DEFECTS[i].defect);
+    snprintf(opts, sizeof opts, "--defect %s", DEFECTS[i].defect);
+    int rc = engine_then_check(name, opts, "");
+    ck_assert_msg(rc == 1, "%s: exit %d: %.3000s", DEFECTS[i].defect, rc, out_buf);
+    int fails = count_of(out_buf, "\nFAIL ") + (strncmp(out_buf, "FAIL ", 5) == 0);
+    ck_assert_msg(fails >= DEFECTS[i].min_fail, "%s: %d failing cases: %.3000s", DEFECTS[i].defect, fails, out_buf);
+    for (int k = 0; DEFECTS[i].must_fail[k]; k++) {
+        char needle[128];
+        snprintf(needle, sizeof needle, "FAIL  engines/%s", DEFECTS[i].must_fail[k]);
+        ck_assert_msg(strstr(out_buf, needle), "%s: case %s not failed: %.3000s", DEFECTS[i].defect,
+                      DEFECTS[i].must_fail[k], out_buf);
+    }
+    /* y alone catches the top-p defect too (the slot computed as expert 0 changes y) */
+    if (!strcmp(DEFECTS[i].defect, "topp_slot_as_expert0")) {
+        rc = engine_then_check("eng_out_topp_yonly", "--defect topp_slot_as_expert0 --no-routing", "");
+        ck_assert_msg(rc == 1 && strstr(out_buf, "FAIL  engines/topp:"), "%.3000s", out_buf);
+    }
+    /* The Python helper gives the same verdicts */
+    char out[600], cmd[4096];
+    tu_path(out, sizeof out, name);
+    snprintf(cmd, sizeof cmd, "PYTHONPATH=%s/python %s -m dsv4moe.testing %s --outputs %s", src(), py(), cases_dir,
+             out);
+    ck_assert_int_eq(run_sh(cmd), 1);
+    int pyfails = count_of(out_buf, "\nFAIL ") + (strncmp(out_buf, "FAIL ", 5) == 0);
+    ck_assert_msg(pyfails == fails, "python %d vs check %d failing: %.3000s", pyfails, fails, out_buf);
+}
+END_TEST
+
+START_TEST(check_bad_outputs_exit_2)
+{
+    export_once();
+    ck_assert_int_eq(engine_then_check("eng_out_bad", "", ""), 0);
+    char out[600], cmd[4096], args[4096];
+    tu_path(out, sizeof out, "eng_out_bad");
+    /* a case without an output is an error, not a skip */
+    snprintf(cmd, sizeof cmd, "rm -rf %s/engines.topp", out);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "check %s --outputs %s --report %s-r", cases_dir, out, out);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "engines.topp/output.safetensors does not exist"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "10 passed, 0 failed, 1 errors"));
+    /* a truncated output, and one whose y has another name (readable with --map) */
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s/engines.topp && head -c 100 %s/engines.empty/output.safetensors > "
+             "%s/engines.topp/output.safetensors && PYTHONPATH=%s/python %s -c \"\n"
+             "from dsv4moe import testing as t\n"
+             "p = '%s/engines.quant=0,layer=0/output.safetensors'\n"
+             "r = t.read_safetensors(p)\n"
+             "t.write_safetensors(p, {'hidden_out': r['y']})\n\"",
+             out, out, out, src(), py(), out);
+    ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "engines.topp/output.safetensors"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "has no tensor y (names: hidden_out)"));
+    snprintf(args, sizeof args, "check %s --outputs %s --report %s-r --map hidden_out=y", cases_dir, out, out);
+    ck_assert_int_eq(run_cli(args), 2); /* the truncated one still */
+    ck_assert_ptr_nonnull(strstr(out_buf, "pass  engines/quant=0,layer=0"));
+    snprintf(args, sizeof args, "check %s --outputs %s/nowhere", cases_dir, out);
+    ck_assert_int_eq(run_cli(args), 2);
+    snprintf(args, sizeof args, "check %s --outputs %s --map y", cases_dir, out);
+    ck_assert_int_eq(run_cli(args), 2);
+    snprintf(args, sizeof args, "check %s --outputs %s", out, out); /* no case folder there */
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "no case folder"));
+    /* malformed case folders: a newer format version, a config value out of range, not JSON */
+    static const struct {
+        const char *sed, *msg;
+    } broken[] = {{"s/\"version\": 1/\"version\": 7/", "\"version\" must be an integer in [1, 1]"},
+                  {"s/\"n_activated\": 4/\"n_activated\": 99/", "n_activated"},
+                  {"s/{/[/", "case.json"}};
+    for (size_t k = 0; k < sizeof broken / sizeof broken[0]; k++) {
+        char cd[640];
+        snprintf(cd, sizeof cd, "%s-cases-%zu", out, k);
+        snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s/engines.topp %s/ && sed -i '%s' %s/engines.topp/case.json",
+                 cd, cd, cases_dir, cd, broken[k].sed, cd);
+        ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
+        snprintf(args, sizeof args, "check %s --outputs %s", cd, out);
+        ck_assert_int_eq(run_cli(args), 2);
+        ck_assert_msg(strstr(out_buf, broken[k].msg), "%zu: %.3000s", k, out_buf);
+        ck_assert_ptr_nonnull(strstr(out_buf, "engines.topp/case.json"));
+    }
+}
+END_TEST
+
+START_TEST(python_helper_unit_tests)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "cd %s/python && %s -m unittest discover -s tests -t . 2>&1", src(), py());
+    int rc = run_sh(cmd);
+    ck_assert_msg(rc == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "OK"));
+}
+END_TEST
+
+/* ---------------- collective traces ---------------- */
+
+typedef struct {
+    dsv4_sim_world *w;
+    int rank;
+    dsv4_coll_record rec[16];
+    size_t n;
+    char path[600];
+} trace_rank;
+
+static void *trace_thread(void *p)
+{
+    trace_rank *r = p;
+    dsv4_comm *c = dsv4_sim_world_comm(r->w, r->rank);
+    float buf[8] = {0};
+    dsv4_error e;
+    dsv4_comm_all_reduce(c, DSV4_GROUP_WORLD, DSV4_DTYPE_F32, buf, 8, "step 0 meta", &e);
+    dsv4_comm_all_gather(c, DSV4_GROUP_EP, DSV4_DTYPE_F32, buf, 2, buf + 4, "step 0 counts", &e);
+    dsv4_comm_barrier(c, DSV4_GROUP_WORLD, "step 0 end", &e);
+    size_t n = 0;
+    const dsv4_coll_record *t = dsv4_comm_trace(c, &n);
+    r->n = n < 16 ? n : 16;
+    memcpy(r->rec, t, r->n * sizeof *t);
+    return NULL;
+}
+
+START_TEST(symmetry_jsonl_from_the_communicator)
+{
+    dsv4_comm_groups g;
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_comm_groups_init(&g, 2, 1, 2, 2, &e), DSV4_OK);
+    dsv4_sim_world *w = NULL;
+    ck_assert_int_eq(dsv4_sim_world_create(&g, NULL, &w, &e), DSV4_OK);
+    trace_rank r[2];
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) {
+        memset(&r[k], 0, sizeof r[k]);
+        r[k].w = w;
+        r[k].rank = k;
+        ck_assert_int_eq(pthread_create(&th[k], NULL, trace_thread, &r[k]), 0);
+    }
+    for (int k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    dsv4_sim_world_free(w);
+    ck_assert_int_eq(r[0].n, 3);
+    for (int k = 0; k < 2; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "trace_rank%d.jsonl", k);
+        tu_path(r[k].path, sizeof r[k].path, name);
+        ck_assert_int_eq(dsv4_trace_write_jsonl(r[k].rec, r[k].n, k, 2, r[k].path, &e), DSV4_OK);
+    }
+    char args[2048], buf[4096];
+    ck_assert(tu_read_file(r[1].path, buf, sizeof buf) > 0);
+    ck_assert_ptr_nonnull(strstr(buf, "{\"format\":\"dsv4moe-trace\",\"version\":1,\"rank\":1,\"world\":2}\n"));
+    ck_assert_ptr_nonnull(strstr(buf, "\"op\":\"all_gather\""));
+    snprintf(args, sizeof args, "symmetry %s %s", r[1].path, r[0].path);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "2 ranks issued the same collectives: 3 compared"));
+    /* divergent copies: another count on rank 1; a collective rank 1 never issued */
+    char bad[600], cmd[2048];
+    tu_path(bad, sizeof bad, "trace_bad_rank1.jsonl");
+    snprintf(cmd, sizeof cmd, "sed 's/\"count\":8,/\"count\":9,/' %s > %s", r[1].path, bad);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "symmetry %s %s", r[0].path, bad);
+    ck_assert_msg(run_cli(args) == 1, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "rank 0 [world seq 0 all_reduce F32 count 8 'step 0 meta']"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "rank 1 [world seq 0 all_reduce F32 count 9"));
+    snprintf(cmd, sizeof cmd, "grep -v barrier %s > %s", r[1].path, bad);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    ck_assert_msg(run_cli(args) == 1, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "rank 1 [(none"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "barrier"));
+    /* bad input */
+    snprintf(cmd, sizeof cmd, "printf '{\"format\":\"dsv4moe-trace\",\"version\":1,\"rank\":1}\\n{\"seq\":\"x\"}\\n' > %s",
+             bad);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "line 2"));
+    snprintf(args, sizeof args, "symmetry %s %s", r[0].path, r[0].path);
+    ck_assert_int_eq(run_cli(args), 2); /* the same rank twice */
+    snprintf(args, sizeof args, "symmetry %s", r[0].path);
+    ck_assert_int_eq(run_cli(args), 2);
+}
+END_TEST
+
+START_TEST(run_writes_traces_symmetry_reads)
+{
+    char d[512], args[2048], cmd[2048];
+    tu_path(d, sizeof d, "run_traces");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", d);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "run %s/tests/smoke.yaml --report %s/rep --cache %s/cache --traces %s/t", src(), d, d, d);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    snprintf(args, sizeof args, "symmetry %s/t/smoke.topology=2/rank0.jsonl %s/t/smoke.topology=2/rank1.jsonl", d, d);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "2 JSONL traces: the same"));
+    /* rank 1 skips its last collective */
+    snprintf(cmd, sizeof cmd, "sed -i '$d' %s/t/smoke.topology=2/rank1.jsonl", d);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    ck_assert_int_eq(run_cli(args), 1);
+    ck_assert_ptr_nonnull(strstr(out_buf, "rank 1 [(none"));
+    /* world-1 cases write none */
+    snprintf(cmd, sizeof cmd, "test ! -e %s/t/smoke.topology=0", d);
+    ck_assert_int_eq(run_sh(cmd), 0);
+}
+END_TEST
+
+START_TEST(symmetry_flight_recorder_dumps)
+{
+    /* tests/data/nccl_trace_rank_0.json: a world-of-one dump in the format of torch's
+       _dump_nccl_trace_json (FlightRecorder dump_json); its copies play the other ranks. */
+    char d[512], cmd[4096], args[4096];
+    tu_path(d, sizeof d, "fr");
+    snprintf(cmd, sizeof cmd,
+             "rm -rf %s && mkdir -p %s && cp %s/tests/data/nccl_trace_rank_0.json %s/ && "
+             "cp %s/tests/data/nccl_trace_rank_0.json %s/nccl_trace_rank_1.json && "
+             "sed 's/\"collective_seq_id\":2,/\"collective_seq_id\":3,/' %s/tests/data/nccl_trace_rank_0.json > "
+             "%s/seq_rank_2.json && "
+             "sed 's/\\[\\[1024,4096\\]\\]/[[1024,2048]]/' %s/tests/data/nccl_trace_rank_0.json > %s/size_rank_3.json",
+             d, d, src(), d, src(), d, src(), d, src(), d);
+    ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
+    snprintf(args, sizeof args, "symmetry %s/nccl_trace_rank_0.json %s/nccl_trace_rank_1.json", d, d);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "flight-recorder traces: the same"));
+    dsv4_trace *t = NULL;
+    dsv4_error e;
+    char p[700];
+    snprintf(p, sizeof p, "%s/nccl_trace_rank_0.json", d);
+    ck_assert_int_eq(dsv4_trace_load(p, -1, &t, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_trace_rank(t), 0);
+    ck_assert_int_eq(dsv4_trace_format_of(t), DSV4_TRACE_FLIGHT_RECORDER);
+    ck_assert_int_eq(dsv4_trace_count(t), 4); /* the send/recv pair is left out */
+    dsv4_trace_free(t);
+    snprintf(args, sizeof args, "symmetry %s/nccl_trace_rank_0.json %s/seq_rank_2.json", d, d);
+    ck_assert_msg(run_cli(args) == 1, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "rank 0 [0 seq 2 nccl:all_gather"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "rank 2 [0 seq 3"));
+    snprintf(args, sizeof args, "symmetry %s/nccl_trace_rank_0.json %s/size_rank_3.json", d, d);
+    ck_assert_msg(run_cli(args) == 1, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "count 4194304"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "count 2097152"));
+    /* a malformed dump names its entry */
+    snprintf(cmd, sizeof cmd, "sed 's/\"profiling_name\"/\"profiling_nom\"/' %s/nccl_trace_rank_0.json > %s/bad_rank_4.json", d, d);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "symmetry %s/nccl_trace_rank_0.json %s/bad_rank_4.json", d, d);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "flight recorder entry 0"));
+    /* a JSONL trace does not mix with a dump */
+    snprintf(cmd, sizeof cmd, "printf '{\"format\":\"dsv4moe-trace\",\"version\":1,\"rank\":5}\\n' > %s/r5.jsonl", d);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "symmetry %s/nccl_trace_rank_0.json %s/r5.jsonl", d, d);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "format"));
+}
+END_TEST
+
+
+/* ---------------- the library's argument checks ---------------- */
+
+START_TEST(api_rejects_bad_arguments)
+{
+    dsv4_error e;
+    dsv4_error_clear(&e);
+    char buf[256];
+    /* export */
+    dsv4_export_options eo;
+    dsv4_export_options_init(&eo);
+    dsv4_export_options_init(NULL);
+    ck_assert_int_eq(dsv4_export_scenario(NULL, "/tmp", &eo, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_scenario *scn = NULL;
+    char path[700];
+    snprintf(path, sizeof path, "%s/tests/smoke.yaml", src());
+    ck_assert_int_eq(dsv4_scenario_load(path, &scn, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_export_scenario(scn, "", &eo, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+    eo.struct_size = 3;
+    ck_assert_int_eq(dsv4_export_scenario(scn, "/tmp/x", &eo, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(e.message, "struct_size"));
+    dsv4_export_options_init(&eo);
+    eo.layout = (dsv4_layout)7;
+    ck_assert_int_eq(dsv4_export_scenario(scn, "/tmp/x", &eo, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_export_options_init(&eo);
+    eo.threads = 0;
+    ck_assert_int_eq(dsv4_export_scenario(scn, "/tmp/x", &eo, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_export_options_init(&eo);
+    ck_assert_int_eq(dsv4_export_scenario(scn, "/dev/null/x", &eo, NULL, NULL, &e), DSV4_ERR_IO);
+    /* a filter and the refusal left out: smoke has 4 cases, one a refusal? count what is written */
+    char d[512];
+    tu_path(d, sizeof d, "eng_api_export");
+    size_t w = 99, l = 99;
+    eo.filter = "hash-layer";
+    ck_assert_msg(dsv4_export_scenario(scn, d, &eo, &w, &l, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_uint_eq(w, 1);
+    ck_assert_uint_eq(l, 0);
+    dsv4_scenario_free(scn);
+    dsv4_export_case_id(".hidden/a b", 3, buf, sizeof buf);
+    ck_assert_str_eq(buf, "_hidden.a_b.rank3");
+    dsv4_export_case_id("x/y", -1, buf, 3);
+    ck_assert_str_eq(buf, "x.");
+    dsv4_export_case_id(NULL, -1, buf, sizeof buf);
+    ck_assert_str_eq(buf, "");
+    dsv4_export_case_id("a", -1, NULL, 0);
+    /* check */
+    dsv4_check_options co;
+    dsv4_check_options_init(&co);
+    dsv4_check_options_init(NULL);
+    dsv4_run_results *R = (dsv4_run_results *)1;
+    ck_assert_int_eq(dsv4_check_engine(NULL, d, &co, &R, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_check_engine(d, d, &co, NULL, &e), DSV4_ERR_INVALID_ARG);
+    co.struct_size = 1;
+    ck_assert_int_eq(dsv4_check_engine(d, d, &co, &R, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_null(R);
+    dsv4_check_options_init(&co);
+    co.n_map = DSV4_CHECK_MAP_MAX + 1;
+    ck_assert_int_eq(dsv4_check_engine(d, d, &co, &R, &e), DSV4_ERR_INVALID_ARG);
+    co.n_map = 1;
+    co.map_from[0] = "out";
+    co.map_to[0] = "z";
+    ck_assert_int_eq(dsv4_check_engine(d, d, &co, &R, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_check_options_init(&co);
+    ck_assert_int_eq(dsv4_check_engine("/nonexistent-dir", d, &co, &R, &e), DSV4_ERR_IO);
+    /* the exported case without outputs: results with one error case */
+    char o[600];
+    snprintf(o, sizeof o, "%s/outs", d);
+    snprintf(path, sizeof path, "mkdir -p %s", o);
+    ck_assert_int_eq(run_sh(path), 0);
+    ck_assert_msg(dsv4_check_engine(d, o, NULL, &R, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_uint_eq(dsv4_run_count(R), 1);
+    ck_assert_int_eq(dsv4_case_status(dsv4_run_get(R, 0)), DSV4_RESULT_ERROR);
+    dsv4_run_results_free(R);
+    /* traces */
+    dsv4_trace *t = NULL;
+    ck_assert_int_eq(dsv4_trace_load(NULL, 0, &t, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_trace_load("/nonexistent.jsonl", 0, &t, &e), DSV4_ERR_IO);
+    snprintf(path, sizeof path, "%s/empty.jsonl", d);
+    ck_assert_int_eq(tu_write_file(path, "", 0), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, 0, &t, &e), DSV4_ERR_FORMAT);
+    ck_assert_int_eq(tu_write_file(path, "\n\n", 2), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, 0, &t, &e), DSV4_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(e.message, "no header"));
+    ck_assert_int_eq(tu_write_file(path, "[1]\n", 4), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, 0, &t, &e), DSV4_ERR_FORMAT);
+    ck_assert_int_eq(tu_write_file(path, "{\"format\":\"x\"}\n", 15), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, 0, &t, &e), DSV4_ERR_FORMAT);
+    const char *fr = "{\"entries\": 5}";
+    snprintf(path, sizeof path, "%s/fr.json", d);
+    ck_assert_int_eq(tu_write_file(path, fr, strlen(fr)), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, 0, &t, &e), DSV4_ERR_FORMAT);
+    fr = "{\"pg_config\": {}, \"entries\": []}";
+    ck_assert_int_eq(tu_write_file(path, fr, strlen(fr)), 0);
+    ck_assert_int_eq(dsv4_trace_load(path, -1, &t, &e), DSV4_ERR_INVALID_ARG); /* no rank in the name */
+    ck_assert_ptr_nonnull(strstr(e.message, "rank"));
+    ck_assert_int_eq(dsv4_trace_load(path, 2, &t, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_trace_rank(t), 2);
+    ck_assert_uint_eq(dsv4_trace_count(t), 0);
+    dsv4_symmetry_result sr;
+    const dsv4_trace *one[1] = {t};
+    ck_assert_int_eq(dsv4_trace_symmetry(one, 1, &sr, &e), DSV4_ERR_INVALID_ARG);
+    const dsv4_trace *two[2] = {t, NULL};
+    ck_assert_int_eq(dsv4_trace_symmetry(two, 2, &sr, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_trace_free(t);
+    dsv4_trace_free(NULL);
+    ck_assert_int_eq(dsv4_trace_rank(NULL), -1);
+    ck_assert_uint_eq(dsv4_trace_count(NULL), 0);
+    ck_assert_int_eq(dsv4_trace_write_jsonl(NULL, 1, 0, 1, path, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_trace_write_jsonl(NULL, 0, 2, 2, path, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_trace_write_jsonl(NULL, 0, 0, 1, "/dev/null/x", &e), DSV4_ERR_IO);
+    /* comparison helpers */
+    dsv4_routing_metrics rm;
+    int64_t ids[2] = {0, 1};
+    ck_assert(!dsv4_compare_routing(1, 4, 2, ids, NULL, DSV4_SENTINEL_E, 2, ids, NULL, NULL));
+    ck_assert(!dsv4_compare_routing(-1, 4, 2, ids, NULL, DSV4_SENTINEL_E, 2, ids, NULL, &rm));
+    ck_assert(!dsv4_compare_routing(1, 4, 0, ids, NULL, DSV4_SENTINEL_E, 2, ids, NULL, &rm));
+    ck_assert(dsv4_compare_routing(0, 4, 0, NULL, NULL, DSV4_SENTINEL_E, 0, NULL, NULL, &rm));
+    ck_assert(dsv4_routing_within(&rm, NULL, 0));
+    ck_assert(!dsv4_routing_within(NULL, buf, sizeof buf));
+    dsv4_routing_format(&rm, buf, sizeof buf);
+    ck_assert_ptr_nonnull(strstr(buf, "weights not compared"));
+    dsv4_routing_format(NULL, buf, sizeof buf);
+    ck_assert_str_eq(buf, "");
+    dsv4_routing_format(&rm, NULL, 0);
+    dsv4_sentinel sn;
+    ck_assert(dsv4_sentinel_parse("e", &sn) && sn == DSV4_SENTINEL_E);
+    ck_assert(dsv4_sentinel_parse("-1", &sn) && sn == DSV4_SENTINEL_MINUS1);
+    ck_assert(dsv4_sentinel_parse("absent", &sn) && sn == DSV4_SENTINEL_ABSENT);
+    ck_assert(!dsv4_sentinel_parse("none", &sn) && !dsv4_sentinel_parse(NULL, &sn));
+    ck_assert_str_eq(dsv4_sentinel_name(DSV4_SENTINEL_ABSENT), "absent");
+    ck_assert_str_eq(dsv4_sentinel_name((dsv4_sentinel)9), "?");
+    ck_assert_str_eq(dsv4_tolerance_name((dsv4_tolerance)9), "?");
+    ck_assert_str_eq(dsv4_tolerance_describe((dsv4_tolerance)9), "?");
+    ck_assert(!dsv4_tolerance_parse(NULL, NULL));
+    ck_assert(!dsv4_compare_within(DSV4_TOL_EXACT_QUANT, NULL, buf, sizeof buf));
+    dsv4_compare_metrics m;
+    memset(&m, 0, sizeof m);
+    ck_assert(!dsv4_compare_within((dsv4_tolerance)9, &m, NULL, 0));
+    ck_assert(dsv4_compare_within(DSV4_TOL_EXACT_BF16, &m, NULL, 0)); /* nothing compared */
+    ck_assert(!dsv4_compare_any(DSV4_DTYPE_F32, NULL, NULL, 0, NULL));
+    /* routing tensors that do not fit together name both shapes */
+    dsv4_tensor_info ta, tb;
+    memset(&ta, 0, sizeof ta);
+    memset(&tb, 0, sizeof tb);
+    int32_t d32[4] = {0, 1, 1, 2};
+    ta.name = "topk_ids";
+    ta.dtype = DSV4_DTYPE_I32;
+    ta.ndim = 2;
+    ta.shape[0] = 2;
+    ta.shape[1] = 2;
+    ta.numel = 4;
+    ta.data = d32;
+    tb = ta;
+    tb.shape[0] = 1;
+    tb.shape[1] = 4;
+    char msg[768];
+    ck_assert(!dsv4_compare_routing_tensors(4, &ta, NULL, DSV4_SENTINEL_E, &tb, NULL, &rm, msg, sizeof msg));
+    ck_assert_ptr_nonnull(strstr(msg, "[2, 2]"));
+    ck_assert_ptr_nonnull(strstr(msg, "[1, 4]"));
+    ck_assert(!dsv4_compare_routing_tensors(4, NULL, NULL, DSV4_SENTINEL_E, &tb, NULL, &rm, NULL, 0));
+    ck_assert(dsv4_compare_routing_tensors(4, &ta, NULL, DSV4_SENTINEL_E, &ta, NULL, &rm, msg, sizeof msg));
+    ck_assert(dsv4_routing_within(&rm, NULL, 0));
+    dsv4_tensor_shape_str(&ta, NULL, 0);
+}
+END_TEST
+
+Suite *engines_suite(void)
+{
+    Suite *s = suite_create("engines");
+    TCase *tc = tcase_create("engines");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, compare_every_float_dtype);
+    tcase_add_test(tc, nan_rules_fail_under_every_tolerance);
+    tcase_add_test(tc, tolerance_rules_bounds);
+    tcase_add_test(tc, routing_as_sets_with_sentinels);
+    tcase_add_loop_test(tc, diff_cpu_backend_and_numpy_engine_against_ref, 0, 3);
+    tcase_add_test(tc, diff_nan_shapes_and_sentinels);
+    tcase_add_test(tc, export_layout_and_case_json);
+    tcase_add_test(tc, clean_engine_passes_check);
+    tcase_add_loop_test(tc, each_defect_fails_check, 0, (int)(sizeof DEFECTS / sizeof DEFECTS[0]));
+    tcase_add_test(tc, check_bad_outputs_exit_2);
+    tcase_add_test(tc, python_helper_unit_tests);
+    tcase_add_test(tc, symmetry_jsonl_from_the_communicator);
+    tcase_add_test(tc, run_writes_traces_symmetry_reads);
+    tcase_add_test(tc, symmetry_flight_recorder_dumps);
+    tcase_add_test(tc, api_rejects_bad_arguments);
+    suite_add_tcase(s, tc);
+    return s;
+}
