@@ -183,6 +183,12 @@ $(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backen
 	rm -f $@
 	ar rcs $@ $^
 
+# The shared CUDA library, for programs that load it at run time (the Python package, python/).
+CUDA_LIB_SO := $(CUDA_BUILD)/libdsv4moe.so
+$(CUDA_LIB_SO): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backend/registry.o,$(LIB_OBJS)) \
+  $(CUDA_HOST_OBJS) $(CUDA_OBJS)
+	$(CC) -shared -Wl,-soname,$(SONAME) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL) $(CUDA_LDLIBS)
+
 $(CUDA_CLI): $(CLI_OBJS) $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJS) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
@@ -214,7 +220,8 @@ $(CUDA_BENCH): $(CUDA_BUILD)/bench/bench_cuda.o $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
 cuda: deps
-	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_DEVSIM_TEST) $(CUDA_BENCH) $(CEILINGS_BIN)
+	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_LIB_SO) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_DEVSIM_TEST) $(CUDA_BENCH) \
+	  $(CEILINGS_BIN)
 
 # On the GPU machine: the device tests, the scenario file and a memcheck run (logs under $(OUT)/cuda).
 cuda-test: cuda
