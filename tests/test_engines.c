@@ -583,12 +583,13 @@ START_TEST(python_package_installs_and_runs)
              "rm -rf %s && mkdir -p %s/t && cp -r %s/python %s/src && rm -rf %s/src/build %s/src/*.egg-info && "
              "%s -m pip install --quiet --no-deps --no-build-isolation --no-index --target %s/site %s/src 2>&1 && "
              "cp -r %s/python/tests %s/t/ && cd %s/t && PYTHONPATH=%s/site DSV4MOE_BUILD=%s DSV4MOE_CLI=%s "
-             "%s -m unittest discover -v -s tests -t . -p 'test_layer.py' 2>&1 && "
+             "%s -m unittest discover -v -s tests -t . -p 'test_[lh]*.py' 2>&1 && "
              "%s -c \"import sys; sys.path.insert(0, '%s/site'); import dsv4moe; print('from', dsv4moe.__file__)\"",
              dir, dir, src(), dir, dir, dir, py(), dir, dir, src(), dir, dir, dir, build, cli, py(), py(), dir);
     int rc = run_sh(cmd);
     ck_assert_msg(rc == 0, "%.3000s", out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "test_cpu_bit_identical"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "test_mapped_config_matches_ref"));
     ck_assert_msg(strstr(out_buf, "skipped") == NULL, "%.3000s", out_buf);
     char want[700];
     snprintf(want, sizeof want, "from %s/site/dsv4moe/__init__.py", dir);
