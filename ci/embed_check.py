@@ -14,6 +14,8 @@ Checks (each a row of the JSON, "ok" true or false with its numbers or its error
                      the current stream: bit-identical to the same layers with their own workspaces;
   bad_id_latched     a hash layer in a captured graph, an input id out of range written into the static
                      ids, replayed: poll_error raises status 6 naming input_ids[5], and a second poll is clean;
+  examples           docs/examples/embed.c (build/cuda/embed_example) and docs/examples/embed.py on mini
+                     layers 1 and 0: exit 0 and "served 3 steps";
   hf_bf16            (transformers with DeepseekV4) HF's block built by ci/hf_engine_check.py from a
                      generated mini-bf16 stacked checkpoint, run in fp32, against the same block patched
                      with formats bf16: SPEC.md section 9's outside-engine rule (testing.compare exact-quant);
@@ -285,6 +287,24 @@ def check_timing(ctx, torch, dsv4moe, args):
                   "transformers": version, "rows": [rows[T] for T in Ts]}
 
 
+def check_examples(ctx, torch, dsv4moe):
+    """docs/examples/embed.c (build/cuda/embed_example) and docs/examples/embed.py, on mini layers 0 and 1."""
+    rows = []
+    for layer in (1, 0):
+        w = os.path.join(gen(ctx, "mini", layer, 4), "model.safetensors")
+        for what, cmd in (("c", [os.path.join(os.path.dirname(ctx.cli), "embed_example"), "mini", str(layer), w]),
+                          ("python", [sys.executable, os.path.join(ROOT, "docs", "examples", "embed.py"), "mini",
+                                      str(layer), w])):
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"),
+                                                               os.environ.get("PYTHONPATH", "")]))
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+            ok = r.returncode == 0 and "served 3 steps" in r.stdout
+            rows.append({"example": what, "layer": layer, "ok": ok, "rc": r.returncode,
+                         "output": (r.stdout + r.stderr)[-1500:]})
+            log("example %s layer %d: rc %d %s" % (what, layer, r.returncode, r.stdout.strip().splitlines()[-1:]))
+    return all(r["ok"] for r in rows), {"runs": rows}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cli", default=os.path.join(ROOT, "build", "cuda", "dsv4moe"))
@@ -313,6 +333,7 @@ def main():
         ("graph_capture", lambda: check_graph_capture(ctx, torch, dsv4moe)),
         ("shared_workspace", lambda: check_shared_workspace(ctx, torch, dsv4moe)),
         ("bad_id_latched", lambda: check_bad_id(ctx, torch, dsv4moe)),
+        ("examples", lambda: check_examples(ctx, torch, dsv4moe)),
         ("hf_bf16", lambda: check_hf(ctx, torch, dsv4moe, testing, "bf16")),
         ("hf_fp4", lambda: check_hf(ctx, torch, dsv4moe, testing, "fp4")),
         ("timing", lambda: check_timing(ctx, torch, dsv4moe, args)),
