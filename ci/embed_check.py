@@ -65,18 +65,12 @@ def gen(ctx, preset, layer, tokens, layout="split"):
 
 
 def side_warm_capture(torch, fn):
-    """fn run twice on a side stream, then captured; returns (graph, the captured call's outputs)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = fn()
-    torch.cuda.synchronize()
-    return g, outs
+    """bench/peer_util.py's capture (two warm-ups on a side stream, then the capture); returns the graph
+    and the captured call's outputs (the tensors a replay writes)."""
+    import peer_util
+    box = []
+    graph = peer_util.capture(torch, lambda: box.append(fn()))
+    return graph, box[-1]
 
 
 def check_graph_capture(ctx, torch, dsv4moe):
