@@ -1151,6 +1151,13 @@ START_TEST(workspace_within_plan)
                     ck_assert_msg(mine <= plan, "%s layer %d graph %d fp8 %d T %lld: cuda workspace %llu > plan %llu",
                                   presets[i], (int)k.layer, graph, f8, (long long)T, (unsigned long long)mine,
                                   (unsigned long long)plan);
+                    /* the caller-workspace size covers the chunk's layout and grows with the tokens */
+                    uint64_t bound = 0, bound1 = 0;
+                    dsv4_error we;
+                    ck_assert_int_eq(dsv4_backend_workspace_size(p, tc, &bound, &we), DSV4_OK);
+                    ck_assert_int_eq(dsv4_backend_workspace_size(p, 1, &bound1, &we), DSV4_OK);
+                    ck_assert_msg(bound >= mine && bound >= bound1, "%s T %lld: workspace_size %llu < layout %llu",
+                                  presets[i], (long long)tc, (unsigned long long)bound, (unsigned long long)mine);
                 }
                 dsv4_plan_free(p);
             }
