@@ -213,7 +213,7 @@ class Layer:
             ids = np.ascontiguousarray(np.asarray(input_ids), dtype=np.int32).reshape(-1)
             if ids.shape[0] != T:
                 raise ValueError("input_ids has %d entries for %d tokens" % (ids.shape[0], T))
-        y = np.empty((T, self.dim), np.uint16)
+        y = np.empty((max(T, 1), self.dim), np.uint16)[:T]  # a T = 0 call still hands the library a y pointer
         tk = np.empty((T, K), np.int32)
         tw = np.empty((T, K), np.float32)
         out = _lib.ForwardOut(y.ctypes.data, tk.ctypes.data, tw.ctypes.data, None)

@@ -39,9 +39,9 @@ def _forward(handle, x, input_ids, valid_tokens):
         y = torch.empty((T, layer.dim), dtype=torch.bfloat16, device=x.device)
         tk = torch.empty((T, K), dtype=torch.int32, device=x.device)
         tw = torch.empty((T, K), dtype=torch.float32, device=x.device)
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        layer.enqueue(stream, T, x.data_ptr() if T else None, ids_ptr, y.data_ptr(), tk.data_ptr(), tw.data_ptr(),
-                      vt_ptr)
+        if T:  # T = 0: nothing to enqueue (the library asks for a y pointer, an empty tensor has none)
+            stream = torch.cuda.current_stream(x.device).cuda_stream
+            layer.enqueue(stream, T, x.data_ptr(), ids_ptr, y.data_ptr(), tk.data_ptr(), tw.data_ptr(), vt_ptr)
         return y, tk, tw
     if valid_tokens is not None:
         raise ValueError("valid_tokens is for device tensors")

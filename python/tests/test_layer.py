@@ -69,6 +69,8 @@ class LayerOnHostBackends(unittest.TestCase):
             yf, _, _ = m(t.from_bf16_bits(x), ids)
             self.assertEqual(yf.dtype, np.float32)
             np.testing.assert_array_equal(t.to_bf16_bits(yf), y)
+            y0, k0, w0 = m(x[:0], ids[:0])  # no tokens: empty outputs
+            self.assertEqual((y0.shape, k0.shape, w0.shape), ((0, x.shape[1]), (0, k0.shape[1]), (0, k0.shape[1])))
             self.assertEqual(m.workspace_size(16), 0)
             self.assertEqual(m.poll_error()["bad_input_ids"], 0)
             return m
