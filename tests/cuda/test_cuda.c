@@ -522,76 +522,6 @@ START_TEST(fast_matches_exact)
 }
 END_TEST
 
-/*
- * dsv4_backend_forward_device on device copies of the inputs gives the host forward's outputs bit
- * for bit (eager and replayed, hash and not), and a hash-layer id out of range is found on the
- * device and named.
- */
-static void device_vs_host(const char *preset, int64_t layer, int64_t T, int graph)
-{
-    cuda_case k = {"device", preset, layer, T, 0, -1, -1, -1, graph, 0, 0};
-    dsv4_config c = case_config(&k);
-    dsv4_checkpoint *ck = NULL;
-    dsv4_st_file *in = NULL;
-    case_data(&k, &c, &ck, &in);
-    const uint16_t *x = dsv4_st_find(in, "x")->data;
-    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
-    const int64_t H = c.dim, K = c.n_activated;
-    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, graph);
-    dsv4_backend *b = NULL;
-    dsv4_error e;
-    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
-    run_out h, d;
-    alloc_out(&c, T, &h);
-    alloc_out(&c, T, &d);
-    dsv4_forward_out oh = {h.y, h.ids, h.w, h.kept};
-    ck_assert_msg(dsv4_backend_forward(b, T, x, ids, &oh, &e) == DSV4_OK, "%s", e.message);
-    void *dx = NULL, *dy = NULL, *di = NULL, *dti = NULL, *dtw = NULL, *dk = NULL;
-    ck_assert(cudaMalloc(&dx, (size_t)(T * H) * 2) == cudaSuccess);
-    ck_assert(cudaMalloc(&dy, (size_t)(T * H) * 2) == cudaSuccess);
-    ck_assert(cudaMalloc(&di, (size_t)T * 4) == cudaSuccess);
-    ck_assert(cudaMalloc(&dti, (size_t)(T * K) * 4) == cudaSuccess);
-    ck_assert(cudaMalloc(&dtw, (size_t)(T * K) * 4) == cudaSuccess);
-    ck_assert(cudaMalloc(&dk, (size_t)T * 4) == cudaSuccess);
-    ck_assert(cudaMemcpy(dx, x, (size_t)(T * H) * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-    ck_assert(cudaMemcpy(di, ids, (size_t)T * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    ck_assert(cudaMemset(dy, 0xFF, (size_t)(T * H) * 2) == cudaSuccess);
-    dsv4_forward_out od = {(uint16_t *)dy, (int32_t *)dti, (float *)dtw, (int32_t *)dk};
-    for (int rep = 0; rep < 2; rep++)
-        ck_assert_msg(dsv4_backend_forward_device(b, T, dx, (const int32_t *)di, &od, &e) == DSV4_OK, "%s", e.message);
-    ck_assert(cudaMemcpy(d.y, dy, (size_t)(T * H) * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
-    ck_assert(cudaMemcpy(d.ids, dti, (size_t)(T * K) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    ck_assert(cudaMemcpy(d.w, dtw, (size_t)(T * K) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    ck_assert(cudaMemcpy(d.kept, dk, (size_t)T * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    ck_assert_msg(memcmp(h.y, d.y, (size_t)(T * H) * 2) == 0, "%s T %lld: device forward y differs", preset, (long long)T);
-    ck_assert(memcmp(h.ids, d.ids, (size_t)(T * K) * 4) == 0);
-    ck_assert(memcmp(h.w, d.w, (size_t)(T * K) * 4) == 0);
-    ck_assert(memcmp(h.kept, d.kept, (size_t)T * 4) == 0);
-    dsv4_backend_stats st = dsv4_backend_get_stats(b);
-    ck_assert_uint_eq(st.forwards, 3);
-    if (dsv4_config_is_hash_layer(&c)) {
-        /* an id out of range at token T - 1 (and a NULL id pointer) */
-        int32_t bad = (int32_t)c.vocab_size + 3;
-        ck_assert(cudaMemcpy((int32_t *)di + (T - 1), &bad, 4, cudaMemcpyHostToDevice) == cudaSuccess);
-        ck_assert_int_eq(dsv4_backend_forward_device(b, T, dx, (const int32_t *)di, &od, &e), DSV4_ERR_RANGE);
-        char want[64];
-        snprintf(want, sizeof want, "input_ids[%lld]", (long long)(T - 1));
-        ck_assert_msg(strstr(e.message, want) != NULL, "%s", e.message);
-        ck_assert_int_eq(dsv4_backend_forward_device(b, T, dx, NULL, &od, &e), DSV4_ERR_INVALID_ARG);
-    }
-    printf("cuda_suite device forward %-9s layer %lld T %4lld graph %d: identical to the host forward\n", preset,
-           (long long)layer, (long long)T, graph);
-    cudaFree(dx), cudaFree(dy), cudaFree(di), cudaFree(dti), cudaFree(dtw), cudaFree(dk);
-    free_out(&h);
-    free_out(&d);
-    dsv4_backend_free(b);
-    dsv4_plan_free(p);
-    dsv4_st_close(in);
-    dsv4_checkpoint_close(ck);
-}
-
-/* ---------------- embedding: dsv4_backend_enqueue, a caller workspace, the error word ---------------- */
-
 /* Device buffers of one forward's tensors. */
 typedef struct {
     void *x, *ids, *y, *ti, *tw, *kept;
@@ -643,6 +573,61 @@ static void same_rows(const dsv4_config *c, const run_out *a, const run_out *b, 
     ck_assert_msg(memcmp(a->w, b->w, t * K * 4) == 0, "%s: topk weights differ", what);
     ck_assert_msg(memcmp(a->kept, b->kept, t * 4) == 0, "%s: kept counts differ", what);
 }
+
+/*
+ * dsv4_backend_forward_device on device copies of the inputs gives the host forward's outputs bit
+ * for bit (eager and replayed, hash and not), and a hash-layer id out of range is found on the
+ * device and named.
+ */
+static void device_vs_host(const char *preset, int64_t layer, int64_t T, int graph)
+{
+    cuda_case k = {"device", preset, layer, T, 0, -1, -1, -1, graph, 0, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, graph);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
+    run_out h, d;
+    alloc_out(&c, T, &h);
+    dsv4_forward_out oh = {h.y, h.ids, h.w, h.kept};
+    ck_assert_msg(dsv4_backend_forward(b, T, x, ids, &oh, &e) == DSV4_OK, "%s", e.message);
+    dev_io dv;
+    dev_io_alloc(&c, T, x, ids, &dv);
+    dsv4_forward_out od = dev_out(&dv);
+    for (int rep = 0; rep < 2; rep++)
+        ck_assert_msg(dsv4_backend_forward_device(b, T, dv.x, (const int32_t *)dv.ids, &od, &e) == DSV4_OK, "%s",
+                      e.message);
+    dev_fetch(&c, T, &dv, &d);
+    same_rows(&c, &h, &d, T, preset);
+    dsv4_backend_stats st = dsv4_backend_get_stats(b);
+    ck_assert_uint_eq(st.forwards, 3);
+    if (dsv4_config_is_hash_layer(&c)) {
+        /* an id out of range at token T - 1 (and a NULL id pointer) */
+        int32_t bad = (int32_t)c.vocab_size + 3;
+        ck_assert(cudaMemcpy((int32_t *)dv.ids + (T - 1), &bad, 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        ck_assert_int_eq(dsv4_backend_forward_device(b, T, dv.x, (const int32_t *)dv.ids, &od, &e), DSV4_ERR_RANGE);
+        char want[64];
+        snprintf(want, sizeof want, "input_ids[%lld]", (long long)(T - 1));
+        ck_assert_msg(strstr(e.message, want) != NULL, "%s", e.message);
+        ck_assert_int_eq(dsv4_backend_forward_device(b, T, dv.x, NULL, &od, &e), DSV4_ERR_INVALID_ARG);
+    }
+    printf("cuda_suite device forward %-9s layer %lld T %4lld graph %d: identical to the host forward\n", preset,
+           (long long)layer, (long long)T, graph);
+    dev_io_free(&dv);
+    free_out(&h);
+    free_out(&d);
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+
+/* ---------------- embedding: dsv4_backend_enqueue, a caller workspace, the error word ---------------- */
 
 /*
  * The layer enqueued on a caller stream between the caller's own operations (a copy of x in
