@@ -207,6 +207,17 @@ $(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backen
 	rm -f $@
 	ar rcs $@ $^
 
+# The shared CUDA library, for programs that load it at run time (the Python package, python/).
+CUDA_LIB_SO := $(CUDA_BUILD)/libdsv4moe.so
+$(CUDA_LIB_SO): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backend/registry.o,$(LIB_OBJS)) \
+  $(CUDA_HOST_OBJS) $(CUDA_OBJS)
+	$(CC) -shared -Wl,-soname,$(SONAME) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL) $(CUDA_LDLIBS)
+
+# docs/embedding.md's C example (docs/examples/embed.c), compiled and linked by `make cuda`.
+CUDA_EMBED_EXAMPLE := $(CUDA_BUILD)/embed_example
+$(CUDA_EMBED_EXAMPLE): docs/examples/embed.c $(CUDA_LIB_A)
+	$(CC) $(CPPFLAGS_ALL) -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
+
 $(CUDA_CLI): $(CLI_OBJS) $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJS) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
@@ -238,7 +249,8 @@ $(CUDA_BENCH): $(CUDA_BUILD)/bench/bench_cuda.o $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
 cuda: deps
-	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_DEVSIM_TEST) $(CUDA_BENCH) $(CEILINGS_BIN)
+	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_LIB_SO) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_DEVSIM_TEST) $(CUDA_BENCH) \
+	  $(CEILINGS_BIN) $(CUDA_EMBED_EXAMPLE)
 
 # On the GPU machine: the device tests, the scenario file and a memcheck run (logs under $(OUT)/cuda).
 cuda-test: cuda

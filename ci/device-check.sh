@@ -31,6 +31,11 @@
 #                  cases through dsv4moe check, clean and with each defect patched in (docs/engines.md)
 #   flight-recorder ci/record_flight_recorder.py: a real NCCL flight-recorder dump (world of one) and
 #                  divergent copies through dsv4moe symmetry
+#   embed          ci/embed_check.py: the Python package in torch on the CUDA library (issue 20): the
+#                  layer captured in torch.cuda.graph between torch ops, two layers on one caller
+#                  workspace, a bad id latched and polled, HF's block patched (bf16 vs the fp32 block,
+#                  fp4/fp8 vs dsv4moe ref) and timed next to the unpatched block (DSV4_EMBED_ARGS adds
+#                  arguments, e.g. --quick or --experts 256); its JSON is engines.tar.gz's embed.json
 # (make cuda-test runs the same three through ci/cuda-test.sh; this script runs them as separate
 # steps with their own timeouts so one hang costs one row.)
 # Absent pieces (the CUDA backend is not there yet) are "absent" rows, not failures.
@@ -45,7 +50,7 @@
 # fp8 mode's when there are two), logs.tar.gz (every step's log), gpu-report.tar.gz (the scenario
 # report), bench.tar.gz (every JSON the steps wrote: ceilings.json, torch_peer.json, both modes'
 # bench_cuda_*.json, hf_peer.json, gmm_peer.json, the A/B and profile runs'), engines.tar.gz
-# (hf-engine's table and reports, the flight-recorder dumps). Large work files (the generated
+# (hf-engine's table and reports, the flight-recorder dumps, embed's embed.json). Large work files (the generated
 # v4-flash layer, about 3.3 GB) go to $DSV4_DEVCHECK_WORK (default /tmp/dsv4-devcheck), never to $OUT.
 # The short table is printed last. Exit status: 0 when no step failed (absent and skipped are not
 # failures), 1 otherwise.
@@ -241,6 +246,17 @@ if $PY -c 'import torch, transformers' 2>/dev/null; then
 else
     absent hf-engine "no torch or transformers for $PY"
     absent flight-recorder "no torch for $PY"
+fi
+
+# ---- embedding (issue 20, docs/embedding.md): the Python package over build/cuda/libdsv4moe.so in
+# torch: graph capture between torch ops, a shared caller workspace, a latched bad id, HF's block
+# patched (bf16 and fp4/fp8) and timed next to the unpatched one; embed.json goes into engines.tar.gz ----
+if [ -f build/cuda/libdsv4moe.so ] && [ -x build/cuda/dsv4moe ] && \
+    $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    step embed 240 "PYTHONUNBUFFERED=1 $PY ci/embed_check.py --cli build/cuda/dsv4moe --lib build/cuda/libdsv4moe.so \
+        --work $WORK/embed --json $WORK/engines/embed.json ${DSV4_EMBED_ARGS:-}"
+else
+    absent embed "no build/cuda/libdsv4moe.so and build/cuda/dsv4moe, or no torch with CUDA for $PY"
 fi
 
 # ---- bundle (at most 8 files under $OUT) ----

@@ -362,6 +362,82 @@ START_TEST(hash_bad_input_id_is_range_error)
 }
 END_TEST
 
+/* The embedding calls on the host backends (include/dsv4moe/backend.h): no device, so no
+   workspace, no enqueue and nothing latched; argument checks name the rule. */
+START_TEST(embedding_calls_on_host_backends)
+{
+    cpu_case k = {"embed", "mini", 0, 5, 0, -1, -1, -1, 2, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    uint16_t y[1];
+    dsv4_error e;
+    dsv4_backend_kind kinds[2] = {DSV4_BACKEND_REF, DSV4_BACKEND_CPU};
+    for (int i = 0; i < 2; i++) {
+        dsv4_plan *p = make_plan(&c, kinds[i], 0);
+        uint64_t bytes = 7;
+        ck_assert_int_eq(dsv4_backend_workspace_size(p, 16, &bytes, &e), DSV4_OK);
+        ck_assert_uint_eq(bytes, 0);
+        ck_assert_int_eq(dsv4_backend_workspace_size(p, 0, &bytes, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(e.message, "max_tokens 0") != NULL, "%s", e.message);
+        ck_assert_int_eq(dsv4_backend_workspace_size(NULL, 1, &bytes, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_int_eq(dsv4_backend_workspace_size(p, 1, NULL, &e), DSV4_ERR_INVALID_ARG);
+        dsv4_backend_options opt;
+        dsv4_backend_options_init(&opt);
+        ck_assert_ptr_null(opt.workspace);
+        ck_assert_uint_eq(opt.workspace_bytes, 0);
+        dsv4_backend *b = NULL;
+        static uint8_t area[4096] __attribute__((aligned(256)));
+        opt.workspace = area;
+        opt.workspace_bytes = sizeof area;
+        ck_assert_int_eq(dsv4_backend_create_with(p, ck, &opt, &b, &e), DSV4_ERR_UNSUPPORTED);
+        ck_assert_msg(strstr(e.message, "cuda only") != NULL, "%s", e.message);
+        ck_assert_ptr_null(b);
+        opt.workspace = NULL;
+        ck_assert_int_eq(dsv4_backend_create_with(p, ck, &opt, &b, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(e.message, "without a workspace pointer") != NULL, "%s", e.message);
+        opt.workspace_bytes = 0;
+        ck_assert_int_eq(dsv4_backend_create_with(p, ck, &opt, &b, &e), DSV4_OK);
+        dsv4_forward_out o = {y, NULL, NULL, NULL};
+        ck_assert_int_eq(dsv4_backend_enqueue(b, NULL, 5, NULL, x, NULL, &o, &e), DSV4_ERR_UNSUPPORTED);
+        ck_assert_msg(strstr(e.message, "dsv4_backend_forward") != NULL, "%s", e.message);
+        ck_assert_int_eq(dsv4_backend_enqueue(b, NULL, 4097, NULL, x, NULL, &o, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_int_eq(dsv4_backend_enqueue(NULL, NULL, 5, NULL, x, NULL, &o, &e), DSV4_ERR_INVALID_ARG);
+        dsv4_device_errors d;
+        memset(&d, 0xAB, sizeof d);
+        d.struct_size = sizeof d;
+        ck_assert_int_eq(dsv4_backend_poll_error(b, NULL, &d, &e), DSV4_OK);
+        ck_assert_uint_eq(d.bad_input_ids, 0);
+        ck_assert_int_eq(d.first_bad_input, -1);
+        ck_assert_uint_eq(d.nonfinite_rows, 0);
+        ck_assert_uint_eq(d.bad_expert_ids, 0);
+        ck_assert_int_eq(dsv4_backend_poll_error(b, NULL, NULL, &e), DSV4_OK);
+        d.struct_size = 3;
+        ck_assert_int_eq(dsv4_backend_poll_error(b, NULL, &d, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_int_eq(dsv4_backend_poll_error(NULL, NULL, NULL, &e), DSV4_ERR_INVALID_ARG);
+        dsv4_backend_free(b);
+        dsv4_plan_free(p);
+    }
+    /* cuda: not in this build, or (a CUDA build) a workspace that grows with the tokens */
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0);
+    uint64_t b1 = 0, b64 = 0;
+#ifdef DSV4_WITH_CUDA
+    ck_assert_int_eq(dsv4_backend_workspace_size(p, 1, &b1, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_backend_workspace_size(p, 64, &b64, &e), DSV4_OK);
+    ck_assert(b1 > 0 && b64 > b1);
+#else
+    ck_assert_int_eq(dsv4_backend_workspace_size(p, 1, &b1, &e), DSV4_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.message, "not in this build") != NULL, "%s", e.message);
+    (void)b64;
+#endif
+    dsv4_plan_free(p);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
+
 START_TEST(refusals_name_backend_and_router)
 {
     cpu_case k = {"refuse", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 0};
@@ -488,6 +564,7 @@ Suite *cpu_suite(void)
     tcase_add_test(tc, kernel_table_choice_errors);
     tcase_add_test(tc, hash_bad_input_id_is_range_error);
     tcase_add_test(tc, refusals_name_backend_and_router);
+    tcase_add_test(tc, embedding_calls_on_host_backends);
     tcase_add_test(tc, registry_lists_backends);
     tcase_add_test(tc, repeat_forward_is_stable);
     suite_add_tcase(s, tc);

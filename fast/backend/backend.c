@@ -89,7 +89,7 @@ static void ref_free(void *p)
     free(r);
 }
 
-static const dsv4_backend_vtable ref_vtable = {"ref", ref_forward, ref_stats, ref_free, NULL};
+static const dsv4_backend_vtable ref_vtable = {"ref", ref_forward, ref_stats, ref_free, NULL, NULL, NULL};
 
 dsv4_status dsv4_ref_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck,
                                     const dsv4_backend_options *opt, void **impl, const dsv4_backend_vtable **vt,
@@ -171,6 +171,16 @@ dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoin
     if (st)
         return st;
     const dsv4_backend_entry *ent = dsv4_backend_registry_find(topo->backend);
+    if (opt.workspace && !ent->device_workspace)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend options",
+                           "backend %s has no device: a caller workspace is for cuda only", ent->name);
+    if (!opt.workspace && opt.workspace_bytes)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
+                           "workspace_bytes %llu given without a workspace pointer",
+                           (unsigned long long)opt.workspace_bytes);
+    if (opt.workspace && ((uintptr_t)opt.workspace & 255))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
+                           "the caller workspace %p is not 256-byte aligned", opt.workspace);
     dsv4_backend *b = calloc(1, sizeof *b);
     if (!b)
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "backend", "out of memory");
@@ -248,4 +258,59 @@ dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *b)
     dsv4_backend_stats s;
     memset(&s, 0, sizeof s);
     return b && b->vt ? b->vt->stats(b->impl) : s;
+}
+
+/* ---------------- embedding (docs/embedding.md) ---------------- */
+
+dsv4_status dsv4_backend_workspace_size(const dsv4_plan *plan, int64_t max_tokens, uint64_t *bytes, dsv4_error *err)
+{
+    if (!plan || !bytes)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend workspace_size", "plan and bytes must not be NULL");
+    *bytes = 0;
+    if (max_tokens < 1)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend workspace_size", "max_tokens %lld is below 1",
+                           (long long)max_tokens);
+    const dsv4_backend_entry *ent = dsv4_backend_registry_find(dsv4_plan_topology(plan)->backend);
+    if (!ent)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend workspace_size", "the plan names no known backend");
+    if (!ent->create)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend workspace_size",
+                           "backend %s is not in this build (backends: %s)", ent->name, dsv4_backends_available());
+    if (ent->device_workspace)
+        *bytes = ent->device_workspace(plan, max_tokens);
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_backend_enqueue(dsv4_backend *b, void *stream, int64_t T, const int32_t *valid_tokens, const void *x,
+                                 const int32_t *input_ids, const dsv4_forward_out *out, dsv4_error *err)
+{
+    if (!b || !out || !out->y || (T > 0 && !x))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend enqueue", "backend, x and out->y must not be NULL");
+    if (T < 0 || T > b->max_tokens)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend enqueue",
+                           "token count %lld is outside [0, max_tokens_per_rank = %lld]", (long long)T,
+                           (long long)b->max_tokens);
+    if (!b->vt->enqueue)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend enqueue",
+                           "backend %s runs on the host: it has no stream to enqueue on (use dsv4_backend_forward)",
+                           b->vt->name);
+    return b->vt->enqueue(b->impl, stream, T, valid_tokens, x, input_ids, out, err);
+}
+
+dsv4_status dsv4_backend_poll_error(dsv4_backend *b, void *stream, dsv4_device_errors *out, dsv4_error *err)
+{
+    if (!b)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend poll_error", "backend must not be NULL");
+    if (out && out->struct_size != sizeof *out)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend poll_error",
+                           "struct_size %u is not %zu (set it to sizeof(dsv4_device_errors))",
+                           (unsigned)out->struct_size, sizeof *out);
+    dsv4_device_errors d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = (uint32_t)sizeof d;
+    d.first_bad_input = -1;
+    dsv4_status st = b->vt->poll_error ? b->vt->poll_error(b->impl, stream, &d, err) : DSV4_OK;
+    if (out)
+        *out = d;
+    return st;
 }

@@ -37,6 +37,12 @@ typedef struct dsv4_backend_vtable {
     /* Device-pointer forward (dsv4_backend_forward_device); NULL where the backend has no device. */
     dsv4_status (*forward_device)(void *impl, int64_t tokens, const void *x, const int32_t *input_ids,
                                   const dsv4_forward_out *out, dsv4_error *err);
+    /* Stream-ordered forward (dsv4_backend_enqueue; arguments checked by the caller) and the poll
+       of the device error word (dsv4_backend_poll_error; out zeroed by the caller); NULL where the
+       backend has no device. */
+    dsv4_status (*enqueue)(void *impl, void *stream, int64_t tokens, const int32_t *valid_tokens, const void *x,
+                           const int32_t *input_ids, const dsv4_forward_out *out, dsv4_error *err);
+    dsv4_status (*poll_error)(void *impl, void *stream, dsv4_device_errors *out, dsv4_error *err);
 } dsv4_backend_vtable;
 
 /* The stages (see the top of this file): a table next to the vtable, named by the registry
@@ -90,6 +96,9 @@ typedef struct dsv4_backend_entry {
     const dsv4_backend_stages *stages;
     /* Whether the backend can execute the plan; why names what it cannot. NULL: every plan. */
     bool (*supports)(const dsv4_plan *plan, char *why, size_t n);
+    /* dsv4_backend_workspace_size: the device workspace bytes of a backend of the plan for calls of
+       up to max_tokens tokens. NULL: 0 (a backend without a device). */
+    uint64_t (*device_workspace)(const dsv4_plan *plan, int64_t max_tokens);
 } dsv4_backend_entry;
 
 /* The entry of `kind`, NULL when the kind is unknown. */
@@ -112,9 +121,11 @@ dsv4_status dsv4_ref_backend_create(const dsv4_plan *plan, const dsv4_checkpoint
 
 #ifdef DSV4_WITH_CUDA
 /* The CUDA backend (fast/cuda/cuda.cu, `make cuda` builds only). */
-dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads, void **impl,
-                                     const dsv4_backend_vtable **vt, dsv4_error *err);
+dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
+                                     const dsv4_backend_options *opt, void **impl, const dsv4_backend_vtable **vt,
+                                     dsv4_error *err);
 bool dsv4_cuda_backend_available(char *why, size_t n);
+uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t max_tokens);
 #endif
 
 #endif

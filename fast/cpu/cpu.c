@@ -305,7 +305,7 @@ static void cpu_free(void *p)
 
 const char *dsv4_cpu_backend_kernels(const void *p) { return ((const cpu_be *)p)->kt->name; }
 
-static const dsv4_backend_vtable cpu_vtable = {"cpu", cpu_forward, cpu_stats, cpu_free, NULL};
+static const dsv4_backend_vtable cpu_vtable = {"cpu", cpu_forward, cpu_stats, cpu_free, NULL, NULL, NULL};
 
 /* A bf16 (stacked) matrix under a quantized config: quantized here exactly as the reference does. */
 static dsv4_status quantize_at_load(cpu_be *b, dsv4_weight_format fmt, cmat *m, dsv4_error *err)

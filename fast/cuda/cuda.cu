@@ -105,9 +105,14 @@ struct CudaBe {
     float *bias = nullptr, *pred_norm = nullptr, *pred_w = nullptr, *pred_b = nullptr;
     int32_t *tid2eid = nullptr;
     int32_t *host_tid2eid = nullptr; /* host copy for validating input ids */
-    /* the workspace */
+    /* the workspace: the backend's own allocation, or the caller's (dsv4_backend_options.workspace) */
     uint8_t *ws = nullptr;
     uint64_t ws_bytes = 0;
+    bool own_ws = true;
+    /* the device error word and counters of enqueued calls: [ST_N], ST_BADIN_AT by max, the others
+       summed; read and cleared by the poll (its own allocation: it outlives calls, unlike the
+       workspace, which backends may share) */
+    unsigned long long *ctl = nullptr;
     uint8_t *hbuf = nullptr; /* pinned mirror of the workspace's io range [0, io_end) */
     /* graphs */
     bool graphs = false;
@@ -719,6 +724,80 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
     return cudaPeekAtLastError();
 }
 
+/* The rows a chunk of tc rows starting at row t0 of the call computes: tc, or the caller's
+   device count less t0, clamped to [0, tc] (read on the device: a captured call reads it at replay). */
+__device__ __forceinline__ int chunk_rows(const int32_t *valid, long long t0, int tc)
+{
+    if (!valid)
+        return tc;
+    const long long v = (long long)*valid - t0;
+    return v < 0 ? 0 : v > tc ? tc : (int)v;
+}
+
+/* One chunk's transfers between the caller's device tensors and the workspace (dsv4_backend_enqueue). */
+struct IoArgs {
+    const int32_t *valid; /* the caller's valid row count, or NULL */
+    long long t0;         /* the chunk's first row within the call */
+    int tc, H, K, hash;
+    const uint16_t *x;      /* the caller's x at row t0 */
+    const int32_t *in_ids;  /* the caller's input ids at row t0 (hash layers) */
+    uint16_t *y;            /* the caller's outputs at row t0 (ids, w, kept may be NULL) */
+    int32_t *ids;
+    float *w;
+    int32_t *kept;
+    uint16_t *ws_x;         /* the chunk's buffers in the workspace */
+    int32_t *ws_in_ids, *ws_ntok, *ws_ids, *ws_kept;
+    float *ws_w;
+    unsigned long long *ws_stats, *ctl;
+};
+
+/* In: the token count (the row count, or the caller's valid rows), the chunk's counters zeroed,
+   the live rows of x and of the input ids. One block per row. */
+__global__ void k_io_in(IoArgs a)
+{
+    const int t = blockIdx.x, n = chunk_rows(a.valid, a.t0, a.tc);
+    if (t == 0 && threadIdx.x == 0)
+        *a.ws_ntok = n;
+    if (t == 0 && threadIdx.x < ST_N)
+        a.ws_stats[threadIdx.x] = 0;
+    if (t >= n)
+        return;
+    const uint16_t *src = a.x + (size_t)t * a.H;
+    uint16_t *dst = a.ws_x + (size_t)t * a.H;
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x)
+        dst[i] = src[i];
+    if (a.hash && threadIdx.x == 0)
+        a.ws_in_ids[t] = a.in_ids[t];
+}
+
+/* Out: the live rows' outputs, zeros for the padding rows; block 0 latches the chunk's counters
+   and input errors into the backend's error word. */
+__global__ void k_io_out(IoArgs a)
+{
+    const int t = blockIdx.x, n = chunk_rows(a.valid, a.t0, a.tc);
+    const bool live = t < n;
+    const uint16_t *src = a.ws_x + (size_t)t * a.H;
+    uint16_t *dst = a.y + (size_t)t * a.H;
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x)
+        dst[i] = live ? src[i] : (uint16_t)0;
+    for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
+        const size_t j = (size_t)t * a.K + k;
+        if (a.ids)
+            a.ids[j] = live ? a.ws_ids[j] : 0;
+        if (a.w)
+            a.w[j] = live ? a.ws_w[j] : 0.0f;
+    }
+    if (threadIdx.x == 0 && a.kept)
+        a.kept[t] = live ? a.ws_kept[t] : 0;
+    if (t == 0 && threadIdx.x < ST_N) {
+        const unsigned long long v = a.ws_stats[threadIdx.x];
+        if (v && threadIdx.x == ST_BADIN_AT)
+            atomicMax(&a.ctl[ST_BADIN_AT], v);
+        else if (v)
+            atomicAdd(&a.ctl[threadIdx.x], v);
+    }
+}
+
 dsv4_status sync_check(CudaBe *b, const char *what, dsv4_error *err)
 {
     cudaError_t e = cudaGetLastError();
@@ -765,9 +844,8 @@ dsv4_status graph_for(CudaBe *b, int64_t T, Graph **out, dsv4_error *err)
     return DSV4_OK;
 }
 
-/* Where a forward's tensors live: host buffers (staged through the pinned mirror) or device ones. */
+/* A forward of host tensors, staged through the pinned mirror of the workspace's io range. */
 struct Io {
-    bool dev;
     const uint16_t *x;
     const int32_t *ids;
     const dsv4_forward_out *out;
@@ -794,44 +872,21 @@ dsv4_status run_forward(CudaBe *b, int64_t T, const Io &io, dsv4_error *err)
         memcpy(hb + L.ntok, &ntok, 4);
         memset(hb + L.stats, 0, ST_N * 8);
         const size_t xbytes = (size_t)(Tc * H) * 2;
-        if (!io.dev) {
-            if (hash)
-                memcpy(hb + L.in_ids, io.ids + t0, (size_t)Tc * 4);
-            memcpy(hb + L.x, io.x + t0 * H, xbytes);
-            CK(cudaMemcpyAsync(b->ws, hb, (size_t)(L.x + xbytes), cudaMemcpyHostToDevice, b->stream));
-        } else {
-            CK(cudaMemcpyAsync(b->ws + L.ntok, hb + L.ntok, (size_t)(L.stats + ST_N * 8 - L.ntok), cudaMemcpyHostToDevice,
-                               b->stream));
-            CK(cudaMemcpyAsync(b->ws + L.x, io.x + t0 * H, xbytes, cudaMemcpyDeviceToDevice, b->stream));
-            if (hash)
-                CK(cudaMemcpyAsync(b->ws + L.in_ids, io.ids + t0, (size_t)Tc * 4, cudaMemcpyDeviceToDevice, b->stream));
-        }
+        if (hash)
+            memcpy(hb + L.in_ids, io.ids + t0, (size_t)Tc * 4);
+        memcpy(hb + L.x, io.x + t0 * H, xbytes);
+        CK(cudaMemcpyAsync(b->ws, hb, (size_t)(L.x + xbytes), cudaMemcpyHostToDevice, b->stream));
         if (gr)
             CK(cudaGraphLaunch(gr->exec, b->stream));
         else
             CK(enqueue_chunk(b, L, t0));
         CK(cudaGetLastError());
-        if (!io.dev) {
-            const uint64_t back_end = L.kept + (uint64_t)Tc * 4;
-            CK(cudaMemcpyAsync(hb + L.stats, b->ws + L.stats, (size_t)(back_end - L.stats), cudaMemcpyDeviceToHost,
-                               b->stream));
-        } else {
-            const dsv4_forward_out *o = io.out;
-            CK(cudaMemcpyAsync(hb + L.stats, b->ws + L.stats, ST_N * 8, cudaMemcpyDeviceToHost, b->stream));
-            CK(cudaMemcpyAsync(o->y + t0 * H, b->ws + L.x, xbytes, cudaMemcpyDeviceToDevice, b->stream));
-            if (o->topk_ids)
-                CK(cudaMemcpyAsync(o->topk_ids + t0 * K, b->ws + L.ids, (size_t)(Tc * K) * 4, cudaMemcpyDeviceToDevice,
-                                   b->stream));
-            if (o->topk_weights)
-                CK(cudaMemcpyAsync(o->topk_weights + t0 * K, b->ws + L.w, (size_t)(Tc * K) * 4,
-                                   cudaMemcpyDeviceToDevice, b->stream));
-            if (o->kept_counts)
-                CK(cudaMemcpyAsync(o->kept_counts + t0, b->ws + L.kept, (size_t)Tc * 4, cudaMemcpyDeviceToDevice,
-                                   b->stream));
-        }
-        if ((st = sync_check(b, io.dev ? "cuda forward_device" : "cuda forward", err)))
+        const uint64_t back_end = L.kept + (uint64_t)Tc * 4;
+        CK(cudaMemcpyAsync(hb + L.stats, b->ws + L.stats, (size_t)(back_end - L.stats), cudaMemcpyDeviceToHost,
+                           b->stream));
+        if ((st = sync_check(b, "cuda forward", err)))
             return st;
-        if (!io.dev) {
+        {
             const dsv4_forward_out *o = io.out;
             memcpy(o->y + t0 * H, hb + L.x, xbytes);
             if (o->topk_ids)
@@ -846,7 +901,7 @@ dsv4_status run_forward(CudaBe *b, int64_t T, const Io &io, dsv4_error *err)
         for (int i = 0; i < ST_N; i++)
             hs[i] += cs[i];
         if (cs[ST_BADIN])
-            return dsv4_seterr(err, DSV4_ERR_RANGE, "cuda forward_device",
+            return dsv4_seterr(err, DSV4_ERR_RANGE, "cuda forward",
                                "input_ids[%lld] is outside [0, %lld) or its tid2eid row names an expert outside [0, "
                                "%lld) (checked on the device; %llu such tokens in the chunk at token %lld)",
                                (long long)(0xFFFFFFFFull - cs[ST_BADIN_AT]), (long long)c->vocab_size, (long long)E,
@@ -886,23 +941,151 @@ dsv4_status cuda_forward(void *p, int64_t T, const uint16_t *x, const int32_t *i
     dsv4_status st = dsv4_router_check_input_ids(&b->cfg, b->host_tid2eid, T, in_ids, "cuda forward", err);
     if (st)
         return st;
-    Io io = {false, x, in_ids, out};
+    Io io = {x, in_ids, out};
     return run_forward(b, T, io, err);
 }
 
-dsv4_status cuda_forward_device(void *p, int64_t T, const void *x, const int32_t *in_ids, const dsv4_forward_out *out,
-                                dsv4_error *err)
+/*
+ * dsv4_backend_enqueue on stream s: per chunk k_io_in, the chunk's kernels (or, with own_graphs,
+ * the backend's bucket graph, which only the synchronous path on the backend's own stream
+ * replays), k_io_out. Launches only: no host wait, no allocation, no host read of the device.
+ */
+dsv4_status enqueue_forward(CudaBe *b, cudaStream_t s, bool own_graphs, int64_t T, const int32_t *valid,
+                            const uint16_t *x, const int32_t *in_ids, const dsv4_forward_out *out, dsv4_error *err)
 {
-    CudaBe *b = (CudaBe *)p;
+    const dsv4_config *c = &b->cfg;
+    const int64_t H = c->dim, K = c->n_activated;
     if (T == 0) {
         b->stats.forwards++;
         return DSV4_OK;
     }
-    if (dsv4_config_is_hash_layer(&b->cfg) && !in_ids)
+    dsv4_status st;
+    Graph *gr = nullptr;
+    if (own_graphs && b->graphs && T <= b->chunk && (st = graph_for(b, T, &gr, err)))
+        return st;
+    const Layout Lc = layout_for(b, gr ? gr->bucket : (T < b->chunk ? T : b->chunk));
+    const cudaStream_t own = b->stream;
+    b->stream = s; /* the chunk's kernels (and their forks) run on the caller's stream */
+    cudaError_t e = cudaSuccess;
+    uint64_t shared_launches = 0;
+    for (int64_t t0 = 0; t0 < T && e == cudaSuccess; t0 += b->chunk) {
+        const int64_t Tc = T - t0 < b->chunk ? T - t0 : b->chunk;
+        const Layout L = gr ? Lc : layout_for(b, Tc);
+        IoArgs a;
+        memset(&a, 0, sizeof a);
+        a.valid = valid, a.t0 = t0, a.tc = (int)Tc, a.H = (int)H, a.K = (int)K, a.hash = dsv4_config_is_hash_layer(c);
+        a.x = x + t0 * H, a.in_ids = in_ids ? in_ids + t0 : nullptr;
+        a.y = out->y + t0 * H;
+        a.ids = out->topk_ids ? out->topk_ids + t0 * K : nullptr;
+        a.w = out->topk_weights ? out->topk_weights + t0 * K : nullptr;
+        a.kept = out->kept_counts ? out->kept_counts + t0 : nullptr;
+        a.ws_x = at<uint16_t>(b, L.x), a.ws_in_ids = at<int32_t>(b, L.in_ids), a.ws_ntok = at<int32_t>(b, L.ntok);
+        a.ws_ids = at<int32_t>(b, L.ids), a.ws_kept = at<int32_t>(b, L.kept), a.ws_w = at<float>(b, L.w);
+        a.ws_stats = at<unsigned long long>(b, L.stats), a.ctl = b->ctl;
+        k_io_in<<<(unsigned)Tc, 256, 0, s>>>(a);
+        if ((e = cudaPeekAtLastError()) != cudaSuccess)
+            break;
+        e = gr ? cudaGraphLaunch(gr->exec, s) : enqueue_chunk(b, L, t0);
+        if (e != cudaSuccess)
+            break;
+        k_io_out<<<(unsigned)Tc, 256, 0, s>>>(a);
+        e = cudaPeekAtLastError();
+        shared_launches += c->n_shared_experts > 0;
+        if (b->stats.workspace_peak < L.total)
+            b->stats.workspace_peak = L.total;
+    }
+    b->stream = own;
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "enqueue of a %lld-token forward failed: %s (%s)", (long long)T,
+                           cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    b->stats.forwards++;
+    b->stats.tokens += (uint64_t)T;
+    b->stats.launches += shared_launches;
+    if (gr)
+        b->stats.graph_replays++;
+    return DSV4_OK;
+}
+
+/*
+ * Waits for s (NULL: the device), then reads and clears the error word, folds its counters into
+ * the stats and reports: bad input ids (DSV4_ERR_RANGE), bad expert ids (DSV4_ERR_INTERNAL), and,
+ * when numeric (the public poll), non-finite rows (DSV4_ERR_NUMERIC; the synchronous calls only
+ * count them, as the reference does).
+ */
+dsv4_status poll_ctl(CudaBe *b, cudaStream_t s, bool wait_device, bool numeric, const char *what,
+                     dsv4_device_errors *out, dsv4_error *err)
+{
+    cudaError_t e = wait_device ? cudaDeviceSynchronize() : cudaStreamSynchronize(s);
+    unsigned long long h[ST_N];
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(h, b->ctl, sizeof h, cudaMemcpyDeviceToHost, b->stream);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(b->ctl, 0, sizeof h, b->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(b->stream);
+    if (e != cudaSuccess)
+        return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    b->stats.launches += h[ST_ACTIVE];
+    b->stats.empty_skips += h[ST_EMPTY];
+    b->stats.nonfinite_rows += h[ST_NONFINITE];
+    b->stats.routed_g_clamped += h[ST_RG];
+    b->stats.routed_u_clamped += h[ST_RU];
+    b->stats.shared_g_clamped += h[ST_SG];
+    b->stats.shared_u_clamped += h[ST_SU];
+    const long long first = h[ST_BADIN] ? (long long)(0xFFFFFFFFull - h[ST_BADIN_AT]) : -1;
+    if (out) {
+        out->bad_input_ids = h[ST_BADIN];
+        out->first_bad_input = first;
+        out->nonfinite_rows = h[ST_NONFINITE];
+        out->bad_expert_ids = h[ST_BADID];
+    }
+    const dsv4_config *c = &b->cfg;
+    if (h[ST_BADIN])
+        return dsv4_seterr(err, DSV4_ERR_RANGE, what,
+                           "input_ids[%lld] is outside [0, %lld) or its tid2eid row names an expert outside [0, %lld) "
+                           "(checked on the device; %llu such rows, routed to experts 0 .. K-1)",
+                           first, (long long)c->vocab_size, (long long)c->n_routed_experts, h[ST_BADIN]);
+    if (h[ST_BADID])
+        return dsv4_seterr(err, DSV4_ERR_INTERNAL, what, "%llu slots held an expert id outside [0, %lld] (E is the sentinel)",
+                           h[ST_BADID], (long long)c->n_routed_experts);
+    if (numeric && h[ST_NONFINITE])
+        return dsv4_seterr(err, DSV4_ERR_NUMERIC, what,
+                           "%llu router rows had a non-finite logit or score: routed by SPEC.md's fallback (ids 0 .. "
+                           "K-1, weights route_scale / K), as the reference does",
+                           h[ST_NONFINITE]);
+    return DSV4_OK;
+}
+
+dsv4_status cuda_enqueue(void *p, void *stream, int64_t T, const int32_t *valid, const void *x, const int32_t *in_ids,
+                         const dsv4_forward_out *out, dsv4_error *err)
+{
+    CudaBe *b = (CudaBe *)p;
+    if (T > 0 && dsv4_config_is_hash_layer(&b->cfg) && !in_ids)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "cuda enqueue",
+                           "layer %lld is a hash layer: input_ids are required", (long long)b->cfg.layer);
+    return enqueue_forward(b, (cudaStream_t)stream, false, T, valid, (const uint16_t *)x, in_ids, out, err);
+}
+
+dsv4_status cuda_poll_error(void *p, void *stream, dsv4_device_errors *out, dsv4_error *err)
+{
+    CudaBe *b = (CudaBe *)p;
+    return poll_ctl(b, (cudaStream_t)stream, stream == nullptr, true, "cuda poll_error", out, err);
+}
+
+/* Synchronous: the enqueue on the backend's own stream (its graphs), the wait, the poll. */
+dsv4_status cuda_forward_device(void *p, int64_t T, const void *x, const int32_t *in_ids, const dsv4_forward_out *out,
+                                dsv4_error *err)
+{
+    CudaBe *b = (CudaBe *)p;
+    if (T > 0 && dsv4_config_is_hash_layer(&b->cfg) && !in_ids)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "cuda forward_device",
                            "layer %lld is a hash layer: input_ids are required", (long long)b->cfg.layer);
-    Io io = {true, (const uint16_t *)x, in_ids, out};
-    return run_forward(b, T, io, err);
+    dsv4_status st = enqueue_forward(b, b->stream, true, T, nullptr, (const uint16_t *)x, in_ids, out, err);
+    if (st || T == 0)
+        return st;
+    return poll_ctl(b, b->stream, false, false, "cuda forward_device", nullptr, err);
 }
 
 dsv4_backend_stats cuda_stats(const void *p)
@@ -932,7 +1115,9 @@ void cuda_free(void *p)
     fp8gemm_free(b->g8[1]);
     cudaFree(b->gate16), cudaFree(b->bias), cudaFree(b->tid2eid);
     cudaFree(b->pred_norm), cudaFree(b->pred_w), cudaFree(b->pred_b);
-    cudaFree(b->ws);
+    if (b->own_ws)
+        cudaFree(b->ws);
+    cudaFree(b->ctl);
     if (b->hbuf)
         cudaFreeHost(b->hbuf);
     free(b->host_tid2eid);
@@ -947,7 +1132,8 @@ void cuda_free(void *p)
     delete b;
 }
 
-const dsv4_backend_vtable cuda_vtable = {"cuda", cuda_forward, cuda_stats, cuda_free, cuda_forward_device};
+const dsv4_backend_vtable cuda_vtable = {"cuda",      cuda_forward,    cuda_stats,     cuda_free,
+                                         cuda_forward_device, cuda_enqueue, cuda_poll_error};
 
 /* Bytes of the data / scales of one [n, k] matrix in format fmt. */
 void mat_bytes(int fmt, int sfp32, int64_t n, int64_t k, uint64_t *data, uint64_t *scales)
@@ -1325,10 +1511,65 @@ extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int6
     return v;
 }
 
-extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, int threads,
-                                                void **impl, const dsv4_backend_vtable **vt, dsv4_error *err)
+/* The largest workspace of chunks of 1 .. n tokens under b's modes (chunks of fewer tokens than the
+   workspace's run in it too, and a layout is not monotone in the token count everywhere: the
+   router's split-K slices shrink as the chunk grows). */
+static uint64_t max_layout(const CudaBe *b, int64_t n)
 {
-    (void)threads;
+    uint64_t m = 0;
+    for (int64_t t = 1; t <= n; t++) {
+        const uint64_t v = layout_for(b, t).total;
+        m = v > m ? v : m;
+    }
+    return m;
+}
+
+extern "C" uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t max_tokens)
+{
+    const dsv4_config *cfg = dsv4_plan_config(plan);
+    const dsv4_topology *topo = dsv4_plan_topology(plan);
+    int64_t chunk = dsv4_plan_chunk_tokens(plan);
+    if (chunk < 1)
+        chunk = topo->max_tokens_per_rank > 0 ? topo->max_tokens_per_rank : 128;
+    const int64_t n = max_tokens < chunk ? max_tokens : chunk;
+    CudaBe *b = new (std::nothrow) CudaBe();
+    if (!b)
+        return 0;
+    b->cfg = *cfg;
+    set_modes(b);
+    int dev = 0, nsm = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        nsm > 0)
+        b->nsm = nsm;
+    else
+        (void)cudaGetLastError(); /* no device here: the H100/H200 count the struct holds */
+    /* what creation decides from the checkpoint, each way: the fp8 path or its fallback, a hash
+       table that repeats an expert, the large groups' kernel */
+    uint64_t best = 0;
+    const bool fast = want_fast(cfg);
+    for (int f = 0; f <= (fast ? 1 : 0); f++)
+        for (int rep = 0; rep < 2; rep++)
+            for (int t16 = 0; t16 < 2; t16++) {
+                b->fast = f == 1;
+                b->repeats = rep == 1;
+                set_kernels(b);
+                if (!t16) {
+                    b->tile16 = false;
+                    b->big_rows = 128;
+                }
+                b->fp8 = b->fast && dsv4_plan_gemm(plan) == DSV4_GEMM_FP8;
+                const uint64_t v = max_layout(b, n);
+                best = v > best ? v : best;
+            }
+    delete b;
+    return best;
+}
+
+extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck,
+                                                const dsv4_backend_options *opt, void **impl,
+                                                const dsv4_backend_vtable **vt, dsv4_error *err)
+{
+    const int threads = opt->threads;
     const dsv4_config *cfg = dsv4_plan_config(plan);
     const dsv4_topology *topo = dsv4_plan_topology(plan);
     dsv4_router_kind rk = dsv4_plan_router(plan);
@@ -1514,7 +1755,43 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
                 if ((st = upload(b, ck, true, p, &b->sw[p], err)))
                     goto fail;
     }
-    {
+    if ((ce = cudaMalloc((void **)&b->ctl, ST_N * 8)) != cudaSuccess || (ce = cudaMemset(b->ctl, 0, ST_N * 8)) != cudaSuccess) {
+        st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "allocation of the device error word failed: %s",
+                         cudaGetErrorString(ce));
+        goto fail;
+    }
+    if (opt->workspace) {
+        /* the caller's workspace: chunks of the most tokens whose layouts (and every smaller
+           chunk's) fit in it */
+        int64_t fit = 0;
+        uint64_t m = 0;
+        for (int64_t t = 1; t <= b->chunk; t++) {
+            const uint64_t v = layout_for(b, t).total;
+            m = v > m ? v : m;
+            if (m > opt->workspace_bytes)
+                break;
+            fit = t;
+        }
+        if (fit < 1) {
+            st = dsv4_seterr(err, DSV4_ERR_INVALID_ARG, WHERE,
+                             "the caller workspace of %llu bytes is below the %llu bytes of a 1-token chunk "
+                             "(dsv4_backend_workspace_size)",
+                             (unsigned long long)opt->workspace_bytes, (unsigned long long)layout_for(b, 1).total);
+            goto fail;
+        }
+        b->chunk = fit;
+        b->own_ws = false;
+        b->ws = (uint8_t *)opt->workspace;
+        b->ws_bytes = opt->workspace_bytes;
+        Layout L = layout_for(b, b->chunk);
+        if ((ce = cudaMallocHost((void **)&b->hbuf, (size_t)L.io_end)) != cudaSuccess ||
+            (ce = cudaMemGetInfo(&free1, &total)) != cudaSuccess) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "the %llu-byte staging buffer: %s",
+                             (unsigned long long)L.io_end, cudaGetErrorString(ce));
+            goto fail;
+        }
+        memset(b->hbuf, 0, (size_t)L.io_end);
+    } else {
         /* the workspace: one allocation, the layout of a full chunk (every bucket is within a chunk) */
         Layout L = layout_for(b, b->chunk);
         b->ws_bytes = L.total;
@@ -1545,7 +1822,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     b->device_used = free0 > free1 ? (uint64_t)(free0 - free1) : 0;
     b->stats.workspace_planned = dsv4_plan_workspace_max(plan);
     b->stats.device_allocated = b->device_used;
-    b->stats.workspace_allocated = b->ws_bytes;
+    b->stats.workspace_allocated = b->own_ws ? b->ws_bytes : 0;
     b->graphs = topo->cuda_graph;
     if (b->graphs) {
         for (int i = 0; i < topo->n_buckets && i < DSV4_MAX_BUCKETS; i++)

@@ -82,6 +82,15 @@ typedef struct dsv4_backend_options {
     int threads;                  /* worker threads, [1, 256]; init: 1 */
     dsv4_cpu_kernels cpu_kernels; /* cpu backend: the kernel table; init: AUTO. A level this CPU
                                      lacks is refused at creation (DSV4_ERR_UNSUPPORTED). */
+    /* cuda backend: a device workspace the caller owns (NULL, the init value: the backend
+       allocates its own). At least dsv4_backend_workspace_size(plan, n) bytes for some n >= 1,
+       256-byte aligned, on the backend's device; it must outlive the backend. The backend then
+       runs chunks of the largest token count whose layout fits (at least n), allocates no
+       workspace of its own, and keeps nothing in it between calls: backends whose calls are
+       ordered on one stream may share one workspace (a server's MoE layers). ref and cpu refuse a
+       non-NULL workspace (DSV4_ERR_UNSUPPORTED): they have no device. */
+    void *workspace;
+    uint64_t workspace_bytes;
 } dsv4_backend_options;
 
 void dsv4_backend_options_init(dsv4_backend_options *opt);
@@ -119,12 +128,78 @@ dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *backend);
  * ref and cpu answer DSV4_ERR_UNSUPPORTED). x is bf16 [T, H], input_ids int32 [T] (hash layers;
  * may be NULL otherwise), and out's pointers (y required, the others optional, as in
  * dsv4_forward_out) are all device memory of the backend's GPU; nothing travels through the
- * host but a few counters. Synchronous: it returns when the outputs are written. Hash-layer ids
+ * host but a few counters. Synchronous: dsv4_backend_enqueue on the backend's own stream (its
+ * bucket graphs when the plan has cuda_graph on), then the wait and the poll. Hash-layer ids
  * are checked on the device: an id outside [0, vocab_size) or a tid2eid entry outside [0, E)
  * gives DSV4_ERR_RANGE naming the first such token, and the outputs are then unspecified.
  */
 dsv4_status dsv4_backend_forward_device(dsv4_backend *backend, int64_t tokens, const void *x, const int32_t *input_ids,
                                         const dsv4_forward_out *out, dsv4_error *err);
+
+/* ---------------- embedding in a server (docs/embedding.md) ---------------- */
+
+/*
+ * The device workspace a backend of this plan needs for calls of up to max_tokens tokens
+ * (1 <= max_tokens; above the plan's chunk the chunk's bytes: longer calls run in chunks):
+ * *bytes, an upper bound for every checkpoint of the plan's config on the current device
+ * (the layout depends on its SM count). 0 for ref and cpu, which use host memory they allocate
+ * themselves. DSV4_ERR_INVALID_ARG for NULL arguments or max_tokens < 1.
+ */
+dsv4_status dsv4_backend_workspace_size(const dsv4_plan *plan, int64_t max_tokens, uint64_t *bytes, dsv4_error *err);
+
+/*
+ * Enqueues one forward on the caller's stream (a cudaStream_t passed as void *; NULL is the
+ * legacy default stream) and returns at once: no host synchronisation, no allocation, no copy
+ * through the host and no host read of a device value, so the call may run inside the caller's
+ * own stream capture (cudaStreamBeginCapture, torch.cuda.graph) between the caller's kernels;
+ * the graph then replays it with whatever the pointed-to buffers hold at replay time.
+ * tokens: the rows of x (a host value, [0, max_tokens_per_rank]; a server captures one graph
+ * per bucket). valid_tokens: NULL, or a device int32 read at run time: rows [valid, tokens) are
+ * padding (no router, no expert work; their outputs are written as zeros: y 0, ids 0, weights 0,
+ * kept 0); a value outside [0, tokens] is clamped. x bf16 [tokens, H], input_ids int32 [tokens]
+ * (hash layers, required there), out's pointers as dsv4_forward_out: all device memory.
+ * Input checks run on the device and are latched, never reported here: an input id outside
+ * [0, vocab_size) (or its tid2eid row outside [0, E)) routes that row to experts 0 .. K-1 and is
+ * counted; a non-finite router row takes SPEC.md's fallback routing (the reference's outputs)
+ * and is counted. dsv4_backend_poll_error reports them. The return value covers only what the
+ * host sees: arguments (DSV4_ERR_INVALID_ARG), a launch error (DSV4_ERR_DEVICE), and ref and cpu,
+ * which answer DSV4_ERR_UNSUPPORTED (they have no device; use dsv4_backend_forward).
+ * Stats: forwards, tokens and launches-of-shared are counted at enqueue; the device counters
+ * (clamps, non-finite rows, active groups) are folded in by the next poll or synchronous call.
+ */
+dsv4_status dsv4_backend_enqueue(dsv4_backend *backend, void *stream, int64_t tokens, const int32_t *valid_tokens,
+                                 const void *x, const int32_t *input_ids, const dsv4_forward_out *out,
+                                 dsv4_error *err);
+
+/* What the device latched since the last poll (dsv4_backend_poll_error); versioned. */
+typedef struct dsv4_device_errors {
+    uint32_t struct_size;      /* sizeof(dsv4_device_errors): the caller sets it */
+    uint64_t bad_input_ids;    /* rows whose input id (or its tid2eid row) was out of range */
+    int64_t first_bad_input;   /* the lowest such row index within its call, -1 when none */
+    uint64_t nonfinite_rows;   /* router rows with a non-finite logit or score (fallback routed) */
+    uint64_t bad_expert_ids;   /* slots that held an expert id outside [0, E]: a library fault */
+} dsv4_device_errors;
+
+/*
+ * Reads and clears the device error word of enqueued calls, like cudaGetLastError. stream: the
+ * caller's stream the calls ran on, synchronised first (NULL: the whole device is); this is the
+ * only call that waits. Returns DSV4_ERR_RANGE naming the first bad input id, else
+ * DSV4_ERR_INTERNAL for bad expert ids, else DSV4_ERR_NUMERIC when rows were non-finite (their
+ * outputs are still the reference's), else DSV4_OK; DSV4_ERR_DEVICE when the synchronisation
+ * reports a device error. out (may be NULL) gets the counts. ref and cpu: DSV4_OK, zero counts
+ * (their forwards report errors themselves). Synchronous calls read and clear the word too.
+ */
+dsv4_status dsv4_backend_poll_error(dsv4_backend *backend, void *stream, dsv4_device_errors *out, dsv4_error *err);
+
+/*
+ * Thread safety. Creation, the registry and dsv4_backend_workspace_size may run on any threads
+ * at once. One backend is used by one thread at a time: forward, forward_device, enqueue, poll
+ * and get_stats on the same backend must not overlap (the backend's per-call state, its forked
+ * streams and events, its fp8 GEMM argument arrays and its counters are shared), and its
+ * enqueued calls must be ordered on one stream at a time. Different backends are independent
+ * and may run on different threads and streams, except that backends sharing one caller
+ * workspace must have their calls ordered on one stream.
+ */
 
 /* ---------------- the backend registry ---------------- */
 

@@ -8,9 +8,11 @@
  * DSV4MOE_CUDA_REQUIRED=1, which the device script sets. The workspace tests run everywhere.
  * Production formats run the fp8 tensor-core path (fast/cuda/mma.cuh); the "exact" Tcase runs
  * the same kinds of case through the exact path (DSV4MOE_CUDA_PATH=exact) and compares the two
- * paths with each other; "device" checks dsv4_backend_forward_device against the host forward.
+ * paths with each other; "device" checks dsv4_backend_forward_device against the host forward;
+ * "embed" the server calls (dsv4_backend_enqueue in a caller's capture, padding rows, a shared
+ * caller workspace, the latched error word).
  * Tcases: "small" (quick, for compute-sanitizer), "numerics", "graphs", "flash", "exact",
- * "device", "host".
+ * "device", "embed", "host".
  */
 #include <check.h>
 #include <math.h>
@@ -520,6 +522,58 @@ START_TEST(fast_matches_exact)
 }
 END_TEST
 
+/* Device buffers of one forward's tensors. */
+typedef struct {
+    void *x, *ids, *y, *ti, *tw, *kept;
+} dev_io;
+
+static void dev_io_alloc(const dsv4_config *c, int64_t T, const uint16_t *x, const int32_t *ids, dev_io *d)
+{
+    const size_t H = (size_t)c->dim, K = (size_t)c->n_activated, t = (size_t)T;
+    ck_assert(cudaMalloc(&d->x, t * H * 2) == cudaSuccess);
+    ck_assert(cudaMalloc(&d->ids, t * 4) == cudaSuccess);
+    ck_assert(cudaMalloc(&d->y, t * H * 2) == cudaSuccess);
+    ck_assert(cudaMalloc(&d->ti, t * K * 4) == cudaSuccess);
+    ck_assert(cudaMalloc(&d->tw, t * K * 4) == cudaSuccess);
+    ck_assert(cudaMalloc(&d->kept, t * 4) == cudaSuccess);
+    ck_assert(cudaMemcpy(d->x, x, t * H * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    ck_assert(cudaMemcpy(d->ids, ids, t * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    ck_assert(cudaMemset(d->y, 0xFF, t * H * 2) == cudaSuccess); /* NaN until written */
+    ck_assert(cudaMemset(d->ti, 0xFF, t * K * 4) == cudaSuccess);
+}
+
+static void dev_io_free(dev_io *d)
+{
+    cudaFree(d->x), cudaFree(d->ids), cudaFree(d->y), cudaFree(d->ti), cudaFree(d->tw), cudaFree(d->kept);
+}
+
+static dsv4_forward_out dev_out(const dev_io *d)
+{
+    dsv4_forward_out o = {(uint16_t *)d->y, (int32_t *)d->ti, (float *)d->tw, (int32_t *)d->kept};
+    return o;
+}
+
+/* The outputs of d on the host. */
+static void dev_fetch(const dsv4_config *c, int64_t T, const dev_io *d, run_out *r)
+{
+    const size_t H = (size_t)c->dim, K = (size_t)c->n_activated, t = (size_t)T;
+    alloc_out(c, T, r);
+    ck_assert(cudaMemcpy(r->y, d->y, t * H * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    ck_assert(cudaMemcpy(r->ids, d->ti, t * K * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    ck_assert(cudaMemcpy(r->w, d->tw, t * K * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    ck_assert(cudaMemcpy(r->kept, d->kept, t * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+}
+
+/* Rows [0, n) of a and b are equal bit for bit (all four outputs). */
+static void same_rows(const dsv4_config *c, const run_out *a, const run_out *b, int64_t n, const char *what)
+{
+    const size_t H = (size_t)c->dim, K = (size_t)c->n_activated, t = (size_t)n;
+    ck_assert_msg(memcmp(a->y, b->y, t * H * 2) == 0, "%s: y differs", what);
+    ck_assert_msg(memcmp(a->ids, b->ids, t * K * 4) == 0, "%s: topk ids differ", what);
+    ck_assert_msg(memcmp(a->w, b->w, t * K * 4) == 0, "%s: topk weights differ", what);
+    ck_assert_msg(memcmp(a->kept, b->kept, t * 4) == 0, "%s: kept counts differ", what);
+}
+
 /*
  * dsv4_backend_forward_device on device copies of the inputs gives the host forward's outputs bit
  * for bit (eager and replayed, hash and not), and a hash-layer id out of range is found on the
@@ -534,52 +588,37 @@ static void device_vs_host(const char *preset, int64_t layer, int64_t T, int gra
     case_data(&k, &c, &ck, &in);
     const uint16_t *x = dsv4_st_find(in, "x")->data;
     const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
-    const int64_t H = c.dim, K = c.n_activated;
     dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, graph);
     dsv4_backend *b = NULL;
     dsv4_error e;
     ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
     run_out h, d;
     alloc_out(&c, T, &h);
-    alloc_out(&c, T, &d);
     dsv4_forward_out oh = {h.y, h.ids, h.w, h.kept};
     ck_assert_msg(dsv4_backend_forward(b, T, x, ids, &oh, &e) == DSV4_OK, "%s", e.message);
-    void *dx = NULL, *dy = NULL, *di = NULL, *dti = NULL, *dtw = NULL, *dk = NULL;
-    ck_assert(cudaMalloc(&dx, (size_t)(T * H) * 2) == cudaSuccess);
-    ck_assert(cudaMalloc(&dy, (size_t)(T * H) * 2) == cudaSuccess);
-    ck_assert(cudaMalloc(&di, (size_t)T * 4) == cudaSuccess);
-    ck_assert(cudaMalloc(&dti, (size_t)(T * K) * 4) == cudaSuccess);
-    ck_assert(cudaMalloc(&dtw, (size_t)(T * K) * 4) == cudaSuccess);
-    ck_assert(cudaMalloc(&dk, (size_t)T * 4) == cudaSuccess);
-    ck_assert(cudaMemcpy(dx, x, (size_t)(T * H) * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-    ck_assert(cudaMemcpy(di, ids, (size_t)T * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    ck_assert(cudaMemset(dy, 0xFF, (size_t)(T * H) * 2) == cudaSuccess);
-    dsv4_forward_out od = {(uint16_t *)dy, (int32_t *)dti, (float *)dtw, (int32_t *)dk};
+    dev_io dv;
+    dev_io_alloc(&c, T, x, ids, &dv);
+    dsv4_forward_out od = dev_out(&dv);
     for (int rep = 0; rep < 2; rep++)
-        ck_assert_msg(dsv4_backend_forward_device(b, T, dx, (const int32_t *)di, &od, &e) == DSV4_OK, "%s", e.message);
-    ck_assert(cudaMemcpy(d.y, dy, (size_t)(T * H) * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
-    ck_assert(cudaMemcpy(d.ids, dti, (size_t)(T * K) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    ck_assert(cudaMemcpy(d.w, dtw, (size_t)(T * K) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    ck_assert(cudaMemcpy(d.kept, dk, (size_t)T * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    ck_assert_msg(memcmp(h.y, d.y, (size_t)(T * H) * 2) == 0, "%s T %lld: device forward y differs", preset, (long long)T);
-    ck_assert(memcmp(h.ids, d.ids, (size_t)(T * K) * 4) == 0);
-    ck_assert(memcmp(h.w, d.w, (size_t)(T * K) * 4) == 0);
-    ck_assert(memcmp(h.kept, d.kept, (size_t)T * 4) == 0);
+        ck_assert_msg(dsv4_backend_forward_device(b, T, dv.x, (const int32_t *)dv.ids, &od, &e) == DSV4_OK, "%s",
+                      e.message);
+    dev_fetch(&c, T, &dv, &d);
+    same_rows(&c, &h, &d, T, preset);
     dsv4_backend_stats st = dsv4_backend_get_stats(b);
     ck_assert_uint_eq(st.forwards, 3);
     if (dsv4_config_is_hash_layer(&c)) {
         /* an id out of range at token T - 1 (and a NULL id pointer) */
         int32_t bad = (int32_t)c.vocab_size + 3;
-        ck_assert(cudaMemcpy((int32_t *)di + (T - 1), &bad, 4, cudaMemcpyHostToDevice) == cudaSuccess);
-        ck_assert_int_eq(dsv4_backend_forward_device(b, T, dx, (const int32_t *)di, &od, &e), DSV4_ERR_RANGE);
+        ck_assert(cudaMemcpy((int32_t *)dv.ids + (T - 1), &bad, 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        ck_assert_int_eq(dsv4_backend_forward_device(b, T, dv.x, (const int32_t *)dv.ids, &od, &e), DSV4_ERR_RANGE);
         char want[64];
         snprintf(want, sizeof want, "input_ids[%lld]", (long long)(T - 1));
         ck_assert_msg(strstr(e.message, want) != NULL, "%s", e.message);
-        ck_assert_int_eq(dsv4_backend_forward_device(b, T, dx, NULL, &od, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_int_eq(dsv4_backend_forward_device(b, T, dv.x, NULL, &od, &e), DSV4_ERR_INVALID_ARG);
     }
     printf("cuda_suite device forward %-9s layer %lld T %4lld graph %d: identical to the host forward\n", preset,
            (long long)layer, (long long)T, graph);
-    cudaFree(dx), cudaFree(dy), cudaFree(di), cudaFree(dti), cudaFree(dtw), cudaFree(dk);
+    dev_io_free(&dv);
     free_out(&h);
     free_out(&d);
     dsv4_backend_free(b);
@@ -587,6 +626,326 @@ static void device_vs_host(const char *preset, int64_t layer, int64_t T, int gra
     dsv4_st_close(in);
     dsv4_checkpoint_close(ck);
 }
+
+/* ---------------- embedding: dsv4_backend_enqueue, a caller workspace, the error word ---------------- */
+
+/*
+ * The layer enqueued on a caller stream between the caller's own operations (a copy of x in
+ * before, a copy of y out after), eagerly and captured in the caller's graph (replayed twice):
+ * bit-identical to dsv4_backend_forward_device. Then padding: tokens T with a device count of
+ * V valid rows gives forward_device(V)'s rows and zeros after them. T and V stay within one
+ * 128-row tile of the router's logits, so both runs split its K the same way.
+ */
+static void enqueue_case(const char *preset, int64_t layer, int64_t T, int64_t V, int fp8)
+{
+    cuda_case k = {"embed", preset, layer, T, 0, -1, -1, -1, 0, 0, fp8};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    const int64_t H = c.dim;
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
+    dev_io ref, eag, cap, pad, vref;
+    dev_io_alloc(&c, T, x, ids, &ref);
+    dev_io_alloc(&c, T, x, ids, &eag);
+    dev_io_alloc(&c, T, x, ids, &cap);
+    dev_io_alloc(&c, T, x, ids, &pad);
+    dev_io_alloc(&c, V, x, ids, &vref);
+    dsv4_forward_out o = dev_out(&ref);
+    ck_assert_msg(dsv4_backend_forward_device(b, T, ref.x, (const int32_t *)ref.ids, &o, &e) == DSV4_OK, "%s",
+                  e.message);
+    o = dev_out(&vref);
+    ck_assert_msg(dsv4_backend_forward_device(b, V, vref.x, (const int32_t *)vref.ids, &o, &e) == DSV4_OK, "%s",
+                  e.message);
+    /* the caller's stream, its staging x and its y after the layer */
+    cudaStream_t s = NULL;
+    ck_assert(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    void *stage = NULL, *after = NULL;
+    ck_assert(cudaMalloc(&stage, (size_t)(T * H) * 2) == cudaSuccess);
+    ck_assert(cudaMalloc(&after, (size_t)(T * H) * 2) == cudaSuccess);
+    ck_assert(cudaMemcpy(stage, x, (size_t)(T * H) * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    ck_assert(cudaMemset(eag.x, 0, (size_t)(T * H) * 2) == cudaSuccess);
+    ck_assert(cudaMemset(cap.x, 0, (size_t)(T * H) * 2) == cudaSuccess);
+    /* eager */
+    ck_assert(cudaMemcpyAsync(eag.x, stage, (size_t)(T * H) * 2, cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+    o = dev_out(&eag);
+    ck_assert_msg(dsv4_backend_enqueue(b, s, T, NULL, eag.x, (const int32_t *)eag.ids, &o, &e) == DSV4_OK, "%s",
+                  e.message);
+    ck_assert(cudaStreamSynchronize(s) == cudaSuccess);
+    dsv4_device_errors de;
+    de.struct_size = sizeof de;
+    ck_assert_msg(dsv4_backend_poll_error(b, s, &de, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_uint_eq(de.bad_input_ids, 0);
+    ck_assert_int_eq(de.first_bad_input, -1);
+    /* captured by the caller, between its copies */
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    ck_assert(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    ck_assert(cudaMemcpyAsync(cap.x, stage, (size_t)(T * H) * 2, cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+    o = dev_out(&cap);
+    dsv4_status st = dsv4_backend_enqueue(b, s, T, NULL, cap.x, (const int32_t *)cap.ids, &o, &e);
+    ck_assert(cudaMemcpyAsync(after, cap.y, (size_t)(T * H) * 2, cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+    ck_assert(cudaStreamEndCapture(s, &g) == cudaSuccess);
+    ck_assert_msg(st == DSV4_OK, "enqueue under capture: %s", e.message);
+    ck_assert(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
+    run_out rr, re, rc, ra, rp, rv;
+    dev_fetch(&c, T, &ref, &rr);
+    dev_fetch(&c, T, &eag, &re);
+    same_rows(&c, &rr, &re, T, "eager enqueue vs forward_device");
+    for (int rep = 0; rep < 2; rep++) {
+        ck_assert(cudaMemset(cap.y, 0xFF, (size_t)(T * H) * 2) == cudaSuccess);
+        ck_assert(cudaMemset(after, 0xFF, (size_t)(T * H) * 2) == cudaSuccess);
+        ck_assert(cudaGraphLaunch(ge, s) == cudaSuccess);
+        ck_assert(cudaStreamSynchronize(s) == cudaSuccess);
+        ck_assert_msg(dsv4_backend_poll_error(b, s, NULL, &e) == DSV4_OK, "%s", e.message);
+        dev_fetch(&c, T, &cap, &rc);
+        same_rows(&c, &rr, &rc, T, "replayed enqueue vs forward_device");
+        alloc_out(&c, T, &ra);
+        ck_assert(cudaMemcpy(ra.y, after, (size_t)(T * H) * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+        ck_assert_msg(memcmp(ra.y, rr.y, (size_t)(T * H) * 2) == 0, "the caller's copy after the layer differs");
+        free_out(&rc);
+        free_out(&ra);
+    }
+    /* padding: V valid rows of T */
+    int32_t *dv = NULL;
+    const int32_t v32 = (int32_t)V;
+    ck_assert(cudaMalloc((void **)&dv, 4) == cudaSuccess);
+    ck_assert(cudaMemcpy(dv, &v32, 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    o = dev_out(&pad);
+    ck_assert_msg(dsv4_backend_enqueue(b, s, T, dv, pad.x, (const int32_t *)pad.ids, &o, &e) == DSV4_OK, "%s",
+                  e.message);
+    ck_assert(cudaStreamSynchronize(s) == cudaSuccess);
+    ck_assert_msg(dsv4_backend_poll_error(b, s, NULL, &e) == DSV4_OK, "%s", e.message);
+    dev_fetch(&c, T, &pad, &rp);
+    dev_fetch(&c, V, &vref, &rv);
+    same_rows(&c, &rv, &rp, V, "padded enqueue vs forward_device of the valid rows");
+    const int64_t K = c.n_activated;
+    for (int64_t i = V * H; i < T * H; i++)
+        ck_assert_msg(rp.y[i] == 0, "padding row %lld: y not zero", (long long)(i / H));
+    for (int64_t i = V * K; i < T * K; i++)
+        ck_assert(rp.ids[i] == 0 && rp.w[i] == 0.0f);
+    for (int64_t t = V; t < T; t++)
+        ck_assert(rp.kept[t] == 0);
+    dsv4_backend_stats bs = dsv4_backend_get_stats(b);
+    printf("cuda_suite enqueue %-9s layer %lld T %4lld fp8 %d: eager, captured between the caller's copies "
+           "(2 replays) and padded (%lld valid) identical to forward_device; forwards %llu launches %llu\n",
+           preset, (long long)layer, (long long)T, fp8, (long long)V, (unsigned long long)bs.forwards,
+           (unsigned long long)bs.launches);
+    ck_assert_uint_eq(bs.forwards, 5);
+    free_out(&rr), free_out(&re), free_out(&rp), free_out(&rv);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaFree(dv), cudaFree(stage), cudaFree(after);
+    cudaStreamDestroy(s);
+    dev_io_free(&ref), dev_io_free(&eag), dev_io_free(&cap), dev_io_free(&pad), dev_io_free(&vref);
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+
+START_TEST(enqueue_captured)
+{
+    if (!have_gpu())
+        return;
+    enqueue_case("mini", 1, 77, 40, 0);
+    enqueue_case("mini", 0, 77, 31, 0);
+    enqueue_case("mini-bf16", 1, 64, 9, 0);
+    enqueue_case("mini", 1, 120, 100, 1);
+}
+END_TEST
+
+/* Two layers (a dense one, then a hash one reading its output) sharing one caller workspace on one
+   stream give each layer's output with its own workspace; a workspace too small or misaligned is
+   refused. */
+START_TEST(shared_workspace)
+{
+    if (!have_gpu())
+        return;
+    const int64_t T = 96;
+    cuda_case ka = {"ws a", "mini", 1, T, 0, -1, -1, -1, 0, 0, 0}, kb = {"ws b", "mini", 0, T, 0, -1, -1, -1, 0, 0, 0};
+    dsv4_config ca = case_config(&ka), cb = case_config(&kb);
+    dsv4_checkpoint *cka = NULL, *ckb = NULL;
+    dsv4_st_file *ina = NULL, *inb = NULL;
+    case_data(&ka, &ca, &cka, &ina);
+    case_data(&kb, &cb, &ckb, &inb);
+    const uint16_t *x = dsv4_st_find(ina, "x")->data;
+    const int32_t *ids = dsv4_st_find(inb, "input_ids")->data;
+    dsv4_plan *pa = make_plan(&ca, DSV4_BACKEND_CUDA, 0, 0), *pb = make_plan(&cb, DSV4_BACKEND_CUDA, 0, 0);
+    dsv4_error e;
+    /* own workspaces: the expected outputs */
+    dsv4_backend *oa = NULL, *ob = NULL;
+    ck_assert_msg(dsv4_backend_create(pa, cka, 2, &oa, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_backend_create(pb, ckb, 2, &ob, &e) == DSV4_OK, "%s", e.message);
+    dev_io a1, b1, a2, b2;
+    dev_io_alloc(&ca, T, x, ids, &a1);
+    dev_io_alloc(&ca, T, x, ids, &b1);
+    dev_io_alloc(&ca, T, x, ids, &a2);
+    dev_io_alloc(&ca, T, x, ids, &b2);
+    dsv4_forward_out o = dev_out(&a1);
+    ck_assert_msg(dsv4_backend_forward_device(oa, T, a1.x, NULL, &o, &e) == DSV4_OK, "%s", e.message);
+    o = dev_out(&b1);
+    ck_assert_msg(dsv4_backend_forward_device(ob, T, a1.y, (const int32_t *)b1.ids, &o, &e) == DSV4_OK, "%s",
+                  e.message);
+    /* one caller workspace for both */
+    uint64_t wa = 0, wb = 0, full = 0;
+    ck_assert_int_eq(dsv4_backend_workspace_size(pa, T, &wa, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_backend_workspace_size(pb, T, &wb, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_backend_workspace_size(pa, 1 << 20, &full, &e), DSV4_OK);
+    ck_assert_msg(full >= dsv4_backend_get_stats(oa).workspace_allocated, "bound %llu < own workspace %llu",
+                  (unsigned long long)full, (unsigned long long)dsv4_backend_get_stats(oa).workspace_allocated);
+    const uint64_t wbytes = wa > wb ? wa : wb;
+    void *ws = NULL;
+    ck_assert(cudaMalloc(&ws, wbytes) == cudaSuccess);
+    dsv4_backend_options opt;
+    dsv4_backend_options_init(&opt);
+    opt.threads = 2;
+    opt.workspace = ws;
+    opt.workspace_bytes = wbytes;
+    dsv4_backend *sa = NULL, *sb = NULL;
+    ck_assert_msg(dsv4_backend_create_with(pa, cka, &opt, &sa, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_backend_create_with(pb, ckb, &opt, &sb, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_uint_eq(dsv4_backend_get_stats(sa).workspace_allocated, 0);
+    cudaStream_t s = NULL;
+    ck_assert(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    for (int rep = 0; rep < 2; rep++) {
+        o = dev_out(&a2);
+        ck_assert_msg(dsv4_backend_enqueue(sa, s, T, NULL, a2.x, NULL, &o, &e) == DSV4_OK, "%s", e.message);
+        o = dev_out(&b2);
+        ck_assert_msg(dsv4_backend_enqueue(sb, s, T, NULL, a2.y, (const int32_t *)b2.ids, &o, &e) == DSV4_OK, "%s",
+                      e.message);
+    }
+    ck_assert_msg(dsv4_backend_poll_error(sa, s, NULL, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_backend_poll_error(sb, s, NULL, &e) == DSV4_OK, "%s", e.message);
+    run_out ea, eb, ga, gb;
+    dev_fetch(&ca, T, &a1, &ea);
+    dev_fetch(&ca, T, &b1, &eb);
+    dev_fetch(&ca, T, &a2, &ga);
+    dev_fetch(&ca, T, &b2, &gb);
+    same_rows(&ca, &ea, &ga, T, "layer a on the shared workspace");
+    same_rows(&ca, &eb, &gb, T, "layer b on the shared workspace");
+    /* refusals */
+    dsv4_backend *bad = NULL;
+    opt.workspace_bytes = 1000;
+    ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &opt, &bad, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(e.message, "1-token chunk") != NULL, "%s", e.message);
+    opt.workspace = (uint8_t *)ws + 16;
+    opt.workspace_bytes = wbytes - 16;
+    ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &opt, &bad, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(e.message, "256-byte aligned") != NULL, "%s", e.message);
+    ck_assert_ptr_null(bad);
+    printf("cuda_suite shared workspace: two layers on one %llu-byte caller workspace (bound for T %lld: %llu and "
+           "%llu; for the plan's chunk %llu) identical to their own workspaces\n",
+           (unsigned long long)wbytes, (long long)T, (unsigned long long)wa, (unsigned long long)wb,
+           (unsigned long long)full);
+    free_out(&ea), free_out(&eb), free_out(&ga), free_out(&gb);
+    cudaStreamDestroy(s);
+    dsv4_backend_free(sa);
+    dsv4_backend_free(sb);
+    cudaFree(ws);
+    dsv4_backend_free(oa);
+    dsv4_backend_free(ob);
+    dev_io_free(&a1), dev_io_free(&b1), dev_io_free(&a2), dev_io_free(&b2);
+    dsv4_plan_free(pa);
+    dsv4_plan_free(pb);
+    dsv4_st_close(ina);
+    dsv4_st_close(inb);
+    dsv4_checkpoint_close(cka);
+    dsv4_checkpoint_close(ckb);
+}
+END_TEST
+
+/* A bad input id in a captured graph is latched on replay and reported by the poll (then cleared);
+   a non-finite x row is reported as DSV4_ERR_NUMERIC; argument errors are immediate. */
+START_TEST(errors_latched)
+{
+    if (!have_gpu())
+        return;
+    const int64_t T = 16;
+    cuda_case k = {"latch", "mini", 0, T, 0, -1, -1, -1, 0, 0, 0};
+    dsv4_config c = case_config(&k);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_st_file *in = NULL;
+    case_data(&k, &c, &ck, &in);
+    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
+    dsv4_backend *b = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
+    dev_io d;
+    dev_io_alloc(&c, T, x, ids, &d);
+    dsv4_forward_out o = dev_out(&d);
+    ck_assert_int_eq(dsv4_backend_enqueue(b, NULL, T, NULL, d.x, NULL, &o, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_enqueue(b, NULL, 4097, NULL, d.x, (const int32_t *)d.ids, &o, &e),
+                     DSV4_ERR_INVALID_ARG);
+    cudaStream_t s = NULL;
+    ck_assert(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    ck_assert(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    dsv4_status st = dsv4_backend_enqueue(b, s, T, NULL, d.x, (const int32_t *)d.ids, &o, &e);
+    ck_assert(cudaStreamEndCapture(s, &g) == cudaSuccess);
+    ck_assert_msg(st == DSV4_OK, "%s", e.message);
+    ck_assert(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
+    /* clean replay, then a bad id at rows 5 and 9 */
+    dsv4_device_errors de;
+    de.struct_size = sizeof de;
+    ck_assert(cudaGraphLaunch(ge, s) == cudaSuccess);
+    ck_assert_msg(dsv4_backend_poll_error(b, s, &de, &e) == DSV4_OK, "%s", e.message);
+    const int32_t bad = (int32_t)c.vocab_size + 3, neg = -2;
+    ck_assert(cudaMemcpy((int32_t *)d.ids + 9, &bad, 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    ck_assert(cudaMemcpy((int32_t *)d.ids + 5, &neg, 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    ck_assert(cudaGraphLaunch(ge, s) == cudaSuccess);
+    ck_assert_int_eq(dsv4_backend_poll_error(b, s, &de, &e), DSV4_ERR_RANGE);
+    ck_assert_msg(strstr(e.message, "input_ids[5]") != NULL, "%s", e.message);
+    ck_assert_uint_eq(de.bad_input_ids, 2);
+    ck_assert_int_eq(de.first_bad_input, 5);
+    /* read and cleared */
+    ck_assert_int_eq(dsv4_backend_poll_error(b, s, &de, &e), DSV4_OK);
+    ck_assert_uint_eq(de.bad_input_ids, 0);
+    ck_assert_int_eq(de.first_bad_input, -1);
+    /* latched over two replays, then good ids again */
+    ck_assert(cudaGraphLaunch(ge, s) == cudaSuccess);
+    ck_assert(cudaGraphLaunch(ge, s) == cudaSuccess);
+    ck_assert_int_eq(dsv4_backend_poll_error(b, NULL, &de, &e), DSV4_ERR_RANGE);
+    ck_assert_uint_eq(de.bad_input_ids, 4);
+    ck_assert(cudaMemcpy(d.ids, ids, (size_t)T * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    ck_assert(cudaGraphLaunch(ge, s) == cudaSuccess);
+    ck_assert_int_eq(dsv4_backend_poll_error(b, s, &de, &e), DSV4_OK);
+    /* a NaN row of x: fallback routing, reported as numeric */
+    uint16_t nan_row[4096];
+    ck_assert(c.dim <= 4096);
+    for (int64_t i = 0; i < c.dim; i++)
+        nan_row[i] = 0x7FC0;
+    ck_assert(cudaMemcpy((uint16_t *)d.x + 3 * c.dim, nan_row, (size_t)c.dim * 2, cudaMemcpyHostToDevice) ==
+              cudaSuccess);
+    ck_assert(cudaGraphLaunch(ge, s) == cudaSuccess);
+    st = dsv4_backend_poll_error(b, s, &de, &e);
+    printf("cuda_suite errors latched: bad ids at rows 5, 9 reported after replay (%s), cleared by the poll; "
+           "a NaN row: status %d, %llu non-finite rows\n",
+           "input_ids[5]", (int)st, (unsigned long long)de.nonfinite_rows);
+    if (de.nonfinite_rows) {
+        ck_assert_int_eq(st, DSV4_ERR_NUMERIC);
+    } else {
+        /* a hash layer still computes the logits' finite check only when scores are used */
+        ck_assert_int_eq(st, DSV4_OK);
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+    dev_io_free(&d);
+    dsv4_backend_free(b);
+    dsv4_plan_free(p);
+    dsv4_st_close(in);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
 
 START_TEST(device_forward)
 {
@@ -777,6 +1136,13 @@ START_TEST(workspace_within_plan)
                     ck_assert_msg(mine <= plan, "%s layer %d graph %d fp8 %d T %lld: cuda workspace %llu > plan %llu",
                                   presets[i], (int)k.layer, graph, f8, (long long)T, (unsigned long long)mine,
                                   (unsigned long long)plan);
+                    /* the caller-workspace size covers the chunk's layout and grows with the tokens */
+                    uint64_t bound = 0, bound1 = 0;
+                    dsv4_error we;
+                    ck_assert_int_eq(dsv4_backend_workspace_size(p, tc, &bound, &we), DSV4_OK);
+                    ck_assert_int_eq(dsv4_backend_workspace_size(p, 1, &bound1, &we), DSV4_OK);
+                    ck_assert_msg(bound >= mine && bound >= bound1, "%s T %lld: workspace_size %llu < layout %llu",
+                                  presets[i], (long long)tc, (unsigned long long)bound, (unsigned long long)mine);
                 }
                 dsv4_plan_free(p);
             }
@@ -986,6 +1352,12 @@ static Suite *cuda_suite(void)
     tcase_set_timeout(dv, 600);
     tcase_add_test(dv, device_forward);
     suite_add_tcase(s, dv);
+    TCase *em = tcase_create("embed");
+    tcase_set_timeout(em, 600);
+    tcase_add_test(em, enqueue_captured);
+    tcase_add_test(em, shared_workspace);
+    tcase_add_test(em, errors_latched);
+    suite_add_tcase(s, em);
     TCase *ti = tcase_create("timing");
     tcase_set_timeout(ti, 600);
     tcase_add_test(ti, time_flash);
