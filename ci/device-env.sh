@@ -20,4 +20,6 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 unset _a _inc _lib
 # The CUTLASS headers of `make cuda` (ci/cutlass.sh): the machine has no network, so they travel in
 # the git-ignored .cutlass/ (a copy of build/cutlass-4.2.0.0 made here).
-[ -f .cutlass/include/cutlass/util/packed_stride.hpp ] && export CUTLASS_DIR=.cutlass
+if [ -f .cutlass/include/cutlass/util/packed_stride.hpp ]; then
+    export CUTLASS_DIR=.cutlass
+fi

@@ -282,6 +282,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the block's dtype (float32: as SPEC.md section 9 measured it)")
     a = ap.parse_args()
+    a.cli = os.path.abspath(a.cli)  # the steps run in other folders
     global EXPERTS_IMPL, DTYPE
     EXPERTS_IMPL = a.experts_impl
     DTYPE = a.dtype

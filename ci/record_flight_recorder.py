@@ -74,6 +74,7 @@ def main():
         return 2
     out = sys.argv[1]
     cli = sys.argv[sys.argv.index("--cli") + 1] if "--cli" in sys.argv else os.path.join("build", "dsv4moe")
+    cli = os.path.abspath(cli)  # torch's rank processes may run elsewhere
     os.makedirs(out, exist_ok=True)
     p0 = os.path.join(out, "nccl_trace_rank_0.json")
     try:
