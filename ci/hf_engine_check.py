@@ -247,7 +247,12 @@ def run_case(m, cfg_cls, case, device, defect, out_dir):
         w, idx = prune_top_p(case, x_np, weights.detach().float().cpu().numpy(),
                              indices.detach().cpu().numpy(), extra, defect)
         captured["w"], captured["idx"] = w, idx
-        return logits, torch.from_numpy(w).to(weights.device, weights.dtype), torch.from_numpy(idx).to(indices.device)
+        # HF's experts index one_hot(num_experts) by the ids: a pruned slot's sentinel E would be out
+        # of range (the device asserts), so the block gets the slot's own expert with weight 0,
+        # which adds exactly nothing; the outputs written keep the sentinel
+        E = int(case.config["n_routed_experts"])
+        idx_hf = np.where(idx == E, indices.detach().cpu().numpy().astype(idx.dtype), idx)
+        return logits, torch.from_numpy(w).to(weights.device, weights.dtype), torch.from_numpy(idx_hf).to(indices.device)
 
     block.gate.forward = gate
     x = torch.from_numpy(x_np).to(device=device, dtype=getattr(torch, DTYPE))[None]
