@@ -366,7 +366,7 @@ END_TEST
    workspace, no enqueue and nothing latched; argument checks name the rule. */
 START_TEST(embedding_calls_on_host_backends)
 {
-    cpu_case k = {"embed", "mini", 0, 5, 0, -1, -1, -1, 2, 0};
+    cpu_case k = {"embed", "mini", 0, 5, 0, -1, -1, -1, 0, 0, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
