@@ -2,13 +2,16 @@
 #include <string.h>
 
 #include "cli.h"
+#include "dsv4moe/formats.h"
 #include "dsv4moe/safetensors.h"
 
 static const char INSPECT_HELP[] =
     "usage: dsv4moe inspect PATH [--quiet]\n\n"
     "Validates a safetensors file, a checkpoint folder (with or without\n"
     "model.safetensors.index.json) or an index file, and lists every tensor with its\n"
-    "dtype, shape and size, the files, and the detected layout.\n\n"
+    "dtype, shape and size, the files, and the detected layout. For fp4 weights (I8 codes with\n"
+    "F8_E8M0 1x32 scales) it also counts the 128-groups whose scales the gemm fp8 mode cannot\n"
+    "convert to e4m3 exactly (their experts run on the exact kernels; docs/cuda.md).\n\n"
     "  --quiet   print the summary only, not the tensor list\n";
 
 int cmd_inspect(int argc, char **argv)
@@ -61,6 +64,39 @@ int cmd_inspect(int argc, char **argv)
                    (unsigned long long)t->nbytes);
         }
     }
+    /* fp4 weights under gemm fp8 (SPEC.md section 9): 128-groups past the exact conversion bound */
+    uint64_t fp4_tensors = 0, groups = 0, beyond = 0, beyond_tensors = 0;
+    for (size_t i = 0; i < nt; i++) {
+        const dsv4_tensor_info *m = dsv4_checkpoint_tensor_meta(ck, i);
+        size_t len = strlen(m->name);
+        if (m->dtype != DSV4_DTYPE_F8_E8M0 || m->ndim != 2 || m->shape[1] % 4 || len < 6 ||
+            strcmp(m->name + len - 6, ".scale") || len + 2 > sizeof esc)
+            continue;
+        memcpy(esc, m->name, len - 6);
+        strcpy(esc + len - 6, ".weight");
+        const dsv4_tensor_info *w = dsv4_checkpoint_find_meta(ck, esc);
+        if (!w || w->dtype != DSV4_DTYPE_I8 || w->ndim != 2 || w->shape[0] != m->shape[0] ||
+            w->shape[1] != 16 * m->shape[1])
+            continue; /* not packed fp4 with 1x32 scales */
+        const dsv4_tensor_info *t = dsv4_checkpoint_tensor(ck, i);
+        if (!t) {
+            dsv4_checkpoint_close(ck);
+            return cli_failf(cmd, "cannot read '%s' (it changed or is truncated)", cli_esc(m->name, esc, sizeof esc));
+        }
+        int64_t b = dsv4_fp4_scales_beyond_e4m3(t->data, m->shape[0], 32 * m->shape[1]);
+        fp4_tensors++;
+        groups += (uint64_t)(m->shape[0] * (m->shape[1] / 4));
+        beyond += (uint64_t)b;
+        beyond_tensors += b > 0;
+        if (b > 0 && beyond_tensors <= 8)
+            printf("  gemm fp8: %s has %lld 128-groups beyond the exact e4m3 bound (scale spread > %d)\n",
+                   cli_esc(m->name, esc, sizeof esc), (long long)b, DSV4_FP4_TO_FP8_SPREAD);
+    }
+    if (fp4_tensors)
+        printf("fp4 weights for gemm fp8: %llu tensors, %llu 128-groups, %llu beyond the exact bound in %llu "
+               "tensors%s\n",
+               (unsigned long long)fp4_tensors, (unsigned long long)groups, (unsigned long long)beyond,
+               (unsigned long long)beyond_tensors, beyond ? " (those experts run on the exact kernels)" : "");
     dsv4_checkpoint_close(ck);
     return EXIT_OK;
 }

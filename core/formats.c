@@ -484,6 +484,30 @@ void dsv4_fp8_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const void *scal
     }
 }
 
+/* Whether a 128-group's four ue8m0 bytes convert to one e4m3 scale exactly (formats.h); *hi gets
+   the largest byte. */
+static bool fp4_group_converts(const uint8_t *s4, int *hi_out)
+{
+    int lo = 255, hi = 0;
+    for (int j = 0; j < 4; j++) {
+        lo = s4[j] < lo ? s4[j] : lo;
+        hi = s4[j] > hi ? s4[j] : hi;
+    }
+    *hi_out = hi;
+    return hi != 255 && hi - lo <= DSV4_FP4_TO_FP8_SPREAD;
+}
+
+int64_t dsv4_fp4_scales_beyond_e4m3(const uint8_t *scales, int64_t n, int64_t k)
+{
+    const int64_t ng = k / DSV4_FP4_GROUP;
+    int64_t bad = 0;
+    int hi;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t kb = 0; kb < k / 128; kb++)
+            bad += !fp4_group_converts(scales + r * ng + kb * 4, &hi);
+    return bad;
+}
+
 int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n, int64_t k,
                              uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb, int64_t s_row,
                              int64_t *first_row, int64_t *first_group)
@@ -501,13 +525,9 @@ int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t
         uint8_t *o = dst + (uint64_t)r * dst_row_bytes;
         for (int64_t kb = 0; kb < kbs; kb++) {
             const uint8_t *s4 = sr + kb * 4;
-            int lo = 255, hi = 0;
-            for (int j = 0; j < 4; j++) {
-                lo = s4[j] < lo ? s4[j] : lo;
-                hi = s4[j] > hi ? s4[j] : hi;
-            }
+            int hi;
             float *sc = &dst_scales[kb * s_kb + r * s_row];
-            if (hi == 255 || hi - lo > DSV4_FP4_TO_FP8_SPREAD) {
+            if (!fp4_group_converts(s4, &hi)) {
                 if (bad++ == 0) {
                     if (first_row)
                         *first_row = r;

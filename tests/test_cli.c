@@ -60,6 +60,8 @@ START_TEST(gen_then_inspect_then_independent_parser)
     ck_assert_ptr_nonnull(strstr(out_buf, "layers.1.ffn.experts.0.w1.weight"));
     ck_assert_ptr_nonnull(strstr(out_buf, "F8_E8M0"));
     ck_assert_ptr_nonnull(strstr(out_buf, "[256, 64]"));
+    /* mini: 16 experts x 3 fp4 projections, 256 128-groups each, generated scales well inside the bound */
+    ck_assert_ptr_nonnull(strstr(out_buf, "fp4 weights for gemm fp8: 48 tensors, 12288 128-groups, 0 beyond"));
     snprintf(args, sizeof args, "inspect --quiet %s", dir); /* a folder without an index */
     ck_assert_int_eq(run_cli(args), 0);
     /* The folder holds the weights and the input: only the file holding layer tensors is the

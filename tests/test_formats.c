@@ -1033,6 +1033,8 @@ START_TEST(fp4_to_e4m3_exact_within_spread)
                     sc[r * (K / 32) + g] = (uint8_t)(base + (g % 4 == 1 ? spread : (g % 4 == 3 ? spread / 2 : 0)));
             int64_t fr = -1, fg = -1;
             int64_t bad = dsv4_fp4_to_e4m3_128(q, K / 2, sc, N, K, dst, K, ds, N, 1, &fr, &fg);
+            REQUIRE(dsv4_fp4_scales_beyond_e4m3(sc, N, K) == bad, "base %d spread %d: the count differs from the "
+                    "conversion's", base, spread);
             if (spread > DSV4_FP4_TO_FP8_SPREAD || base + spread > 254) {
                 REQUIRE(bad == N * (K / 128) && fr == 0 && fg == 0, "base %d spread %d: %lld groups refused", base,
                         spread, (long long)bad);

@@ -102,6 +102,9 @@ void dsv4_dequant_bf16_rows(const uint16_t *w, int64_t k, int64_t n0, int64_t ro
 void dsv4_fp8_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const void *scales, dsv4_scale_format scale_format,
                           int64_t n, int64_t k, uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb,
                           int64_t s_row);
+/* The number of 128-groups of fp4 scales [n, k / 32] that dsv4_fp4_to_e4m3_128 cannot convert
+   exactly (what `dsv4moe inspect` reports; an expert with any runs on the exact kernels). */
+int64_t dsv4_fp4_scales_beyond_e4m3(const uint8_t *scales, int64_t n, int64_t k);
 int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n, int64_t k,
                              uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb, int64_t s_row,
                              int64_t *first_row, int64_t *first_group);
