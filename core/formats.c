@@ -16,31 +16,19 @@
 #include <string.h>
 
 #include "dsv4moe/formats.h"
+#include "bits.h"
 #include "err.h"
 
 #define F32_ABS_MASK 0x7FFFFFFFu
 #define F32_INF_BITS 0x7F800000u
 #define F32_QNAN_BITS 0x7FC00000u
 
-static inline uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static inline float f32_from_bits(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
 
 /* ---- bf16 ---- */
 
 uint16_t dsv4_f32_to_bf16(float x)
 {
-    uint32_t u = f32_bits(x);
+    uint32_t u = dsv4_f32_bits(x);
     /* Truncating a NaN could leave an all-zero payload (= Inf); force the quiet bit. */
     if ((u & F32_ABS_MASK) > F32_INF_BITS)
         return (uint16_t)((u >> 16) | 0x0040u);
@@ -48,7 +36,7 @@ uint16_t dsv4_f32_to_bf16(float x)
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-float dsv4_bf16_to_f32(uint16_t b) { return f32_from_bits((uint32_t)b << 16); }
+float dsv4_bf16_to_f32(uint16_t b) { return dsv4_f32_from_bits((uint32_t)b << 16); }
 
 float dsv4_round_bf16(float x) { return dsv4_bf16_to_f32(dsv4_f32_to_bf16(x)); }
 
@@ -74,7 +62,7 @@ float dsv4_round_bf16(float x) { return dsv4_bf16_to_f32(dsv4_f32_to_bf16(x)); }
 /* A constant table (not filled at run time) so that decoding needs no initialisation or locking. */
 static const uint32_t e4m3_lut[256] = {E4M3_R64(0u), E4M3_R64(64u), E4M3_R64(128u), E4M3_R64(192u)};
 
-static inline float e4m3_decode(uint8_t c) { return f32_from_bits(e4m3_lut[c]); }
+static inline float e4m3_decode(uint8_t c) { return dsv4_f32_from_bits(e4m3_lut[c]); }
 
 float dsv4_e4m3_to_f32(uint8_t code) { return e4m3_decode(code); }
 
@@ -90,7 +78,7 @@ float dsv4_e4m3_to_f32(uint8_t code) { return e4m3_decode(code); }
  */
 static inline uint8_t e4m3_encode(float x)
 {
-    uint32_t u = f32_bits(x);
+    uint32_t u = dsv4_f32_bits(x);
     uint32_t a = u & F32_ABS_MASK;
     uint32_t e = a >> 23;
     uint32_t normal = e >= 121u;
@@ -122,7 +110,7 @@ float dsv4_e2m1_to_f32(uint8_t nibble) { return e2m1_decode(nibble); }
  */
 static inline uint8_t e2m1_encode(float x)
 {
-    uint32_t u = f32_bits(x);
+    uint32_t u = dsv4_f32_bits(x);
     uint32_t a = u & F32_ABS_MASK;
     uint32_t r = (uint32_t)(a > 0x3E800000u)    /* 0.25 -> 0 */
                  + (uint32_t)(a >= 0x3F400000u) /* 0.75 -> 2 */
@@ -142,16 +130,16 @@ uint8_t dsv4_f32_to_e2m1(float x) { return e2m1_encode(x); }
 float dsv4_ue8m0_to_f32(uint8_t b)
 {
     if (b == 255)
-        return f32_from_bits(F32_QNAN_BITS);
+        return dsv4_f32_from_bits(F32_QNAN_BITS);
     /* b = 0 is 2^-127, an fp32 subnormal: only the top mantissa bit. */
-    return f32_from_bits(b ? (uint32_t)b << 23 : 0x00400000u);
+    return dsv4_f32_from_bits(b ? (uint32_t)b << 23 : 0x00400000u);
 }
 
 /* 2^(127 - b) for b in [0, 254]: the exact reciprocal of the scale (2^-127 is a subnormal). */
 static inline float scale_inverse(uint8_t b)
 {
     uint32_t e = 254u - b;
-    return f32_from_bits(e ? e << 23 : 0x00400000u);
+    return dsv4_f32_from_bits(e ? e << 23 : 0x00400000u);
 }
 
 /* Positive finite nonzero magnitude bits a = m * 2^e with m in [2^23, 2^24); returns e. */
@@ -180,7 +168,7 @@ static int f32_split(uint32_t a, uint32_t *m)
  */
 uint8_t dsv4_ue8m0_scale_for(float amax, float limit)
 {
-    uint32_t ua = f32_bits(amax), ul = f32_bits(limit);
+    uint32_t ua = dsv4_f32_bits(amax), ul = dsv4_f32_bits(limit);
     if ((ua & F32_ABS_MASK) > F32_INF_BITS)
         return 255;
     if (ul - 1u >= F32_INF_BITS - 1u) /* ul == 0 (+0), negative, Inf or NaN */
@@ -188,7 +176,7 @@ uint8_t dsv4_ue8m0_scale_for(float amax, float limit)
     if (ua == F32_INF_BITS)
         return 254;
     if (!(amax >= DSV4_AMAX_FLOOR)) /* negatives (even -Inf) and -0 too: max(amax, floor) */
-        ua = f32_bits(DSV4_AMAX_FLOOR);
+        ua = dsv4_f32_bits(DSV4_AMAX_FLOOR);
     uint32_t ma, ml;
     int ea = f32_split(ua, &ma);
     int el = f32_split(ul, &ml);
@@ -223,7 +211,7 @@ static dsv4_status report_nonfinite(const float *w, int64_t k, int64_t r0, int64
     for (int64_t r = r0; r < r1; r++)
         for (int64_t c = 0; c < k; c++) {
             float v = w[r * k + c];
-            if ((f32_bits(v) & F32_ABS_MASK) >= F32_INF_BITS)
+            if ((dsv4_f32_bits(v) & F32_ABS_MASK) >= F32_INF_BITS)
                 return dsv4_seterr(err, DSV4_ERR_NUMERIC, name ? name : "weight",
                                    "element [%lld, %lld] is %.9g; weights to quantize must be finite",
                                    (long long)r, (long long)c, (double)v);
@@ -239,7 +227,7 @@ static inline uint32_t amax_bits(const float *w, int64_t stride, int64_t rows, i
     for (int64_t r = 0; r < rows; r++) {
         const float *p = w + r * stride;
         for (int64_t c = 0; c < cols; c++) {
-            uint32_t a = f32_bits(p[c]) & F32_ABS_MASK;
+            uint32_t a = dsv4_f32_bits(p[c]) & F32_ABS_MASK;
             m = a > m ? a : m;
         }
     }
@@ -266,7 +254,7 @@ dsv4_status dsv4_quant_fp8_block(const float *w, int64_t n, int64_t k, dsv4_scal
             uint32_t mb = amax_bits(wb, k, rows, cols);
             if (mb >= F32_INF_BITS)
                 return report_nonfinite(w, k, r0, r0 + rows, name, err);
-            float amax = f32_from_bits(mb);
+            float amax = dsv4_f32_from_bits(mb);
             amax = amax < DSV4_AMAX_FLOOR ? DSV4_AMAX_FLOOR : amax;
             int64_t si = (r0 / B) * nb_k + bk;
             uint8_t *qb = q + r0 * k + c0;
@@ -309,7 +297,7 @@ dsv4_status dsv4_quant_fp4_block(const float *w, int64_t n, int64_t k, uint8_t *
             /* Groups run in row-major order, so the first non-finite is in this row. */
             if (mb >= F32_INF_BITS)
                 return report_nonfinite(w, k, r, r + 1, name, err);
-            float amax = f32_from_bits(mb);
+            float amax = dsv4_f32_from_bits(mb);
             uint8_t b = dsv4_ue8m0_scale_for(amax, DSV4_E2M1_MAX);
             scales[r * ng + g] = b;
             float inv = scale_inverse(b);
@@ -403,11 +391,11 @@ void dsv4_dequant_bf16_rows(const uint16_t *w, int64_t k, int64_t n0, int64_t ro
  */
 static inline void act_store(float xi, uint8_t c, float s, float *out, uint8_t *code)
 {
-    uint32_t sign = f32_bits(xi) & 0x80000000u;
+    uint32_t sign = dsv4_f32_bits(xi) & 0x80000000u;
     if ((c & 0x7Fu) == 0x7Fu)
         c = (uint8_t)((sign >> 24) | 0x7Fu);
     float o = e4m3_decode(c) * s;
-    *out = (f32_bits(o) & F32_ABS_MASK) > F32_INF_BITS ? f32_from_bits(sign | F32_QNAN_BITS) : o;
+    *out = (dsv4_f32_bits(o) & F32_ABS_MASK) > F32_INF_BITS ? dsv4_f32_from_bits(sign | F32_QNAN_BITS) : o;
     if (code)
         *code = c;
 }
@@ -441,11 +429,11 @@ void dsv4_act_quant_row(const float *x, int64_t k, dsv4_act_quant mode, float *o
         int64_t len = k - g0 < B ? k - g0 : B;
         uint32_t mb = 0;
         for (int64_t i = 0; i < len; i++) {
-            uint32_t a = f32_bits(x[g0 + i]) & F32_ABS_MASK;
+            uint32_t a = dsv4_f32_bits(x[g0 + i]) & F32_ABS_MASK;
             a = a > F32_INF_BITS ? 0u : a;
             mb = a > mb ? a : mb;
         }
-        float amax = f32_from_bits(mb);
+        float amax = dsv4_f32_from_bits(mb);
         amax = amax < DSV4_AMAX_FLOOR ? DSV4_AMAX_FLOOR : amax;
         float s;
         if (mode == DSV4_ACT_QUANT_UE8M0) {

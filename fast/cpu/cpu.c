@@ -85,7 +85,7 @@ void dsv4_cpu_convert_rows(void *p, int64_t lo, int64_t hi)
         float *xf = j->xf + t * H;
         const uint16_t *x = j->x + t * H;
         for (int64_t i = 0; i < H; i++)
-            xf[i] = ffrom((uint32_t)x[i] << 16);
+            xf[i] = dsv4_f32_from_bits((uint32_t)x[i] << 16);
         if (j->qr)
             dsv4_act_quant_row(xf, H, j->mode, j->xq + t * H, NULL, NULL);
         if (j->qs && j->xqs != j->xq)

@@ -52,7 +52,7 @@ static bool bf16_rows(const float *X, int64_t ldx, int64_t n, int64_t k, bool k4
                 for (int h = 0; h < 2; h++)
                     for (int par = 0; par < 2; par++)
                         for (int p = 0; p < 32; p++) {
-                            uint32_t e = fbits(x[c + 32 * (p / 8) + 2 * (8 * h + p % 8) + par]);
+                            uint32_t e = dsv4_f32_bits(x[c + 32 * (p / 8) + 2 * (8 * h + p % 8) + par]);
                             low |= e & 0xFFFFu;
                             o[c + 64 * h + 32 * par + p] = (uint16_t)(e >> 16);
                         }
@@ -64,7 +64,7 @@ static bool bf16_rows(const float *X, int64_t ldx, int64_t n, int64_t k, bool k4
         uint16_t *o = XB + q * k;
         for (int64_t c = 0; c < k; c += 64)
             for (int i = 0; i < 32; i++) {
-                uint32_t e = fbits(x[c + 2 * i]), d = fbits(x[c + 2 * i + 1]);
+                uint32_t e = dsv4_f32_bits(x[c + 2 * i]), d = dsv4_f32_bits(x[c + 2 * i + 1]);
                 low |= (e | d) & 0xFFFFu;
                 o[c + i] = (uint16_t)(e >> 16);
                 o[c + 32 + i] = (uint16_t)(d >> 16);
@@ -110,7 +110,7 @@ static bool bf16_natural(const float *X, int64_t ldx, int64_t n, int64_t k, uint
     uint32_t low = 0;
     for (int64_t q = 0; q < n; q++)
         for (int64_t i = 0; i < k; i++) {
-            uint32_t e = fbits(X[q * ldx + i]);
+            uint32_t e = dsv4_f32_bits(X[q * ldx + i]);
             low |= e & 0xFFFFu;
             XN[q * k + i] = (uint16_t)(e >> 16);
         }

@@ -109,7 +109,7 @@ TGTBF static void dot_rows_fp8_bf16(const dsv4_matrix_view *m, int64_t r0, int64
 void dsv4_cpu_kernels_fill_avx512bf16(dsv4_cpu_kernels_table *t)
 {
     for (int i = 0; i < 8; i++) /* e4m3 subnormals i 2^-9 as bf16 (normal there) */
-        e4m3_sub_bf16[i] = (uint16_t)(fbits(ldexpf((float)i, -9)) >> 16);
+        e4m3_sub_bf16[i] = (uint16_t)(dsv4_f32_bits(ldexpf((float)i, -9)) >> 16);
     t->dot_fp4_bf16 = dot_rows_fp4_bf16;
     t->dot_fp8_bf16 = dot_rows_fp8_bf16;
 }

@@ -52,7 +52,7 @@ static void build(void)
     for (int i = 0; i < 256; i++)
         dsv4_cpu_ue8m0_f32[i] = ue8m0f((uint8_t)i);
     for (int i = 0; i < 32; i++)
-        dsv4_cpu_e2m1_bf16[i] = (uint16_t)(fbits(e2m1[i & 15]) >> 16); /* exact: 2 mantissa bits */
+        dsv4_cpu_e2m1_bf16[i] = (uint16_t)(dsv4_f32_bits(e2m1[i & 15]) >> 16); /* exact: 2 mantissa bits */
     best = DSV4_CPU_KERNELS_REF;
     for (int l = DSV4_CPU_KERNELS_REF; l < NLEVELS && cpu_has((dsv4_cpu_kernels)l); l++) {
         if (l > DSV4_CPU_KERNELS_REF)

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bits.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/weights.h"
 
@@ -22,28 +23,16 @@
 
 static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static inline uint32_t fbits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-static inline float ffrom(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 static inline float rbf16(float x)
 {
-    uint32_t u = fbits(x);
+    uint32_t u = dsv4_f32_bits(x);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return ffrom(((u >> 16) | 0x0040u) << 16);
-    return ffrom(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
+        return dsv4_f32_from_bits(((u >> 16) | 0x0040u) << 16);
+    return dsv4_f32_from_bits(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
 }
 static inline uint16_t tobf16(float x)
 {
-    uint32_t u = fbits(x);
+    uint32_t u = dsv4_f32_bits(x);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u)
         return (uint16_t)((u >> 16) | 0x0040u);
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
@@ -52,7 +41,7 @@ static inline float ue8m0f(uint8_t b)
 {
     if (b == 255)
         return NAN;
-    return ffrom(b ? (uint32_t)b << 23 : 0x00400000u);
+    return dsv4_f32_from_bits(b ? (uint32_t)b << 23 : 0x00400000u);
 }
 static inline float ldf32(const uint8_t *p)
 {
