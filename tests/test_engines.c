@@ -595,6 +595,7 @@ START_TEST(python_package_installs_and_runs)
     ck_assert_msg(rc == 0, "%.3000s", out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "test_cpu_bit_identical"));
     ck_assert_ptr_nonnull(strstr(out_buf, "test_mapped_config_matches_ref"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "test_held_checkpoint_matches_ref"));
     ck_assert_msg(strstr(out_buf, "skipped") == NULL, "%.3000s", out_buf);
     char want[700];
     snprintf(want, sizeof want, "from %s/site/dsv4moe/__init__.py", dir);

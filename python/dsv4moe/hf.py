@@ -1,20 +1,35 @@
 """HF transformers integration: ``dsv4moe.hf.patch(model_or_block, gemm="fp8")`` runs every
 ``DeepseekV4SparseMoeBlock`` of a model (or one block) on dsv4moe's fast path (docs/embedding.md).
 
-Each block's own weights are written once, at patch time, as a checkpoint in the stacked layout
-(HF's own key names, ``model.layers.<i>.mlp.``; bf16) and opened by a dsv4moe.Layer whose config
-is the block's: dims, experts, top-k, ``routed_scaling_factor`` (route_scale), ``scoring_func``,
-``swiglu_limit`` (routed and, where this transformers version's DeepseekV4MLP clamps, shared),
-the hash layers (``mlp_layer_types`` / ``num_hash_layers``, the block's ``tid2eid``), the weight
-point HF computes (after down_proj) and no norm top-p (HF's router has none). With quantized
-formats (``formats="fp4"``: routed fp4 / shared fp8 / ue8m0 activations, the release's) the
-library quantizes the bf16 experts while it loads them, with the project's quantizers
-(core/formats.c), exactly as ``dsv4moe ref`` does from the same file: ``block.dsv4moe_checkpoint``
-and ``block.dsv4moe_config`` name the file and the config, so the reference on "the weights the
-patch quantized" is one ``dsv4moe ref`` call away. ``formats="bf16"`` keeps the weights as they are.
+Each block's own weights are written once, at patch time, as a checkpoint and opened by a
+dsv4moe.Layer whose config is the block's: dims, experts, top-k, ``routed_scaling_factor``
+(route_scale), ``scoring_func``, ``swiglu_limit`` (routed and, where this transformers version's
+DeepseekV4MLP clamps, shared), the hash layers (``mlp_layer_types`` / ``num_hash_layers``, the
+block's ``tid2eid``), the weight point HF computes (after down_proj) and no norm top-p (HF's router
+has none). ``block.dsv4moe_checkpoint`` and ``block.dsv4moe_config`` name the file and the config, so
+the reference on the patched block's weights is one ``dsv4moe ref`` call away.
 
-A block whose experts are held in a quantized torch dtype (fp8 / packed fp4 parameters) is refused
-with NotImplementedError: their scale layout is not HF's to define yet, so it is not guessed here.
+Two kinds of blocks:
+
+- bf16 (or fp32) experts: written in the stacked layout (HF's key names, ``model.layers.<i>.mlp.``,
+  bf16). With quantized formats (``formats="fp4"``, the default: routed fp4 / shared fp8 / ue8m0
+  activations, the release's) the library quantizes them while it loads them, with the project's
+  quantizers (core/formats.c), exactly as ``dsv4moe ref`` does from the same file; ``formats="bf16"``
+  keeps them as they are.
+- quantized experts, as HF holds them after loading the official fp8/fp4 checkpoint without
+  dequantizing (packed fp4 with ue8m0 1x32 scales, or e4m3 with 128x128 block scales, in the
+  finegrained modules; dsv4moe.hf_layout says exactly what is read): their bytes are written in the
+  split layout (the official key names, ``layers.<i>.ffn.``) as they are, only the layout moved (gate
+  and up rows de-interleaved, experts unstacked), and the config takes the formats the block holds
+  (routed_format, shared_format, weight_scale, act_quant: ue8m0 activations with ue8m0 weight scales,
+  fp32 with fp32 ones). No dequantize/requantize round trip: what the formats cannot hold exactly is
+  refused (hf_layout.LayoutError naming the tensor and the rule), and ``formats`` other than None
+  that disagree with the held formats are refused too.
+
+``checkpoint=`` (a safetensors file or folder in the split layout, e.g. the official release) makes
+every block read its layer's tensors from there instead of from the block, whatever HF holds (a
+model dequantized to bf16 at load keeps its bf16 copy, the fast path gets the release's exact fp4 /
+fp8 tensors); the formats are the file's.
 
 The patched forward takes the block's ``(hidden_states [B, S, H], input_ids)``, runs the layer on
 the block's device (backend "cuda" for CUDA parameters, "cpu" otherwise) in bf16 and returns y in
@@ -82,8 +97,13 @@ FORMATS = {
 
 
 def block_config(block, hf_config, layer, formats="fp4", gemm="fp8"):
-    """The dsv4moe config (a dict of SPEC.md section 8 keys) of one HF block."""
-    if formats not in FORMATS:
+    """The dsv4moe config (a dict of SPEC.md section 8 keys) of one HF block. formats: a name of
+    FORMATS or a dict of routed_format, shared_format, weight_scale, act_quant (what a block holds)."""
+    if isinstance(formats, dict):
+        fmt = dict(formats)
+    elif formats in FORMATS:
+        fmt = FORMATS[formats]
+    else:
         raise ValueError("formats %r: one of %s" % (formats, ", ".join(FORMATS)))
     n_layers = int(_cfg(hf_config, "num_hidden_layers"))
     types = getattr(hf_config, "mlp_layer_types", None)
@@ -115,8 +135,9 @@ def block_config(block, hf_config, layer, formats="fp4", gemm="fp8"):
         "weight_point": "after_w2",  # HF: F.linear(h, down_proj[e]) * weight
         "top_p": 1.0,                 # HF's router keeps every top-k slot
     }
-    c.update(FORMATS[formats])
-    c["gemm"] = "exact" if formats == "bf16" else gemm
+    c.update(fmt)
+    quantized = fmt["routed_format"] != "bf16" or (c["n_shared_experts"] and fmt["shared_format"] != "bf16")
+    c["gemm"] = gemm if quantized else "exact"
     return c
 
 
@@ -140,15 +161,83 @@ def block_tensors(block, layer):
     return out
 
 
-def patch(model_or_block, gemm="fp8", formats="fp4", backend=None, max_tokens=16384, threads=8, workdir=None):
+def block_arrays(block):
+    """{state_dict name: (safetensors dtype, numpy array)} of a block on the host, bytes as held."""
+    from .layer import tensor_to_numpy
+    out = {}
+    for k, v in block.state_dict().items():
+        try:
+            out[k] = tensor_to_numpy(v)
+        except TypeError:
+            raise NotImplementedError("%s is held as %s, which dsv4moe.hf does not read" % (k, v.dtype)) from None
+    return out
+
+
+def _interleaved(block):
+    """Whether the block's experts hold gate_up's rows interleaved (HF's finegrained experts do)."""
+    ex = getattr(block, "experts", None)
+    if getattr(ex, "has_gate", True) is False:
+        raise NotImplementedError("the block's experts have no gate projection (up_proj only); DeepSeek-V4 gates")
+    return bool(getattr(ex, "holds_interleaved_gate_up", False))
+
+
+def held_checkpoint(block, hf_config, layer):
+    """(formats, split-layout tensors) of a block holding quantized experts; (None, None) for a float one."""
+    from .hf_layout import split_checkpoint
+    dims = block_config(block, hf_config, layer, "bf16")
+    return split_checkpoint(block_arrays(block), layer, dims, interleaved=_interleaved(block))
+
+
+def checkpoint_formats(path, layer):
+    """The formats (routed_format, shared_format, weight_scale, act_quant) of one layer of a split-layout
+    safetensors file or folder, read from the headers only."""
+    import json
+    import struct
+    files = [path]
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+    dtypes = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            hdr = json.loads(fh.read(n).decode("utf-8"))
+        for k, v in hdr.items():
+            if k != "__metadata__":
+                dtypes[k] = v.get("dtype")
+    pre = "layers.%d.ffn." % layer
+    kinds = {"BF16": "bf16", "F8_E4M3": "fp8", "I8": "fp4", "U8": "fp4"}
+    routed = dtypes.get(pre + "experts.0.w1.weight")
+    if routed not in kinds:
+        raise ValueError("%s: no %sexperts.0.w1.weight in the split layout (found dtype %r); the explicit checkpoint "
+                         "is the official release's layout (layers.<i>.ffn.*)" % (path, pre, routed))
+    shared = dtypes.get(pre + "shared_experts.w1.weight", "BF16")
+    if shared not in ("BF16", "F8_E4M3"):
+        raise ValueError("%s: %sshared_experts.w1.weight is %s; the shared expert is bf16 or fp8" % (path, pre, shared))
+    scales = {dtypes.get(k) for k in dtypes if k.startswith(pre) and k.endswith(".scale")
+              and dtypes.get(k[:-len(".scale")] + ".weight") == "F8_E4M3"}
+    if len(scales) > 1:
+        raise ValueError("%s: layer %d's fp8 scales are held as %s; one weight_scale per layer (SPEC.md section 8)"
+                         % (path, layer, sorted(scales)))
+    ws = "fp32" if scales == {"F32"} else "ue8m0"
+    return {"routed_format": kinds[routed], "shared_format": kinds[shared], "weight_scale": ws,
+            "act_quant": "fp32" if ws == "fp32" and scales else "ue8m0"}
+
+
+def patch(model_or_block, gemm="fp8", formats=None, backend=None, max_tokens=16384, threads=8, workdir=None,
+          checkpoint=None):
     """Replaces the forward of each DeepseekV4SparseMoeBlock with a dsv4moe.Layer built from the
     block's weights and config; returns the list of (layer, block). gemm: "fp8" or "exact" (for
-    quantized formats; bf16 runs exact). backend: "cuda" / "cpu" / "ref" (default: cuda for a block
-    on a CUDA device, cpu otherwise)."""
+    quantized formats; bf16 runs exact). formats: for float blocks "fp4" (None: the default), "fp8" or
+    "bf16"; blocks holding quantized experts run in the formats they hold (a different name is
+    refused). backend: "cuda" / "cpu" / "ref" (default: cuda for a block on a CUDA device, cpu
+    otherwise). checkpoint: a split-layout safetensors file or folder the layers read instead of the
+    blocks' own weights (see the module's documentation)."""
     from .layer import Layer
     from .testing import write_safetensors
     from .layer import tensor_to_numpy
     hf_config = getattr(model_or_block, "config", None)
+    if formats is not None and formats not in FORMATS:
+        raise ValueError("formats %r: one of %s, or None" % (formats, ", ".join(FORMATS)))
     done = []
     for layer, block in _blocks(model_or_block):
         if getattr(block, "dsv4moe_layer_obj", None) is not None:
@@ -157,14 +246,26 @@ def patch(model_or_block, gemm="fp8", formats="fp4", backend=None, max_tokens=16
         cfg = getattr(block, "config", None) or hf_config or getattr(block.gate, "config", None)
         if cfg is None:
             raise ValueError("block %d: no HF config found (pass the model, or set block.config)" % layer)
-        conf = block_config(block, cfg, layer, formats, gemm)
         dev = next(block.parameters()).device
         be = backend or ("cuda" if dev.type == "cuda" else "cpu")
-        d = workdir or tempfile.mkdtemp(prefix="dsv4moe-hf-")
-        os.makedirs(d, exist_ok=True)
-        path = os.path.join(d, "layer%d.safetensors" % layer)
-        write_safetensors(path, {k: tensor_to_numpy(v) for k, v in block_tensors(block, layer).items()},
-                          {"generator": "dsv4moe.hf.patch", "layer": str(layer)})
+        if checkpoint is not None:
+            held = checkpoint_formats(checkpoint, layer)
+            _same_formats(held, formats, layer, "the checkpoint %s holds" % checkpoint)
+            conf = block_config(block, cfg, layer, held, gemm)
+            path = checkpoint
+        else:
+            held, tensors = held_checkpoint(block, cfg, layer)
+            d = workdir or tempfile.mkdtemp(prefix="dsv4moe-hf-")
+            os.makedirs(d, exist_ok=True)
+            path = os.path.join(d, "layer%d.safetensors" % layer)
+            if held is None:
+                conf = block_config(block, cfg, layer, formats or "fp4", gemm)
+                tensors = {k: tensor_to_numpy(v) for k, v in block_tensors(block, layer).items()}
+            else:
+                _same_formats(held, formats, layer, "the block holds")
+                conf = block_config(block, cfg, layer, held, gemm)
+            write_safetensors(path, tensors, {"generator": "dsv4moe.hf.patch", "layer": str(layer),
+                                              "held": "quantized" if held else "float"})
         m = Layer(conf, path, backend=be, threads=threads, max_tokens=max_tokens)
         block.dsv4moe_layer_obj = m
         block.dsv4moe_checkpoint = path
@@ -173,6 +274,18 @@ def patch(model_or_block, gemm="fp8", formats="fp4", backend=None, max_tokens=16
         block.forward = _patched_forward(block, m)
         done.append((layer, block))
     return done
+
+
+def _same_formats(held, formats, layer, what):
+    """Refuses a formats name that would requantize held quantized tensors."""
+    if formats is None:
+        return
+    want = FORMATS[formats]
+    if (want["routed_format"], want["shared_format"]) != (held["routed_format"], held["shared_format"]):
+        raise ValueError("block %d: %s routed %s / shared %s weights; formats=%r would convert them to routed %s / "
+                         "shared %s, a requantization dsv4moe.hf does not do: pass formats=None"
+                         % (layer, what, held["routed_format"], held["shared_format"], formats,
+                            want["routed_format"], want["shared_format"]))
 
 
 def _patched_forward(block, layer):
