@@ -3,7 +3,7 @@
 package (dsv4moe.Layer, the torch op torch.ops.dsv4moe.moe, dsv4moe.hf.patch) on one GPU.
 
 usage: embed_check.py --cli build/cuda/dsv4moe --lib build/cuda/libdsv4moe.so --work DIR --json PATH
-                      [--tokens 1,32,1024,16384] [--experts 32] [--quick]
+                      [--tokens 1,32,1024,16384] [--experts 32] [--quick] [--only CHECK,...]
 
 Checks (each a row of the JSON, "ok" true or false with its numbers or its error):
   graph_capture      the layer (mini, layer 1, fp4) between torch ops, an RMSNorm before and a residual
@@ -23,6 +23,15 @@ Checks (each a row of the JSON, "ok" true or false with its numbers or its error
   hf_fp4             the block patched with formats fp4 (routed fp4, shared fp8, ue8m0 activations, gemm fp8)
                      against `dsv4moe ref` on the checkpoint the patch wrote, with the patch's config: section
                      9's fp8 rule (fp8-mma);
+  hf_ckpt            HF's block holding the quantized tensors of generated checkpoints as transformers holds
+                     them after loading the official fp8/fp4 release without dequantize (its finegrained
+                     FineGrainedExperts mxfp4 / block-fp8 and FineGrainedLinear fp8 modules where this version
+                     has them, gate|up rows interleaved by its own Interleave op; else a stand-in with the same
+                     names, dtypes and layout): mini (routed fp4, shared fp8, ue8m0) layers 1 and 0 and mini-fp8
+                     (routed and shared fp8, fp32 scales) layer 1, patched with no formats: the patch's file holds
+                     the checkpoint's exact bytes, y is within section 9's fp8 rule of `dsv4moe ref` on the
+                     generated checkpoint with the patch's config, and patch(checkpoint=...) gives the same y
+                     bit for bit;
   timing             bench/hf_peer.py's v4-flash-shaped block (E = --experts) unpatched (bf16, grouped_mm,
                      CUDA graph where it captures) next to the same block patched (fp4/fp8, gemm fp8, graph),
                      ms per call for each T.
@@ -170,11 +179,12 @@ def hf_setup():
 class GenCase:
     """What ci/hf_engine_check.py's load_block reads of an exported case, from a generated one."""
 
-    def __init__(self, d, layer, dsv4moe, testing):
+    def __init__(self, d, layer, dsv4moe, testing, preset="mini-bf16"):
         self.model_path = os.path.join(d, "model.safetensors")
         self.layer = layer
-        self.id = "gen-l%d" % layer
-        with dsv4moe.Layer({"preset": "mini-bf16", "layer": layer}, self.model_path, backend="ref") as m:
+        self.preset = preset
+        self.id = "gen-%s-l%d" % (preset, layer)
+        with dsv4moe.Layer({"preset": preset, "layer": layer}, self.model_path, backend="ref") as m:
             keys = ("n_routed_experts", "n_activated", "dim", "moe_inter_dim", "n_layers", "layer", "n_hash_layers",
                     "route_scale", "score_func", "swiglu_limit", "vocab_size", "n_shared_experts")
             self.config = {k: m.config_value(k) for k in keys}
@@ -233,6 +243,180 @@ def check_hf(ctx, torch, dsv4moe, testing, formats):
     return all(r["ok"] for r in rows), {"transformers": version, "cases": rows}
 
 
+def _torch_of(torch, entry):
+    """A host torch tensor holding a (safetensors dtype, numpy array) entry's exact bytes."""
+    import numpy as np
+    dt, a = entry
+    a = np.ascontiguousarray(a)
+    views = {"BF16": ("int16", "bfloat16"), "F8_E4M3": ("uint8", "float8_e4m3fn"), "F8_E8M0": ("uint8", "float8_e8m0fnu")}
+    if dt in views:
+        raw, held = views[dt]
+        return torch.from_numpy(a.view(getattr(np, raw))).view(getattr(torch, held))
+    return torch.from_numpy(a)
+
+
+def _hf_interleave(torch, t):
+    """[gate; up] rows (dim 1) as HF's loader interleaves them (transformers' own Interleave op), or None
+    when this transformers version has no such op."""
+    try:
+        from transformers.core_model_loading import Interleave
+    except Exception:
+        return None
+    op = Interleave(dim=1, inverse=True)  # inverse=True: stacked -> interleaved (finegrained/conversions.py)
+    held = t.dtype
+    raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16)  # moved as bytes, any dtype
+    try:
+        out = op.convert({"t": raw}, None, ["t"])["t"]
+    except TypeError:
+        out = op.convert({"t": raw}, source_patterns=None, target_patterns=["t"])["t"]
+    return out.view(held)
+
+
+def held_block(torch, mods, cfg_cls, hec, case, src, dsv4moe_hf_layout):
+    """An HF DeepseekV4SparseMoeBlock holding a split fp4/fp8 checkpoint's tensors the way HF holds them
+    after from_pretrained without dequantize: its routed experts and shared linears replaced by
+    transformers' finegrained modules (FineGrainedExperts, mxfp4 or block-fp8; FineGrainedLinear
+    block-fp8) when this version has them, filled with the checkpoint's bytes (experts stacked, gate|up
+    rows interleaved by transformers' own Interleave where the module holds them interleaved); else by a
+    stand-in with the same parameter names, dtypes and layout. Returns (block, how)."""
+    from torch import nn
+    import numpy as np
+    layer = case.layer
+    cfg = hec.make_config(cfg_cls, case)
+    block = mods.DeepseekV4SparseMoeBlock(cfg, layer).to(torch.bfloat16)
+    block.config = cfg
+    block.dsv4moe_layer = layer
+    E, H, I = int(case.config["n_routed_experts"]), int(case.config["dim"]), int(case.config["moe_inter_dim"])
+    pre = "layers.%d.ffn." % layer
+    stacked = dsv4moe_hf_layout.held_from_split(src, layer, E, interleaved=False)
+    routed = "fp4" if src[pre + "experts.0.w1.weight"][0] in ("I8", "U8") else "fp8"
+    scale_dt = src[pre + "shared_experts.w1.scale"][0]
+    ue8m0 = scale_dt == "F8_E8M0"
+
+    def param(t):
+        return nn.Parameter(t.contiguous(), requires_grad=False)
+
+    how = {}
+    try:
+        from transformers.integrations.finegrained import core as fg
+        experts = fg.FineGrainedExperts(cfg, block_size=None if routed == "fp4" else (128, 128),
+                                        scale_fmt="ue8m0" if routed == "fp4" or src[pre + "experts.0.w1.scale"][0] == "F8_E8M0"
+                                        else "float", weight_format="mxfp4" if routed == "fp4" else "fp8")
+        shared = {p: fg.FineGrainedLinear(in_features=H if p != "down_proj" else I,
+                                          out_features=I if p != "down_proj" else H, block_size=(128, 128),
+                                          scale_fmt="ue8m0" if ue8m0 else "float", weight_format="fp8")
+                  for p in ("gate_proj", "up_proj", "down_proj")}
+        how["modules"] = "transformers FineGrainedExperts (%s) / FineGrainedLinear (fp8)" % experts.weight_format
+    except Exception as e:  # a transformers without the finegrained family: the stand-in
+        experts, shared = block.experts, {p: getattr(block.shared_experts, p) for p in ("gate_proj", "up_proj", "down_proj")}
+        experts.holds_interleaved_gate_up = True
+        how["modules"] = "stand-in (transformers.integrations.finegrained unavailable: %r)" % (e,)
+    interleaved = bool(getattr(experts, "holds_interleaved_gate_up", False))
+    how["gate_up_rows"] = "interleaved" if interleaved else "stacked"
+    for name in ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv"):
+        t = _torch_of(torch, stacked["experts." + name])
+        if interleaved and name.startswith("gate_up"):
+            it = _hf_interleave(torch, t)
+            if it is None:
+                it = _torch_of(torch, dsv4moe_hf_layout.held_from_split(src, layer, E, interleaved=True)["experts." + name])
+                how["interleave"] = "dsv4moe.hf_layout.held_from_split (no transformers Interleave)"
+            else:
+                how["interleave"] = "transformers.core_model_loading.Interleave"
+            t = it
+        old = getattr(experts, name, None)
+        if old is not None and (tuple(old.shape) != tuple(t.shape) or old.dtype != t.dtype):
+            raise RuntimeError("HF's %s holds %s %s; the checkpoint gives %s %s"
+                               % (name, old.dtype, list(old.shape), t.dtype, list(t.shape)))
+        if hasattr(experts, name):
+            delattr(experts, name)
+        experts.register_parameter(name, param(t))
+    block.experts = experts
+    for p, proj in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+        lin = shared[p]
+        for name, key in (("weight", pre + "shared_experts.%s.weight" % proj),
+                          ("weight_scale_inv", pre + "shared_experts.%s.scale" % proj)):
+            t = _torch_of(torch, src[key])
+            if hasattr(lin, name):
+                delattr(lin, name)
+            lin.register_parameter(name, param(t))
+        setattr(block.shared_experts, p, lin)
+    block.gate.weight = param(_torch_of(torch, src[pre + "gate.weight"]))
+    if pre + "gate.tid2eid" in src:
+        block.gate.tid2eid = torch.from_numpy(np.asarray(src[pre + "gate.tid2eid"][1]).astype(np.int64))
+    else:
+        block.gate.e_score_correction_bias = torch.from_numpy(np.ascontiguousarray(src[pre + "gate.bias"][1]))
+    return block.to("cuda").eval(), how
+
+
+def check_hf_ckpt(ctx, torch, dsv4moe, testing):
+    """HF blocks holding the quantized tensors of generated fp4/fp8 checkpoints (mini: routed fp4 + shared
+    fp8, ue8m0; mini-fp8: routed + shared fp8, fp32 scales), patched: the patch's file holds the
+    checkpoint's bytes (layout only), the patched y is `dsv4moe ref`'s on the generated checkpoint with
+    the patch's config within SPEC.md section 9's fp8 rule, and the same block patched with
+    checkpoint= (the explicit-checkpoint path) gives the same y bit for bit."""
+    from dsv4moe import hf, hf_layout
+    try:
+        hec, version, mods, cfg_cls = hf_setup()
+    except Exception as e:
+        return None, {"skipped": "HF transformers' DeepseekV4SparseMoeBlock not available: %r" % (e,)}
+    rows = []
+    for preset, layer in (("mini", 1), ("mini", 0), ("mini-fp8", 1)):
+        d = gen(ctx, preset, layer, 48)
+        case = GenCase(d, layer, dsv4moe, testing, preset=preset)
+        src = testing.read_safetensors(case.model_path)
+        src.pop("__metadata__", None)
+        row = {"preset": preset, "layer": layer}
+        try:
+            block, how = held_block(torch, mods, cfg_cls, hec, case, src, hf_layout)
+            row["held"] = how
+            row["held_dtypes"] = {k: str(v.dtype) for k, v in block.state_dict().items()
+                                  if k.startswith(("experts.", "shared_experts.gate_proj"))}
+            x = torch.from_numpy(case.x).to("cuda", torch.bfloat16)[None]
+            ids = torch.from_numpy(case.input_ids.astype("int64")).to("cuda")[None]
+            work = os.path.join(ctx.work, "hf-ckpt-%s-l%d" % (preset, layer))
+            with torch.no_grad():
+                hf.patch(block, gemm="fp8", workdir=work)
+                y = block(x, input_ids=ids)[0]
+                torch.cuda.synchronize()
+                block.dsv4moe_layer_obj.poll_error(torch.cuda.current_stream())
+            conf = dict(block.dsv4moe_config)
+            written = testing.read_safetensors(block.dsv4moe_checkpoint)
+            written.pop("__metadata__", None)
+            differ = [k for k, (dt, a) in written.items()
+                      if k not in src or a.tobytes() != src[k][1].tobytes()]
+            row["formats"] = {k: conf[k] for k in ("routed_format", "shared_format", "weight_scale", "act_quant")}
+            row["bytes_identical"] = not differ and sorted(written) == sorted(src)
+            row["tensors_differing"] = differ[:8]
+            ref = os.path.join(work, "ref.safetensors")
+            sets = []
+            for k, v in conf.items():
+                sets += ["--set", "%s=%s" % (k, str(v).lower() if isinstance(v, bool) else v)]
+            r = subprocess.run([ctx.cli, "ref", "--preset", preset, "--layer", str(layer), "--weights", case.model_path,
+                                "--input", case.input_path, "--out", ref, "--threads", "8"] + sets,
+                               capture_output=True, text=True)
+            if r.returncode:
+                raise RuntimeError("dsv4moe ref exit %d: %s" % (r.returncode, r.stderr[-800:]))
+            bits = testing.to_bf16_bits(y.float().cpu().numpy())
+            ok, why, met = testing.compare(bits, testing.read_safetensors(ref)["y"][1], rule="fp8-mma")
+            row.update(ok_fp8_rule=bool(ok), why=why,
+                       metrics={k: (float(v) if isinstance(v, (int, float)) else str(v)) for k, v in met.items()})
+            hf.unpatch(block)
+            with torch.no_grad():
+                hf.patch(block, gemm="fp8", checkpoint=case.model_path)
+                y2 = block(x, input_ids=ids)[0]
+                torch.cuda.synchronize()
+            row["explicit_checkpoint_identical"] = bool(torch.equal(y, y2))
+            hf.unpatch(block)
+            row["ok"] = bool(ok and row["bytes_identical"] and row["explicit_checkpoint_identical"])
+        except Exception as e:
+            row.update(ok=False, error=repr(e), traceback=traceback.format_exc()[-2500:])
+        rows.append(row)
+        log("hf_ckpt %s layer %d: %s (%s) bytes identical %s, explicit checkpoint identical %s, held %s"
+            % (preset, layer, "pass" if row["ok"] else "FAIL", row.get("why") or row.get("error", ""),
+               row.get("bytes_identical"), row.get("explicit_checkpoint_identical"), row.get("held")))
+    return all(r["ok"] for r in rows), {"transformers": version, "cases": rows}
+
+
 def check_timing(ctx, torch, dsv4moe, args):
     from dsv4moe import hf
     try:
@@ -247,7 +431,7 @@ def check_timing(ctx, torch, dsv4moe, args):
     block, cfg = hf_peer.build_block(shp, layer, dev, mods)
     block.config = cfg
     block.dsv4moe_layer = hf_peer.LAYER_IDX
-    Ts = [int(t) for t in args.tokens.split(",")]
+    Ts = list(args.tokens)
     rows = {T: {"T": T} for T in Ts}
 
     def time_block(label):
@@ -269,10 +453,14 @@ def check_timing(ctx, torch, dsv4moe, args):
 
     time_block("hf_bf16_grouped_mm")
     t0 = time.time()
-    hf.patch(block, gemm="fp8", formats="fp4", max_tokens=max(Ts), workdir=os.path.join(ctx.work, "hf-timing"))
-    patch_s = time.time() - t0
-    time_block("dsv4moe_fp4_fp8gemm")
-    block.dsv4moe_layer_obj.poll_error(torch.cuda.current_stream())
+    try:
+        hf.patch(block, gemm="fp8", formats="fp4", max_tokens=max(Ts), workdir=os.path.join(ctx.work, "hf-timing"))
+        patch_s = time.time() - t0
+        time_block("dsv4moe_fp4_fp8gemm")
+        block.dsv4moe_layer_obj.poll_error(torch.cuda.current_stream())
+    except Exception as e:  # the HF rows measured so far stay in the JSON
+        return False, {"error": repr(e), "traceback": traceback.format_exc()[-3000:], "transformers": version,
+                       "rows": [rows[T] for T in Ts]}
     for r in rows.values():
         a, b = r.get("hf_bf16_grouped_mm"), r.get("dsv4moe_fp4_fp8gemm")
         if a and b and b["ms"] > 0:
@@ -299,17 +487,37 @@ def check_examples(ctx, torch, dsv4moe):
     return all(r["ok"] for r in rows), {"runs": rows}
 
 
+CHECKS = ("graph_capture", "shared_workspace", "bad_id_latched", "examples", "hf_bf16", "hf_fp4", "hf_ckpt", "timing")
+
+
+def token_list(text):
+    """argparse type of --tokens: positive ints, comma-separated."""
+    try:
+        out = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r: comma-separated positive token counts, e.g. 1,32,1024" % text) from None
+    if not out or any(t < 1 for t in out):
+        raise argparse.ArgumentTypeError("%r: comma-separated positive token counts, e.g. 1,32,1024" % text)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cli", default=os.path.join(ROOT, "build", "cuda", "dsv4moe"))
     ap.add_argument("--lib", default=os.path.join(ROOT, "build", "cuda", "libdsv4moe.so"))
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "dsv4-embed"))
     ap.add_argument("--json", default=None)
-    ap.add_argument("--tokens", default="1,32,1024,16384")
+    ap.add_argument("--tokens", default="1,32,1024,16384", type=token_list,
+                    help="comma-separated token counts of the timing check")
     ap.add_argument("--experts", default=32, type=int, help="routed experts of the timing block (v4-flash: 256)")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="", help="comma-separated check names")
+    ap.add_argument("--only", default="", help="comma-separated check names (%s)" % ", ".join(CHECKS))
     args = ap.parse_args()
+    only = [c for c in args.only.split(",") if c.strip()]
+    unknown = [c for c in only if c.strip() not in CHECKS]
+    if unknown:
+        ap.error("--only %s: unknown check(s) %s; the checks are %s" % (args.only, ", ".join(unknown), ", ".join(CHECKS)))
+    only = {c.strip() for c in only}
     os.environ.setdefault("DSV4MOE_LIB", args.lib)
     try:
         import torch
@@ -317,6 +525,10 @@ def main():
             raise RuntimeError("torch has no CUDA device")
     except Exception as e:
         print("embed: no torch with CUDA for %s: %r" % (sys.executable, e))
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump({"error": "no torch with CUDA for %s: %r" % (sys.executable, e), "checks": {}}, f, indent=1)
         return 2
     import dsv4moe
     from dsv4moe import testing
@@ -330,9 +542,11 @@ def main():
         ("examples", lambda: check_examples(ctx, torch, dsv4moe)),
         ("hf_bf16", lambda: check_hf(ctx, torch, dsv4moe, testing, "bf16")),
         ("hf_fp4", lambda: check_hf(ctx, torch, dsv4moe, testing, "fp4")),
+        ("hf_ckpt", lambda: check_hf_ckpt(ctx, torch, dsv4moe, testing)),
         ("timing", lambda: check_timing(ctx, torch, dsv4moe, args)),
     ]
-    only = set(filter(None, args.only.split(",")))
+    if [n for n, _ in checks] != list(CHECKS):
+        raise SystemExit("embed_check.py: CHECKS and the check table disagree")
     res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "library": args.lib, "checks": {}}
     failed = False
     for name, fn in checks:
@@ -343,7 +557,10 @@ def main():
             ok, detail = fn()
         except Exception as e:
             ok, detail = False, {"error": repr(e), "traceback": traceback.format_exc()[-3000:]}
-            torch.cuda.synchronize()
+            try:
+                torch.cuda.synchronize()
+            except Exception as e2:  # a sticky CUDA error: the later checks report it too
+                detail["cuda_after"] = repr(e2)
         verdict = "skipped" if ok is None else ("pass" if ok else "FAIL")
         failed |= ok is False
         res["checks"][name] = dict(detail, verdict=verdict, seconds=round(time.time() - t0, 2))

@@ -184,6 +184,9 @@ def _interleaved(block):
 def held_checkpoint(block, hf_config, layer):
     """(formats, split-layout tensors) of a block holding quantized experts; (None, None) for a float one."""
     from .hf_layout import split_checkpoint
+    experts = [v for k, v in block.state_dict().items() if k.startswith(("experts.", "shared_experts."))]
+    if all(v.is_floating_point() and v.element_size() > 1 for v in experts):
+        return None, None  # the bf16 path; nothing to copy twice
     dims = block_config(block, hf_config, layer, "bf16")
     return split_checkpoint(block_arrays(block), layer, dims, interleaved=_interleaved(block))
 
