@@ -148,8 +148,8 @@ def block_tensors(block, layer):
     out = {}
     for k, v in block.state_dict().items():
         if str(v.dtype) not in _FLOATS and not k.endswith("tid2eid"):
-            raise NotImplementedError("%s%s is held as %s: quantized HF expert tensors are not read by this patch "
-                                      "(load the block in bf16; dsv4moe quantizes it itself)" % (prefix, k, v.dtype))
+            raise NotImplementedError("%s%s is held as %s in a block whose experts are float: the bf16 path writes "
+                                      "float tensors only" % (prefix, k, v.dtype))
         v = v.detach().cpu()
         if k.endswith("tid2eid"):
             v = v.to(torch.int32)
