@@ -176,6 +176,12 @@ def block_arrays(block):
 def _interleaved(block):
     """Whether the block's experts hold gate_up's rows interleaved (HF's finegrained experts do)."""
     ex = getattr(block, "experts", None)
+    impl = getattr(getattr(ex, "config", None), "_experts_implementation", None)
+    if getattr(ex, "_megamoe_transformed", False) or impl == "deepgemm_megamoe":
+        raise NotImplementedError("the block's experts are held for DeepGEMM's Mega MoE (experts_implementation="
+                                  "\"deepgemm_megamoe\": weights and UE8M0 scales transformed in place by "
+                                  "transform_weights_for_mega_moe, not the checkpoint's layout); load with "
+                                  "experts_implementation=\"deepgemm\" or \"eager\" to patch it")
     if getattr(ex, "has_gate", True) is False:
         raise NotImplementedError("the block's experts have no gate projection (up_proj only); DeepSeek-V4 gates")
     return bool(getattr(ex, "holds_interleaved_gate_up", False))
