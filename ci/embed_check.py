@@ -264,7 +264,7 @@ def _hf_interleave(torch, t):
         return None
     op = Interleave(dim=1, inverse=True)  # inverse=True: stacked -> interleaved (finegrained/conversions.py)
     held = t.dtype
-    raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16)  # moved as bytes, any dtype
+    raw = t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])  # moved as bits, any dtype
     try:
         out = op.convert({"t": raw}, None, ["t"])["t"]
     except TypeError:
@@ -307,9 +307,11 @@ def held_block(torch, mods, cfg_cls, hec, case, src, dsv4moe_hf_layout):
                                           scale_fmt="ue8m0" if ue8m0 else "float", weight_format="fp8")
                   for p in ("gate_proj", "up_proj", "down_proj")}
         how["modules"] = "transformers FineGrainedExperts (%s) / FineGrainedLinear (fp8)" % experts.weight_format
+        hf_modules = True
     except Exception as e:  # a transformers without the finegrained family: the stand-in
         experts, shared = block.experts, {p: getattr(block.shared_experts, p) for p in ("gate_proj", "up_proj", "down_proj")}
         experts.holds_interleaved_gate_up = True
+        hf_modules = False
         how["modules"] = "stand-in (transformers.integrations.finegrained unavailable: %r)" % (e,)
     interleaved = bool(getattr(experts, "holds_interleaved_gate_up", False))
     how["gate_up_rows"] = "interleaved" if interleaved else "stacked"
@@ -323,7 +325,7 @@ def held_block(torch, mods, cfg_cls, hec, case, src, dsv4moe_hf_layout):
             else:
                 how["interleave"] = "transformers.core_model_loading.Interleave"
             t = it
-        old = getattr(experts, name, None)
+        old = getattr(experts, name, None) if hf_modules else None  # HF's own allocation must match the bytes
         if old is not None and (tuple(old.shape) != tuple(t.shape) or old.dtype != t.dtype):
             raise RuntimeError("HF's %s holds %s %s; the checkpoint gives %s %s"
                                % (name, old.dtype, list(old.shape), t.dtype, list(t.shape)))
@@ -336,6 +338,10 @@ def held_block(torch, mods, cfg_cls, hec, case, src, dsv4moe_hf_layout):
         for name, key in (("weight", pre + "shared_experts.%s.weight" % proj),
                           ("weight_scale_inv", pre + "shared_experts.%s.scale" % proj)):
             t = _torch_of(torch, src[key])
+            old = getattr(lin, name, None) if hf_modules else None
+            if old is not None and (tuple(old.shape) != tuple(t.shape) or old.dtype != t.dtype):
+                raise RuntimeError("HF's shared_experts.%s.%s holds %s %s; the checkpoint gives %s %s"
+                                   % (p, name, old.dtype, list(old.shape), t.dtype, list(t.shape)))
             if hasattr(lin, name):
                 delattr(lin, name)
             lin.register_parameter(name, param(t))
