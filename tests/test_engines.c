@@ -574,7 +574,7 @@ START_TEST(python_package_installs_and_runs)
     const char *cli = getenv("DSV4MOE_CLI");
     ck_assert_ptr_nonnull(cli);
     char build[600], dir[600], cmd[16384];
-    snprintf(cmd, sizeof cmd, "%s -c 'import pip, setuptools'", py());
+    snprintf(cmd, sizeof cmd, "%s -c 'import setuptools, pip'", py()); /* this order: pip first imports the stdlib distutils and Debian's setuptools hack then asserts */
     if (run_sh(cmd) != 0) { /* ci/deps.sh installs both (python3-pip, python3-setuptools) */
         printf("python package: skipped, %s has no pip or setuptools: %.200s\n", py(), out_buf);
         return;

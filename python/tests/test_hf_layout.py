@@ -185,6 +185,28 @@ class Layout(unittest.TestCase):
             with self.assertRaisesRegex(L.LayoutError, msg):
                 L.split_checkpoint(arrays, 1, dims(H, I, E), interleaved=True)
 
+    def test_checkpoint_formats_from_the_headers(self):
+        d = tempfile.mkdtemp(prefix="dsv4moe-ckfmt-")
+        try:
+            E, H, I = 2, 256, 128
+            arrays = dict(router(E, H), **fp4_experts(E, H, I), **fp8_shared(H, I, "F32"))
+            _, tens = L.split_checkpoint(arrays, 4, dims(H, I, E), interleaved=True)
+            os.makedirs(os.path.join(d, "ck"))
+            a = {k: v for k, v in tens.items() if "shared" in k}
+            t.write_safetensors(os.path.join(d, "ck", "a.safetensors"), a)
+            t.write_safetensors(os.path.join(d, "ck", "b.safetensors"), {k: v for k, v in tens.items() if k not in a})
+            self.assertEqual(hf.checkpoint_formats(os.path.join(d, "ck"), 4),
+                             {"routed_format": "fp4", "shared_format": "fp8", "weight_scale": "fp32", "act_quant": "fp32"})
+            with self.assertRaisesRegex(ValueError, r"no layers.3.ffn.experts.0.w1.weight in the split layout"):
+                hf.checkpoint_formats(os.path.join(d, "ck"), 3)
+            mixed = dict(tens)
+            mixed["layers.4.ffn.shared_experts.w2.scale"] = ("F8_E8M0", np.ones((2, 1), np.uint8))
+            t.write_safetensors(os.path.join(d, "m.safetensors"), mixed)
+            with self.assertRaisesRegex(ValueError, r"layer 4's fp8 scales are held as \['F32', 'F8_E8M0'\]"):
+                hf.checkpoint_formats(os.path.join(d, "m.safetensors"), 4)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
     def test_formats_name_that_would_requantize_is_refused(self):
         held = {"routed_format": "fp8", "shared_format": "fp8", "weight_scale": "fp32", "act_quant": "fp32"}
         hf._same_formats(held, None, 2, "the block holds")
