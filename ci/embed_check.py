@@ -275,10 +275,12 @@ def _hf_interleave(torch, t):
 def held_block(torch, mods, cfg_cls, hec, case, src, dsv4moe_hf_layout):
     """An HF DeepseekV4SparseMoeBlock holding a split fp4/fp8 checkpoint's tensors the way HF holds them
     after from_pretrained without dequantize: its routed experts and shared linears replaced by
-    transformers' finegrained modules (FineGrainedExperts, mxfp4 or block-fp8; FineGrainedLinear
-    block-fp8) when this version has them, filled with the checkpoint's bytes (experts stacked, gate|up
-    rows interleaved by transformers' own Interleave where the module holds them interleaved); else by a
-    stand-in with the same parameter names, dtypes and layout. Returns (block, how)."""
+    transformers' own modules when this version has them (the finegrained family's FineGrainedExperts,
+    mxfp4 or block-fp8, and FineGrainedLinear; else finegrained_fp8's FP8Experts, fp4 by
+    config.expert_dtype, and FP8Linear), their allocations checked against the checkpoint's bytes and
+    filled with them (experts stacked, gate|up rows interleaved by transformers' own Interleave where the
+    module holds them interleaved); else by a stand-in with the same parameter names, dtypes and layout.
+    Returns (block, how)."""
     from torch import nn
     import numpy as np
     layer = case.layer
@@ -297,22 +299,46 @@ def held_block(torch, mods, cfg_cls, hec, case, src, dsv4moe_hf_layout):
         return nn.Parameter(t.contiguous(), requires_grad=False)
 
     how = {}
-    try:
+    routed_ue8m0 = routed == "fp4" or src[pre + "experts.0.w1.scale"][0] == "F8_E8M0"
+    experts = None
+    tried = []
+    try:  # the finegrained family (formats per module group)
         from transformers.integrations.finegrained import core as fg
         experts = fg.FineGrainedExperts(cfg, block_size=None if routed == "fp4" else (128, 128),
-                                        scale_fmt="ue8m0" if routed == "fp4" or src[pre + "experts.0.w1.scale"][0] == "F8_E8M0"
-                                        else "float", weight_format="mxfp4" if routed == "fp4" else "fp8")
+                                        scale_fmt="ue8m0" if routed_ue8m0 else "float",
+                                        weight_format="mxfp4" if routed == "fp4" else "fp8")
         shared = {p: fg.FineGrainedLinear(in_features=H if p != "down_proj" else I,
                                           out_features=I if p != "down_proj" else H, block_size=(128, 128),
                                           scale_fmt="ue8m0" if ue8m0 else "float", weight_format="fp8")
                   for p in ("gate_proj", "up_proj", "down_proj")}
-        how["modules"] = "transformers FineGrainedExperts (%s) / FineGrainedLinear (fp8)" % experts.weight_format
-        hf_modules = True
-    except Exception as e:  # a transformers without the finegrained family: the stand-in
+        how["modules"] = "transformers.integrations.finegrained FineGrainedExperts (%s) / FineGrainedLinear (fp8)" \
+            % experts.weight_format
+    except Exception as e:
+        tried.append("finegrained: %r" % (e,))
+        experts = None
+    if experts is None:
+        try:  # finegrained_fp8 (fp4 experts when config.expert_dtype == "fp4"; one scale_fmt for the model)
+            from transformers.integrations import finegrained_fp8 as f8
+            if routed_ue8m0 != ue8m0:
+                raise RuntimeError("FP8Experts and FP8Linear share one scale_fmt; this checkpoint mixes them")
+            cfg.expert_dtype = "fp4" if routed == "fp4" else "fp8"
+            experts = f8.FP8Experts(cfg, block_size=(128, 128), activation_scheme="dynamic",
+                                    scale_fmt="ue8m0" if ue8m0 else "float", has_bias=False, has_gate=True)
+            shared = {p: f8.FP8Linear(in_features=H if p != "down_proj" else I,
+                                      out_features=I if p != "down_proj" else H, block_size=(128, 128),
+                                      activation_scheme="dynamic", scale_fmt="ue8m0" if ue8m0 else "float",
+                                      has_bias=False)
+                      for p in ("gate_proj", "up_proj", "down_proj")}
+            how["modules"] = "transformers.integrations.finegrained_fp8 FP8Experts (expert_dtype %s) / FP8Linear" \
+                % cfg.expert_dtype
+        except Exception as e:
+            tried.append("finegrained_fp8: %r" % (e,))
+            experts = None
+    hf_modules = experts is not None
+    if not hf_modules:  # a transformers without either: the stand-in, gate|up interleaved as the newest holds them
         experts, shared = block.experts, {p: getattr(block.shared_experts, p) for p in ("gate_proj", "up_proj", "down_proj")}
         experts.holds_interleaved_gate_up = True
-        hf_modules = False
-        how["modules"] = "stand-in (transformers.integrations.finegrained unavailable: %r)" % (e,)
+        how["modules"] = "stand-in (%s)" % "; ".join(tried)
     interleaved = bool(getattr(experts, "holds_interleaved_gate_up", False))
     how["gate_up_rows"] = "interleaved" if interleaved else "stacked"
     for name in ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv"):

@@ -17,8 +17,9 @@ Two kinds of blocks:
   quantizers (core/formats.c), exactly as ``dsv4moe ref`` does from the same file; ``formats="bf16"``
   keeps them as they are.
 - quantized experts, as HF holds them after loading the official fp8/fp4 checkpoint without
-  dequantizing (packed fp4 with ue8m0 1x32 scales, or e4m3 with 128x128 block scales, in the
-  finegrained modules; dsv4moe.hf_layout says exactly what is read): their bytes are written in the
+  dequantizing (packed fp4 with ue8m0 1x32 scales, or e4m3 with 128x128 block scales, in the fine-grained
+  FP8 quantizer's FP8Experts / FineGrainedExperts and fp8 linears; dsv4moe.hf_layout says exactly what
+  is read and where transformers defines it): their bytes are written in the
   split layout (the official key names, ``layers.<i>.ffn.``) as they are, only the layout moved (gate
   and up rows de-interleaved, experts unstacked), and the config takes the formats the block holds
   (routed_format, shared_format, weight_scale, act_quant: ue8m0 activations with ue8m0 weight scales,

@@ -2,19 +2,24 @@
 dsv4moe's split checkpoint (SPEC.md sections 5 and 6) with the same bytes: layout only, never a
 requantization. Plain NumPy (torch is not needed; ``dsv4moe.hf`` hands the block's tensors in).
 
-What HF transformers holds (src/transformers/integrations/finegrained/core.py, the "finegrained"
-family that loads DeepSeek-V4's ``quant_method: fp8`` checkpoints without ``dequantize``):
+What HF transformers holds after loading DeepSeek-V4's ``quant_method: fp8`` checkpoint without
+``dequantize`` (the fine-grained FP8 quantizer; two generations of its modules, same names):
+``src/transformers/integrations/finegrained_fp8.py`` ``FP8Experts`` / ``FP8Linear`` (packed fp4
+experts when ``config.expert_dtype == "fp4"``, gate|up rows stacked, scales float8_e8m0fnu under
+``scale_fmt: ue8m0`` else float32) and ``src/transformers/integrations/finegrained/core.py``
+``FineGrainedExperts`` / ``FineGrainedLinear`` (formats per module group, gate|up rows interleaved):
 
-- routed experts, ``FineGrainedExperts``: ``gate_up_proj`` [E, 2I, H / v] and ``down_proj`` [E, H, I / v]
+- routed experts: ``gate_up_proj`` [E, 2I, H / v] and ``down_proj`` [E, H, I / v]
   with ``<proj>_scale_inv`` grids, one of
-  * ``mxfp4`` (the release's routed experts): packed e2m1 as ``int8``, two values a byte, low nibble
-    first (``FineGrainedPackedBlocks``), v = 2, scales ``float8_e8m0fnu`` [E, N, K / 32];
+  * fp4 (the release's routed experts, ``mxfp4``): packed e2m1 as ``int8``, two values a byte, low
+    nibble first (the checkpoint's bytes, bitcast), v = 2, scales [E, N, K / 32] (``float8_e8m0fnu``,
+    or float32 powers of two, converted back exactly);
   * ``fp8`` (V4-Flash-Base): ``float8_e4m3fn``, v = 1, scales [E, ceil(N / 128), ceil(K / 128)] in
     float32 or ``float8_e8m0fnu`` (``scale_fmt: ue8m0``), or one per-tensor scale [E, 1 or 2, 1];
   gate_up's rows are held interleaved ``[g0, u0, g1, u1, ...]`` when the module says
   ``holds_interleaved_gate_up`` (the loader's ``Interleave(dim=1)`` over the weight and its scale
   grid alike), else stacked ``[gate; up]``;
-- the shared expert, three ``FineGrainedLinear``: ``weight`` e4m3 [N, K] and ``weight_scale_inv``
+- the shared expert, three fp8 linears: ``weight`` e4m3 [N, K] and ``weight_scale_inv``
   [ceil(N / 128), ceil(K / 128)] (float32 or e8m0), block [128, 128];
 - the router as in a bf16 model (``gate.weight``, ``gate.e_score_correction_bias`` fp32 or
   ``gate.tid2eid`` int64).
@@ -57,6 +62,18 @@ def e8m0_to_f32(b, name):
         i = np.unravel_index(int(np.argmax(b == 255)), b.shape)
         raise LayoutError("%s: scale %s is the e8m0 NaN byte 255; a weight scale must be a number" % (name, list(i)))
     return np.ldexp(np.float32(1.0), b.astype(np.int32) - 127).astype(np.float32)
+
+
+def f32_to_e8m0(f, name):
+    """float32 powers of two -> their ue8m0 bytes (exact); any other value is an error naming it."""
+    f = np.asarray(f, dtype=np.float32)
+    m, e = np.frexp(f)
+    ok = np.isfinite(f) & (m == 0.5) & (e - 1 >= -127) & (e - 1 <= 127)
+    if not ok.all():
+        i = np.unravel_index(int(np.argmax(~ok)), f.shape)
+        raise LayoutError("%s: scale %s is %r, not a power of two in [2^-127, 2^127]: fp4 scales are ue8m0 "
+                          "(SPEC.md section 5), so it cannot be represented exactly" % (name, list(i), float(f[i])))
+    return (e.astype(np.int32) - 1 + 127).astype(np.uint8)
 
 
 def _bf16_exact(a, name):
@@ -215,13 +232,15 @@ def _expert_proj(arrays, proj, E, n, k, scale_names):
             raise LayoutError("%s is held swizzled %s (SWIZZLE_32_4_4, SM100 with a triton experts backend): load with "
                               "experts_implementation=\"deepgemm\" or \"eager\" so the scales stay row-major"
                               % (sname, list(np.asarray(s).shape)))
-        if sdt not in ("F8_E8M0", "U8"):
+        if sdt not in ("F8_E8M0", "U8", "F32"):
             raise LayoutError("%s is %s: fp4 weights take ue8m0 scales (MXFP4); e4m3 group-16 scales (NVFP4) are not "
                               "SPEC.md section 5's fp4" % (sname, sdt))
         if tuple(s.shape) != (E, n, k // FP4_GROUP):
             raise LayoutError("%s has shape %s: SPEC.md section 5's fp4 holds one ue8m0 scale per 32 of K, [%d, %d, %d]"
                               % (sname, list(s.shape), E, n, k // FP4_GROUP))
-        return kind, np.asarray(w).view(np.uint8), Scale("e8m0", np.asarray(s, dtype=np.uint8)), dt
+        # float32 scales (FP8Experts under scale_fmt "float") hold the same powers of two
+        sb = f32_to_e8m0(s, sname) if sdt == "F32" else np.asarray(s, dtype=np.uint8)
+        return kind, np.asarray(w).view(np.uint8), Scale("e8m0", sb), dt
     if tuple(w.shape) != (E, n, k):
         raise LayoutError("%s has shape %s, expected [%d, %d, %d]" % (wname, list(w.shape), E, n, k))
     s = np.asarray(s)

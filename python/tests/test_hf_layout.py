@@ -92,6 +92,25 @@ class Layout(unittest.TestCase):
         self.assertEqual(st["layers.3.ffn.experts.1.w3.weight"][1].view(np.uint8)[:, 0].tolist(),
                          [(100 + I + j) % 256 for j in range(I)])
 
+    def test_fp4_float32_scales_back_to_their_ue8m0_bytes(self):
+        """FP8Experts under scale_fmt "float" holds fp4 scales as float32 powers of two: the same bytes."""
+        E, H, I = 2, 64, 32
+        arrays = dict(router(E, H), **fp4_experts(E, H, I), **fp8_shared(H, I))
+        want = arrays["experts.gate_up_proj_scale_inv"][1]
+        arrays["experts.gate_up_proj_scale_inv"] = ("F32", L.e8m0_to_f32(want, "s"))
+        _, a = L.split_checkpoint(arrays, 3, dims(H, I, E), interleaved=False)
+        self.assertEqual(a["layers.3.ffn.experts.1.w1.scale"], ("F8_E8M0", a["layers.3.ffn.experts.1.w1.scale"][1]))
+        np.testing.assert_array_equal(a["layers.3.ffn.experts.1.w1.scale"][1], want[1, :I])
+        np.testing.assert_array_equal(a["layers.3.ffn.experts.0.w3.scale"][1], want[0, I:])
+        self.assertEqual(L.f32_to_e8m0(np.array([1.0, 0.25, 2.0 ** -127, 2.0 ** 127], np.float32), "s").tolist(),
+                         [127, 125, 0, 254])
+        bad = L.e8m0_to_f32(want, "s")
+        bad[0, 3, 1] = 0.75
+        arrays["experts.gate_up_proj_scale_inv"] = ("F32", bad)
+        with self.assertRaisesRegex(L.LayoutError, r"experts.gate_up_proj_scale_inv: scale \[0, 3, 1\] is 0.75, not a "
+                                                   r"power of two"):
+            L.split_checkpoint(arrays, 3, dims(H, I, E))
+
     def test_fp8_block_scales_deinterleave_and_mixed_scale_formats(self):
         E, H, I = 1, 128, 256
         gu = np.arange(2 * I, dtype=np.uint8)[None, :, None].repeat(H, axis=2)
