@@ -24,10 +24,11 @@ Checks (each a row of the JSON, "ok" true or false with its numbers or its error
                      against `dsv4moe ref` on the checkpoint the patch wrote, with the patch's config: section
                      9's fp8 rule (fp8-mma);
   hf_ckpt            HF's block holding the quantized tensors of generated checkpoints as transformers holds
-                     them after loading the official fp8/fp4 release without dequantize (its finegrained
-                     FineGrainedExperts mxfp4 / block-fp8 and FineGrainedLinear fp8 modules where this version
-                     has them, gate|up rows interleaved by its own Interleave op; else a stand-in with the same
-                     names, dtypes and layout): mini (routed fp4, shared fp8, ue8m0) layers 1 and 0 and mini-fp8
+                     them after loading the official fp8/fp4 release without dequantize (its own modules where
+                     this version has them: the finegrained family's FineGrainedExperts / FineGrainedLinear,
+                     gate|up rows interleaved by its own Interleave op, or finegrained_fp8's FP8Experts /
+                     FP8Linear; else a stand-in with the same names, dtypes and layout; the JSON's "held"
+                     says which): mini (routed fp4, shared fp8, ue8m0) layers 1 and 0 and mini-fp8
                      (routed and shared fp8, fp32 scales) layer 1, patched with no formats: the patch's file holds
                      the checkpoint's exact bytes, y is within section 9's fp8 rule of `dsv4moe ref` on the
                      generated checkpoint with the patch's config, and patch(checkpoint=...) gives the same y
