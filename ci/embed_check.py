@@ -301,6 +301,11 @@ def held_block(torch, mods, cfg_cls, hec, case, src, dsv4moe_hf_layout):
 
     how = {}
     routed_ue8m0 = routed == "fp4" or src[pre + "experts.0.w1.scale"][0] == "F8_E8M0"
+    sfmt = "ue8m0" if ue8m0 else "float"
+
+    def shared_linears(make):  # make(in_features, out_features): the shared expert's gate, up and down
+        return {p: make(H, I) if p != "down_proj" else make(I, H) for p in ("gate_proj", "up_proj", "down_proj")}
+
     experts = None
     tried = []
     try:  # the finegrained family (formats per module group)
@@ -308,10 +313,8 @@ def held_block(torch, mods, cfg_cls, hec, case, src, dsv4moe_hf_layout):
         experts = fg.FineGrainedExperts(cfg, block_size=None if routed == "fp4" else (128, 128),
                                         scale_fmt="ue8m0" if routed_ue8m0 else "float",
                                         weight_format="mxfp4" if routed == "fp4" else "fp8")
-        shared = {p: fg.FineGrainedLinear(in_features=H if p != "down_proj" else I,
-                                          out_features=I if p != "down_proj" else H, block_size=(128, 128),
-                                          scale_fmt="ue8m0" if ue8m0 else "float", weight_format="fp8")
-                  for p in ("gate_proj", "up_proj", "down_proj")}
+        shared = shared_linears(lambda k, n: fg.FineGrainedLinear(in_features=k, out_features=n, block_size=(128, 128),
+                                                                  scale_fmt=sfmt, weight_format="fp8"))
         how["modules"] = "transformers.integrations.finegrained FineGrainedExperts (%s) / FineGrainedLinear (fp8)" \
             % experts.weight_format
     except Exception as e:
@@ -323,13 +326,11 @@ def held_block(torch, mods, cfg_cls, hec, case, src, dsv4moe_hf_layout):
             if routed_ue8m0 != ue8m0:
                 raise RuntimeError("FP8Experts and FP8Linear share one scale_fmt; this checkpoint mixes them")
             cfg.expert_dtype = "fp4" if routed == "fp4" else "fp8"
-            experts = f8.FP8Experts(cfg, block_size=(128, 128), activation_scheme="dynamic",
-                                    scale_fmt="ue8m0" if ue8m0 else "float", has_bias=False, has_gate=True)
-            shared = {p: f8.FP8Linear(in_features=H if p != "down_proj" else I,
-                                      out_features=I if p != "down_proj" else H, block_size=(128, 128),
-                                      activation_scheme="dynamic", scale_fmt="ue8m0" if ue8m0 else "float",
-                                      has_bias=False)
-                      for p in ("gate_proj", "up_proj", "down_proj")}
+            experts = f8.FP8Experts(cfg, block_size=(128, 128), activation_scheme="dynamic", scale_fmt=sfmt,
+                                    has_bias=False, has_gate=True)
+            shared = shared_linears(lambda k, n: f8.FP8Linear(in_features=k, out_features=n, block_size=(128, 128),
+                                                              activation_scheme="dynamic", scale_fmt=sfmt,
+                                                              has_bias=False))
             how["modules"] = "transformers.integrations.finegrained_fp8 FP8Experts (expert_dtype %s) / FP8Linear" \
                 % cfg.expert_dtype
         except Exception as e:
