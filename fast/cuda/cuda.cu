@@ -79,7 +79,7 @@ struct DevMat {
 /* Byte offsets of one chunk's buffers inside the workspace (layout(Tc)). */
 struct Layout {
     uint64_t logits, x, in_ids, ntok, xq, xs, ids, w, kept, cnt, slot_off, pad_off, active, meta, tile_e, tile_r0, slot_tok,
-        slot_row, rowmap, slot_w, stats, gu, hq, hs, o, osh, total, io_end;
+        slot_row, rowmap, slot_w, slot_e, stats, gu, hq, hs, o, osh, total, io_end;
     int64_t tc, slots, rows, tiles;
     int64_t cap_mid, cap_big; /* fp8 path: tile list capacities (32-row tiles, then large-group tiles) */
     uint64_t x16;             /* fp8 path with k_tileh: the x codes as f16 */
@@ -212,6 +212,7 @@ Layout layout_for(const CudaBe *b, int64_t tc)
     L.slot_row = take((uint64_t)L.slots * 4);
     L.rowmap = take((uint64_t)L.slots * 4);
     L.slot_w = take((uint64_t)L.slots * 4);
+    L.slot_e = b->fp8 ? take((uint64_t)L.slots * 4) : 0;
     if (b->fast) {
         /* h bf16 from the gate/up epilogue, then its codes and scales; rows [rows, rows + Tc) are
            the shared expert's (it runs in the same launches as the routed groups) */
@@ -408,14 +409,15 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
     const int64_t nmax = std::max(gmax, shared ? L.tc : (int64_t)0);
     const bool mid = nmax > FM_DEC_MAX, big = nmax > FM_MID_MAX;
     const bool split = shared && fa.sh.fmt != fa.r.fmt;
+    const bool cut = p8 && nmax > p8->min_rows; /* a group can be on the grouped FP8 GEMM (s3) */
     cudaError_t e = cudaSuccess;
-    if ((mid || big || split) && (e = cudaEventRecord(b->ev_fork, s)) != cudaSuccess)
+    if ((mid || big || split || cut) && (e = cudaEventRecord(b->ev_fork, s)) != cudaSuccess)
         return e;
     struct Side {
         bool on;
         cudaStream_t st;
         cudaEvent_t ev;
-    } side[3] = {{split, b->s4, b->ev_j4}, {mid, b->s2, b->ev_j2}, {big, b->s3, b->ev_j3}};
+    } side[3] = {{split, b->s4, b->ev_j4}, {mid, b->s2, b->ev_j2}, {big || cut, b->s3, b->ev_j3}};
     for (const Side &sd : side)
         if (sd.on && (e = cudaStreamWaitEvent(sd.st, b->ev_fork, 0)) != cudaSuccess)
             return e;
@@ -437,7 +439,7 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
         else
             k_tile_mid<<<grid, TileMid::THREADS, TileMid::SMEM, b->s2>>>(m);
     }
-    if (big && p8 && (e = fp8gemm_enqueue(g8, *p8, b->s3)) != cudaSuccess)
+    if (cut && (e = fp8gemm_enqueue(g8, *p8, b->s3)) != cudaSuccess)
         return e;
     if (big && !(p8 && b->all_ok8)) { /* gemm fp8: only experts whose weights did not convert have big tiles */
         FastArgs g = fa;
@@ -469,12 +471,14 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     g2.cnt = ga.cnt, g2.slot_off = ga.slot_off, g2.pad_off = ga.pad_off, g2.active = ga.active, g2.meta = ga.meta;
     g2.tile_e = ga.tile_e, g2.tile_r0 = ga.tile_r0;
     g2.slot_tok = ga.slot_tok, g2.slot_row = ga.slot_row, g2.rowmap = ga.rowmap, g2.slot_w = ga.slot_w;
+    g2.slot_e = ga.slot_e;
     g2.stats = ga.stats;
     g2.E = E, g2.K = K, g2.rows = (int)L.rows, g2.cap_mid = (int)L.cap_mid, g2.cap_big = (int)L.cap_big;
     g2.has_shared = shared;
     g2.mid_rows = 32, g2.big_rows = b->big_rows;
     g2.place = L.slots <= 1024;
     g2.cut_ok = b->fp8 ? b->ok8 : nullptr;
+    g2.cut_rows = DSV4C_FP8_CUT_ROWS;
     /* one block: as many threads as experts (a warp multiple, at most 1024; the loops cover the rest) */
     k_count2<<<1, (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s>>>(g2);
     if (!g2.place)
@@ -501,12 +505,12 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     gu.Ash = gu.A, gu.Assh = gu.As;
     gu.A16 = gu.Ash16 = b->tile16 ? at<uint16_t>(b, L.x16) : nullptr;
     gu.out = h16, gu.out_sh = h16 + L.rows * I;
-    /* gemm fp8: a group above FM_MID_MAX rows can exist in this chunk */
-    const bool fp8 = b->fp8 && std::max(b->repeats ? L.slots : L.tc, shared ? L.tc : (int64_t)0) > FM_MID_MAX;
+    /* gemm fp8: a group above DSV4C_FP8_CUT_ROWS rows can exist in this chunk */
+    const bool fp8 = b->fp8 && std::max(b->repeats ? L.slots : L.tc, shared ? L.tc : (int64_t)0) > DSV4C_FP8_CUT_ROWS;
     Sel8 sel;
-    sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_off = ga.slot_off, sel.cnt = ga.cnt;
+    sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.slot_off = ga.slot_off, sel.cnt = ga.cnt;
     sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
-    sel.sh_row0 = L.rows, sel.E = E, sel.slots = (int)L.slots, sel.has_shared = shared, sel.min_rows = FM_MID_MAX;
+    sel.sh_row0 = L.rows, sel.E = E, sel.slots = (int)L.slots, sel.has_shared = shared, sel.min_rows = DSV4C_FP8_CUT_ROWS;
     const unsigned rows_grid = (unsigned)(L.slots + (shared ? L.tc : 0));
     const int64_t ngh = H / 128;
     Fp8Proj p8;
@@ -517,7 +521,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         g8a.xp = at<uint8_t>(b, L.xp), g8a.xs8 = at<float>(b, L.xs8), g8a.H = H;
         k_gather8<<<rows_grid, 128, 0, s>>>(g8a);
         p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->ok8;
-        p8.E = E, p8.min_rows = FM_MID_MAX, p8.has_shared = shared, p8.sh_row0 = L.rows;
+        p8.E = E, p8.min_rows = DSV4C_FP8_CUT_ROWS, p8.has_shared = shared, p8.sh_row0 = L.rows;
         p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
         p8.A = g8a.xp, p8.Ash = g8a.xq, p8.SFA = g8a.xs8, p8.SFAsh = g8a.xs8 + L.rows * ngh;
         p8.B = b->w8[0], p8.SFB = b->s8[0], p8.Bsh = b->w8[2], p8.SFBsh = b->s8[2];
@@ -532,7 +536,8 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         q8.sel = sel, q8.h = h16, q8.gu8 = at<uint16_t>(b, L.gu8), q8.q = hq, q8.s = hs, q8.s8 = at<float>(b, L.hs8);
         q8.slot_w = ga.slot_w, q8.stats = ga.stats, q8.I = I, q8.qmode = (int)c->act_quant, q8.f16_codes = f16_codes_read(b);
         q8.before = fa.before, q8.clamp_r = fa.clamp_r, q8.clamp_s = fa.clamp_s, q8.L = fa.L;
-        k_quant8<<<rows_grid, (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(q8);
+        k_quant8<<<std::min(rows_grid, K8_GRID), (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(
+            q8, (int)rows_grid);
         p8.N = p8.Nsh = H, p8.K = p8.Ksh = I;
         p8.A = hq, p8.Ash = hq + L.rows * I, p8.SFA = q8.s8, p8.SFAsh = q8.s8 + L.rows * ngi;
         p8.B = b->w8[1], p8.SFB = b->s8[1], p8.Bsh = b->w8[3], p8.SFBsh = b->s8[3];
@@ -632,6 +637,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
     ga.tile_e = at<int>(b, L.tile_e), ga.tile_r0 = at<int>(b, L.tile_r0);
     ga.slot_tok = at<int32_t>(b, L.slot_tok), ga.slot_row = at<int32_t>(b, L.slot_row);
     ga.rowmap = at<int32_t>(b, L.rowmap), ga.slot_w = at<float>(b, L.slot_w);
+    ga.slot_e = b->fp8 ? at<int32_t>(b, L.slot_e) : nullptr;
     ga.stats = stats, ga.E = E, ga.K = K, ga.small = b->small, ga.rows = (int)L.rows, ga.tile_m = DSV4C_BM;
     if (b->fast)
         return enqueue_fast(b, L, ra, ga);

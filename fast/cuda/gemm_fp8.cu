@@ -46,7 +46,10 @@ using LayoutD = cutlass::layout::RowMajor;
 constexpr int AlignA = 16, AlignB = 16, AlignD = 8;
 using Acc = float;
 using TileShape = Shape<_128, _128, _128>;
-using ClusterShape = Shape<_1, _2, _1>;
+#ifndef DSV4C_FP8_CLUSTER_M
+#define DSV4C_FP8_CLUSTER_M 1
+#endif
+using ClusterShape = Shape<Int<DSV4C_FP8_CLUSTER_M>, Int<3 - DSV4C_FP8_CLUSTER_M>, _1>;
 using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, 128>;
 using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
 using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
@@ -204,7 +207,11 @@ cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, size_t *bytes)
            group is visited for all its M tiles in a row), so the weights, which dominate the
            traffic of an MoE GEMM (384 rows per expert at T = 16384 against 16 MiB of gate|up),
            come from DRAM about once; the group's activation rows are small and stay in L2 */
+#ifndef DSV4C_FP8_RASTER_N
         args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
+#else
+        args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
+#endif
         args.scheduler.max_swizzle_size = 1;
     };
     build(nullptr); /* sizes only: the workspace size does not depend on the addresses */

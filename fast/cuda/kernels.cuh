@@ -239,6 +239,7 @@ struct GroupArgs {
     int *cnt, *slot_off, *pad_off, *active, *meta; /* meta: n_active, n_tiles, n_kept */
     int *tile_e, *tile_r0;
     int32_t *slot_tok, *slot_row, *rowmap;
+    int32_t *slot_e; /* the expert of each kept slot (the fp8 path's kernels); NULL: not written */
     float *slot_w;
     unsigned long long *stats;
     int E, K, small, rows; /* rows: the padded rows the layout holds */
@@ -656,6 +657,8 @@ __global__ void k_place(GroupArgs a)
             a.slot_w[q] = a.w[i];
             a.slot_row[q] = pbase + pos;
             a.rowmap[i] = pbase + pos;
+            if (a.slot_e)
+                a.slot_e[q] = e;
         }
         __syncthreads();
         if (threadIdx.x == 0)
@@ -1079,14 +1082,25 @@ __global__ void __launch_bounds__(DSV4C_TILE_THREADS) k_tiles(GemmArgs a)
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    if (scaled)
-                        mma16816(gacc[mi][ni], af[mi], bfr[ni]);
-                    else
-                        mma16816(acc[mi][ni], af[mi], bfr[ni]);
-                }
+                for (int ni = 0; ni < 4; ni++)
+                    mma16816(gacc[mi][ni], af[mi], bfr[ni]);
         }
-        if (scaled && ((kb + DSV4C_BK) % 128 == 0 || kb + DSV4C_BK >= k1)) {
+        if (!scaled) {
+            /* bf16 operands: the tensor cores' fp32 accumulation does not round to nearest at
+               every add, so a K of 4096 summed in one MMA chain drifts enough to flip the bf16
+               rounding of g and u for a few elements per thousand (a full v4-flash bf16 layer:
+               bf16 ULP p99 2 against the reference's sums). Each K block of 32 is summed on the
+               tensor cores and added to the running sum in IEEE fp32. */
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        acc[mi][ni][q] = __fadd_rn(acc[mi][ni][q], gacc[mi][ni][q]);
+                        gacc[mi][ni][q] = 0.0f;
+                    }
+        } else if ((kb + DSV4C_BK) % 128 == 0 || kb + DSV4C_BK >= k1) {
             const int gk = kb / 128;
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)

@@ -34,6 +34,12 @@ namespace dsv4cuda {
 
 #define FM_DEC_MAX 16 /* groups of up to this many rows: k_dec */
 #define FM_MID_MAX 64 /* up to this: 32-row tiles; above: 128-row tiles */
+/* gemm fp8: groups of more rows than this (of experts whose weights converted) run on the
+   grouped FP8 GEMM; the smaller ones stay on k_dec and the 32-row tiles. FM_DEC_MAX .. FM_MID_MAX. */
+#ifndef DSV4C_FP8_CUT_ROWS
+#define DSV4C_FP8_CUT_ROWS 64
+#endif
+static_assert(DSV4C_FP8_CUT_ROWS >= FM_DEC_MAX && DSV4C_FP8_CUT_ROWS <= FM_MID_MAX, "fp8 cut between the regimes");
 #define FM_THREADS 256
 #define FM_LDA_PAD 16 /* staged activation rows 128 + 16 bytes apart: conflict-free 4-byte B loads */
 
@@ -1048,13 +1054,15 @@ struct Group2Args {
     int *cnt, *slot_off, *pad_off, *active, *meta; /* meta: n_active, n_mid_tiles, n_kept, n_big_tiles */
     int *tile_e, *tile_r0;                         /* mid tiles at [0, cap_mid), big at [cap_mid, ...) */
     int32_t *slot_tok, *slot_row, *rowmap; /* placement, when `place` (else k_place does it) */
+    int32_t *slot_e;                       /* the expert of each kept slot, or NULL */
     float *slot_w;
     unsigned long long *stats;
     int E, K, rows, cap_mid, cap_big, has_shared;
     int mid_rows, big_rows; /* rows per tile of the two tile regimes */
     int place; /* the chunk has at most blockDim.x slots: place them here, tokens ascending per expert */
-    const uint8_t *cut_ok; /* gemm fp8: [E + 1], large groups of these experts run on the grouped FP8 GEMM
-                              (gemm_fp8.h), not on the big tile list; NULL otherwise */
+    const uint8_t *cut_ok; /* gemm fp8: [E + 1], groups of more than cut_rows rows of these experts run on
+                              the grouped FP8 GEMM (gemm_fp8.h), not on a tile list; NULL otherwise */
+    int cut_rows;          /* FM_DEC_MAX <= cut_rows <= FM_MID_MAX */
 };
 
 /*
@@ -1086,8 +1094,9 @@ __global__ void k_count2(Group2Args a)
         const int e = e0 + threadIdx.x;
         const int c = e < E ? c2cnt[e] : 0;
         const int pad = (c + 127) / 128 * 128, act = c > 0;
-        const int mid = c > FM_DEC_MAX && c <= FM_MID_MAX ? (c + a.mid_rows - 1) / a.mid_rows : 0;
-        const int big = c > FM_MID_MAX && !(a.cut_ok && a.cut_ok[e]) ? (c + a.big_rows - 1) / a.big_rows : 0;
+        const bool cut = a.cut_ok && a.cut_ok[e] && c > a.cut_rows;
+        const int mid = c > FM_DEC_MAX && c <= FM_MID_MAX && !cut ? (c + a.mid_rows - 1) / a.mid_rows : 0;
+        const int big = c > FM_MID_MAX && !cut ? (c + a.big_rows - 1) / a.big_rows : 0;
         int t0, t1, t2, t3, t4;
         const int so = block_excl_scan(c, tmp, &t0) + carry[0];
         const int po = block_excl_scan(pad, tmp, &t1) + carry[1];
@@ -1119,8 +1128,9 @@ __global__ void k_count2(Group2Args a)
         int so = carry[0], po = carry[1], na = carry[2], nm = carry[3], nb = carry[4];
         a.slot_off[E] = so;
         if (a.has_shared && nt > FM_DEC_MAX) {
-            const int mid = nt <= FM_MID_MAX ? (nt + a.mid_rows - 1) / a.mid_rows : 0;
-            const int big = nt > FM_MID_MAX && !(a.cut_ok && a.cut_ok[E]) ? (nt + a.big_rows - 1) / a.big_rows : 0;
+            const bool cut = a.cut_ok && a.cut_ok[E] && nt > a.cut_rows;
+            const int mid = nt <= FM_MID_MAX && !cut ? (nt + a.mid_rows - 1) / a.mid_rows : 0;
+            const int big = nt > FM_MID_MAX && !cut ? (nt + a.big_rows - 1) / a.big_rows : 0;
             for (int i = 0; i < mid && nm < a.cap_mid; i++, nm++) {
                 a.tile_e[nm] = E;
                 a.tile_r0[nm] = a.mid_rows * i;
@@ -1165,6 +1175,8 @@ __global__ void k_count2(Group2Args a)
         a.slot_w[q] = a.w[i];
         a.slot_row[q] = row;
         a.rowmap[i] = row;
+        if (a.slot_e)
+            a.slot_e[q] = e;
     }
 }
 
