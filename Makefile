@@ -39,7 +39,7 @@ CFLAGS_REF := -ffp-contract=off
 LDLIBS_ALL := -ljansson -lyaml -lopenblas -lm -pthread
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -pthread)
 
-LIB_SRCS := $(filter-out core/faults.c,$(wildcard core/*.c)) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard fast/cpu/kernels/*.c) $(wildcard compare/*.c) $(wildcard scenarios/*.c)
+LIB_SRCS := $(filter-out core/faults.c,$(wildcard core/*.c)) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard fast/cpu/kernels/*.c) $(wildcard harness/*.c) $(wildcard scenarios/*.c)
 # ---- the fault build (make faults): the defect catalogue of core/faults.h ----
 # FAULTS=1 compiles every object with -DDSV4_FAULTS and adds core/faults.c; only ever
 # with its own BUILD folder (build/faults), so the release library never holds a fault.
@@ -134,7 +134,7 @@ test: deps
 
 # The variants' make arguments (also used by ci-build, so CI builds exactly what these run).
 ASAN_VARS := BUILD=build/asan OPT=-O1 SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-# Coverage at -O1: gcov's line counts stay exact for the gated code (ref, compare, scenarios,
+# Coverage at -O1: gcov's line counts stay exact for the gated code (ref, harness, scenarios,
 # fast/plan) and the suite runs about 3x faster than at -O0.
 COV_OPT ?= -O1
 COV_VARS := BUILD=build/cov OPT=$(COV_OPT) COVFLAGS=--coverage DSV4MOE_TEST_COVERAGE=1

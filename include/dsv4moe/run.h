@@ -178,7 +178,7 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *results, const dsv4_scenar
                               dsv4_error *err);
 
 /*
- * report.html (compare/report_html.c): one self-contained page (inline CSS
+ * report.html (harness/report_html.c): one self-contained page (inline CSS
  * and SVG, no script, no external resource) for every case of results: a
  * summary table; every case with its status and checks (each detail as a
  * tooltip, failing details shown in full); per case with numerics the bf16

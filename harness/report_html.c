@@ -238,7 +238,7 @@ static void svg_mem(dsv4_strbuf *b, const dsv4_case_memory *mem)
     dsv4_sb_str(b, "</svg>");
 }
 
-/* "... rank 0 [A] vs rank R [B] (...)" (compare/run.c's symmetry detail): both entries side by side. */
+/* "... rank 0 [A] vs rank R [B] (...)" (harness/run.c's symmetry detail): both entries side by side. */
 static bool symmetry_table(dsv4_strbuf *b, const char *d)
 {
     const char *a0 = strstr(d, "rank 0 ["), *vs = a0 ? strstr(a0, "] vs rank ") : NULL;
