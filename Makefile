@@ -39,13 +39,15 @@ CFLAGS_REF := -ffp-contract=off
 LDLIBS_ALL := -ljansson -lyaml -lopenblas -lm -pthread
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -pthread)
 
-LIB_SRCS := $(filter-out core/faults.c,$(wildcard core/*.c)) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard fast/cpu/kernels/*.c) $(wildcard harness/*.c) $(wildcard scenarios/*.c)
-# ---- the fault build (make faults): the defect catalogue of core/faults.h ----
-# FAULTS=1 compiles every object with -DDSV4_FAULTS and adds core/faults.c; only ever
+FAULT_SRCS := core/testctl.c harness/fault_runs.c
+LIB_SRCS := $(filter-out $(FAULT_SRCS),$(wildcard core/*.c) $(wildcard ref/*.c) $(wildcard fast/*/*.c) \
+  $(wildcard fast/cpu/kernels/*.c) $(wildcard harness/*.c) $(wildcard scenarios/*.c))
+# ---- the fault build (make faults): test control (core/testctl.h) and the fault runs of harness/fault_runs.h ----
+# FAULTS=1 compiles every object with -DDSV4_FAULTS and adds FAULT_SRCS; only ever
 # with its own BUILD folder (build/faults), so the release library never holds a fault.
 ifeq ($(FAULTS),1)
-CPPFLAGS_ALL += -DDSV4_FAULTS
-LIB_SRCS += core/faults.c
+CPPFLAGS_ALL += -DDSV4_FAULTS -Iharness
+LIB_SRCS += $(FAULT_SRCS)
 endif
 # ---- end of the fault build ----
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
@@ -155,11 +157,12 @@ run: deps
 faults: deps
 	@$(MAKE) --no-print-directory BUILD=build/faults FAULTS=1 all
 
-# The fault build's test binary runs the faults suite only (the detection table, tests/test_faults.c).
+# The fault build's test binary runs the test cases named "faults" only (tests/test_faults.c: the detection
+# table; tests/test_dist.c: a skipped metadata collective reported), the ones that need test control.
 test-faults: deps
 	@$(MAKE) --no-print-directory BUILD=build/faults FAULTS=1 all build/faults/tests/run_tests
 	DSV4MOE_CLI=$(abspath build/faults/dsv4moe) DSV4MOE_TMP=$(abspath build/faults/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
-	  DSV4MOE_PYTHON=$(PYTHON) CK_RUN_SUITE=faults CK_DEFAULT_TIMEOUT=600 build/faults/tests/run_tests
+	  DSV4MOE_PYTHON=$(PYTHON) CK_RUN_CASE=faults CK_DEFAULT_TIMEOUT=600 build/faults/tests/run_tests
 
 # ---- the CUDA variant (docs/cuda.md): build/cuda/libdsv4moe.a (the library with backend.c compiled
 # -DDSV4_WITH_CUDA and fast/cuda/*.cu by nvcc for sm_90a), build/cuda/dsv4moe (the CLI) and

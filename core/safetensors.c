@@ -24,7 +24,7 @@
 #include "dsv4moe/safetensors.h"
 #include "err.h"
 #include "hash.h"
-#include "faults.h"
+#include "testctl.h"
 #include "fileio.h"
 
 /* ---------------- dtypes ---------------- */
@@ -1376,7 +1376,7 @@ static dsv4_status detect_layout(dsv4_checkpoint *ck, const char *where, dsv4_er
                            stk_model->name, stk_model->file, stk->name, stk->file);
     ck->layout = split ? DSV4_LAYOUT_SPLIT : (stk || stk_model) ? DSV4_LAYOUT_STACKED : DSV4_LAYOUT_UNKNOWN;
     ck->prefix = stk_model ? "model." : "";
-    if (DSV4_FAULT(DSV4_FAULT_F05) && ck->n_files > 1) { /* fault F05: the flag from the last file's keys alone */
+    if (DSV4_TESTHOOK(LAYOUT_FROM_LAST_FILE) && ck->n_files > 1) { /* test hook: the flag from the last file's keys alone */
         const dsv4_st_file *last = ck->files[ck->n_files - 1];
         bool has = false;
         for (size_t i = 0; i < last->n; i++)

@@ -27,7 +27,9 @@
 #include "strbuf.h"
 #include "dsv4moe/run.h"
 #include "err.h"
-#include "faults.h"
+#ifdef DSV4_FAULTS
+#include "fault_runs.h"
+#endif
 
 /* Text or attribute value: & < > " ' escaped, newline kept as &#10;, other control characters dropped,
    invalid UTF-8 bytes replaced with '?'. At most `max` bytes of s (0: all). */

@@ -10,11 +10,13 @@
 #include <jansson.h>
 
 #include "err.h"
-#include "faults.h"
 #include "fileio.h"
 #include "results.h"
 #include "strbuf.h"
 #include "dsv4moe/formats.h"
+#ifdef DSV4_FAULTS
+#include "fault_runs.h"
+#endif
 
 /* Every insertion into the report's JSON tree goes through jset / japp: jansson returns -1 when the
    value is NULL (its own allocation failed) or the insertion cannot allocate, and a report with a
@@ -32,60 +34,7 @@ static void japp(json_t *a, json_t *v)
 }
 
 #ifdef DSV4_FAULTS
-/* ---------------- the defect catalogue (fault build) ---------------- */
-
-size_t dsv4_run_fault_rows(const dsv4_run_results *R, dsv4_fault_row *rows, size_t max)
-{
-    size_t k = 0;
-    for (size_t i = 0; R && i < R->n; i++) {
-        const dsv4_case_result *c = R->cases[i];
-        if (c->injected || !c->defect || c->twin >= R->n)
-            continue;
-        const dsv4_case_result *f = R->cases[c->twin];
-        if (rows && k < max) {
-            dsv4_fault_id id = dsv4_fault_parse(c->defect);
-            dsv4_fault_row *w = &rows[k];
-            w->fault = c->defect;
-            w->findings = dsv4_fault_findings(id);
-            w->summary = dsv4_fault_describe(id);
-            w->where = dsv4_fault_where(id);
-            w->case_name = c->name;
-            w->clean = c->status;
-            w->injected = f->status;
-            w->caught = c->status == DSV4_RESULT_PASS &&
-                        (f->status == DSV4_RESULT_FAIL || f->status == DSV4_RESULT_ERROR);
-            w->caught_by = f->caught_by ? f->caught_by : "";
-        }
-        k++;
-    }
-    return k;
-}
-
-dsv4_fault_summary dsv4_run_fault_summary(const dsv4_run_results *R)
-{
-    dsv4_fault_summary s;
-    memset(&s, 0, sizeof s);
-    bool named[DSV4_FAULT_END] = {0}, missed[DSV4_FAULT_END] = {0};
-    for (size_t i = 0; R && i < R->n; i++) {
-        const dsv4_case_result *c = R->cases[i];
-        if (c->injected)
-            continue;
-        s.clean_runs++;
-        s.false_failures += c->status == DSV4_RESULT_FAIL || c->status == DSV4_RESULT_ERROR;
-        dsv4_fault_id id = dsv4_fault_parse(c->defect);
-        if (id == DSV4_FAULT_NONE || c->twin >= R->n)
-            continue;
-        const dsv4_case_result *f = R->cases[c->twin];
-        named[id] = true;
-        missed[id] |= !(c->status == DSV4_RESULT_PASS &&
-                        (f->status == DSV4_RESULT_FAIL || f->status == DSV4_RESULT_ERROR));
-    }
-    for (int id = 0; id < DSV4_FAULT_END; id++) {
-        s.defects += named[id];
-        s.caught += named[id] && !missed[id];
-    }
-    return s;
-}
+/* ---------------- the detection table (fault build: harness/fault_runs.h) ---------------- */
 
 static json_t *fault_table_json(const dsv4_run_results *R)
 {
@@ -100,6 +49,7 @@ static json_t *fault_table_json(const dsv4_run_results *R)
     for (size_t i = 0; i < n; i++) {
         json_t *r = json_object();
         jset(r, "fault", json_string(rows[i].fault));
+        jset(r, "hook", json_string(rows[i].hook));
         jset(r, "findings", json_string(rows[i].findings));
         jset(r, "defect", json_string(rows[i].summary));
         jset(r, "injected_at", json_string(rows[i].where));

@@ -117,6 +117,11 @@ void dsv4_run_results_free(dsv4_run_results *r)
         free(r->scns[i].axis_names);
     }
     free(r->scns);
+    for (size_t i = 0; i < r->nfaults; i++) {
+        dsv4_fault_entry *f = &r->faults[i];
+        free(f->id), free(f->hook), free(f->findings), free(f->defect), free(f->where);
+    }
+    free(r->faults);
     free(r);
 }
 

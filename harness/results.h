@@ -58,12 +58,32 @@ typedef struct {
     char **axis_names;
 } dsv4_scn_rec;
 
+/* One defect of a scenario file's `faults` mapping: its id, test hook, findings, the defect in a line
+   and where the hook sits. Only the fault build's runs (harness/fault_runs.c) record them. */
+typedef struct {
+    char *id, *hook, *findings, *defect, *where;
+} dsv4_fault_entry;
+
 struct dsv4_run_results {
     dsv4_case_result **cases;
     size_t n, cap;
     dsv4_scn_rec *scns;
     size_t nscn;
+    dsv4_fault_entry *faults;
+    size_t nfaults;
 };
+
+/* How the runner makes a case's second run with its defect injected (the fault build's
+   harness/fault_runs.c): set(user, case, true) before that run, set(user, case, false) after it. */
+typedef struct {
+    void (*set)(void *user, const dsv4_scenario_case *sc, bool on);
+    void *user;
+} dsv4_h_injector;
+
+/* dsv4_run_scenario; with an injector, every case naming a defect (key `fault`) runs a second time
+   with it injected, as a result of its own (injected, paired through `twin`). */
+dsv4_status dsv4_h_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, const dsv4_h_injector *inj,
+                                dsv4_run_results **results, dsv4_error *err);
 
 /* strdup that passes NULL through (NULL also when out of memory). */
 char *dsv4_h_strdup(const char *s);

@@ -11,7 +11,6 @@
 #include "cache.h"
 #include "case.h"
 #include "err.h"
-#include "faults.h"
 #include "results.h"
 
 void dsv4_run_options_init(dsv4_run_options *opt)
@@ -47,9 +46,9 @@ static void run_case(const dsv4_run_options *o, const char *cache, int timeout_m
     dsv4_h_case_release(&k);
 }
 
-#ifdef DSV4_FAULTS
-/* "check result: detail" of the first failing (then erroring) check of an injected run, "" if none. */
-static char *injected_verdict(const dsv4_case_result *c)
+/* "check result: detail" of the first failing (then erroring) check, "" if none (an injected run: what
+   caught its defect). */
+static char *first_failure(const dsv4_case_result *c)
 {
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < DSV4_CHECK_COUNT; i++) {
@@ -65,7 +64,6 @@ static char *injected_verdict(const dsv4_case_result *c)
         }
     return dsv4_h_strdup("");
 }
-#endif
 
 /* ---------------- the scenario ---------------- */
 
@@ -113,6 +111,12 @@ static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, si
 dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, dsv4_run_results **results,
                               dsv4_error *err)
 {
+    return dsv4_h_run_scenario(scn, opts, NULL, results, err);
+}
+
+dsv4_status dsv4_h_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, const dsv4_h_injector *inj,
+                                dsv4_run_results **results, dsv4_error *err)
+{
     if (!scn || !results)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "scenario and results must not be NULL");
     dsv4_run_options defaults;
@@ -127,12 +131,6 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
     if (opts->backend != -1 && opts->backend != DSV4_BACKEND_REF && opts->backend != DSV4_BACKEND_CPU &&
         opts->backend != DSV4_BACKEND_CUDA)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "backend %d is not -1, ref, cpu or cuda", opts->backend);
-#ifndef DSV4_FAULTS
-    if (opts->faults)
-        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "run",
-                           "options.faults: the defect catalogue is compiled only into the fault build (make faults: "
-                           "build/faults/libdsv4moe.a and build/faults/dsv4moe)");
-#endif
     const char *cache = opts->cache_dir && opts->cache_dir[0] ? opts->cache_dir : "out/cache";
     dsv4_status st = dsv4_h_mkdir_p(cache, err);
     if (st)
@@ -168,7 +166,7 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
     for (size_t i = 0; i < n; i++) {
         const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
         if (!opts->filter || strstr(sc->name, opts->filter))
-            total += opts->faults && sc->fault ? 2 : 1;
+            total += inj && sc->fault ? 2 : 1;
     }
     for (size_t i = 0; i < n; i++) {
         const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
@@ -186,20 +184,19 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
         done++;
         if (opts->progress)
             opts->progress(opts->progress_user, done, total, c);
-#ifdef DSV4_FAULTS
-        if (opts->faults && sc->fault) {
-            /* The same case again with its defect injected (core/faults.h), as a result of its own. */
+        if (inj && sc->fault) {
+            /* The same case again with its defect injected, as a result of its own. */
             dsv4_case_result *f = new_case(scn, scn_index, i, sc);
             if (!f)
                 goto nomem;
             f->injected = true;
             /* A desync injected on purpose need not wait the full deadlock timeout to be reported. */
-            dsv4_fault_set(dsv4_fault_parse(sc->fault));
+            inj->set(inj->user, sc, true);
             t0 = now_s();
             run_case(opts, cache, 1000, sc, f);
             f->seconds = now_s() - t0;
-            dsv4_fault_set(DSV4_FAULT_NONE);
-            f->caught_by = injected_verdict(f);
+            inj->set(inj->user, sc, false);
+            f->caught_by = first_failure(f);
             c->twin = R->n;
             f->twin = R->n - 1;
             R->cases[R->n++] = f;
@@ -207,7 +204,6 @@ dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *
             if (opts->progress)
                 opts->progress(opts->progress_user, done, total, f);
         }
-#endif
     }
     *results = R;
     return DSV4_OK;

@@ -1134,7 +1134,7 @@ static dsv4_status apply_exclusion(ctx *c, draft *d, const yaml_node_t *m, const
 static dsv4_status read_top(ctx *c, yaml_node_t *root, top *t)
 {
     static const char *const keys[] = {"name", "description", "defaults", "axes", "cases", "exclude", "max_cases",
-                                       NULL};
+                                       "faults", NULL};
     dsv4_status st;
     memset(t, 0, sizeof *t);
     if (root->type != YAML_MAPPING_NODE)
@@ -1181,6 +1181,20 @@ static dsv4_status read_top(ctx *c, yaml_node_t *root, top *t)
             break;
         case 6:
             t->max_cases = v;
+            break;
+        case 7:
+            /* The defects' test hooks (scenarios/seed-review.yaml), read by the fault build's runs
+               (harness/fault_runs.c); here only the defect ids are checked. */
+            if ((st = check_mapping(c, v, "faults")))
+                return st;
+            for (size_t f = 0; f < PAIRS(v); f++) {
+                yaml_node_t *fk = get(c, v->data.mapping.pairs.start[f].key);
+                if (list_index(review_ids, sval(fk)) < 0) {
+                    join(list, sizeof list, review_ids);
+                    return fail(c, DSV4_ERR_FORMAT, fk->start_mark, "faults: unknown defect '%s' (one of: %s)",
+                                shown(fk, b, sizeof b), list);
+                }
+            }
             break;
         default:
             join(list, sizeof list, keys);
