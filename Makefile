@@ -3,7 +3,7 @@
 #
 #   make / make all     library (shared + static), CLI
 #   make run            build, generate a small layer, run the CLI on it (out/)
-#   make test           build and run the Check suite and the CLI tests
+#   make test           the line limit, then build and run the Check suite and the CLI tests
 #   make test-asan      the same under AddressSanitizer + UBSan
 #   make cuda           the CUDA variant under build/cuda (library, CLI, device tests); no GPU needed
 #   make cuda-test      on a GPU machine: the device tests, scenarios/gpu.yaml, compute-sanitizer
@@ -63,7 +63,7 @@ LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
+.PHONY: all run test line-limit test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -131,8 +131,13 @@ test-suites: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN)
 	  CK_DEFAULT_TIMEOUT=600 $(TEST_BIN)
 
 test: deps
+	@$(MAKE) --no-print-directory line-limit
 	@$(MAKE) --no-print-directory test-run
 	@$(MAKE) --no-print-directory test-faults
+
+# No library source file over 1000 lines (ci/line-limit.sh lists the offenders; also a phase of .ci/run).
+line-limit:
+	@sh ci/line-limit.sh
 
 # The variants' make arguments (also used by ci-build, so CI builds exactly what these run).
 ASAN_VARS := BUILD=build/asan OPT=-O1 SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"

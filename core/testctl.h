@@ -35,7 +35,7 @@ typedef enum dsv4_test_hook {
     /* cuda_graph on sm 10x falls back to the masked executor, never validated under replay there
        (fast/plan/plan.c check_topology(), plan_graph()) */
     DSV4_HOOK_MASKED_GRAPH_ON_SM10X,
-    /* the stacked-layout flag is decided by the last file alone (core/safetensors.c detect_layout()) */
+    /* the stacked-layout flag is decided by the last file alone (core/checkpoint.c detect_layout()) */
     DSV4_HOOK_LAYOUT_FROM_LAST_FILE,
     /* non-e8m0 online quantization delivers the shared expert's 2D weights as [K, N]
        (core/weights.c matrix_stacked()) */
