@@ -107,7 +107,6 @@ static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, si
     return c;
 }
 
-
 dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, dsv4_run_results **results,
                               dsv4_error *err)
 {

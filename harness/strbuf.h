@@ -1,6 +1,6 @@
 /* Internal: a growing NUL-terminated string for the report writers. Not installed. */
-#ifndef DSV4MOE_COMPARE_STRBUF_H
-#define DSV4MOE_COMPARE_STRBUF_H
+#ifndef DSV4MOE_HARNESS_STRBUF_H
+#define DSV4MOE_HARNESS_STRBUF_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -27,7 +27,7 @@ dsv4_status dsv4_sb_write_file(dsv4_strbuf *b, const char *path, dsv4_error *err
    dsv4_out_commit_all); on error nothing exists. */
 dsv4_status dsv4_sb_stage(dsv4_strbuf *b, const char *path, dsv4_outfile *o, dsv4_error *err);
 
-/* The three reports, staged into *o for dsv4_report_write_all (harness/run.c, report_html.c). */
+/* The three reports, staged into *o for dsv4_report_write_all (harness/reports.c). */
 dsv4_status dsv4_report_json_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
                                    dsv4_outfile *o, dsv4_error *err);
 dsv4_status dsv4_report_junit_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
