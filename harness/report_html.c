@@ -48,17 +48,7 @@ static void hb_esc_n(dsv4_strbuf *b, const char *s, size_t max)
         } else if (ch < 0x80) {
             dsv4_sb_put(b, (const char *)p++, 1);
         } else {
-            int len = ch >= 0xf0 && ch < 0xf5 ? 4 : ch >= 0xe0 && ch < 0xf0 ? 3 : ch >= 0xc2 && ch < 0xe0 ? 2 : 0;
-            bool ok = len > 0 && p + len <= end;
-            for (int k = 1; ok && k < len; k++)
-                ok = (p[k] & 0xc0) == 0x80;
-            if (ok) {
-                dsv4_sb_put(b, (const char *)p, (size_t)len);
-                p += len;
-            } else {
-                dsv4_sb_str(b, "?");
-                p++;
-            }
+            dsv4_sb_utf8(b, &p, end);
         }
     }
 }

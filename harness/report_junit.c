@@ -41,18 +41,7 @@ static void sb_xml(dsv4_strbuf *b, const char *s)
             p++;
             continue;
         }
-        /* UTF-8: copy a well-formed sequence, else '?' */
-        int len = ch >= 0xf0 && ch < 0xf5 ? 4 : ch >= 0xe0 ? 3 : ch >= 0xc2 && ch < 0xe0 ? 2 : 0;
-        bool ok = len > 0;
-        for (int k = 1; ok && k < len; k++)
-            ok = (p[k] & 0xc0) == 0x80;
-        if (ok) {
-            dsv4_sb_put(b, (const char *)p, (size_t)len);
-            p += len;
-        } else {
-            dsv4_sb_put(b, "?", 1);
-            p++;
-        }
+        dsv4_sb_utf8(b, &p, p + strlen((const char *)p)); /* a well-formed sequence, else '?' */
     }
 }
 

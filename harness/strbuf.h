@@ -19,6 +19,9 @@ typedef struct {
 
 void dsv4_sb_put(dsv4_strbuf *b, const char *s, size_t n);
 void dsv4_sb_str(dsv4_strbuf *b, const char *s);
+/* The UTF-8 sequence at *p (a byte >= 0x80, before end): copied when well formed, else '?' for its
+   first byte; *p moves past what was consumed. */
+void dsv4_sb_utf8(dsv4_strbuf *b, const unsigned char **p, const unsigned char *end);
 void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Writes the buffer to `path` atomically, or nothing when an append ran out of memory
    (DSV4_ERR_NOMEM naming path); frees the text either way. */

@@ -641,24 +641,16 @@ dsv4_status dsv4_sp_draft_config(const draft *d, dsv4_config *cfg, dsv4_error *e
     return st;
 }
 
-static bool ranks_equal_i64(const int64_t *a, int na, const int64_t *b, int nb)
+/* Per-rank lists of `size`-byte values as written: equal when they give every rank the same value (a
+   list of one holds for every rank). */
+static bool ranks_equal(const void *a, int na, const void *b, int nb, size_t size)
 {
     if (na != nb && na != 1 && nb != 1)
         return false;
     int n = na > nb ? na : nb;
     for (int i = 0; i < n; i++)
-        if (a[na == 1 ? 0 : i] != b[nb == 1 ? 0 : i])
-            return false;
-    return true;
-}
-
-static bool ranks_equal_b(const bool *a, int na, const bool *b, int nb)
-{
-    if (na != nb && na != 1 && nb != 1)
-        return false;
-    int n = na > nb ? na : nb;
-    for (int i = 0; i < n; i++)
-        if (a[na == 1 ? 0 : i] != b[nb == 1 ? 0 : i])
+        if (memcmp((const char *)a + (size_t)(na == 1 ? 0 : i) * size, (const char *)b + (size_t)(nb == 1 ? 0 : i) * size,
+                   size))
             return false;
     return true;
 }
@@ -681,8 +673,8 @@ bool dsv4_sp_draft_equal(const draft *a, const draft *b)
     if (a->budget.device_bytes != b->budget.device_bytes || a->budget.reserve_mb != b->budget.reserve_mb ||
         a->budget.taken_bytes != b->budget.taken_bytes)
         return false;
-    if (!ranks_equal_i64(a->tokens, a->n_tokens, b->tokens, b->n_tokens) ||
-        !ranks_equal_b(a->replay, a->n_replay, b->replay, b->n_replay))
+    if (!ranks_equal(a->tokens, a->n_tokens, b->tokens, b->n_tokens, sizeof *a->tokens) ||
+        !ranks_equal(a->replay, a->n_replay, b->replay, b->n_replay, sizeof *a->replay))
         return false;
     dsv4_config ca, cb;
     if (dsv4_sp_draft_config(a, &ca, NULL) || dsv4_sp_draft_config(b, &cb, NULL))
