@@ -25,18 +25,21 @@ static dsv4_scenario *load_str(const char *text, const char *name)
     return s;
 }
 
-static dsv4_run_results *run(const dsv4_scenario *s, int backend)
+static dsv4_run_results *run_traced(const dsv4_scenario *s, int backend, const char *trace_dir)
 {
     dsv4_run_options o;
     dsv4_run_options_init(&o);
     o.cache_dir = cache_dir();
     o.backend = backend;
+    o.trace_dir = trace_dir;
     dsv4_run_results *r = NULL;
     dsv4_error e;
     ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
     ck_assert_uint_eq(dsv4_run_count(r), dsv4_scenario_count(s));
     return r;
 }
+
+static dsv4_run_results *run(const dsv4_scenario *s, int backend) { return run_traced(s, backend, NULL); }
 
 static const dsv4_case_result *find(const dsv4_run_results *r, const char *suffix)
 {
@@ -544,13 +547,7 @@ START_TEST(unwritable_traces_are_a_symmetry_error)
     tu_path(file, sizeof file, "run_traces_blocker");
     ck_assert_int_eq(tu_write_file(file, "x", 1), 0);
     snprintf(dir, sizeof dir, "%s/traces", file); /* a folder under a regular file cannot be made */
-    dsv4_run_options o;
-    dsv4_run_options_init(&o);
-    o.cache_dir = cache_dir();
-    o.trace_dir = dir;
-    dsv4_run_results *r = NULL;
-    dsv4_error e;
-    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    dsv4_run_results *r = run_traced(s, -1, dir);
     const dsv4_case_result *c = find(r, "two-ranks");
     expect_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_ERROR, "writing the collective traces failed");
     expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "bit-identical");
@@ -558,9 +555,7 @@ START_TEST(unwritable_traces_are_a_symmetry_error)
     dsv4_run_results_free(r);
     /* the same case with the traces written: symmetry passes */
     tu_path(dir, sizeof dir, "run_traces_ok");
-    o.trace_dir = dir;
-    r = NULL;
-    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    r = run_traced(s, -1, dir);
     expect_check(find(r, "two-ranks"), DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, "issued the same");
     dsv4_run_results_free(r);
     dsv4_scenario_free(s);
