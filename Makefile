@@ -3,7 +3,7 @@
 #
 #   make / make all     library (shared + static), CLI
 #   make run            build, generate a small layer, run the CLI on it (out/)
-#   make test           build and run the Check suite and the CLI tests
+#   make test           the line limit, then build and run the Check suite and the CLI tests
 #   make test-asan      the same under AddressSanitizer + UBSan
 #   make cuda           the CUDA variant under build/cuda (library, CLI, device tests); no GPU needed
 #   make cuda-test      on a GPU machine: the device tests, scenarios/gpu.yaml, compute-sanitizer
@@ -39,13 +39,15 @@ CFLAGS_REF := -ffp-contract=off
 LDLIBS_ALL := -ljansson -lyaml -lopenblas -lm -pthread
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -pthread)
 
-LIB_SRCS := $(filter-out core/faults.c,$(wildcard core/*.c)) $(wildcard ref/*.c) $(wildcard fast/*/*.c) $(wildcard fast/cpu/kernels/*.c) $(wildcard compare/*.c) $(wildcard scenarios/*.c)
-# ---- the fault build (make faults): the defect catalogue of core/faults.h ----
-# FAULTS=1 compiles every object with -DDSV4_FAULTS and adds core/faults.c; only ever
+FAULT_SRCS := core/testctl.c harness/fault_runs.c
+LIB_SRCS := $(filter-out $(FAULT_SRCS),$(wildcard core/*.c) $(wildcard ref/*.c) $(wildcard fast/*/*.c) \
+  $(wildcard fast/cpu/kernels/*.c) $(wildcard harness/*.c) $(wildcard scenarios/*.c))
+# ---- the fault build (make faults): test control (core/testctl.h) and the fault runs of harness/fault_runs.h ----
+# FAULTS=1 compiles every object with -DDSV4_FAULTS and adds FAULT_SRCS; only ever
 # with its own BUILD folder (build/faults), so the release library never holds a fault.
 ifeq ($(FAULTS),1)
-CPPFLAGS_ALL += -DDSV4_FAULTS
-LIB_SRCS += core/faults.c
+CPPFLAGS_ALL += -DDSV4_FAULTS -Iharness
+LIB_SRCS += $(FAULT_SRCS)
 endif
 # ---- end of the fault build ----
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
@@ -61,7 +63,7 @@ LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
+.PHONY: all run test line-limit test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -129,12 +131,17 @@ test-suites: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN)
 	  CK_DEFAULT_TIMEOUT=600 $(TEST_BIN)
 
 test: deps
+	@$(MAKE) --no-print-directory line-limit
 	@$(MAKE) --no-print-directory test-run
 	@$(MAKE) --no-print-directory test-faults
 
+# No library source file over 1000 lines (ci/line-limit.sh lists the offenders; also a phase of .ci/run).
+line-limit:
+	@sh ci/line-limit.sh
+
 # The variants' make arguments (also used by ci-build, so CI builds exactly what these run).
 ASAN_VARS := BUILD=build/asan OPT=-O1 SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-# Coverage at -O1: gcov's line counts stay exact for the gated code (ref, compare, scenarios,
+# Coverage at -O1: gcov's line counts stay exact for the gated code (ref, harness, scenarios,
 # fast/plan) and the suite runs about 3x faster than at -O0.
 COV_OPT ?= -O1
 COV_VARS := BUILD=build/cov OPT=$(COV_OPT) COVFLAGS=--coverage DSV4MOE_TEST_COVERAGE=1
@@ -155,11 +162,12 @@ run: deps
 faults: deps
 	@$(MAKE) --no-print-directory BUILD=build/faults FAULTS=1 all
 
-# The fault build's test binary runs the faults suite only (the detection table, tests/test_faults.c).
+# The fault build's test binary runs the test cases named "faults" only (tests/test_faults.c: the detection
+# table; tests/test_dist.c: a skipped metadata collective reported), the ones that need test control.
 test-faults: deps
 	@$(MAKE) --no-print-directory BUILD=build/faults FAULTS=1 all build/faults/tests/run_tests
 	DSV4MOE_CLI=$(abspath build/faults/dsv4moe) DSV4MOE_TMP=$(abspath build/faults/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
-	  DSV4MOE_PYTHON=$(PYTHON) CK_RUN_SUITE=faults CK_DEFAULT_TIMEOUT=600 build/faults/tests/run_tests
+	  DSV4MOE_PYTHON=$(PYTHON) CK_RUN_CASE=faults CK_DEFAULT_TIMEOUT=600 build/faults/tests/run_tests
 
 # ---- the CUDA variant (docs/cuda.md): build/cuda/libdsv4moe.a (the library with backend.c compiled
 # -DDSV4_WITH_CUDA and fast/cuda/*.cu by nvcc for sm_90a), build/cuda/dsv4moe (the CLI) and

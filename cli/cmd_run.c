@@ -9,7 +9,9 @@
 
 #include "cli.h"
 #include "dsv4moe/backend.h"
-#include "faults.h"
+#ifdef DSV4_FAULTS
+#include "fault_runs.h" /* the fault build only: not an installed header */
+#endif
 #include "dsv4moe/run.h"
 #include "dsv4moe/scenario.h"
 
@@ -30,7 +32,7 @@ static const char RUN_HELP[] =
     "                       DIR/<case id>/rank<r>.jsonl (dsv4moe symmetry reads them; docs/engines.md)\n"
     "  --faults             the defect catalogue (fault build only: make faults, then\n"
     "                       build/faults/dsv4moe): every case with a `fault` key runs clean\n"
-    "                       and with its defect of the review injected; prints the detection\n"
+    "                       and with the test hook its file's `faults` mapping names set; prints the detection\n"
     "                       table; exit 0 only if every defect is caught and every clean run passes\n"
     "  On a terminal, a progress line on stderr shows the case count and the time left.\n\n"
     "exit status: 0 every case passed (or skipped), 1 a case failed, 2 bad input\n";
@@ -82,8 +84,7 @@ static int print_detection_table(const dsv4_run_results *res)
     dsv4_fault_summary s = dsv4_run_fault_summary(res);
     printf("\n%zu of %zu defects caught; %zu false failures in %zu clean runs\n", s.caught, s.defects,
            s.false_failures, s.clean_runs);
-    return s.caught == s.defects && s.defects == DSV4_FAULT_DEFECTS && s.false_failures == 0 ? EXIT_OK
-                                                                                            : EXIT_CHECK_FAILED;
+    return s.caught == s.defects && s.defects == s.mapped && s.false_failures == 0 ? EXIT_OK : EXIT_CHECK_FAILED;
 }
 #endif
 
@@ -93,7 +94,9 @@ int cmd_run(int argc, char **argv)
     const char *report = "out", *cache = NULL, *filter = NULL, *traces = NULL;
     int backend = -1;
     int64_t threads = 2;
+#ifdef DSV4_FAULTS
     bool faults = false;
+#endif
     const char **files = calloc((size_t)argc + 1, sizeof *files);
     int nfiles = 0;
     if (!files)
@@ -115,9 +118,10 @@ int cmd_run(int argc, char **argv)
             free(files);
             return cli_failf(cmd, "--faults needs the fault build, which holds the defect catalogue: run make faults, "
                                   "then build/faults/dsv4moe run --faults FILE.yaml");
-#endif
+#else
             faults = true;
             continue;
+#endif
         }
         if (cli_known(cmd, a, opts)) {
             free(files);
@@ -207,13 +211,18 @@ int cmd_run(int argc, char **argv)
     ro.threads = (int)threads;
     ro.progress = on_progress;
     ro.progress_user = &ps;
-    ro.faults = faults;
     ro.trace_dir = traces;
     dsv4_run_results *res = NULL;
     double t0 = cli_now();
     for (int f = 0; f < nfiles; f++) {
         size_t before = dsv4_run_count(res);
-        if (dsv4_run_scenario(scns[f], &ro, &res, &err) != DSV4_OK) {
+#ifdef DSV4_FAULTS
+        dsv4_status rst = faults ? dsv4_run_scenario_faults(scns[f], &ro, &res, &err)
+                                 : dsv4_run_scenario(scns[f], &ro, &res, &err);
+#else
+        dsv4_status rst = dsv4_run_scenario(scns[f], &ro, &res, &err);
+#endif
+        if (rst != DSV4_OK) {
             if (ps.tty)
                 fputs("\r\033[K", stderr);
             char esc[4096];

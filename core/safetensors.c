@@ -1,5 +1,5 @@
 /*
- * safetensors reader, writer and multi-file checkpoints.
+ * safetensors reader and writer (multi-file checkpoints: core/checkpoint.c).
  *
  * File format: an 8-byte little-endian header length N, N bytes of UTF-8
  * JSON (an object: tensor name -> {dtype, shape, data_offsets}, plus an
@@ -8,7 +8,6 @@
  * safetensors): offsets are relative to the data section, and the tensors,
  * sorted by offset, must tile it exactly: no overlap, no gap, nothing left.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -24,8 +23,8 @@
 #include "dsv4moe/safetensors.h"
 #include "err.h"
 #include "hash.h"
-#include "faults.h"
 #include "fileio.h"
+#include "st_int.h"
 
 /* ---------------- dtypes ---------------- */
 
@@ -78,26 +77,21 @@ const char *dsv4_layout_name(dsv4_layout layout)
 /* ---------------- helpers ---------------- */
 
 /* The XSI strerror_r (we build without _GNU_SOURCE): strerror is not thread-safe. */
-static const char *errstr(int e, char *buf, size_t n)
+const char *dsv4_sti_errstr(int e, char *buf, size_t n)
 {
     if (strerror_r(e, buf, n) != 0)
         snprintf(buf, n, "error %d", e);
     return buf;
 }
 
-/* "path: tensor 'key'", the `where` of every per-tensor message. Sized like a
- * message so a long path does not cut the key out of the message itself. */
-typedef struct {
-    char s[DSV4_ERROR_MESSAGE_MAX];
-} where_buf;
 
-static const char *twhere(where_buf *w, const char *path, const char *key)
+const char *dsv4_sti_twhere(where_buf *w, const char *path, const char *key)
 {
     snprintf(w->s, sizeof w->s, "%s: tensor '%s'", path, key);
     return w->s;
 }
 
-static const char *jtype(const json_t *v)
+const char *dsv4_sti_jtype(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
@@ -139,14 +133,14 @@ static bool shape_size(dsv4_dtype dt, const int64_t *shape, int ndim, uint64_t *
     return true;
 }
 
-static bool ends_with(const char *s, const char *suffix)
+bool dsv4_sti_ends_with(const char *s, const char *suffix)
 {
     size_t a = strlen(s), b = strlen(suffix);
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
 /* dir + "/" + name, without doubling a trailing '/'. */
-static char *join_path(const char *dir, const char *name)
+char *dsv4_sti_join_path(const char *dir, const char *name)
 {
     size_t a = strlen(dir), b = strlen(name);
     bool slash = a > 0 && dir[a - 1] != '/';
@@ -160,33 +154,13 @@ static char *join_path(const char *dir, const char *name)
     return p;
 }
 
-static int cmp_str_ptr(const void *a, const void *b)
+int dsv4_sti_cmp_str_ptr(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
 /* ---------------- reader ---------------- */
 
-struct dsv4_st_file {
-    char *path;
-    /* The data section lives in owned memory, never in a mapping of the file: a file
-     * truncated or rewritten under the process must be an error, not SIGBUS. It is an
-     * anonymous mapping (MAP_NORESERVE) so that a checkpoint's tensors cost memory only once
-     * read; `map` is never of length 0. */
-    void *map;
-    size_t map_len;
-    uint64_t data_start; /* file offset of the data section */
-    int fd;              /* kept open while tensors remain to be read (checkpoints), else -1 */
-    struct stat id;      /* size and mtime at open: a later read checks the file is the same */
-    bool *loaded;        /* per tensor (by data offset) */
-    pthread_mutex_t mu;
-    bool mu_init;
-    dsv4_tensor_info *tensors; /* by data offset */
-    size_t n;
-    const dsv4_tensor_info **by_name;
-    char **meta; /* key, value, key, value, ... */
-    size_t n_meta;
-};
 
 void dsv4_st_close(dsv4_st_file *f)
 {
@@ -218,13 +192,13 @@ const dsv4_tensor_info *dsv4_st_tensor(const dsv4_st_file *f, size_t index)
     return f && index < f->n ? &f->tensors[index] : NULL;
 }
 
-static int cmp_info_name(const void *a, const void *b)
+int dsv4_sti_cmp_info_name(const void *a, const void *b)
 {
     const dsv4_tensor_info *x = *(const dsv4_tensor_info *const *)a, *y = *(const dsv4_tensor_info *const *)b;
     return strcmp(x->name, y->name);
 }
 
-static const dsv4_tensor_info *find_sorted(const dsv4_tensor_info *const *v, size_t n, const char *name)
+const dsv4_tensor_info *dsv4_sti_find_sorted(const dsv4_tensor_info *const *v, size_t n, const char *name)
 {
     size_t lo = 0, hi = n;
     while (lo < hi) {
@@ -242,7 +216,7 @@ static const dsv4_tensor_info *find_sorted(const dsv4_tensor_info *const *v, siz
 
 const dsv4_tensor_info *dsv4_st_find(const dsv4_st_file *f, const char *name)
 {
-    return f && name ? find_sorted(f->by_name, f->n, name) : NULL;
+    return f && name ? dsv4_sti_find_sorted(f->by_name, f->n, name) : NULL;
 }
 
 const char *dsv4_st_metadata(const dsv4_st_file *f, const char *key)
@@ -259,7 +233,7 @@ const char *dsv4_st_metadata(const dsv4_st_file *f, const char *key)
 static bool json_uint(const json_t *v, uint64_t *out, char *why, size_t n)
 {
     if (!json_is_integer(v)) {
-        snprintf(why, n, "is %s, not an integer", jtype(v));
+        snprintf(why, n, "is %s, not an integer", dsv4_sti_jtype(v));
         return false;
     }
     json_int_t x = json_integer_value(v);
@@ -275,7 +249,7 @@ static dsv4_status parse_metadata(dsv4_st_file *f, const json_t *m, dsv4_error *
 {
     if (!json_is_object(m))
         return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "__metadata__ is %s, not an object of strings",
-                           jtype(m));
+                           dsv4_sti_jtype(m));
     size_t n = json_object_size(m);
     f->meta = calloc(2 * n + 1, sizeof *f->meta);
     if (!f->meta)
@@ -286,7 +260,7 @@ static dsv4_status parse_metadata(dsv4_st_file *f, const json_t *m, dsv4_error *
         if (!json_is_string(v))
             return dsv4_seterr(err, DSV4_ERR_FORMAT, f->path,
                                "__metadata__ value of '%s' is %s, not a string (metadata is a string map)", k,
-                               jtype(v));
+                               dsv4_sti_jtype(v));
         char *ks = strdup(k), *vs = strdup(json_string_value(v));
         f->meta[2 * f->n_meta] = ks;
         f->meta[2 * f->n_meta + 1] = vs;
@@ -302,11 +276,11 @@ static dsv4_status parse_entry(const char *path, const char *key, const json_t *
                                dsv4_tensor_info *t, dsv4_error *err)
 {
     where_buf wb;
-    const char *w = twhere(&wb, path, key);
+    const char *w = dsv4_sti_twhere(&wb, path, key);
     char why[160], shp[256];
     if (!json_is_object(e))
         return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "entry is %s, not an object with dtype, shape and data_offsets",
-                           jtype(e));
+                           dsv4_sti_jtype(e));
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)e, k, v) {
@@ -321,12 +295,12 @@ static dsv4_status parse_entry(const char *path, const char *key, const json_t *
                            !dt ? "dtype" : !sh ? "shape" : "data_offsets");
 
     if (!json_is_string(dt))
-        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "dtype is %s, not a string", jtype(dt));
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "dtype is %s, not a string", dsv4_sti_jtype(dt));
     if (dsv4_dtype_parse(json_string_value(dt), &t->dtype))
         return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "unknown dtype '%s'", json_string_value(dt));
 
     if (!json_is_array(sh))
-        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "shape is %s, not an array of integers", jtype(sh));
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "shape is %s, not an array of integers", dsv4_sti_jtype(sh));
     size_t nd = json_array_size(sh);
     if (nd > DSV4_MAX_DIMS)
         return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "shape has %zu dimensions, more than the limit of %d", nd,
@@ -346,7 +320,7 @@ static dsv4_status parse_entry(const char *path, const char *key, const json_t *
     }
 
     if (!json_is_array(of))
-        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "data_offsets is %s, not an array [begin, end]", jtype(of));
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "data_offsets is %s, not an array [begin, end]", dsv4_sti_jtype(of));
     if (json_array_size(of) != 2)
         return dsv4_seterr(err, DSV4_ERR_FORMAT, w, "data_offsets has %zu entries, not 2 [begin, end]",
                            json_array_size(of));
@@ -395,14 +369,14 @@ static dsv4_status check_tiling(const dsv4_st_file *f, uint64_t data_size, dsv4_
         uint64_t end = t->offset + t->nbytes;
         if (t->offset < pos) {
             const dsv4_tensor_info *p = &f->tensors[i - 1];
-            return dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, f->path, t->name),
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, dsv4_sti_twhere(&wb, f->path, t->name),
                                "data_offsets [%llu, %llu] overlap tensor '%s' at [%llu, %llu] "
                                "(tensors must not overlap)",
                                (unsigned long long)t->offset, (unsigned long long)end, p->name,
                                (unsigned long long)p->offset, (unsigned long long)(p->offset + p->nbytes));
         }
         if (t->offset > pos)
-            return dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, f->path, t->name),
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, dsv4_sti_twhere(&wb, f->path, t->name),
                                "data_offsets [%llu, %llu] leave a gap: bytes [%llu, %llu) of the data section "
                                "belong to no tensor (tensors must be contiguous)",
                                (unsigned long long)t->offset, (unsigned long long)end, (unsigned long long)pos,
@@ -429,7 +403,7 @@ static dsv4_status parse_header(dsv4_st_file *f, const unsigned char *hdr, uint6
                            je.line, je.column, je.position);
     dsv4_status st = DSV4_OK;
     if (!json_is_object(root)) {
-        st = dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "header is %s, not a JSON object", jtype(root));
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, f->path, "header is %s, not a JSON object", dsv4_sti_jtype(root));
         goto done;
     }
     size_t n = json_object_size(root);
@@ -469,7 +443,7 @@ static dsv4_status parse_header(dsv4_st_file *f, const unsigned char *hdr, uint6
         f->tensors[i].data = data + f->tensors[i].offset;
         f->by_name[i] = &f->tensors[i];
     }
-    qsort(f->by_name, f->n, sizeof *f->by_name, cmp_info_name);
+    qsort(f->by_name, f->n, sizeof *f->by_name, dsv4_sti_cmp_info_name);
 done:
     json_decref(root);
     return st;
@@ -501,7 +475,7 @@ static dsv4_status same_file(const dsv4_st_file *f, dsv4_error *err)
     char eb[128];
     struct stat sb;
     if (fstat(f->fd, &sb) != 0)
-        return dsv4_seterr(err, DSV4_ERR_IO, f->path, "cannot stat: %s", errstr(errno, eb, sizeof eb));
+        return dsv4_seterr(err, DSV4_ERR_IO, f->path, "cannot stat: %s", dsv4_sti_errstr(errno, eb, sizeof eb));
     if (sb.st_size != f->id.st_size || sb.st_mtim.tv_sec != f->id.st_mtim.tv_sec ||
         sb.st_mtim.tv_nsec != f->id.st_mtim.tv_nsec)
         return dsv4_seterr(err, DSV4_ERR_IO, f->path,
@@ -516,7 +490,7 @@ static dsv4_status read_data(dsv4_st_file *f, uint64_t off, uint64_t n, const ch
 {
     char eb[128];
     where_buf wb;
-    const char *where = key ? twhere(&wb, f->path, key) : f->path;
+    const char *where = key ? dsv4_sti_twhere(&wb, f->path, key) : f->path;
     dsv4_status st = same_file(f, err);
     if (st)
         return st;
@@ -526,12 +500,12 @@ static dsv4_status read_data(dsv4_st_file *f, uint64_t off, uint64_t n, const ch
                            "the file ended before byte %llu (truncated while being read?)",
                            (unsigned long long)(f->data_start + off + n));
     if (e)
-        return dsv4_seterr(err, DSV4_ERR_IO, where, "cannot read: %s", errstr(e, eb, sizeof eb));
+        return dsv4_seterr(err, DSV4_ERR_IO, where, "cannot read: %s", dsv4_sti_errstr(e, eb, sizeof eb));
     return same_file(f, err);
 }
 
 /* Makes the data of f->tensors[i] readable: read on first use, under the file's lock. */
-static dsv4_status load_tensor(dsv4_st_file *f, size_t i, dsv4_error *err)
+dsv4_status dsv4_sti_load_tensor(dsv4_st_file *f, size_t i, dsv4_error *err)
 {
     if (!f->loaded)
         return DSV4_OK; /* read whole at open */
@@ -547,7 +521,7 @@ static dsv4_status load_tensor(dsv4_st_file *f, size_t i, dsv4_error *err)
 }
 
 /* Opens and validates; `lazy`: tensors are read on first use (checkpoints), else all now. */
-static dsv4_status st_open(const char *path, bool lazy, dsv4_st_file **out, dsv4_error *err)
+dsv4_status dsv4_sti_st_open(const char *path, bool lazy, dsv4_st_file **out, dsv4_error *err)
 {
     if (!out)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_st_open", "out must not be NULL");
@@ -567,12 +541,12 @@ static dsv4_status st_open(const char *path, bool lazy, dsv4_st_file **out, dsv4
      * it changes nothing for a regular file. */
     f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (f->fd < 0) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open: %s", errstr(errno, eb, sizeof eb));
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open: %s", dsv4_sti_errstr(errno, eb, sizeof eb));
         goto fail;
     }
     struct stat sb;
     if (fstat(f->fd, &sb) != 0) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot stat: %s", errstr(errno, eb, sizeof eb));
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot stat: %s", dsv4_sti_errstr(errno, eb, sizeof eb));
         goto fail;
     }
     if (!S_ISREG(sb.st_mode)) {
@@ -591,7 +565,7 @@ static dsv4_status st_open(const char *path, bool lazy, dsv4_st_file **out, dsv4
     int e = pread_all(f->fd, h8, 8, 0);
     if (e) {
         st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot read the header length: %s",
-                         e < 0 ? "the file ended" : errstr(e, eb, sizeof eb));
+                         e < 0 ? "the file ended" : dsv4_sti_errstr(e, eb, sizeof eb));
         goto fail;
     }
     for (int i = 7; i >= 0; i--)
@@ -630,7 +604,7 @@ static dsv4_status st_open(const char *path, bool lazy, dsv4_st_file **out, dsv4
     }
     if ((e = pread_all(f->fd, hdr, hlen, 8))) {
         st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot read the header: %s",
-                         e < 0 ? "the file ended" : errstr(e, eb, sizeof eb));
+                         e < 0 ? "the file ended" : dsv4_sti_errstr(e, eb, sizeof eb));
         goto fail;
     }
     f->data_start = 8 + hlen;
@@ -639,7 +613,7 @@ static dsv4_status st_open(const char *path, bool lazy, dsv4_st_file **out, dsv4
     if (map == MAP_FAILED) {
         f->map_len = 0;
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, path, "cannot reserve %llu bytes for the data: %s",
-                         (unsigned long long)data_size, errstr(errno, eb, sizeof eb));
+                         (unsigned long long)data_size, dsv4_sti_errstr(errno, eb, sizeof eb));
         goto fail;
     }
     f->map = map;
@@ -679,7 +653,7 @@ fail:
 
 dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err)
 {
-    return st_open(path, false, out, err);
+    return dsv4_sti_st_open(path, false, out, err);
 }
 
 /* ---------------- writer ---------------- */
@@ -899,7 +873,7 @@ dsv4_status dsv4_st_writer_write(dsv4_st_writer *w, const char *path, dsv4_st_fi
     where_buf wb;
     for (size_t i = 0; !fill && i < w->n; i++)
         if (!w->t[i].data)
-            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, twhere(&wb, path, w->t[i].name),
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, dsv4_sti_twhere(&wb, path, w->t[i].name),
                                "no data was given and there is no fill callback");
     char *json = build_header(w);
     if (!json)
@@ -938,7 +912,7 @@ dsv4_status dsv4_st_writer_write(dsv4_st_writer *w, const char *path, dsv4_st_fi
         }
         void *buf = t->nbytes <= SIZE_MAX - 1 ? calloc(1, (size_t)t->nbytes + 1) : NULL;
         if (!buf) {
-            st = dsv4_seterr(err, DSV4_ERR_NOMEM, twhere(&wb, path, t->name), "out of memory for %llu bytes",
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, dsv4_sti_twhere(&wb, path, t->name), "out of memory for %llu bytes",
                              (unsigned long long)t->nbytes);
             break;
         }
@@ -950,9 +924,9 @@ dsv4_status dsv4_st_writer_write(dsv4_st_writer *w, const char *path, dsv4_st_fi
         st = fill(user, i, t->name, buf, t->nbytes, &ce);
         if (st) {
             if (ce.message[0])
-                dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed: %s", ce.message);
+                dsv4_seterr(err, st, dsv4_sti_twhere(&wb, path, t->name), "the fill callback failed: %s", ce.message);
             else
-                dsv4_seterr(err, st, twhere(&wb, path, t->name), "the fill callback failed (%s)",
+                dsv4_seterr(err, st, dsv4_sti_twhere(&wb, path, t->name), "the fill callback failed (%s)",
                             dsv4_status_str(st));
         } else {
             st = dsv4_out_write(&o, buf, t->nbytes, err);
@@ -965,490 +939,3 @@ dsv4_status dsv4_st_writer_write(dsv4_st_writer *w, const char *path, dsv4_st_fi
     return st;
 }
 
-/* ---------------- checkpoints ---------------- */
-
-struct dsv4_checkpoint {
-    dsv4_st_file **files;
-    size_t n_files;
-    const dsv4_tensor_info **tensors; /* by name */
-    size_t n;
-    dsv4_layout layout;
-    const char *prefix;
-    char **skipped; /* path, reason, path, reason, ... */
-    size_t n_skipped;
-};
-
-void dsv4_checkpoint_close(dsv4_checkpoint *ck)
-{
-    if (!ck)
-        return;
-    for (size_t i = 0; i < ck->n_files; i++)
-        dsv4_st_close(ck->files[i]);
-    free(ck->files);
-    free(ck->tensors);
-    for (size_t i = 0; i < 2 * ck->n_skipped; i++)
-        free(ck->skipped[i]);
-    free(ck->skipped);
-    free(ck);
-}
-
-size_t dsv4_checkpoint_file_count(const dsv4_checkpoint *ck) { return ck ? ck->n_files : 0; }
-
-const char *dsv4_checkpoint_file_path(const dsv4_checkpoint *ck, size_t index)
-{
-    return ck && index < ck->n_files ? dsv4_st_path(ck->files[index]) : NULL;
-}
-
-size_t dsv4_checkpoint_tensor_count(const dsv4_checkpoint *ck) { return ck ? ck->n : 0; }
-
-size_t dsv4_checkpoint_skipped_count(const dsv4_checkpoint *ck) { return ck ? ck->n_skipped : 0; }
-
-const char *dsv4_checkpoint_skipped(const dsv4_checkpoint *ck, size_t index, const char **reason)
-{
-    if (!ck || index >= ck->n_skipped)
-        return NULL;
-    if (reason)
-        *reason = ck->skipped[2 * index + 1];
-    return ck->skipped[2 * index];
-}
-
-const dsv4_tensor_info *dsv4_checkpoint_tensor_meta(const dsv4_checkpoint *ck, size_t index)
-{
-    return ck && index < ck->n ? ck->tensors[index] : NULL;
-}
-
-/* Reads t's data on first use, from the file of ck that holds it. */
-static dsv4_status ck_load(const dsv4_checkpoint *ck, const dsv4_tensor_info *t, dsv4_error *err)
-{
-    for (size_t i = 0; i < ck->n_files; i++) {
-        dsv4_st_file *f = ck->files[i];
-        if (t >= f->tensors && t < f->tensors + f->n)
-            return load_tensor(f, (size_t)(t - f->tensors), err);
-    }
-    return dsv4_seterr(err, DSV4_ERR_INTERNAL, t->name, "tensor belongs to no file of the checkpoint");
-}
-
-dsv4_status dsv4_checkpoint_get(const dsv4_checkpoint *ck, const char *name, const dsv4_tensor_info **out,
-                                dsv4_error *err)
-{
-    if (!ck || !name || !out)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_checkpoint_get", "arguments must not be NULL");
-    *out = NULL;
-    const dsv4_tensor_info *t = find_sorted(ck->tensors, ck->n, name);
-    if (!t) {
-        /* Name the files searched, so a user sees which checkpoint was meant. */
-        char files[700];
-        size_t off = 0;
-        files[0] = '\0';
-        for (size_t i = 0; i < ck->n_files && off < sizeof files; i++) {
-            if (i == 4 && ck->n_files > 5) {
-                snprintf(files + off, sizeof files - off, " and %zu more", ck->n_files - 4);
-                break;
-            }
-            off += (size_t)snprintf(files + off, sizeof files - off, "%s%s", i ? ", " : "", ck->files[i]->path);
-        }
-        where_buf wb;
-        snprintf(wb.s, sizeof wb.s, "tensor '%s'", name);
-        return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, wb.s, "is missing from the checkpoint (searched %zu file%s: %s)",
-                           ck->n_files, ck->n_files == 1 ? "" : "s", files);
-    }
-    dsv4_status st = ck_load(ck, t, err);
-    if (!st)
-        *out = t;
-    return st;
-}
-
-const dsv4_tensor_info *dsv4_checkpoint_tensor(const dsv4_checkpoint *ck, size_t index)
-{
-    const dsv4_tensor_info *t = dsv4_checkpoint_tensor_meta(ck, index);
-    return t && ck_load(ck, t, NULL) == DSV4_OK ? t : NULL;
-}
-
-const dsv4_tensor_info *dsv4_checkpoint_find_meta(const dsv4_checkpoint *ck, const char *name)
-{
-    return ck && name ? find_sorted(ck->tensors, ck->n, name) : NULL;
-}
-
-const dsv4_tensor_info *dsv4_checkpoint_find(const dsv4_checkpoint *ck, const char *name)
-{
-    const dsv4_tensor_info *t = NULL;
-    return ck && name && dsv4_checkpoint_get(ck, name, &t, NULL) == DSV4_OK ? t : NULL;
-}
-
-dsv4_layout dsv4_checkpoint_layout(const dsv4_checkpoint *ck) { return ck ? ck->layout : DSV4_LAYOUT_UNKNOWN; }
-const char *dsv4_checkpoint_prefix(const dsv4_checkpoint *ck) { return ck && ck->prefix ? ck->prefix : ""; }
-
-/* Opens dir/names[i] for every name into ck->files (names sorted, distinct). */
-static dsv4_status open_files(dsv4_checkpoint *ck, const char *dir, const char *const *names, size_t n,
-                              dsv4_error *err)
-{
-    if (!(ck->files = calloc(n + 1, sizeof *ck->files)))
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        char *p = dir[0] ? join_path(dir, names[i]) : strdup(names[i]);
-        if (!p)
-            return dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-        dsv4_status st = st_open(p, true, &ck->files[i], err);
-        free(p);
-        if (st)
-            return st;
-        ck->n_files++;
-    }
-    return DSV4_OK;
-}
-
-/* Records a file of the folder that is not part of the checkpoint, and why. */
-static bool add_skipped(dsv4_checkpoint *ck, const char *path, const char *reason)
-{
-    char **ns = realloc(ck->skipped, 2 * (ck->n_skipped + 1) * sizeof *ns);
-    if (!ns)
-        return false;
-    ck->skipped = ns;
-    char *p = strdup(path), *r = strdup(reason);
-    if (!p || !r) {
-        free(p);
-        free(r);
-        return false;
-    }
-    ns[2 * ck->n_skipped] = p;
-    ns[2 * ck->n_skipped + 1] = r;
-    ck->n_skipped++;
-    return true;
-}
-
-static bool layer_key(const char *s, const char *part);
-
-/* Whether a file holds a layer's tensors ("[model.]layers.<digits>."): the files of a
- * checkpoint do, the inputs and outputs written next to them (x, y, topk_ids) do not. */
-static bool holds_layer_tensors(const dsv4_st_file *f)
-{
-    for (size_t i = 0; i < f->n; i++) {
-        const char *k = f->tensors[i].name;
-        if (layer_key(k, "") || (strncmp(k, "model.", 6) == 0 && layer_key(k + 6, "")))
-            return true;
-    }
-    return false;
-}
-
-/* Why a directory entry that is not a regular file was left out. */
-static const char *entry_kind(const char *p)
-{
-    struct stat lb, sb;
-    if (lstat(p, &lb) != 0)
-        return "it vanished while the folder was read";
-    if (S_ISLNK(lb.st_mode) && stat(p, &sb) != 0)
-        return "a dangling symbolic link";
-    return dsv4_file_kind(S_ISLNK(lb.st_mode) ? sb.st_mode : lb.st_mode);
-}
-
-/*
- * A folder without an index: the regular *.safetensors files in it that hold layer tensors,
- * sorted by name. The others are recorded as skipped, with the reason: entries that are not
- * regular files (dangling links, FIFOs, devices, folders) and files holding no layer tensor
- * (an input or output written next to the weights). A malformed file is an error.
- */
-static dsv4_status open_folder(dsv4_checkpoint *ck, const char *dir, dsv4_error *err)
-{
-    char eb[128];
-    DIR *d = opendir(dir);
-    if (!d)
-        return dsv4_seterr(err, DSV4_ERR_IO, dir, "cannot open folder: %s", errstr(errno, eb, sizeof eb));
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    dsv4_status st = DSV4_OK;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!ends_with(de->d_name, ".safetensors"))
-            continue;
-        if (n == cap) {
-            size_t nc = cap ? 2 * cap : 16;
-            char **nn = realloc(names, nc * sizeof *nn);
-            if (!nn) {
-                st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-                goto done;
-            }
-            names = nn;
-            cap = nc;
-        }
-        if (!(names[n] = strdup(de->d_name))) {
-            st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-            goto done;
-        }
-        n++;
-    }
-    /* Sorted first, so the files and the skipped list come out in one order on any file system. */
-    if (n)
-        qsort(names, n, sizeof *names, cmp_str_ptr);
-    if (!(ck->files = calloc(n + 1, sizeof *ck->files))) {
-        st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-        goto done;
-    }
-    for (size_t i = 0; i < n && !st; i++) {
-        char *p = join_path(dir, names[i]);
-        if (!p) {
-            st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-            break;
-        }
-        struct stat sb;
-        dsv4_st_file *f = NULL;
-        if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-            if (!add_skipped(ck, p, entry_kind(p)))
-                st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-        } else if (!(st = st_open(p, true, &f, err))) {
-            if (holds_layer_tensors(f)) {
-                ck->files[ck->n_files++] = f;
-                f = NULL;
-            } else {
-                char why[400];
-                snprintf(why, sizeof why, "holds no layer tensor (%zu tensor%s%s%s%s: an input or output file?)",
-                         f->n, f->n == 1 ? "" : "s", f->n ? ", first '" : "", f->n ? f->by_name[0]->name : "",
-                         f->n ? "'" : "");
-                if (!add_skipped(ck, p, why))
-                    st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-            }
-            dsv4_st_close(f);
-        }
-        free(p);
-    }
-    if (!st && ck->n_files == 0)
-        st = dsv4_seterr(err, DSV4_ERR_NOT_FOUND, dir,
-                         "folder holds neither model.safetensors.index.json nor a *.safetensors file with layer "
-                         "tensors (%zu *.safetensors entr%s skipped%s%s%s)",
-                         ck->n_skipped, ck->n_skipped == 1 ? "y" : "ies", ck->n_skipped ? ": " : "",
-                         ck->n_skipped ? ck->skipped[0] : "", ck->n_skipped > 1 ? ", ..." : "");
-done:
-    closedir(d);
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-    return st;
-}
-
-static bool plain_name(const char *s) { return s[0] && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, ".."); }
-
-/* The file index of `name` in ck->files, which were opened from sorted `names`. */
-static size_t name_index(const char *const *names, size_t n, const char *name)
-{
-    const char *const *p = bsearch(&name, names, n, sizeof *names, cmp_str_ptr);
-    return p ? (size_t)(p - names) : n;
-}
-
-static dsv4_status open_index(dsv4_checkpoint *ck, const char *idx, dsv4_error *err)
-{
-    json_error_t je;
-    json_t *root = json_load_file(idx, JSON_REJECT_DUPLICATES, &je);
-    if (!root) {
-        if (json_error_code(&je) == json_error_cannot_open_file)
-            return dsv4_seterr(err, DSV4_ERR_IO, idx, "cannot open: %s", je.text);
-        return dsv4_seterr(err, DSV4_ERR_FORMAT, idx, "not valid JSON: %s at line %d, column %d", je.text, je.line,
-                           je.column);
-    }
-    dsv4_status st = DSV4_OK;
-    const char **names = NULL; /* point into root */
-    char *dir = NULL;
-    where_buf wb;
-    json_t *wm = json_object_get(root, "weight_map"), *meta = json_object_get(root, "metadata");
-    if (!json_is_object(root) || !json_is_object(wm)) {
-        st = dsv4_seterr(err, DSV4_ERR_FORMAT, idx, "an index is an object holding a \"weight_map\" object");
-        goto done;
-    }
-    if (meta && !json_is_object(meta)) {
-        st = dsv4_seterr(err, DSV4_ERR_FORMAT, idx, "\"metadata\" is %s, not an object", jtype(meta));
-        goto done;
-    }
-    size_t nk = json_object_size(wm), n = 0;
-    if (nk == 0) {
-        st = dsv4_seterr(err, DSV4_ERR_FORMAT, idx, "weight_map lists no tensors");
-        goto done;
-    }
-    if (!(names = calloc(nk, sizeof *names))) {
-        st = dsv4_seterr(err, DSV4_ERR_NOMEM, idx, "out of memory");
-        goto done;
-    }
-    const char *key;
-    json_t *v;
-    json_object_foreach(wm, key, v) {
-        if (!json_is_string(v)) {
-            st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key), "weight_map value is %s, not a file name",
-                             jtype(v));
-            goto done;
-        }
-        if (!plain_name(json_string_value(v))) {
-            st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key),
-                             "file name '%s' is not a plain name in the index's folder (no '/', '.' or '..')",
-                             json_string_value(v));
-            goto done;
-        }
-        const char *base = strrchr(idx, '/');
-        if (!strcmp(json_string_value(v), base ? base + 1 : idx)) {
-            st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key),
-                             "weight_map names the index itself ('%s') as the file holding the key",
-                             json_string_value(v));
-            goto done;
-        }
-        names[n++] = json_string_value(v);
-    }
-    qsort(names, n, sizeof *names, cmp_str_ptr);
-    size_t u = 0;
-    for (size_t i = 0; i < n; i++)
-        if (u == 0 || strcmp(names[u - 1], names[i]))
-            names[u++] = names[i];
-    const char *slash = strrchr(idx, '/');
-    size_t dl = slash ? (size_t)(slash - idx) + 1 : 0;
-    if (!(dir = malloc(dl + 1))) {
-        st = dsv4_seterr(err, DSV4_ERR_NOMEM, idx, "out of memory");
-        goto done;
-    }
-    memcpy(dir, idx, dl);
-    dir[dl] = '\0';
-    if ((st = open_files(ck, dir, names, u, err)))
-        goto done;
-    /* Every listed key is in its file... */
-    json_object_foreach(wm, key, v) {
-        const dsv4_st_file *f = ck->files[name_index(names, u, json_string_value(v))];
-        if (!dsv4_st_find(f, key)) {
-            st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, key),
-                             "listed in the index for file %s, which does not hold it", dsv4_st_path(f));
-            goto done;
-        }
-    }
-    /* ...and every tensor of the files is listed, for its own file. */
-    for (size_t i = 0; i < ck->n_files; i++) {
-        const dsv4_st_file *f = ck->files[i];
-        for (size_t j = 0; j < f->n; j++) {
-            const char *tn = f->tensors[j].name;
-            json_t *lv = json_object_get(wm, tn);
-            if (!lv) {
-                st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, f->path, tn), "not listed in the index %s", idx);
-                goto done;
-            }
-            size_t li = name_index(names, u, json_string_value(lv));
-            if (li != i) {
-                st = dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, idx, tn),
-                                 "the key is in two files, %s and %s (a key must be in one file)",
-                                 dsv4_st_path(ck->files[li]), f->path);
-                goto done;
-            }
-        }
-    }
-done:
-    free(dir);
-    free(names);
-    json_decref(root);
-    return st;
-}
-
-/* Whether s starts with "layers.<digits>.<part>" (part like "ffn."). */
-static bool layer_key(const char *s, const char *part)
-{
-    if (strncmp(s, "layers.", 7) != 0)
-        return false;
-    s += 7;
-    if (*s < '0' || *s > '9')
-        return false;
-    while (*s >= '0' && *s <= '9')
-        s++;
-    return *s == '.' && strncmp(s + 1, part, strlen(part)) == 0;
-}
-
-/* Over the name-sorted union of all keys, so no file order can change the result. */
-static dsv4_status detect_layout(dsv4_checkpoint *ck, const char *where, dsv4_error *err)
-{
-    const dsv4_tensor_info *split = NULL, *stk = NULL, *stk_model = NULL;
-    for (size_t i = 0; i < ck->n; i++) {
-        const dsv4_tensor_info *t = ck->tensors[i];
-        if (!split && layer_key(t->name, "ffn."))
-            split = t;
-        if (!stk && layer_key(t->name, "mlp."))
-            stk = t;
-        if (!stk_model && strncmp(t->name, "model.", 6) == 0 && layer_key(t->name + 6, "mlp."))
-            stk_model = t;
-    }
-    if (split && (stk || stk_model)) {
-        const dsv4_tensor_info *s = stk ? stk : stk_model;
-        return dsv4_seterr(err, DSV4_ERR_FORMAT, where,
-                           "mixes the split layout (key '%s' in %s) with the stacked layout (key '%s' in %s)",
-                           split->name, split->file, s->name, s->file);
-    }
-    if (stk && stk_model)
-        return dsv4_seterr(err, DSV4_ERR_FORMAT, where,
-                           "mixes stacked keys with and without the 'model.' prefix ('%s' in %s, '%s' in %s)",
-                           stk_model->name, stk_model->file, stk->name, stk->file);
-    ck->layout = split ? DSV4_LAYOUT_SPLIT : (stk || stk_model) ? DSV4_LAYOUT_STACKED : DSV4_LAYOUT_UNKNOWN;
-    ck->prefix = stk_model ? "model." : "";
-    if (DSV4_FAULT(DSV4_FAULT_F05) && ck->n_files > 1) { /* fault F05: the flag from the last file's keys alone */
-        const dsv4_st_file *last = ck->files[ck->n_files - 1];
-        bool has = false;
-        for (size_t i = 0; i < last->n; i++)
-            has |= strstr(last->tensors[i].name, ".mlp.experts.gate_up_proj") != NULL;
-        ck->layout = has ? DSV4_LAYOUT_STACKED : DSV4_LAYOUT_SPLIT;
-    }
-    return DSV4_OK;
-}
-
-/* All tensors of all files, by name; a key in two files is an error. */
-static dsv4_status merge_tensors(dsv4_checkpoint *ck, const char *where, dsv4_error *err)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < ck->n_files; i++)
-        n += ck->files[i]->n;
-    if (!(ck->tensors = calloc(n + 1, sizeof *ck->tensors)))
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, where, "out of memory for %zu tensors", n);
-    for (size_t i = 0; i < ck->n_files; i++)
-        for (size_t j = 0; j < ck->files[i]->n; j++)
-            ck->tensors[ck->n++] = &ck->files[i]->tensors[j];
-    qsort(ck->tensors, ck->n, sizeof *ck->tensors, cmp_info_name);
-    where_buf wb;
-    for (size_t i = 1; i < ck->n; i++)
-        if (strcmp(ck->tensors[i - 1]->name, ck->tensors[i]->name) == 0)
-            return dsv4_seterr(err, DSV4_ERR_FORMAT, twhere(&wb, where, ck->tensors[i]->name),
-                               "the key is in two files, %s and %s (a key must be in one file)",
-                               ck->tensors[i - 1]->file, ck->tensors[i]->file);
-    return DSV4_OK;
-}
-
-dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out, dsv4_error *err)
-{
-    if (!out)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_checkpoint_open", "out must not be NULL");
-    *out = NULL;
-    if (!path || !path[0])
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dsv4_checkpoint_open", "path must not be NULL or empty");
-    char eb[128];
-    struct stat sb;
-    if (stat(path, &sb) != 0)
-        return dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open: %s", errstr(errno, eb, sizeof eb));
-    dsv4_checkpoint *ck = calloc(1, sizeof *ck);
-    if (!ck)
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-    dsv4_status st;
-    if (S_ISDIR(sb.st_mode)) {
-        char *idx = join_path(path, "model.safetensors.index.json");
-        if (!idx)
-            st = dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-        else if (stat(idx, &sb) != 0)
-            st = open_folder(ck, path, err);
-        else if (!S_ISREG(sb.st_mode))
-            st = dsv4_seterr(err, DSV4_ERR_IO, idx, "not a regular file");
-        else
-            st = open_index(ck, idx, err);
-        free(idx);
-    } else if (!S_ISREG(sb.st_mode)) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "neither a regular file nor a folder");
-    } else if (ends_with(path, ".json")) {
-        st = open_index(ck, path, err);
-    } else {
-        const char *one = path;
-        st = open_files(ck, "", &one, 1, err);
-    }
-    if (!st)
-        st = merge_tensors(ck, path, err);
-    if (!st)
-        st = detect_layout(ck, path, err);
-    if (st) {
-        dsv4_checkpoint_close(ck);
-        return st;
-    }
-    *out = ck;
-    return DSV4_OK;
-}

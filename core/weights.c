@@ -5,7 +5,7 @@
 #include "dsv4moe/formats.h"
 #include "dsv4moe/weights.h"
 #include "err.h"
-#include "faults.h"
+#include "testctl.h"
 
 float dsv4_load_bf16(const uint8_t *p, int64_t i)
 {
@@ -157,8 +157,8 @@ static dsv4_status matrix_stacked(const dsv4_checkpoint *ck, const dsv4_config *
         const char *nm = proj == DSV4_PROJ_W1 ? "gate" : proj == DSV4_PROJ_W3 ? "up" : "down";
         snprintf(key, sizeof key, "%slayers.%lld.mlp.shared_experts.%s_proj.weight", p, (long long)c->layer, nm);
         int64_t sh[2] = {m->n, m->k};
-        if (DSV4_FAULT(DSV4_FAULT_F06) && c->shared_format == DSV4_FORMAT_FP8 && c->weight_scale == DSV4_SCALE_FP32)
-            sh[0] = m->k, sh[1] = m->n; /* fault F06: non-e8m0 online quantization's 2D view as [K, N] */
+        if (DSV4_TESTHOOK(TRANSPOSE_SHARED_2D) && c->shared_format == DSV4_FORMAT_FP8 && c->weight_scale == DSV4_SCALE_FP32)
+            sh[0] = m->k, sh[1] = m->n; /* test hook: non-e8m0 online quantization's 2D view as [K, N] */
         if ((st = expect_as(ck, key, DT_BF16, 2, sh, load, &t, err)))
             return st;
         m->data = t->data;

@@ -14,7 +14,7 @@ mkdir -p "$out"
 lcov --quiet --capture --directory "$build" --output-file "$out/all.info" $rc 2>&1 | grep -v 'redefined at' >&2 || true
 test -s "$out/all.info"
 # shellcheck disable=SC2086
-lcov --quiet --extract "$out/all.info" "$(pwd)/core/*" "$(pwd)/ref/*" "$(pwd)/fast/*" "$(pwd)/compare/*" \
+lcov --quiet --extract "$out/all.info" "$(pwd)/core/*" "$(pwd)/ref/*" "$(pwd)/fast/*" "$(pwd)/harness/*" \
     "$(pwd)/scenarios/*" --output-file "$out/lib.info" $rc 2>/dev/null
 # shellcheck disable=SC2086
 genhtml --quiet --branch-coverage --output-directory "$out" "$out/lib.info" 2>/dev/null
@@ -38,7 +38,7 @@ lcov --quiet --extract "$out/lib.info" $pats --output-file "$out/gate.info" $rc 
 {
     echo "coverage of the library (lcov, $(date -u +%Y-%m-%dT%H:%MZ))"
     line "all of the library" "$out/lib.info"
-    for d in core ref fast/backend fast/plan fast/cpu fast/comm fast/dist compare scenarios; do
+    for d in core ref fast/backend fast/plan fast/cpu fast/comm fast/dist harness scenarios; do
         # shellcheck disable=SC2086
         lcov --quiet --extract "$out/lib.info" "$(pwd)/$d/*" --output-file "$out/one.info" $rc 2>/dev/null &&
             line "  $d/" "$out/one.info"

@@ -1,11 +1,12 @@
 /*
- * The defect catalogue (core/faults.h) and `dsv4moe run --faults`.
+ * The defect catalogue (scenarios/seed-review.yaml's `faults` mapping, the test hooks of
+ * core/testctl.h) and `dsv4moe run --faults`.
  *
- * Built twice: in the release build (make test) it checks that the catalogue is
- * absent (options.faults refused, the CLI's --faults an error with exit 2) and that
- * the scenario keys `fault` and `checkpoint` parse; in the fault build (make
- * test-faults, build/faults/) it runs scenarios/seed-review.yaml with every defect
- * injected and asserts the detection table: 13 of 13 caught, 0 false failures.
+ * Built twice: in the release build (make test) it checks that the catalogue is absent (the
+ * CLI's --faults an error with exit 2) and that the scenario keys `fault`, `faults` and
+ * `checkpoint` parse; in the fault build (make test-faults, build/faults/) it checks test
+ * control and runs scenarios/seed-review.yaml with every defect injected and asserts the
+ * detection table: 13 of 13 caught, 0 false failures.
  */
 #include <check.h>
 #include <jansson.h>
@@ -15,10 +16,16 @@
 
 #include "dsv4moe/run.h"
 #include "dsv4moe/scenario.h"
-#include "faults.h"
+#include "testctl.h"
+#ifdef DSV4_FAULTS
+#include "fault_runs.h"
+#endif
 #include "testutil.h"
 
 Suite *faults_suite(void);
+
+/* The review's defects (fourteen findings, 3 and 7 one desync). */
+#define REVIEW_DEFECTS 13
 
 static const char *src_dir(void)
 {
@@ -26,11 +33,13 @@ static const char *src_dir(void)
     return s && s[0] ? s : ".";
 }
 
+#ifdef DSV4_FAULTS
 static const char *cache_dir(void)
 {
     static char buf[512];
     return tu_path(buf, sizeof buf, "faults_cache");
 }
+#endif
 
 static dsv4_scenario *load_seed(void)
 {
@@ -48,7 +57,7 @@ START_TEST(seed_review_names_every_defect)
     dsv4_scenario *s = load_seed();
     static const char *const ids[] = {"f01", "f02", "f03", "f04", "f05", "f06", "f08",
                                       "f09", "f10", "f11", "f12", "f13", "f14"};
-    ck_assert_uint_eq(sizeof ids / sizeof ids[0], DSV4_FAULT_DEFECTS);
+    ck_assert_uint_eq(sizeof ids / sizeof ids[0], REVIEW_DEFECTS);
     for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++) {
         int n = 0;
         for (size_t i = 0; i < dsv4_scenario_count(s); i++) {
@@ -119,27 +128,27 @@ START_TEST(fault_and_checkpoint_keys)
     s = NULL;
     ck_assert_int_ne(load_text("name: k\ndefaults: {layer: 1}\ncases:\n  - {name: a, fault: f07}\n", &s, &e), DSV4_OK);
     ck_assert_ptr_nonnull(strstr(e.message, "write fault: f03"));
+
+    /* The top-level `faults` mapping (read by the fault build): its keys are defect ids. */
+    s = NULL;
+    ck_assert_msg(load_text("name: k\nfaults: {f01: {hook: drop_routed_clamp}}\ndefaults: {layer: 1}\ncases: [{name: a, fault: f01}]\n", &s, &e) ==
+                      DSV4_OK,
+                  "%s", e.message);
+    dsv4_scenario_free(s);
+    s = NULL;
+    ck_assert_int_ne(load_text("name: k\nfaults: {f99: {hook: x}}\ndefaults: {layer: 1}\n", &s, &e), DSV4_OK);
+    ck_assert_msg(strstr(e.message, "k.yaml:2:") && strstr(e.message, "faults: unknown defect 'f99'"), "%s", e.message);
+    ck_assert_int_ne(load_text("name: k\nfaults: [f01]\ndefaults: {layer: 1}\n", &s, &e), DSV4_OK);
+    ck_assert_msg(strstr(e.message, "k.yaml:2:"), "%s", e.message);
+    ck_assert_ptr_null(s);
 }
 END_TEST
 
 #ifndef DSV4_FAULTS
 
-/* The release library holds no catalogue: the option is refused, the CLI points at the fault build. */
+/* The release library holds no catalogue: the CLI points at the fault build. */
 START_TEST(release_refuses_faults)
 {
-    dsv4_scenario *s = load_seed();
-    dsv4_run_options o;
-    dsv4_run_options_init(&o);
-    ck_assert(!o.faults);
-    o.cache_dir = cache_dir();
-    o.faults = true;
-    dsv4_run_results *r = NULL;
-    dsv4_error e;
-    ck_assert_int_eq(dsv4_run_scenario(s, &o, &r, &e), DSV4_ERR_UNSUPPORTED);
-    ck_assert_ptr_null(r);
-    ck_assert_ptr_nonnull(strstr(e.message, "make faults"));
-    dsv4_scenario_free(s);
-
     char out[8192], args[1200], dir[512];
     tu_path(dir, sizeof dir, "faults_release");
     snprintf(args, sizeof args, "run --faults %s/scenarios/seed-review.yaml --report %s", src_dir(), dir);
@@ -156,27 +165,71 @@ END_TEST
 
 #else
 
-START_TEST(catalogue_names)
+/* Test control: hooks by name, set, read, reset; unknown hooks and ops refused. */
+START_TEST(test_control_hooks)
 {
-    ck_assert_int_eq(dsv4_fault_active(), DSV4_FAULT_NONE);
-    int n = 0;
-    for (int i = 0; i < DSV4_FAULT_END; i++)
-        if (dsv4_fault_name((dsv4_fault_id)i)) {
-            n++;
-            ck_assert_int_eq(dsv4_fault_parse(dsv4_fault_name((dsv4_fault_id)i)), i);
-            ck_assert_str_ne(dsv4_fault_describe((dsv4_fault_id)i), "");
-            ck_assert_str_ne(dsv4_fault_where((dsv4_fault_id)i), "");
-        }
-    ck_assert_int_eq(n, DSV4_FAULT_DEFECTS);
-    ck_assert_ptr_null(dsv4_fault_name(DSV4_FAULT_NONE));
-    ck_assert_ptr_null(dsv4_fault_name((dsv4_fault_id)7));
-    ck_assert_int_eq(dsv4_fault_parse("f07"), DSV4_FAULT_F03);
-    ck_assert_str_eq(dsv4_fault_findings(DSV4_FAULT_F03), "3, 7");
-    ck_assert_int_eq(dsv4_fault_parse("bogus"), DSV4_FAULT_NONE);
-    dsv4_fault_set(DSV4_FAULT_F09);
-    ck_assert_int_eq(dsv4_fault_active(), DSV4_FAULT_F09);
-    dsv4_fault_set(DSV4_FAULT_NONE);
-    ck_assert_int_eq(dsv4_fault_active(), DSV4_FAULT_NONE);
+    for (int h = 0; h < DSV4_HOOK_COUNT; h++)
+        ck_assert_uint_eq(dsv4_test_hook_value((dsv4_test_hook)h), 0);
+    for (int h = 1; h < DSV4_HOOK_COUNT; h++) {
+        const char *n = dsv4_test_hook_name((dsv4_test_hook)h);
+        ck_assert_ptr_nonnull(n);
+        ck_assert_int_eq(dsv4_test_hook_parse(n), h);
+    }
+    ck_assert_ptr_null(dsv4_test_hook_name(DSV4_HOOK_NONE));
+    ck_assert_ptr_null(dsv4_test_hook_name(DSV4_HOOK_COUNT));
+    ck_assert_int_eq(dsv4_test_hook_parse("f01"), DSV4_HOOK_NONE); /* hooks are named by behaviour */
+    ck_assert_int_eq(dsv4_test_hook_parse("drop_routed_clamp"), DSV4_HOOK_DROP_ROUTED_CLAMP);
+    ck_assert_int_eq(dsv4_test_control(DSV4_TESTCTRL_HOOK_SET, (int)DSV4_HOOK_REFUSAL_OMITS_CUDA_GRAPH, (uint64_t)1), 0);
+    ck_assert(DSV4_TESTHOOK(REFUSAL_OMITS_CUDA_GRAPH));
+    ck_assert(!DSV4_TESTHOOK(DROP_ROUTED_CLAMP));
+    ck_assert_int_eq(dsv4_test_control(DSV4_TESTCTRL_HOOK_SET, (int)DSV4_HOOK_SKIP_METADATA_COLLECTIVE,
+                                       (uint64_t)1 << 3),
+                     0);
+    ck_assert(DSV4_TESTHOOK_RANK(SKIP_METADATA_COLLECTIVE, 3));
+    ck_assert(!DSV4_TESTHOOK_RANK(SKIP_METADATA_COLLECTIVE, 2));
+    ck_assert_int_eq(dsv4_test_control(DSV4_TESTCTRL_HOOK_SET, (int)DSV4_HOOK_COUNT, (uint64_t)1), -1);
+    ck_assert_int_eq(dsv4_test_control(DSV4_TESTCTRL_HOOK_SET, 0, (uint64_t)1), -1);
+    ck_assert_int_eq(dsv4_test_control(99), -1);
+    ck_assert_int_eq(dsv4_test_control(DSV4_TESTCTRL_RESET), 0);
+    for (int h = 0; h < DSV4_HOOK_COUNT; h++)
+        ck_assert_uint_eq(dsv4_test_hook_value((dsv4_test_hook)h), 0);
+}
+END_TEST
+
+/* A case naming a defect the file does not map to a hook, or a hook the library lacks: refused, nothing run. */
+START_TEST(unmapped_defects_refused)
+{
+    static const struct {
+        const char *text, *needle;
+    } bad[] = {
+        {"name: u\ndefaults: {preset: mini, layer: 1, topology: {backend: ref}, tokens: [8]}\n"
+         "cases:\n  - {name: a, fault: f01, checks: [refusal]}\n",
+         "does not map to a test hook"},
+        {"name: u\nfaults:\n  f01: {hook: drop_the_clamp}\n"
+         "defaults: {preset: mini, layer: 1, topology: {backend: ref}, tokens: [8]}\n"
+         "cases:\n  - {name: a, fault: f01, checks: [refusal]}\n",
+         "unknown hook 'drop_the_clamp'"},
+        {"name: u\nfaults:\n  f01: [drop_routed_clamp]\n"
+         "defaults: {preset: mini, layer: 1, topology: {backend: ref}, tokens: [8]}\n"
+         "cases:\n  - {name: a, fault: f01, checks: [refusal]}\n",
+         "expected a mapping with a `hook`"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char f[512];
+        tu_path(f, sizeof f, "faults_unmapped.yaml");
+        ck_assert_int_eq(tu_write_file(f, bad[i].text, strlen(bad[i].text)), 0);
+        dsv4_scenario *s = NULL;
+        dsv4_error e;
+        ck_assert_msg(dsv4_scenario_load(f, &s, &e) == DSV4_OK, "%s", e.message);
+        dsv4_run_options o;
+        dsv4_run_options_init(&o);
+        o.cache_dir = cache_dir();
+        dsv4_run_results *r = NULL;
+        ck_assert_int_eq(dsv4_run_scenario_faults(s, &o, &r, &e), DSV4_ERR_FORMAT);
+        ck_assert_msg(strstr(e.message, bad[i].needle), "case %zu: %s", i, e.message);
+        ck_assert_ptr_null(r);
+        dsv4_scenario_free(s);
+    }
 }
 END_TEST
 
@@ -187,11 +240,11 @@ START_TEST(detection_table_13_of_13)
     dsv4_run_options o;
     dsv4_run_options_init(&o);
     o.cache_dir = cache_dir();
-    o.faults = true;
     dsv4_run_results *r = NULL;
     dsv4_error e;
-    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
-    ck_assert_int_eq(dsv4_fault_active(), DSV4_FAULT_NONE); /* cleared after each injected run */
+    ck_assert_msg(dsv4_run_scenario_faults(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    for (int h = 0; h < DSV4_HOOK_COUNT; h++) /* cleared after each injected run */
+        ck_assert_uint_eq(dsv4_test_hook_value((dsv4_test_hook)h), 0);
     size_t named = 0;
     for (size_t i = 0; i < dsv4_scenario_count(s); i++)
         named += dsv4_scenario_get(s, i)->fault != NULL;
@@ -208,6 +261,13 @@ START_TEST(detection_table_13_of_13)
         ck_assert_msg(rows[i].injected == DSV4_RESULT_FAIL, "%s: the injected run %s, expected a failing check",
                       rows[i].case_name, dsv4_result_name(rows[i].injected));
         ck_assert_str_ne(rows[i].caught_by, "");
+        /* the file's mapping: a hook named by behaviour, the findings, the defect and where */
+        ck_assert_int_ne(dsv4_test_hook_parse(rows[i].hook), DSV4_HOOK_NONE);
+        ck_assert_str_ne(rows[i].findings, "");
+        ck_assert_str_ne(rows[i].summary, "");
+        ck_assert_str_ne(rows[i].where, "");
+        if (!strcmp(rows[i].fault, "f03"))
+            ck_assert_str_eq(rows[i].findings, "3, 7");
     }
     /* Which check catches which defect: the table says it and it stays so. */
     static const struct {
@@ -233,8 +293,9 @@ START_TEST(detection_table_13_of_13)
     }
     free(rows);
     dsv4_fault_summary sum = dsv4_run_fault_summary(r);
-    ck_assert_uint_eq(sum.defects, DSV4_FAULT_DEFECTS);
-    ck_assert_uint_eq(sum.caught, DSV4_FAULT_DEFECTS);
+    ck_assert_uint_eq(sum.defects, REVIEW_DEFECTS);
+    ck_assert_uint_eq(sum.caught, REVIEW_DEFECTS);
+    ck_assert_uint_eq(sum.mapped, REVIEW_DEFECTS);
     ck_assert_uint_eq(sum.false_failures, 0);
     ck_assert_uint_eq(sum.clean_runs, dsv4_scenario_count(s));
     /* The summary and junit count the clean runs only; report.json holds the table. */
@@ -249,7 +310,7 @@ START_TEST(detection_table_13_of_13)
     ck_assert_ptr_nonnull(root);
     json_t *ft = json_object_get(root, "fault_table");
     ck_assert_ptr_nonnull(ft);
-    ck_assert_int_eq(json_integer_value(json_object_get(ft, "caught")), DSV4_FAULT_DEFECTS);
+    ck_assert_int_eq(json_integer_value(json_object_get(ft, "caught")), REVIEW_DEFECTS);
     ck_assert_int_eq(json_integer_value(json_object_get(ft, "false_failures")), 0);
     ck_assert_uint_eq(json_array_size(json_object_get(ft, "rows")), named);
     ck_assert_uint_eq(json_array_size(json_object_get(root, "cases")), dsv4_scenario_count(s) + named);
@@ -288,6 +349,7 @@ START_TEST(cli_detection_table)
     char f[512];
     tu_path(f, sizeof f, "faults_blind.yaml");
     static const char blind[] = "name: blind\n"
+                                "faults: {f01: {hook: drop_routed_clamp}}\n"
                                 "defaults: {preset: mini, layer: 1, topology: {backend: ref}, tokens: [8]}\n"
                                 "cases:\n"
                                 "  - {name: refusal-only, fault: f01, checks: [refusal]}\n";
@@ -312,7 +374,8 @@ Suite *faults_suite(void)
 #ifndef DSV4_FAULTS
     tcase_add_test(t, release_refuses_faults);
 #else
-    tcase_add_test(t, catalogue_names);
+    tcase_add_test(t, test_control_hooks);
+    tcase_add_test(t, unmapped_defects_refused);
     tcase_add_test(t, detection_table_13_of_13);
     tcase_add_test(t, cli_detection_table);
 #endif

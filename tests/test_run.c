@@ -25,18 +25,21 @@ static dsv4_scenario *load_str(const char *text, const char *name)
     return s;
 }
 
-static dsv4_run_results *run(const dsv4_scenario *s, int backend)
+static dsv4_run_results *run_traced(const dsv4_scenario *s, int backend, const char *trace_dir)
 {
     dsv4_run_options o;
     dsv4_run_options_init(&o);
     o.cache_dir = cache_dir();
     o.backend = backend;
+    o.trace_dir = trace_dir;
     dsv4_run_results *r = NULL;
     dsv4_error e;
     ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
     ck_assert_uint_eq(dsv4_run_count(r), dsv4_scenario_count(s));
     return r;
 }
+
+static dsv4_run_results *run(const dsv4_scenario *s, int backend) { return run_traced(s, backend, NULL); }
 
 static const dsv4_case_result *find(const dsv4_run_results *r, const char *suffix)
 {
@@ -530,6 +533,35 @@ START_TEST(cli_exit_statuses)
 }
 END_TEST
 
+/* A trace asked for and not written (options.trace_dir under a regular file) is the symmetry check's
+   error, whatever the traces themselves say; the other checks keep their verdicts. */
+START_TEST(unwritable_traces_are_a_symmetry_error)
+{
+    dsv4_scenario *s = load_str("name: tr\n"
+                                "defaults: {preset: mini, layer: 1, tokens: [4, 5], replay: [false, false], seed: 3,\n"
+                                "           topology: {world: 2, dp: 2, ep: 2, backend: cpu, max_tokens: 64},\n"
+                                "           checks: [numerics, symmetry]}\n"
+                                "cases:\n  - {name: two-ranks}\n",
+                                "tr.yaml");
+    char file[512], dir[600];
+    tu_path(file, sizeof file, "run_traces_blocker");
+    ck_assert_int_eq(tu_write_file(file, "x", 1), 0);
+    snprintf(dir, sizeof dir, "%s/traces", file); /* a folder under a regular file cannot be made */
+    dsv4_run_results *r = run_traced(s, -1, dir);
+    const dsv4_case_result *c = find(r, "two-ranks");
+    expect_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_ERROR, "writing the collective traces failed");
+    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "bit-identical");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_ERROR);
+    dsv4_run_results_free(r);
+    /* the same case with the traces written: symmetry passes */
+    tu_path(dir, sizeof dir, "run_traces_ok");
+    r = run_traced(s, -1, dir);
+    expect_check(find(r, "two-ranks"), DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, "issued the same");
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+}
+END_TEST
+
 Suite *run_suite(void)
 {
     Suite *s = suite_create("run");
@@ -543,6 +575,7 @@ Suite *run_suite(void)
     tcase_add_test(t, reports_hold_every_case);
     tcase_add_test(t, html_report);
     tcase_add_test(t, cli_exit_statuses);
+    tcase_add_test(t, unwritable_traces_are_a_symmetry_error);
     suite_add_tcase(s, t);
     return s;
 }

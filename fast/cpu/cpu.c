@@ -56,7 +56,7 @@
 #include "../backend/backend_impl.h"
 #include "cpu_impl.h"
 #include "err.h"
-#include "faults.h"
+#include "testctl.h"
 #include "kernels/kutil.h"
 #include "parallel.h"
 
@@ -122,7 +122,7 @@ static dsv4_status cpu_forward(void *p, int64_t T, const uint16_t *x, const int3
     const dsv4_config *c = &b->cfg;
     int64_t E = c->n_routed_experts, H = c->dim, I = c->moe_inter_dim, K = c->n_activated;
     bool hash = dsv4_config_is_hash_layer(c);
-    b->stats.launches += DSV4_FAULT(DSV4_FAULT_F11) ? 3 : 0; /* fault F11: sanitised ids, weights, mask per forward */
+    b->stats.launches += DSV4_TESTHOOK(ROUTER_WORK_ON_EMPTY) ? 3 : 0; /* test hook: sanitised ids, weights, mask per forward */
     if (T == 0) {
         b->stats.forwards++;
         return DSV4_OK;
@@ -438,8 +438,8 @@ dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint
     b->max_tokens = dsv4_plan_topology(plan)->max_tokens_per_rank;
     if (b->chunk < 1)
         b->chunk = b->max_tokens > 0 ? b->max_tokens : 128;
-    if (DSV4_FAULT(DSV4_FAULT_F08))
-        b->chunk = b->max_tokens; /* fault F08: long prefills unchunked, no token bound */
+    if (DSV4_TESTHOOK(UNCHUNKED_PREFILL))
+        b->chunk = b->max_tokens; /* test hook: long prefills unchunked, no token bound */
     b->kt = kt;
     b->e_first = dsv4_plan_expert_first(plan);
     b->e_count = dsv4_plan_expert_count(plan);

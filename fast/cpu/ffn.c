@@ -18,7 +18,7 @@
 
 #include "cpu_impl.h"
 #include "err.h"
-#include "faults.h"
+#include "testctl.h"
 #include "kernels/kutil.h"
 #include "parallel.h"
 
@@ -341,8 +341,8 @@ dsv4_status dsv4_cpu_ffn(cpu_be *b, float *wbase, const wscratch *ws, const cmat
     const dsv4_config *c = &b->cfg;
     int64_t H = c->dim, I = b->inter; /* this rank's share of moe_inter_dim */
     dsv4_status st = DSV4_OK;
-    if (DSV4_FAULT(DSV4_FAULT_F01) && m != b->shared && m[0].v.format == DSV4_FORMAT_FP8)
-        clamp = false; /* fault F01: the fp8 per-block routed family without the SwiGLU clamp */
+    if (DSV4_TESTHOOK(DROP_ROUTED_CLAMP) && m != b->shared && m[0].v.format == DSV4_FORMAT_FP8)
+        clamp = false; /* test hook: the fp8 per-block routed family without the SwiGLU clamp */
     if (ws)
         mm_serial(b, ws, &m[0].v, &m[1].v, n, X, H, GU, 2 * I);
     else if ((st = matmul_par(b, wbase, &m[0].v, &m[1].v, n, X, H, GU, 2 * I, err)))

@@ -49,7 +49,7 @@ extern "C" {
 #include "gemm_fp8.h"
 #ifdef DSV4_FAULTS
 extern "C" {
-#include "faults.h"
+#include "testctl.h"
 }
 #endif
 
@@ -491,7 +491,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     fa.L = c->swiglu_limit;
 #ifdef DSV4_FAULTS
     if (b->fp8)
-        fa.clamp_r = !DSV4_FAULT(DSV4_FAULT_F01); /* fault F01: the fp8 executor's routed experts lose the clamp */
+        fa.clamp_r = !DSV4_TESTHOOK(DROP_ROUTED_CLAMP); /* test hook: the fp8 executor's routed experts lose the clamp */
 #endif
     uint16_t *h16 = at<uint16_t>(b, L.gu);
     uint8_t *hq = at<uint8_t>(b, L.hq);

@@ -12,7 +12,7 @@
 #include "dsv4moe/weights.h"
 #include "../backend/backend_impl.h"
 #include "err.h"
-#include "faults.h"
+#include "testctl.h"
 
 void dsv4_dist_options_init(dsv4_dist_options *o)
 {
@@ -21,7 +21,6 @@ void dsv4_dist_options_init(dsv4_dist_options *o)
     memset(o, 0, sizeof *o);
     o->struct_size = sizeof *o;
     o->timeout_ms = 5000;
-    o->fault_skip_meta_rank = -1;
     o->compute_backend = -1;
 }
 
@@ -133,7 +132,7 @@ static int64_t kept_slots(const dsv4_config *c, int64_t n, chunk_bufs *b)
     int64_t K = c->n_activated, E = c->n_routed_experts, ns = 0;
     for (int64_t t = 0; t < n; t++)
         for (int64_t k = 0; k < K; k++)
-            if (b->ids[t * K + k] != (int32_t)E || DSV4_FAULT(DSV4_FAULT_F12)) /* fault F12: sentinel unsanitised */
+            if (b->ids[t * K + k] != (int32_t)E || DSV4_TESTHOOK(KEEP_SENTINEL_IDS)) /* test hook: sentinel unsanitised */
                 b->sl[ns++] = (slot){t, (int32_t)k, b->ids[t * K + k], b->w[t * K + k]};
     qsort(b->sl, (size_t)ns, sizeof *b->sl, cmp_slot_expert);
     for (int64_t s = 0; s < ns; s++) {
@@ -322,7 +321,7 @@ static void *rank_main(void *p)
     int64_t T = io->tokens, maxT = T;
     bool replay_ok = io->can_replay && dsv4_plan_can_replay(rc->plan, T);
     bool all_replay = replay_ok;
-    if ((rc->opt->fault_skip_meta_rank == rc->rank || DSV4_FAULT(DSV4_FAULT_F03)) && replay_ok) { /* fault F03 */
+    if (DSV4_TESTHOOK_RANK(SKIP_METADATA_COLLECTIVE, rc->rank) && replay_ok) {
         /* The review's defect: a graph-replaying rank skips the plan collective. */
     } else {
         int64_t meta[2] = {T, replay_ok ? 1 : 0}, all[2 * DSV4_COMM_MAX_RANKS];
@@ -336,7 +335,7 @@ static void *rank_main(void *p)
     io->step_max_tokens = maxT;
     io->replayed = all_replay && dsv4_plan_can_replay(rc->plan, maxT);
     int64_t nch = dsv4_plan_chunks(rc->plan, maxT), ct = dsv4_plan_chunk_tokens(rc->plan);
-    nch += DSV4_FAULT(DSV4_FAULT_F10) && maxT == 0; /* fault F10: a zero-size chunk when every rank is empty */
+    nch += DSV4_TESTHOOK(ZERO_SIZE_CHUNK) && maxT == 0; /* test hook: a zero-size chunk when every rank is empty */
     io->chunks = nch;
     io->workspace_planned = rc->cplan == rc->plan ? dsv4_plan_workspace_bytes(rc->plan, maxT, io->replayed)
                                                   : dsv4_plan_workspace_bytes(rc->cplan, maxT, false);

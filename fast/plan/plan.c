@@ -14,7 +14,7 @@
 #include "dsv4moe/plan.h"
 #include "../backend/backend_impl.h"
 #include "err.h"
-#include "faults.h"
+#include "testctl.h"
 
 /* ---------------------------------------------------------------------------
  * Capability data: which executor may run inside a captured CUDA graph
@@ -590,7 +590,7 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
                               i, (long long)t->buckets[i], (long long)t->max_tokens_per_rank);
         }
     }
-    if (DSV4_FAULT(DSV4_FAULT_F02) && t->world_size == 1 && t->dispatch == DSV4_DISPATCH_ALL_GATHER) /* fault F02 */
+    if (DSV4_TESTHOOK(REFUSE_SINGLE_RANK_ALL_GATHER) && t->world_size == 1 && t->dispatch == DSV4_DISPATCH_ALL_GATHER)
         return REFUSE("no suitable MoE strategy found for configuration: check routed_format, ep and parallelism");
     /* Dispatch. */
     if (t->ep == 1 && (t->dispatch == DSV4_DISPATCH_ALL_TO_ALL || t->dispatch == DSV4_DISPATCH_LOW_LATENCY))
@@ -601,7 +601,7 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
         return REFUSE("dispatch all_gather with ep %d > 1: experts are sharded over ep, so token-slots travel by "
                       "all-to-all; use dispatch auto, all_to_all or low_latency (decode), or ep 1",
                       t->ep);
-    if (t->dispatch == DSV4_DISPATCH_LOW_LATENCY && t->role != DSV4_ROLE_DECODE && !DSV4_FAULT(DSV4_FAULT_F14))
+    if (t->dispatch == DSV4_DISPATCH_LOW_LATENCY && t->role != DSV4_ROLE_DECODE && !DSV4_TESTHOOK(LOW_LATENCY_ANY_ROLE))
         return REFUSE("low-latency dispatch is decode-only: role %s with dispatch low_latency would fail at the "
                       "first prefill request; use dispatch all_to_all (normal) for prefill, or role decode",
                       dsv4_role_name(t->role));
@@ -619,9 +619,9 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
             return REFUSE("executor per_token with cuda_graph on sm %d and ep %d: per_token is not graph-safe "
                           "there; use executor auto%s, or cuda_graph off",
                           t->sm, t->ep, cap->masked_graph ? " or masked" : "");
-        bool f04 = DSV4_FAULT(DSV4_FAULT_F04) && t->sm / 10 == 10; /* fault F04: sm 10x taken as masked-safe */
+        bool f04 = DSV4_TESTHOOK(MASKED_GRAPH_ON_SM10X) && t->sm / 10 == 10; /* test hook: sm 10x taken as masked-safe */
         if (!cap->masked_graph && !per_token_graph_safe(cap, t->ep) && !f04) {
-            if (DSV4_FAULT(DSV4_FAULT_F09)) /* fault F09: the refusal names the wrong settings */
+            if (DSV4_TESTHOOK(REFUSAL_OMITS_CUDA_GRAPH)) /* test hook: the refusal names the wrong settings */
                 return REFUSE("no suitable MoE strategy found for configuration: check routed_format, ep, parallelism");
             return REFUSE("cuda_graph on with ep %d > 1 on sm %d: no executor is graph-safe there (masked is "
                           "graph-validated on sm 90; per_token on sm %d only with ep 1); what would work: "
@@ -712,7 +712,7 @@ static dsv4_status plan_graph(dsv4_plan *p, dsv4_error *err)
     uint64_t mw = sat_add(chunk_ws(p, bmax, DSV4_EXEC_MASKED), meta);
     bool masked_fits = mw <= avail;
     bool pt_safe = per_token_graph_safe(cap, t->ep);
-    bool masked_ok = cap->masked_graph || (DSV4_FAULT(DSV4_FAULT_F04) && t->sm / 10 == 10); /* fault F04 */
+    bool masked_ok = cap->masked_graph || (DSV4_TESTHOOK(MASKED_GRAPH_ON_SM10X) && t->sm / 10 == 10);
     if (t->executor == DSV4_EXECUTOR_MASKED || (t->executor == DSV4_EXECUTOR_AUTO && masked_ok)) {
         if (masked_fits) {
             p->graph_exec = DSV4_EXEC_MASKED;
@@ -856,8 +856,8 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
         p->eager_masked = true;
         p->masked_limit = largest_bucket(p);
     }
-    if (DSV4_FAULT(DSV4_FAULT_F13) && t->cuda_graph && t->world_size == 1 && t->executor == DSV4_EXECUTOR_AUTO)
-        p->eager_masked = true, p->masked_limit = INT64_MAX; /* fault F13: eager prefill masked, no token bound */
+    if (DSV4_TESTHOOK(UNBOUNDED_MASKED_PREFILL) && t->cuda_graph && t->world_size == 1 && t->executor == DSV4_EXECUTOR_AUTO)
+        p->eager_masked = true, p->masked_limit = INT64_MAX; /* test hook: eager prefill masked, no token bound */
     if (!ok) {
         dsv4_plan_free(p);
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "plan", "out of memory");
@@ -893,7 +893,7 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
         dsv4_plan_free(p);
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "plan", "out of memory");
     }
-    if (wmax > p->available && !DSV4_FAULT(DSV4_FAULT_F13)) { /* cannot happen by construction */
+    if (wmax > p->available && !DSV4_TESTHOOK(UNBOUNDED_MASKED_PREFILL)) { /* cannot happen by construction */
         dsv4_plan_free(p);
         return dsv4_seterr(err, DSV4_ERR_INTERNAL, "plan", "workspace %llu exceeds the available %llu",
                            (unsigned long long)wmax, (unsigned long long)p->available);

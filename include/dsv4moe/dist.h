@@ -62,12 +62,6 @@ typedef struct dsv4_dist_options {
     uint32_t struct_size;       /* sizeof(dsv4_dist_options), set by init */
     int timeout_ms;             /* the communicator's deadlock timeout */
     /*
-     * Testing only: this rank skips the step's metadata collective when it
-     * could replay a graph, as the defective engine in the review does. The
-     * sim communicator must report it. -1 (the default) disables it.
-     */
-    int fault_skip_meta_rank;
-    /*
      * The backend whose stages compute on every rank: -1 (the default) the plan's own. Another
      * dsv4_backend_kind stands in where this library or machine lacks the plan's backend (a cuda
      * plan's step in a build without CUDA): the step's protocol (metadata, replay decision,
@@ -77,7 +71,7 @@ typedef struct dsv4_dist_options {
     int compute_backend;
 } dsv4_dist_options;
 
-/* timeout 5000 ms, no fault, the plan's backend. NULL is a no-op. */
+/* timeout 5000 ms, the plan's backend. NULL is a no-op. */
 void dsv4_dist_options_init(dsv4_dist_options *opt);
 
 /*

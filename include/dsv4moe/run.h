@@ -53,21 +53,13 @@ typedef struct dsv4_run_options {
     int threads;              /* threads of the backend and the reference (>= 1; default 2) */
     dsv4_run_progress_fn progress; /* may be NULL */
     void *progress_user;
-    /*
-     * The defect catalogue (the fault build only: make faults, build/faults/): every case
-     * with a `fault` key runs twice, clean and with its defect of the review injected
-     * (core/faults.h); the injected run is a result of its own (dsv4_case_injected), left
-     * out of dsv4_run_summarize and junit.xml, and dsv4_run_fault_rows pairs the two.
-     * In the release library true is DSV4_ERR_UNSUPPORTED. Default false.
-     */
-    bool faults;
     /* When set, every multi-rank case writes each rank's collective trace as the JSONL of
        dsv4moe/symmetry.h to trace_dir/<case id>/rank<r>.jsonl (dsv4moe symmetry reads them;
        the case id as dsv4_export_case_id makes it). Default NULL. */
     const char *trace_dir;
 } dsv4_run_options;
 
-/* cache "out/cache", backend -1, no filter, 2 threads, no progress, no defects. NULL is a no-op. */
+/* cache "out/cache", backend -1, no filter, 2 threads, no progress, no traces. NULL is a no-op. */
 void dsv4_run_options_init(dsv4_run_options *opt);
 
 /*
@@ -147,9 +139,10 @@ typedef struct dsv4_case_errors {
 /* The error profile of the numerics check; false when numerics compared nothing. */
 bool dsv4_case_errors_of(const dsv4_case_result *c, dsv4_case_errors *out);
 
-/* The review's defect the case catches (its `fault` key, "f01".."f14"), or NULL. */
+/* The defect the case catches (its scenario `fault` key, "f01".."f14"), or NULL. */
 const char *dsv4_case_defect(const dsv4_case_result *c);
-/* Whether this result is the run with that defect injected (options.faults, fault build). */
+/* Whether this result is a second run of the case with that defect injected (only a test build
+   makes such runs; docs/scenarios.md, "The defect catalogue"). */
 bool dsv4_case_injected(const dsv4_case_result *c);
 
 /* Bytes: the smallest budget available over the ranks, the largest planned maximum
@@ -178,7 +171,7 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *results, const dsv4_scenar
                               dsv4_error *err);
 
 /*
- * report.html (compare/report_html.c): one self-contained page (inline CSS
+ * report.html (harness/report_html.c): one self-contained page (inline CSS
  * and SVG, no script, no external resource) for every case of results: a
  * summary table; every case with its status and checks (each detail as a
  * tooltip, failing details shown in full); per case with numerics the bf16
@@ -201,36 +194,6 @@ dsv4_status dsv4_report_html(const dsv4_run_results *results, const char *path, 
  */
 #define DSV4_REPORT_LOCK ".report.lock"
 dsv4_status dsv4_report_write_all(const dsv4_run_results *results, const char *dir, dsv4_error *err);
-
-#ifdef DSV4_FAULTS
-/*
- * The detection table of a run with options.faults (fault build only): one row per case
- * naming a defect, its clean and its injected run. A defect is caught when every case
- * naming it fails (or errors) with the defect injected; a clean run that does not pass is
- * a false failure. Strings belong to the results.
- */
-typedef struct dsv4_fault_row {
-    const char *fault;      /* "f01" .. "f14" */
-    const char *findings;   /* the review's findings it stands for ("3, 7") */
-    const char *summary;    /* the defect in one line */
-    const char *where;      /* the injection point */
-    const char *case_name;
-    dsv4_result clean, injected;
-    bool caught;            /* clean passed and the injected run failed or errored */
-    const char *caught_by;  /* "check result: detail" of the first failing check of the injected run, else "" */
-} dsv4_fault_row;
-
-/* Writes up to `max` rows into rows (may be NULL with max 0); returns the number of rows. */
-size_t dsv4_run_fault_rows(const dsv4_run_results *results, dsv4_fault_row *rows, size_t max);
-
-typedef struct dsv4_fault_summary {
-    size_t defects;        /* distinct defects named by the cases run */
-    size_t caught;         /* of them, caught by every case naming them */
-    size_t clean_runs;     /* cases run without a defect (all of them, named or not) */
-    size_t false_failures; /* clean runs that failed or errored */
-} dsv4_fault_summary;
-dsv4_fault_summary dsv4_run_fault_summary(const dsv4_run_results *results);
-#endif
 
 #ifdef __cplusplus
 }

@@ -51,6 +51,9 @@ void dsv4_nccl_fp_encode(const dsv4_coll_record *rec, const uint64_t *send_count
  */
 int dsv4_nccl_fp_compare(const uint64_t *words, int n, dsv4_group group, const int *members, char *msg, size_t cap);
 
+/* A monotonic clock in milliseconds (the deadlines of every wait; nccl_comm.c). */
+double dsv4_nccl_now_ms(void);
+
 #ifdef __cplusplus
 }
 #endif

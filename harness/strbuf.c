@@ -30,6 +30,23 @@ void dsv4_sb_put(dsv4_strbuf *b, const char *s, size_t n)
 
 void dsv4_sb_str(dsv4_strbuf *b, const char *s) { dsv4_sb_put(b, s, strlen(s)); }
 
+void dsv4_sb_utf8(dsv4_strbuf *b, const unsigned char **pp, const unsigned char *end)
+{
+    const unsigned char *p = *pp;
+    unsigned char ch = *p;
+    int len = ch >= 0xf0 && ch < 0xf5 ? 4 : ch >= 0xe0 && ch < 0xf0 ? 3 : ch >= 0xc2 && ch < 0xe0 ? 2 : 0;
+    bool ok = len > 0 && p + len <= end;
+    for (int k = 1; ok && k < len; k++)
+        ok = (p[k] & 0xc0) == 0x80;
+    if (ok) {
+        dsv4_sb_put(b, (const char *)p, (size_t)len);
+        *pp = p + len;
+    } else {
+        dsv4_sb_put(b, "?", 1);
+        *pp = p + 1;
+    }
+}
+
 void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...)
 {
     char small[512];

@@ -1,6 +1,6 @@
 /* Internal: a growing NUL-terminated string for the report writers. Not installed. */
-#ifndef DSV4MOE_COMPARE_STRBUF_H
-#define DSV4MOE_COMPARE_STRBUF_H
+#ifndef DSV4MOE_HARNESS_STRBUF_H
+#define DSV4MOE_HARNESS_STRBUF_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -19,6 +19,9 @@ typedef struct {
 
 void dsv4_sb_put(dsv4_strbuf *b, const char *s, size_t n);
 void dsv4_sb_str(dsv4_strbuf *b, const char *s);
+/* The UTF-8 sequence at *p (a byte >= 0x80, before end): copied when well formed, else '?' for its
+   first byte; *p moves past what was consumed. */
+void dsv4_sb_utf8(dsv4_strbuf *b, const unsigned char **p, const unsigned char *end);
 void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Writes the buffer to `path` atomically, or nothing when an append ran out of memory
    (DSV4_ERR_NOMEM naming path); frees the text either way. */
@@ -27,7 +30,7 @@ dsv4_status dsv4_sb_write_file(dsv4_strbuf *b, const char *path, dsv4_error *err
    dsv4_out_commit_all); on error nothing exists. */
 dsv4_status dsv4_sb_stage(dsv4_strbuf *b, const char *path, dsv4_outfile *o, dsv4_error *err);
 
-/* The three reports, staged into *o for dsv4_report_write_all (compare/run.c, report_html.c). */
+/* The three reports, staged into *o for dsv4_report_write_all (harness/reports.c). */
 dsv4_status dsv4_report_json_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
                                    dsv4_outfile *o, dsv4_error *err);
 dsv4_status dsv4_report_junit_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,

@@ -27,7 +27,9 @@
 #include "strbuf.h"
 #include "dsv4moe/run.h"
 #include "err.h"
-#include "faults.h"
+#ifdef DSV4_FAULTS
+#include "fault_runs.h"
+#endif
 
 /* Text or attribute value: & < > " ' escaped, newline kept as &#10;, other control characters dropped,
    invalid UTF-8 bytes replaced with '?'. At most `max` bytes of s (0: all). */
@@ -46,17 +48,7 @@ static void hb_esc_n(dsv4_strbuf *b, const char *s, size_t max)
         } else if (ch < 0x80) {
             dsv4_sb_put(b, (const char *)p++, 1);
         } else {
-            int len = ch >= 0xf0 && ch < 0xf5 ? 4 : ch >= 0xe0 && ch < 0xf0 ? 3 : ch >= 0xc2 && ch < 0xe0 ? 2 : 0;
-            bool ok = len > 0 && p + len <= end;
-            for (int k = 1; ok && k < len; k++)
-                ok = (p[k] & 0xc0) == 0x80;
-            if (ok) {
-                dsv4_sb_put(b, (const char *)p, (size_t)len);
-                p += len;
-            } else {
-                dsv4_sb_str(b, "?");
-                p++;
-            }
+            dsv4_sb_utf8(b, &p, end);
         }
     }
 }
@@ -238,7 +230,7 @@ static void svg_mem(dsv4_strbuf *b, const dsv4_case_memory *mem)
     dsv4_sb_str(b, "</svg>");
 }
 
-/* "... rank 0 [A] vs rank R [B] (...)" (compare/run.c's symmetry detail): both entries side by side. */
+/* "... rank 0 [A] vs rank R [B] (...)" (harness/run.c's symmetry detail): both entries side by side. */
 static bool symmetry_table(dsv4_strbuf *b, const char *d)
 {
     const char *a0 = strstr(d, "rank 0 ["), *vs = a0 ? strstr(a0, "] vs rank ") : NULL;

@@ -1,5 +1,5 @@
 /*
- * Results built outside the scenario runner (compare/engines.c: `dsv4moe check`), so an
+ * Results built outside the scenario runner (harness/engines.c: `dsv4moe check`), so an
  * outside engine's verdicts go through the same report writers as `run`'s (report.json,
  * junit.xml, report.html). Internal to the library: not an installed header.
  */

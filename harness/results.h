@@ -1,0 +1,119 @@
+/*
+ * Internal to the scenario harness: what a case result and a result set hold (dsv4moe/run.h's
+ * opaque types), and the few operations the runner, the checks and the report writers share.
+ * Not an installed header.
+ */
+#ifndef DSV4MOE_HARNESS_RESULTS_H
+#define DSV4MOE_HARNESS_RESULTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsv4moe/run.h"
+#include "dsv4moe/scenario.h"
+
+typedef struct {
+    dsv4_result r;
+    char *detail; /* NULL: the check was not decided (not reported) */
+} dsv4_check_rec;
+
+struct dsv4_case_result {
+    char *name;
+    char *scn_name, *scn_path; /* the scenario's name and path */
+    size_t scn;                /* index into results->scns */
+    size_t index;              /* in its scenario */
+    int line, col, explicit_index;
+    int *axis_index; /* [n_axes of its scenario] or NULL */
+    dsv4_result status;
+    double seconds;
+    unsigned requested;
+    dsv4_check_rec checks[DSV4_CHECK_COUNT];
+    bool has_metrics;
+    dsv4_compare_metrics m;
+    dsv4_case_memory mem;
+    /* what the case was */
+    char *preset;
+    dsv4_config cfg;
+    dsv4_topology topo;
+    int n_ranks;
+    int64_t *tokens;
+    bool *replay;
+    uint64_t seed;
+    dsv4_expect expect;
+    char *regex;
+    char *backend; /* the backend that produced the numerics, or NULL */
+    bool has_errors;
+    dsv4_case_errors errs; /* the bounded error profile of numerics */
+    char *defect;          /* the case's `fault` key, or NULL */
+    bool injected;         /* this run had the defect injected */
+    size_t twin;           /* index of the clean / injected twin in the results, SIZE_MAX for none */
+    char *caught_by;       /* injected runs: the first failing check and its detail */
+    bool lost_detail; /* a check's detail (or the backend name) could not be allocated: an error, not a pass */
+};
+
+typedef struct {
+    char *name, *path;
+    size_t n_axes;
+    char **axis_names;
+} dsv4_scn_rec;
+
+/* One defect of a scenario file's `faults` mapping: its id, test hook, findings, the defect in a line
+   and where the hook sits. Only the fault build's runs (harness/fault_runs.c) record them. */
+typedef struct {
+    char *id, *hook, *findings, *defect, *where;
+} dsv4_fault_entry;
+
+struct dsv4_run_results {
+    dsv4_case_result **cases;
+    size_t n, cap;
+    dsv4_scn_rec *scns;
+    size_t nscn;
+    dsv4_fault_entry *faults;
+    size_t nfaults;
+};
+
+/* How the runner makes a case's second run with its defect injected (the fault build's
+   harness/fault_runs.c): set(user, case, true) before that run, set(user, case, false) after it. */
+typedef struct {
+    void (*set)(void *user, const dsv4_scenario_case *sc, bool on);
+    void *user;
+} dsv4_h_injector;
+
+/* dsv4_run_scenario; with an injector, every case naming a defect (key `fault`) runs a second time
+   with it injected, as a result of its own (injected, paired through `twin`). */
+dsv4_status dsv4_h_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, const dsv4_h_injector *inj,
+                                dsv4_run_results **results, dsv4_error *err);
+
+/* strdup that passes NULL through (NULL also when out of memory). */
+char *dsv4_h_strdup(const char *s);
+
+/* Sets a check's result and detail (a later setting replaces an earlier one); a detail that cannot be
+   allocated marks the case lost_detail. */
+void dsv4_h_set_check(dsv4_case_result *c, unsigned bit, dsv4_result r, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Whether the check has been decided. */
+bool dsv4_h_check_set(const dsv4_case_result *c, unsigned bit);
+/* Every requested check not yet decided gets `r` with the detail. */
+void dsv4_h_set_rest(dsv4_case_result *c, dsv4_result r, const char *detail);
+/* The case's status from its checks: error (or a lost detail) > fail > pass > skip. */
+void dsv4_h_finish_status(dsv4_case_result *c);
+
+/* Frees a case result and everything it owns; NULL is a no-op. */
+void dsv4_h_case_free(dsv4_case_result *c);
+/* Room for `extra` more cases in R->cases. */
+bool dsv4_h_grow_cases(dsv4_run_results *R, size_t extra);
+
+/* Bins and the worst elements of a [sum tokens, H] bf16 comparison a (candidate) vs b (reference),
+   ranks one after another; sets c->errs and c->has_errors. */
+void dsv4_h_error_profile(dsv4_case_result *c, const uint16_t *a, const uint16_t *b, const int64_t *tokens,
+                          int world, int64_t H);
+
+/* The summary of the cases (injected runs left out) of `scn` (NULL: any) and of the scenario record
+   scn_index (SIZE_MAX: any). */
+dsv4_run_summary dsv4_h_summary(const dsv4_run_results *R, const dsv4_scenario *scn, size_t scn_index);
+
+/* Whether the case belongs to `scn` (NULL: every case does). */
+bool dsv4_h_case_in(const dsv4_case_result *c, const dsv4_scenario *scn);
+
+#endif
