@@ -19,6 +19,7 @@
  *
  * usage: bench_cuda [--ceilings F] [--peer F] [--json F] [--dir WORKDIR] [--tokens 1,8,...]
  *                   [--threads N] [--quick] [--backend cuda|cpu] [--preset NAME] [--gemm auto|exact|fp8]
+ *                   [--cuda-kernels LIST]  (dsv4_backend_options.cuda_kernels; default: DSV4MOE_CUDA_* of the environment)
  * (--backend cpu and --preset mini exercise the timing path on a machine without a GPU.)
  */
 #include <errno.h>
@@ -48,6 +49,17 @@
 #define TARGET_BW_SHARE 0.70  /* T >= 32: touched weights at >= 70 % of the copy bandwidth */
 #define TARGET_T1_US 60.0     /* T = 1 under 60 us */
 #define TARGET_FP8_SHARE 0.50 /* T = 16384: >= 50 % of the FP8 GEMM rate */
+
+/* dsv4_backend_create with the cuda kernel variants (NULL or "": the defaults). */
+static dsv4_status create(const dsv4_plan *plan, const dsv4_checkpoint *ck, int threads, const char *kernels,
+                          dsv4_backend **b, dsv4_error *e)
+{
+    dsv4_backend_options opt;
+    dsv4_backend_options_init(&opt);
+    opt.threads = threads;
+    opt.cuda_kernels = kernels;
+    return dsv4_backend_create_with(plan, ck, &opt, b, e);
+}
 
 static double now(void)
 {
@@ -267,6 +279,8 @@ int main(int argc, char **argv)
     dsv4_backend_kind kind = DSV4_BACKEND_CUDA;
     const char *preset = "v4-flash";
     const char *gemm = "auto"; /* the numerics mode (SPEC.md section 9): the config key gemm */
+    char kenv[256];
+    const char *kernels = bench_cuda_kernels_env(kenv, sizeof kenv); /* --cuda-kernels replaces it */
     int64_t Ts[MAX_T] = {1, 8, 32, 128, 256, 1024, 4096, 16384};
     int nT = 8;
     for (int i = 1; i < argc; i++) {
@@ -285,6 +299,8 @@ int main(int argc, char **argv)
             preset = argv[++i];
         else if (v && !strcmp(a, "--gemm"))
             gemm = argv[++i];
+        else if (v && !strcmp(a, "--cuda-kernels"))
+            kernels = argv[++i];
         else if (v && !strcmp(a, "--backend")) {
             i++;
             if (!strcmp(v, "cuda"))
@@ -316,7 +332,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: bench_cuda [--ceilings F] [--peer F] [--json F] [--dir WORKDIR] [--tokens 1,8,...] "
-                    "[--threads N] [--quick] [--backend cuda|cpu] [--preset NAME] [--gemm auto|exact|fp8]\n");
+                    "[--threads N] [--quick] [--backend cuda|cpu] [--preset NAME] [--gemm auto|exact|fp8] [--cuda-kernels LIST]\n");
             return 2;
         }
     }
@@ -359,7 +375,7 @@ int main(int argc, char **argv)
         if (!st)
             st = dsv4_plan_create(&mc, &topo, &bud, &plan, &e);
         if (!st)
-            st = dsv4_backend_create(plan, ck, 1, &b, &e);
+            st = create(plan, ck, 1, kind == DSV4_BACKEND_CUDA ? kernels : NULL, &b, &e);
         dsv4_backend_free(b);
         dsv4_plan_free(plan);
         dsv4_checkpoint_close(ck);
@@ -437,6 +453,9 @@ int main(int argc, char **argv)
     fprintf(jf, "{\n  \"available\": true,\n  \"backend\": \"%s\",\n  \"preset\": \"%s\",\n  \"layer\": %lld,\n",
             dsv4_backend_kind_name(kind), preset, (long long)cfg.layer);
     fprintf(jf, "  \"gemm\": \"%s\",\n", gemm);
+    fprintf(jf, "  \"cuda_kernels\": ");
+    json_put_str(jf, kernels && *kernels ? kernels : "default");
+    fprintf(jf, ",\n");
     fprintf(jf, "  \"checkpoint_bytes\": %llu,\n  \"timing\": \"host clock around the synchronous forward, warm-ups, "
                 "median; io host: dsv4_backend_forward (x upload and y download included); io device: "
                 "dsv4_backend_forward_device on device-resident x and y\",\n",
@@ -487,7 +506,7 @@ int main(int argc, char **argv)
         }
         double tc0 = now();
         if (!st)
-            st = dsv4_backend_create(plan, ck, threads, &b, &e);
+            st = create(plan, ck, threads, kind == DSV4_BACKEND_CUDA ? kernels : NULL, &b, &e);
         if (st) {
             printf("bench_cuda: graph %s: not run: %s\n", graph ? "on" : "off", e.message);
             fprintf(jf, "%s    {\"graph\": %s, \"error\": ", first ? "" : ",\n", graph ? "true" : "false");
@@ -499,12 +518,12 @@ int main(int argc, char **argv)
         }
         {
             dsv4_backend_stats bs = dsv4_backend_get_stats(b);
-            printf("\nbench_cuda: %s layer %lld, graph %s, backend %s, gemm %s (%s; %llu experts on the exact kernels) "
-                   "(created in %.1f s)\n",
+            printf("\nbench_cuda: %s layer %lld, graph %s, backend %s, gemm %s (%s; %llu experts on the exact kernels), "
+                   "kernels '%s' (created in %.1f s)\n",
                    preset, (long long)cfg.layer, graph ? "on" : "off", dsv4_backend_name(b),
                    dsv4_gemm_mode_name(dsv4_plan_gemm(plan)),
                    bs.gemm_fp8 ? "large groups: CUTLASS grouped FP8 block-scaled GEMM" : "exact kernels",
-                   (unsigned long long)bs.fp8_exact_experts, now() - tc0);
+                   (unsigned long long)bs.fp8_exact_experts, kernels && *kernels ? kernels : "default", now() - tc0);
         }
         for (int dev = 0; dev <= have_dev; dev++) {
             printf("  io %s\n", dev ? "device (dsv4_backend_forward_device)" : "host (dsv4_backend_forward)");

@@ -34,7 +34,8 @@
 #   embed          ci/embed_check.py: the Python package in torch on the CUDA library (issue 20): the
 #                  layer captured in torch.cuda.graph between torch ops, two layers on one caller
 #                  workspace, a bad id latched and polled, HF's block patched (bf16 vs the fp32 block,
-#                  fp4/fp8 vs dsv4moe ref) and timed next to the unpatched block (DSV4_EMBED_ARGS adds
+#                  fp4/fp8 vs dsv4moe ref; hf_ckpt: a block holding fp4/fp8 checkpoint tensors patched
+#                  with those bytes as they are) and timed next to the unpatched block (DSV4_EMBED_ARGS adds
 #                  arguments, e.g. --quick or --experts 256); its JSON is engines.tar.gz's embed.json
 # (make cuda-test runs the same three through ci/cuda-test.sh; this script runs them as separate
 # steps with their own timeouts so one hang costs one row.)

@@ -399,6 +399,13 @@ START_TEST(embedding_calls_on_host_backends)
         ck_assert_int_eq(dsv4_backend_create_with(p, ck, &opt, &b, &e), DSV4_ERR_INVALID_ARG);
         ck_assert_msg(strstr(e.message, "without a workspace pointer") != NULL, "%s", e.message);
         opt.workspace_bytes = 0;
+        ck_assert_ptr_null(opt.cuda_kernels);
+        opt.cuda_kernels = "fp8_cut=16"; /* kernel variants are the cuda backend's */
+        ck_assert_int_eq(dsv4_backend_create_with(p, ck, &opt, &b, &e), DSV4_ERR_UNSUPPORTED);
+        ck_assert_msg(strstr(e.message, "fp8_cut=16") != NULL && strstr(e.message, "cuda only") != NULL, "%s",
+                      e.message);
+        ck_assert_ptr_null(b);
+        opt.cuda_kernels = ""; /* empty: the defaults, accepted everywhere */
         ck_assert_int_eq(dsv4_backend_create_with(p, ck, &opt, &b, &e), DSV4_OK);
         dsv4_forward_out o = {y, NULL, NULL, NULL};
         ck_assert_int_eq(dsv4_backend_enqueue(b, NULL, 5, NULL, x, NULL, &o, &e), DSV4_ERR_UNSUPPORTED);

@@ -171,6 +171,10 @@ dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoin
     if (st)
         return st;
     const dsv4_backend_entry *ent = dsv4_backend_registry_find(topo->backend);
+    if (opt.cuda_kernels && opt.cuda_kernels[0] && topo->backend != DSV4_BACKEND_CUDA)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend options",
+                           "cuda_kernels '%s' given to backend %s: kernel variants are for cuda only", opt.cuda_kernels,
+                           ent->name);
     if (opt.workspace && !ent->device_workspace)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend options",
                            "backend %s has no device: a caller workspace is for cuda only", ent->name);

@@ -122,9 +122,10 @@ struct CudaBe {
     uint64_t device_used = 0;
     /* the fp8 tensor-core path (mma.cuh): fragment-native weights, gate/up interleaved */
     bool fast = false;
-    bool tile16 = true; /* large groups on f16 wgmma (k_tileh); else mma.sync (k_tile); DSV4MOE_CUDA_TILE=mma forces the latter */
+    bool tile16 = true; /* large groups on f16 wgmma (k_tileh); else mma.sync (k_tile): cuda_kernels tile=mma */
     int big_rows = 128; /* rows of a large group's tile: the k_tileh variant's tokens, or 128 (k_tile) */
-    int big_var = 0, mid_var = 0; /* k_tileh variants (tileh_big, tileh_mid); DSV4MOE_CUDA_TILEH / _MID pick others */
+    int big_var = 0, mid_var = 0; /* k_tileh variants (tileh_big, tileh_mid): cuda_kernels tileh= / mid= */
+    int fp8_cut = DSV4C_FP8_CUT_ROWS; /* gemm fp8: groups above this many rows on the grouped FP8 GEMM */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     cudaStream_t s2 = nullptr, s3 = nullptr, s4 = nullptr; /* forked regimes: 32-row, 128-row tiles, shared decode */
@@ -355,13 +356,13 @@ constexpr int N_TILEH_BIG = sizeof tileh_big / sizeof tileh_big[0], N_TILEH_MID 
 
 bool f16_codes_read(const CudaBe *b) { return b->tile16 && (!(b->fp8 && b->all_ok8) || tileh_mid[b->mid_var].k); }
 
-/* The index of the variant named `name` in table v (unset or unknown: 0, the default). */
-int tileh_pick(const TileHVar *v, int n, const char *name)
+/* The index of the variant named `name` (len bytes) in table v, -1 when there is none. */
+int tileh_pick(const TileHVar *v, int n, const char *name, size_t len)
 {
-    for (int i = 0; name && i < n; i++)
-        if (!strcmp(name, v[i].name))
+    for (int i = 0; i < n; i++)
+        if (strlen(v[i].name) == len && !strncmp(name, v[i].name, len))
             return i;
-    return 0;
+    return -1;
 }
 
 cudaError_t tileh_attrs()
@@ -478,7 +479,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     g2.mid_rows = 32, g2.big_rows = b->big_rows;
     g2.place = L.slots <= 1024;
     g2.cut_ok = b->fp8 ? b->ok8 : nullptr;
-    g2.cut_rows = DSV4C_FP8_CUT_ROWS;
+    g2.cut_rows = b->fp8_cut;
     /* one block: as many threads as experts (a warp multiple, at most 1024; the loops cover the rest) */
     k_count2<<<1, (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s>>>(g2);
     if (!g2.place)
@@ -505,12 +506,12 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     gu.Ash = gu.A, gu.Assh = gu.As;
     gu.A16 = gu.Ash16 = b->tile16 ? at<uint16_t>(b, L.x16) : nullptr;
     gu.out = h16, gu.out_sh = h16 + L.rows * I;
-    /* gemm fp8: a group above DSV4C_FP8_CUT_ROWS rows can exist in this chunk */
-    const bool fp8 = b->fp8 && std::max(b->repeats ? L.slots : L.tc, shared ? L.tc : (int64_t)0) > DSV4C_FP8_CUT_ROWS;
+    /* gemm fp8: a group above fp8_cut rows can exist in this chunk */
+    const bool fp8 = b->fp8 && std::max(b->repeats ? L.slots : L.tc, shared ? L.tc : (int64_t)0) > b->fp8_cut;
     Sel8 sel;
     sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.slot_off = ga.slot_off, sel.cnt = ga.cnt;
     sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
-    sel.sh_row0 = L.rows, sel.E = E, sel.slots = (int)L.slots, sel.has_shared = shared, sel.min_rows = DSV4C_FP8_CUT_ROWS;
+    sel.sh_row0 = L.rows, sel.E = E, sel.slots = (int)L.slots, sel.has_shared = shared, sel.min_rows = b->fp8_cut;
     const unsigned rows_grid = (unsigned)(L.slots + (shared ? L.tc : 0));
     const int64_t ngh = H / 128;
     Fp8Proj p8;
@@ -521,7 +522,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         g8a.xp = at<uint8_t>(b, L.xp), g8a.xs8 = at<float>(b, L.xs8), g8a.H = H;
         k_gather8<<<rows_grid, 128, 0, s>>>(g8a);
         p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->ok8;
-        p8.E = E, p8.min_rows = DSV4C_FP8_CUT_ROWS, p8.has_shared = shared, p8.sh_row0 = L.rows;
+        p8.E = E, p8.min_rows = b->fp8_cut, p8.has_shared = shared, p8.sh_row0 = L.rows;
         p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
         p8.A = g8a.xp, p8.Ash = g8a.xq, p8.SFA = g8a.xs8, p8.SFAsh = g8a.xs8 + L.rows * ngh;
         p8.B = b->w8[0], p8.SFB = b->s8[0], p8.Bsh = b->w8[2], p8.SFBsh = b->s8[2];
@@ -1245,21 +1246,68 @@ dsv4_status upload(CudaBe *b, const dsv4_checkpoint *ck, bool shared, int p, Dev
     return DSV4_OK;
 }
 
-/* The kernel choice for large groups (DSV4MOE_CUDA_TILE=mma: the mma.sync kernel instead of k_tileh). */
-void set_kernels(CudaBe *b)
+/* The kernel variants of dsv4_backend_options.cuda_kernels (backend.h); the defaults when empty. */
+struct Kernels {
+    bool exact_path = false, mma_tiles = false;
+    int big_var = 0, mid_var = 0, fp8_cut = DSV4C_FP8_CUT_ROWS;
+};
+
+dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
-    const char *tv = getenv("DSV4MOE_CUDA_TILE");
-    b->tile16 = !(tv && !strcmp(tv, "mma"));
-    b->big_var = tileh_pick(tileh_big, N_TILEH_BIG, getenv("DSV4MOE_CUDA_TILEH"));
-    b->mid_var = tileh_pick(tileh_mid, N_TILEH_MID, getenv("DSV4MOE_CUDA_MID"));
+    *k = Kernels();
+    for (const char *p = spec; p && *p;) {
+        const char *end = strchr(p, ','), *eq = strchr(p, '=');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (!eq || eq >= p + n)
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
+                               "cuda_kernels: '%.*s' is not key=value (keys: path, tile, tileh, mid, fp8_cut)", (int)n, p);
+        const size_t kl = (size_t)(eq - p), vl = n - kl - 1;
+        const char *v = eq + 1;
+        auto is = [&](const char *key) { return kl == strlen(key) && !strncmp(p, key, kl); };
+        auto val = [&](const char *s) { return vl == strlen(s) && !strncmp(v, s, vl); };
+        bool ok = true;
+        if (is("path"))
+            ok = val("exact") || val("auto"), k->exact_path = val("exact");
+        else if (is("tile"))
+            ok = val("mma") || val("wgmma"), k->mma_tiles = val("mma");
+        else if (is("tileh"))
+            ok = (k->big_var = tileh_pick(tileh_big, N_TILEH_BIG, v, vl)) >= 0;
+        else if (is("mid"))
+            ok = (k->mid_var = tileh_pick(tileh_mid, N_TILEH_MID, v, vl)) >= 0;
+        else if (is("fp8_cut")) {
+            char buf[16] = {0};
+            char *e = nullptr;
+            memcpy(buf, v, vl < sizeof buf - 1 ? vl : sizeof buf - 1);
+            const long c = strtol(buf, &e, 10);
+            ok = vl > 0 && vl < sizeof buf && *e == 0 && c >= FM_DEC_MAX && c <= FM_MID_MAX;
+            k->fp8_cut = (int)c;
+        } else
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
+                               "cuda_kernels: unknown key '%.*s' (keys: path, tile, tileh, mid, fp8_cut)", (int)kl, p);
+        if (!ok)
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
+                               "cuda_kernels: '%.*s' is not a value of %.*s (path auto|exact, tile wgmma|mma, tileh "
+                               "s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d)",
+                               (int)vl, v, (int)kl, p, FM_DEC_MAX, FM_MID_MAX);
+        p = end ? end + 1 : p + n;
+    }
+    return DSV4_OK;
+}
+
+/* The kernel choice for large and mid-size groups. */
+void set_kernels(CudaBe *b, const Kernels &k = Kernels())
+{
+    b->tile16 = !k.mma_tiles;
+    b->big_var = k.big_var;
+    b->mid_var = k.mid_var;
+    b->fp8_cut = k.fp8_cut;
     b->big_rows = b->tile16 ? tileh_big[b->big_var].bn : 128;
 }
 
 /* Whether the config takes the fp8 tensor-core path (the weights are checked at upload too). */
-bool want_fast(const dsv4_config *c)
+bool want_fast(const dsv4_config *c, bool exact_path = false)
 {
-    const char *p = getenv("DSV4MOE_CUDA_PATH");
-    if (p && !strcmp(p, "exact"))
+    if (exact_path)
         return false;
     bool rq = c->routed_format == DSV4_FORMAT_FP4 || c->routed_format == DSV4_FORMAT_FP8;
     bool sq = c->n_shared_experts == 0 || c->shared_format == DSV4_FORMAT_FP8;
@@ -1555,14 +1603,15 @@ extern "C" uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t ma
     const bool fast = want_fast(cfg);
     for (int f = 0; f <= (fast ? 1 : 0); f++)
         for (int rep = 0; rep < 2; rep++)
-            for (int t16 = 0; t16 < 2; t16++) {
+            for (int t16 = 0; t16 < 1 + N_TILEH_BIG; t16++) {
+                /* every kernel variant creation may be given (cuda_kernels): the large groups'
+                   tile width sets the tile list's capacity */
                 b->fast = f == 1;
                 b->repeats = rep == 1;
-                set_kernels(b);
-                if (!t16) {
-                    b->tile16 = false;
-                    b->big_rows = 128;
-                }
+                Kernels kv;
+                kv.mma_tiles = t16 == N_TILEH_BIG;
+                kv.big_var = t16 < N_TILEH_BIG ? t16 : 0;
+                set_kernels(b, kv);
                 b->fp8 = b->fast && dsv4_plan_gemm(plan) == DSV4_GEMM_FP8;
                 const uint64_t v = max_layout(b, n);
                 best = v > best ? v : best;
@@ -1595,6 +1644,9 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
                            topo->sm);
     dsv4_status st = dsv4_config_validate(cfg, err);
     if (st)
+        return st;
+    Kernels kv;
+    if ((st = parse_kernels(opt->cuda_kernels, &kv, err)) != DSV4_OK)
         return st;
     if (cfg->dim % 32 || cfg->moe_inter_dim % 32)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
@@ -1703,8 +1755,8 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         }
     }
     dsv4_router_tensors_release(&rt, NULL);
-    b->fast = want_fast(c);
-    set_kernels(b);
+    b->fast = want_fast(c, kv.exact_path);
+    set_kernels(b, kv);
     if (b->fast) {
         /* the fp8 path: fragment-native weights; a scale the path cannot hold exactly falls back */
         for (int slot = 0; slot < 4 && !st; slot++)

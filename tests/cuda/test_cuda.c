@@ -30,6 +30,7 @@
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
 #include "testutil.h"
+#include "../../bench/bench_util.h"
 
 /* fast/cuda/cuda.cu */
 uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
@@ -47,6 +48,21 @@ typedef struct {
     int64_t experts;    /* > 0: n_routed_experts override (v4-flash shapes with fewer experts) */
     int fp8;            /* gemm fp8 (SPEC.md section 9; its tolerance); 0: gemm exact */
 } cuda_case;
+
+/* dsv4_backend_create with the kernel variants the environment names (bench_util.h): the
+   variant tests set DSV4MOE_CUDA_* around a creation, as the device scripts do. */
+static dsv4_status create_env(const dsv4_plan *p, const dsv4_checkpoint *ck, int threads, dsv4_backend **b,
+                              dsv4_error *e)
+{
+    char spec[256];
+    dsv4_backend_options opt;
+    dsv4_backend_options_init(&opt);
+    opt.threads = threads;
+    opt.cuda_kernels = bench_cuda_kernels_env(spec, sizeof spec);
+    if (dsv4_plan_topology(p)->backend != DSV4_BACKEND_CUDA)
+        opt.cuda_kernels = NULL;
+    return dsv4_backend_create_with(p, ck, &opt, b, e);
+}
 
 static int g_have_gpu = -1;
 
@@ -146,7 +162,7 @@ static void run_backend(const dsv4_config *c, dsv4_backend_kind kind, int64_t ch
     dsv4_plan *p = make_plan(c, kind, chunk, graph);
     dsv4_backend *b = NULL;
     dsv4_error e;
-    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "create: %s", e.message);
+    ck_assert_msg(create_env(p, ck, 2, &b, &e) == DSV4_OK, "create: %s", e.message);
     ck_assert_str_eq(dsv4_backend_name(b), kind == DSV4_BACKEND_CUDA ? "cuda" : "ref");
     alloc_out(c, T, r);
     int64_t H = c->dim;
@@ -289,7 +305,7 @@ static int have_gpu(void)
     dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
     dsv4_backend *b = NULL;
     dsv4_error e;
-    dsv4_status st = dsv4_backend_create(p, ck, 1, &b, &e);
+    dsv4_status st = create_env(p, ck, 1, &b, &e);
     const char *req = getenv("DSV4MOE_CUDA_REQUIRED");
     if (st != DSV4_OK) {
         printf("cuda_suite: the cuda backend does not start here: %s\n", e.message);
@@ -591,7 +607,7 @@ static void device_vs_host(const char *preset, int64_t layer, int64_t T, int gra
     dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, graph);
     dsv4_backend *b = NULL;
     dsv4_error e;
-    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(create_env(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
     run_out h, d;
     alloc_out(&c, T, &h);
     dsv4_forward_out oh = {h.y, h.ids, h.w, h.kept};
@@ -649,7 +665,7 @@ static void enqueue_case(const char *preset, int64_t layer, int64_t T, int64_t V
     dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
     dsv4_backend *b = NULL;
     dsv4_error e;
-    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(create_env(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
     dev_io ref, eag, cap, pad, vref;
     dev_io_alloc(&c, T, x, ids, &ref);
     dev_io_alloc(&c, T, x, ids, &eag);
@@ -780,8 +796,8 @@ START_TEST(shared_workspace)
     dsv4_error e;
     /* own workspaces: the expected outputs */
     dsv4_backend *oa = NULL, *ob = NULL;
-    ck_assert_msg(dsv4_backend_create(pa, cka, 2, &oa, &e) == DSV4_OK, "%s", e.message);
-    ck_assert_msg(dsv4_backend_create(pb, ckb, 2, &ob, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(create_env(pa, cka, 2, &oa, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(create_env(pb, ckb, 2, &ob, &e) == DSV4_OK, "%s", e.message);
     dev_io a1, b1, a2, b2;
     dev_io_alloc(&ca, T, x, ids, &a1);
     dev_io_alloc(&ca, T, x, ids, &b1);
@@ -839,6 +855,18 @@ START_TEST(shared_workspace)
     ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &opt, &bad, &e), DSV4_ERR_INVALID_ARG);
     ck_assert_msg(strstr(e.message, "256-byte aligned") != NULL, "%s", e.message);
     ck_assert_ptr_null(bad);
+    /* kernel variants: every malformed list refused by name, none half-applied */
+    dsv4_backend_options ko;
+    dsv4_backend_options_init(&ko);
+    const char *badk[][2] = {{"fp8_cut=8", "fp8_cut"},     {"fp8_cut=65", "fp8_cut"}, {"fp8_cut=3x", "fp8_cut"},
+                             {"tileh=s256", "tileh"},      {"colour=red", "colour"},  {"path", "key=value"},
+                             {"path=exact,mid=z", "mid"}};
+    for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
+        ko.cuda_kernels = badk[i][0];
+        ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(e.message, badk[i][1]) != NULL, "%s: %s", badk[i][0], e.message);
+        ck_assert_ptr_null(bad);
+    }
     printf("cuda_suite shared workspace: two layers on one %llu-byte caller workspace (bound for T %lld: %llu and "
            "%llu; for the plan's chunk %llu) identical to their own workspaces\n",
            (unsigned long long)wbytes, (long long)T, (unsigned long long)wa, (unsigned long long)wb,
@@ -877,7 +905,7 @@ START_TEST(errors_latched)
     dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
     dsv4_backend *b = NULL;
     dsv4_error e;
-    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(create_env(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
     dev_io d;
     dev_io_alloc(&c, T, x, ids, &d);
     dsv4_forward_out o = dev_out(&d);
@@ -970,7 +998,7 @@ START_TEST(device_forward_unsupported)
     dsv4_plan *p = make_plan(&c, DSV4_BACKEND_REF, 0, 0);
     dsv4_backend *b = NULL;
     dsv4_error e;
-    ck_assert_int_eq(dsv4_backend_create(p, ck, 1, &b, &e), DSV4_OK);
+    ck_assert_int_eq(create_env(p, ck, 1, &b, &e), DSV4_OK);
     uint16_t y[1];
     dsv4_forward_out o = {y, NULL, NULL, NULL};
     ck_assert_int_eq(dsv4_backend_forward_device(b, 3, y, NULL, &o, &e), DSV4_ERR_UNSUPPORTED);
@@ -1044,8 +1072,8 @@ START_TEST(one_graph_many_t)
     dsv4_plan *pg = make_plan(&c, DSV4_BACKEND_CUDA, 0, 1), *pe = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
     dsv4_backend *bg = NULL, *be = NULL;
     dsv4_error e;
-    ck_assert_msg(dsv4_backend_create(pg, ck, 1, &bg, &e) == DSV4_OK, "%s", e.message);
-    ck_assert_msg(dsv4_backend_create(pe, ck, 1, &be, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(create_env(pg, ck, 1, &bg, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(create_env(pe, ck, 1, &be, &e) == DSV4_OK, "%s", e.message);
     int64_t H = c.dim;
     uint16_t *y1 = calloc((size_t)(8 * H), 2), *y2 = calloc((size_t)(8 * H), 2);
     int64_t Ts[4] = {5, 8, 6, 5};
@@ -1089,7 +1117,7 @@ START_TEST(bad_input_ids)
     dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0, 0);
     dsv4_backend *b = NULL;
     dsv4_error e;
-    ck_assert_int_eq(dsv4_backend_create(p, ck, 1, &b, &e), DSV4_OK);
+    ck_assert_int_eq(create_env(p, ck, 1, &b, &e), DSV4_OK);
     dsv4_forward_out o = {y, NULL, NULL, NULL};
     ck_assert_int_eq(dsv4_backend_forward(b, 5, x, ids, &o, &e), DSV4_ERR_RANGE);
     ck_assert_msg(strstr(e.message, "input_ids[3]") != NULL, "%s", e.message);
@@ -1212,7 +1240,7 @@ START_TEST(time_flash)
         dsv4_error e;
         ck_assert_msg(dsv4_plan_create(&c, &topo, &bud, &p, &e) == DSV4_OK, "%s", e.message);
         dsv4_backend *b = NULL;
-        ck_assert_msg(dsv4_backend_create(p, ck, 1, &b, &e) == DSV4_OK, "%s", e.message);
+        ck_assert_msg(create_env(p, ck, 1, &b, &e) == DSV4_OK, "%s", e.message);
         dsv4_backend_stats s0 = dsv4_backend_get_stats(b);
         printf("cuda_bench %s: workspace %llu bytes allocated (plan max %llu), device memory taken %llu bytes\n",
                graph ? "graph" : "eager", (unsigned long long)s0.workspace_allocated,
