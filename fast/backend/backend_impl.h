@@ -92,6 +92,9 @@ typedef struct dsv4_backend_entry {
        of experts and of moe_inter_dim follows from cfg and topo), everything it allocates per
        forward or per stage call. NULL: the planner's executor layout model (docs/planner.md). */
     uint64_t (*workspace_bytes)(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
+    /* The same for a rank of a world > 1 (the stages' workspace), where it differs from the
+       single rank's; NULL: workspace_bytes (or the executor layout model) for every world. */
+    uint64_t (*rank_workspace_bytes)(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
     /* The stages, NULL where the backend has none. */
     const dsv4_backend_stages *stages;
     /* Whether the backend can execute the plan; why names what it cannot. NULL: every plan. */
@@ -126,6 +129,10 @@ dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoin
                                      dsv4_error *err);
 bool dsv4_cuda_backend_available(char *why, size_t n);
 uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t max_tokens);
+/* The stages of a rank of a sharded plan (fast/cuda/stages.cu) and their workspace (cuda.cu). */
+extern const dsv4_backend_stages dsv4_cuda_backend_stages;
+uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
+bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n);
 #endif
 
 #endif

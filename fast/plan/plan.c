@@ -359,9 +359,10 @@ static uint64_t chunk_ws(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
     /* A backend with its own memory model (the registry's): its workspace, plus the driver's
        buffers on a rank of several. */
     const dsv4_backend_entry *be = dsv4_backend_registry_find(p->topo.backend);
-    if (be && be->workspace_bytes)
-        return sat_add(be->workspace_bytes(&p->cfg, &p->topo, tc),
-                       p->topo.world_size > 1 ? driver_ws(p, tc) : 0);
+    uint64_t (*model)(const dsv4_config *, const dsv4_topology *, int64_t) =
+        !be ? NULL : p->topo.world_size > 1 && be->rank_workspace_bytes ? be->rank_workspace_bytes : be->workspace_bytes;
+    if (model)
+        return sat_add(model(&p->cfg, &p->topo, tc), p->topo.world_size > 1 ? driver_ws(p, tc) : 0);
     const dsv4_config *c = &p->cfg;
     uint64_t t = (uint64_t)tc, E = (uint64_t)c->n_routed_experts, K = (uint64_t)c->n_activated;
     uint64_t H = (uint64_t)c->dim, El = (uint64_t)p->e_count, tg, s;
