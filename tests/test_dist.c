@@ -392,6 +392,30 @@ START_TEST(per_rank_token_vectors_give_identical_sequences)
             free_io(&io, 4);
         }
     }
+    {
+        /* gemm fp8 is a cuda mode: the cpu stand-in of a cuda plan in that mode runs its own
+           (the step and its single-rank counterpart both) */
+        const int64_t counts[4] = {3, 0, 9, 1}, offs[4] = {0, 3, 3, 12};
+        ranks_io io;
+        setup_io(&io, &L, 4, counts, offs);
+        dsv4_topology t = topo_of(4, 1, 4, 4, 512);
+        t.backend = DSV4_BACKEND_CUDA;
+        dsv4_config c8 = L.c;
+        c8.gemm = DSV4_GEMM_FP8;
+        dsv4_budget b = big_budget();
+        dsv4_error e;
+        dsv4_dist_options o;
+        dsv4_dist_options_init(&o);
+        o.compute_backend = DSV4_BACKEND_CPU;
+        ck_assert_msg(dsv4_dist_forward(&c8, L.ck, &t, &b, &o, io.r, &e) == DSV4_OK, "%s", e.message);
+        uint16_t *y2 = calloc((size_t)(9 * L.c.dim + 1), 2), *y0 = io.r[2].y;
+        io.r[2].y = y2;
+        ck_assert_msg(dsv4_dist_single_rank(&c8, L.ck, &t, &b, &o, io.r, &e) == DSV4_OK, "%s", e.message);
+        ck_assert_int_eq(memcmp(y0, y2, (size_t)(9 * L.c.dim) * 2), 0);
+        io.r[2].y = y0;
+        free(y2);
+        free_io(&io, 4);
+    }
     free_layer(&L);
 }
 END_TEST

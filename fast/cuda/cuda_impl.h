@@ -62,8 +62,9 @@ cudaError_t stage_combine(void *impl, const StageChunk &c, bool with_shared);
 const dsv4_config *stage_config(const void *impl);
 void stage_experts(const void *impl, int64_t *first, int64_t *count);
 
-/* The most rows an experts call of a rank receives for chunks of tc tokens: ep tc min(K,
-   E_local) (ep tc K on hash layers, where a row may repeat an expert), at least tc (stages.cu). */
+/* The most rows of a stage chunk of a rank for chunks of tc tokens: the rows an experts call
+   receives, ep tc min(K, E_local) (ep tc K on hash layers, where a row may repeat an expert), at
+   least tc and at least ceil(E / K) (the experts call's padding) (stages.cu). */
 int64_t stage_rows(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tc);
 
 } // namespace dsv4cuda

@@ -145,15 +145,20 @@ dsv4_status cu_experts(void *p, int64_t m, const uint16_t *x, const int32_t *exp
     dsv4_status st = check_rows(p, m, expert, w, &shared, err);
     if (st || m == 0)
         return st;
+    /* The decode regime splits K by the launch's group count, min(slots, E) (+ the shared expert):
+       routed rows are padded with rows of no slot to E slots at least, so that count is E for any
+       set of groups (the shared rows are the chunk's own, as in the forward). */
+    const int64_t mp = shared || m * K >= E ? m : (E + K - 1) / K;
     StageChunk ch;
-    if ((st = stage_chunk(p, m, &ch, err)))
+    if ((st = stage_chunk(p, mp, &ch, err)))
         return st;
     memcpy(ch.hio + ch.x, x, (size_t)(m * H) * 2);
+    memset(ch.hio + ch.x + (uint64_t)(m * H) * 2, 0, (size_t)((mp - m) * H) * 2);
     int32_t *hid = (int32_t *)(void *)(ch.hio + ch.ids);
     float *hw = (float *)(void *)(ch.hio + ch.w);
-    for (int64_t q = 0; q < m; q++)
+    for (int64_t q = 0; q < mp; q++)
         for (int64_t k = 0; k < K; k++) {
-            const bool slot = !shared && k == 0;
+            const bool slot = !shared && k == 0 && q < m;
             hid[q * K + k] = slot ? expert[q] : (int32_t)E;
             hw[q * K + k] = slot ? w[q] : 0.0f;
         }
@@ -245,8 +250,8 @@ int64_t dsv4cuda::stage_rows(const dsv4_config *cfg, const dsv4_topology *topo, 
 {
     const int64_t K = cfg->n_activated, ep = topo->ep > 1 ? topo->ep : 1, El = cfg->n_routed_experts / ep;
     const int64_t kc = ep > 1 && !dsv4_config_is_hash_layer(cfg) && El < K ? El : K;
-    const int64_t m = ep * tc * kc;
-    return m > tc ? m : tc;
+    const int64_t m = ep * tc * kc, pad = (cfg->n_routed_experts + K - 1) / K; /* cu_experts' padding */
+    return m > tc ? (m > pad ? m : pad) : (tc > pad ? tc : pad);
 }
 
 extern "C" const dsv4_backend_stages dsv4_cuda_backend_stages = {cu_route, cu_experts, cu_combine};

@@ -359,6 +359,16 @@ out:
     return NULL;
 }
 
+/* The layer as a stand-in computes it: gemm fp8 is a cuda mode, so another backend runs its own
+   (auto) numerics. */
+static dsv4_config standin_config(const dsv4_config *cfg, bool standin)
+{
+    dsv4_config c = *cfg;
+    if (standin && c.gemm == DSV4_GEMM_FP8)
+        c.gemm = DSV4_GEMM_AUTO;
+    return c;
+}
+
 dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
                               const dsv4_budget *budget, const dsv4_dist_options *opt, dsv4_dist_rank *ranks,
                               dsv4_error *err)
@@ -418,6 +428,7 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
     if (opt->compute_backend > (int)DSV4_BACKEND_CUDA)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist options", "compute_backend %d is not -1 or a backend kind",
                            opt->compute_backend);
+    dsv4_config scfg = standin_config(cfg, standin);
     for (int r = 0; r < world; r++) {
         dsv4_topology t = *topo;
         t.rank = r;
@@ -428,7 +439,7 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
             t.backend = (dsv4_backend_kind)opt->compute_backend;
             t.cuda_graph = false;
             t.n_buckets = 0;
-            if ((st = dsv4_plan_create(cfg, &t, budget, &cplans[r], err)))
+            if ((st = dsv4_plan_create(&scfg, &t, budget, &cplans[r], err)))
                 goto done;
         }
     }
@@ -635,7 +646,8 @@ dsv4_status dsv4_dist_single_rank(const dsv4_config *cfg, const dsv4_checkpoint 
     t.role = DSV4_ROLE_MIXED;
     t.max_tokens_per_rank = ct > 0 ? ct : 1;
     t.chunk_tokens = 0;
-    if ((st = dsv4_plan_create(cfg, &t, budget, &one, err)) || (st = dsv4_backend_create(one, ckpt, 1, &be, err)))
+    dsv4_config scfg = standin_config(cfg, kind != (int)topo->backend);
+    if ((st = dsv4_plan_create(&scfg, &t, budget, &one, err)) || (st = dsv4_backend_create(one, ckpt, 1, &be, err)))
         goto done;
     const dsv4_backend_stages *stg = dsv4_backend_get_stages(be);
     if (!stg) {
