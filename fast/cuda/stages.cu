@@ -16,10 +16,12 @@
  * (exact in fp32): with tp = 1 the driver's rounding gives them back unchanged. The stages bind
  * every inter row (tp > 1 is refused at creation).
  */
+#include <algorithm>
 #include <cuda_runtime.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsv4moe/comm_devsim.h"
 extern "C" {
 #include "dsv4moe/formats.h"
 #include "dsv4moe/weights.h"
@@ -32,16 +34,46 @@ using namespace dsv4cuda;
 
 namespace {
 
-/* Row q of a chunk's expert outputs into dst (bf16 [m, H]): o's row rowmap[q K] (the row's one
-   kept slot), or row q (rowmap NULL: the shared expert's rows). One block per row. */
-__global__ void k_stage_rows(const uint16_t *o, const int32_t *rowmap, int K, int H, int m, uint16_t *dst)
+/* dst row q = src row idx[q * stride] (idx NULL: row q), bf16 rows of H. One block per row. */
+__global__ void k_rows(const uint16_t *src, const int32_t *idx, int stride, int H, uint16_t *dst)
 {
-    const int q = blockIdx.x;
-    if (q >= m)
-        return;
-    const long long r = rowmap ? (long long)rowmap[(long long)q * K] : (long long)q;
+    const long long q = blockIdx.x, r = idx ? (long long)idx[q * stride] : q;
     for (int i = threadIdx.x; i < H; i += blockDim.x)
-        dst[(long long)q * H + i] = o[r * H + i];
+        dst[q * H + i] = src[r * H + i];
+}
+
+/* core/formats.c's dsv4_f32_to_bf16: RNE, a NaN keeps its payload with the quiet bit set. */
+__device__ __forceinline__ uint16_t to_bf16(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* dst row (idx ? idx[q] : q) = bf16(src row q), src fp32. One block per row. */
+__global__ void k_round(const float *src, const int32_t *idx, int H, uint16_t *dst)
+{
+    const long long q = blockIdx.x, r = idx ? (long long)idx[q] : q;
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        dst[r * H + i] = to_bf16(src[q * H + i]);
+}
+
+__global__ void k_widen(const uint16_t *src, long long n, float *dst)
+{
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = __uint_as_float((uint32_t)src[i] << 16);
+}
+
+/* Whether p is device memory (device or managed): the stages take host or device rows. */
+bool on_device(const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
 dsv4_status cuda_fail(cudaError_t e, const char *where, const char *what, dsv4_error *err)
@@ -91,9 +123,9 @@ dsv4_status cu_route(void *p, int64_t n, const uint16_t *x, const int32_t *in_id
         return st;
     if (hash)
         memcpy(ch.hio + ch.in_ids, in_ids, (size_t)n * 4);
-    memcpy(ch.hio + ch.x, x, (size_t)(n * H) * 2);
     const uint64_t kept_end = ch.kept + (uint64_t)n * 4;
-    CU(to_device(ch, 0, ch.x + (uint64_t)(n * H) * 2), "the copy of the tokens");
+    CU(to_device(ch, 0, ch.x), "the copy of the chunk's head");
+    CU(cudaMemcpyAsync(ch.ws + ch.x, x, (size_t)(n * H) * 2, cudaMemcpyDefault, ch.stream), "the copy of the tokens");
     CU(stage_enqueue(p, ch, CHUNK_ROUTE), "the router's launch");
     CU(to_host(ch, ch.stats, kept_end), "the router's outputs");
     if ((st = stage_done(p, ch, STAGE_ROUTE, err)))
@@ -152,8 +184,6 @@ dsv4_status cu_experts(void *p, int64_t m, const uint16_t *x, const int32_t *exp
     StageChunk ch;
     if ((st = stage_chunk(p, mp, &ch, err)))
         return st;
-    memcpy(ch.hio + ch.x, x, (size_t)(m * H) * 2);
-    memset(ch.hio + ch.x + (uint64_t)(m * H) * 2, 0, (size_t)((mp - m) * H) * 2);
     int32_t *hid = (int32_t *)(void *)(ch.hio + ch.ids);
     float *hw = (float *)(void *)(ch.hio + ch.w);
     for (int64_t q = 0; q < mp; q++)
@@ -163,20 +193,33 @@ dsv4_status cu_experts(void *p, int64_t m, const uint16_t *x, const int32_t *exp
             hw[q * K + k] = slot ? w[q] : 0.0f;
         }
     const uint64_t rows_end = ch.x + (uint64_t)(m * H) * 2;
-    CU(to_device(ch, 0, ch.w + (uint64_t)ch.slots * 4), "the copy of the rows and their slots");
+    uint16_t *wx = (uint16_t *)(void *)(ch.ws + ch.x);
+    /* the head (row count, counters) from the mirror, the rows from the caller (host or device);
+       the slots are copied from the mirror by the enqueue, after the router */
+    CU(to_device(ch, 0, ch.x), "the copy of the chunk's head");
+    CU(cudaMemcpyAsync(wx, x, (size_t)(m * H) * 2, cudaMemcpyDefault, ch.stream), "the copy of the rows");
+    if (mp > m)
+        CU(cudaMemsetAsync(wx + m * H, 0, (size_t)((mp - m) * H) * 2, ch.stream), "the padding rows");
     CU(stage_enqueue(p, ch, CHUNK_SLOTS), "the experts' launches");
     if (shared && !ch.osh)
         return dsv4_seterr(err, DSV4_ERR_INTERNAL, where, "the layer's chunk has no shared rows");
-    k_stage_rows<<<(unsigned)m, 256, 0, ch.stream>>>((const uint16_t *)(void *)(ch.ws + (shared ? ch.osh : ch.o)),
-                                                     shared ? nullptr : (const int32_t *)(void *)(ch.ws + ch.rowmap),
-                                                     (int)K, (int)H, (int)m, (uint16_t *)(void *)(ch.ws + ch.x));
+    k_rows<<<(unsigned)m, 256, 0, ch.stream>>>((const uint16_t *)(void *)(ch.ws + (shared ? ch.osh : ch.o)),
+                                               shared ? nullptr : (const int32_t *)(void *)(ch.ws + ch.rowmap), (int)K,
+                                               (int)H, wx);
     CU(cudaPeekAtLastError(), "the outputs' gather");
-    CU(to_host(ch, ch.stats, rows_end), "the experts' outputs");
+    const bool dev = on_device(out);
+    if (dev) {
+        k_widen<<<(unsigned)std::min<int64_t>(4096, (m * H + 255) / 256), 256, 0, ch.stream>>>(wx, m * H, out);
+        CU(cudaPeekAtLastError(), "the outputs' widening");
+    }
+    CU(to_host(ch, ch.stats, dev ? ch.x : rows_end), "the experts' outputs");
     if ((st = stage_done(p, ch, shared ? STAGE_SHARED : STAGE_ROUTED, err)))
         return st;
-    const uint16_t *o = (const uint16_t *)(void *)(ch.hio + ch.x);
-    for (int64_t i = 0; i < m * H; i++)
-        out[i] = dsv4_bf16_to_f32(o[i]);
+    if (!dev) {
+        const uint16_t *o = (const uint16_t *)(void *)(ch.hio + ch.x);
+        for (int64_t i = 0; i < m * H; i++)
+            out[i] = dsv4_bf16_to_f32(o[i]);
+    }
     return DSV4_OK;
 }
 
@@ -224,25 +267,119 @@ dsv4_status cu_combine(void *p, int64_t n, int64_t ns, const int32_t *tok, const
         rowmap[j] = (int32_t)s;
     }
     free(fill);
-    cudaError_t e = st ? cudaSuccess : to_device(ch, 0, ch.w + (uint64_t)ch.slots * 4);
+    /* the head and the slots from the mirror, the rows (host or device) from the caller */
+    cudaError_t e = st ? cudaSuccess : to_device(ch, 0, ch.x);
+    if (!st && e == cudaSuccess)
+        e = to_device(ch, ch.ids, ch.w + (uint64_t)ch.slots * 4);
     if (!st && e == cudaSuccess)
         e = cudaMemcpyAsync(ch.ws + ch.rowmap, rowmap, (size_t)(n * K) * 4, cudaMemcpyHostToDevice, ch.stream);
     if (!st && e == cudaSuccess && ns)
-        e = cudaMemcpyAsync(ch.ws + ch.o, o, (size_t)(ns * H) * 2, cudaMemcpyHostToDevice, ch.stream);
+        e = cudaMemcpyAsync(ch.ws + ch.o, o, (size_t)(ns * H) * 2, cudaMemcpyDefault, ch.stream);
     if (!st && e == cudaSuccess && shared)
-        e = cudaMemcpyAsync(ch.ws + ch.osh, shared, (size_t)(n * H) * 2, cudaMemcpyHostToDevice, ch.stream);
+        e = cudaMemcpyAsync(ch.ws + ch.osh, shared, (size_t)(n * H) * 2, cudaMemcpyDefault, ch.stream);
     if (!st && e == cudaSuccess)
         e = stage_combine(p, ch, shared != nullptr);
     if (!st && e == cudaSuccess)
-        e = to_host(ch, ch.x, ch.x + (uint64_t)(n * H) * 2);
-    free(rowmap); /* the pageable copies above completed before to_host's wait returned */
+        e = cudaMemcpyAsync(y, ch.ws + ch.x, (size_t)(n * H) * 2, cudaMemcpyDefault, ch.stream);
+    if (!st && e == cudaSuccess)
+        e = cudaStreamSynchronize(ch.stream);
+    free(rowmap); /* the pageable copies above completed before the wait returned */
     if (st)
         return st;
     if (e != cudaSuccess)
         return cuda_fail(e, where, "the combine", err);
-    memcpy(y, ch.hio + ch.x, (size_t)(n * H) * 2);
     return DSV4_OK;
 }
+
+/* ---------------- device residency (backend_impl.h: dsv4_backend_device) ---------------- */
+
+/* Every call waits for its own work (the legacy stream: the backend's streams were synchronised
+   by the stage calls before it). */
+
+void *dv_alloc(void *, size_t bytes)
+{
+    void *d = nullptr;
+    if (cudaMalloc(&d, bytes ? bytes : 256) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+    }
+    return d;
+}
+
+void dv_release(void *, void *d)
+{
+    if (d)
+        cudaFree(d);
+}
+
+dsv4_status dv_copy(void *, void *dst, const void *src, size_t bytes, dsv4_error *err)
+{
+    static const char where[] = "cuda device copy";
+    if (bytes)
+        CU(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+    return DSV4_OK;
+}
+
+/* Launches k_rows or k_round over n rows with the host index array idx (NULL: identity). */
+dsv4_status dv_rows(int64_t n, int64_t H, const void *src, const int32_t *idx, uint16_t *dst, bool round,
+                    dsv4_error *err)
+{
+    static const char where[] = "cuda device rows";
+    if (n <= 0)
+        return DSV4_OK;
+    int32_t *di = nullptr;
+    if (idx) {
+        CU(cudaMalloc((void **)&di, (size_t)n * 4), "cudaMalloc of the row index");
+        cudaError_t e = cudaMemcpy(di, idx, (size_t)n * 4, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            cudaFree(di);
+            return cuda_fail(e, where, "the row index's copy", err);
+        }
+    }
+    if (round)
+        k_round<<<(unsigned)n, 256>>>((const float *)src, di, (int)H, dst);
+    else
+        k_rows<<<(unsigned)n, 256>>>((const uint16_t *)src, di, 1, (int)H, dst);
+    cudaError_t e = cudaPeekAtLastError();
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(0);
+    cudaFree(di);
+    return e == cudaSuccess ? DSV4_OK : cuda_fail(e, where, round ? "k_round" : "k_rows", err);
+}
+
+dsv4_status dv_gather(void *, int64_t n, int64_t H, const uint16_t *src, const int32_t *idx, uint16_t *dst,
+                      dsv4_error *err)
+{
+    return dv_rows(n, H, src, idx, dst, false, err);
+}
+
+dsv4_status dv_round(void *, int64_t n, int64_t H, const float *src, const int32_t *idx, uint16_t *dst,
+                     dsv4_error *err)
+{
+    return dv_rows(n, H, src, idx, dst, true, err);
+}
+
+dsv4_status dv_world_create(const dsv4_comm_groups *g, int timeout_ms, void **world, dsv4_error *err)
+{
+    dsv4_devsim_options o;
+    dsv4_devsim_options_init(&o);
+    o.timeout_ms = timeout_ms;
+    if (cudaGetDevice(&o.device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        o.device = 0;
+    }
+    dsv4_devsim_world *w = nullptr;
+    dsv4_status st = dsv4_devsim_world_create(g, &o, &w, err);
+    *world = w;
+    return st;
+}
+
+dsv4_comm *dv_world_comm(void *w, int rank) { return dsv4_devsim_world_comm((dsv4_devsim_world *)w, rank); }
+
+void dv_world_free(void *w) { dsv4_devsim_world_free((dsv4_devsim_world *)w); }
+
+const dsv4_backend_device cuda_device = {dv_alloc,  dv_release,      dv_copy,      dv_gather,
+                                         dv_round, dv_world_create, dv_world_comm, dv_world_free};
 
 } // namespace
 
@@ -254,4 +391,4 @@ int64_t dsv4cuda::stage_rows(const dsv4_config *cfg, const dsv4_topology *topo, 
     return m > tc ? (m > pad ? m : pad) : (tc > pad ? tc : pad);
 }
 
-extern "C" const dsv4_backend_stages dsv4_cuda_backend_stages = {cu_route, cu_experts, cu_combine};
+extern "C" const dsv4_backend_stages dsv4_cuda_backend_stages = {cu_route, cu_experts, cu_combine, &cuda_device};

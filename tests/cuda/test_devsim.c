@@ -383,17 +383,25 @@ static void ep_case(const char *preset, int64_t l, dsv4_gemm_mode gemm, const in
         int64_t offs[8];
         for (int r = 0, o = 0; r < ep; o += (int)counts[r], r++)
             offs[r] = o;
-        dsv4_dist_rank io[8], one[8];
-        uint16_t *y[8], *ys[8];
+        dsv4_dist_rank io[8], hio[8], one[8];
+        uint16_t *y[8], *yh[8], *ys[8];
         dist_io(&L, ep, counts, offs, io, y);
+        dist_io(&L, ep, counts, offs, hio, yh);
         dist_io(&L, ep, counts, offs, one, ys);
         dsv4_topology t = cuda_topo(ep, 1, ep, 512, chunk);
         dsv4_budget b = gpu_budget();
         dsv4_error e;
         double t0 = now();
+        /* the rows as device buffers over the device sim (the default for cuda) */
         ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io, &e) == DSV4_OK, "%s ep %d: %s", preset, ep,
                       e.message);
         double t1 = now();
+        /* the same step with the rows on the host over the sim communicator */
+        dsv4_dist_options ho;
+        dsv4_dist_options_init(&ho);
+        ho.rows_on_host = 1;
+        ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, &ho, hio, &e) == DSV4_OK, "%s ep %d host rows: %s", preset,
+                      ep, e.message);
         ck_assert_msg(dsv4_dist_single_rank(&L.c, L.ck, &t, &b, NULL, one, &e) == DSV4_OK, "%s ep %d single: %s",
                       preset, ep, e.message);
         int64_t maxT = 0;
@@ -406,20 +414,29 @@ static void ep_case(const char *preset, int64_t l, dsv4_gemm_mode gemm, const in
             ck_assert_msg(i == counts[r] * H, "%s l%lld gemm %d ep %d rank %d: token %lld channel %lld 0x%04x vs 0x%04x",
                           preset, (long long)l, (int)gemm, ep, r, (long long)(i / H), (long long)(i % H),
                           i < counts[r] * H ? y[r][i] : 0, i < counts[r] * H ? ys[r][i] : 0);
+            ck_assert_msg(memcmp(yh[r], ys[r], (size_t)(counts[r] * H) * 2) == 0, "%s ep %d rank %d: host rows differ",
+                          preset, ep, r);
             ck_assert_msg(same_trace(&io[0], &io[r]), "%s ep %d: rank %d's collectives differ", preset, ep, r);
+            ck_assert_msg(same_trace(&hio[r], &io[r]), "%s ep %d: rank %d's device and host traces differ", preset, ep, r);
+            ck_assert_msg(hio[r].workspace_peak <= hio[r].workspace_planned, "%s ep %d rank %d host rows: peak %llu above "
+                          "plan %llu", preset, ep, r, (unsigned long long)hio[r].workspace_peak,
+                          (unsigned long long)hio[r].workspace_planned);
             ck_assert_int_eq(io[r].chunks, (maxT + chunk - 1) / chunk);
             ck_assert_msg(io[r].workspace_peak <= io[r].workspace_planned, "%s ep %d rank %d: peak %llu above plan %llu",
                           preset, ep, r, (unsigned long long)io[r].workspace_peak,
                           (unsigned long long)io[r].workspace_planned);
             if (counts[r] > 0)
                 ck_assert_uint_gt(io[r].workspace_peak, (uint64_t)(counts[r] * H * 2));
-            printf("devsim_dist %s l%lld gemm %s ep %d rank %d T %lld: identical; planned %llu peak %llu (%.2f s)\n",
+            printf("devsim_dist %s l%lld gemm %s ep %d rank %d T %lld: identical (device and host rows); planned %llu "
+                   "peak %llu (%.2f s)\n",
                    preset, (long long)l, dsv4_gemm_mode_name(gemm), ep, r, (long long)counts[r],
                    (unsigned long long)io[r].workspace_planned, (unsigned long long)io[r].workspace_peak, t1 - t0);
         }
         for (int r = 0; r < ep; r++) {
             dsv4_dist_rank_release(&io[r]);
+            dsv4_dist_rank_release(&hio[r]);
             free(y[r]);
+            free(yh[r]);
             free(ys[r]);
         }
     }
@@ -475,6 +492,62 @@ START_TEST(cuda_tp_refused)
 }
 END_TEST
 
+
+
+/* The review's deadlock on the cuda backend over the device sim: ranks 0 and 2 may replay a graph,
+   1 and 3 may not; with the testing option rank 0 skips the step's metadata collective (as the
+   defective engine's replaying ranks do). Every rank returns DSV4_ERR_COMM within the timeout and
+   a report names rank 0; without the fault the step runs eager everywhere and succeeds. */
+START_TEST(cuda_mixed_replay_deadlock_reported)
+{
+    NEED_CUDA();
+    dlayer L = dist_layer("mini", 1, DSV4_GEMM_EXACT);
+    const int64_t counts[4] = {4, 9, 0, 2}, offs[4] = {0, 4, 13, 13};
+    for (int fault = 0; fault < 2; fault++) {
+        dsv4_dist_rank io[4];
+        uint16_t *y[4];
+        dist_io(&L, 4, counts, offs, io, y);
+        for (int r = 0; r < 4; r++)
+            io[r].can_replay = r % 2 == 0;
+        dsv4_topology t = cuda_topo(4, 1, 4, 64, 0);
+        t.role = DSV4_ROLE_DECODE;
+        t.cuda_graph = true;
+        t.n_buckets = 4;
+        const int64_t bk[4] = {8, 16, 32, 64};
+        memcpy(t.buckets, bk, sizeof bk);
+        dsv4_budget b = gpu_budget();
+        dsv4_dist_options o;
+        dsv4_dist_options_init(&o);
+        o.timeout_ms = 500;
+        o.fault_skip_meta_rank = fault ? 0 : -1;
+        dsv4_error e;
+        double t0 = now();
+        dsv4_status st = dsv4_dist_forward(&L.c, L.ck, &t, &b, &o, io, &e);
+        double dt = now() - t0;
+        if (!fault) {
+            ck_assert_msg(st == DSV4_OK, "%s", e.message);
+            for (int r = 0; r < 4; r++)
+                ck_assert_msg(!io[r].replayed, "rank %d replayed in a mixed step", r);
+        } else {
+            ck_assert_int_eq(st, DSV4_ERR_COMM);
+            ck_assert_msg(dt < 20.0, "the deadlock took %.1f s to report", dt);
+            int named = 0;
+            for (int r = 0; r < 4; r++) {
+                ck_assert_msg(io[r].status == DSV4_ERR_COMM, "rank %d: status %d (%s)", r, (int)io[r].status,
+                              io[r].error.message);
+                named |= strstr(io[r].error.message, "rank 0") != NULL;
+            }
+            ck_assert_msg(named, "no report names rank 0: %s", io[1].error.message);
+            printf("devsim_dist deadlock reported in %.2f s: %s\n", dt, io[1].error.message);
+        }
+        for (int r = 0; r < 4; r++) {
+            dsv4_dist_rank_release(&io[r]);
+            free(y[r]);
+        }
+    }
+    dist_layer_free(&L);
+}
+END_TEST
 
 /* fast/cuda/cuda.cu: the registry's rank memory model and one chunk's layout (no device needed) */
 uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
@@ -539,6 +612,7 @@ static Suite *devsim_suite(void)
     tcase_add_loop_test(dc, cuda_ep_bit_identical_fp8, 0, 2);
     tcase_add_test(dc, cuda_tp_refused);
     tcase_add_test(dc, cuda_rank_model_host);
+    tcase_add_test(dc, cuda_mixed_replay_deadlock_reported);
     suite_add_tcase(s, dc);
     return s;
 }
