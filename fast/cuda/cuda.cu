@@ -1536,14 +1536,17 @@ static uint64_t max_layout(const CudaBe *b, int64_t n)
 }
 
 /* An upper bound of max_layout(b, n) in one layout: only the router logits' split-K slices make a
-   layout shrink as the chunk grows, so the layout of n with the largest logits buffer of 1 .. n. */
+   layout shrink as the chunk grows, so the layout of n with the largest logits buffer of 1 .. n.
+   The slices follow the chunk's 128-row blocks, so the largest buffer is at a block's last row. */
 static uint64_t layout_bound(const CudaBe *b, int64_t n)
 {
     const uint64_t E4 = (uint64_t)b->cfg.n_routed_experts * 4;
     uint64_t lg = 0;
-    for (int64_t t = 1; t <= n; t++) {
+    for (int64_t t = std::min<int64_t>(DSV4C_BM, n);; t = std::min<int64_t>(t + DSV4C_BM, n)) {
         const uint64_t v = align256((uint64_t)logit_slices(b, t) * (uint64_t)t * E4);
         lg = v > lg ? v : lg;
+        if (t >= n)
+            break;
     }
     const Layout L = layout_for(b, n);
     return L.total - align256((uint64_t)L.lslices * (uint64_t)n * E4) + lg;
