@@ -13,6 +13,7 @@
 #include "dsv4moe/backend.h"
 #include "dsv4moe/weights.h"
 #include "../backend/backend_impl.h"
+#include "dist_impl.h"
 #include "err.h"
 #include "faults.h"
 
@@ -634,6 +635,13 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
                               const dsv4_budget *budget, const dsv4_dist_options *opt, dsv4_dist_rank *ranks,
                               dsv4_error *err)
 {
+    return dsv4_dist_forward_on(cfg, ckpt, topo, budget, opt, NULL, ranks, err);
+}
+
+dsv4_status dsv4_dist_forward_on(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
+                                 const dsv4_budget *budget, const dsv4_dist_options *opt,
+                                 const dsv4_backend_device *device, dsv4_dist_rank *ranks, dsv4_error *err)
+{
     if (!cfg || !ckpt || !topo || !budget || !ranks)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist", "arguments must not be NULL");
     dsv4_dist_options defaults;
@@ -725,7 +733,7 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
     dsv4_sim_options so;
     dsv4_sim_options_init(&so);
     so.timeout_ms = opt->timeout_ms;
-    dev = opt->rows_on_host ? NULL : dsv4_backend_get_stages(be[0])->device;
+    dev = device ? device : opt->rows_on_host ? NULL : dsv4_backend_get_stages(be[0])->device;
     if ((st = dsv4_comm_groups_init(&groups, world, topo->tp, topo->dp, topo->ep, err)) ||
         (st = dev ? dev->world_create(&groups, opt->timeout_ms, &dw, err) : dsv4_sim_world_create(&groups, &so, &sw, err)))
         goto done;
