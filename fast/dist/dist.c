@@ -158,12 +158,52 @@ static dsv4_status shared_rows(rank_ctx *rc, int64_t n, const uint16_t *x, int64
     return n ? rc->stage->experts(rc->impl, n, x, b->shid, NULL, i0, ni, b->shf, err) : DSV4_OK;
 }
 
+/* ep: each slot's destination rank, counted (sc, and as int64 for the counts' exchange; ones: one
+   count to and from every rank). sl is sorted by expert, so it is grouped by destination. */
+static void dispatch_counts(const chunk_bufs *b, int64_t ns, int P, int64_t per, uint64_t *sc, int64_t *scount,
+                            uint64_t *ones)
+{
+    for (int j = 0; j < P; j++)
+        sc[j] = 0;
+    for (int64_t s = 0; s < ns; s++)
+        sc[b->sl[s].e / per < P ? b->sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
+    for (int j = 0; j < P; j++) {
+        ones[j] = 1;
+        scount[j] = (int64_t)sc[j];
+    }
+}
+
+/* ep: the received slots (recve, recvw) checked against this rank's experts and grouped in rs by
+   ascending id (received order inside a group: source rank, then its token order). */
+static dsv4_status received_groups(const rank_ctx *rc, chunk_bufs *b, uint64_t nr, dsv4_error *err)
+{
+    int64_t first = dsv4_plan_expert_first(rc->plan), cnt = dsv4_plan_expert_count(rc->plan);
+    for (uint64_t q = 0; q < nr; q++) {
+        if (b->recve[q] < first || b->recve[q] >= first + cnt)
+            return dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d received expert %d outside its [%lld, %lld)",
+                               rc->rank, b->recve[q], (long long)first, (long long)(first + cnt));
+        b->rs[q] = (slot){(int64_t)q, 0, b->recve[q], b->recvw[q]};
+    }
+    qsort(b->rs, (size_t)nr, sizeof *b->rs, cmp_slot_expert);
+    return DSV4_OK;
+}
+
+/* Without ep: every slot names an expert of this rank. */
+static dsv4_status local_slots(const rank_ctx *rc, const chunk_bufs *b, int64_t ns, dsv4_error *err)
+{
+    int64_t first = dsv4_plan_expert_first(rc->plan), cnt = dsv4_plan_expert_count(rc->plan);
+    for (int64_t s = 0; s < ns; s++)
+        if (b->sl[s].e < first || b->sl[s].e >= first + cnt)
+            return dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d: a slot names expert %d outside [%lld, %lld)",
+                               rc->rank, b->sl[s].e, (long long)first, (long long)(first + cnt));
+    return DSV4_OK;
+}
+
 static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *err)
 {
     const dsv4_config *c = rc->cfg;
     const dsv4_topology *tp = dsv4_plan_topology(rc->plan);
     int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
-    int64_t first = dsv4_plan_expert_first(rc->plan), cnt = dsv4_plan_expert_count(rc->plan);
     int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
     dsv4_dist_rank *io = rc->io;
     const uint16_t *x = io->x ? io->x + c0 * H : NULL;
@@ -201,15 +241,10 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
            grouped by destination in rank order) */
         int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
         int64_t per = E / P;
-        uint64_t sc[DSV4_COMM_MAX_RANKS] = {0}, rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
+        uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
         uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
-        for (int64_t s = 0; s < ns; s++)
-            sc[b.sl[s].e / per < P ? b.sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
         int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
-        for (int j = 0; j < P; j++) {
-            ones[j] = 1;
-            scount[j] = (int64_t)sc[j];
-        }
+        dispatch_counts(&b, ns, P, per, sc, scount, ones);
         TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, scount, ones, rcount, ones,
                                   "dispatch counts", err));
         uint64_t nr = 0;
@@ -251,15 +286,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
                                   "dispatch weights", err));
         /* 3: this rank's experts, grouped in ascending id (received order inside a group: source
            rank, then its token order); the received order is kept for the way back */
-        for (uint64_t q = 0; q < nr; q++) {
-            if (b.recve[q] < first || b.recve[q] >= first + cnt) {
-                st = dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d received expert %d outside its [%lld, %lld)",
-                                 rc->rank, b.recve[q], (long long)first, (long long)(first + cnt));
-                goto done;
-            }
-            b.rs[q] = (slot){(int64_t)q, 0, b.recve[q], b.recvw[q]};
-        }
-        qsort(b.rs, (size_t)nr, sizeof *b.rs, cmp_slot_expert);
+        TRY(received_groups(rc, &b, nr, err));
         for (uint64_t q = 0; q < nr; q++) {
             memcpy(b.gx + q * uH, b.recvx + (uint64_t)b.rs[q].t * uH, (size_t)H * sizeof *b.gx);
             b.ge[q] = b.rs[q].e;
@@ -278,12 +305,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
         }
     } else {
         /* every expert here; under tp, this rank's share of moe_inter_dim */
-        for (int64_t s = 0; s < ns; s++)
-            if (b.sl[s].e < first || b.sl[s].e >= first + cnt) {
-                st = dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d: a slot names expert %d outside [%lld, %lld)",
-                                 rc->rank, b.sl[s].e, (long long)first, (long long)(first + cnt));
-                goto done;
-            }
+        TRY(local_slots(rc, &b, ns, err));
         uint64_t len = (uint64_t)(ns * H) + (has_shared ? (uint64_t)(n * H) : 0);
         b.gx = zalloc(A, (uint64_t)(ns * H), sizeof *b.gx, &oom);
         b.ge = zalloc(A, (uint64_t)ns, sizeof *b.ge, &oom);
@@ -412,7 +434,6 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
     const dsv4_topology *tp = dsv4_plan_topology(rc->plan);
     const dsv4_backend_device *D = rc->dev;
     int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
-    int64_t first = dsv4_plan_expert_first(rc->plan), cnt = dsv4_plan_expert_count(rc->plan);
     int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
     dsv4_dist_rank *io = rc->io;
     bool has_shared = c->n_shared_experts > 0, oom = false;
@@ -449,15 +470,10 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
     if (tp->ep > 1) {
         int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
         int64_t per = E / P;
-        uint64_t sc[DSV4_COMM_MAX_RANKS] = {0}, rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
+        uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
         uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
         int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
-        for (int64_t s = 0; s < ns; s++)
-            sc[b.sl[s].e / per < P ? b.sl[s].e / per : P - 1]++;
-        for (int j = 0; j < P; j++) {
-            ones[j] = 1;
-            scount[j] = (int64_t)sc[j];
-        }
+        dispatch_counts(&b, ns, P, per, sc, scount, ones);
         TRY(dev_all_to_allv(rc, DSV4_DTYPE_I64, scount, ones, rcount, ones, "dispatch counts", err));
         uint64_t nr = 0;
         for (int j = 0; j < P; j++) {
@@ -494,15 +510,9 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
             st = dev_all_to_allv(rc, DSV4_DTYPE_I32, b.sende, sc, b.recve, rcn, "dispatch experts", err);
         if (!st)
             st = dev_all_to_allv(rc, DSV4_DTYPE_F32, b.sendw, sc, b.recvw, rcn, "dispatch weights", err);
-        for (uint64_t q = 0; q < nr && !st; q++) {
-            if (b.recve[q] < first || b.recve[q] >= first + cnt)
-                st = dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d received expert %d outside its [%lld, %lld)",
-                                 rc->rank, b.recve[q], (long long)first, (long long)(first + cnt));
-            else
-                b.rs[q] = (slot){(int64_t)q, 0, b.recve[q], b.recvw[q]};
-        }
+        if (!st)
+            st = received_groups(rc, &b, nr, err);
         if (!st) {
-            qsort(b.rs, (size_t)nr, sizeof *b.rs, cmp_slot_expert);
             for (uint64_t q = 0; q < nr; q++) {
                 b.gidx[q] = (int32_t)b.rs[q].t;
                 b.ge[q] = b.rs[q].e;
@@ -534,12 +544,7 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
             TRY(D->round(rc->impl, n, H, dshf, NULL, dshb, err));
         }
     } else {
-        for (int64_t s = 0; s < ns; s++)
-            if (b.sl[s].e < first || b.sl[s].e >= first + cnt) {
-                st = dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d: a slot names expert %d outside [%lld, %lld)",
-                                 rc->rank, b.sl[s].e, (long long)first, (long long)(first + cnt));
-                goto done;
-            }
+        TRY(local_slots(rc, &b, ns, err));
         uint64_t len = (uint64_t)(ns * H) + (has_shared ? (uint64_t)(n * H) : 0);
         b.ge = zalloc(A, (uint64_t)ns, sizeof *b.ge, &oom);
         uint16_t *dgx = dalloc(rc, &d, (uint64_t)ns * uH, 2, &oom);
