@@ -158,6 +158,26 @@ static dsv4_status shared_rows(rank_ctx *rc, int64_t n, const uint16_t *x, int64
     return n ? rc->stage->experts(rc->impl, n, x, b->shid, NULL, i0, ni, b->shf, err) : DSV4_OK;
 }
 
+/* The chunk [c0, c0 + n) of the rank's tokens (rows x) through the route stage into b->ids and
+   b->w (and the caller's topk outputs), then its kept slots (*ns, kept_slots). */
+static dsv4_status route_chunk(rank_ctx *rc, int64_t c0, int64_t n, const uint16_t *x, chunk_bufs *b, int64_t *ns,
+                               dsv4_error *err)
+{
+    dsv4_dist_rank *io = rc->io;
+    int64_t K = rc->cfg->n_activated;
+    dsv4_status st = n ? rc->stage->route(rc->impl, n, x, io->input_ids ? io->input_ids + c0 : NULL, b->ids, b->w,
+                                          NULL, err)
+                       : DSV4_OK;
+    if (st)
+        return st;
+    if (io->topk_ids)
+        memcpy(io->topk_ids + c0 * K, b->ids, (size_t)(n * K) * sizeof *b->ids);
+    if (io->topk_weights)
+        memcpy(io->topk_weights + c0 * K, b->w, (size_t)(n * K) * sizeof *b->w);
+    *ns = kept_slots(rc->cfg, n, b);
+    return DSV4_OK;
+}
+
 /* ep: each slot's destination rank, counted (sc, and as int64 for the counts' exchange; ones: one
    count to and from every rank). sl is sorted by expert, so it is grouped by destination. */
 static void dispatch_counts(const chunk_bufs *b, int64_t ns, int P, int64_t per, uint64_t *sc, int64_t *scount,
@@ -228,13 +248,8 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
         goto done;
     }
     /* 1: route (a 0-row chunk computes nothing but joins every collective below) */
-    if (n)
-        TRY(rc->stage->route(rc->impl, n, x, io->input_ids ? io->input_ids + c0 : NULL, b.ids, b.w, NULL, err));
-    if (io->topk_ids)
-        memcpy(io->topk_ids + c0 * K, b.ids, (size_t)nk * sizeof *b.ids);
-    if (io->topk_weights)
-        memcpy(io->topk_weights + c0 * K, b.w, (size_t)nk * sizeof *b.w);
-    int64_t ns = kept_slots(c, n, &b);
+    int64_t ns = 0;
+    TRY(route_chunk(rc, c0, n, x, &b, &ns, err));
 
     if (tp->ep > 1) {
         /* 2: dispatch the slots to the ranks holding their experts (sl is sorted by expert, so it is
@@ -457,13 +472,8 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
     }
     if (n)
         TRY(D->copy(rc->impl, dx, io->x + c0 * H, (size_t)(n * H) * 2, err));
-    if (n)
-        TRY(rc->stage->route(rc->impl, n, dx, io->input_ids ? io->input_ids + c0 : NULL, b.ids, b.w, NULL, err));
-    if (io->topk_ids)
-        memcpy(io->topk_ids + c0 * K, b.ids, (size_t)nk * sizeof *b.ids);
-    if (io->topk_weights)
-        memcpy(io->topk_weights + c0 * K, b.w, (size_t)nk * sizeof *b.w);
-    int64_t ns = kept_slots(c, n, &b);
+    int64_t ns = 0;
+    TRY(route_chunk(rc, c0, n, dx, &b, &ns, err));
     for (int64_t s = 0; s < ns; s++)
         b.sidx[s] = (int32_t)b.sl[s].t;
     float *dshf = NULL;
