@@ -158,6 +158,31 @@ static dsv4_status shared_rows(rank_ctx *rc, int64_t n, const uint16_t *x, int64
     return n ? rc->stage->experts(rc->impl, n, x, b->shid, NULL, i0, ni, b->shf, err) : DSV4_OK;
 }
 
+/* A chunk's routing buffers for nk = n K slots: ids, weights, slot records, their tokens and weights. */
+static void slot_bufs(dsv4_allocator *A, chunk_bufs *b, uint64_t nk, bool *oom)
+{
+    b->ids = zalloc(A, nk, sizeof *b->ids, oom);
+    b->w = zalloc(A, nk, sizeof *b->w, oom);
+    b->sl = zalloc(A, nk, sizeof *b->sl, oom);
+    b->tok = zalloc(A, nk, sizeof *b->tok, oom);
+    b->sw = zalloc(A, nk, sizeof *b->sw, oom);
+}
+
+/* ep: the slots received from each rank (rcount from the counts' exchange) as rcn, the rows' element
+   counts each way (scH, rcH: H values a slot); returns the slots received. */
+static uint64_t row_counts(int P, uint64_t H, const uint64_t *sc, const int64_t *rcount, uint64_t *rcn, uint64_t *scH,
+                           uint64_t *rcH)
+{
+    uint64_t nr = 0;
+    for (int j = 0; j < P; j++) {
+        rcn[j] = (uint64_t)rcount[j];
+        nr += rcn[j];
+        scH[j] = sc[j] * H;
+        rcH[j] = rcn[j] * H;
+    }
+    return nr;
+}
+
 /* The chunk [c0, c0 + n) of the rank's tokens (rows x) through the route stage into b->ids and
    b->w (and the caller's topk outputs), then its kept slots (*ns, kept_slots). */
 static dsv4_status route_chunk(rank_ctx *rc, int64_t c0, int64_t n, const uint16_t *x, chunk_bufs *b, int64_t *ns,
@@ -233,11 +258,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
     chunk_bufs b;
     memset(&b, 0, sizeof b);
     int64_t nk = n * K;
-    b.ids = zalloc(A, (uint64_t)nk, sizeof *b.ids, &oom);
-    b.w = zalloc(A, (uint64_t)nk, sizeof *b.w, &oom);
-    b.sl = zalloc(A, (uint64_t)nk, sizeof *b.sl, &oom);
-    b.tok = zalloc(A, (uint64_t)nk, sizeof *b.tok, &oom);
-    b.sw = zalloc(A, (uint64_t)nk, sizeof *b.sw, &oom);
+    slot_bufs(A, &b, (uint64_t)nk, &oom);
     if (has_shared) {
         b.shid = zalloc(A, (uint64_t)n, sizeof *b.shid, &oom);
         b.shf = zalloc(A, (uint64_t)(n * H), sizeof *b.shf, &oom);
@@ -262,13 +283,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
         dispatch_counts(&b, ns, P, per, sc, scount, ones);
         TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, scount, ones, rcount, ones,
                                   "dispatch counts", err));
-        uint64_t nr = 0;
-        for (int j = 0; j < P; j++) {
-            rcn[j] = (uint64_t)rcount[j];
-            nr += rcn[j];
-            scH[j] = sc[j] * (uint64_t)H;
-            rcH[j] = rcn[j] * (uint64_t)H;
-        }
+        uint64_t nr = row_counts(P, (uint64_t)H, sc, rcount, rcn, scH, rcH);
         uint64_t uH = (uint64_t)H;
         b.sendx = zalloc(A, (uint64_t)ns * uH, sizeof *b.sendx, &oom);
         b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
@@ -458,11 +473,7 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
     memset(&b, 0, sizeof b);
     dev_bufs d = {0};
     uint64_t uH = (uint64_t)H, nk = (uint64_t)(n * K);
-    b.ids = zalloc(A, nk, sizeof *b.ids, &oom);
-    b.w = zalloc(A, nk, sizeof *b.w, &oom);
-    b.sl = zalloc(A, nk, sizeof *b.sl, &oom);
-    b.tok = zalloc(A, nk, sizeof *b.tok, &oom);
-    b.sw = zalloc(A, nk, sizeof *b.sw, &oom);
+    slot_bufs(A, &b, nk, &oom);
     b.sidx = zalloc(A, nk, sizeof *b.sidx, &oom);
     b.shid = has_shared ? zalloc(A, (uint64_t)n, sizeof *b.shid, &oom) : NULL;
     uint16_t *dx = dalloc(rc, &d, (uint64_t)n * uH, 2, &oom), *dshb = NULL, *dob = NULL;
@@ -485,13 +496,7 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
         int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
         dispatch_counts(&b, ns, P, per, sc, scount, ones);
         TRY(dev_all_to_allv(rc, DSV4_DTYPE_I64, scount, ones, rcount, ones, "dispatch counts", err));
-        uint64_t nr = 0;
-        for (int j = 0; j < P; j++) {
-            rcn[j] = (uint64_t)rcount[j];
-            nr += rcn[j];
-            scH[j] = sc[j] * uH;
-            rcH[j] = rcn[j] * uH;
-        }
+        uint64_t nr = row_counts(P, uH, sc, rcount, rcn, scH, rcH);
         b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
         b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
         b.recve = zalloc(A, nr, sizeof *b.recve, &oom);
