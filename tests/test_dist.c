@@ -10,6 +10,7 @@
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
 #include "backend/backend_impl.h"
+#include "dist/dist_impl.h"
 #include "dsv4moe/ref.h"
 #include "testctl.h"
 #include "testutil.h"
@@ -393,7 +394,144 @@ START_TEST(per_rank_token_vectors_give_identical_sequences)
             free_io(&io, 4);
         }
     }
+    {
+        /* gemm fp8 is a cuda mode: the cpu stand-in of a cuda plan in that mode runs its own
+           (the step and its single-rank counterpart both) */
+        const int64_t counts[4] = {3, 0, 9, 1}, offs[4] = {0, 3, 3, 12};
+        ranks_io io;
+        setup_io(&io, &L, 4, counts, offs);
+        dsv4_topology t = topo_of(4, 1, 4, 4, 512);
+        t.backend = DSV4_BACKEND_CUDA;
+        dsv4_config c8 = L.c;
+        c8.gemm = DSV4_GEMM_FP8;
+        dsv4_budget b = big_budget();
+        dsv4_error e;
+        dsv4_dist_options o;
+        dsv4_dist_options_init(&o);
+        o.compute_backend = DSV4_BACKEND_CPU;
+        ck_assert_msg(dsv4_dist_forward(&c8, L.ck, &t, &b, &o, io.r, &e) == DSV4_OK, "%s", e.message);
+        uint16_t *y2 = calloc((size_t)(9 * L.c.dim + 1), 2), *y0 = io.r[2].y;
+        io.r[2].y = y2;
+        ck_assert_msg(dsv4_dist_single_rank(&c8, L.ck, &t, &b, &o, io.r, &e) == DSV4_OK, "%s", e.message);
+        ck_assert_int_eq(memcmp(y0, y2, (size_t)(9 * L.c.dim) * 2), 0);
+        io.r[2].y = y0;
+        free(y2);
+        free_io(&io, 4);
+    }
     free_layer(&L);
+}
+END_TEST
+
+
+/* ---------------- the device path (run_chunk_dev) on a host-memory stand-in device ---------------- */
+
+static _Atomic long fake_live, fake_total; /* the stand-in device's live allocations, all of them */
+
+static void *fake_alloc(void *impl, size_t bytes)
+{
+    (void)impl;
+    void *p = malloc(bytes);
+    if (p) {
+        fake_live++;
+        fake_total++;
+    }
+    return p;
+}
+
+static void fake_release(void *impl, void *p)
+{
+    (void)impl;
+    if (p)
+        fake_live--;
+    free(p);
+}
+
+static dsv4_status fake_copy(void *impl, void *dst, const void *src, size_t bytes, dsv4_error *err)
+{
+    (void)impl, (void)err;
+    if (bytes)
+        memcpy(dst, src, bytes);
+    return DSV4_OK;
+}
+
+static dsv4_status fake_gather(void *impl, int64_t n, int64_t H, const uint16_t *src, const int32_t *idx,
+                               uint16_t *dst, dsv4_error *err)
+{
+    (void)impl, (void)err;
+    for (int64_t i = 0; i < n; i++)
+        memcpy(dst + i * H, src + (int64_t)idx[i] * H, (size_t)H * 2);
+    return DSV4_OK;
+}
+
+static dsv4_status fake_round(void *impl, int64_t n, int64_t H, const float *src, const int32_t *idx, uint16_t *dst,
+                              dsv4_error *err)
+{
+    (void)impl, (void)err;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < H; j++)
+            dst[(idx ? idx[i] : i) * H + j] = dsv4_f32_to_bf16(src[i * H + j]);
+    return DSV4_OK;
+}
+
+static dsv4_status fake_world(const dsv4_comm_groups *g, int timeout_ms, void **w, dsv4_error *err)
+{
+    dsv4_sim_options o;
+    dsv4_sim_options_init(&o);
+    o.timeout_ms = timeout_ms;
+    return dsv4_sim_world_create(g, &o, (dsv4_sim_world **)w, err);
+}
+
+static dsv4_comm *fake_comm(void *w, int rank) { return dsv4_sim_world_comm(w, rank); }
+static void fake_world_free(void *w) { dsv4_sim_world_free(w); }
+
+static const dsv4_backend_device fake_device = {fake_alloc, fake_release, fake_copy,      fake_gather,
+                                                fake_round, fake_world,   fake_comm, fake_world_free};
+
+/* The driver's device path (the rows as device buffers, cuda's) with host memory standing in for
+   the device, on the cpu stages: ep 2/4/8 and tp 2 bit-identical to the host path, the same
+   collective traces, every device buffer released, the device buffers counted in the peak. */
+START_TEST(device_path_matches_host_path)
+{
+    layer L = make_layer("mini", 1, "devpath");
+    layer B = make_layer("mini-bf16", 1, "devpath_bf16");
+    int64_t H = L.c.dim;
+    const int64_t counts[8] = {37, 0, 5, 130, 1, 0, 64, 9};
+    for (int ep = 1; ep <= 8; ep *= 2) {
+        layer *X = ep == 1 ? &B : &L; /* ep 1: tp 2 on bf16 weights (128-row blocks do not split) */
+        int world = ep == 1 ? 2 : ep;
+        int64_t offs[8], cts[8];
+        for (int r = 0, o = 0; r < world; r++) {
+            cts[r] = ep == 1 ? 40 : counts[r];
+            offs[r] = ep == 1 ? 0 : o;
+            o += (int)cts[r];
+        }
+        ranks_io a, d;
+        setup_io(&a, X, world, cts, offs);
+        setup_io(&d, X, world, cts, offs);
+        dsv4_topology t = ep == 1 ? topo_of(2, 2, 1, 1, 256) : topo_of(ep, 1, ep, ep, 256);
+        t.backend = DSV4_BACKEND_CPU;
+        t.chunk_tokens = 128;
+        dsv4_budget b = big_budget();
+        dsv4_error e;
+        ck_assert_msg(dsv4_dist_forward(&X->c, X->ck, &t, &b, NULL, a.r, &e) == DSV4_OK, "ep %d: %s", ep, e.message);
+        long before = fake_total;
+        ck_assert_msg(dsv4_dist_forward_on(&X->c, X->ck, &t, &b, NULL, &fake_device, d.r, &e) == DSV4_OK,
+                      "ep %d device path: %s", ep, e.message);
+        ck_assert_int_eq(fake_live, 0);
+        ck_assert_int_gt(fake_total, before); /* the rows went through the stand-in device */
+        for (int r = 0; r < world; r++) {
+            ck_assert_msg(memcmp(a.y[r], d.y[r], (size_t)(cts[r] * H) * 2) == 0, "ep %d rank %d: y differs", ep, r);
+            ck_assert_int_eq(memcmp(a.ids[r], d.ids[r], (size_t)(cts[r] * X->c.n_activated) * 4), 0);
+            ck_assert_msg(same_sequence(&a.r[r], &d.r[r]), "ep %d rank %d: the device path's collectives differ", ep, r);
+            ck_assert_int_eq(a.r[r].chunks, d.r[r].chunks);
+            if (cts[r] > 0) /* the chunk's rows on the device at least */
+                ck_assert_uint_gt(d.r[r].workspace_peak, (uint64_t)(cts[r] * H * 2));
+        }
+        free_io(&a, world);
+        free_io(&d, world);
+    }
+    free_layer(&L);
+    free_layer(&B);
 }
 END_TEST
 
@@ -573,6 +711,7 @@ Suite *dist_suite(void)
     tcase_add_loop_test(tc, cpu_tp_within_tolerance, 0, (int)(sizeof tp_cases / sizeof tp_cases[0]));
     tcase_add_test(tc, stages_check_their_arguments);
     tcase_add_test(tc, per_rank_token_vectors_give_identical_sequences);
+    tcase_add_test(tc, device_path_matches_host_path);
     tcase_add_test(tc, refusals_and_bad_inputs_before_any_thread);
     suite_add_tcase(s, tc);
 #ifdef DSV4_FAULTS

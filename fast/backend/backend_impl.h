@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include "dsv4moe/backend.h"
+#include "dsv4moe/comm.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
 
@@ -45,6 +46,32 @@ typedef struct dsv4_backend_vtable {
     dsv4_status (*poll_error)(void *impl, void *stream, dsv4_device_errors *out, dsv4_error *err);
 } dsv4_backend_vtable;
 
+/*
+ * Device residency of a backend's stages (cuda). With it, fast/dist keeps a rank's rows on the
+ * backend's device: the token rows, the dispatched rows, the expert outputs and the metadata
+ * travel as device buffers over the backend's device communicator (cuda: the device sim,
+ * comm_devsim.h), and the stages get device pointers for the rows (x of route and experts, out
+ * of experts, o and shared of combine); ids, weights, expert ids and token indices stay on the
+ * host (the driver's slot bookkeeping). Every call is complete on return (the backend's stream
+ * synchronised), so a collective issued after it sees its data.
+ */
+typedef struct dsv4_backend_device {
+    void *(*alloc)(void *impl, size_t bytes); /* device memory, NULL when out of memory */
+    void (*release)(void *impl, void *p);     /* NULL: no-op */
+    /* bytes between any host and device pointers */
+    dsv4_status (*copy)(void *impl, void *dst, const void *src, size_t bytes, dsv4_error *err);
+    /* dst[i] = src[idx[i]] for i < n: bf16 rows of H (device), idx on the host */
+    dsv4_status (*gather)(void *impl, int64_t n, int64_t H, const uint16_t *src, const int32_t *idx, uint16_t *dst,
+                          dsv4_error *err);
+    /* dst[idx ? idx[i] : i] = bf16(src[i]) for i < n: fp32 rows of H to bf16 (device), idx on the host */
+    dsv4_status (*round)(void *impl, int64_t n, int64_t H, const float *src, const int32_t *idx, uint16_t *dst,
+                         dsv4_error *err);
+    /* The device communicator: a world of groups->world ranks (timeout in ms), its endpoints, its end. */
+    dsv4_status (*world_create)(const dsv4_comm_groups *groups, int timeout_ms, void **world, dsv4_error *err);
+    dsv4_comm *(*world_comm)(void *world, int rank);
+    void (*world_free)(void *world);
+} dsv4_backend_device;
+
 /* The stages (see the top of this file): a table next to the vtable, named by the registry
    entry; NULL slots (or no table) mean the backend runs only unsharded single-rank plans. */
 typedef struct dsv4_backend_stages {
@@ -64,6 +91,7 @@ typedef struct dsv4_backend_stages {
        tok[ns] in [0, n), w[ns]; shared bf16 [n, H] or NULL (no shared expert). */
     dsv4_status (*combine)(void *impl, int64_t n, int64_t ns, const int32_t *tok, const float *w, const uint16_t *o,
                            const uint16_t *shared, uint16_t *y, dsv4_error *err);
+    const dsv4_backend_device *device; /* NULL: host buffers (ref, cpu) */
 } dsv4_backend_stages;
 
 struct dsv4_backend {
@@ -92,6 +120,9 @@ typedef struct dsv4_backend_entry {
        of experts and of moe_inter_dim follows from cfg and topo), everything it allocates per
        forward or per stage call. NULL: the planner's executor layout model (docs/planner.md). */
     uint64_t (*workspace_bytes)(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
+    /* The same for a rank of a world > 1 (the stages' workspace), where it differs from the
+       single rank's; NULL: workspace_bytes (or the executor layout model) for every world. */
+    uint64_t (*rank_workspace_bytes)(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
     /* The stages, NULL where the backend has none. */
     const dsv4_backend_stages *stages;
     /* Whether the backend can execute the plan; why names what it cannot. NULL: every plan. */
@@ -126,6 +157,10 @@ dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoin
                                      dsv4_error *err);
 bool dsv4_cuda_backend_available(char *why, size_t n);
 uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t max_tokens);
+/* The stages of a rank of a sharded plan (fast/cuda/stages.cu) and their workspace (cuda.cu). */
+extern const dsv4_backend_stages dsv4_cuda_backend_stages;
+uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
+bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n);
 #endif
 
 #endif

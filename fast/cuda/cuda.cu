@@ -47,6 +47,7 @@ extern "C" {
 #include "mma.cuh"
 #include "fp8path.cuh"
 #include "gemm_fp8.h"
+#include "cuda_impl.h"
 #ifdef DSV4_FAULTS
 extern "C" {
 #include "testctl.h"
@@ -95,6 +96,8 @@ struct Graph {
 struct CudaBe {
     dsv4_config cfg;
     int64_t chunk = 0, max_tokens = 0;
+    int64_t stage_cap = 0; /* the rows of a chunk the workspace and its mirror hold (stage chunks may grow them) */
+    int64_t e_first = 0, e_count = 0; /* the plan's expert range (the stages check their rows against it) */
     int small = 1;
     bool qx = false, qh_routed = false, qh_shared = false, routed_q = false, shared_q = false;
     bool repeats = false; /* a tid2eid row names one expert twice */
@@ -577,7 +580,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
  * kernels read the actual token count from the device). No host synchronisation. t0 is the
  * chunk's first token (only for error messages).
  */
-cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
+cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMode mode = CHUNK_FULL)
 {
     const dsv4_config *c = &b->cfg;
     const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
@@ -630,6 +633,14 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0)
     }
     size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
     k_router<<<(unsigned)L.tc, 256, rsm, s>>>(ra);
+    if (mode == CHUNK_ROUTE) /* the route stage (stages.cu) */
+        return cudaPeekAtLastError();
+    if (mode == CHUNK_SLOTS) { /* the experts stage: its slot list replaces the router's choice */
+        cudaError_t ce = cudaMemcpyAsync(ra.ids, b->hbuf + L.ids, (size_t)(L.w + (uint64_t)L.slots * 4 - L.ids),
+                                         cudaMemcpyHostToDevice, s);
+        if (ce != cudaSuccess)
+            return ce;
+    }
     /* grouping */
     GroupArgs ga;
     ga.ids = ra.ids, ga.w = ra.w, ga.ntok = ntok;
@@ -1578,14 +1589,28 @@ static uint64_t max_layout(const CudaBe *b, int64_t n)
     return m;
 }
 
-extern "C" uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t max_tokens)
+/* An upper bound of max_layout(b, n) in one layout: only the router logits' split-K slices make a
+   layout shrink as the chunk grows, so the layout of n with the largest logits buffer of 1 .. n.
+   The slices follow the chunk's 128-row blocks, so the largest buffer is at a block's last row. */
+static uint64_t layout_bound(const CudaBe *b, int64_t n)
 {
-    const dsv4_config *cfg = dsv4_plan_config(plan);
-    const dsv4_topology *topo = dsv4_plan_topology(plan);
-    int64_t chunk = dsv4_plan_chunk_tokens(plan);
-    if (chunk < 1)
-        chunk = topo->max_tokens_per_rank > 0 ? topo->max_tokens_per_rank : 128;
-    const int64_t n = max_tokens < chunk ? max_tokens : chunk;
+    const uint64_t E4 = (uint64_t)b->cfg.n_routed_experts * 4;
+    uint64_t lg = 0;
+    for (int64_t t = std::min<int64_t>(DSV4C_BM, n);; t = std::min<int64_t>(t + DSV4C_BM, n)) {
+        const uint64_t v = align256((uint64_t)logit_slices(b, t) * (uint64_t)t * E4);
+        lg = v > lg ? v : lg;
+        if (t >= n)
+            break;
+    }
+    const Layout L = layout_for(b, n);
+    return L.total - align256((uint64_t)L.lslices * (uint64_t)n * E4) + lg;
+}
+
+/* The largest layout of chunks of 1 .. n tokens over what creation decides from the checkpoint,
+   each way: the fp8 path or its fallback, a hash table that repeats an expert, the large groups'
+   kernel; gemm fp8 off (0), on (1) or either (2). 0 when out of memory. */
+static uint64_t layouts_max(const dsv4_config *cfg, int fp8, int64_t n, bool bound)
+{
     CudaBe *b = new (std::nothrow) CudaBe();
     if (!b)
         return 0;
@@ -1597,27 +1622,37 @@ extern "C" uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t ma
         b->nsm = nsm;
     else
         (void)cudaGetLastError(); /* no device here: the H100/H200 count the struct holds */
-    /* what creation decides from the checkpoint, each way: the fp8 path or its fallback, a hash
-       table that repeats an expert, the large groups' kernel */
     uint64_t best = 0;
     const bool fast = want_fast(cfg);
     for (int f = 0; f <= (fast ? 1 : 0); f++)
         for (int rep = 0; rep < 2; rep++)
-            for (int t16 = 0; t16 < 1 + N_TILEH_BIG; t16++) {
-                /* every kernel variant creation may be given (cuda_kernels): the large groups'
-                   tile width sets the tile list's capacity */
-                b->fast = f == 1;
-                b->repeats = rep == 1;
-                Kernels kv;
-                kv.mma_tiles = t16 == N_TILEH_BIG;
-                kv.big_var = t16 < N_TILEH_BIG ? t16 : 0;
-                set_kernels(b, kv);
-                b->fp8 = b->fast && dsv4_plan_gemm(plan) == DSV4_GEMM_FP8;
-                const uint64_t v = max_layout(b, n);
-                best = v > best ? v : best;
-            }
+            for (int t16 = 0; t16 < 1 + N_TILEH_BIG; t16++)
+                for (int g8 = fp8 == 1 ? 1 : 0; g8 <= (fp8 == 0 ? 0 : 1); g8++) {
+                    /* every kernel variant creation may be given (cuda_kernels): the large groups'
+                       tile width sets the tile list's capacity */
+                    b->fast = f == 1;
+                    b->repeats = rep == 1;
+                    Kernels kv;
+                    kv.mma_tiles = t16 == N_TILEH_BIG;
+                    kv.big_var = t16 < N_TILEH_BIG ? t16 : 0;
+                    set_kernels(b, kv);
+                    b->fp8 = b->fast && g8 == 1;
+                    const uint64_t v = bound ? layout_bound(b, n) : max_layout(b, n);
+                    best = v > best ? v : best;
+                }
     delete b;
     return best;
+}
+
+extern "C" uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t max_tokens)
+{
+    const dsv4_config *cfg = dsv4_plan_config(plan);
+    const dsv4_topology *topo = dsv4_plan_topology(plan);
+    int64_t chunk = dsv4_plan_chunk_tokens(plan);
+    if (chunk < 1)
+        chunk = topo->max_tokens_per_rank > 0 ? topo->max_tokens_per_rank : 128;
+    const int64_t n = max_tokens < chunk ? max_tokens : chunk;
+    return layouts_max(cfg, dsv4_plan_gemm(plan) == DSV4_GEMM_FP8 ? 1 : 0, n, false);
 }
 
 extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck,
@@ -1627,18 +1662,18 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     const int threads = opt->threads;
     const dsv4_config *cfg = dsv4_plan_config(plan);
     const dsv4_topology *topo = dsv4_plan_topology(plan);
-    dsv4_router_kind rk = dsv4_plan_router(plan);
-    if (rk != DSV4_ROUTER_LOCAL)
+    /* A rank of a sharded plan runs the stages (stages.cu) through fast/dist: expert ranges (ep), not
+       inter ranges (tp), and in a workspace of its own (stage chunks outgrow the forward's). */
+    const bool sharded = dsv4_plan_router(plan) != DSV4_ROUTER_LOCAL ||
+                         dsv4_plan_expert_count(plan) != cfg->n_routed_experts;
+    if (dsv4_plan_inter_count(plan) != cfg->moe_inter_dim)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
-                           "router %s is not supported by the cuda backend (it runs router local on one GPU; the "
-                           "distributed routers run through fast/dist)",
-                           dsv4_router_kind_name(rk));
-    if (dsv4_plan_expert_count(plan) != cfg->n_routed_experts || dsv4_plan_inter_count(plan) != cfg->moe_inter_dim)
+                           "the plan splits moe_inter_dim (inter %lld of %lld, tp %d): the cuda stages compute "
+                           "every inter row of their experts (ep, dp); tp runs on the cpu and ref backends",
+                           (long long)dsv4_plan_inter_count(plan), (long long)cfg->moe_inter_dim, topo->tp);
+    if (sharded && opt->workspace)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
-                           "the plan shards the layer (experts %lld of %lld, inter %lld of %lld): the cuda backend "
-                           "runs the whole layer on one GPU (tp 1, ep 1)",
-                           (long long)dsv4_plan_expert_count(plan), (long long)cfg->n_routed_experts,
-                           (long long)dsv4_plan_inter_count(plan), (long long)cfg->moe_inter_dim);
+                           "a rank of a sharded plan runs its stages in the backend's own workspace, not a caller's");
     if (topo->sm != 90)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE, "sm %d: this build's kernels are for sm 90 (Hopper)",
                            topo->sm);
@@ -1671,6 +1706,8 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     const dsv4_config *c = &b->cfg;
     b->chunk = dsv4_plan_chunk_tokens(plan);
     b->max_tokens = topo->max_tokens_per_rank;
+    b->e_first = dsv4_plan_expert_first(plan);
+    b->e_count = dsv4_plan_expert_count(plan);
     if (b->chunk < 1)
         b->chunk = b->max_tokens > 0 ? b->max_tokens : 128;
     set_modes(b);
@@ -1838,6 +1875,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
             goto fail;
         }
         b->chunk = fit;
+        b->stage_cap = fit;
         b->own_ws = false;
         b->ws = (uint8_t *)opt->workspace;
         b->ws_bytes = opt->workspace_bytes;
@@ -1850,9 +1888,12 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         }
         memset(b->hbuf, 0, (size_t)L.io_end);
     } else {
-        /* the workspace: one allocation, the layout of a full chunk (every bucket is within a chunk) */
-        Layout L = layout_for(b, b->chunk);
-        b->ws_bytes = L.total;
+        /* the workspace: one allocation, the layout of a full chunk (every bucket is within a chunk);
+           on a rank of a sharded plan, of the largest stage chunk (stage_rows) */
+        const int64_t ws_rows = sharded ? stage_rows(c, topo, b->chunk) : b->chunk;
+        Layout L = layout_for(b, ws_rows);
+        b->ws_bytes = sharded ? max_layout(b, ws_rows) : L.total;
+        b->stage_cap = ws_rows;
         uint64_t avail = dsv4_plan_budget_available(plan);
         if (b->ws_bytes > avail) {
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE,
@@ -1895,4 +1936,125 @@ fail_rt:
 fail:
     cuda_free(b);
     return st;
+}
+
+/* ---------------- the stages' access (cuda_impl.h, stages.cu) ---------------- */
+
+namespace dsv4cuda {
+
+dsv4_status stage_chunk(void *impl, int64_t tc, StageChunk *c, dsv4_error *err)
+{
+    CudaBe *b = (CudaBe *)impl;
+    if (tc < 1)
+        return dsv4_seterr(err, DSV4_ERR_INTERNAL, WHERE, "a stage chunk of %lld rows", (long long)tc);
+    const Layout L = layout_for(b, tc);
+    if (tc > b->stage_cap || L.total > b->ws_bytes) {
+        /* Beyond the workspace: a rank of a sharded plan is sized for its stages at creation, so
+           this is the single-rank composition (dsv4_dist_single_rank) running every rank's slots
+           in one call. The workspace grows (graphs captured over the old one are dropped). */
+        if (!b->own_ws)
+            return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
+                               "a stage chunk of %lld rows needs %llu bytes, above the caller's workspace of %llu",
+                               (long long)tc, (unsigned long long)L.total, (unsigned long long)b->ws_bytes);
+        CK(cudaStreamSynchronize(b->stream));
+        for (int i = 0; i < b->n_graphs; i++)
+            if (b->graph[i].exec) {
+                cudaGraphExecDestroy(b->graph[i].exec);
+                b->graph[i].exec = nullptr;
+            }
+        cudaFree(b->ws);
+        cudaFreeHost(b->hbuf);
+        b->ws = nullptr, b->hbuf = nullptr, b->ws_bytes = 0, b->stage_cap = 0;
+        const uint64_t bytes = max_layout(b, tc);
+        CK(cudaMalloc((void **)&b->ws, bytes));
+        b->ws_bytes = bytes;
+        CK(cudaMallocHost((void **)&b->hbuf, (size_t)L.io_end));
+        b->stage_cap = tc;
+        b->stats.workspace_allocated = bytes;
+    }
+    c->tc = tc, c->slots = L.slots, c->stream = b->stream, c->ws = b->ws, c->hio = b->hbuf;
+    c->in_ids = L.in_ids, c->ntok = L.ntok, c->stats = L.stats, c->x = L.x, c->ids = L.ids, c->w = L.w;
+    c->kept = L.kept, c->io_end = L.io_end, c->rowmap = L.rowmap, c->o = L.o, c->osh = L.osh, c->total = L.total;
+    if (b->stats.workspace_peak < L.total)
+        b->stats.workspace_peak = L.total;
+    /* the mirror's head: no input ids (a caller's route writes its own), the row count, zeroed counters */
+    memset(b->hbuf, 0, (size_t)L.x);
+    const int ntok = (int)tc;
+    memcpy(b->hbuf + L.ntok, &ntok, 4);
+    return DSV4_OK;
+}
+
+dsv4_status stage_done(void *impl, const StageChunk &c, StageKind kind, dsv4_error *err)
+{
+    CudaBe *b = (CudaBe *)impl;
+    unsigned long long cs[ST_N];
+    memcpy(cs, c.hio + c.stats, sizeof cs);
+    if (cs[ST_BADIN])
+        return dsv4_seterr(err, DSV4_ERR_RANGE, "cuda route",
+                           "input_ids[%lld] is outside [0, %lld) or its tid2eid row names an expert outside [0, %lld) "
+                           "(checked on the device)",
+                           (long long)(0xFFFFFFFFull - cs[ST_BADIN_AT]), (long long)b->cfg.vocab_size,
+                           (long long)b->cfg.n_routed_experts);
+    if (cs[ST_BADID])
+        return dsv4_seterr(err, DSV4_ERR_INTERNAL, WHERE, "%llu slots of a stage chunk hold an expert id outside [0, %lld]",
+                           cs[ST_BADID], (long long)b->cfg.n_routed_experts);
+    dsv4_backend_stats *st = &b->stats;
+    if (kind == STAGE_ROUTE) {
+        st->nonfinite_rows += cs[ST_NONFINITE];
+        st->forwards++;
+        st->tokens += (uint64_t)c.tc;
+    } else if (kind == STAGE_ROUTED) {
+        st->launches += cs[ST_ACTIVE];
+        st->empty_skips += cs[ST_EMPTY];
+        st->routed_g_clamped += cs[ST_RG];
+        st->routed_u_clamped += cs[ST_RU];
+    } else if (kind == STAGE_SHARED) {
+        st->launches++;
+        st->shared_g_clamped += cs[ST_SG];
+        st->shared_u_clamped += cs[ST_SU];
+    }
+    return DSV4_OK;
+}
+
+cudaError_t stage_enqueue(void *impl, const StageChunk &c, ChunkMode mode)
+{
+    CudaBe *b = (CudaBe *)impl;
+    return enqueue_chunk(b, layout_for(b, c.tc), 0, mode);
+}
+
+cudaError_t stage_combine(void *impl, const StageChunk &c, bool with_shared)
+{
+    const CudaBe *b = (const CudaBe *)impl;
+    const dsv4_config *cf = &b->cfg;
+    CombineArgs ca;
+    ca.O = at<uint16_t>(b, c.o);
+    ca.Osh = with_shared && c.osh ? at<uint16_t>(b, c.osh) : nullptr;
+    ca.ids = at<int32_t>(b, c.ids), ca.rowmap = at<int32_t>(b, c.rowmap), ca.w = at<float>(b, c.w);
+    ca.y = at<uint16_t>(b, c.x);
+    ca.ntok = at<int>(b, c.ntok);
+    ca.H = (int)cf->dim, ca.E = (int)cf->n_routed_experts, ca.K = (int)cf->n_activated;
+    ca.after = cf->weight_point == DSV4_WEIGHT_AFTER_W2;
+    k_combine<<<dim3((unsigned)c.tc, (unsigned)cdiv(cf->dim, 8 * 256)), 256, (size_t)cf->n_activated * 16, b->stream>>>(ca);
+    return cudaPeekAtLastError();
+}
+
+const dsv4_config *stage_config(const void *impl) { return &((const CudaBe *)impl)->cfg; }
+
+void stage_experts(const void *impl, int64_t *first, int64_t *count)
+{
+    *first = ((const CudaBe *)impl)->e_first;
+    *count = ((const CudaBe *)impl)->e_count;
+}
+
+} // namespace dsv4cuda
+
+/* The registry's memory model of a rank of a sharded cuda plan (world > 1): the workspace of its
+   largest stage chunk, over the layouts creation may pick (gemm fp8 either way: the model gets
+   the layer and topology, not the plan's resolved mode). A single rank keeps the planner's
+   executor model (docs/planner.md). */
+extern "C" uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens)
+{
+    if (tokens < 1)
+        return 0;
+    return layouts_max(cfg, 2, stage_rows(cfg, topo, tokens), true);
 }

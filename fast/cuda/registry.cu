@@ -18,3 +18,18 @@ extern "C" bool dsv4_cuda_backend_available(char *why, size_t n)
     }
     return true;
 }
+
+/* Sharded plans: expert ranges (ep, dp) with every inter row; tp > 1 splits moe_inter_dim, which
+   the cuda stages do not (fast/cuda/stages.cu). */
+extern "C" bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n)
+{
+    const dsv4_config *cfg = dsv4_plan_config(plan);
+    if (dsv4_plan_inter_count(plan) == cfg->moe_inter_dim)
+        return true;
+    if (why && n)
+        snprintf(why, n, "tp %d splits moe_inter_dim (%lld of %lld rows): the cuda stages compute every inter row "
+                 "of their experts (ep, dp); tp runs on the cpu and ref backends",
+                 dsv4_plan_topology(plan)->tp, (long long)dsv4_plan_inter_count(plan),
+                 (long long)cfg->moe_inter_dim);
+    return false;
+}

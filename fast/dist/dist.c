@@ -1,5 +1,7 @@
 /* The distributed driver over simulated ranks (see include/dsv4moe/dist.h): each rank composes
-   the stages of its plan's backend (fast/backend/backend_impl.h) around the collectives. */
+   the stages of its plan's backend (fast/backend/backend_impl.h) around the collectives, over the
+   host sim communicator, or, for a backend whose rows live on a device (cuda), over its device
+   communicator with the rows as device buffers (run_chunk_dev). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 #include "dsv4moe/backend.h"
 #include "dsv4moe/weights.h"
 #include "../backend/backend_impl.h"
+#include "dist_impl.h"
 #include "err.h"
 #include "testctl.h"
 
@@ -69,6 +72,8 @@ typedef struct {
     int rank;
     const dsv4_dist_options *opt;
     dsv4_allocator *acct; /* the driver's buffers of this rank, measured against the plan */
+    const dsv4_backend_device *dev; /* the rows on the backend's device (fast/backend/backend_impl.h), or NULL */
+    uint64_t dev_cur, dev_peak;     /* the driver's device buffers live now and at their peak */
 } rank_ctx;
 
 /* A token-slot of this rank's chunk: token (chunk-relative), slot, expert, weight. */
@@ -97,6 +102,7 @@ static int cmp_slot_expert(const void *a, const void *b)
 /* The driver's buffers of one chunk, all through the rank's accounting allocator. */
 typedef struct {
     int32_t *ids, *tok, *ge, *sende, *recve, *shid;
+    int32_t *sidx, *gidx; /* rows on a device: the slots' tokens, the received rows' order */
     float *w, *sw, *gw, *sendw, *recvw, *go, *shf;
     slot *sl, *rs;
     uint16_t *gx, *ob, *shb, *sendx, *recvx, *sendo;
@@ -104,8 +110,8 @@ typedef struct {
 
 static void release_bufs(dsv4_allocator *a, chunk_bufs *b)
 {
-    void *all[] = {b->ids, b->tok, b->ge, b->sende, b->recve, b->shid, b->w, b->sw, b->gw, b->sendw, b->recvw, b->go,
-                   b->shf, b->sl, b->rs, b->gx, b->ob, b->shb, b->sendx, b->recvx, b->sendo};
+    void *all[] = {b->ids, b->tok, b->ge, b->sende, b->recve, b->shid, b->sidx, b->gidx, b->w, b->sw, b->gw, b->sendw,
+                   b->recvw, b->go, b->shf, b->sl, b->rs, b->gx, b->ob, b->shb, b->sendx, b->recvx, b->sendo};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         dsv4_release(a, all[i]);
     memset(b, 0, sizeof *b);
@@ -151,12 +157,97 @@ static dsv4_status shared_rows(rank_ctx *rc, int64_t n, const uint16_t *x, int64
     return n ? rc->stage->experts(rc->impl, n, x, b->shid, NULL, i0, ni, b->shf, err) : DSV4_OK;
 }
 
+/* A chunk's routing buffers for nk = n K slots: ids, weights, slot records, their tokens and weights. */
+static void slot_bufs(dsv4_allocator *A, chunk_bufs *b, uint64_t nk, bool *oom)
+{
+    b->ids = zalloc(A, nk, sizeof *b->ids, oom);
+    b->w = zalloc(A, nk, sizeof *b->w, oom);
+    b->sl = zalloc(A, nk, sizeof *b->sl, oom);
+    b->tok = zalloc(A, nk, sizeof *b->tok, oom);
+    b->sw = zalloc(A, nk, sizeof *b->sw, oom);
+}
+
+/* ep: the slots received from each rank (rcount from the counts' exchange) as rcn, the rows' element
+   counts each way (scH, rcH: H values a slot); returns the slots received. */
+static uint64_t row_counts(int P, uint64_t H, const uint64_t *sc, const int64_t *rcount, uint64_t *rcn, uint64_t *scH,
+                           uint64_t *rcH)
+{
+    uint64_t nr = 0;
+    for (int j = 0; j < P; j++) {
+        rcn[j] = (uint64_t)rcount[j];
+        nr += rcn[j];
+        scH[j] = sc[j] * H;
+        rcH[j] = rcn[j] * H;
+    }
+    return nr;
+}
+
+/* The chunk [c0, c0 + n) of the rank's tokens (rows x) through the route stage into b->ids and
+   b->w (and the caller's topk outputs), then its kept slots (*ns, kept_slots). */
+static dsv4_status route_chunk(rank_ctx *rc, int64_t c0, int64_t n, const uint16_t *x, chunk_bufs *b, int64_t *ns,
+                               dsv4_error *err)
+{
+    dsv4_dist_rank *io = rc->io;
+    int64_t K = rc->cfg->n_activated;
+    dsv4_status st = n ? rc->stage->route(rc->impl, n, x, io->input_ids ? io->input_ids + c0 : NULL, b->ids, b->w,
+                                          NULL, err)
+                       : DSV4_OK;
+    if (st)
+        return st;
+    if (io->topk_ids)
+        memcpy(io->topk_ids + c0 * K, b->ids, (size_t)(n * K) * sizeof *b->ids);
+    if (io->topk_weights)
+        memcpy(io->topk_weights + c0 * K, b->w, (size_t)(n * K) * sizeof *b->w);
+    *ns = kept_slots(rc->cfg, n, b);
+    return DSV4_OK;
+}
+
+/* ep: each slot's destination rank, counted (sc, and as int64 for the counts' exchange; ones: one
+   count to and from every rank). sl is sorted by expert, so it is grouped by destination. */
+static void dispatch_counts(const chunk_bufs *b, int64_t ns, int P, int64_t per, uint64_t *sc, int64_t *scount,
+                            uint64_t *ones)
+{
+    for (int j = 0; j < P; j++)
+        sc[j] = 0;
+    for (int64_t s = 0; s < ns; s++)
+        sc[b->sl[s].e / per < P ? b->sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
+    for (int j = 0; j < P; j++) {
+        ones[j] = 1;
+        scount[j] = (int64_t)sc[j];
+    }
+}
+
+/* ep: the received slots (recve, recvw) checked against this rank's experts and grouped in rs by
+   ascending id (received order inside a group: source rank, then its token order). */
+static dsv4_status received_groups(const rank_ctx *rc, chunk_bufs *b, uint64_t nr, dsv4_error *err)
+{
+    int64_t first = dsv4_plan_expert_first(rc->plan), cnt = dsv4_plan_expert_count(rc->plan);
+    for (uint64_t q = 0; q < nr; q++) {
+        if (b->recve[q] < first || b->recve[q] >= first + cnt)
+            return dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d received expert %d outside its [%lld, %lld)",
+                               rc->rank, b->recve[q], (long long)first, (long long)(first + cnt));
+        b->rs[q] = (slot){(int64_t)q, 0, b->recve[q], b->recvw[q]};
+    }
+    qsort(b->rs, (size_t)nr, sizeof *b->rs, cmp_slot_expert);
+    return DSV4_OK;
+}
+
+/* Without ep: every slot names an expert of this rank. */
+static dsv4_status local_slots(const rank_ctx *rc, const chunk_bufs *b, int64_t ns, dsv4_error *err)
+{
+    int64_t first = dsv4_plan_expert_first(rc->plan), cnt = dsv4_plan_expert_count(rc->plan);
+    for (int64_t s = 0; s < ns; s++)
+        if (b->sl[s].e < first || b->sl[s].e >= first + cnt)
+            return dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d: a slot names expert %d outside [%lld, %lld)",
+                               rc->rank, b->sl[s].e, (long long)first, (long long)(first + cnt));
+    return DSV4_OK;
+}
+
 static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *err)
 {
     const dsv4_config *c = rc->cfg;
     const dsv4_topology *tp = dsv4_plan_topology(rc->plan);
     int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
-    int64_t first = dsv4_plan_expert_first(rc->plan), cnt = dsv4_plan_expert_count(rc->plan);
     int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
     dsv4_dist_rank *io = rc->io;
     const uint16_t *x = io->x ? io->x + c0 * H : NULL;
@@ -166,11 +257,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
     chunk_bufs b;
     memset(&b, 0, sizeof b);
     int64_t nk = n * K;
-    b.ids = zalloc(A, (uint64_t)nk, sizeof *b.ids, &oom);
-    b.w = zalloc(A, (uint64_t)nk, sizeof *b.w, &oom);
-    b.sl = zalloc(A, (uint64_t)nk, sizeof *b.sl, &oom);
-    b.tok = zalloc(A, (uint64_t)nk, sizeof *b.tok, &oom);
-    b.sw = zalloc(A, (uint64_t)nk, sizeof *b.sw, &oom);
+    slot_bufs(A, &b, (uint64_t)nk, &oom);
     if (has_shared) {
         b.shid = zalloc(A, (uint64_t)n, sizeof *b.shid, &oom);
         b.shf = zalloc(A, (uint64_t)(n * H), sizeof *b.shf, &oom);
@@ -181,37 +268,21 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
         goto done;
     }
     /* 1: route (a 0-row chunk computes nothing but joins every collective below) */
-    if (n)
-        TRY(rc->stage->route(rc->impl, n, x, io->input_ids ? io->input_ids + c0 : NULL, b.ids, b.w, NULL, err));
-    if (io->topk_ids)
-        memcpy(io->topk_ids + c0 * K, b.ids, (size_t)nk * sizeof *b.ids);
-    if (io->topk_weights)
-        memcpy(io->topk_weights + c0 * K, b.w, (size_t)nk * sizeof *b.w);
-    int64_t ns = kept_slots(c, n, &b);
+    int64_t ns = 0;
+    TRY(route_chunk(rc, c0, n, x, &b, &ns, err));
 
     if (tp->ep > 1) {
         /* 2: dispatch the slots to the ranks holding their experts (sl is sorted by expert, so it is
            grouped by destination in rank order) */
         int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
         int64_t per = E / P;
-        uint64_t sc[DSV4_COMM_MAX_RANKS] = {0}, rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
+        uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
         uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
-        for (int64_t s = 0; s < ns; s++)
-            sc[b.sl[s].e / per < P ? b.sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
         int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
-        for (int j = 0; j < P; j++) {
-            ones[j] = 1;
-            scount[j] = (int64_t)sc[j];
-        }
+        dispatch_counts(&b, ns, P, per, sc, scount, ones);
         TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, scount, ones, rcount, ones,
                                   "dispatch counts", err));
-        uint64_t nr = 0;
-        for (int j = 0; j < P; j++) {
-            rcn[j] = (uint64_t)rcount[j];
-            nr += rcn[j];
-            scH[j] = sc[j] * (uint64_t)H;
-            rcH[j] = rcn[j] * (uint64_t)H;
-        }
+        uint64_t nr = row_counts(P, (uint64_t)H, sc, rcount, rcn, scH, rcH);
         uint64_t uH = (uint64_t)H;
         b.sendx = zalloc(A, (uint64_t)ns * uH, sizeof *b.sendx, &oom);
         b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
@@ -244,15 +315,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
                                   "dispatch weights", err));
         /* 3: this rank's experts, grouped in ascending id (received order inside a group: source
            rank, then its token order); the received order is kept for the way back */
-        for (uint64_t q = 0; q < nr; q++) {
-            if (b.recve[q] < first || b.recve[q] >= first + cnt) {
-                st = dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d received expert %d outside its [%lld, %lld)",
-                                 rc->rank, b.recve[q], (long long)first, (long long)(first + cnt));
-                goto done;
-            }
-            b.rs[q] = (slot){(int64_t)q, 0, b.recve[q], b.recvw[q]};
-        }
-        qsort(b.rs, (size_t)nr, sizeof *b.rs, cmp_slot_expert);
+        TRY(received_groups(rc, &b, nr, err));
         for (uint64_t q = 0; q < nr; q++) {
             memcpy(b.gx + q * uH, b.recvx + (uint64_t)b.rs[q].t * uH, (size_t)H * sizeof *b.gx);
             b.ge[q] = b.rs[q].e;
@@ -271,12 +334,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
         }
     } else {
         /* every expert here; under tp, this rank's share of moe_inter_dim */
-        for (int64_t s = 0; s < ns; s++)
-            if (b.sl[s].e < first || b.sl[s].e >= first + cnt) {
-                st = dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d: a slot names expert %d outside [%lld, %lld)",
-                                 rc->rank, b.sl[s].e, (long long)first, (long long)(first + cnt));
-                goto done;
-            }
+        TRY(local_slots(rc, &b, ns, err));
         uint64_t len = (uint64_t)(ns * H) + (has_shared ? (uint64_t)(n * H) : 0);
         b.gx = zalloc(A, (uint64_t)(ns * H), sizeof *b.gx, &oom);
         b.ge = zalloc(A, (uint64_t)ns, sizeof *b.ge, &oom);
@@ -311,6 +369,230 @@ done:
     return st;
 }
 
+/* ---------------- rows on the backend's device (rank_ctx.dev) ---------------- */
+
+#define DEV_BUFS 16
+
+/* The device buffers of one chunk (or of the step's metadata), counted into the rank's peak. */
+typedef struct {
+    void *p[DEV_BUFS];
+    size_t n[DEV_BUFS];
+    int k;
+} dev_bufs;
+
+static void *dalloc(rank_ctx *rc, dev_bufs *d, uint64_t count, size_t size, bool *oom)
+{
+    size_t bytes = (size_t)(count + 1) * size;
+    void *p = d->k < DEV_BUFS ? rc->dev->alloc(rc->impl, bytes) : NULL;
+    if (!p) {
+        *oom = true;
+        return NULL;
+    }
+    d->p[d->k] = p;
+    d->n[d->k++] = bytes;
+    rc->dev_cur += bytes;
+    rc->dev_peak = rc->dev_cur > rc->dev_peak ? rc->dev_cur : rc->dev_peak;
+    return p;
+}
+
+static void drelease(rank_ctx *rc, dev_bufs *d)
+{
+    for (int i = 0; i < d->k; i++) {
+        rc->dev->release(rc->impl, d->p[i]);
+        rc->dev_cur -= d->n[i];
+    }
+    d->k = 0;
+}
+
+/* A collective of small host arrays through device buffers (the device communicator moves only
+   device memory): counts, expert ids, weights. */
+static dsv4_status dev_all_to_allv(rank_ctx *rc, dsv4_dtype dt, const void *send, const uint64_t *sc, void *recv,
+                                   const uint64_t *rcn, const char *tag, dsv4_error *err)
+{
+    int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
+    uint64_t ns = 0, nr = 0;
+    for (int j = 0; j < P; j++) {
+        ns += sc[j];
+        nr += rcn[j];
+    }
+    size_t sz = dsv4_dtype_size(dt);
+    dev_bufs d = {0};
+    bool oom = false;
+    void *ds = dalloc(rc, &d, ns, sz, &oom), *dr = dalloc(rc, &d, nr, sz, &oom);
+    dsv4_status st = oom ? dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of device memory for '%s'", tag) : DSV4_OK;
+    if (!st)
+        st = rc->dev->copy(rc->impl, ds, send, (size_t)ns * sz, err);
+    if (!st)
+        st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, dt, ds, sc, dr, rcn, tag, err);
+    if (!st)
+        st = rc->dev->copy(rc->impl, recv, dr, (size_t)nr * sz, err);
+    drelease(rc, &d);
+    return st;
+}
+
+/* The step's metadata all_gather over the world, through device buffers where the rows are on a device. */
+static dsv4_status step_meta(rank_ctx *rc, const int64_t meta[2], int64_t *all, int world, dsv4_error *err)
+{
+    if (!rc->dev)
+        return dsv4_comm_all_gather(rc->comm, DSV4_GROUP_WORLD, DSV4_DTYPE_I64, meta, 2, all, "step meta", err);
+    dev_bufs d = {0};
+    bool oom = false;
+    void *dm = dalloc(rc, &d, 2, sizeof(int64_t), &oom), *da = dalloc(rc, &d, 2 * (uint64_t)world, sizeof(int64_t), &oom);
+    dsv4_status st = oom ? dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of device memory for the step meta") : DSV4_OK;
+    if (!st)
+        st = rc->dev->copy(rc->impl, dm, meta, 2 * sizeof(int64_t), err);
+    if (!st)
+        st = dsv4_comm_all_gather(rc->comm, DSV4_GROUP_WORLD, DSV4_DTYPE_I64, dm, 2, da, "step meta", err);
+    if (!st)
+        st = rc->dev->copy(rc->impl, all, da, (size_t)world * 2 * sizeof(int64_t), err);
+    drelease(rc, &d);
+    return st;
+}
+
+/*
+ * run_chunk with the rows on the backend's device: the chunk's token rows are copied to the
+ * device once; route reads them there; the dispatched rows are gathered, exchanged, regrouped,
+ * computed, rounded and sent back as device buffers; combine reads the outputs there and writes
+ * the rank's y. The slot bookkeeping (ids, weights, expert ids, orders) stays on the host, its
+ * counts, expert ids and weights exchanged through device buffers. The collectives, their order
+ * and tags are run_chunk's, so the fingerprint traces are the same.
+ */
+static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *err)
+{
+    const dsv4_config *c = rc->cfg;
+    const dsv4_topology *tp = dsv4_plan_topology(rc->plan);
+    const dsv4_backend_device *D = rc->dev;
+    int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
+    int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
+    dsv4_dist_rank *io = rc->io;
+    bool has_shared = c->n_shared_experts > 0, oom = false;
+    dsv4_status st = DSV4_OK;
+    dsv4_allocator *A = rc->acct;
+    chunk_bufs b;
+    memset(&b, 0, sizeof b);
+    dev_bufs d = {0};
+    uint64_t uH = (uint64_t)H, nk = (uint64_t)(n * K);
+    slot_bufs(A, &b, nk, &oom);
+    b.sidx = zalloc(A, nk, sizeof *b.sidx, &oom);
+    b.shid = has_shared ? zalloc(A, (uint64_t)n, sizeof *b.shid, &oom) : NULL;
+    uint16_t *dx = dalloc(rc, &d, (uint64_t)n * uH, 2, &oom), *dshb = NULL, *dob = NULL;
+    if (oom) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for a chunk of %lld tokens", (long long)n);
+        goto done;
+    }
+    if (n)
+        TRY(D->copy(rc->impl, dx, io->x + c0 * H, (size_t)(n * H) * 2, err));
+    int64_t ns = 0;
+    TRY(route_chunk(rc, c0, n, dx, &b, &ns, err));
+    for (int64_t s = 0; s < ns; s++)
+        b.sidx[s] = (int32_t)b.sl[s].t;
+    float *dshf = NULL;
+    if (tp->ep > 1) {
+        int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
+        int64_t per = E / P;
+        uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
+        uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
+        int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
+        dispatch_counts(&b, ns, P, per, sc, scount, ones);
+        TRY(dev_all_to_allv(rc, DSV4_DTYPE_I64, scount, ones, rcount, ones, "dispatch counts", err));
+        uint64_t nr = row_counts(P, uH, sc, rcount, rcn, scH, rcH);
+        b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
+        b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
+        b.recve = zalloc(A, nr, sizeof *b.recve, &oom);
+        b.recvw = zalloc(A, nr, sizeof *b.recvw, &oom);
+        b.rs = zalloc(A, nr, sizeof *b.rs, &oom);
+        b.ge = zalloc(A, nr, sizeof *b.ge, &oom);
+        b.gw = zalloc(A, nr, sizeof *b.gw, &oom);
+        b.gidx = zalloc(A, nr, sizeof *b.gidx, &oom);
+        uint16_t *dsendx = dalloc(rc, &d, (uint64_t)ns * uH, 2, &oom), *drecvx = dalloc(rc, &d, nr * uH, 2, &oom);
+        uint16_t *dgx = dalloc(rc, &d, nr * uH, 2, &oom), *dsendo = dalloc(rc, &d, nr * uH, 2, &oom);
+        float *dgo = dalloc(rc, &d, nr * uH, 4, &oom);
+        dob = dalloc(rc, &d, (uint64_t)ns * uH, 2, &oom);
+        if (oom) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %llu received slots", (unsigned long long)nr);
+            goto done;
+        }
+        for (int64_t s = 0; s < ns; s++) {
+            b.sende[s] = b.sl[s].e;
+            b.sendw[s] = b.sl[s].w;
+        }
+        st = D->gather(rc->impl, ns, H, dx, b.sidx, dsendx, err);
+        if (!st)
+            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendx, scH, drecvx, rcH,
+                                       "dispatch rows", err);
+        if (!st)
+            st = dev_all_to_allv(rc, DSV4_DTYPE_I32, b.sende, sc, b.recve, rcn, "dispatch experts", err);
+        if (!st)
+            st = dev_all_to_allv(rc, DSV4_DTYPE_F32, b.sendw, sc, b.recvw, rcn, "dispatch weights", err);
+        if (!st)
+            st = received_groups(rc, &b, nr, err);
+        if (!st) {
+            for (uint64_t q = 0; q < nr; q++) {
+                b.gidx[q] = (int32_t)b.rs[q].t;
+                b.ge[q] = b.rs[q].e;
+                b.gw[q] = b.rs[q].w;
+            }
+            st = D->gather(rc->impl, (int64_t)nr, H, drecvx, b.gidx, dgx, err);
+        }
+        if (!st && nr)
+            st = rc->stage->experts(rc->impl, (int64_t)nr, dgx, b.ge, b.gw, i0, ni, dgo, err);
+        /* back in the received order: row gidx[q] of the send buffer is expert row q */
+        if (!st)
+            st = D->round(rc->impl, (int64_t)nr, H, dgo, b.gidx, dsendo, err);
+        if (!st)
+            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendo, rcH, dob, scH, "combine rows",
+                                       err);
+        if (st)
+            goto done;
+        if (has_shared) {
+            dshf = dalloc(rc, &d, (uint64_t)n * uH, 4, &oom);
+            dshb = dalloc(rc, &d, (uint64_t)n * uH, 2, &oom);
+            if (oom) {
+                st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of device memory for the shared rows");
+                goto done;
+            }
+            for (int64_t t = 0; t < n; t++)
+                b.shid[t] = DSV4_SHARED_EXPERT;
+            if (n)
+                TRY(rc->stage->experts(rc->impl, n, dx, b.shid, NULL, i0, ni, dshf, err));
+            TRY(D->round(rc->impl, n, H, dshf, NULL, dshb, err));
+        }
+    } else {
+        TRY(local_slots(rc, &b, ns, err));
+        uint64_t len = (uint64_t)(ns * H) + (has_shared ? (uint64_t)(n * H) : 0);
+        b.ge = zalloc(A, (uint64_t)ns, sizeof *b.ge, &oom);
+        uint16_t *dgx = dalloc(rc, &d, (uint64_t)ns * uH, 2, &oom);
+        float *dgo = dalloc(rc, &d, len, 4, &oom); /* slots' rows, then the shared rows (one all_reduce) */
+        dob = dalloc(rc, &d, (uint64_t)ns * uH, 2, &oom);
+        dshb = has_shared ? dalloc(rc, &d, (uint64_t)n * uH, 2, &oom) : NULL;
+        if (oom) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %lld slots", (long long)ns);
+            goto done;
+        }
+        for (int64_t s = 0; s < ns; s++)
+            b.ge[s] = b.sl[s].e;
+        TRY(D->gather(rc->impl, ns, H, dx, b.sidx, dgx, err));
+        if (ns)
+            TRY(rc->stage->experts(rc->impl, ns, dgx, b.ge, b.sw, i0, ni, dgo, err));
+        if (has_shared && n) {
+            for (int64_t t = 0; t < n; t++)
+                b.shid[t] = DSV4_SHARED_EXPERT;
+            TRY(rc->stage->experts(rc->impl, n, dx, b.shid, NULL, i0, ni, dgo + ns * H, err));
+        }
+        if (tp->tp > 1)
+            TRY(dsv4_comm_all_reduce(rc->comm, DSV4_GROUP_TP, DSV4_DTYPE_F32, dgo, len, "tp reduce", err));
+        TRY(D->round(rc->impl, ns, H, dgo, NULL, dob, err));
+        if (has_shared)
+            TRY(D->round(rc->impl, n, H, dgo + ns * H, NULL, dshb, err));
+    }
+    if (n)
+        TRY(rc->stage->combine(rc->impl, n, ns, b.tok, b.sw, dob, has_shared ? dshb : NULL, io->y + c0 * H, err));
+done:
+    drelease(rc, &d);
+    release_bufs(A, &b);
+    return st;
+}
+
 static void *rank_main(void *p)
 {
     rank_ctx *rc = p;
@@ -325,7 +607,7 @@ static void *rank_main(void *p)
         /* The review's defect: a graph-replaying rank skips the plan collective. */
     } else {
         int64_t meta[2] = {T, replay_ok ? 1 : 0}, all[2 * DSV4_COMM_MAX_RANKS];
-        if ((st = dsv4_comm_all_gather(rc->comm, DSV4_GROUP_WORLD, DSV4_DTYPE_I64, meta, 2, all, "step meta", err)))
+        if ((st = step_meta(rc, meta, all, world, err)))
             goto out;
         for (int r = 0; r < world; r++) {
             maxT = all[2 * r] > maxT ? all[2 * r] : maxT;
@@ -341,13 +623,13 @@ static void *rank_main(void *p)
                                                   : dsv4_plan_workspace_bytes(rc->cplan, maxT, false);
     for (int64_t ch = 0; ch < nch; ch++) {
         int64_t b = ch * ct, e = b + ct < T ? b + ct : T;
-        if ((st = run_chunk(rc, b < T ? b : T, e > b ? e - b : 0, err)))
+        if ((st = (rc->dev ? run_chunk_dev : run_chunk)(rc, b < T ? b : T, e > b ? e - b : 0, err)))
             goto out;
     }
 out:
     io->status = st;
-    /* The driver's buffers and the backend's workspace are live together. */
-    io->workspace_peak = dsv4_allocator_stats(rc->acct).peak + dsv4_backend_get_stats(rc->be).workspace_peak;
+    /* The driver's buffers (host and device) and the backend's workspace are live together. */
+    io->workspace_peak = dsv4_allocator_stats(rc->acct).peak + rc->dev_peak + dsv4_backend_get_stats(rc->be).workspace_peak;
     size_t n = 0;
     const dsv4_coll_record *tr = dsv4_comm_trace(rc->comm, &n);
     io->trace = n ? malloc(n * sizeof *io->trace) : NULL;
@@ -358,9 +640,26 @@ out:
     return NULL;
 }
 
+/* The layer as a stand-in computes it: gemm fp8 is a cuda mode, so another backend runs its own
+   (auto) numerics. */
+static dsv4_config standin_config(const dsv4_config *cfg, bool standin)
+{
+    dsv4_config c = *cfg;
+    if (standin && c.gemm == DSV4_GEMM_FP8)
+        c.gemm = DSV4_GEMM_AUTO;
+    return c;
+}
+
 dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
                               const dsv4_budget *budget, const dsv4_dist_options *opt, dsv4_dist_rank *ranks,
                               dsv4_error *err)
+{
+    return dsv4_dist_forward_on(cfg, ckpt, topo, budget, opt, NULL, ranks, err);
+}
+
+dsv4_status dsv4_dist_forward_on(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
+                                 const dsv4_budget *budget, const dsv4_dist_options *opt,
+                                 const dsv4_backend_device *device, dsv4_dist_rank *ranks, dsv4_error *err)
 {
     if (!cfg || !ckpt || !topo || !budget || !ranks)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist", "arguments must not be NULL");
@@ -386,6 +685,8 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
     bool started[DSV4_COMM_MAX_RANKS] = {0};
     dsv4_backend *be[DSV4_COMM_MAX_RANKS] = {0};
     dsv4_sim_world *sw = NULL;
+    const dsv4_backend_device *dev = NULL; /* the rows on the backend's device, its communicator */
+    void *dw = NULL;
     dsv4_status st = DSV4_OK;
     for (int r = 0; r < world; r++) {
         dsv4_dist_rank *io = &ranks[r];
@@ -417,6 +718,7 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
     if (opt->compute_backend > (int)DSV4_BACKEND_CUDA)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist options", "compute_backend %d is not -1 or a backend kind",
                            opt->compute_backend);
+    dsv4_config scfg = standin_config(cfg, standin);
     for (int r = 0; r < world; r++) {
         dsv4_topology t = *topo;
         t.rank = r;
@@ -427,7 +729,7 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
             t.backend = (dsv4_backend_kind)opt->compute_backend;
             t.cuda_graph = false;
             t.n_buckets = 0;
-            if ((st = dsv4_plan_create(cfg, &t, budget, &cplans[r], err)))
+            if ((st = dsv4_plan_create(&scfg, &t, budget, &cplans[r], err)))
                 goto done;
         }
     }
@@ -450,12 +752,14 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
     dsv4_sim_options so;
     dsv4_sim_options_init(&so);
     so.timeout_ms = opt->timeout_ms;
+    dev = device ? device : opt->rows_on_host ? NULL : dsv4_backend_get_stages(be[0])->device;
     if ((st = dsv4_comm_groups_init(&groups, world, topo->tp, topo->dp, topo->ep, err)) ||
-        (st = dsv4_sim_world_create(&groups, &so, &sw, err)))
+        (st = dev ? dev->world_create(&groups, opt->timeout_ms, &dw, err) : dsv4_sim_world_create(&groups, &so, &sw, err)))
         goto done;
     for (int r = 0; r < world; r++) {
-        ctx[r] = (rank_ctx){cfg,   plans[r], standin ? cplans[r] : plans[r], be[r], dsv4_backend_get_stages(be[r]),
-                            be[r]->impl, dsv4_sim_world_comm(sw, r), &ranks[r], r, opt, acct[r]};
+        ctx[r] = (rank_ctx){cfg,      plans[r], standin ? cplans[r] : plans[r], be[r], dsv4_backend_get_stages(be[r]),
+                            be[r]->impl, dev ? dev->world_comm(dw, r) : dsv4_sim_world_comm(sw, r), &ranks[r], r, opt,
+                            acct[r],  dev,      0,                              0};
         started[r] = pthread_create(&th[r], NULL, rank_main, &ctx[r]) == 0;
         if (!started[r]) {
             /* Without its thread the rank never arrives: the others get the deadlock report. */
@@ -476,6 +780,8 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
             }
 done:
     dsv4_sim_world_free(sw);
+    if (dw)
+        dev->world_free(dw);
     for (int r = 0; r < world; r++) {
         dsv4_backend_free(be[r]);
         dsv4_plan_free(plans[r]);
@@ -634,7 +940,8 @@ dsv4_status dsv4_dist_single_rank(const dsv4_config *cfg, const dsv4_checkpoint 
     t.role = DSV4_ROLE_MIXED;
     t.max_tokens_per_rank = ct > 0 ? ct : 1;
     t.chunk_tokens = 0;
-    if ((st = dsv4_plan_create(cfg, &t, budget, &one, err)) || (st = dsv4_backend_create(one, ckpt, 1, &be, err)))
+    dsv4_config scfg = standin_config(cfg, kind != (int)topo->backend);
+    if ((st = dsv4_plan_create(&scfg, &t, budget, &one, err)) || (st = dsv4_backend_create(one, ckpt, 1, &be, err)))
         goto done;
     const dsv4_backend_stages *stg = dsv4_backend_get_stages(be);
     if (!stg) {

@@ -331,7 +331,10 @@ static uint64_t exec_rows(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
  * received), else the slots' bf16 rows and their fp32 outputs with the shared rows (the tp
  * all_reduce buffer) and bf16 copies. A rank receives at most ep Tc min(K, E_local) slots
  * (ep Tc K on hash layers, where a row may repeat an expert). 1 KiB covers the allocations'
- * padding.
+ * padding. A backend whose rows live on a device (the registry's stages name a device: cuda)
+ * also holds the chunk's token rows on the device, the slots' and received rows' orders, and
+ * device copies of the exchanged expert ids and weights (12 bytes a slot each way), and 1 KiB
+ * more of padding.
  */
 static uint64_t driver_ws(const dsv4_plan *p, int64_t tc)
 {
@@ -339,6 +342,12 @@ static uint64_t driver_ws(const dsv4_plan *p, int64_t tc)
     uint64_t t = (uint64_t)tc, K = (uint64_t)c->n_activated, H = (uint64_t)c->dim, El = (uint64_t)p->e_count;
     uint64_t ns = sat_mul(t, K);
     uint64_t w = sat_add(1024, sat_mul(ns, 40));
+    const dsv4_backend_entry *be = dsv4_backend_registry_find(p->topo.backend);
+    if (be && be->stages && be->stages->device) {
+        uint64_t kc = dsv4_config_is_hash_layer(c) || K < El ? K : El;
+        uint64_t nr = p->topo.ep > 1 ? sat_mul(sat_mul((uint64_t)p->topo.ep, t), kc) : 0;
+        w = sat_add(w, sat_add(sat_add(1024, sat_mul(sat_mul(t, H), 2)), sat_mul(sat_add(ns, nr), 12)));
+    }
     if (c->n_shared_experts > 0)
         w = sat_add(w, sat_add(sat_mul(t, 4), sat_mul(sat_mul(t, H), 6)));
     if (p->topo.ep > 1) {
@@ -359,9 +368,10 @@ static uint64_t chunk_ws(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
     /* A backend with its own memory model (the registry's): its workspace, plus the driver's
        buffers on a rank of several. */
     const dsv4_backend_entry *be = dsv4_backend_registry_find(p->topo.backend);
-    if (be && be->workspace_bytes)
-        return sat_add(be->workspace_bytes(&p->cfg, &p->topo, tc),
-                       p->topo.world_size > 1 ? driver_ws(p, tc) : 0);
+    uint64_t (*model)(const dsv4_config *, const dsv4_topology *, int64_t) =
+        !be ? NULL : p->topo.world_size > 1 && be->rank_workspace_bytes ? be->rank_workspace_bytes : be->workspace_bytes;
+    if (model)
+        return sat_add(model(&p->cfg, &p->topo, tc), p->topo.world_size > 1 ? driver_ws(p, tc) : 0);
     const dsv4_config *c = &p->cfg;
     uint64_t t = (uint64_t)tc, E = (uint64_t)c->n_routed_experts, K = (uint64_t)c->n_activated;
     uint64_t H = (uint64_t)c->dim, El = (uint64_t)p->e_count, tg, s;

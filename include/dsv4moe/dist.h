@@ -1,7 +1,9 @@
 /*
  * dsv4moe: the distributed driver. Runs one step of the layer over ranks
- * simulated as threads of one process (the `sim` communicator), with the
- * reference backend, following each rank's plan:
+ * simulated as threads of one process (the `sim` communicator; for the cuda
+ * backend the device sim, comm_devsim.h, with the rows as device buffers),
+ * each rank composing the stages of its plan's backend, following each
+ * rank's plan:
  *
  *   1. one fixed-size metadata all_gather over the world, issued by every
  *      rank in eager and graph steps alike: it agrees on the step's max T
@@ -48,7 +50,8 @@ typedef struct dsv4_dist_rank {
     int64_t step_max_tokens;    /* the world's largest T this step */
     int64_t chunks;
     uint64_t workspace_planned; /* the plan's workspace for this step (dsv4_plan_workspace_bytes) */
-    uint64_t workspace_peak;    /* the driver's buffers at their peak (through the accounting allocator)
+    uint64_t workspace_peak;    /* the driver's buffers at their peak (through the accounting allocator,
+                                   and its device buffers where the rows are on a device)
                                    plus the backend's measured workspace peak (the cpu backend
                                    measures all of its workspace; the reference's own buffers and
                                    fp32 copies of weights are not counted) */
@@ -69,6 +72,14 @@ typedef struct dsv4_dist_options {
      * measured against the stand-in's own plan of the same topology (graphs off).
      */
     int compute_backend;
+    /*
+     * A backend whose rows live on a device (cuda) runs the step with its rows as device buffers
+     * over its device communicator (the device sim: ranks as threads sharing the GPU): the token
+     * rows, the dispatched rows, the expert outputs and the metadata collective. 1 keeps them on
+     * the host over the `sim` communicator (the same collectives and tags, for comparisons);
+     * 0 (the default) the device.
+     */
+    int rows_on_host;
 } dsv4_dist_options;
 
 /* timeout 5000 ms, the plan's backend. NULL is a no-op. */

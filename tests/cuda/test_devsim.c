@@ -16,7 +16,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "dsv4moe/backend.h"
 #include "dsv4moe/comm_devsim.h"
+#include "dsv4moe/dist.h"
+#include "dsv4moe/gen.h"
+#include "testctl.h"
+#include "testutil.h"
 
 static int have_gpu(void)
 {
@@ -255,6 +260,363 @@ START_TEST(arguments)
 }
 END_TEST
 
+
+/* ---------------- the cuda backend's stages on ranks of one GPU (fast/dist) ---------------- */
+
+/* Whether the cuda backend starts here (a device of sm 90). */
+static int have_cuda_backend(void)
+{
+    dsv4_backend_info bi;
+    dsv4_error e;
+    return dsv4_backend_info_of(DSV4_BACKEND_CUDA, &bi, &e) == DSV4_OK && bi.available;
+}
+
+#define NEED_CUDA()                                                                                         \
+    do {                                                                                                    \
+        if (!have_cuda_backend()) {                                                                         \
+            ck_assert_msg(!getenv("DSV4MOE_CUDA_REQUIRED"), "no cuda backend but DSV4MOE_CUDA_REQUIRED is set"); \
+            fprintf(stderr, "%s: skipped (no cuda backend)\n", __func__);                                  \
+            return;                                                                                         \
+        }                                                                                                   \
+    } while (0)
+
+typedef struct {
+    dsv4_config c;
+    dsv4_checkpoint *ck;
+    dsv4_st_file *in;
+    const uint16_t *x;
+    const int32_t *ids;
+} dlayer;
+
+#define POOL 1100
+
+static dlayer dist_layer(const char *preset, int64_t l, dsv4_gemm_mode gemm)
+{
+    dlayer L;
+    memset(&L, 0, sizeof L);
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_config_preset(preset, &L.c, &e), DSV4_OK);
+    L.c.layer = l;
+    L.c.gemm = gemm;
+    char w[512], in[512], name[128];
+    snprintf(name, sizeof name, "devsim_dist_%s_l%lld.safetensors", preset, (long long)l);
+    tu_path(w, sizeof w, name);
+    snprintf(name, sizeof name, "devsim_dist_%s_l%lld_in.safetensors", preset, (long long)l);
+    tu_path(in, sizeof in, name);
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    o.seed = 5;
+    o.threads = 8;
+    ck_assert_msg(dsv4_gen_weights(&L.c, &o, w, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_gen_input(&L.c, &o, POOL, in, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_checkpoint_open(w, &L.ck, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_st_open(in, &L.in, &e) == DSV4_OK, "%s", e.message);
+    L.x = dsv4_st_find(L.in, "x")->data;
+    L.ids = dsv4_st_find(L.in, "input_ids")->data;
+    return L;
+}
+
+static void dist_layer_free(dlayer *L)
+{
+    dsv4_st_close(L->in);
+    dsv4_checkpoint_close(L->ck);
+}
+
+static dsv4_topology cuda_topo(int world, int tp, int ep, int64_t max_tokens, int64_t chunk)
+{
+    dsv4_topology t;
+    dsv4_topology_init(&t);
+    t.world_size = world;
+    t.tp = tp;
+    t.dp = world / tp;
+    t.ep = ep;
+    t.max_tokens_per_rank = max_tokens;
+    t.chunk_tokens = chunk;
+    t.role = DSV4_ROLE_MIXED;
+    t.backend = DSV4_BACKEND_CUDA;
+    return t;
+}
+
+static dsv4_budget gpu_budget(void)
+{
+    dsv4_budget b;
+    dsv4_budget_init(&b);
+    b.device_bytes = 141ull << 30;
+    return b;
+}
+
+/* Rank r's rows of a step: counts[r] tokens of the pool from offs[r]; y (and ids) allocated. */
+static void dist_io(const dlayer *L, int world, const int64_t *counts, const int64_t *offs, dsv4_dist_rank *r,
+                    uint16_t **y)
+{
+    int64_t H = L->c.dim;
+    for (int i = 0; i < world; i++) {
+        ck_assert(offs[i] + counts[i] <= POOL);
+        y[i] = calloc((size_t)(counts[i] * H + 1), 2);
+        r[i] = (dsv4_dist_rank){.tokens = counts[i], .x = L->x + offs[i] * H, .input_ids = L->ids + offs[i], .y = y[i]};
+    }
+}
+
+/* The collectives of two ranks: the same (group, seq, op, dtype, tag) sequence. */
+static int same_trace(const dsv4_dist_rank *a, const dsv4_dist_rank *b)
+{
+    if (a->trace_len != b->trace_len)
+        return 0;
+    for (size_t i = 0; i < a->trace_len; i++) {
+        const dsv4_coll_record *x = &a->trace[i], *z = &b->trace[i];
+        if (x->group != z->group || x->seq != z->seq || x->op != z->op || x->dtype != z->dtype || strcmp(x->tag, z->tag))
+            return 0;
+    }
+    return 1;
+}
+
+/*
+ * ep 2, 4, 8 with the cuda backend on every rank: each rank's rows bit-identical to the cuda
+ * stages on one rank holding every expert (dsv4_dist_single_rank: the same groups), identical
+ * collective traces, each rank's measured peak (the driver's buffers and the backend's stage
+ * chunks) within its plan, token counts with zeros and uneven chunks (rank 3 takes two).
+ */
+static void ep_case(const char *preset, int64_t l, dsv4_gemm_mode gemm, const int64_t *counts, int64_t chunk)
+{
+    dlayer L = dist_layer(preset, l, gemm);
+    int64_t H = L.c.dim;
+    for (int ep = 2; ep <= 8; ep *= 2) {
+        int64_t offs[8];
+        for (int r = 0, o = 0; r < ep; o += (int)counts[r], r++)
+            offs[r] = o;
+        dsv4_dist_rank io[8], hio[8], one[8];
+        uint16_t *y[8], *yh[8], *ys[8];
+        dist_io(&L, ep, counts, offs, io, y);
+        dist_io(&L, ep, counts, offs, hio, yh);
+        dist_io(&L, ep, counts, offs, one, ys);
+        dsv4_topology t = cuda_topo(ep, 1, ep, 512, chunk);
+        dsv4_budget b = gpu_budget();
+        dsv4_error e;
+        double t0 = now();
+        /* the rows as device buffers over the device sim (the default for cuda) */
+        ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io, &e) == DSV4_OK, "%s ep %d: %s", preset, ep,
+                      e.message);
+        double t1 = now();
+        /* the same step with the rows on the host over the sim communicator */
+        dsv4_dist_options ho;
+        dsv4_dist_options_init(&ho);
+        ho.rows_on_host = 1;
+        ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, &ho, hio, &e) == DSV4_OK, "%s ep %d host rows: %s", preset,
+                      ep, e.message);
+        ck_assert_msg(dsv4_dist_single_rank(&L.c, L.ck, &t, &b, NULL, one, &e) == DSV4_OK, "%s ep %d single: %s",
+                      preset, ep, e.message);
+        int64_t maxT = 0;
+        for (int r = 0; r < ep; r++)
+            maxT = counts[r] > maxT ? counts[r] : maxT;
+        for (int r = 0; r < ep; r++) {
+            int64_t i = 0;
+            while (i < counts[r] * H && y[r][i] == ys[r][i])
+                i++;
+            ck_assert_msg(i == counts[r] * H, "%s l%lld gemm %d ep %d rank %d: token %lld channel %lld 0x%04x vs 0x%04x",
+                          preset, (long long)l, (int)gemm, ep, r, (long long)(i / H), (long long)(i % H),
+                          i < counts[r] * H ? y[r][i] : 0, i < counts[r] * H ? ys[r][i] : 0);
+            ck_assert_msg(memcmp(yh[r], ys[r], (size_t)(counts[r] * H) * 2) == 0, "%s ep %d rank %d: host rows differ",
+                          preset, ep, r);
+            ck_assert_msg(same_trace(&io[0], &io[r]), "%s ep %d: rank %d's collectives differ", preset, ep, r);
+            ck_assert_msg(same_trace(&hio[r], &io[r]), "%s ep %d: rank %d's device and host traces differ", preset, ep, r);
+            ck_assert_msg(hio[r].workspace_peak <= hio[r].workspace_planned, "%s ep %d rank %d host rows: peak %llu above "
+                          "plan %llu", preset, ep, r, (unsigned long long)hio[r].workspace_peak,
+                          (unsigned long long)hio[r].workspace_planned);
+            ck_assert_int_eq(io[r].chunks, (maxT + chunk - 1) / chunk);
+            ck_assert_msg(io[r].workspace_peak <= io[r].workspace_planned, "%s ep %d rank %d: peak %llu above plan %llu",
+                          preset, ep, r, (unsigned long long)io[r].workspace_peak,
+                          (unsigned long long)io[r].workspace_planned);
+            if (counts[r] > 0)
+                ck_assert_uint_gt(io[r].workspace_peak, (uint64_t)(counts[r] * H * 2));
+            printf("devsim_dist %s l%lld gemm %s ep %d rank %d T %lld: identical (device and host rows); planned %llu "
+                   "peak %llu (%.2f s)\n",
+                   preset, (long long)l, dsv4_gemm_mode_name(gemm), ep, r, (long long)counts[r],
+                   (unsigned long long)io[r].workspace_planned, (unsigned long long)io[r].workspace_peak, t1 - t0);
+        }
+        for (int r = 0; r < ep; r++) {
+            dsv4_dist_rank_release(&io[r]);
+            dsv4_dist_rank_release(&hio[r]);
+            free(y[r]);
+            free(yh[r]);
+            free(ys[r]);
+        }
+    }
+    dist_layer_free(&L);
+}
+
+/* gemm exact: the fp8 tensor-core path's exact products (fp4 / fp8 layers), hash, bf16, top-p, after_w2 */
+static const struct {
+    const char *preset;
+    int64_t layer;
+} exact_layers[] = {{"mini", 1}, {"mini", 0}, {"mini-fp8", 2}, {"mini-bf16", 3}, {"mini-topp", 1}};
+
+START_TEST(cuda_ep_bit_identical_exact)
+{
+    NEED_CUDA();
+    const int64_t counts[8] = {37, 0, 5, 130, 1, 0, 64, 9};
+    ep_case(exact_layers[_i].preset, exact_layers[_i].layer, DSV4_GEMM_EXACT, counts, 128);
+}
+END_TEST
+
+/* gemm fp8: the kernel of a group follows its row count (above 64 rows the grouped FP8 GEMM), and
+   the groups on a rank are the groups on one rank holding every expert, so the ranks stay
+   bit-identical to the single-rank composition; a forward of one rank's tokens alone forms other
+   groups and is not this. Counts large enough for groups above 64 rows. */
+START_TEST(cuda_ep_bit_identical_fp8)
+{
+    NEED_CUDA();
+    const int64_t counts[8] = {200, 0, 77, 300, 3, 0, 150, 31};
+    ep_case(_i ? "mini-fp8" : "mini", 1, DSV4_GEMM_FP8, counts, 256);
+}
+END_TEST
+
+/* tp 2 on cuda: refused, naming tp (the stages compute every inter row). */
+START_TEST(cuda_tp_refused)
+{
+    NEED_CUDA();
+    dlayer L = dist_layer("mini-bf16", 1, DSV4_GEMM_EXACT);
+    const int64_t counts[2] = {5, 5}, offs[2] = {0, 0};
+    dsv4_dist_rank io[2];
+    uint16_t *y[2];
+    dist_io(&L, 2, counts, offs, io, y);
+    dsv4_topology t = cuda_topo(2, 2, 1, 64, 0);
+    dsv4_budget b = gpu_budget();
+    dsv4_error e;
+    dsv4_status st = dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io, &e);
+    ck_assert_msg(st == DSV4_ERR_UNSUPPORTED, "status %d: %s", (int)st, e.message);
+    ck_assert_msg(strstr(e.message, "tp 2") != NULL, "%s", e.message);
+    for (int r = 0; r < 2; r++) {
+        dsv4_dist_rank_release(&io[r]);
+        free(y[r]);
+    }
+    dist_layer_free(&L);
+}
+END_TEST
+
+
+
+/* The review's deadlock on the cuda backend over the device sim: ranks 0 and 2 may replay a graph,
+   1 and 3 may not; in the fault build the test hook skip_metadata_collective makes rank 0 skip the
+   step's metadata collective (as the
+   defective engine's replaying ranks do). Every rank returns DSV4_ERR_COMM within the timeout and
+   a report names rank 0; without the fault the step runs eager everywhere and succeeds. */
+START_TEST(cuda_mixed_replay_deadlock_reported)
+{
+    NEED_CUDA();
+    dlayer L = dist_layer("mini", 1, DSV4_GEMM_EXACT);
+    const int64_t counts[4] = {4, 9, 0, 2}, offs[4] = {0, 4, 13, 13};
+#ifdef DSV4_FAULTS
+    const int runs = 2; /* the fault build: clean, then with the hook */
+#else
+    const int runs = 1; /* the release build has no hook: the clean half */
+#endif
+    for (int fault = 0; fault < runs; fault++) {
+        dsv4_dist_rank io[4];
+        uint16_t *y[4];
+        dist_io(&L, 4, counts, offs, io, y);
+        for (int r = 0; r < 4; r++)
+            io[r].can_replay = r % 2 == 0;
+        dsv4_topology t = cuda_topo(4, 1, 4, 64, 0);
+        t.role = DSV4_ROLE_DECODE;
+        t.cuda_graph = true;
+        t.n_buckets = 4;
+        const int64_t bk[4] = {8, 16, 32, 64};
+        memcpy(t.buckets, bk, sizeof bk);
+        dsv4_budget b = gpu_budget();
+        dsv4_dist_options o;
+        dsv4_dist_options_init(&o);
+        o.timeout_ms = 500;
+        dsv4_error e;
+#ifdef DSV4_FAULTS
+        if (fault) /* rank 0 skips the step's metadata collective (core/testctl.h) */
+            ck_assert_int_eq(dsv4_test_control(DSV4_TESTCTRL_HOOK_SET, (int)DSV4_HOOK_SKIP_METADATA_COLLECTIVE,
+                                               (uint64_t)1 << 0),
+                             0);
+#endif
+        double t0 = now();
+        dsv4_status st = dsv4_dist_forward(&L.c, L.ck, &t, &b, &o, io, &e);
+        double dt = now() - t0;
+#ifdef DSV4_FAULTS
+        dsv4_test_control(DSV4_TESTCTRL_RESET);
+#endif
+        if (!fault) {
+            ck_assert_msg(st == DSV4_OK, "%s", e.message);
+            for (int r = 0; r < 4; r++)
+                ck_assert_msg(!io[r].replayed, "rank %d replayed in a mixed step", r);
+        } else {
+            ck_assert_int_eq(st, DSV4_ERR_COMM);
+            ck_assert_msg(dt < 20.0, "the deadlock took %.1f s to report", dt);
+            int named = 0;
+            for (int r = 0; r < 4; r++) {
+                ck_assert_msg(io[r].status == DSV4_ERR_COMM, "rank %d: status %d (%s)", r, (int)io[r].status,
+                              io[r].error.message);
+                named |= strstr(io[r].error.message, "rank 0") != NULL;
+            }
+            ck_assert_msg(named, "no report names rank 0: %s", io[1].error.message);
+            printf("devsim_dist deadlock reported in %.2f s: %s\n", dt, io[1].error.message);
+        }
+        for (int r = 0; r < 4; r++) {
+            dsv4_dist_rank_release(&io[r]);
+            free(y[r]);
+        }
+    }
+    dist_layer_free(&L);
+}
+END_TEST
+
+/* fast/cuda/cuda.cu: the registry's rank memory model and one chunk's layout (no device needed) */
+uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
+uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
+bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n);
+
+/* Without a device: the registry lists cuda's stages; a rank of an ep plan is planned with the
+   stages' memory model (at least the stage chunk of the rows it can receive, plus the driver's
+   buffers); the registry's supports refuses tp 2 naming tp. */
+START_TEST(cuda_rank_model_host)
+{
+    dsv4_error e;
+    dsv4_backend_info bi;
+    ck_assert_int_eq(dsv4_backend_info_of(DSV4_BACKEND_CUDA, &bi, &e), DSV4_OK);
+    ck_assert(bi.built);
+    ck_assert(bi.sharded);
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_preset("mini", &c, &e), DSV4_OK);
+    c.layer = 1;
+    dsv4_budget b = gpu_budget();
+    uint64_t prev = 0;
+    for (int64_t T = 1; T <= 256; T *= 4) {
+        dsv4_topology t = cuda_topo(4, 1, 4, 512, 128);
+        dsv4_plan *p = NULL;
+        ck_assert_msg(dsv4_plan_create(&c, &t, &b, &p, &e) == DSV4_OK, "%s", e.message);
+        char why[200] = "";
+        ck_assert_msg(dsv4_cuda_backend_supports(p, why, sizeof why), "%s", why);
+        const int64_t tc = T < 128 ? T : 128, El = c.n_routed_experts / 4;
+        const int64_t rows = 4 * tc * (El < c.n_activated ? El : c.n_activated);
+        const uint64_t model = dsv4_cuda_stage_workspace_bytes(&c, &t, tc);
+        /* a bound of every stage chunk up to those rows (the layouts are not monotone: the router
+           logits' split-K slices shrink as a chunk grows) */
+        for (int64_t m = 1; m <= rows; m += T < 64 ? 1 : 7)
+            ck_assert_msg(model >= dsv4_cuda_chunk_workspace_bytes(&c, m), "T %lld: %lld rows need %llu > %llu",
+                          (long long)T, (long long)m, (unsigned long long)dsv4_cuda_chunk_workspace_bytes(&c, m),
+                          (unsigned long long)model);
+        ck_assert_uint_ge(model, prev);
+        prev = model;
+        ck_assert_uint_gt(dsv4_plan_workspace_bytes(p, T, false), model);
+        dsv4_plan_free(p);
+    }
+    ck_assert_uint_eq(dsv4_cuda_stage_workspace_bytes(&c, NULL, 0), 0);
+    ck_assert_int_eq(dsv4_config_preset("mini-bf16", &c, &e), DSV4_OK); /* I 128: tp 2 shards of 64 rows */
+    c.layer = 1;
+    dsv4_topology t2 = cuda_topo(2, 2, 1, 64, 0);
+    dsv4_plan *p2 = NULL;
+    ck_assert_msg(dsv4_plan_create(&c, &t2, &b, &p2, &e) == DSV4_OK, "%s", e.message);
+    char why[200] = "";
+    ck_assert(!dsv4_cuda_backend_supports(p2, why, sizeof why));
+    ck_assert_msg(strstr(why, "tp 2") != NULL, "%s", why);
+    dsv4_plan_free(p2);
+}
+END_TEST
+
 static Suite *devsim_suite(void)
 {
     Suite *s = suite_create("devsim");
@@ -264,6 +626,14 @@ static Suite *devsim_suite(void)
     tcase_add_test(tc, ep_ranks_exchange_device_buffers);
     tcase_add_test(tc, skipped_meta_reported_not_hung);
     suite_add_tcase(s, tc);
+    TCase *dc = tcase_create("dist");
+    tcase_set_timeout(dc, 300);
+    tcase_add_loop_test(dc, cuda_ep_bit_identical_exact, 0, 5);
+    tcase_add_loop_test(dc, cuda_ep_bit_identical_fp8, 0, 2);
+    tcase_add_test(dc, cuda_tp_refused);
+    tcase_add_test(dc, cuda_rank_model_host);
+    tcase_add_test(dc, cuda_mixed_replay_deadlock_reported);
+    suite_add_tcase(s, dc);
     return s;
 }
 
