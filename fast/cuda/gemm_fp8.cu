@@ -45,7 +45,10 @@ using LayoutB = cutlass::layout::ColumnMajor; /* B^T row-major: the weight [N, K
 using LayoutD = cutlass::layout::RowMajor;
 constexpr int AlignA = 16, AlignB = 16, AlignD = 8;
 using Acc = float;
-using TileShape = Shape<_128, _128, _128>;
+#ifndef DSV4C_FP8_TILE_N
+#define DSV4C_FP8_TILE_N 128
+#endif
+using TileShape = Shape<_128, Int<DSV4C_FP8_TILE_N>, _128>;
 #ifndef DSV4C_FP8_CLUSTER_M
 #define DSV4C_FP8_CLUSTER_M 1
 #endif

@@ -35,9 +35,14 @@ namespace dsv4cuda {
 #define FM_DEC_MAX 16 /* groups of up to this many rows: k_dec */
 #define FM_MID_MAX 64 /* up to this: 32-row tiles; above: 128-row tiles */
 /* gemm fp8: groups of more rows than this (of experts whose weights converted) run on the
-   grouped FP8 GEMM; the smaller ones stay on k_dec and the 32-row tiles. FM_DEC_MAX .. FM_MID_MAX. */
+   grouped FP8 GEMM; the smaller ones stay on k_dec and the 32-row tiles. FM_DEC_MAX .. FM_MID_MAX.
+   32, measured on the H200 (2026-12-03, v4-flash fp4 routed / fp8 shared, bench_cuda --quick, device
+   io): T 1024 2.98 -> 2.39 ms and T 4096 4.32 -> 3.72 ms against 64 (a 17..64-row group's f16 tile
+   pass cost more than its 128-row FP8 tile); 16 is 0.1-0.15 ms faster still but puts more small
+   groups on the FP8 sums: mini-fp8, T 100, 2.05 % of the outputs beyond atol = rtol = 0.035 (SPEC.md
+   section 9 allows 2 %; 32: 1.76 %). dsv4_backend_options.cuda_kernels fp8_cut=N sets another. */
 #ifndef DSV4C_FP8_CUT_ROWS
-#define DSV4C_FP8_CUT_ROWS 64
+#define DSV4C_FP8_CUT_ROWS 32
 #endif
 static_assert(DSV4C_FP8_CUT_ROWS >= FM_DEC_MAX && DSV4C_FP8_CUT_ROWS <= FM_MID_MAX, "fp8 cut between the regimes");
 #define FM_THREADS 256

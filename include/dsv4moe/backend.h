@@ -98,7 +98,7 @@ typedef struct dsv4_backend_options {
          tile=wgmma|mma      large groups of the fragment path on k_tileh (wgmma) or k_tile (mma.sync)
          tileh=s128|s64x2|p64|s64|p128   the k_tileh variant for large groups (docs/cuda.md)
          mid=mma|p32|s32     the mid-size groups' kernel
-         fp8_cut=N           gemm fp8: groups of more than N rows (16 <= N <= 64; default 64) on the
+         fp8_cut=N           gemm fp8: groups of more than N rows (16 <= N <= 64; default 32) on the
                              grouped FP8 GEMM (changes which groups take the fp8 sums)
        An unknown key or value is refused (DSV4_ERR_INVALID_ARG, naming it); ref and cpu refuse a
        non-empty list (DSV4_ERR_UNSUPPORTED). The string is read at creation only. */
