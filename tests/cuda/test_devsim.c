@@ -458,10 +458,10 @@ START_TEST(cuda_ep_bit_identical_exact)
 }
 END_TEST
 
-/* gemm fp8: the kernel of a group follows its row count (above 64 rows the grouped FP8 GEMM), and
-   the groups on a rank are the groups on one rank holding every expert, so the ranks stay
-   bit-identical to the single-rank composition; a forward of one rank's tokens alone forms other
-   groups and is not this. Counts large enough for groups above 64 rows. */
+/* gemm fp8: the kernel of a group follows its row count (above the fp8 cut, 32 rows by default,
+   the grouped FP8 GEMM), and the groups on a rank are the groups on one rank holding every expert,
+   so the ranks stay bit-identical to the single-rank composition; a forward of one rank's tokens
+   alone forms other groups and is not this. Counts large enough for groups above the cut. */
 START_TEST(cuda_ep_bit_identical_fp8)
 {
     NEED_CUDA();
