@@ -125,7 +125,8 @@ $(EXAMPLE_BIN): $(BUILD)/examples/example.c $(LIB_A)
 test-run: test-suites
 	@$(MAKE) --no-print-directory fuzz-replay
 
-test-suites: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN)
+# (the shared library too: the Python package's tests load this build's, DSV4MOE_BUILD)
+test-suites: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(LIB_SO)
 	DSV4MOE_CLI=$(abspath $(CLI)) DSV4MOE_TMP=$(abspath $(BUILD)/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
 	  DSV4MOE_PYTHON=$(PYTHON) DSV4MOE_EXAMPLE=$(abspath $(EXAMPLE_BIN)) DSV4MOE_TEST_COVERAGE=$(DSV4MOE_TEST_COVERAGE) \
 	  CK_DEFAULT_TIMEOUT=600 $(TEST_BIN)
@@ -395,7 +396,7 @@ fuzz:
 
 # Everything a variant's test-run needs, built without running anything (after REPLAY_BINS:
 # prerequisites are expanded where the rule is read).
-test-build: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(REPLAY_BINS)
+test-build: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(LIB_SO) $(REPLAY_BINS)
 
 fuzz-replay: $(REPLAY_BINS)
 	@for t in $(FUZZ_TARGETS); do \
