@@ -194,7 +194,6 @@ bool dsv4_case_errors_of(const dsv4_case_result *c, dsv4_case_errors *out)
     return true;
 }
 
-
 dsv4_case_memory dsv4_case_memory_of(const dsv4_case_result *c)
 {
     dsv4_case_memory m;
