@@ -63,7 +63,7 @@ LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test line-limit test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
+.PHONY: all run test line-limit release-clean test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -134,7 +134,12 @@ test-suites: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(LIB_SO)
 test: deps
 	@$(MAKE) --no-print-directory line-limit
 	@$(MAKE) --no-print-directory test-run
+	@$(MAKE) --no-print-directory release-clean
 	@$(MAKE) --no-print-directory test-faults
+
+# The release library exports no test or fault symbol and no installed header mentions them.
+release-clean: $(LIB_SO)
+	@sh ci/release-clean.sh $(BUILD)/libdsv4moe.so
 
 # No library source file over 1000 lines (ci/line-limit.sh lists the offenders; also a phase of .ci/run).
 line-limit:

@@ -124,13 +124,22 @@ static dsv4_status read_catalogue(const char *path, catalogue *cat, dsv4_error *
     return st;
 }
 
-static void inject(void *user, const dsv4_scenario_case *sc, bool on)
+static const char *case_defect(void *user, const dsv4_scenario *scn, size_t i)
+{
+    (void)user;
+    return dsv4_scenario_case_fault(scn, i);
+}
+
+static void inject(void *user, const char *defect, bool on)
 {
     const catalogue *cat = user;
-    const dsv4_fault_entry *f = find(cat->e, cat->n, sc->fault);
+    const dsv4_fault_entry *f = find(cat->e, cat->n, defect);
     if (f)
         dsv4_test_control(DSV4_TESTCTRL_HOOK_SET, (int)dsv4_test_hook_parse(f->hook), on ? UINT64_MAX : (uint64_t)0);
 }
+
+const char *dsv4_case_defect(const dsv4_case_result *c) { return c ? c->defect : NULL; }
+bool dsv4_case_injected(const dsv4_case_result *c) { return c && c->injected; }
 
 dsv4_status dsv4_run_scenario_faults(const dsv4_scenario *scn, const dsv4_run_options *opts,
                                      dsv4_run_results **results, dsv4_error *err)
@@ -144,16 +153,16 @@ dsv4_status dsv4_run_scenario_faults(const dsv4_scenario *scn, const dsv4_run_op
         return st;
     for (size_t i = 0; i < dsv4_scenario_count(scn); i++) {
         const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
-        if (sc->fault && (!opts || !opts->filter || strstr(sc->name, opts->filter)) &&
-            !find(cat.e, cat.n, sc->fault)) {
+        const char *defect = dsv4_scenario_case_fault(scn, i);
+        if (defect && (!opts || !opts->filter || strstr(sc->name, opts->filter)) && !find(cat.e, cat.n, defect)) {
             catalogue_free(&cat);
             return dsv4_seterr(err, DSV4_ERR_FORMAT, path,
                                "%d:%d: case '%s' names defect %s, which the file's `faults` mapping does not map to "
                                "a test hook",
-                               sc->line, sc->col, sc->name, sc->fault);
+                               sc->line, sc->col, sc->name, defect);
         }
     }
-    dsv4_h_injector inj = {inject, &cat};
+    dsv4_h_injector inj = {case_defect, inject, &cat};
     st = dsv4_h_run_scenario(scn, opts, &inj, results, err);
     dsv4_test_control(DSV4_TESTCTRL_RESET);
     dsv4_run_results *R = *results;

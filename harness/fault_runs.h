@@ -12,6 +12,11 @@
  * mapping and runs every case naming a defect twice, clean and with its hook set; the injected
  * run is a result of its own (dsv4_case_injected), left out of dsv4_run_summarize and junit.xml,
  * and dsv4_run_fault_rows pairs the two.
+ *
+ * Everything of the defect catalogue is here, none of it in the installed headers: the release
+ * library parses a scenario's `fault` and `faults` keys (and refuses unknown defect ids) but has
+ * no accessor for them and makes no injected runs. Included by the fault build's CLI
+ * (cli/cmd_run.c), its tests (tests/test_faults.c) and the library's fault-build code.
  */
 #ifndef DSV4MOE_HARNESS_FAULT_RUNS_H
 #define DSV4MOE_HARNESS_FAULT_RUNS_H
@@ -26,11 +31,21 @@
 #include "dsv4moe/run.h"
 #include "dsv4moe/scenario.h"
 
+/* The `fault` key of case i of the scenario ("f01".."f14", static), or NULL (none, or i out of
+   range). */
+const char *dsv4_scenario_case_fault(const dsv4_scenario *s, size_t i);
+
 /* dsv4_run_scenario with the defects injected as above. A case naming a defect that the file's
    `faults` mapping lacks, or a hook the library does not have, is DSV4_ERR_FORMAT naming the file
    and the case (nothing run). */
 dsv4_status dsv4_run_scenario_faults(const dsv4_scenario *scn, const dsv4_run_options *opts,
                                      dsv4_run_results **results, dsv4_error *err);
+
+/* The defect a result's case catches (its scenario `fault` key), set in the results of
+   dsv4_run_scenario_faults (NULL elsewhere and for a case naming none). */
+const char *dsv4_case_defect(const dsv4_case_result *c);
+/* Whether this result is the second run of its case, with the defect injected. */
+bool dsv4_case_injected(const dsv4_case_result *c);
 
 /*
  * The detection table: one row per case naming a defect, its clean and its injected run. A defect

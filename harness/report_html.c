@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "fileio.h"
+#include "results.h"
 #include "strbuf.h"
 #include "dsv4moe/run.h"
 #include "err.h"
@@ -393,7 +394,7 @@ static bool matrix_section(dsv4_strbuf *b, const dsv4_run_results *R)
     size_t nbad = 0;
     for (size_t i = 0; i < dsv4_run_count(R); i++) {
         const dsv4_case_result *c = dsv4_run_get(R, i);
-        if (dsv4_case_injected(c))
+        if (c->injected)
             continue;
         mx_add_case(&t, c, i);
         dsv4_result r = dsv4_case_status(c);
@@ -453,7 +454,7 @@ static bool matrix_section(dsv4_strbuf *b, const dsv4_run_results *R)
     for (size_t i = 0; i < dsv4_run_count(R); i++) {
         const dsv4_case_result *c = dsv4_run_get(R, i);
         dsv4_result r = dsv4_case_status(c);
-        if (dsv4_case_injected(c) || (r != DSV4_RESULT_FAIL && r != DSV4_RESULT_ERROR))
+        if (c->injected || (r != DSV4_RESULT_FAIL && r != DSV4_RESULT_ERROR))
             continue;
         dsv4_sb_printf(b, "<li><a href=\"#case-%zu\">%zu</a> <span class=\"name\">", i, i);
         hb_esc(b, dsv4_case_name(c));
@@ -529,10 +530,10 @@ dsv4_status dsv4_report_html_stage(const dsv4_run_results *R, const char *path, 
             continue;
         dsv4_sb_printf(&b, "<tr id=\"case-%zu\"><td class=\"num\">%zu</td><td class=\"name\">", i, i);
         hb_esc(&b, dsv4_case_name(c));
-        if (dsv4_case_defect(c)) {
-            dsv4_sb_printf(&b, " <span class=\"%s\">", dsv4_case_injected(c) ? "inj" : "note");
-            dsv4_sb_str(&b, dsv4_case_injected(c) ? "injected " : "catches ");
-            hb_esc(&b, dsv4_case_defect(c));
+        if (c->defect) { /* the fault build's --faults runs only */
+            dsv4_sb_printf(&b, " <span class=\"%s\">", c->injected ? "inj" : "note");
+            dsv4_sb_str(&b, c->injected ? "injected " : "catches ");
+            hb_esc(&b, c->defect);
             dsv4_sb_str(&b, "</span>");
         }
         dsv4_sb_printf(&b, "</td><td class=\"st %s\">%s</td><td>", status_class(st), dsv4_result_name(st));

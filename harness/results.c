@@ -194,9 +194,6 @@ bool dsv4_case_errors_of(const dsv4_case_result *c, dsv4_case_errors *out)
     return true;
 }
 
-const char *dsv4_case_defect(const dsv4_case_result *c) { return c ? c->defect : NULL; }
-bool dsv4_case_injected(const dsv4_case_result *c) { return c && c->injected; }
-
 dsv4_case_memory dsv4_case_memory_of(const dsv4_case_result *c)
 {
     dsv4_case_memory m;

@@ -45,7 +45,7 @@ struct dsv4_case_result {
     char *backend; /* the backend that produced the numerics, or NULL */
     bool has_errors;
     dsv4_case_errors errs; /* the bounded error profile of numerics */
-    char *defect;          /* the case's `fault` key, or NULL */
+    char *defect;          /* the case's `fault` key (runs with an injector only), or NULL */
     bool injected;         /* this run had the defect injected */
     size_t twin;           /* index of the clean / injected twin in the results, SIZE_MAX for none */
     char *caught_by;       /* injected runs: the first failing check and its detail */
@@ -74,14 +74,17 @@ struct dsv4_run_results {
 };
 
 /* How the runner makes a case's second run with its defect injected (the fault build's
-   harness/fault_runs.c): set(user, case, true) before that run, set(user, case, false) after it. */
+   harness/fault_runs.c): defect(user, scn, i) is case i's defect (its `fault` key) or NULL;
+   set(user, defect, true) before the injected run, set(user, defect, false) after it. */
 typedef struct {
-    void (*set)(void *user, const dsv4_scenario_case *sc, bool on);
+    const char *(*defect)(void *user, const dsv4_scenario *scn, size_t i);
+    void (*set)(void *user, const char *defect, bool on);
     void *user;
 } dsv4_h_injector;
 
-/* dsv4_run_scenario; with an injector, every case naming a defect (key `fault`) runs a second time
-   with it injected, as a result of its own (injected, paired through `twin`). */
+/* dsv4_run_scenario; with an injector, every case naming a defect runs a second time with it
+   injected, as a result of its own (injected, paired through `twin`); both runs record the defect.
+   Without one (the release library) no result has a defect. */
 dsv4_status dsv4_h_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, const dsv4_h_injector *inj,
                                 dsv4_run_results **results, dsv4_error *err);
 

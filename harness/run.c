@@ -67,7 +67,9 @@ static char *first_failure(const dsv4_case_result *c)
 
 /* ---------------- the scenario ---------------- */
 
-static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, size_t i, const dsv4_scenario_case *sc)
+/* defect: the case's defect (runs with an injector), or NULL. */
+static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, size_t i, const dsv4_scenario_case *sc,
+                                  const char *defect)
 {
     dsv4_case_result *c = calloc(1, sizeof *c);
     if (!c)
@@ -95,9 +97,9 @@ static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, si
     c->seed = sc->seed;
     c->expect = sc->expect;
     c->regex = dsv4_h_strdup(sc->refused_regex);
-    c->defect = dsv4_h_strdup(sc->fault);
+    c->defect = dsv4_h_strdup(defect);
     c->twin = SIZE_MAX;
-    if ((sc->fault && !c->defect) || !c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay ||
+    if ((defect && !c->defect) || !c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay ||
         (na && sc->axis_index && !c->axis_index) || (sc->preset && !c->preset) || (sc->refused_regex && !c->regex)) {
         dsv4_h_case_free(c);
         return NULL;
@@ -165,7 +167,7 @@ dsv4_status dsv4_h_run_scenario(const dsv4_scenario *scn, const dsv4_run_options
     for (size_t i = 0; i < n; i++) {
         const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
         if (!opts->filter || strstr(sc->name, opts->filter))
-            total += inj && sc->fault ? 2 : 1;
+            total += inj && inj->defect(inj->user, scn, i) ? 2 : 1;
     }
     for (size_t i = 0; i < n; i++) {
         const dsv4_scenario_case *sc = dsv4_scenario_get(scn, i);
@@ -173,7 +175,8 @@ dsv4_status dsv4_h_run_scenario(const dsv4_scenario *scn, const dsv4_run_options
             continue;
         if (!dsv4_h_grow_cases(R, 2))
             goto nomem;
-        dsv4_case_result *c = new_case(scn, scn_index, i, sc);
+        const char *defect = inj ? inj->defect(inj->user, scn, i) : NULL;
+        dsv4_case_result *c = new_case(scn, scn_index, i, sc, defect);
         if (!c)
             goto nomem;
         double t0 = now_s();
@@ -183,18 +186,18 @@ dsv4_status dsv4_h_run_scenario(const dsv4_scenario *scn, const dsv4_run_options
         done++;
         if (opts->progress)
             opts->progress(opts->progress_user, done, total, c);
-        if (inj && sc->fault) {
+        if (defect) {
             /* The same case again with its defect injected, as a result of its own. */
-            dsv4_case_result *f = new_case(scn, scn_index, i, sc);
+            dsv4_case_result *f = new_case(scn, scn_index, i, sc, defect);
             if (!f)
                 goto nomem;
             f->injected = true;
             /* A desync injected on purpose need not wait the full deadlock timeout to be reported. */
-            inj->set(inj->user, sc, true);
+            inj->set(inj->user, defect, true);
             t0 = now_s();
             run_case(opts, cache, 1000, sc, f);
             f->seconds = now_s() - t0;
-            inj->set(inj->user, sc, false);
+            inj->set(inj->user, defect, false);
             f->caught_by = first_failure(f);
             c->twin = R->n;
             f->twin = R->n - 1;

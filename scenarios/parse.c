@@ -24,6 +24,9 @@
 #include "err.h"
 
 #include "parse_int.h"
+#ifdef DSV4_FAULTS
+#include "fault_runs.h" /* dsv4_scenario_case_fault: the fault build only */
+#endif
 
 /* ---------------- context and errors ---------------- */
 
@@ -122,6 +125,9 @@ struct dsv4_scenario {
     size_t *axis_sizes;
     size_t n_cases;
     dsv4_scenario_case *cases;
+    /* [n_cases] each case's `fault` key ("f01".."f14", static) or NULL: data for the fault build's
+       runs (harness/fault_runs.h, dsv4_scenario_case_fault); the release library only checks it. */
+    const char **fault;
     size_t product, excluded;
     int max_cases;
 };
@@ -152,6 +158,7 @@ void dsv4_scenario_free(dsv4_scenario *s)
     for (size_t i = 0; i < s->n_cases; i++)
         case_free(&s->cases[i]);
     free(s->cases);
+    free(s->fault);
     for (size_t i = 0; i < s->n_axes; i++)
         free(s->axis_names ? s->axis_names[i] : NULL);
     free(s->axis_names);
@@ -177,9 +184,17 @@ size_t dsv4_scenario_axis_size(const dsv4_scenario *s, size_t a) { return s && a
 size_t dsv4_scenario_product_size(const dsv4_scenario *s) { return s ? s->product : 0; }
 size_t dsv4_scenario_excluded(const dsv4_scenario *s) { return s ? s->excluded : 0; }
 int dsv4_scenario_max_cases(const dsv4_scenario *s) { return s ? s->max_cases : 0; }
+#ifdef DSV4_FAULTS
+const char *dsv4_scenario_case_fault(const dsv4_scenario *s, size_t i)
+{
+    return s && i < s->n_cases ? s->fault[i] : NULL;
+}
+#endif
 
-/* Resolves a draft into case k (k is zeroed; on error the caller frees what k holds). */
-static dsv4_status finalize(ctx *c, const draft *d, const char *name, yaml_mark_t where, dsv4_scenario_case *k)
+/* Resolves a draft into case k (k is zeroed; on error the caller frees what k holds) and its `fault`
+   key into *fault. */
+static dsv4_status finalize(ctx *c, const draft *d, const char *name, yaml_mark_t where, dsv4_scenario_case *k,
+                            const char **fault)
 {
     int w = d->topo.world_size;
     if (d->n_tokens != 1 && d->n_tokens != w)
@@ -219,7 +234,7 @@ static dsv4_status finalize(ctx *c, const draft *d, const char *name, yaml_mark_
         rp[i] = d->replay[d->n_replay == 1 ? 0 : i];
     }
     k->seed = d->seed;
-    k->fault = d->defect;
+    *fault = d->defect;
     k->checkpoint = d->ckpt;
     k->checks = d->checks;
     k->expect = d->expect;
@@ -620,7 +635,8 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
     }
     s->product = (size_t)product;
     s->cases = calloc((size_t)(product + n_expl), sizeof *s->cases);
-    if (!s->cases) {
+    s->fault = calloc((size_t)(product + n_expl), sizeof *s->fault);
+    if (!s->cases || !s->fault) {
         st = dsv4_sp_nomem(c);
         goto out;
     }
@@ -657,7 +673,7 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
             s->excluded++;
         } else {
             dsv4_scenario_case *k = &s->cases[s->n_cases++];
-            if ((st = finalize(c, d, nb.p, axes_mark, k)))
+            if ((st = finalize(c, d, nb.p, axes_mark, k, &s->fault[k - s->cases])))
                 goto out;
             int *ai = malloc(n_axes * sizeof *ai + 1);
             if (!ai) {
@@ -708,7 +724,7 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
                 goto out;
             }
         dsv4_scenario_case *k = &s->cases[s->n_cases++];
-        if ((st = finalize(c, d, nb.p, m->start_mark, k)))
+        if ((st = finalize(c, d, nb.p, m->start_mark, k, &s->fault[k - s->cases])))
             goto out;
         k->explicit_index = (int)i;
     }

@@ -44,7 +44,12 @@ extern "C" {
 }
 
 #include "kernels.cuh"
+#include "router.cuh"
+#include "exact_gemm.cuh"
+#include "swiglu_combine.cuh"
 #include "mma.cuh"
+#include "mma_tileh.cuh"
+#include "mma_group.cuh"
 #include "fp8path.cuh"
 #include "gemm_fp8.h"
 #include "cuda_impl.h"

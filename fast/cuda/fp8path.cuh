@@ -1,6 +1,7 @@
 /*
  * The `gemm = fp8` mode's own kernels around the grouped FP8 GEMM (gemm_fp8.h), included by
- * cuda.cu after kernels.cuh and mma.cuh:
+ * cuda.cu after the other kernel headers (kernels.cuh ... mma_group.cuh, whose k_quant it
+ * follows):
  *
  *   k_gather8  before gate/up: each large group's activation codes into contiguous rows (the
  *              GEMM reads a group as one [M, H] matrix) and their scales in the GEMM's M-major

@@ -189,7 +189,7 @@ typedef struct dsv4_device_errors {
     uint64_t bad_input_ids;    /* rows whose input id (or its tid2eid row) was out of range */
     int64_t first_bad_input;   /* the lowest such row index within its call, -1 when none */
     uint64_t nonfinite_rows;   /* router rows with a non-finite logit or score (fallback routed) */
-    uint64_t bad_expert_ids;   /* slots that held an expert id outside [0, E]: a library fault */
+    uint64_t bad_expert_ids;   /* slots that held an expert id outside [0, E]: a library bug */
 } dsv4_device_errors;
 
 /*

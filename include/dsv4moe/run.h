@@ -82,7 +82,7 @@ void dsv4_run_results_free(dsv4_run_results *results);
 size_t dsv4_run_count(const dsv4_run_results *results);
 /* NULL when i >= count. */
 const dsv4_case_result *dsv4_run_get(const dsv4_run_results *results, size_t i);
-/* Cases by status (runs with a defect injected are not counted); `seconds` is the summed case time. */
+/* Cases by status; `seconds` is the summed case time. */
 typedef struct dsv4_run_summary {
     size_t cases, passed, failed, skipped, errors;
     double seconds;
@@ -138,12 +138,6 @@ typedef struct dsv4_case_errors {
 
 /* The error profile of the numerics check; false when numerics compared nothing. */
 bool dsv4_case_errors_of(const dsv4_case_result *c, dsv4_case_errors *out);
-
-/* The defect the case catches (its scenario `fault` key, "f01".."f14"), or NULL. */
-const char *dsv4_case_defect(const dsv4_case_result *c);
-/* Whether this result is a second run of the case with that defect injected (only a test build
-   makes such runs; docs/scenarios.md, "The defect catalogue"). */
-bool dsv4_case_injected(const dsv4_case_result *c);
 
 /* Bytes: the smallest budget available over the ranks, the largest planned maximum
    (dsv4_plan_workspace_max), the largest planned workspace of the step run, the largest measured peak.

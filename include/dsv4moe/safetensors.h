@@ -43,7 +43,7 @@ typedef struct dsv4_tensor_info {
 typedef struct dsv4_st_file dsv4_st_file;
 
 /* Opens and validates a file and reads its data into owned memory (never a mapping of the
- * file: a file truncated or rewritten later cannot fault the process). A file that changes
+ * file: a file truncated or rewritten later cannot crash the process with SIGBUS). A file that changes
  * while it is being read is DSV4_ERR_IO. */
 dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err);
 /* NULL is a no-op. */

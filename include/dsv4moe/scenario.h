@@ -94,7 +94,6 @@ typedef struct dsv4_scenario_case {
     int line, col;          /* where the case is defined: the axes key (product) or the case mapping */
     int explicit_index;     /* index in `cases`, or -1 for a case of the axes product */
     const int *axis_index;  /* [n_axes of the scenario] value index per axis (product cases), else NULL */
-    const char *fault;      /* the review's defect the case catches, "f01".."f14" (key `fault`; static), or NULL */
     dsv4_scenario_checkpoint checkpoint;
 } dsv4_scenario_case;
 

@@ -389,7 +389,7 @@ CASE(flash_t8_graph, "v4-flash E32 graph T=8", "v4-flash", 5, 8, 0, -1, -1, -1, 
 CASE(flash_t40, "v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 32, 0)
 CASE(flash_hash_t5, "v4-flash E32 hash T=5", "v4-flash", 1, 5, 0, -1, -1, -1, 0, 32, 0)
 
-/* The exact path (kernels.cuh) on formats that otherwise take the fp8 path. */
+/* The exact path (exact_gemm.cuh) on formats that otherwise take the fp8 path. */
 #define CASE_EXACT(fn, ...)                                                                                 \
     START_TEST(fn)                                                                                          \
     {                                                                                                       \

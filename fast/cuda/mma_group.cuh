@@ -1,0 +1,229 @@
+/*
+ * Grouping and quantization for the fp8 path (fast/cuda): k_count2 (counts, offsets, the active
+ * list, the mid / big tile lists and, for small chunks, the placement, in one block) and k_quant
+ * (h of the routed kept slots and the shared expert's rows quantized per 128 features).
+ * Included once, by cuda.cu, after mma_tileh.cuh.
+ */
+#ifndef DSV4MOE_FAST_CUDA_MMA_GROUP_CUH
+#define DSV4MOE_FAST_CUDA_MMA_GROUP_CUH
+
+#include "mma.cuh"
+
+namespace dsv4cuda {
+
+/* ---------------- grouping for the fp8 path ---------------- */
+
+/* Exclusive scan of v over the block (blockDim.x a multiple of 32, at most 1024); *total gets the sum. */
+__device__ __forceinline__ int block_excl_scan(int v, int *tmp, int *total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xFFFFFFFFu, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    if (lane == 31)
+        tmp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nw ? tmp[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xFFFFFFFFu, w, o);
+            if (lane >= o)
+                w += y;
+        }
+        if (lane < nw)
+            tmp[lane] = w;
+    }
+    __syncthreads();
+    const int before = (warp ? tmp[warp - 1] : 0) + x - v;
+    *total = tmp[nw - 1];
+    __syncthreads();
+    return before;
+}
+
+struct Group2Args {
+    const int32_t *ids;
+    const float *w; /* router weights [Tc, K] (placement) */
+    const int *ntok;
+    int *cnt, *slot_off, *pad_off, *active, *meta; /* meta: n_active, n_mid_tiles, n_kept, n_big_tiles */
+    int *tile_e, *tile_r0;                         /* mid tiles at [0, cap_mid), big at [cap_mid, ...) */
+    int32_t *slot_tok, *slot_row, *rowmap; /* placement, when `place` (else k_place does it) */
+    int32_t *slot_e;                       /* the expert of each kept slot, or NULL */
+    float *slot_w;
+    unsigned long long *stats;
+    int E, K, rows, cap_mid, cap_big, has_shared;
+    int mid_rows, big_rows; /* rows per tile of the two tile regimes */
+    int place; /* the chunk has at most blockDim.x slots: place them here, tokens ascending per expert */
+    const uint8_t *cut_ok; /* gemm fp8: [E + 1], groups of more than cut_rows rows of these experts run on
+                              the grouped FP8 GEMM (gemm_fp8.h), not on a tile list; NULL otherwise */
+    int cut_rows;          /* FM_DEC_MAX <= cut_rows <= FM_MID_MAX */
+};
+
+/*
+ * One block: counts, offsets, the active list and the mid / big tile lists (shared expert last);
+ * with `place`, also the stable placement of k_place (slot q of expert e: its rank among the
+ * chunk's slots of e in slot order).
+ */
+__global__ void k_count2(Group2Args a)
+{
+    extern __shared__ int c2cnt[];
+    __shared__ int tmp[32];
+    __shared__ int carry[5];
+    __shared__ int s_ok;
+    const int E = a.E, nt = *a.ntok, n = nt * a.K;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        c2cnt[e] = 0;
+    if (threadIdx.x < 5)
+        carry[threadIdx.x] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = a.ids[i];
+        if (e < 0 || e > E)
+            atomicAdd(&a.stats[ST_BADID], 1ull);
+        else if (e < E)
+            atomicAdd(&c2cnt[e], 1);
+    }
+    __syncthreads();
+    for (int e0 = 0; e0 < E; e0 += blockDim.x) {
+        const int e = e0 + threadIdx.x;
+        const int c = e < E ? c2cnt[e] : 0;
+        const int pad = (c + 127) / 128 * 128, act = c > 0;
+        const bool cut = a.cut_ok && a.cut_ok[e] && c > a.cut_rows;
+        const int mid = c > FM_DEC_MAX && c <= FM_MID_MAX && !cut ? (c + a.mid_rows - 1) / a.mid_rows : 0;
+        const int big = c > FM_MID_MAX && !cut ? (c + a.big_rows - 1) / a.big_rows : 0;
+        int t0, t1, t2, t3, t4;
+        const int so = block_excl_scan(c, tmp, &t0) + carry[0];
+        const int po = block_excl_scan(pad, tmp, &t1) + carry[1];
+        const int ao = block_excl_scan(act, tmp, &t2) + carry[2];
+        const int mo = block_excl_scan(mid, tmp, &t3) + carry[3];
+        const int bo = block_excl_scan(big, tmp, &t4) + carry[4];
+        if (e < E) {
+            a.cnt[e] = c;
+            a.slot_off[e] = so;
+            a.pad_off[e] = po;
+            if (act)
+                a.active[ao] = e;
+            for (int i = 0; i < mid && mo + i < a.cap_mid; i++) {
+                a.tile_e[mo + i] = e;
+                a.tile_r0[mo + i] = a.mid_rows * i;
+            }
+            for (int i = 0; i < big && bo + i < a.cap_big; i++) {
+                a.tile_e[a.cap_mid + bo + i] = e;
+                a.tile_r0[a.cap_mid + bo + i] = a.big_rows * i;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            carry[0] += t0, carry[1] += t1, carry[2] += t2, carry[3] += t3, carry[4] += t4;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        int so = carry[0], po = carry[1], na = carry[2], nm = carry[3], nb = carry[4];
+        a.slot_off[E] = so;
+        if (a.has_shared && nt > FM_DEC_MAX) {
+            const bool cut = a.cut_ok && a.cut_ok[E] && nt > a.cut_rows;
+            const int mid = nt <= FM_MID_MAX && !cut ? (nt + a.mid_rows - 1) / a.mid_rows : 0;
+            const int big = nt > FM_MID_MAX && !cut ? (nt + a.big_rows - 1) / a.big_rows : 0;
+            for (int i = 0; i < mid && nm < a.cap_mid; i++, nm++) {
+                a.tile_e[nm] = E;
+                a.tile_r0[nm] = a.mid_rows * i;
+            }
+            for (int i = 0; i < big && nb < a.cap_big; i++, nb++) {
+                a.tile_e[a.cap_mid + nb] = E;
+                a.tile_r0[a.cap_mid + nb] = a.big_rows * i;
+            }
+        }
+        if (po > a.rows || nm > a.cap_mid || nb > a.cap_big) {
+            /* cannot happen with the layout's bounds; never read or write past them */
+            atomicAdd(&a.stats[ST_BADID], 1ull);
+            na = nm = nb = so = 0;
+            for (int e = 0; e < E; e++)
+                a.cnt[e] = 0;
+        }
+        a.meta[0] = na;
+        a.meta[1] = nm;
+        a.meta[2] = so;
+        a.meta[3] = nb;
+        a.stats[ST_ACTIVE] += (unsigned long long)na;
+        a.stats[ST_EMPTY] += (unsigned long long)(E - na);
+        s_ok = na > 0;
+    }
+    if (!a.place)
+        return;
+    __shared__ int sid[1024];
+    for (int i = threadIdx.x; i < n && i < 1024; i += blockDim.x)
+        sid[i] = a.ids[i];
+    __syncthreads(); /* offsets written by this block are visible to it, and the ids are staged */
+    if (!s_ok)
+        return;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = sid[i];
+        if (e < 0 || e >= E)
+            continue;
+        int rank = 0;
+        for (int j = 0; j < i; j++)
+            rank += sid[j] == e;
+        const int q = a.slot_off[e] + rank, row = a.pad_off[e] + rank;
+        a.slot_tok[q] = i / a.K;
+        a.slot_w[q] = a.w[i];
+        a.slot_row[q] = row;
+        a.rowmap[i] = row;
+        if (a.slot_e)
+            a.slot_e[q] = e;
+    }
+}
+
+/* ---------------- quantization of h (routed kept slots, then the shared expert's rows) ---------------- */
+
+struct QuantArgs {
+    uint16_t *h;       /* bf16 [rows, I] */
+    uint8_t *q;        /* codes [rows, I] */
+    float *s;          /* [rows, I / 128] */
+    const int32_t *slot_row;
+    const int *meta, *ntok;
+    long long sh_row0; /* first row of the shared expert's h */
+    int I, qmode, slots, has_shared;
+    int f16_codes;     /* also overwrite h in place with the codes as f16 in k_tileh's order (kernels.cuh) */
+};
+
+__global__ void k_quant(QuantArgs a)
+{
+    long long row;
+    const int b = blockIdx.x;
+    if (b < a.slots) {
+        if (b >= a.meta[2])
+            return;
+        row = a.slot_row[b];
+    } else {
+        if (!a.has_shared || b - a.slots >= *a.ntok)
+            return;
+        row = a.sh_row0 + (b - a.slots);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, ng = a.I >> 7;
+    uint16_t *hr = a.h + row * a.I;
+    for (int gq = warp; gq < ng; gq += nw) {
+        float v[4];
+        bool ok[4];
+        uint8_t c[4];
+        const uint2 raw = *(const uint2 *)(hr + gq * 128 + lane * 4);
+        v[0] = bf16f((uint16_t)raw.x), v[1] = bf16f((uint16_t)(raw.x >> 16));
+        v[2] = bf16f((uint16_t)raw.y), v[3] = bf16f((uint16_t)(raw.y >> 16));
+        ok[0] = ok[1] = ok[2] = ok[3] = true;
+        const float s = quant_group4(v, ok, a.qmode, c); /* the whole group is read before anything is written */
+        *(uint32_t *)(a.q + row * a.I + gq * 128 + lane * 4) =
+            (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16) | ((uint32_t)c[3] << 24);
+        if (a.f16_codes)
+            store_f16_codes((uint16_t *)hr, gq * 128 + lane * 4, c);
+        if (lane == 0)
+            a.s[row * ng + gq] = s;
+    }
+}
+
+} // namespace dsv4cuda
+
+#endif

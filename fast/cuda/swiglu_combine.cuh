@@ -1,0 +1,162 @@
+/*
+ * The CUDA backend's epilogue kernels (fast/cuda): k_swiglu (the exact path's SwiGLU clamp,
+ * router weight and quantization of h) and k_combine (fp32 per token over the kept slots in
+ * ascending expert id, then the shared expert; both paths). Included once, by cuda.cu, after
+ * exact_gemm.cuh.
+ */
+#ifndef DSV4MOE_FAST_CUDA_SWIGLU_COMBINE_CUH
+#define DSV4MOE_FAST_CUDA_SWIGLU_COMBINE_CUH
+
+#include "kernels.cuh"
+
+namespace dsv4cuda {
+
+/* ---------------- SwiGLU clamp + router weight + quantization of h ---------------- */
+
+__global__ void k_swiglu(SwigluArgs a)
+{
+    const int q = blockIdx.x;
+    int row;
+    float w = 1.0f;
+    if (a.shared) {
+        if (q >= *a.ntok)
+            return;
+        row = q;
+    } else {
+        if (q >= a.meta[2])
+            return;
+        row = a.slot_row[q];
+        w = a.slot_w[q];
+    }
+    const int I = a.I, ng = (I + 127) / 128;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const uint16_t *gr = a.GU + (long long)row * 2 * I, *ur = gr + I;
+    const bool mulw = !a.shared && a.before;
+    const bool clamp = a.clamp && a.L > 0.0f;
+    unsigned long long gc = 0, uc = 0;
+    for (int gq = warp; gq < ng; gq += nw) {
+        float v[4];
+        bool ok[4];
+        for (int i = 0; i < 4; i++) {
+            int k = gq * 128 + lane * 4 + i;
+            ok[i] = k < I;
+            v[i] = 0.0f;
+            if (ok[i]) {
+                float gv = bf16f(gr[k]), uv = bf16f(ur[k]);
+                if (clamp) {
+                    if (gv > a.L) {
+                        gv = a.L;
+                        gc++;
+                    }
+                    if (uv > a.L || uv < -a.L) {
+                        uv = uv > a.L ? a.L : -a.L;
+                        uc++;
+                    }
+                }
+                float h = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+                if (mulw)
+                    h = __fmul_rn(h, w);
+                v[i] = rbf16(h);
+            }
+        }
+        if (a.hq) {
+            uint8_t c[4];
+            float s = quant_group4(v, ok, a.qmode, c);
+            for (int i = 0; i < 4; i++) {
+                int k = gq * 128 + lane * 4 + i;
+                if (ok[i])
+                    a.hq[(long long)row * I + k] = c[i];
+            }
+            if (lane == 0)
+                a.hs[(long long)row * ng + gq] = s;
+        } else {
+            for (int i = 0; i < 4; i++) {
+                int k = gq * 128 + lane * 4 + i;
+                if (ok[i])
+                    a.hb[(long long)row * I + k] = f2bf16(v[i]);
+            }
+        }
+    }
+    gc = warp_sum_u64(gc);
+    uc = warp_sum_u64(uc);
+    if (lane == 0 && (gc || uc)) {
+        atomicAdd(&a.stats[a.shared ? ST_SG : ST_RG], gc);
+        atomicAdd(&a.stats[a.shared ? ST_SU : ST_RU], uc);
+    }
+}
+
+/* ---------------- combine: fp32 per token in ascending expert id, then the shared expert ---------------- */
+
+/*
+ * grid (Tc, ceil(H / (8 * blockDim.x))): each thread sums 8 columns (16-byte loads of the
+ * experts' bf16 rows) over the token's kept slots in ascending expert id (equal ids in slot
+ * order), in fp32, then adds the shared expert's bf16 row and rounds to bf16 (H % 8 == 0).
+ */
+__global__ void k_combine(CombineArgs a)
+{
+    const int t = blockIdx.x;
+    if (t >= *a.ntok)
+        return;
+    extern __shared__ int srt[]; /* [K] rows, [K] slot index in ascending expert order, [K] ids, [K] rows by slot */
+    __shared__ int s_n;
+    const int K = a.K, E = a.E, H = a.H;
+    int *rows = srt, *slot = srt + K, *sid = srt + 2 * K, *srow = srt + 3 * K;
+    for (int k = threadIdx.x; k < K; k += blockDim.x) { /* one parallel load of the token's slots */
+        sid[k] = a.ids[(long long)t * K + k];
+        srow[k] = sid[k] < E ? a.rowmap[(long long)t * K + k] : 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int n = 0;
+        for (int k = 0; k < K; k++) {
+            int e = sid[k];
+            if (e >= E)
+                continue;
+            int pos = n++;
+            /* ascending expert id; equal ids keep slot order */
+            while (pos > 0 && sid[slot[pos - 1]] > e) {
+                rows[pos] = rows[pos - 1];
+                slot[pos] = slot[pos - 1];
+                pos--;
+            }
+            rows[pos] = srow[k];
+            slot[pos] = k;
+        }
+        s_n = n;
+    }
+    __syncthreads();
+    const int n = s_n;
+    const int col = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+    if (col >= H)
+        return;
+    float y[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        y[i] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const uint4 v = __ldg((const uint4 *)(a.O + (long long)rows[j] * H + col));
+        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+        const float wj = a.after ? a.w[(long long)t * K + slot[j]] : 1.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float o = bf16f((uint16_t)(w4[i >> 1] >> (16 * (i & 1))));
+            y[i] = a.after ? __fadd_rn(y[i], __fmul_rn(wj, o)) : __fadd_rn(y[i], o);
+        }
+    }
+    if (a.Osh) {
+        const uint4 v = __ldg((const uint4 *)(a.Osh + (long long)t * H + col));
+        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            y[i] = __fadd_rn(y[i], bf16f((uint16_t)(w4[i >> 1] >> (16 * (i & 1)))));
+    }
+    uint32_t o4[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        o4[i] = (uint32_t)f2bf16(y[2 * i]) | ((uint32_t)f2bf16(y[2 * i + 1]) << 16);
+    *(uint4 *)(a.y + (long long)t * H + col) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+}
+
+} // namespace dsv4cuda
+
+#endif
