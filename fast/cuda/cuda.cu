@@ -16,7 +16,7 @@
  * Every kernel reads the token count from the device, so a graph captured at a bucket replays
  * any T up to it with the same per-row arithmetic as an eager step (bit-identical outputs).
  *
- * That is the exact path (kernels.cuh). Production formats (fp4 or fp8 experts with quantized
+ * That is the exact path (exact_gemm.cuh, router.cuh, swiglu_combine.cuh). Production formats (fp4 or fp8 experts with quantized
  * activations, dims multiples of 128) take the fp8 tensor-core path instead (mma.cuh): weights
  * repacked at creation into the fragment-native layout (repack.c), k_count2 (+ placement for
  * small chunks), the three GEMM regimes of each projection on forked streams (decode / 32-row /

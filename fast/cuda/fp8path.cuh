@@ -139,19 +139,8 @@ __global__ void k_quant8(Quant8Args a, int nrows)
                 const uint2 g2 = *(const uint2 *)(gr + k0), u2 = *(const uint2 *)(ur + k0);
                 const uint32_t gw[2] = {g2.x, g2.y}, uw[2] = {u2.x, u2.y};
                 for (int i = 0; i < 4; i++) {
-                    float gv = bf16f((uint16_t)(gw[i >> 1] >> (16 * (i & 1))));
-                    float uv = bf16f((uint16_t)(uw[i >> 1] >> (16 * (i & 1))));
-                    if (clamp) {
-                        if (gv > a.L) {
-                            gv = a.L;
-                            gc++;
-                        }
-                        if (uv > a.L || uv < -a.L) {
-                            uv = uv > a.L ? a.L : -a.L;
-                            uc++;
-                        }
-                    }
-                    float hv = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+                    float hv = swiglu_h(bf16f((uint16_t)(gw[i >> 1] >> (16 * (i & 1)))),
+                                        bf16f((uint16_t)(uw[i >> 1] >> (16 * (i & 1)))), clamp, a.L, gc, uc);
                     if (w != 1.0f)
                         hv = __fmul_rn(hv, w);
                     v[i] = rbf16(hv);

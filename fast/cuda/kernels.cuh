@@ -155,6 +155,25 @@ __device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v)
  * valid = 0): amax over the finite-or-Inf values (NaN ignored, as core/formats.c), scale by
  * `mode` (1 ue8m0, 2 fp32), codes as act_store writes them. Returns the scale.
  */
+/* SPEC.md section 4, steps 3-4, on bf16 g and u: the SwiGLU clamp when `clamp` (the upper side of
+   g, both sides of u; each clamped value counted in gc / uc), then h = silu(g) * u in fp32. The one
+   copy every executor's epilogue uses (k_swiglu, the fragment path's fepi, k_quant8). */
+template <typename C>
+__device__ __forceinline__ float swiglu_h(float gv, float uv, bool clamp, float L, C &gc, C &uc)
+{
+    if (clamp) {
+        if (gv > L) {
+            gv = L;
+            gc++;
+        }
+        if (uv > L || uv < -L) {
+            uv = uv > L ? L : -L;
+            uc++;
+        }
+    }
+    return __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+}
+
 __device__ __forceinline__ float quant_group4(const float v[4], const bool valid[4], int mode, uint8_t code[4])
 {
     uint32_t mb = 0;

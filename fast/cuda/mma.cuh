@@ -177,18 +177,7 @@ __device__ __forceinline__ void fepi(const FastArgs &a, const FGrp &g, int mt, i
     const long long orow = g.orow0 + j;
     if (a.gu) {
         const int I = a.N >> 1, f = mt * 8 + gid;
-        float gv = rbf16(v0), uv = rbf16(v1);
-        if ((g.slot0 < 0 ? a.clamp_s : a.clamp_r) && a.L > 0.0f) {
-            if (gv > a.L) {
-                gv = a.L;
-                gc++;
-            }
-            if (uv > a.L || uv < -a.L) {
-                uv = uv > a.L ? a.L : -a.L;
-                uc++;
-            }
-        }
-        float h = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+        float h = swiglu_h(rbf16(v0), rbf16(v1), (g.slot0 < 0 ? a.clamp_s : a.clamp_r) && a.L > 0.0f, a.L, gc, uc);
         if (g.slot0 >= 0 && a.before)
             h = __fmul_rn(h, a.slot_w[g.slot0 + j]);
         g.out[orow * I + f] = f2bf16(h);

@@ -42,18 +42,7 @@ __global__ void k_swiglu(SwigluArgs a)
             ok[i] = k < I;
             v[i] = 0.0f;
             if (ok[i]) {
-                float gv = bf16f(gr[k]), uv = bf16f(ur[k]);
-                if (clamp) {
-                    if (gv > a.L) {
-                        gv = a.L;
-                        gc++;
-                    }
-                    if (uv > a.L || uv < -a.L) {
-                        uv = uv > a.L ? a.L : -a.L;
-                        uc++;
-                    }
-                }
-                float h = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+                float h = swiglu_h(bf16f(gr[k]), bf16f(ur[k]), clamp, a.L, gc, uc);
                 if (mulw)
                     h = __fmul_rn(h, w);
                 v[i] = rbf16(h);
