@@ -1,0 +1,683 @@
+/*
+ * Part of fast/cuda/cuda.cu's translation unit, included by it (inside its anonymous namespace, after
+ * the backend's state `CudaBe`); not a header of its own. A chunk's pipeline on the stream: the
+ * workspace layout of a chunk (layout_for), the launchers of the exact and fragment-path kernels,
+ * the kernel variant tables, the regimes of one projection (launch_regimes), the fp8 path after
+ * the router (enqueue_fast), one chunk (enqueue_chunk) and the caller-tensor copies of
+ * dsv4_backend_enqueue (k_io_in, k_io_out). Split out of cuda.cu to keep files under 1000 lines;
+ * the code is unchanged.
+ */
+#ifndef DSV4MOE_CUDA_PIPELINE_CUH
+#define DSV4MOE_CUDA_PIPELINE_CUH
+/* Split-K slices of the router logits for a chunk of tc tokens: enough blocks for the device. */
+int logit_slices(const CudaBe *b, int64_t tc)
+{
+    const dsv4_config *c = &b->cfg;
+    const int64_t kb = c->dim / 128, blocks = cdiv(tc, DSV4C_BM) * cdiv(c->n_routed_experts, DSV4C_BN);
+    int s = 1;
+    while (c->dim % 128 == 0 && kb % (2 * s) == 0 && blocks * 2 * s <= 2 * (int64_t)b->nsm)
+        s *= 2;
+    return s;
+}
+
+Layout layout_for(const CudaBe *b, int64_t tc)
+{
+    const dsv4_config *c = &b->cfg;
+    int64_t H = c->dim, I = c->moe_inter_dim, E = c->n_routed_experts, K = c->n_activated;
+    Layout L;
+    memset(&L, 0, sizeof L);
+    L.tc = tc;
+    L.slots = tc * K;
+    /* 128-aligned groups: each non-empty group pads at most 127 rows */
+    L.rows = L.slots + 127 * (L.slots < E ? L.slots : E);
+    /* A group holds at most Tc rows when no token sends two slots to one expert (top-K ids are
+       distinct; a hash table may repeat one, checked at creation): the masked bound E align128(Tc). */
+    if (!b->repeats && E * cdiv(tc, 128) * 128 < L.rows)
+        L.rows = E * cdiv(tc, 128) * 128;
+    if (L.rows < tc)
+        L.rows = tc;
+    const int64_t act = L.slots < E ? L.slots : E;
+    if (b->fast) {
+        /* 32-row tiles: at most 2 per group of 17..64 rows; 128-row tiles: ceil(n / 128) per larger
+           group; the shared expert's after them */
+        const int64_t g17 = L.slots / (FM_DEC_MAX + 1), g65 = L.slots / (FM_MID_MAX + 1);
+        L.cap_mid = 2 * (g17 < E ? g17 : E) + 3;
+        L.cap_big = L.slots / b->big_rows + (g65 < E ? g65 : E) + tc / b->big_rows + 3;
+        L.tiles = L.cap_mid + L.cap_big;
+    } else {
+        /* tensor-core tiles: sum of ceil(n / BM) over the groups above the decode threshold */
+        L.tiles = L.slots / DSV4C_BM + act + 1;
+    }
+    uint64_t off = 0;
+    auto take = [&](uint64_t bytes) {
+        uint64_t o = off;
+        off += align256(bytes ? bytes : 1);
+        return o;
+    };
+    int64_t ngh = cdiv(H, 128), ngi = cdiv(I, 128);
+    /* [in_ids ntok stats x] travel host->device in one copy, [stats x/y ids w kept] back in one */
+    L.in_ids = take((uint64_t)tc * 4);
+    L.ntok = take(4);
+    L.stats = take(ST_N * 8);
+    L.x = take((uint64_t)(tc * H) * 2); /* also the bf16 output of the chunk */
+    L.ids = take((uint64_t)L.slots * 4);
+    L.w = take((uint64_t)L.slots * 4);
+    L.kept = take((uint64_t)tc * 4);
+    L.io_end = off;
+    L.lslices = logit_slices(b, tc);
+    L.logits = take((uint64_t)(L.lslices * tc * E) * 4);
+    L.x16 = b->fast && b->tile16 ? take((uint64_t)(tc * H) * 2) : 0;
+    L.xq = b->qx ? take((uint64_t)(tc * H)) : 0;
+    L.xs = b->qx ? take((uint64_t)(tc * ngh) * 4) : 0;
+    L.cnt = take((uint64_t)E * 4);
+    L.slot_off = take((uint64_t)(E + 1) * 4);
+    L.pad_off = take((uint64_t)E * 4);
+    L.active = take((uint64_t)E * 4);
+    L.meta = take(16);
+    L.tile_e = take((uint64_t)L.tiles * 4);
+    L.tile_r0 = take((uint64_t)L.tiles * 4);
+    L.slot_tok = take((uint64_t)L.slots * 4);
+    L.slot_row = take((uint64_t)L.slots * 4);
+    L.rowmap = take((uint64_t)L.slots * 4);
+    L.slot_w = take((uint64_t)L.slots * 4);
+    L.slot_e = b->fp8 ? take((uint64_t)L.slots * 4) : 0;
+    if (b->fast) {
+        /* h bf16 from the gate/up epilogue, then its codes and scales; rows [rows, rows + Tc) are
+           the shared expert's (it runs in the same launches as the routed groups) */
+        const int64_t hrows = L.rows + (c->n_shared_experts > 0 ? tc : 0);
+        L.gu = take((uint64_t)(hrows * I) * 2);
+        L.hq = take((uint64_t)(hrows * I));
+        L.hs = take((uint64_t)(hrows * ngi) * 4);
+    } else {
+        L.gu = take((uint64_t)(L.rows * 2 * I) * 2);
+        bool hq = b->qh_routed || b->qh_shared, hb = !b->qh_routed || !b->qh_shared;
+        /* h: codes + scales when a w2 is quantized; bf16 otherwise (the larger of the two if both occur) */
+        uint64_t hbytes = (uint64_t)(L.rows * I) * (hb ? 2 : 1);
+        L.hq = take(hbytes);
+        L.hs = hq ? take((uint64_t)(L.rows * ngi) * 4) : 0;
+    }
+    if (b->fp8) {
+        const int64_t hrows = L.rows + (c->n_shared_experts > 0 ? tc : 0);
+        L.xp = take((uint64_t)(L.rows * H));
+        L.xs8 = take((uint64_t)(hrows * ngh) * 4);
+        L.gu8 = take((uint64_t)(hrows * 2 * I) * 2);
+        L.hs8 = take((uint64_t)(hrows * ngi) * 4);
+    }
+    L.o = take((uint64_t)(L.rows * H) * 2);
+    L.osh = c->n_shared_experts > 0 ? take((uint64_t)(tc * H) * 2) : 0;
+    L.total = off;
+    return L;
+}
+
+/* Which activations are quantized (SPEC.md 5: before fp8 and fp4 GEMMs when act_quant is not none). */
+void set_modes(CudaBe *b)
+{
+    const dsv4_config *c = &b->cfg;
+    bool aq = c->act_quant != DSV4_ACT_QUANT_NONE;
+    b->routed_q = aq && c->routed_format != DSV4_FORMAT_BF16;
+    b->shared_q = aq && c->n_shared_experts > 0 && c->shared_format != DSV4_FORMAT_BF16;
+    b->qx = b->routed_q || b->shared_q;
+    b->qh_routed = b->routed_q;
+    b->qh_shared = b->shared_q || (c->n_shared_experts == 0 && b->routed_q);
+}
+
+template <typename T> T *at(const CudaBe *b, uint64_t off) { return (T *)(void *)(b->ws + off); }
+
+/* Whether some kernel of the chunk reads the activations' codes as f16 (k_tileh): not when gemm
+   fp8 takes every large group and the mid-size groups stay on mma.sync. */
+bool f16_codes_read(const CudaBe *b);
+
+WeightDesc desc_routed_gu(const CudaBe *b)
+{
+    WeightDesc d;
+    d.w[0] = b->rw[0].w, d.w[1] = b->rw[1].w;
+    d.s[0] = b->rw[0].s, d.s[1] = b->rw[1].s;
+    d.w_stride = b->rw[0].w_stride, d.s_stride = b->rw[0].s_stride;
+    d.n_split = b->rw[0].n, d.N = 2 * b->rw[0].n, d.K = b->rw[0].k, d.fmt = b->rw[0].fmt, d.sfp32 = b->rw[0].sfp32;
+    return d;
+}
+
+WeightDesc desc_one(const DevMat &m)
+{
+    WeightDesc d;
+    d.w[0] = d.w[1] = m.w;
+    d.s[0] = d.s[1] = m.s;
+    d.w_stride = m.w_stride, d.s_stride = m.s_stride;
+    d.n_split = m.n, d.N = m.n, d.K = m.k, d.fmt = m.fmt, d.sfp32 = m.sfp32;
+    return d;
+}
+
+WeightDesc desc_shared_gu(const CudaBe *b)
+{
+    WeightDesc d = desc_one(b->sw[0]);
+    d.w[1] = b->sw[1].w, d.s[1] = b->sw[1].s;
+    d.N = 2 * b->sw[0].n;
+    return d;
+}
+
+template <int F, int Q> void launch_gemv_t(dim3 g, size_t smem, cudaStream_t s, const GemmArgs &a)
+{
+    k_gemv<F, Q><<<g, DSV4C_GEMV_THREADS, smem, s>>>(a);
+}
+template <int F, int Q> void launch_tiles_t(dim3 g, cudaStream_t s, const GemmArgs &a)
+{
+    k_tiles<F, Q><<<g, DSV4C_TILE_THREADS, 0, s>>>(a);
+}
+
+void launch_gemv(int fmt, int aq, dim3 g, size_t smem, cudaStream_t s, const GemmArgs &a)
+{
+    switch (fmt * 2 + aq) {
+    case 0: launch_gemv_t<WF_BF16, 0>(g, smem, s, a); break;
+    case 1: launch_gemv_t<WF_BF16, 1>(g, smem, s, a); break;
+    case 2: launch_gemv_t<WF_FP8, 0>(g, smem, s, a); break;
+    case 3: launch_gemv_t<WF_FP8, 1>(g, smem, s, a); break;
+    case 4: launch_gemv_t<WF_FP4, 0>(g, smem, s, a); break;
+    default: launch_gemv_t<WF_FP4, 1>(g, smem, s, a); break;
+    }
+}
+
+void launch_tiles(int fmt, int aq, dim3 g, cudaStream_t s, const GemmArgs &a)
+{
+    switch (fmt * 2 + aq) {
+    case 0: launch_tiles_t<WF_BF16, 0>(g, s, a); break;
+    case 1: launch_tiles_t<WF_BF16, 1>(g, s, a); break;
+    case 2: launch_tiles_t<WF_FP8, 0>(g, s, a); break;
+    case 3: launch_tiles_t<WF_FP8, 1>(g, s, a); break;
+    case 4: launch_tiles_t<WF_FP4, 0>(g, s, a); break;
+    default: launch_tiles_t<WF_FP4, 1>(g, s, a); break;
+    }
+}
+
+/* The activation rows a GEMV launch keeps in shared memory: at most `small`, and at most the rows
+   a group of the chunk can hold. Sizing by the chunk instead of by `small` is what lets several
+   blocks share a multiprocessor in decode (T = 1: 17 KB instead of 135 KB, 8 blocks instead of 1). */
+int gemv_rows(const CudaBe *b, int64_t bound) { return bound < b->small ? (int)(bound < 1 ? 1 : bound) : b->small; }
+size_t gemv_smem(int rows, int k) { return (size_t)rows * (size_t)(k + k / 32) * 4; }
+
+template <int F, int Q> cudaError_t gemv_attr(size_t smem)
+{
+    return cudaFuncSetAttribute(k_gemv<F, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+}
+
+typedef void (*fast_kernel)(FastArgs);
+const fast_kernel k_tile_mid = k_tile<TileMid, 2, 4, 4, 3>;
+const fast_kernel k_tile_big = k_tile<TileBig, 4, 4, 2, 1>;
+struct TileHVar {
+    const char *name;
+    fast_kernel k;
+    int bn;
+    size_t smem;
+};
+/* large groups: tokens per block 64 or 128, A decode serial or pipelined under the wgmmas, blocks
+   per SM (first: the default; docs/cuda.md has the measured comparison) */
+const TileHVar tileh_big[] = {{"s128", k_tileh<128, false>, 128, TileH<128>::SMEM},
+                              {"s64x2", k_tileh<64, false, 3, 2>, 64, TileH<64, 3>::SMEM},
+                              {"p64", k_tileh<64, true>, 64, TileH<64>::SMEM},
+                              {"s64", k_tileh<64, false>, 64, TileH<64>::SMEM},
+                              {"p128", k_tileh<128, true>, 128, TileH<128>::SMEM}};
+/* mid-size groups (32-token tiles): mma.sync (k_tile, bn 0) or k_tileh (first: default) */
+const TileHVar tileh_mid[] = {{"mma", nullptr, 0, 0},
+                              {"p32", k_tileh<32, true>, 32, TileH<32>::SMEM},
+                              {"s32", k_tileh<32, false>, 32, TileH<32>::SMEM}};
+constexpr int N_TILEH_BIG = sizeof tileh_big / sizeof tileh_big[0], N_TILEH_MID = sizeof tileh_mid / sizeof tileh_mid[0];
+
+bool f16_codes_read(const CudaBe *b) { return b->tile16 && (!(b->fp8 && b->all_ok8) || tileh_mid[b->mid_var].k); }
+
+/* The index of the variant named `name` (len bytes) in table v, -1 when there is none. */
+int tileh_pick(const TileHVar *v, int n, const char *name, size_t len)
+{
+    for (int i = 0; i < n; i++)
+        if (strlen(v[i].name) == len && !strncmp(name, v[i].name, len))
+            return i;
+    return -1;
+}
+
+cudaError_t tileh_attrs()
+{
+    cudaError_t ce = cudaSuccess;
+    for (int i = 0; i < N_TILEH_BIG && ce == cudaSuccess; i++)
+        ce = cudaFuncSetAttribute(tileh_big[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tileh_big[i].smem);
+    for (int i = 0; i < N_TILEH_MID && ce == cudaSuccess; i++)
+        if (tileh_mid[i].k)
+            ce = cudaFuncSetAttribute(tileh_mid[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tileh_mid[i].smem);
+    return ce;
+}
+
+/* Launches k_dec for format fmt over `groups` slots (routed active slots below fa.act_max, then
+   the shared expert), splitting K over enough warps to give every multiprocessor a few blocks. */
+void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t s)
+{
+    const int tiles16 = fa.N / 16;
+    int ks = 1;
+    while (ks < 8 && (int64_t)(tiles16 / (8 / ks)) * groups < 3 * (int64_t)b->nsm)
+        ks *= 2;
+    fa.ks = ks;
+    const dim3 grid((unsigned)(tiles16 / (8 / ks)), (unsigned)groups);
+    if (fmt == WF_FP4)
+        k_dec<WF_FP4><<<grid, FM_THREADS, dec_smem_bytes(WF_FP4, ks, 2), s>>>(fa);
+    else
+        k_dec<WF_FP8><<<grid, FM_THREADS, dec_smem_bytes(WF_FP8, ks, 2), s>>>(fa);
+}
+
+/*
+ * The regimes of one projection: k_dec on the main stream (and, when the shared expert's format
+ * differs from the routed experts', its own k_dec on a forked stream), the 32-row and 128-row
+ * tile kernels on two more forked streams, all joined back before returning; each is launched
+ * only when the chunk's bounds allow it a group. Every block reads its group from the device.
+ * With p8 (gemm fp8), large groups of convertible experts run on the grouped FP8 GEMM on the
+ * 128-row tiles' stream instead (k_count2 left them off the big tile list).
+ */
+cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const Fp8Proj *p8 = nullptr,
+                           Fp8Gemm *g8 = nullptr)
+{
+    const dsv4_config *c = &b->cfg;
+    cudaStream_t s = b->stream;
+    const bool shared = c->n_shared_experts > 0;
+    const int64_t gmax = b->repeats ? L.slots : L.tc; /* the largest routed group the chunk can hold */
+    const int64_t nmax = std::max(gmax, shared ? L.tc : (int64_t)0);
+    const bool mid = nmax > FM_DEC_MAX, big = nmax > FM_MID_MAX;
+    const bool split = shared && fa.sh.fmt != fa.r.fmt;
+    const bool cut = p8 && nmax > p8->min_rows; /* a group can be on the grouped FP8 GEMM (s3) */
+    cudaError_t e = cudaSuccess;
+    if ((mid || big || split || cut) && (e = cudaEventRecord(b->ev_fork, s)) != cudaSuccess)
+        return e;
+    struct Side {
+        bool on;
+        cudaStream_t st;
+        cudaEvent_t ev;
+    } side[3] = {{split, b->s4, b->ev_j4}, {mid, b->s2, b->ev_j2}, {big || cut, b->s3, b->ev_j3}};
+    for (const Side &sd : side)
+        if (sd.on && (e = cudaStreamWaitEvent(sd.st, b->ev_fork, 0)) != cudaSuccess)
+            return e;
+    if (split) {
+        launch_dec(b, fa.r.fmt, fa, fa.act_max, s); /* routed slots only */
+        FastArgs sh = fa;
+        sh.act_max = 0;
+        launch_dec(b, fa.sh.fmt, sh, 1, b->s4);
+    } else {
+        launch_dec(b, fa.r.fmt, fa, fa.act_max + 1, s);
+    }
+    if (mid) {
+        FastArgs m = fa;
+        m.meta_tiles = 1;
+        const dim3 grid((unsigned)(fa.N / 128), (unsigned)L.cap_mid);
+        const TileHVar &v = tileh_mid[b->mid_var];
+        if (b->tile16 && v.k)
+            v.k<<<grid, 256, v.smem, b->s2>>>(m);
+        else
+            k_tile_mid<<<grid, TileMid::THREADS, TileMid::SMEM, b->s2>>>(m);
+    }
+    if (cut && (e = fp8gemm_enqueue(g8, *p8, b->s3)) != cudaSuccess)
+        return e;
+    if (big && !(p8 && b->all_ok8)) { /* gemm fp8: only experts whose weights did not convert have big tiles */
+        FastArgs g = fa;
+        g.meta_tiles = 3;
+        g.tile_e += L.cap_mid;
+        g.tile_r0 += L.cap_mid;
+        const dim3 grid((unsigned)(fa.N / 128), (unsigned)L.cap_big);
+        const TileHVar &v = tileh_big[b->big_var];
+        if (b->tile16)
+            v.k<<<grid, 256, v.smem, b->s3>>>(g);
+        else
+            k_tile_big<<<grid, TileBig::THREADS, TileBig::SMEM, b->s3>>>(g);
+    }
+    for (const Side &sd : side)
+        if (sd.on && ((e = cudaEventRecord(sd.ev, sd.st)) != cudaSuccess || (e = cudaStreamWaitEvent(s, sd.ev, 0)) != cudaSuccess))
+            return e;
+    return cudaPeekAtLastError();
+}
+
+/* The fp8 path after the router: grouping, gate/up + SwiGLU, quantization of h, down, combine. */
+cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra, GroupArgs ga)
+{
+    const dsv4_config *c = &b->cfg;
+    const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
+    cudaStream_t s = b->stream;
+    const bool shared = c->n_shared_experts > 0;
+    Group2Args g2;
+    g2.ids = ra.ids, g2.w = ra.w, g2.ntok = ra.ntok;
+    g2.cnt = ga.cnt, g2.slot_off = ga.slot_off, g2.pad_off = ga.pad_off, g2.active = ga.active, g2.meta = ga.meta;
+    g2.tile_e = ga.tile_e, g2.tile_r0 = ga.tile_r0;
+    g2.slot_tok = ga.slot_tok, g2.slot_row = ga.slot_row, g2.rowmap = ga.rowmap, g2.slot_w = ga.slot_w;
+    g2.slot_e = ga.slot_e;
+    g2.stats = ga.stats;
+    g2.E = E, g2.K = K, g2.rows = (int)L.rows, g2.cap_mid = (int)L.cap_mid, g2.cap_big = (int)L.cap_big;
+    g2.has_shared = shared;
+    g2.mid_rows = 32, g2.big_rows = b->big_rows;
+    g2.place = L.slots <= 1024;
+    g2.cut_ok = b->fp8 ? b->ok8 : nullptr;
+    g2.cut_rows = b->fp8_cut;
+    /* one block: as many threads as experts (a warp multiple, at most 1024; the loops cover the rest) */
+    k_count2<<<1, (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s>>>(g2);
+    if (!g2.place)
+        k_place<<<(unsigned)E, 256, 0, s>>>(ga);
+    FastArgs fa = FastArgs();
+    fa.ntok = ra.ntok, fa.cnt = ga.cnt, fa.slot_off = ga.slot_off, fa.pad_off = ga.pad_off, fa.active = ga.active;
+    fa.meta = ga.meta, fa.tile_e = ga.tile_e, fa.tile_r0 = ga.tile_r0, fa.slot_tok = ga.slot_tok, fa.slot_w = ga.slot_w;
+    fa.stats = ga.stats, fa.E = E, fa.act_max = (int)(L.slots < E ? L.slots : E);
+    fa.before = c->weight_point == DSV4_WEIGHT_BEFORE_W2, fa.clamp_r = 1, fa.clamp_s = c->shared_clamp;
+    fa.L = c->swiglu_limit;
+#ifdef DSV4_FAULTS
+    if (b->fp8)
+        fa.clamp_r = !DSV4_TESTHOOK(DROP_ROUTED_CLAMP); /* test hook: the fp8 executor's routed experts lose the clamp */
+#endif
+    uint16_t *h16 = at<uint16_t>(b, L.gu);
+    uint8_t *hq = at<uint8_t>(b, L.hq);
+    float *hs = at<float>(b, L.hs);
+    const int64_t ngi = I / 128;
+    /* gate/up with the SwiGLU epilogue: h bf16 */
+    FastArgs gu = fa;
+    gu.r = b->fp[0], gu.sh = shared ? b->fp[2] : FProj();
+    gu.N = 2 * I, gu.K = H, gu.gu = 1;
+    gu.A = at<uint8_t>(b, L.xq), gu.As = at<float>(b, L.xs), gu.gather = 1;
+    gu.Ash = gu.A, gu.Assh = gu.As;
+    gu.A16 = gu.Ash16 = b->tile16 ? at<uint16_t>(b, L.x16) : nullptr;
+    gu.out = h16, gu.out_sh = h16 + L.rows * I;
+    /* gemm fp8: a group above fp8_cut rows can exist in this chunk */
+    const bool fp8 = b->fp8 && std::max(b->repeats ? L.slots : L.tc, shared ? L.tc : (int64_t)0) > b->fp8_cut;
+    Sel8 sel;
+    sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.slot_off = ga.slot_off, sel.cnt = ga.cnt;
+    sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
+    sel.sh_row0 = L.rows, sel.E = E, sel.slots = (int)L.slots, sel.has_shared = shared, sel.min_rows = b->fp8_cut;
+    const unsigned rows_grid = (unsigned)(L.slots + (shared ? L.tc : 0));
+    const int64_t ngh = H / 128;
+    Fp8Proj p8;
+    memset(&p8, 0, sizeof p8);
+    if (fp8) {
+        Gather8Args g8a;
+        g8a.sel = sel, g8a.xq = at<uint8_t>(b, L.xq), g8a.xs = at<float>(b, L.xs);
+        g8a.xp = at<uint8_t>(b, L.xp), g8a.xs8 = at<float>(b, L.xs8), g8a.H = H;
+        k_gather8<<<rows_grid, 128, 0, s>>>(g8a);
+        p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->ok8;
+        p8.E = E, p8.min_rows = b->fp8_cut, p8.has_shared = shared, p8.sh_row0 = L.rows;
+        p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
+        p8.A = g8a.xp, p8.Ash = g8a.xq, p8.SFA = g8a.xs8, p8.SFAsh = g8a.xs8 + L.rows * ngh;
+        p8.B = b->w8[0], p8.SFB = b->s8[0], p8.Bsh = b->w8[2], p8.SFBsh = b->s8[2];
+        p8.b_stride = 2LL * I * H, p8.sfb_stride = 2LL * I * (H / 128);
+        p8.D = at<uint16_t>(b, L.gu8), p8.Dsh = p8.D + L.rows * 2 * I;
+    }
+    cudaError_t e = launch_regimes(b, L, gu, fp8 ? &p8 : nullptr, b->g8[0]);
+    if (e != cudaSuccess)
+        return e;
+    if (fp8) {
+        Quant8Args q8;
+        q8.sel = sel, q8.h = h16, q8.gu8 = at<uint16_t>(b, L.gu8), q8.q = hq, q8.s = hs, q8.s8 = at<float>(b, L.hs8);
+        q8.slot_w = ga.slot_w, q8.stats = ga.stats, q8.I = I, q8.qmode = (int)c->act_quant, q8.f16_codes = f16_codes_read(b);
+        q8.before = fa.before, q8.clamp_r = fa.clamp_r, q8.clamp_s = fa.clamp_s, q8.L = fa.L;
+        k_quant8<<<std::min(rows_grid, K8_GRID), (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(
+            q8, (int)rows_grid);
+        p8.N = p8.Nsh = H, p8.K = p8.Ksh = I;
+        p8.A = hq, p8.Ash = hq + L.rows * I, p8.SFA = q8.s8, p8.SFAsh = q8.s8 + L.rows * ngi;
+        p8.B = b->w8[1], p8.SFB = b->s8[1], p8.Bsh = b->w8[3], p8.SFBsh = b->s8[3];
+        p8.b_stride = 1LL * H * I, p8.sfb_stride = 1LL * H * (I / 128);
+        p8.D = at<uint16_t>(b, L.o), p8.Dsh = shared ? at<uint16_t>(b, L.osh) : nullptr;
+    } else {
+    QuantArgs qa;
+    qa.h = h16, qa.q = hq, qa.s = hs, qa.slot_row = ga.slot_row, qa.meta = ga.meta, qa.ntok = ra.ntok;
+    qa.sh_row0 = L.rows, qa.I = I, qa.qmode = (int)c->act_quant, qa.slots = (int)L.slots, qa.has_shared = shared;
+    qa.f16_codes = b->tile16;
+    k_quant<<<rows_grid, (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(qa);
+    }
+    /* down */
+    FastArgs dn = fa;
+    dn.r = b->fp[1], dn.sh = shared ? b->fp[3] : FProj();
+    dn.N = H, dn.K = I, dn.gu = 0;
+    dn.A = hq, dn.As = hs, dn.gather = 0;
+    dn.Ash = hq + L.rows * I, dn.Assh = hs + L.rows * ngi;
+    dn.A16 = b->tile16 ? h16 : nullptr, dn.Ash16 = b->tile16 ? h16 + L.rows * I : nullptr;
+    dn.out = at<uint16_t>(b, L.o), dn.out_sh = shared ? at<uint16_t>(b, L.osh) : nullptr;
+    if ((e = launch_regimes(b, L, dn, fp8 ? &p8 : nullptr, b->g8[1])) != cudaSuccess)
+        return e;
+    CombineArgs ca;
+    ca.O = dn.out;
+    ca.Osh = dn.out_sh;
+    ca.ids = ra.ids, ca.rowmap = ga.rowmap, ca.w = ra.w;
+    ca.y = at<uint16_t>(b, L.x);
+    ca.ntok = ra.ntok;
+    ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
+    k_combine<<<dim3((unsigned)L.tc, (unsigned)cdiv(H, 8 * 256)), 256, (size_t)K * 16, s>>>(ca);
+    return cudaPeekAtLastError();
+}
+
+/*
+ * Enqueues the kernels of one chunk whose buffers follow layout L (grids sized by L.tc; the
+ * kernels read the actual token count from the device). No host synchronisation. t0 is the
+ * chunk's first token (only for error messages).
+ */
+cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMode mode = CHUNK_FULL)
+{
+    const dsv4_config *c = &b->cfg;
+    const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
+    cudaStream_t s = b->stream;
+    const int *ntok = at<int>(b, L.ntok);
+    unsigned long long *stats = at<unsigned long long>(b, L.stats);
+    /* router */
+    RouterArgs ra;
+    memset(&ra, 0, sizeof ra);
+    ra.x = at<uint16_t>(b, L.x);
+    ra.in_ids = at<int32_t>(b, L.in_ids);
+    ra.ntok = ntok;
+    ra.bias = b->bias, ra.tid2eid = b->tid2eid;
+    ra.pred_norm = b->pred_norm, ra.pred_w = b->pred_w, ra.pred_b = b->pred_b;
+    ra.ids = at<int32_t>(b, L.ids), ra.w = at<float>(b, L.w), ra.kept = at<int32_t>(b, L.kept);
+    ra.xq = b->qx ? at<uint8_t>(b, L.xq) : nullptr;
+    ra.xs = b->qx ? at<float>(b, L.xs) : nullptr;
+    ra.x16 = b->fast && f16_codes_read(b) ? at<uint16_t>(b, L.x16) : nullptr;
+    ra.stats = stats;
+    ra.t0 = t0;
+    ra.H = H, ra.E = E, ra.K = K, ra.V = (int)c->vocab_size;
+    ra.hash = dsv4_config_is_hash_layer(c);
+    ra.score = (int)c->score_func;
+    ra.gate_bf16 = c->gate_logits == DSV4_GATE_LOGITS_BF16;
+    ra.predictor = (int)c->top_p_predictor;
+    ra.top_p_on = c->top_p < 1.0f;
+    ra.min_keep = (int)c->top_p_min_keep;
+    ra.renorm = c->top_p_renorm;
+    ra.qmode = (int)c->act_quant;
+    ra.route_scale = c->route_scale, ra.norm_eps = c->norm_eps, ra.top_p = c->top_p;
+    {
+        /* logits = x . gate^T by the GEMM kernels (bf16 operands, fp32 out), then the router reads them */
+        GemmArgs lgA;
+        memset(&lgA, 0, sizeof lgA);
+        lgA.W.w[0] = lgA.W.w[1] = (const uint8_t *)b->gate16;
+        lgA.W.s[0] = lgA.W.s[1] = nullptr;
+        lgA.W.n_split = E, lgA.W.N = E, lgA.W.K = H, lgA.W.fmt = WF_BF16;
+        lgA.A = ra.x;
+        lgA.shared = 1;
+        lgA.ntok = ntok;
+        lgA.small = 0; /* every token count takes the tensor-core kernel, split over K when the chunk is small */
+        lgA.outf = at<float>(b, L.logits);
+        lgA.kslice = L.lslices > 1 ? H / L.lslices : 0;
+        lgA.out_slice = L.tc * E;
+        launch_tiles(WF_BF16, 0, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN), (unsigned)L.lslices),
+                     s, lgA);
+        ra.logits = lgA.outf;
+        ra.lslices = L.lslices;
+        ra.lslice_stride = L.tc * E;
+    }
+    size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
+    k_router<<<(unsigned)L.tc, 256, rsm, s>>>(ra);
+    if (mode == CHUNK_ROUTE) /* the route stage (stages.cu) */
+        return cudaPeekAtLastError();
+    if (mode == CHUNK_SLOTS) { /* the experts stage: its slot list replaces the router's choice */
+        cudaError_t ce = cudaMemcpyAsync(ra.ids, b->hbuf + L.ids, (size_t)(L.w + (uint64_t)L.slots * 4 - L.ids),
+                                         cudaMemcpyHostToDevice, s);
+        if (ce != cudaSuccess)
+            return ce;
+    }
+    /* grouping */
+    GroupArgs ga;
+    ga.ids = ra.ids, ga.w = ra.w, ga.ntok = ntok;
+    ga.cnt = at<int>(b, L.cnt), ga.slot_off = at<int>(b, L.slot_off), ga.pad_off = at<int>(b, L.pad_off);
+    ga.active = at<int>(b, L.active), ga.meta = at<int>(b, L.meta);
+    ga.tile_e = at<int>(b, L.tile_e), ga.tile_r0 = at<int>(b, L.tile_r0);
+    ga.slot_tok = at<int32_t>(b, L.slot_tok), ga.slot_row = at<int32_t>(b, L.slot_row);
+    ga.rowmap = at<int32_t>(b, L.rowmap), ga.slot_w = at<float>(b, L.slot_w);
+    ga.slot_e = b->fp8 ? at<int32_t>(b, L.slot_e) : nullptr;
+    ga.stats = stats, ga.E = E, ga.K = K, ga.small = b->small, ga.rows = (int)L.rows, ga.tile_m = DSV4C_BM;
+    if (b->fast)
+        return enqueue_fast(b, L, ra, ga);
+    k_count<<<1, 1024, (size_t)E * 4, s>>>(ga);
+    k_place<<<(unsigned)E, 256, 0, s>>>(ga);
+
+    GemmArgs g;
+    memset(&g, 0, sizeof g);
+    g.ntok = ntok, g.cnt = ga.cnt, g.slot_off = ga.slot_off, g.pad_off = ga.pad_off, g.active = ga.active;
+    g.meta = ga.meta, g.tile_e = ga.tile_e, g.tile_r0 = ga.tile_r0, g.slot_tok = ga.slot_tok, g.small = b->small;
+    /* a routed group holds at most Tc rows (top-K ids are distinct), or every slot when a hash
+       table repeats an expert */
+    g.smem_rows = gemv_rows(b, b->repeats ? L.slots : L.tc);
+    const int64_t act_max = L.slots < E ? L.slots : E;
+    const bool tiles_needed = L.slots > b->small;
+    const unsigned tgrid = (unsigned)L.tiles;
+    uint16_t *GU = at<uint16_t>(b, L.gu), *O = at<uint16_t>(b, L.o);
+    /* routed gate/up */
+    g.W = desc_routed_gu(b);
+    g.aq = b->routed_q;
+    g.A = b->routed_q ? (const void *)at<uint8_t>(b, L.xq) : (const void *)at<uint16_t>(b, L.x);
+    g.As = b->routed_q ? at<float>(b, L.xs) : nullptr;
+    g.gather = 1;
+    g.out = GU;
+    launch_gemv(g.W.fmt, g.aq, dim3((unsigned)act_max, (unsigned)cdiv(g.W.N, DSV4C_GEMV_COLS)),
+                gemv_smem(g.smem_rows, g.W.K), s, g);
+    if (tiles_needed)
+        launch_tiles(g.W.fmt, g.aq, dim3(tgrid, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, g);
+    /* epilogue */
+    SwigluArgs sa;
+    memset(&sa, 0, sizeof sa);
+    sa.GU = GU;
+    sa.hq = b->qh_routed ? at<uint8_t>(b, L.hq) : nullptr;
+    sa.hs = b->qh_routed ? at<float>(b, L.hs) : nullptr;
+    sa.hb = at<uint16_t>(b, L.hq);
+    sa.ntok = ntok, sa.meta = ga.meta, sa.slot_row = ga.slot_row, sa.slot_w = ga.slot_w, sa.stats = stats;
+    sa.I = I, sa.shared = 0, sa.clamp = 1, sa.before = c->weight_point == DSV4_WEIGHT_BEFORE_W2;
+    sa.qmode = (int)c->act_quant, sa.L = c->swiglu_limit;
+    k_swiglu<<<(unsigned)L.slots, 128, 0, s>>>(sa);
+    /* routed down */
+    g.W = desc_one(b->rw[2]);
+    g.aq = b->qh_routed;
+    g.A = b->qh_routed ? (const void *)at<uint8_t>(b, L.hq) : (const void *)at<uint16_t>(b, L.hq);
+    g.As = b->qh_routed ? at<float>(b, L.hs) : nullptr;
+    g.gather = 0;
+    g.out = O;
+    launch_gemv(g.W.fmt, g.aq, dim3((unsigned)act_max, (unsigned)cdiv(g.W.N, DSV4C_GEMV_COLS)),
+                gemv_smem(g.smem_rows, g.W.K), s, g);
+    if (tiles_needed)
+        launch_tiles(g.W.fmt, g.aq, dim3(tgrid, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, g);
+    /* shared expert: rows [0, Tc) of the gate/up and h buffers (free again), output into osh */
+    if (c->n_shared_experts > 0) {
+        GemmArgs h = g;
+        h.shared = 1;
+        h.gather = 0;
+        h.W = desc_shared_gu(b);
+        h.aq = b->shared_q;
+        h.A = b->shared_q ? (const void *)at<uint8_t>(b, L.xq) : (const void *)at<uint16_t>(b, L.x);
+        h.As = b->shared_q ? at<float>(b, L.xs) : nullptr;
+        h.out = GU;
+        h.smem_rows = gemv_rows(b, L.tc);
+        bool sm_small = L.tc <= b->small;
+        launch_gemv(h.W.fmt, h.aq, dim3(1, (unsigned)cdiv(h.W.N, DSV4C_GEMV_COLS)), gemv_smem(h.smem_rows, h.W.K), s, h);
+        if (!sm_small)
+            launch_tiles(h.W.fmt, h.aq, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(h.W.N, DSV4C_BN)), s, h);
+        SwigluArgs ss = sa;
+        ss.shared = 1;
+        ss.clamp = c->shared_clamp;
+        ss.hq = b->qh_shared ? at<uint8_t>(b, L.hq) : nullptr;
+        ss.hs = b->qh_shared ? at<float>(b, L.hs) : nullptr;
+        k_swiglu<<<(unsigned)L.tc, 128, 0, s>>>(ss);
+        h.W = desc_one(b->sw[2]);
+        h.aq = b->qh_shared;
+        h.A = b->qh_shared ? (const void *)at<uint8_t>(b, L.hq) : (const void *)at<uint16_t>(b, L.hq);
+        h.As = b->qh_shared ? at<float>(b, L.hs) : nullptr;
+        h.out = at<uint16_t>(b, L.osh);
+        launch_gemv(h.W.fmt, h.aq, dim3(1, (unsigned)cdiv(h.W.N, DSV4C_GEMV_COLS)), gemv_smem(h.smem_rows, h.W.K), s, h);
+        if (!sm_small)
+            launch_tiles(h.W.fmt, h.aq, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(h.W.N, DSV4C_BN)), s, h);
+    }
+    /* combine into the x buffer (x is no longer read) */
+    CombineArgs ca;
+    ca.O = O;
+    ca.Osh = c->n_shared_experts > 0 ? at<uint16_t>(b, L.osh) : nullptr;
+    ca.ids = ra.ids, ca.rowmap = ga.rowmap, ca.w = ra.w;
+    ca.y = at<uint16_t>(b, L.x);
+    ca.ntok = ntok;
+    ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
+    k_combine<<<dim3((unsigned)L.tc, (unsigned)cdiv(H, 8 * 256)), 256, (size_t)K * 16, s>>>(ca);
+    return cudaPeekAtLastError();
+}
+
+/* The rows a chunk of tc rows starting at row t0 of the call computes: tc, or the caller's
+   device count less t0, clamped to [0, tc] (read on the device: a captured call reads it at replay). */
+__device__ __forceinline__ int chunk_rows(const int32_t *valid, long long t0, int tc)
+{
+    if (!valid)
+        return tc;
+    const long long v = (long long)*valid - t0;
+    return v < 0 ? 0 : v > tc ? tc : (int)v;
+}
+
+/* One chunk's transfers between the caller's device tensors and the workspace (dsv4_backend_enqueue). */
+struct IoArgs {
+    const int32_t *valid; /* the caller's valid row count, or NULL */
+    long long t0;         /* the chunk's first row within the call */
+    int tc, H, K, hash;
+    const uint16_t *x;      /* the caller's x at row t0 */
+    const int32_t *in_ids;  /* the caller's input ids at row t0 (hash layers) */
+    uint16_t *y;            /* the caller's outputs at row t0 (ids, w, kept may be NULL) */
+    int32_t *ids;
+    float *w;
+    int32_t *kept;
+    uint16_t *ws_x;         /* the chunk's buffers in the workspace */
+    int32_t *ws_in_ids, *ws_ntok, *ws_ids, *ws_kept;
+    float *ws_w;
+    unsigned long long *ws_stats, *ctl;
+};
+
+/* In: the token count (the row count, or the caller's valid rows), the chunk's counters zeroed,
+   the live rows of x and of the input ids. One block per row. */
+__global__ void k_io_in(IoArgs a)
+{
+    const int t = blockIdx.x, n = chunk_rows(a.valid, a.t0, a.tc);
+    if (t == 0 && threadIdx.x == 0)
+        *a.ws_ntok = n;
+    if (t == 0 && threadIdx.x < ST_N)
+        a.ws_stats[threadIdx.x] = 0;
+    if (t >= n)
+        return;
+    const uint16_t *src = a.x + (size_t)t * a.H;
+    uint16_t *dst = a.ws_x + (size_t)t * a.H;
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x)
+        dst[i] = src[i];
+    if (a.hash && threadIdx.x == 0)
+        a.ws_in_ids[t] = a.in_ids[t];
+}
+
+/* Out: the live rows' outputs, zeros for the padding rows; block 0 latches the chunk's counters
+   and input errors into the backend's error word. */
+__global__ void k_io_out(IoArgs a)
+{
+    const int t = blockIdx.x, n = chunk_rows(a.valid, a.t0, a.tc);
+    const bool live = t < n;
+    const uint16_t *src = a.ws_x + (size_t)t * a.H;
+    uint16_t *dst = a.y + (size_t)t * a.H;
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x)
+        dst[i] = live ? src[i] : (uint16_t)0;
+    for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
+        const size_t j = (size_t)t * a.K + k;
+        if (a.ids)
+            a.ids[j] = live ? a.ws_ids[j] : 0;
+        if (a.w)
+            a.w[j] = live ? a.ws_w[j] : 0.0f;
+    }
+    if (threadIdx.x == 0 && a.kept)
+        a.kept[t] = live ? a.ws_kept[t] : 0;
+    if (t == 0 && threadIdx.x < ST_N) {
+        const unsigned long long v = a.ws_stats[threadIdx.x];
+        if (v && threadIdx.x == ST_BADIN_AT)
+            atomicMax(&a.ctl[ST_BADIN_AT], v);
+        else if (v)
+            atomicAdd(&a.ctl[threadIdx.x], v);
+    }
+}
+
+#endif
