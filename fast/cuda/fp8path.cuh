@@ -30,7 +30,7 @@ struct Row8 {
 
 struct Sel8 {
     const int32_t *slot_row, *slot_tok, *slot_e;
-    const int *slot_off, *cnt, *pad_off, *meta, *ntok;
+    const int *cnt, *pad_off, *meta, *ntok;
     const uint8_t *ok; /* [E + 1] */
     long long sh_row0;
     int E, slots, has_shared, min_rows;

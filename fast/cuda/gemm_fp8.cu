@@ -11,6 +11,11 @@
  * - 128x128x128 tiles, cooperative schedule (two consumer warpgroups on one 128-row tile), a
  *   1x2 cluster (the two CTAs of a cluster share the A tile through TMA multicast): the
  *   configuration of CUTLASS's example 68 that measured 1124 TFLOP/s on these shapes on the H200.
+ *   Measured against it in one call (2026-12-03, the whole layer at T = 16384, v4-flash): 128x256
+ *   tiles 33.4 ms against 10.6 (two fp32 accumulator sets of a 64x256 warpgroup tile: spills are
+ *   the likely cause, not checked), 2x1
+ *   clusters (the weights multicast instead of the activations) 11.59, rasterized along N 10.55
+ *   against 10.57 along M.
  * - Rasterized along M (below), persistent grid of the device's SM count, problem shapes read on the device only (host
  *   shapes NULL): the launch does not depend on the routing, so it is captured in a graph.
  */
@@ -45,14 +50,8 @@ using LayoutB = cutlass::layout::ColumnMajor; /* B^T row-major: the weight [N, K
 using LayoutD = cutlass::layout::RowMajor;
 constexpr int AlignA = 16, AlignB = 16, AlignD = 8;
 using Acc = float;
-#ifndef DSV4C_FP8_TILE_N
-#define DSV4C_FP8_TILE_N 128
-#endif
-using TileShape = Shape<_128, Int<DSV4C_FP8_TILE_N>, _128>;
-#ifndef DSV4C_FP8_CLUSTER_M
-#define DSV4C_FP8_CLUSTER_M 1
-#endif
-using ClusterShape = Shape<Int<DSV4C_FP8_CLUSTER_M>, Int<3 - DSV4C_FP8_CLUSTER_M>, _1>;
+using TileShape = Shape<_128, _128, _128>;
+using ClusterShape = Shape<_1, _2, _1>;
 using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, 128>;
 using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
 using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
@@ -210,11 +209,7 @@ cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, size_t *bytes)
            group is visited for all its M tiles in a row), so the weights, which dominate the
            traffic of an MoE GEMM (384 rows per expert at T = 16384 against 16 MiB of gate|up),
            come from DRAM about once; the group's activation rows are small and stay in L2 */
-#ifndef DSV4C_FP8_RASTER_N
         args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
-#else
-        args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
-#endif
         args.scheduler.max_swizzle_size = 1;
     };
     build(nullptr); /* sizes only: the workspace size does not depend on the addresses */

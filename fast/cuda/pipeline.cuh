@@ -376,7 +376,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     /* gemm fp8: a group above fp8_cut rows can exist in this chunk */
     const bool fp8 = b->fp8 && std::max(b->repeats ? L.slots : L.tc, shared ? L.tc : (int64_t)0) > b->fp8_cut;
     Sel8 sel;
-    sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.slot_off = ga.slot_off, sel.cnt = ga.cnt;
+    sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.cnt = ga.cnt;
     sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
     sel.sh_row0 = L.rows, sel.E = E, sel.slots = (int)L.slots, sel.has_shared = shared, sel.min_rows = b->fp8_cut;
     const unsigned rows_grid = (unsigned)(L.slots + (shared ? L.tc : 0));
