@@ -364,7 +364,7 @@ CASE(graph_fp8_t9, "graph mini-fp8 T=9", "mini-fp8", 1, 9, 0, -1, -1, -1, 1, 0, 
 CASE(graph_bf16_t128, "graph mini-bf16 T=128", "mini-bf16", 1, 128, 0, -1, -1, -1, 1, 0, 0)
 CASE(graph_topp_t33, "graph mini-topp T=33", "mini-topp", 1, 33, 0, -1, -1, -1, 1, 0, 0)
 
-/* gemm fp8: groups above 64 rows (and the shared expert above 64 tokens) on the grouped FP8 GEMM */
+/* gemm fp8: groups above fp8_cut rows (32 by default; the shared expert above 32 tokens) on the grouped FP8 GEMM */
 /*                name                     preset       layer T     chunk L     scl after graph experts fp8 */
 CASE(fp8_small_t300, "fp8 mini T=300", "mini", 1, 300, 0, -1, -1, -1, 0, 0, 1)
 CASE(fp8_mini_t1100, "fp8 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 1)
