@@ -134,15 +134,6 @@ __device__ __forceinline__ float warp_sum(float v)
     return v;
 }
 
-__device__ __forceinline__ uint32_t warp_max_u(uint32_t v)
-{
-    for (int o = 16; o > 0; o >>= 1) {
-        uint32_t w = __shfl_xor_sync(0xFFFFFFFFu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
-
 __device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -150,11 +141,6 @@ __device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v)
     return v;
 }
 
-/*
- * Quantizes one 128-group held 4 values per lane (lanes beyond the group's length pass
- * valid = 0): amax over the finite-or-Inf values (NaN ignored, as core/formats.c), scale by
- * `mode` (1 ue8m0, 2 fp32), codes as act_store writes them. Returns the scale.
- */
 /* SPEC.md section 4, steps 3-4, on bf16 g and u: the SwiGLU clamp when `clamp` (the upper side of
    g, both sides of u; each clamped value counted in gc / uc), then h = silu(g) * u in fp32. The one
    copy every executor's epilogue uses (k_swiglu, the fragment path's fepi, k_quant8). */
@@ -174,16 +160,28 @@ __device__ __forceinline__ float swiglu_h(float gv, float uv, bool clamp, float 
     return __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
 }
 
-__device__ __forceinline__ float quant_group4(const float v[4], const bool valid[4], int mode, uint8_t code[4])
+/*
+ * Quantizes one 128-group held NV values per lane over W lanes (W a power of two <= 32, the
+ * group in lanes aligned to W; values beyond the group's length pass valid = 0): amax over the
+ * finite-or-Inf values (NaN ignored, as core/formats.c), scale by `mode` (1 ue8m0, 2 fp32),
+ * codes as act_store writes them. Returns the scale. The amax is a maximum, so the order of the
+ * reduction does not matter: every layout gives the same codes.
+ */
+template <int NV, int W>
+__device__ __forceinline__ float quant_groupn(const float v[NV], const bool valid[NV], int mode, uint8_t code[NV])
 {
     uint32_t mb = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NV; i++) {
         uint32_t a = __float_as_uint(v[i]) & 0x7FFFFFFFu;
         a = (!valid[i] || a > 0x7F800000u) ? 0u : a;
         mb = a > mb ? a : mb;
     }
-    mb = warp_max_u(mb);
+#pragma unroll
+    for (int o = W / 2; o > 0; o >>= 1) {
+        const uint32_t w = __shfl_xor_sync(0xFFFFFFFFu, mb, o);
+        mb = w > mb ? w : mb;
+    }
     float amax = __uint_as_float(mb);
     amax = amax < 1e-4f ? 1e-4f : amax;
     float s;
@@ -192,21 +190,26 @@ __device__ __forceinline__ float quant_group4(const float v[4], const bool valid
         s = ue8m0f(b);
         float inv = scale_inverse(b);
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < NV; i++)
             code[i] = (uint8_t)e4m3_encode(__fmul_rn(v[i], inv));
     } else {
         s = __fdiv_rn(amax, 448.0f);
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < NV; i++)
             code[i] = (uint8_t)e4m3_encode(__fdiv_rn(v[i], s));
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NV; i++) {
         uint32_t sign = __float_as_uint(v[i]) & 0x80000000u;
         if ((code[i] & 0x7Fu) == 0x7Fu)
             code[i] = (uint8_t)((sign >> 24) | 0x7Fu);
     }
     return s;
+}
+
+__device__ __forceinline__ float quant_group4(const float v[4], const bool valid[4], int mode, uint8_t code[4])
+{
+    return quant_groupn<4, 32>(v, valid, mode, code);
 }
 
 /*

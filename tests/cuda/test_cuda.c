@@ -488,45 +488,58 @@ static void fast_vs_exact(const char *preset, int64_t layer, int64_t T, int64_t 
     close_case(&ci);
 }
 
+typedef struct {
+    const char *var, *val;
+} env_kv;
+
 /*
- * Every k_tileh variant (DSV4MOE_CUDA_TILEH: tile width, pipelined decode, blocks per SM; and
- * DSV4MOE_CUDA_MID for mid-size groups) gives the default's outputs bit for bit: the variants
- * differ in scheduling only, never in the order of a sum.
+ * Kernel variants that must give the default's outputs bit for bit: they differ in scheduling
+ * only, never in the order of a sum or a rounding point. The clamp counters too.
  */
-static void tileh_variants(const char *preset, int64_t layer, int64_t T, int64_t experts)
+static void variants_identical(const char *what, const char *preset, int64_t layer, int64_t T, int64_t experts,
+                               int fp8, const env_kv *vs, size_t nv)
 {
     if (!have_gpu())
         return;
-    static const struct {
-        const char *var, *val;
-    } vs[] = {{"DSV4MOE_CUDA_TILEH", "s64x2"}, {"DSV4MOE_CUDA_TILEH", "p64"}, {"DSV4MOE_CUDA_TILEH", "s64"},
-              {"DSV4MOE_CUDA_TILEH", "p128"},  {"DSV4MOE_CUDA_MID", "p32"},   {"DSV4MOE_CUDA_MID", "s32"}};
-    cuda_case k = {"tileh", preset, layer, T, 0, -1, -1, -1, 0, experts, 0};
+    cuda_case k = {what, preset, layer, T, 0, -1, -1, -1, 0, experts, fp8};
     case_in ci;
     open_case(&k, &ci);
     const int64_t n = T * ci.c.dim;
     run_out d;
     run_env(&ci, &d, NULL, NULL);
-    for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+    for (size_t v = 0; v < nv; v++) {
         const char *var = vs[v].var, *val = vs[v].val;
         run_out o;
         run_env(&ci, &o, var, val);
         int64_t nd = 0;
         for (int64_t i = 0; i < n; i++)
             nd += o.y[i] != d.y[i];
-        printf("cuda_suite k_tileh %s=%-5s %-9s T %4lld: %lld of %lld outputs differ from the default\n", var, val,
+        printf("cuda_suite %s %s=%-5s %-9s T %4lld: %lld of %lld outputs differ from the default\n", what, var, val,
                preset, (long long)T, (long long)nd, (long long)n);
         ck_assert_msg(nd == 0, "%s=%s on %s T=%lld: %lld outputs differ", var, val, preset, (long long)T, (long long)nd);
+        const dsv4_backend_stats *a = &o.stats, *z = &d.stats;
+        ck_assert_msg(a->routed_g_clamped == z->routed_g_clamped && a->routed_u_clamped == z->routed_u_clamped &&
+                          a->shared_g_clamped == z->shared_g_clamped && a->shared_u_clamped == z->shared_u_clamped,
+                      "%s=%s on %s: clamp counts %llu %llu %llu %llu, default %llu %llu %llu %llu", var, val, preset,
+                      (unsigned long long)a->routed_g_clamped, (unsigned long long)a->routed_u_clamped,
+                      (unsigned long long)a->shared_g_clamped, (unsigned long long)a->shared_u_clamped,
+                      (unsigned long long)z->routed_g_clamped, (unsigned long long)z->routed_u_clamped,
+                      (unsigned long long)z->shared_g_clamped, (unsigned long long)z->shared_u_clamped);
         free_out(&o);
     }
     free_out(&d);
     close_case(&ci);
 }
 
+/* Every k_tileh variant (DSV4MOE_CUDA_TILEH: tile width, pipelined decode, blocks per SM; and
+   DSV4MOE_CUDA_MID for mid-size groups). */
 START_TEST(tileh_variants_identical)
 {
-    tileh_variants("mini", 1, 1100, 0);
-    tileh_variants("mini-fp8", 1, 1100, 0);
+    static const env_kv vs[] = {{"DSV4MOE_CUDA_TILEH", "s64x2"}, {"DSV4MOE_CUDA_TILEH", "p64"},
+                                {"DSV4MOE_CUDA_TILEH", "s64"},   {"DSV4MOE_CUDA_TILEH", "p128"},
+                                {"DSV4MOE_CUDA_MID", "p32"},     {"DSV4MOE_CUDA_MID", "s32"}};
+    variants_identical("k_tileh", "mini", 1, 1100, 0, 0, vs, sizeof vs / sizeof vs[0]);
+    variants_identical("k_tileh", "mini-fp8", 1, 1100, 0, 0, vs, sizeof vs / sizeof vs[0]);
 }
 END_TEST
 
