@@ -461,13 +461,23 @@ void dsv4_fp8_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const void *scal
                           int64_t n, int64_t k, uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb,
                           int64_t s_row)
 {
+    dsv4_fp8_to_e4m3_blocks(q, row_bytes, scales, scale_format, n, k, 1, dst, dst_row_bytes, dst_scales, s_kb, s_row);
+}
+
+void dsv4_fp8_to_e4m3_blocks(const uint8_t *q, uint64_t row_bytes, const void *scales, dsv4_scale_format scale_format,
+                             int64_t n, int64_t k, int64_t block_rows, uint8_t *dst, uint64_t dst_row_bytes,
+                             float *dst_scales, int64_t s_kb, int64_t s_row)
+{
     const int64_t kbs = k / 128, sk = (k + 127) / 128;
     for (int64_t r = 0; r < n; r++) {
         memcpy(dst + (uint64_t)r * dst_row_bytes, q + (uint64_t)r * row_bytes, (size_t)k);
+        if (r % block_rows)
+            continue; /* a block's scale is its first row's (every row of it has the same) */
         for (int64_t kb = 0; kb < kbs; kb++) {
             const int64_t i = (r / 128) * sk + kb;
-            dst_scales[kb * s_kb + r * s_row] = scale_format == DSV4_SCALE_FP32 ? ((const float *)scales)[i]
-                                                                               : dsv4_ue8m0_to_f32(((const uint8_t *)scales)[i]);
+            dst_scales[kb * s_kb + (r / block_rows) * s_row] =
+                scale_format == DSV4_SCALE_FP32 ? ((const float *)scales)[i]
+                                                : dsv4_ue8m0_to_f32(((const uint8_t *)scales)[i]);
         }
     }
 }
@@ -500,6 +510,14 @@ int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t
                              uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb, int64_t s_row,
                              int64_t *first_row, int64_t *first_group)
 {
+    return dsv4_fp4_to_e4m3_blocks(q, row_bytes, scales, n, k, 1, dst, dst_row_bytes, dst_scales, s_kb, s_row, first_row,
+                                   first_group);
+}
+
+int64_t dsv4_fp4_to_e4m3_blocks(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n, int64_t k,
+                                int64_t block_rows, uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales,
+                                int64_t s_kb, int64_t s_row, int64_t *first_row, int64_t *first_group)
+{
     /* e4m3 code of e2m1 nibble v (low 3 bits: magnitude) times 2^d, d in [-8, 6], built once */
     static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     uint8_t code[15][8];
@@ -508,32 +526,45 @@ int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t
             code[d + 8][m] = dsv4_f32_to_e4m3(ldexpf(mag[m], d));
     const int64_t kbs = k / 128, ng = k / DSV4_FP4_GROUP;
     int64_t bad = 0;
-    for (int64_t r = 0; r < n; r++) {
-        const uint8_t *qr = q + (uint64_t)r * row_bytes, *sr = scales + r * ng;
-        uint8_t *o = dst + (uint64_t)r * dst_row_bytes;
+    for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
+        const int64_t r1 = r0 + block_rows < n ? r0 + block_rows : n;
         for (int64_t kb = 0; kb < kbs; kb++) {
-            const uint8_t *s4 = sr + kb * 4;
-            int hi;
-            float *sc = &dst_scales[kb * s_kb + r * s_row];
-            if (!fp4_group_converts(s4, &hi)) {
+            /* the block's scale bytes: rows r0 .. r1 - 1, four per row */
+            int hi = 0;
+            bool ok = true;
+            for (int64_t r = r0; r < r1 && ok; r++) {
+                int h;
+                ok = fp4_group_converts(scales + r * ng + kb * 4, &h);
+                hi = h > hi ? h : hi;
+            }
+            for (int64_t r = r0; r < r1 && ok; r++)
+                for (int j = 0; j < 4; j++)
+                    ok = ok && hi - scales[r * ng + kb * 4 + j] <= DSV4_FP4_TO_FP8_SPREAD;
+            float *sc = &dst_scales[kb * s_kb + (r0 / block_rows) * s_row];
+            if (!ok) {
                 if (bad++ == 0) {
                     if (first_row)
-                        *first_row = r;
+                        *first_row = r0;
                     if (first_group)
                         *first_group = kb;
                 }
-                memset(o + kb * 128, 0, 128);
+                for (int64_t r = r0; r < r1; r++)
+                    memset(dst + (uint64_t)r * dst_row_bytes + kb * 128, 0, 128);
                 *sc = NAN;
                 continue;
             }
             *sc = ldexpf(1.0f, hi - 133); /* 2^-133 at least: an fp32 subnormal, exact */
-            for (int j = 0; j < 4; j++) {
-                const uint8_t *c = code[s4[j] - hi + 6 + 8];
-                for (int64_t e = kb * 128 + j * 32; e < kb * 128 + j * 32 + 32; e += 2) {
-                    const uint8_t byte = qr[e / 2];
-                    for (int h = 0; h < 2; h++) {
-                        const uint8_t nib = (uint8_t)(h ? byte >> 4 : byte & 0xFu);
-                        o[e + h] = (uint8_t)(c[nib & 7u] | ((nib & 8u) ? 0x80u : 0u));
+            for (int64_t r = r0; r < r1; r++) {
+                const uint8_t *qr = q + (uint64_t)r * row_bytes, *s4 = scales + r * ng + kb * 4;
+                uint8_t *o = dst + (uint64_t)r * dst_row_bytes;
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t *c = code[s4[j] - hi + 6 + 8];
+                    for (int64_t e = kb * 128 + j * 32; e < kb * 128 + j * 32 + 32; e += 2) {
+                        const uint8_t byte = qr[e / 2];
+                        for (int h = 0; h < 2; h++) {
+                            const uint8_t nib = (uint8_t)(h ? byte >> 4 : byte & 0xFu);
+                            o[e + h] = (uint8_t)(c[nib & 7u] | ((nib & 8u) ? 0x80u : 0u));
+                        }
                     }
                 }
             }

@@ -108,6 +108,21 @@ int64_t dsv4_fp4_scales_beyond_e4m3(const uint8_t *scales, int64_t n, int64_t k)
 int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n, int64_t k,
                              uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb, int64_t s_row,
                              int64_t *first_row, int64_t *first_group);
+/*
+ * The same two conversions with one scale per block of block_rows rows (a power of two, 1 or up
+ * to 128) and 128 of K: block (r / block_rows, kb)'s scale at dst_scales[kb * s_kb + (r /
+ * block_rows) * s_row]. fp8: exact for any block_rows dividing 128 (the source blocks). fp4: a
+ * block converts exactly iff its block_rows x 4 scale bytes obey the rule above together (spread
+ * at most DSV4_FP4_TO_FP8_SPREAD, none 255); the count and *first_row / *first_group name blocks
+ * (first_row the block's first row). The codes differ from block_rows 1's by a power of two per
+ * row, compensated exactly by the scale, so every product code x scale is the same value.
+ */
+void dsv4_fp8_to_e4m3_blocks(const uint8_t *q, uint64_t row_bytes, const void *scales, dsv4_scale_format scale_format,
+                             int64_t n, int64_t k, int64_t block_rows, uint8_t *dst, uint64_t dst_row_bytes,
+                             float *dst_scales, int64_t s_kb, int64_t s_row);
+int64_t dsv4_fp4_to_e4m3_blocks(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n, int64_t k,
+                                int64_t block_rows, uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales,
+                                int64_t s_kb, int64_t s_row, int64_t *first_row, int64_t *first_group);
 
 /*
  * ---- Activation quantizer: one row of K values, groups of 128 along K ----
