@@ -33,7 +33,9 @@ SANFLAGS ?=
 COVFLAGS ?=
 WARN := -Wall -Wextra -Werror -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 CPPFLAGS_ALL := -Iinclude -Icore -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
-CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
+# Hidden by default: the shared library exports only the functions include/dsv4moe/api.h's DSV4_API
+# marks (ci/release-clean.sh checks it); programs using internal symbols link the static archive.
+CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -fvisibility=hidden -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
 # The reference's numerics must not depend on the compiler fusing a*b+c.
 CFLAGS_REF := -ffp-contract=off
 LDLIBS_ALL := -ljansson -lyaml -lopenblas -lm -pthread
@@ -110,15 +112,16 @@ $(TEST_BIN): $(TEST_OBJS) $(LIB_A)
 	$(CC) $(CFLAGS_ALL) $(ALLOCFAIL_WRAP) -o $@ $(TEST_OBJS) $(LIB_A) $(LDLIBS_ALL) $(CHECK_LIBS)
 
 # The umbrella header's example program: the lines between its EXAMPLE markers, built as a
-# user would (only -Iinclude), run by tests/test_example.c (DSV4MOE_EXAMPLE).
+# user would (only -Iinclude, linked against the shared library: what it exports is enough), run
+# by tests/test_example.c (DSV4MOE_EXAMPLE).
 EXAMPLE_BIN := $(BUILD)/examples/example
 
 $(BUILD)/examples/example.c: include/dsv4moe/dsv4moe.h
 	@mkdir -p $(dir $@)
 	sed -n '/^ \* EXAMPLE-BEGIN$$/,/^ \* EXAMPLE-END$$/p' $< | sed -e '1d' -e '$$d' -e 's/^ \* \{0,1\}//' -e 's/^ \*$$//' > $@
 
-$(EXAMPLE_BIN): $(BUILD)/examples/example.c $(LIB_A)
-	$(CC) -Iinclude $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
+$(EXAMPLE_BIN): $(BUILD)/examples/example.c $(LIB_SO)
+	$(CC) -Iinclude $(CFLAGS_ALL) -o $@ $< -L$(BUILD) -ldsv4moe -Wl,-rpath,$(abspath $(BUILD)) -lm
 
 # Runs the suite of this build variant; tests find the CLI and data through the environment.
 # test-suites is the Check program alone (CK_RUN_SUITE / DSV4MOE_EXCLUDE_SUITE select suites).
@@ -187,7 +190,7 @@ CUDA_CLI := $(CUDA_BUILD)/dsv4moe
 CUDA_TEST := $(CUDA_BUILD)/test_cuda
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ -ldl -lrt
 NVCCFLAGS := -std=c++17 -O3 -Iinclude -Icore -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings \
-  -Xcompiler -Wall,-Wextra,-Werror,-fPIC $(NVCCEXTRA)
+  -Xcompiler -Wall,-Wextra,-Werror,-fPIC,-fvisibility=hidden $(NVCCEXTRA)
 
 ifeq ($(FAULTS),1)
 NVCCFLAGS += -DDSV4_FAULTS
