@@ -86,8 +86,11 @@ $(LIB_A): $(LIB_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
-$(LIB_SO): $(LIB_OBJS)
-	$(CC) -shared -Wl,-soname,$(SONAME) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+# libdsv4moe.map: only dsv4_ symbols (the DSV4_API ones; the rest are hidden) leave the library.
+SO_EXPORTS := -Wl,--version-script=libdsv4moe.map
+
+$(LIB_SO): $(LIB_OBJS) libdsv4moe.map
+	$(CC) -shared -Wl,-soname,$(SONAME) $(SO_EXPORTS) $(CFLAGS_ALL) -o $@ $(LIB_OBJS) $(LDLIBS_ALL)
 	ln -sf libdsv4moe.so.$(VERSION) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $(BUILD)/libdsv4moe.so
 
@@ -227,8 +230,8 @@ $(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backen
 # The shared CUDA library, for programs that load it at run time (the Python package, python/).
 CUDA_LIB_SO := $(CUDA_BUILD)/libdsv4moe.so
 $(CUDA_LIB_SO): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backend/registry.o,$(LIB_OBJS)) \
-  $(CUDA_HOST_OBJS) $(CUDA_OBJS)
-	$(CC) -shared -Wl,-soname,$(SONAME) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL) $(CUDA_LDLIBS)
+  $(CUDA_HOST_OBJS) $(CUDA_OBJS) libdsv4moe.map
+	$(CC) -shared -Wl,-soname,$(SONAME) $(SO_EXPORTS) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
 # docs/embedding.md's C example (docs/examples/embed.c), compiled and linked by `make cuda`.
 CUDA_EMBED_EXAMPLE := $(CUDA_BUILD)/embed_example
