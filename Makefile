@@ -245,8 +245,14 @@ $(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
+# The backend test table's suite (tests/test_backend_ops.c) with the cuda backend in its list,
+# linked into the device test program beside the cuda suite.
+$(CUDA_BUILD)/tests/test_backend_ops.o: tests/test_backend_ops.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
 # The device sim communicator's device test (include/dsv4moe/comm_devsim.h): ep 2, 4, 8 on one GPU.
 CUDA_DEVSIM_TEST := $(CUDA_BUILD)/test_devsim
