@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+#include "bits.h"
+
 namespace dsv4cuda {
 
 enum { WF_BF16 = 0, WF_FP8 = 1, WF_FP4 = 2 };
@@ -37,13 +39,7 @@ enum { ST_NONFINITE = 0, ST_RG, ST_RU, ST_SG, ST_SU, ST_ACTIVE, ST_EMPTY, ST_BAD
 
 __device__ __forceinline__ float bf16f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 
-__device__ __forceinline__ uint16_t f2bf16(float x)
-{
-    uint32_t u = __float_as_uint(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+__device__ __forceinline__ uint16_t f2bf16(float x) { return dsv4_bf16_bits(x); }
 
 __device__ __forceinline__ float rbf16(float x) { return bf16f(f2bf16(x)); }
 
@@ -79,35 +75,8 @@ __device__ __forceinline__ float e2m1f(uint32_t n)
     return (n & 8u) ? -v : v;
 }
 
-__device__ __forceinline__ float ue8m0f(uint32_t b)
-{
-    if (b == 255u)
-        return __uint_as_float(0x7FC00000u);
-    return __uint_as_float(b ? b << 23 : 0x00400000u);
-}
-
-__device__ __forceinline__ float scale_inverse(uint32_t b)
-{
-    uint32_t e = 254u - b;
-    return __uint_as_float(e ? e << 23 : 0x00400000u);
-}
-
-__device__ __forceinline__ int f32_split(uint32_t a, uint32_t *m)
-{
-    int e = (int)(a >> 23);
-    uint32_t f = a & 0x7FFFFFu;
-    if (e) {
-        *m = f | 0x800000u;
-        return e - 150;
-    }
-    e = -149;
-    while (!(f & 0x800000u)) {
-        f <<= 1;
-        e--;
-    }
-    *m = f;
-    return e;
-}
+/* ue8m0 decode, its reciprocal and the scale's exponent: core/bits.h's, the host's own copy
+   (dsv4_ue8m0_decode, dsv4_ue8m0_inverse, dsv4_ue8m0_exponent). */
 
 /* dsv4_ue8m0_scale_for with limit 448 (amax already floored, finite or +Inf). */
 __device__ __forceinline__ uint32_t ue8m0_scale_448(float amax)
@@ -119,12 +88,7 @@ __device__ __forceinline__ uint32_t ue8m0_scale_448(float amax)
         return 254u;
     if (!(amax >= 1e-4f))
         ua = __float_as_uint(1e-4f);
-    uint32_t ma, ml;
-    int ea = f32_split(ua, &ma);
-    int el = f32_split(ul, &ml);
-    int k = ea - el + (ma > ml);
-    int b = k + 127;
-    return (uint32_t)(b < 0 ? 0 : b > 254 ? 254 : b);
+    return dsv4_ue8m0_exponent(ua, ul);
 }
 
 __device__ __forceinline__ float warp_sum(float v)
@@ -187,8 +151,8 @@ __device__ __forceinline__ float quant_groupn(const float v[NV], const bool vali
     float s;
     if (mode == 1) {
         uint32_t b = ue8m0_scale_448(amax);
-        s = ue8m0f(b);
-        float inv = scale_inverse(b);
+        s = dsv4_ue8m0_decode(b);
+        float inv = dsv4_ue8m0_inverse(b);
 #pragma unroll
         for (int i = 0; i < NV; i++)
             code[i] = (uint8_t)e4m3_encode(__fmul_rn(v[i], inv));
