@@ -518,11 +518,12 @@ int main(int argc, char **argv)
         }
         {
             dsv4_backend_stats bs = dsv4_backend_get_stats(b);
-            printf("\nbench_cuda: %s layer %lld, graph %s, backend %s, gemm %s (%s; %llu experts on the exact kernels), "
+            printf("\nbench_cuda: %s layer %lld, graph %s, backend %s, gemm %s (%s%s; %llu experts on the exact kernels), "
                    "kernels '%s' (created in %.1f s)\n",
                    preset, (long long)cfg.layer, graph ? "on" : "off", dsv4_backend_name(b),
                    dsv4_gemm_mode_name(dsv4_plan_gemm(plan)),
-                   bs.gemm_fp8 ? "large groups: CUTLASS grouped FP8 block-scaled GEMM" : "exact kernels",
+                   bs.gemm_fp8 ? "large groups: CUTLASS grouped FP8 block-scaled GEMM, weight scales " : "exact kernels",
+                   bs.gemm_fp8 ? (bs.fp8_scale_rows == 128 ? "128x128" : "1x128") : "",
                    (unsigned long long)bs.fp8_exact_experts, kernels && *kernels ? kernels : "default", now() - tc0);
         }
         for (int dev = 0; dev <= have_dev; dev++) {

@@ -145,6 +145,8 @@ struct CudaBe {
     uint8_t *w8[4] = {};  /* routed gate|up [E][2I, H], routed down [E][H, I], shared gate|up, shared down */
     float *s8[4] = {};
     uint8_t *ok8 = nullptr; /* device [E + 1] */
+    int sfb_rows = 1;       /* rows per weight scale of the fp8 GEMM copies: 128 (blocks) or 1 */
+    bool fp8_rows = false;  /* cuda_kernels fp8_scales=rows: 1 even where blocks convert */
     bool all_ok8 = true;
     Fp8Gemm *g8[2] = {};  /* gate/up, down */
     cudaEvent_t ev_fork = nullptr, ev_j2 = nullptr, ev_j3 = nullptr, ev_j4 = nullptr;
@@ -753,22 +755,36 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
             goto fail;
         }
-        memset(ok, 1, (size_t)ng);
-        ok[E] = c->n_shared_experts > 0;
-        for (int slot = 0; slot < 4 && !st; slot++)
-            if (slot < 2 || c->n_shared_experts > 0)
-                st = upload_fp8(b, ck, slot >= 2, slot % 2 == 0, threads < 1 ? 1 : threads, slot,
-                                slot >= 2 ? ok + E : ok, err);
+        /* weight scales per 128x128 block (gemm_fp8.cu: the faster kernel) unless a block would send
+           to the exact kernels an expert whose 1x128 groups all convert: then per row, as before */
+        b->sfb_rows = !b->fp8_rows && c->dim % 128 == 0 && c->moe_inter_dim % 128 == 0 ? 128 : 1;
+        for (int pass = 0; pass < 2 && !st; pass++) {
+            int64_t lost = 0;
+            memset(ok, 1, (size_t)ng);
+            ok[E] = c->n_shared_experts > 0;
+            for (int slot = 0; slot < 4 && !st; slot++)
+                if (slot < 2 || c->n_shared_experts > 0)
+                    st = upload_fp8(b, ck, slot >= 2, slot % 2 == 0, threads < 1 ? 1 : threads, slot,
+                                    slot >= 2 ? ok + E : ok, &lost, err);
+            if (st || !lost || b->sfb_rows == 1)
+                break;
+            for (int i = 0; i < 4; i++) {
+                cudaFree(b->w8[i]), cudaFree(b->s8[i]);
+                b->w8[i] = nullptr, b->s8[i] = nullptr;
+            }
+            b->sfb_rows = 1;
+        }
         uint64_t exact = 0;
         for (int64_t e = 0; e < E; e++)
             exact += !ok[e];
         b->all_ok8 = exact == 0 && (c->n_shared_experts == 0 || ok[E]);
         b->stats.fp8_exact_experts = exact + (c->n_shared_experts > 0 && !ok[E]);
+        b->stats.fp8_scale_rows = (uint64_t)b->sfb_rows;
         size_t gb[2] = {0, 0};
         if (!st && ((ce = cudaMalloc((void **)&b->ok8, (size_t)ng)) != cudaSuccess ||
                     (ce = cudaMemcpy(b->ok8, ok, (size_t)ng, cudaMemcpyHostToDevice)) != cudaSuccess ||
-                    (ce = fp8gemm_create(&b->g8[0], (int)ng, &gb[0])) != cudaSuccess ||
-                    (ce = fp8gemm_create(&b->g8[1], (int)ng, &gb[1])) != cudaSuccess))
+                    (ce = fp8gemm_create(&b->g8[0], (int)ng, b->sfb_rows, &gb[0])) != cudaSuccess ||
+                    (ce = fp8gemm_create(&b->g8[1], (int)ng, b->sfb_rows, &gb[1])) != cudaSuccess))
             st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "fp8 GEMM setup failed: %s", cudaGetErrorString(ce));
         free(ok);
         if (st)

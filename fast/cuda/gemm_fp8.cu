@@ -4,10 +4,15 @@
  * e4m3 [M, K] x e4m3 [N, K]^T -> bf16 [M, N] with 1x128 scales on both operands.
  *
  * Why these choices:
- * - Weight scales 1x128 (one per row and 128 of K), not 128x128: fp4 experts enter as e4m3 codes
- *   with one power-of-two scale per row and 128 of K (repack.c), and fp8 experts' 128x128 block
- *   scales are the same value repeated over the block's rows, so one layout serves both formats
- *   and one kernel is compiled (its build dominates `make cuda`).
+ * - Weight scales per 128x128 block where the layer's weights convert that way exactly (every fp8
+ *   checkpoint: its scales are 128x128 blocks; fp4 experts when each block's 512 ue8m0 bytes lie
+ *   within the e4m3 window, formats.h), else one per row and 128 of K (the 1x128 conversion,
+ *   which every fp4 group within its own four bytes' window takes): two instantiations, one chosen
+ *   per layer at creation. The block scale is one value per tile, where a per-row scale is one
+ *   product per accumulator at every 128-of-K promotion: measured on the H200 (2026-12-03, v4-flash
+ *   T = 16384, ncu, one call) gate|up 4.71 -> 3.83 ms and down 2.59 -> 2.10 ms, the layer 10.13 ->
+ *   8.88 ms. The products and sums are the same numbers in both (the codes of a row move by a power
+ *   of two that its scale takes back), so the outputs are too.
  * - 128x128x128 tiles, cooperative schedule (two consumer warpgroups on one 128-row tile), a
  *   1x2 cluster (the two CTAs of a cluster share the A tile through TMA multicast): the
  *   configuration of CUTLASS's example 68 that measured 1124 TFLOP/s on these shapes on the H200.
@@ -52,9 +57,6 @@ constexpr int AlignA = 16, AlignB = 16, AlignD = 8;
 using Acc = float;
 using TileShape = Shape<_128, _128, _128>;
 using ClusterShape = Shape<_1, _2, _1>;
-using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, 128>;
-using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
-using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
 using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 
@@ -63,37 +65,62 @@ using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::epilogue::collective::EpilogueTileAuto, Acc, Acc, ElementC, LayoutD *, AlignD, ElementD, LayoutD *, AlignD,
     EpilogueSchedule, cutlass::epilogue::fusion::LinearCombination<ElementD, Acc>>::CollectiveOp;
 
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA *, LayoutSFA *>, AlignA, ElementB,
-    cute::tuple<LayoutB *, LayoutSFB *>, AlignB, Acc, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-    KernelSchedule>::CollectiveOp;
+/* The operator for weight scales of SFN rows (1 or 128) x 128 of K. Pingpong with 64x128 tiles
+   measured slower in the same call (11.48 ms; with block scales 9.75). A macro, not a class
+   template: g++ (nvcc's host pass) rejects CUTLASS's collective builders in a dependent context. */
+#define DSV4C_FP8_CFG(NAME, SFN)                                                                                 \
+    struct NAME {                                                                                               \
+        using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, SFN, 128>;                             \
+        using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());                                           \
+        using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());                                           \
+        using Mainloop = cutlass::gemm::collective::CollectiveBuilder<                                          \
+            cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA *, LayoutSFA *>, \
+            AlignA, ElementB, cute::tuple<LayoutB *, LayoutSFB *>, AlignB, Acc, TileShape, ClusterShape,         \
+            cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(                                 \
+                sizeof(Epilogue::SharedStorage))>,                                                              \
+            KernelSchedule>::CollectiveOp;                                                                      \
+        using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;                  \
+        using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;                                       \
+        using StrideA = Kernel::InternalStrideA;                                                                \
+        using StrideB = Kernel::InternalStrideB;                                                                \
+        using StrideD = Kernel::InternalStrideD;                                                                \
+        using Shape3 = ProblemShape::UnderlyingProblemShape;                                                    \
+    }
+DSV4C_FP8_CFG(CfgRows, 1);
+DSV4C_FP8_CFG(CfgBlocks, 128);
+#undef DSV4C_FP8_CFG
 
-using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-using StrideA = typename Kernel::InternalStrideA;
-using StrideB = typename Kernel::InternalStrideB;
-using StrideD = typename Kernel::InternalStrideD;
-using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+template <int SFN> struct CfgOf;
+template <> struct CfgOf<1> : CfgRows {};
+template <> struct CfgOf<128> : CfgBlocks {};
 
 /* The per-group argument arrays CUTLASS reads (device memory, one allocation). */
-struct Arrays {
-    Shape3 *shape;
+template <int SFN> struct Arrays {
+    using C = CfgOf<SFN>;
+    typename C::Shape3 *shape;
     const ElementA **a;
     const ElementB **b;
     const ElementC **c;
     ElementD **d;
     const Acc **sfa, **sfb;
-    StrideA *da;
-    StrideB *db;
-    StrideD *dd;
-    LayoutSFA *lsfa;
-    LayoutSFB *lsfb;
+    typename C::StrideA *da;
+    typename C::StrideB *db;
+    typename C::StrideD *dd;
+    typename C::LayoutSFA *lsfa;
+    typename C::LayoutSFB *lsfb;
+};
+
+template <int SFN> struct Op {
+    int groups = 0;
+    uint8_t *mem = nullptr; /* the arrays, then CUTLASS's workspace */
+    Arrays<SFN> arr{};
+    typename CfgOf<SFN>::Gemm op;
 };
 
 /* One thread per group: its rows (0 when another kernel computes it), pointers, strides, layouts. */
-__global__ void k_fp8_args(Fp8Proj p, Arrays r, int groups)
+template <int SFN> __global__ void k_fp8_args(Fp8Proj p, Arrays<SFN> r, int groups)
 {
+    using C = CfgOf<SFN>;
     const int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= groups)
         return;
@@ -109,7 +136,7 @@ __global__ void k_fp8_args(Fp8Proj p, Arrays r, int groups)
     if (m <= p.min_rows || !p.ok[g])
         m = 0;
     const int n = sh ? p.Nsh : p.N, k = sh ? p.Ksh : p.K;
-    r.shape[g] = Shape3(m, n, k);
+    r.shape[g] = typename C::Shape3(m, n, k);
     const uint8_t *a = sh ? p.Ash : p.A + row0 * k;
     const float *sfa = sh ? p.SFAsh : p.SFA + row0 * (k / 128);
     const uint8_t *b = sh ? p.Bsh : p.B + (long long)g * p.b_stride;
@@ -121,49 +148,47 @@ __global__ void k_fp8_args(Fp8Proj p, Arrays r, int groups)
     r.c[g] = reinterpret_cast<const ElementC *>(d);
     r.sfa[g] = sfa;
     r.sfb[g] = sfb;
-    r.da[g] = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(m, k, 1));
-    r.db[g] = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(n, k, 1));
-    r.dd[g] = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(m, n, 1));
-    r.lsfa[g] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
-    r.lsfb[g] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, n, k, 1));
+    r.da[g] = cutlass::make_cute_packed_stride(typename C::StrideA{}, cute::make_shape(m, k, 1));
+    r.db[g] = cutlass::make_cute_packed_stride(typename C::StrideB{}, cute::make_shape(n, k, 1));
+    r.dd[g] = cutlass::make_cute_packed_stride(typename C::StrideD{}, cute::make_shape(m, n, 1));
+    r.lsfa[g] = C::ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
+    r.lsfb[g] = C::ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, n, k, 1));
 }
 
 size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
-} // namespace
-
-struct Fp8Gemm {
-    int groups = 0;
-    uint8_t *mem = nullptr; /* the arrays, then CUTLASS's workspace */
-    Arrays arr{};
-    Gemm op;
-};
-
-cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, size_t *bytes)
+template <int SFN> void op_free(Op<SFN> *g)
 {
+    if (!g)
+        return;
+    cudaFree(g->mem);
+    delete g;
+}
+
+template <int SFN> cudaError_t op_create(Op<SFN> **out, int groups, size_t *bytes)
+{
+    using C = CfgOf<SFN>;
     *out = nullptr;
-    if (bytes)
-        *bytes = 0;
-    Fp8Gemm *g = new (std::nothrow) Fp8Gemm;
+    Op<SFN> *g = new (std::nothrow) Op<SFN>;
     if (!g)
         return cudaErrorMemoryAllocation;
     g->groups = groups;
     const size_t n = (size_t)groups;
     size_t off = 0;
     size_t o_shape = off;
-    off += align256(n * sizeof(Shape3));
+    off += align256(n * sizeof(typename C::Shape3));
     size_t o_ptr = off; /* a, b, c, d, sfa, sfb: six pointer arrays */
     off += 6 * align256(n * sizeof(void *));
     size_t o_da = off;
-    off += align256(n * sizeof(StrideA));
+    off += align256(n * sizeof(typename C::StrideA));
     size_t o_db = off;
-    off += align256(n * sizeof(StrideB));
+    off += align256(n * sizeof(typename C::StrideB));
     size_t o_dd = off;
-    off += align256(n * sizeof(StrideD));
+    off += align256(n * sizeof(typename C::StrideD));
     size_t o_lsfa = off;
-    off += align256(n * sizeof(LayoutSFA));
+    off += align256(n * sizeof(typename C::LayoutSFA));
     size_t o_lsfb = off;
-    off += align256(n * sizeof(LayoutSFB));
+    off += align256(n * sizeof(typename C::LayoutSFB));
     const size_t arrays = off;
 
     int dev = 0;
@@ -172,12 +197,12 @@ cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, size_t *bytes)
         delete g;
         return ce;
     }
-    cutlass::KernelHardwareInfo hw = cutlass::KernelHardwareInfo::make_kernel_hardware_info<Kernel>(dev);
+    cutlass::KernelHardwareInfo hw = cutlass::KernelHardwareInfo::make_kernel_hardware_info<typename C::Kernel>(dev);
     /* the arrays' addresses are fixed, so the arguments (and CUTLASS's params) are built once */
-    typename Gemm::Arguments args;
+    typename C::Gemm::Arguments args;
     auto build = [&](uint8_t *base) {
-        Arrays &r = g->arr;
-        r.shape = (Shape3 *)(base + o_shape);
+        Arrays<SFN> &r = g->arr;
+        r.shape = (typename C::Shape3 *)(base + o_shape);
         void **p = (void **)(base + o_ptr);
         const size_t step = align256(n * sizeof(void *)) / sizeof(void *);
         r.a = (const ElementA **)(p + 0 * step);
@@ -186,16 +211,16 @@ cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, size_t *bytes)
         r.d = (ElementD **)(p + 3 * step);
         r.sfa = (const Acc **)(p + 4 * step);
         r.sfb = (const Acc **)(p + 5 * step);
-        r.da = (StrideA *)(base + o_da);
-        r.db = (StrideB *)(base + o_db);
-        r.dd = (StrideD *)(base + o_dd);
-        r.lsfa = (LayoutSFA *)(base + o_lsfa);
-        r.lsfb = (LayoutSFB *)(base + o_lsfb);
-        args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                        {groups, r.shape, nullptr},
-                                        {r.a, r.da, r.b, r.db, r.sfa, r.lsfa, r.sfb, r.lsfb},
-                                        {{}, r.c, r.dd, r.d, r.dd},
-                                        hw};
+        r.da = (typename C::StrideA *)(base + o_da);
+        r.db = (typename C::StrideB *)(base + o_db);
+        r.dd = (typename C::StrideD *)(base + o_dd);
+        r.lsfa = (typename C::LayoutSFA *)(base + o_lsfa);
+        r.lsfb = (typename C::LayoutSFB *)(base + o_lsfb);
+        args = typename C::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                           {groups, r.shape, nullptr},
+                                           {r.a, r.da, r.b, r.db, r.sfa, r.lsfa, r.sfb, r.lsfb},
+                                           {{}, r.c, r.dd, r.d, r.dd},
+                                           hw};
         auto &f = args.epilogue.thread;
         f.alpha = 1.0f;
         f.beta = 0.0f;
@@ -213,19 +238,19 @@ cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, size_t *bytes)
         args.scheduler.max_swizzle_size = 1;
     };
     build(nullptr); /* sizes only: the workspace size does not depend on the addresses */
-    const size_t ws = Gemm::get_workspace_size(args);
+    const size_t ws = C::Gemm::get_workspace_size(args);
     const size_t total = arrays + align256(ws);
     if ((ce = cudaMalloc((void **)&g->mem, total)) != cudaSuccess) {
         delete g;
         return ce;
     }
     if ((ce = cudaMemset(g->mem, 0, total)) != cudaSuccess) {
-        fp8gemm_free(g);
+        op_free<SFN>(g);
         return ce;
     }
     build(g->mem);
     if (g->op.initialize(args, g->mem + arrays) != cutlass::Status::kSuccess) {
-        fp8gemm_free(g);
+        op_free<SFN>(g);
         return cudaErrorInvalidConfiguration;
     }
     if (bytes)
@@ -234,9 +259,9 @@ cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, size_t *bytes)
     return cudaSuccess;
 }
 
-cudaError_t fp8gemm_enqueue(Fp8Gemm *g, const Fp8Proj &p, cudaStream_t s)
+template <int SFN> cudaError_t op_enqueue(Op<SFN> *g, const Fp8Proj &p, cudaStream_t s)
 {
-    k_fp8_args<<<(unsigned)((g->groups + 127) / 128), 128, 0, s>>>(p, g->arr, g->groups);
+    k_fp8_args<SFN><<<(unsigned)((g->groups + 127) / 128), 128, 0, s>>>(p, g->arr, g->groups);
     cudaError_t ce = cudaPeekAtLastError();
     if (ce != cudaSuccess)
         return ce;
@@ -245,11 +270,43 @@ cudaError_t fp8gemm_enqueue(Fp8Gemm *g, const Fp8Proj &p, cudaStream_t s)
     return cudaPeekAtLastError();
 }
 
+} // namespace
+
+struct Fp8Gemm {
+    Op<1> *rows = nullptr;     /* weight scales 1x128 */
+    Op<128> *blocks = nullptr; /* weight scales 128x128 */
+};
+
+cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, int sfb_rows, size_t *bytes)
+{
+    *out = nullptr;
+    if (bytes)
+        *bytes = 0;
+    if (sfb_rows != 1 && sfb_rows != 128)
+        return cudaErrorInvalidValue;
+    Fp8Gemm *g = new (std::nothrow) Fp8Gemm;
+    if (!g)
+        return cudaErrorMemoryAllocation;
+    const cudaError_t ce = sfb_rows == 1 ? op_create<1>(&g->rows, groups, bytes) : op_create<128>(&g->blocks, groups, bytes);
+    if (ce != cudaSuccess) {
+        delete g;
+        return ce;
+    }
+    *out = g;
+    return cudaSuccess;
+}
+
+cudaError_t fp8gemm_enqueue(Fp8Gemm *g, const Fp8Proj &p, cudaStream_t s)
+{
+    return g->rows ? op_enqueue<1>(g->rows, p, s) : op_enqueue<128>(g->blocks, p, s);
+}
+
 void fp8gemm_free(Fp8Gemm *g)
 {
     if (!g)
         return;
-    cudaFree(g->mem);
+    op_free<1>(g->rows);
+    op_free<128>(g->blocks);
     delete g;
 }
 

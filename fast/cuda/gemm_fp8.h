@@ -2,7 +2,8 @@
  * The fp8 numerics mode's grouped GEMM (SPEC.md section 9, `gemm = fp8`), C++ only, private to
  * fast/cuda: CUTLASS 4.2's Hopper ptr-array grouped GEMM with FP8 block-scaled accumulation
  * (KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise: e4m3 x e4m3 wgmma, each 128 of K
- * promoted to fp32 and multiplied there by the activation's 1x128 and the weight's 1x128 scale),
+ * promoted to fp32 and multiplied there by the activation's 1x128 and the weight's 128x128 or
+ * 1x128 scale),
  * bf16 out. Only this file's .cu includes CUTLASS, so the rest of the backend compiles without it.
  *
  * One grouped GEMM covers the E routed experts and, as group E, the shared expert. Group sizes
@@ -30,8 +31,9 @@ namespace dsv4cuda {
  *   SFA  fp32 1x128 activation scales, per group "M-major": group g's scale of row i, K block kb at
  *        SFA + row0(g) (K / 128) + kb M(g) + i (CUTLASS's layout for ScaleGranularityM = 1)
  *   B    e4m3 weights [N, K] row-major per routed expert (expert e at B + e b_stride), Bsh the
- *        shared expert's; SFB / SFBsh fp32 1x128 weight scales, "N-major": row n, K block kb at
- *        SFB + e sfb_stride + kb N + n
+ *        shared expert's; SFB / SFBsh fp32 weight scales, "N-major": with sfb_rows 1 (create),
+ *        row n's of K block kb at SFB + e sfb_stride + kb N + n; with 128, block n / 128's at
+ *        SFB + e sfb_stride + kb ceil(N / 128) + n / 128
  *   D    bf16 [rows, N] (row r at D + r N); Dsh the shared expert's rows (token t at Dsh + t Nsh)
  */
 struct Fp8Proj {
@@ -50,9 +52,10 @@ struct Fp8Proj {
 
 struct Fp8Gemm; /* opaque: the CUTLASS operator, its argument arrays and workspace (device memory) */
 
-/* Creates the operator for up to `groups` groups (E + 1) on the current device; allocates its
-   argument arrays and workspace once. *bytes gets the device memory it took. */
-cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, size_t *bytes);
+/* Creates the operator for up to `groups` groups (E + 1) on the current device, for weight scales
+   of sfb_rows (1 or 128) rows x 128 of K; allocates its argument arrays and workspace once.
+   *bytes gets the device memory it took. */
+cudaError_t fp8gemm_create(Fp8Gemm **out, int groups, int sfb_rows, size_t *bytes);
 /* Enqueues the argument kernel and the grouped GEMM for p on stream s. */
 cudaError_t fp8gemm_enqueue(Fp8Gemm *g, const Fp8Proj &p, cudaStream_t s);
 void fp8gemm_free(Fp8Gemm *g); /* NULL: no-op */

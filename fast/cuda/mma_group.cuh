@@ -163,11 +163,20 @@ __global__ void k_count2(Group2Args a)
         /* k_hist's slices in slice order: the expert's total, and each slice's first rank in it */
         const int nsl = (n + PLACE_SLICE - 1) / PLACE_SLICE;
         for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            /* eight slices' counts loaded before any is overwritten: one dependent round trip per
+               eight slices, not per slice: 79 -> 33 us at T = 16384 (H200, ncu) */
             int run = 0;
-            for (int sl = 0; sl < nsl; sl++) {
-                const int v = a.hist[(long long)sl * E + e];
-                a.hist[(long long)sl * E + e] = run;
-                run += v;
+            for (int s0 = 0; s0 < nsl; s0 += 8) {
+                int v[8];
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    v[q] = s0 + q < nsl ? a.hist[(long long)(s0 + q) * E + e] : 0;
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if (s0 + q < nsl) {
+                        a.hist[(long long)(s0 + q) * E + e] = run;
+                        run += v[q];
+                    }
             }
             c2cnt[e] = run;
         }

@@ -404,7 +404,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
         p8.A = g8a.xp, p8.Ash = g8a.xq, p8.SFA = g8a.xs8, p8.SFAsh = g8a.xs8 + L.rows * ngh;
         p8.B = b->w8[0], p8.SFB = b->s8[0], p8.Bsh = b->w8[2], p8.SFBsh = b->s8[2];
-        p8.b_stride = 2LL * I * H, p8.sfb_stride = 2LL * I * (H / 128);
+        p8.b_stride = 2LL * I * H, p8.sfb_stride = 2LL * I / b->sfb_rows * (H / 128);
         p8.D = at<uint16_t>(b, L.gu8), p8.Dsh = p8.D + L.rows * 2 * I;
     }
     cudaError_t e = launch_regimes(b, L, gu, fp8 ? &p8 : nullptr, b->g8[0]);
@@ -419,7 +419,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         p8.N = p8.Nsh = H, p8.K = p8.Ksh = I;
         p8.A = hq, p8.Ash = hq + L.rows * I, p8.SFA = q8.s8, p8.SFAsh = q8.s8 + L.rows * ngi;
         p8.B = b->w8[1], p8.SFB = b->s8[1], p8.Bsh = b->w8[3], p8.SFBsh = b->s8[3];
-        p8.b_stride = 1LL * H * I, p8.sfb_stride = 1LL * H * (I / 128);
+        p8.b_stride = 1LL * H * I, p8.sfb_stride = 1LL * H / b->sfb_rows * (I / 128);
         p8.D = at<uint16_t>(b, L.o), p8.Dsh = shared ? at<uint16_t>(b, L.osh) : nullptr;
     } else {
     QuantArgs qa;

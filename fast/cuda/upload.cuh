@@ -116,6 +116,7 @@ dsv4_status upload(CudaBe *b, const dsv4_checkpoint *ck, bool shared, int p, Dev
 struct Kernels {
     bool exact_path = false, mma_tiles = false;
     int big_var = 0, mid_var = 0, fp8_cut = DSV4C_FP8_CUT_ROWS;
+    bool fp8_rows = false; /* fp8_scales=rows: the FP8 GEMM's weight scales per row even where blocks convert */
 };
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
@@ -126,7 +127,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         const size_t n = end ? (size_t)(end - p) : strlen(p);
         if (!eq || eq >= p + n)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "cuda_kernels: '%.*s' is not key=value (keys: path, tile, tileh, mid, fp8_cut)", (int)n, p);
+                               "cuda_kernels: '%.*s' is not key=value (keys: path, tile, tileh, mid, fp8_cut, fp8_scales)", (int)n, p);
         const size_t kl = (size_t)(eq - p), vl = n - kl - 1;
         const char *v = eq + 1;
         auto is = [&](const char *key) { return kl == strlen(key) && !strncmp(p, key, kl); };
@@ -140,6 +141,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = (k->big_var = tileh_pick(tileh_big, N_TILEH_BIG, v, vl)) >= 0;
         else if (is("mid"))
             ok = (k->mid_var = tileh_pick(tileh_mid, N_TILEH_MID, v, vl)) >= 0;
+        else if (is("fp8_scales"))
+            ok = val("auto") || val("rows"), k->fp8_rows = val("rows");
         else if (is("fp8_cut")) {
             char buf[16] = {0};
             char *e = nullptr;
@@ -149,11 +152,11 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             k->fp8_cut = (int)c;
         } else
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "cuda_kernels: unknown key '%.*s' (keys: path, tile, tileh, mid, fp8_cut)", (int)kl, p);
+                               "cuda_kernels: unknown key '%.*s' (keys: path, tile, tileh, mid, fp8_cut, fp8_scales)", (int)kl, p);
         if (!ok)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
                                "cuda_kernels: '%.*s' is not a value of %.*s (path auto|exact, tile wgmma|mma, tileh "
-                               "s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d)",
+                               "s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, fp8_scales auto|rows)",
                                (int)vl, v, (int)kl, p, FM_DEC_MAX, FM_MID_MAX);
         p = end ? end + 1 : p + n;
     }
@@ -167,6 +170,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->big_var = k.big_var;
     b->mid_var = k.mid_var;
     b->fp8_cut = k.fp8_cut;
+    b->fp8_rows = k.fp8_rows;
     b->big_rows = b->tile16 ? tileh_big[b->big_var].bn : 128;
 }
 
@@ -304,15 +308,17 @@ dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool 
     return st;
 }
 
-/* gemm fp8: one batch of experts' row-major e4m3 copies (gate|up stacked, or down) with 1x128 scales. */
+/* gemm fp8: one batch of experts' row-major e4m3 copies (gate|up stacked, or down) with one scale
+   per block of br rows (1 or 128) and 128 of K. */
 struct Fp8Job {
     const dsv4_checkpoint *ck;
     const dsv4_config *cfg;
     bool shared, gu;
-    int64_t e0, n, k; /* rows of one projection, inner dimension */
-    uint8_t *hw;      /* [batch][rows, k] */
-    float *hs;        /* [batch][k / 128][rows] */
-    uint8_t *ok;      /* [batch]: every 128-group converted exactly */
+    int64_t e0, n, k, br; /* rows of one projection, inner dimension, rows per scale */
+    uint8_t *hw;          /* [batch][rows, k] */
+    float *hs;            /* [batch][k / 128][rows / br] */
+    uint8_t *ok;          /* [batch]: every block converted exactly */
+    uint8_t *rows_ok;     /* [batch]: with br 128, whether every 1x128 group would (ok or not) */
     dsv4_status *st;
     dsv4_error *errs;
 };
@@ -321,45 +327,55 @@ void fp8_range(void *ctx, int64_t begin, int64_t end)
 {
     Fp8Job *j = (Fp8Job *)ctx;
     const int nv = j->gu ? 2 : 1;
-    const int64_t rows = nv * j->n, ng = j->k / 128;
+    const int64_t rows = nv * j->n, ng = j->k / 128, sr = rows / j->br;
     for (int64_t i = begin; i < end; i++) {
         const int64_t e = j->shared ? DSV4_SHARED_EXPERT : j->e0 + i;
         uint8_t *dw = j->hw + (uint64_t)(i * rows * j->k);
-        float *ds = j->hs + (uint64_t)(i * rows * ng);
+        float *ds = j->hs + (uint64_t)(i * sr * ng);
         dsv4_status st = DSV4_OK;
         j->ok[i] = 1;
+        j->rows_ok[i] = 1;
         for (int m = 0; m < nv && !st; m++) {
             dsv4_matrix_view v;
             uint8_t *qb = nullptr, *sb = nullptr;
             st = view_as(j->ck, j->cfg, e, j->gu ? (m ? DSV4_PROJ_W3 : DSV4_PROJ_W1) : DSV4_PROJ_W2, &v, &qb, &sb,
                          &j->errs[i]);
+            uint8_t *dm = dw + (uint64_t)(m * j->n * j->k);
+            float *dsm = ds + m * (j->n / j->br);
             if (!st && (v.n != j->n || v.k != j->k))
                 st = dsv4_seterr(&j->errs[i], DSV4_ERR_SHAPE, v.key, "shape differs from the config's");
             else if (!st && v.format == DSV4_FORMAT_FP4) {
-                if (dsv4_fp4_to_e4m3_128(v.data, v.row_bytes, v.scales, j->n, j->k, dw + (uint64_t)(m * j->n * j->k),
-                                         (uint64_t)j->k, ds + m * j->n, rows, 1, nullptr, nullptr))
+                if (dsv4_fp4_to_e4m3_blocks(v.data, v.row_bytes, v.scales, j->n, j->k, j->br, dm, (uint64_t)j->k, dsm,
+                                            sr, 1, nullptr, nullptr)) {
                     j->ok[i] = 0;
+                    if (j->br > 1 && dsv4_fp4_scales_beyond_e4m3(v.scales, j->n, j->k))
+                        j->rows_ok[i] = 0;
+                }
             } else if (!st && v.format == DSV4_FORMAT_FP8) {
-                dsv4_fp8_to_e4m3_128(v.data, v.row_bytes, v.scales, v.scale_format, j->n, j->k,
-                                     dw + (uint64_t)(m * j->n * j->k), (uint64_t)j->k, ds + m * j->n, rows, 1);
+                dsv4_fp8_to_e4m3_blocks(v.data, v.row_bytes, v.scales, v.scale_format, j->n, j->k, j->br, dm,
+                                        (uint64_t)j->k, dsm, sr, 1);
             } else if (!st) {
                 st = dsv4_seterr(&j->errs[i], DSV4_ERR_UNSUPPORTED, v.key, "bf16 weights have no fp8 GEMM");
             }
             free(qb), free(sb);
         }
+        if (j->br == 1)
+            j->rows_ok[i] = j->ok[i];
         j->st[i] = st;
     }
 }
 
 /* gemm fp8: projection `gu` (gate|up) or down of the routed experts (slot 0 / 1) or the shared one
-   (2 / 3) as row-major e4m3 with N-major 1x128 scales (gemm_fp8.h); ok[e] &= converted exactly. */
+   (2 / 3) as row-major e4m3 with N-major scales of b->sfb_rows rows (gemm_fp8.h); ok[e] &= converted
+   exactly. With 128-row scales, *lost counts the experts that a 128-row block refuses though every
+   1x128 group of theirs converts (the caller then converts the layer per row instead). */
 dsv4_status upload_fp8(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool gu, int threads, int slot,
-                       uint8_t *ok, dsv4_error *err)
+                       uint8_t *ok, int64_t *lost, dsv4_error *err)
 {
     const dsv4_config *c = &b->cfg;
-    const int64_t count = shared ? 1 : c->n_routed_experts;
+    const int64_t count = shared ? 1 : c->n_routed_experts, br = b->sfb_rows;
     const int64_t n = gu ? c->moe_inter_dim : c->dim, k = gu ? c->dim : c->moe_inter_dim, rows = (gu ? 2 : 1) * n;
-    const uint64_t wbytes = (uint64_t)(rows * k), sbytes = (uint64_t)(rows * (k / 128)) * 4;
+    const uint64_t wbytes = (uint64_t)(rows * k), sbytes = (uint64_t)((rows / br) * (k / 128)) * 4;
     cudaError_t ce = cudaMalloc((void **)&b->w8[slot], (size_t)(wbytes * count));
     if (ce == cudaSuccess)
         ce = cudaMalloc((void **)&b->s8[slot], (size_t)(sbytes * count));
@@ -371,14 +387,14 @@ dsv4_status upload_fp8(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool g
     float *hsb = (float *)malloc((size_t)(sbytes * batch));
     dsv4_status *sts = (dsv4_status *)calloc((size_t)batch, sizeof *sts);
     dsv4_error *errs = (dsv4_error *)calloc((size_t)batch, sizeof *errs);
-    uint8_t *oks = (uint8_t *)calloc((size_t)batch, 1);
+    uint8_t *oks = (uint8_t *)calloc((size_t)batch * 2, 1);
     dsv4_status st = DSV4_OK;
     if (!hw || !hsb || !sts || !errs || !oks)
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory converting weights for the fp8 GEMM");
     for (int64_t e0 = 0; e0 < count && !st; e0 += batch) {
         Fp8Job j;
-        j.ck = ck, j.cfg = c, j.shared = shared, j.gu = gu, j.e0 = e0, j.n = n, j.k = k;
-        j.hw = hw, j.hs = hsb, j.ok = oks, j.st = sts, j.errs = errs;
+        j.ck = ck, j.cfg = c, j.shared = shared, j.gu = gu, j.e0 = e0, j.n = n, j.k = k, j.br = br;
+        j.hw = hw, j.hs = hsb, j.ok = oks, j.rows_ok = oks + batch, j.st = sts, j.errs = errs;
         const int64_t m = std::min(batch, count - e0);
         dsv4_parallel_for(threads, m, 1, fp8_range, &j);
         for (int64_t i = 0; i < m && !st; i++) {
@@ -388,6 +404,7 @@ dsv4_status upload_fp8(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool g
                     *err = errs[i];
             }
             ok[e0 + i] &= oks[i];
+            *lost += !oks[i] && j.rows_ok[i];
         }
         if (!st && ((ce = cudaMemcpy(b->w8[slot] + e0 * wbytes, hw, (size_t)(wbytes * m), cudaMemcpyHostToDevice)) !=
                         cudaSuccess ||

@@ -52,6 +52,10 @@ typedef struct dsv4_backend_stats {
     uint64_t fp8_exact_experts;   /* gemm fp8: experts (the shared one included) kept on the exact
                                      kernels because an fp4 128-group's scales could not convert to
                                      e4m3 exactly (include/dsv4moe/formats.h, DSV4_FP4_TO_FP8_SPREAD) */
+    uint64_t fp8_scale_rows;      /* gemm fp8: rows per weight scale of the FP8 GEMM's e4m3 weights,
+                                     128 (one per 128x128 block: the faster kernel) or 1 (one per row
+                                     and 128 of K, when a block would leave an expert that converts
+                                     per row to the exact kernels); 0 otherwise */
 } dsv4_backend_stats;
 
 /*
@@ -101,6 +105,9 @@ typedef struct dsv4_backend_options {
          mid=mma|p32|s32     the mid-size groups' kernel
          fp8_cut=N           gemm fp8: groups of more than N rows (16 <= N <= 64; default 32) on the
                              grouped FP8 GEMM (changes which groups take the fp8 sums)
+         fp8_scales=auto|rows  gemm fp8: the GEMM's weight scales per 128x128 block where the layer
+                             converts that way exactly (auto), or per row and 128 of K (rows; slower,
+                             the same outputs)
        An unknown key or value is refused (DSV4_ERR_INVALID_ARG, naming it); ref and cpu refuse a
        non-empty list (DSV4_ERR_UNSUPPORTED). The string is read at creation only. */
     const char *cuda_kernels;

@@ -217,11 +217,13 @@ typedef struct {
 } env_kv;
 
 /*
- * Kernel variants that must give the default's outputs bit for bit: they differ in scheduling
- * only, never in the order of a sum or a rounding point. The clamp counters too.
+ * Kernel variants that must give the default's outputs bit for bit (close = 0): they differ in
+ * scheduling only, never in the order of a sum or a rounding point; the clamp counters too. With
+ * close, a variant that rounds one product in another order: at most 1 % of the outputs differ,
+ * DeepGEMM diff below 1e-4, the same routing.
  */
 static void variants_identical(const char *what, const char *preset, int64_t layer, int64_t T, int64_t experts,
-                               int fp8, const env_kv *vs, size_t nv)
+                               int fp8, const env_kv *vs, size_t nv, int close)
 {
     if (!have_gpu())
         return;
@@ -240,6 +242,15 @@ static void variants_identical(const char *what, const char *preset, int64_t lay
             nd += o.y[i] != d.y[i];
         printf("cuda_suite %s %s=%-5s %-9s T %4lld: %lld of %lld outputs differ from the default\n", what, var, val,
                preset, (long long)T, (long long)nd, (long long)n);
+        if (close) {
+            dsv4_compare_metrics m;
+            ck_assert(dsv4_compare_bf16(o.y, d.y, n, &m));
+            ck_assert_msg(m.finite_ok && m.deepgemm_diff < 1e-4 && nd * 100 <= n, "%s=%s on %s: %lld differ, diff %g",
+                          var, val, preset, (long long)nd, m.deepgemm_diff);
+            ck_assert(memcmp(o.ids, d.ids, (size_t)(T * ci.c.n_activated) * 4) == 0);
+            bo_free(&o);
+            continue;
+        }
         ck_assert_msg(nd == 0, "%s=%s on %s T=%lld: %lld outputs differ", var, val, preset, (long long)T, (long long)nd);
         const dsv4_backend_stats *a = &o.stats, *z = &d.stats;
         ck_assert_msg(a->routed_g_clamped == z->routed_g_clamped && a->routed_u_clamped == z->routed_u_clamped &&
@@ -262,8 +273,23 @@ START_TEST(tileh_variants_identical)
     static const env_kv vs[] = {{"DSV4MOE_CUDA_TILEH", "s64x2"}, {"DSV4MOE_CUDA_TILEH", "p64"},
                                 {"DSV4MOE_CUDA_TILEH", "s64"},   {"DSV4MOE_CUDA_TILEH", "p128"},
                                 {"DSV4MOE_CUDA_MID", "p32"},     {"DSV4MOE_CUDA_MID", "s32"}};
-    variants_identical("k_tileh", "mini", 1, 1100, 0, 0, vs, sizeof vs / sizeof vs[0]);
-    variants_identical("k_tileh", "mini-fp8", 1, 1100, 0, 0, vs, sizeof vs / sizeof vs[0]);
+    variants_identical("k_tileh", "mini", 1, 1100, 0, 0, vs, sizeof vs / sizeof vs[0], 0);
+    variants_identical("k_tileh", "mini-fp8", 1, 1100, 0, 0, vs, sizeof vs / sizeof vs[0], 0);
+}
+END_TEST
+
+/* gemm fp8: the FP8 GEMM's weights with one scale per 128x128 block (the default where the layer
+   converts so) and per row. With power-of-two (ue8m0) weight scales, every fp4 layer, the same
+   outputs: the codes move by a power of two per row that the scale takes back, so every product
+   and sum is the same number. With fp32 block scales (mini-fp8) CUTLASS rounds the product of the
+   two scales in another order per mode: close, not identical (5 of 281600 outputs differed on the
+   H200, 2026-12-03). */
+START_TEST(fp8_scale_blocks_identical)
+{
+    static const env_kv vs[] = {{"DSV4MOE_CUDA_KERNELS", "fp8_scales=rows"}};
+    variants_identical("fp8 scales", "mini", 1, 1100, 0, 1, vs, 1, 0);
+    variants_identical("fp8 scales", "v4-flash", 5, 1024, 32, 1, vs, 1, 0);
+    variants_identical("fp8 scales", "mini-fp8", 1, 1100, 0, 1, vs, 1, 1);
 }
 END_TEST
 
@@ -598,7 +624,7 @@ START_TEST(shared_workspace)
     dsv4_backend_options_init(&ko);
     const char *badk[][2] = {{"fp8_cut=8", "fp8_cut"},     {"fp8_cut=65", "fp8_cut"}, {"fp8_cut=3x", "fp8_cut"},
                              {"tileh=s256", "tileh"},      {"colour=red", "colour"},  {"path", "key=value"},
-                             {"path=exact,mid=z", "mid"}};
+                             {"path=exact,mid=z", "mid"},  {"fp8_scales=cols", "fp8_scales"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.cuda_kernels = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1082,6 +1108,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(ex, exact_flash_t40);
     tcase_add_test(ex, fast_matches_exact);
     tcase_add_test(ex, tileh_variants_identical);
+    tcase_add_test(ex, fp8_scale_blocks_identical);
     tcase_add_test(ex, mma_mini_t77);
     tcase_add_test(ex, mma_mini_t1100);
     tcase_add_test(ex, mma_flash_t40);
