@@ -251,7 +251,13 @@ $(CUDA_BUILD)/tests/test_backend_ops.o: tests/test_backend_ops.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o $(CUDA_LIB_A)
+# The device half of test_cuda's e4m3 hardware-conversion test (the library's kernels.cuh).
+$(CUDA_BUILD)/tests/cuda/e4m3_hw.o: tests/cuda/e4m3_hw.cu fast/cuda/kernels.cuh
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Ifast/cuda -c $< -o $@
+
+$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o \
+  $(CUDA_BUILD)/tests/cuda/e4m3_hw.o $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
 # The device sim communicator's device test (include/dsv4moe/comm_devsim.h): ep 2, 4, 8 on one GPU.

@@ -293,6 +293,36 @@ START_TEST(fp8_scale_blocks_identical)
 }
 END_TEST
 
+/* tests/cuda/e4m3_hw.cu */
+int dsv4_test_e4m3_hw(unsigned long long *bad, unsigned *first, uint8_t *sample, unsigned stride, unsigned nsample);
+
+/* The quantizers' hardware e4m3 conversion gives core/formats.c's codes: on the device against its
+   integer copy for all 2^32 inputs, and a sample of 2^20 against the host's dsv4_f32_to_e4m3. */
+START_TEST(e4m3_hardware_encode)
+{
+    if (!have_gpu())
+        return;
+    enum { STRIDE = 4096, NS = (int)((1ull << 32) / STRIDE) };
+    uint8_t *sample = malloc(NS);
+    ck_assert_ptr_nonnull(sample);
+    unsigned long long bad = 0;
+    unsigned first = 0;
+    ck_assert_int_eq(dsv4_test_e4m3_hw(&bad, &first, sample, STRIDE, NS), 0);
+    ck_assert_msg(bad == 0, "%llu inputs encode differently, the first 0x%08x", bad, first);
+    int64_t host_bad = 0;
+    for (uint64_t i = 0; i < NS; i++) {
+        uint32_t u = (uint32_t)(i * STRIDE);
+        float f;
+        memcpy(&f, &u, 4);
+        host_bad += sample[i] != dsv4_f32_to_e4m3(f);
+    }
+    printf("cuda_suite e4m3 hardware conversion: 2^32 inputs against the device's integer algorithm, %llu differ; "
+           "%d sampled against the host's, %lld differ\n", bad, NS, (long long)host_bad);
+    ck_assert_int_eq(host_bad, 0);
+    free(sample);
+}
+END_TEST
+
 START_TEST(fast_matches_exact)
 {
     fast_vs_exact("mini", 1, 77, 0);
@@ -1061,6 +1091,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, small_fp8_t13);
     tcase_add_test(sm, bad_input_ids);
     tcase_add_test(sm, fp8_small_t300);
+    tcase_add_test(sm, e4m3_hardware_encode);
     suite_add_tcase(s, sm);
     TCase *f8 = tcase_create("fp8");
     tcase_set_timeout(f8, 600);
