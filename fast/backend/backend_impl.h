@@ -130,6 +130,10 @@ typedef struct dsv4_backend_entry {
     /* dsv4_backend_workspace_size: the device workspace bytes of a backend of the plan for calls of
        up to max_tokens tokens. NULL: 0 (a backend without a device). */
     uint64_t (*device_workspace)(const dsv4_plan *plan, int64_t max_tokens);
+    /* dsv4_plan_weight_bytes: the device bytes of the weights a backend of the plan binds at
+       creation (the router's, and its shard's experts and inter range). NULL: 0 (a backend that
+       reads the checkpoint in host memory). */
+    uint64_t (*weight_bytes)(const dsv4_plan *plan);
 } dsv4_backend_entry;
 
 /* The entry of `kind`, NULL when the kind is unknown. */
@@ -161,6 +165,7 @@ uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t max_tokens);
 extern const dsv4_backend_stages dsv4_cuda_backend_stages;
 uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
 bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n);
+uint64_t dsv4_cuda_weight_bytes(const dsv4_plan *plan);
 #endif
 
 #endif

@@ -77,7 +77,8 @@ uint64_t align256(uint64_t v) { return (v + 255) & ~(uint64_t)255; }
 
 /* One projection of the routed experts (all E packed) or of the shared expert. */
 struct DevMat {
-    uint8_t *w = nullptr, *s = nullptr;
+    uint8_t *w = nullptr, *s = nullptr; /* indexed by expert id (upload.cuh's expert_base of mem_w / mem_s) */
+    uint8_t *mem_w = nullptr, *mem_s = nullptr;
     long long w_stride = 0, s_stride = 0; /* bytes per expert */
     int n = 0, k = 0, fmt = 0, sfp32 = 0;
 };
@@ -99,10 +100,13 @@ struct Graph {
 };
 
 struct CudaBe {
-    dsv4_config cfg;
+    dsv4_config cfg;  /* the layer as the kernels see it: moe_inter_dim is the plan's inter count (tp) */
+    dsv4_config full; /* the plan's layer (the checkpoint's shapes) */
     int64_t chunk = 0, max_tokens = 0;
     int64_t stage_cap = 0; /* the rows of a chunk the workspace and its mirror hold (stage chunks may grow them) */
     int64_t e_first = 0, e_count = 0; /* the plan's expert range (the stages check their rows against it) */
+    int64_t i_first = 0;              /* the plan's inter range starts here (cfg.moe_inter_dim rows of full's) */
+    uint64_t weight_bytes = 0;        /* device bytes of the bound weights (router, the range's experts) */
     int small = 1;
     bool qx = false, qh_routed = false, qh_shared = false, routed_q = false, shared_q = false;
     bool repeats = false; /* a tid2eid row names one expert twice */
@@ -136,13 +140,16 @@ struct CudaBe {
     int fp8_cut = DSV4C_FP8_CUT_ROWS; /* gemm fp8: groups above this many rows on the grouped FP8 GEMM */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
+    uint64_t fbuf_bytes[8] = {};
     cudaStream_t s2 = nullptr, s3 = nullptr, s4 = nullptr; /* forked regimes: 32-row, 128-row tiles, shared decode */
     /* gemm fp8 (SPEC.md section 9): large groups on the grouped FP8 GEMM over row-major e4m3 copies
        of the weights with 1x128 scales (N-major); experts whose fp4 scales cannot convert exactly
        (ok8[e] = 0) keep the exact kernels */
     bool fp8 = false;
     uint8_t *w8[4] = {};  /* routed gate|up [E][2I, H], routed down [E][H, I], shared gate|up, shared down */
-    float *s8[4] = {};
+    float *s8[4] = {};     /* w8 / s8 indexed by expert id; their allocations: */
+    uint8_t *w8mem[4] = {};
+    float *s8mem[4] = {};
     uint8_t *ok8 = nullptr; /* device [E + 1] */
     bool all_ok8 = true;
     Fp8Gemm *g8[2] = {};  /* gate/up, down */
@@ -457,13 +464,13 @@ void cuda_free(void *p)
         if (b->graph[i].exec)
             cudaGraphExecDestroy(b->graph[i].exec);
     for (int i = 0; i < 3; i++) {
-        cudaFree(b->rw[i].w), cudaFree(b->rw[i].s);
-        cudaFree(b->sw[i].w), cudaFree(b->sw[i].s);
+        cudaFree(b->rw[i].mem_w), cudaFree(b->rw[i].mem_s);
+        cudaFree(b->sw[i].mem_w), cudaFree(b->sw[i].mem_s);
     }
     for (int i = 0; i < 8; i++)
         cudaFree(b->fbuf[i]);
     for (int i = 0; i < 4; i++)
-        cudaFree(b->w8[i]), cudaFree(b->s8[i]);
+        cudaFree(b->w8mem[i]), cudaFree(b->s8mem[i]);
     cudaFree(b->ok8);
     fp8gemm_free(b->g8[0]);
     fp8gemm_free(b->g8[1]);
@@ -596,15 +603,13 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     const int threads = opt->threads;
     const dsv4_config *cfg = dsv4_plan_config(plan);
     const dsv4_topology *topo = dsv4_plan_topology(plan);
-    /* A rank of a sharded plan runs the stages (stages.cu) through fast/dist: expert ranges (ep), not
-       inter ranges (tp), and in a workspace of its own (stage chunks outgrow the forward's). */
+    /* A rank of a sharded plan runs the stages (stages.cu) through fast/dist, in a workspace of its
+       own (stage chunks outgrow the forward's), and binds only its shard: the weights of its expert
+       range (ep) and of its inter range (tp: gate/up rows and down columns sliced at upload, the
+       kernels running a layer of moe_inter_dim = the plan's inter count). */
+    const int64_t inter = dsv4_plan_inter_count(plan);
     const bool sharded = dsv4_plan_router(plan) != DSV4_ROUTER_LOCAL ||
-                         dsv4_plan_expert_count(plan) != cfg->n_routed_experts;
-    if (dsv4_plan_inter_count(plan) != cfg->moe_inter_dim)
-        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
-                           "the plan splits moe_inter_dim (inter %lld of %lld, tp %d): the cuda stages compute "
-                           "every inter row of their experts (ep, dp); tp runs on the cpu and ref backends",
-                           (long long)dsv4_plan_inter_count(plan), (long long)cfg->moe_inter_dim, topo->tp);
+                         dsv4_plan_expert_count(plan) != cfg->n_routed_experts || inter != cfg->moe_inter_dim;
     if (sharded && opt->workspace)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
                            "a rank of a sharded plan runs its stages in the backend's own workspace, not a caller's");
@@ -617,10 +622,10 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     Kernels kv;
     if ((st = parse_kernels(opt->cuda_kernels, &kv, err)) != DSV4_OK)
         return st;
-    if (cfg->dim % 32 || cfg->moe_inter_dim % 32)
+    if (cfg->dim % 32 || inter % 32)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
-                           "dim %lld and moe_inter_dim %lld must be multiples of 32 for the cuda kernels",
-                           (long long)cfg->dim, (long long)cfg->moe_inter_dim);
+                           "dim %lld and moe_inter_dim %lld%s must be multiples of 32 for the cuda kernels",
+                           (long long)cfg->dim, (long long)inter, inter != cfg->moe_inter_dim ? " (the tp shard's)" : "");
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
     if (ce != cudaSuccess || ndev < 1)
@@ -636,12 +641,15 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     if (!b)
         return dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
     memset(&b->stats, 0, sizeof b->stats);
+    b->full = *cfg;
     b->cfg = *cfg;
+    b->cfg.moe_inter_dim = inter;
     const dsv4_config *c = &b->cfg;
     b->chunk = dsv4_plan_chunk_tokens(plan);
     b->max_tokens = topo->max_tokens_per_rank;
     b->e_first = dsv4_plan_expert_first(plan);
     b->e_count = dsv4_plan_expert_count(plan);
+    b->i_first = dsv4_plan_inter_first(plan);
     if (b->chunk < 1)
         b->chunk = b->max_tokens > 0 ? b->max_tokens : 128;
     set_modes(b);
@@ -677,7 +685,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "device setup failed: %s", cudaGetErrorString(ce));
         goto fail;
     }
-    if ((st = dsv4_router_tensors_load(ck, c, NULL, &rt, err)))
+    if ((st = dsv4_router_tensors_load(ck, &b->full, NULL, &rt, err)))
         goto fail;
     {
         uint16_t *g16 = (uint16_t *)malloc((size_t)(E * H) * 2);
@@ -693,16 +701,17 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         ce = cudaMalloc((void **)&b->gate16, (size_t)(E * H) * 2);
         if (ce == cudaSuccess)
             ce = cudaMemcpy(b->gate16, g16, (size_t)(E * H) * 2, cudaMemcpyHostToDevice);
+        b->weight_bytes += (uint64_t)(E * H) * 2;
         free(g16);
         if (ce != cudaSuccess) {
             st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "upload of the gate failed: %s", cudaGetErrorString(ce));
             goto fail_rt;
         }
     }
-    if ((st = upload_f32(rt.bias, (size_t)E, &b->bias, "bias", err)) ||
-        (st = upload_f32(rt.pred_norm, (size_t)E, &b->pred_norm, "norm predictor", err)) ||
-        (st = upload_f32(rt.pred_w, (size_t)(E * H), &b->pred_w, "norm predictor weight", err)) ||
-        (st = upload_f32(rt.pred_b, (size_t)E, &b->pred_b, "norm predictor bias", err)))
+    if ((st = upload_f32(b, rt.bias, (size_t)E, &b->bias, "bias", err)) ||
+        (st = upload_f32(b, rt.pred_norm, (size_t)E, &b->pred_norm, "norm predictor", err)) ||
+        (st = upload_f32(b, rt.pred_w, (size_t)(E * H), &b->pred_w, "norm predictor weight", err)) ||
+        (st = upload_f32(b, rt.pred_b, (size_t)E, &b->pred_b, "norm predictor bias", err)))
         goto fail_rt;
     if (rt.tid2eid) {
         size_t nb = (size_t)(V * K) * 4;
@@ -724,6 +733,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
             st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "upload of tid2eid failed: %s", cudaGetErrorString(ce));
             goto fail_rt;
         }
+        b->weight_bytes += nb;
     }
     dsv4_router_tensors_release(&rt, NULL);
     b->fast = want_fast(c, kv.exact_path);
@@ -737,6 +747,8 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
             for (int i = 0; i < 8; i++) {
                 cudaFree(b->fbuf[i]);
                 b->fbuf[i] = nullptr;
+                b->weight_bytes -= b->fbuf_bytes[i];
+                b->fbuf_bytes[i] = 0;
             }
             b->fast = false;
             st = DSV4_OK;
@@ -764,6 +776,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         b->all_ok8 = exact == 0 && (c->n_shared_experts == 0 || ok[E]);
         b->stats.fp8_exact_experts = exact + (c->n_shared_experts > 0 && !ok[E]);
         size_t gb[2] = {0, 0};
+        b->weight_bytes += (uint64_t)ng;
         if (!st && ((ce = cudaMalloc((void **)&b->ok8, (size_t)ng)) != cudaSuccess ||
                     (ce = cudaMemcpy(b->ok8, ok, (size_t)ng, cudaMemcpyHostToDevice)) != cudaSuccess ||
                     (ce = fp8gemm_create(&b->g8[0], (int)ng, &gb[0])) != cudaSuccess ||
@@ -855,6 +868,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     b->device_used = free0 > free1 ? (uint64_t)(free0 - free1) : 0;
     b->stats.workspace_planned = dsv4_plan_workspace_max(plan);
     b->stats.device_allocated = b->device_used;
+    b->stats.weights_allocated = b->weight_bytes;
     b->stats.workspace_allocated = b->own_ws ? b->ws_bytes : 0;
     b->graphs = topo->cuda_graph;
     if (b->graphs) {
@@ -880,7 +894,17 @@ fail:
    executor model (docs/planner.md). */
 extern "C" uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens)
 {
-    if (tokens < 1)
+    if (tokens < 1 || !topo || topo->tp < 1)
         return 0;
-    return layouts_max(cfg, 2, stage_rows(cfg, topo, tokens), true);
+    dsv4_config lc = *cfg; /* the kernels' layer: the tp shard of moe_inter_dim */
+    lc.moe_inter_dim /= topo->tp;
+    return layouts_max(&lc, 2, stage_rows(&lc, topo, tokens), true);
+}
+
+/* The registry's weight model: the device bytes a backend of the plan binds (upload.cuh). */
+extern "C" uint64_t dsv4_cuda_weight_bytes(const dsv4_plan *plan)
+{
+    const Shard sh{dsv4_plan_config(plan), dsv4_plan_expert_first(plan), dsv4_plan_expert_count(plan),
+                   dsv4_plan_inter_first(plan), dsv4_plan_inter_count(plan)};
+    return shard_weight_bytes(sh, dsv4_plan_gemm(plan) == DSV4_GEMM_FP8);
 }

@@ -58,9 +58,11 @@ cudaError_t stage_enqueue(void *impl, const StageChunk &c, ChunkMode mode);
 /* Enqueues the forward's combine over c: o rows by rowmap, ids and weights at c.ids / c.w, the
    shared rows at c.osh when with_shared; y into c.x. */
 cudaError_t stage_combine(void *impl, const StageChunk &c, bool with_shared);
-/* The backend's layer and its expert range. */
+/* The backend's layer as its kernels run it (moe_inter_dim: the plan's inter count), its expert
+   range and its range of the layer's moe_inter_dim (the weights bound at creation). */
 const dsv4_config *stage_config(const void *impl);
 void stage_experts(const void *impl, int64_t *first, int64_t *count);
+void stage_inter(const void *impl, int64_t *first, int64_t *count);
 
 /* The most rows of a stage chunk of a rank for chunks of tc tokens: the rows an experts call
    receives, ep tc min(K, E_local) (ep tc K on hash layers, where a row may repeat an expert), at

@@ -115,6 +115,12 @@ void stage_experts(const void *impl, int64_t *first, int64_t *count)
     *count = ((const CudaBe *)impl)->e_count;
 }
 
+void stage_inter(const void *impl, int64_t *first, int64_t *count)
+{
+    *first = ((const CudaBe *)impl)->i_first;
+    *count = ((const CudaBe *)impl)->cfg.moe_inter_dim;
+}
+
 } // namespace dsv4cuda
 
 #endif

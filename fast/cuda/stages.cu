@@ -13,8 +13,12 @@
  *   combine  the forward's k_combine over each token's slots in the order given.
  *
  * The kernels round each expert output to bf16 in their epilogue, so experts returns those values
- * (exact in fp32): with tp = 1 the driver's rounding gives them back unchanged. The stages bind
- * every inter row (tp > 1 is refused at creation).
+ * (exact in fp32): with tp = 1 the driver's rounding gives them back unchanged. Under tp a rank's
+ * weights are its inter range (sliced at creation) and its kernels run a layer of that many inter
+ * rows, so experts returns each row's partial down projection over the range, rounded to bf16 by
+ * the epilogue; the driver sums the ranks' partials in fp32 (its tp all_reduce) and rounds once
+ * more. That is one bf16 rounding per partial more than the reference's fp32 partials: tp on cuda
+ * is held to the tolerance, not to bit identity (ep with tp 1 stays bit-identical).
  */
 #include <algorithm>
 #include <cuda_runtime.h>
@@ -167,10 +171,12 @@ dsv4_status cu_experts(void *p, int64_t m, const uint16_t *x, const int32_t *exp
     static const char where[] = "cuda experts";
     const dsv4_config *c = stage_config(p);
     const int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
-    if (i0 != 0 || ni != c->moe_inter_dim)
+    int64_t if0, ifn;
+    stage_inter(p, &if0, &ifn);
+    if (i0 != if0 || ni != ifn)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, where,
-                           "inter rows [%lld, %lld): the cuda stages compute all of [0, %lld) (tp 1)", (long long)i0,
-                           (long long)(i0 + ni), (long long)c->moe_inter_dim);
+                           "inter rows [%lld, %lld) are not the [%lld, %lld) this rank's plan bound", (long long)i0,
+                           (long long)(i0 + ni), (long long)if0, (long long)(if0 + ifn));
     if (m < 0)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, where, "%lld rows", (long long)m);
     bool shared;

@@ -629,7 +629,10 @@ static void *rank_main(void *p)
 out:
     io->status = st;
     /* The driver's buffers (host and device) and the backend's workspace are live together. */
-    io->workspace_peak = dsv4_allocator_stats(rc->acct).peak + rc->dev_peak + dsv4_backend_get_stats(rc->be).workspace_peak;
+    dsv4_backend_stats bs = dsv4_backend_get_stats(rc->be);
+    io->workspace_peak = dsv4_allocator_stats(rc->acct).peak + rc->dev_peak + bs.workspace_peak;
+    io->weights_planned = dsv4_plan_weight_bytes(rc->cplan);
+    io->weights_bound = bs.weights_allocated;
     size_t n = 0;
     const dsv4_coll_record *tr = dsv4_comm_trace(rc->comm, &n);
     io->trace = n ? malloc(n * sizeof *io->trace) : NULL;

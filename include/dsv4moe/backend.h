@@ -51,6 +51,9 @@ typedef struct dsv4_backend_stats {
     uint64_t fp8_exact_experts;   /* gemm fp8: experts (the shared one included) kept on the exact
                                      kernels because an fp4 128-group's scales could not convert to
                                      e4m3 exactly (include/dsv4moe/formats.h, DSV4_FP4_TO_FP8_SPREAD) */
+    uint64_t weights_allocated;   /* device bytes of the weights bound at creation, as allocated: the
+                                     router's and the plan's shard (its experts, its inter range);
+                                     within dsv4_plan_weight_bytes */
 } dsv4_backend_stats;
 
 /*
