@@ -500,31 +500,45 @@ const dsv4_backend_vtable cuda_vtable = {"cuda",      cuda_forward,    cuda_stat
 
 } // namespace
 
-/* The workspace bytes of a chunk of tc tokens (no device needed; the tests hold it against the plan). */
-extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
-extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc)
+/* The workspace bytes of a chunk of tc tokens (no device needed; the tests hold it against the
+   plan), and of a stage chunk on a backend of `experts` experts: kept -1 (route, combine), or the
+   slots an experts call keeps (layout_for). */
+static uint64_t chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts)
 {
     CudaBe *b = new (std::nothrow) CudaBe();
     if (!b)
         return 0;
     b->cfg = *cfg;
+    b->e_count = experts;
     set_modes(b);
     b->fast = want_fast(cfg);
     b->fp8 = b->fast && cfg->gemm != DSV4_GEMM_EXACT;
     set_kernels(b);
-    uint64_t v = layout_for(b, tc).total;
+    uint64_t v = layout_for(b, tc, kept).total;
     delete b;
     return v;
 }
 
+extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
+extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc)
+{
+    return chunk_bytes(cfg, tc, -1, cfg->n_routed_experts);
+}
+extern "C" uint64_t dsv4_cuda_stage_chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts);
+extern "C" uint64_t dsv4_cuda_stage_chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts)
+{
+    return chunk_bytes(cfg, tc, kept, experts);
+}
+
 /* The largest workspace of chunks of 1 .. n tokens under b's modes (chunks of fewer tokens than the
    workspace's run in it too, and a layout is not monotone in the token count everywhere: the
-   router's split-K slices shrink as the chunk grows). */
-static uint64_t max_layout(const CudaBe *b, int64_t n)
+   router's split-K slices shrink as the chunk grows); slot_rows: chunks of token-slots, one kept
+   slot a row (a stage's experts call, cuda_impl.h). */
+static uint64_t max_layout(const CudaBe *b, int64_t n, bool slot_rows = false)
 {
     uint64_t m = 0;
     for (int64_t t = 1; t <= n; t++) {
-        const uint64_t v = layout_for(b, t).total;
+        const uint64_t v = layout_for(b, t, slot_rows ? t : -1).total;
         m = v > m ? v : m;
     }
     return m;
@@ -533,7 +547,7 @@ static uint64_t max_layout(const CudaBe *b, int64_t n)
 /* An upper bound of max_layout(b, n) in one layout: only the router logits' split-K slices make a
    layout shrink as the chunk grows, so the layout of n with the largest logits buffer of 1 .. n.
    The slices follow the chunk's 128-row blocks, so the largest buffer is at a block's last row. */
-static uint64_t layout_bound(const CudaBe *b, int64_t n)
+static uint64_t layout_bound(const CudaBe *b, int64_t n, bool slot_rows = false)
 {
     const uint64_t E4 = (uint64_t)b->cfg.n_routed_experts * 4;
     uint64_t lg = 0;
@@ -543,19 +557,32 @@ static uint64_t layout_bound(const CudaBe *b, int64_t n)
         if (t >= n)
             break;
     }
-    const Layout L = layout_for(b, n);
+    const Layout L = layout_for(b, n, slot_rows ? n : -1);
     return L.total - align256((uint64_t)L.lslices * (uint64_t)n * E4) + lg;
+}
+
+/* The workspace of a rank's stage calls (cuda_impl.h): route and combine over chunks of up to
+   `chunk` tokens (every slot of a row), experts over up to `rows` token-slots (one kept slot a
+   row); the exact maximum, or (bound) its one-layout upper bound. */
+static uint64_t stage_ws(const CudaBe *b, int64_t rows, int64_t chunk, bool bound)
+{
+    const uint64_t a = bound ? layout_bound(b, chunk) : max_layout(b, chunk);
+    const uint64_t s = bound ? layout_bound(b, rows, true) : max_layout(b, rows, true);
+    return a > s ? a : s;
 }
 
 /* The largest layout of chunks of 1 .. n tokens over what creation decides from the checkpoint,
    each way: the fp8 path or its fallback, a hash table that repeats an expert, the large groups'
-   kernel; gemm fp8 off (0), on (1) or either (2). 0 when out of memory. */
-static uint64_t layouts_max(const dsv4_config *cfg, int fp8, int64_t n, bool bound)
+   kernel; gemm fp8 off (0), on (1) or either (2); with stage_rows > 0 the stage calls' workspace
+   (stage_ws) of chunks of n tokens on a backend of e_count experts (0: all). 0 when out of memory. */
+static uint64_t layouts_max(const dsv4_config *cfg, int fp8, int64_t n, bool bound, int64_t stage_rows = 0,
+                            int64_t e_count = 0)
 {
     CudaBe *b = new (std::nothrow) CudaBe();
     if (!b)
         return 0;
     b->cfg = *cfg;
+    b->e_count = e_count; /* the experts a rank's calls group (0: all) */
     set_modes(b);
     int dev = 0, nsm = 0;
     if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
@@ -578,7 +605,9 @@ static uint64_t layouts_max(const dsv4_config *cfg, int fp8, int64_t n, bool bou
                     kv.big_var = t16 < N_TILEH_BIG ? t16 : 0;
                     set_kernels(b, kv);
                     b->fp8 = b->fast && g8 == 1;
-                    const uint64_t v = bound ? layout_bound(b, n) : max_layout(b, n);
+                    const uint64_t v = stage_rows > 0 ? stage_ws(b, stage_rows, n, bound)
+                                       : bound      ? layout_bound(b, n)
+                                                    : max_layout(b, n);
                     best = v > best ? v : best;
                 }
     delete b;
@@ -839,7 +868,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
            on a rank of a sharded plan, of the largest stage chunk (stage_rows) */
         const int64_t ws_rows = sharded ? stage_rows(c, topo, b->chunk) : b->chunk;
         Layout L = layout_for(b, ws_rows);
-        b->ws_bytes = sharded ? max_layout(b, ws_rows) : L.total;
+        b->ws_bytes = sharded ? stage_ws(b, ws_rows, b->chunk, false) : L.total;
         b->stage_cap = ws_rows;
         uint64_t avail = dsv4_plan_budget_available(plan);
         if (b->ws_bytes > avail) {
@@ -898,7 +927,8 @@ extern "C" uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, cons
         return 0;
     dsv4_config lc = *cfg; /* the kernels' layer: the tp shard of moe_inter_dim */
     lc.moe_inter_dim /= topo->tp;
-    return layouts_max(&lc, 2, stage_rows(&lc, topo, tokens), true);
+    return layouts_max(&lc, 2, tokens, true, stage_rows(&lc, topo, tokens),
+                       topo->ep > 1 ? cfg->n_routed_experts / topo->ep : 0);
 }
 
 /* The registry's weight model: the device bytes a backend of the plan binds (upload.cuh). */

@@ -35,6 +35,7 @@ enum ChunkMode {
    range [0, io_end) is mirrored at the same offsets in pinned host memory, hio). */
 struct StageChunk {
     int64_t tc = 0, slots = 0;
+    int64_t kept_slots = -1; /* the slots its grouping places: -1 every slot (route, combine), else at most this many */
     cudaStream_t stream = nullptr;
     uint8_t *ws = nullptr, *hio = nullptr;
     uint64_t in_ids = 0, ntok = 0, stats = 0, x = 0, ids = 0, w = 0, kept = 0, io_end = 0;
@@ -45,8 +46,10 @@ struct StageChunk {
 /* The chunk of tc >= 1 rows laid out in impl's workspace (grown, with its mirror, when it does
    not fit: the single-rank composition; a rank of a sharded plan is sized for its stages at
    creation); counts its bytes into the backend's workspace peak; the mirror's head set (input ids
-   0, the row count, counters 0: the caller writes the rest). */
-dsv4_status stage_chunk(void *impl, int64_t tc, StageChunk *c, dsv4_error *err);
+   0, the row count, counters 0: the caller writes the rest). kept: -1 for a chunk whose router's
+   slots are grouped (route, combine); an experts call, whose slot list keeps one slot a row, the
+   rows it keeps (0 for the shared expert's): its expert rows and tile lists are sized for those. */
+dsv4_status stage_chunk(void *impl, int64_t tc, int64_t kept, StageChunk *c, dsv4_error *err);
 /* What a stage chunk computed, for its counters. */
 enum StageKind { STAGE_ROUTE, STAGE_ROUTED, STAGE_SHARED, STAGE_COMBINE };
 /* After c's counters came back to the mirror (a copy of [stats, ...) and a wait): the errors the

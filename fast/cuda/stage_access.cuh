@@ -11,12 +11,12 @@
 
 namespace dsv4cuda {
 
-dsv4_status stage_chunk(void *impl, int64_t tc, StageChunk *c, dsv4_error *err)
+dsv4_status stage_chunk(void *impl, int64_t tc, int64_t kept, StageChunk *c, dsv4_error *err)
 {
     CudaBe *b = (CudaBe *)impl;
     if (tc < 1)
         return dsv4_seterr(err, DSV4_ERR_INTERNAL, WHERE, "a stage chunk of %lld rows", (long long)tc);
-    const Layout L = layout_for(b, tc);
+    const Layout L = layout_for(b, tc, kept);
     if (tc > b->stage_cap || L.total > b->ws_bytes) {
         /* Beyond the workspace: a rank of a sharded plan is sized for its stages at creation, so
            this is the single-rank composition (dsv4_dist_single_rank) running every rank's slots
@@ -34,14 +34,16 @@ dsv4_status stage_chunk(void *impl, int64_t tc, StageChunk *c, dsv4_error *err)
         cudaFree(b->ws);
         cudaFreeHost(b->hbuf);
         b->ws = nullptr, b->hbuf = nullptr, b->ws_bytes = 0, b->stage_cap = 0;
-        const uint64_t bytes = max_layout(b, tc);
+        /* every later stage call of up to tc rows fits: route and combine chunks of full slots
+           (up to the plan's chunk), experts calls of one kept slot a row */
+        const uint64_t bytes = stage_ws(b, tc, kept < 0 && tc > b->chunk ? tc : b->chunk, false);
         CK(cudaMalloc((void **)&b->ws, bytes));
         b->ws_bytes = bytes;
         CK(cudaMallocHost((void **)&b->hbuf, (size_t)L.io_end));
         b->stage_cap = tc;
         b->stats.workspace_allocated = bytes;
     }
-    c->tc = tc, c->slots = L.slots, c->stream = b->stream, c->ws = b->ws, c->hio = b->hbuf;
+    c->tc = tc, c->slots = L.slots, c->kept_slots = kept, c->stream = b->stream, c->ws = b->ws, c->hio = b->hbuf;
     c->in_ids = L.in_ids, c->ntok = L.ntok, c->stats = L.stats, c->x = L.x, c->ids = L.ids, c->w = L.w;
     c->kept = L.kept, c->io_end = L.io_end, c->rowmap = L.rowmap, c->o = L.o, c->osh = L.osh, c->total = L.total;
     if (b->stats.workspace_peak < L.total)
@@ -88,7 +90,7 @@ dsv4_status stage_done(void *impl, const StageChunk &c, StageKind kind, dsv4_err
 cudaError_t stage_enqueue(void *impl, const StageChunk &c, ChunkMode mode)
 {
     CudaBe *b = (CudaBe *)impl;
-    return enqueue_chunk(b, layout_for(b, c.tc), 0, mode);
+    return enqueue_chunk(b, layout_for(b, c.tc, c.kept_slots), 0, mode);
 }
 
 cudaError_t stage_combine(void *impl, const StageChunk &c, bool with_shared)

@@ -122,7 +122,7 @@ dsv4_status cu_route(void *p, int64_t n, const uint16_t *x, const int32_t *in_id
     if (n == 0)
         return DSV4_OK;
     StageChunk ch;
-    dsv4_status st = stage_chunk(p, n, &ch, err);
+    dsv4_status st = stage_chunk(p, n, -1, &ch, err);
     if (st)
         return st;
     if (hash)
@@ -188,7 +188,7 @@ dsv4_status cu_experts(void *p, int64_t m, const uint16_t *x, const int32_t *exp
        set of groups (the shared rows are the chunk's own, as in the forward). */
     const int64_t mp = shared || m * K >= E ? m : (E + K - 1) / K;
     StageChunk ch;
-    if ((st = stage_chunk(p, mp, &ch, err)))
+    if ((st = stage_chunk(p, mp, shared ? 0 : m, &ch, err)))
         return st;
     int32_t *hid = (int32_t *)(void *)(ch.hio + ch.ids);
     float *hw = (float *)(void *)(ch.hio + ch.w);
@@ -243,7 +243,7 @@ dsv4_status cu_combine(void *p, int64_t n, int64_t ns, const int32_t *tok, const
     if (n == 0)
         return DSV4_OK;
     StageChunk ch;
-    dsv4_status st = stage_chunk(p, n, &ch, err);
+    dsv4_status st = stage_chunk(p, n, -1, &ch, err);
     if (st)
         return st;
     /* token t's j-th slot in the order given: id j (k_combine sums ascending ids), row s of o */

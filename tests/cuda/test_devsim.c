@@ -674,11 +674,12 @@ END_TEST
 /* fast/cuda/cuda.cu: the registry's rank memory model and one chunk's layout (no device needed) */
 uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
 uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
+uint64_t dsv4_cuda_stage_chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts);
 bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n);
 
 /* Without a device: the registry lists cuda's stages; a rank of an ep plan is planned with the
-   stages' memory model (at least the stage chunk of the rows it can receive, plus the driver's
-   buffers); the registry's supports takes tp 2 and 4 and refuses a tp whose shard is not a
+   stages' memory model (at least every stage chunk: route and combine of its tokens, experts over
+   the rows it can receive; within twice the planner's executor model; plus the driver's buffers); the registry's supports takes tp 2 and 4 and refuses a tp whose shard is not a
    multiple of 32 rows, naming tp. The weight model: a rank of ep 2 / 4 / 8 binds the router and
    the shared expert and its share of the routed experts (only that share shrinks), a tp rank its
    share of every expert's inter rows; the plan's explanation says so. */
@@ -703,15 +704,30 @@ START_TEST(cuda_rank_model_host)
         const int64_t tc = T < 128 ? T : 128, El = c.n_routed_experts / 4;
         const int64_t rows = 4 * tc * (El < c.n_activated ? El : c.n_activated);
         const uint64_t model = dsv4_cuda_stage_workspace_bytes(&c, &t, tc);
-        /* a bound of every stage chunk up to those rows (the layouts are not monotone: the router
-           logits' split-K slices shrink as a chunk grows) */
+        /* a bound of every stage chunk: experts calls up to those rows (one kept slot a row), route
+           and combine chunks up to tc tokens (the layouts are not monotone: the router logits'
+           split-K slices shrink as a chunk grows) */
         for (int64_t m = 1; m <= rows; m += T < 64 ? 1 : 7)
-            ck_assert_msg(model >= dsv4_cuda_chunk_workspace_bytes(&c, m), "T %lld: %lld rows need %llu > %llu",
-                          (long long)T, (long long)m, (unsigned long long)dsv4_cuda_chunk_workspace_bytes(&c, m),
+            ck_assert_msg(model >= dsv4_cuda_stage_chunk_bytes(&c, m, m, El), "T %lld: %lld rows need %llu > %llu",
+                          (long long)T, (long long)m, (unsigned long long)dsv4_cuda_stage_chunk_bytes(&c, m, m, El),
                           (unsigned long long)model);
+        for (int64_t m = 1; m <= tc; m++)
+            ck_assert_uint_ge(model, dsv4_cuda_stage_chunk_bytes(&c, m, -1, El));
         ck_assert_uint_ge(model, prev);
         prev = model;
         ck_assert_uint_gt(dsv4_plan_workspace_bytes(p, T, false), model);
+        /* against the planner's executor model of the same rank (a backend without its own, ref) */
+        dsv4_topology tr = t;
+        tr.backend = DSV4_BACKEND_REF;
+        dsv4_plan *pr = NULL;
+        ck_assert_msg(dsv4_plan_create(&c, &tr, &b, &pr, &e) == DSV4_OK, "%s", e.message);
+        const uint64_t ex = dsv4_plan_workspace_bytes(pr, T, false);
+        printf("cuda rank model mini ep 4 T %lld: %llu bytes, executor model %llu (%.2fx)\n", (long long)T,
+               (unsigned long long)model, (unsigned long long)ex, (double)model / (double)ex);
+        /* the experts call's chunk is sized for one kept slot a row in the rank's groups (it was
+           3.7x the executor model with K slots a row in all E groups) */
+        ck_assert_uint_le(model, 2 * ex);
+        dsv4_plan_free(pr);
         dsv4_plan_free(p);
     }
     ck_assert_uint_eq(dsv4_cuda_stage_workspace_bytes(&c, NULL, 0), 0);
