@@ -92,6 +92,11 @@ typedef struct dsv4_backend_stages {
     dsv4_status (*combine)(void *impl, int64_t n, int64_t ns, const int32_t *tok, const float *w, const uint16_t *o,
                            const uint16_t *shared, uint16_t *y, dsv4_error *err);
     const dsv4_backend_device *device; /* NULL: host buffers (ref, cpu) */
+    /* CUDA graphs of the stages (cuda; NULL: none), called once a step by the driver: capture,
+       this rank can replay the step, so it holds its graphs (those missing captured now, as an
+       engine does at start-up); replay, the step replays (every rank agreed), so the stage calls
+       that a graph holds launch it. held: the graphs the backend holds. */
+    dsv4_status (*graphs)(void *impl, bool capture, bool replay, int64_t *held, dsv4_error *err);
 } dsv4_backend_stages;
 
 struct dsv4_backend {

@@ -130,6 +130,11 @@ struct CudaBe {
     bool graphs = false;
     int n_graphs = 0;
     Graph graph[DSV4_MAX_BUCKETS];
+    /* a rank's stage graphs (stage_access.cuh): the experts call of routed token-slots [0] and of
+       the shared expert [1] at each token bucket of graph[] (bucket: the layout's rows) */
+    Graph sgraph[2][DSV4_MAX_BUCKETS];
+    bool stage_replay = false; /* the step replays: experts calls within a bucket launch sgraph */
+    dsv4_topology topo;        /* the plan's (the rows a bucket's experts call can receive) */
     dsv4_backend_stats stats;
     uint64_t device_used = 0;
     /* the fp8 tensor-core path (mma.cuh): fragment-native weights, gate/up interleaved */
@@ -460,9 +465,13 @@ void cuda_free(void *p)
     CudaBe *b = (CudaBe *)p;
     if (!b)
         return;
-    for (int i = 0; i < b->n_graphs; i++)
+    for (int i = 0; i < b->n_graphs; i++) {
         if (b->graph[i].exec)
             cudaGraphExecDestroy(b->graph[i].exec);
+        for (int k = 0; k < 2; k++)
+            if (b->sgraph[k][i].exec)
+                cudaGraphExecDestroy(b->sgraph[k][i].exec);
+    }
     for (int i = 0; i < 3; i++) {
         cudaFree(b->rw[i].mem_w), cudaFree(b->rw[i].mem_s);
         cudaFree(b->sw[i].mem_w), cudaFree(b->sw[i].mem_s);
@@ -679,6 +688,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     b->e_first = dsv4_plan_expert_first(plan);
     b->e_count = dsv4_plan_expert_count(plan);
     b->i_first = dsv4_plan_inter_first(plan);
+    b->topo = *topo;
     if (b->chunk < 1)
         b->chunk = b->max_tokens > 0 ? b->max_tokens : 128;
     set_modes(b);

@@ -192,7 +192,7 @@ dsv4_status cu_experts(void *p, int64_t m, const uint16_t *x, const int32_t *exp
         return st;
     int32_t *hid = (int32_t *)(void *)(ch.hio + ch.ids);
     float *hw = (float *)(void *)(ch.hio + ch.w);
-    for (int64_t q = 0; q < mp; q++)
+    for (int64_t q = 0; q < ch.tc; q++) /* every row of the layout (a replay's bucket may hold more) */
         for (int64_t k = 0; k < K; k++) {
             const bool slot = !shared && k == 0 && q < m;
             hid[q * K + k] = slot ? expert[q] : (int32_t)E;
@@ -387,6 +387,12 @@ void dv_world_free(void *w) { dsv4_devsim_world_free((dsv4_devsim_world *)w); }
 const dsv4_backend_device cuda_device = {dv_alloc,  dv_release,      dv_copy,      dv_gather,
                                          dv_round, dv_world_create, dv_world_comm, dv_world_free};
 
+/* The step's graphs (dsv4_backend_stages.graphs): the experts calls' (cuda_impl.h, stage_graphs). */
+dsv4_status cu_graphs(void *p, bool capture, bool replay, int64_t *held, dsv4_error *err)
+{
+    return stage_graphs(p, capture, replay, held, err);
+}
+
 } // namespace
 
 int64_t dsv4cuda::stage_rows(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tc)
@@ -397,4 +403,5 @@ int64_t dsv4cuda::stage_rows(const dsv4_config *cfg, const dsv4_topology *topo, 
     return m > tc ? (m > pad ? m : pad) : (tc > pad ? tc : pad);
 }
 
-extern "C" const dsv4_backend_stages dsv4_cuda_backend_stages = {cu_route, cu_experts, cu_combine, &cuda_device};
+extern "C" const dsv4_backend_stages dsv4_cuda_backend_stages = {cu_route, cu_experts, cu_combine, &cuda_device,
+                                                                 cu_graphs};

@@ -47,6 +47,8 @@ typedef struct dsv4_dist_rank {
     float *topk_weights;        /* [tokens, K] */
     /* filled by the driver */
     bool replayed;              /* the step ran as a graph replay */
+    int64_t graphs_held;        /* CUDA graphs the rank's backend holds (cuda: captured when the rank can replay) */
+    uint64_t graph_replays;     /* stage calls the rank's backend ran as graph replays (cuda, a replayed step) */
     int64_t step_max_tokens;    /* the world's largest T this step */
     int64_t chunks;
     uint64_t workspace_planned; /* the plan's workspace for this step (dsv4_plan_workspace_bytes) */

@@ -648,8 +648,13 @@ START_TEST(cuda_mixed_replay_deadlock_reported)
 #endif
         if (!fault) {
             ck_assert_msg(st == DSV4_OK, "%s", e.message);
-            for (int r = 0; r < 4; r++)
+            for (int r = 0; r < 4; r++) {
                 ck_assert_msg(!io[r].replayed, "rank %d replayed in a mixed step", r);
+                /* the ranks that could replay hold real captured graphs; the step ran eager */
+                ck_assert_msg((io[r].graphs_held > 0) == (r % 2 == 0), "rank %d holds %lld graphs", r,
+                              (long long)io[r].graphs_held);
+                ck_assert_uint_eq(io[r].graph_replays, 0);
+            }
         } else {
             ck_assert_int_eq(st, DSV4_ERR_COMM);
             ck_assert_msg(dt < 20.0, "the deadlock took %.1f s to report", dt);
@@ -666,6 +671,72 @@ START_TEST(cuda_mixed_replay_deadlock_reported)
             dsv4_dist_rank_release(&io[r]);
             free(y[r]);
         }
+    }
+    dist_layer_free(&L);
+}
+END_TEST
+
+/*
+ * A step every rank can replay (graphs on, decode, T within the buckets): each rank captured its
+ * stage graphs before the step (the experts calls of routed token-slots and of the shared expert
+ * at every bucket) and runs its experts calls as graph replays; the rows are bit-identical to the
+ * same step run eager (no rank can replay), with the same collectives. Exact products (mini) and
+ * gemm fp8 with groups above the fp8 cut.
+ */
+START_TEST(cuda_ep_graph_replay_bit_identical)
+{
+    NEED_CUDA();
+    dlayer L = dist_layer("mini", 1, _i ? DSV4_GEMM_FP8 : DSV4_GEMM_EXACT);
+    const int64_t H = L.c.dim;
+    const int64_t counts[2][4] = {{4, 9, 0, 2}, {64, 50, 0, 64}}, *cn = counts[_i];
+    int64_t offs[4];
+    for (int r = 0, o = 0; r < 4; o += (int)cn[r], r++)
+        offs[r] = o;
+    dsv4_dist_rank g[4], ea[4];
+    uint16_t *yg[4], *ye[4];
+    dist_io(&L, 4, cn, offs, g, yg);
+    dist_io(&L, 4, cn, offs, ea, ye);
+    for (int r = 0; r < 4; r++)
+        g[r].can_replay = true;
+    dsv4_topology t = cuda_topo(4, 1, 4, 64, 0);
+    t.role = DSV4_ROLE_DECODE;
+    t.cuda_graph = true;
+    t.n_buckets = 4;
+    const int64_t bk[4] = {8, 16, 32, 64};
+    memcpy(t.buckets, bk, sizeof bk);
+    dsv4_budget b = gpu_budget();
+    dsv4_error e;
+    double t0 = now();
+    ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, g, &e) == DSV4_OK, "case %d replay: %s", _i, e.message);
+    double t1 = now();
+    ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, ea, &e) == DSV4_OK, "case %d eager: %s", _i, e.message);
+    for (int r = 0; r < 4; r++) {
+        ck_assert_msg(g[r].replayed && !ea[r].replayed, "case %d rank %d: replayed %d / %d", _i, r, (int)g[r].replayed,
+                      (int)ea[r].replayed);
+        ck_assert_msg(g[r].graphs_held > 0 && ea[r].graphs_held == 0, "case %d rank %d: graphs %lld / %lld", _i, r,
+                      (long long)g[r].graphs_held, (long long)ea[r].graphs_held);
+        if (cn[r] > 0) /* at least its shared expert's call */
+            ck_assert_uint_gt(g[r].graph_replays, 0);
+        ck_assert_uint_eq(ea[r].graph_replays, 0);
+        int64_t i = 0;
+        while (i < cn[r] * H && yg[r][i] == ye[r][i])
+            i++;
+        ck_assert_msg(i == cn[r] * H, "case %d rank %d: replay differs from eager at token %lld channel %lld: 0x%04x vs 0x%04x",
+                      _i, r, (long long)(i / H), (long long)(i % H), i < cn[r] * H ? yg[r][i] : 0,
+                      i < cn[r] * H ? ye[r][i] : 0);
+        ck_assert(same_trace(&g[r], &ea[r]) && same_trace(&g[0], &g[r]));
+        ck_assert_msg(g[r].workspace_peak <= g[r].workspace_planned, "case %d rank %d: peak %llu above plan %llu", _i, r,
+                      (unsigned long long)g[r].workspace_peak, (unsigned long long)g[r].workspace_planned);
+        printf("devsim_dist graphs case %d rank %d T %lld: %lld graphs held, %llu replays, identical to eager; planned "
+               "%llu peak %llu (%.2f s)\n",
+               _i, r, (long long)cn[r], (long long)g[r].graphs_held, (unsigned long long)g[r].graph_replays,
+               (unsigned long long)g[r].workspace_planned, (unsigned long long)g[r].workspace_peak, t1 - t0);
+    }
+    for (int r = 0; r < 4; r++) {
+        dsv4_dist_rank_release(&g[r]);
+        dsv4_dist_rank_release(&ea[r]);
+        free(yg[r]);
+        free(ye[r]);
     }
     dist_layer_free(&L);
 }
@@ -787,6 +858,7 @@ static Suite *devsim_suite(void)
     tcase_add_loop_test(dc, cuda_tp_within_tolerance, 0, N_TP_CASES);
     tcase_add_test(dc, cuda_rank_model_host);
     tcase_add_test(dc, cuda_mixed_replay_deadlock_reported);
+    tcase_add_loop_test(dc, cuda_ep_graph_replay_bit_identical, 0, 2);
     suite_add_tcase(s, dc);
     return s;
 }
