@@ -602,6 +602,18 @@ START_TEST(cuda_tp_within_tolerance)
 }
 END_TEST
 
+/* ep 4 decode ranks with graphs on, buckets 8..64 (the chunk: 64 tokens). */
+static dsv4_topology graph_topo(void)
+{
+    dsv4_topology t = cuda_topo(4, 1, 4, 64, 0);
+    t.role = DSV4_ROLE_DECODE;
+    t.cuda_graph = true;
+    t.n_buckets = 4;
+    const int64_t bk[4] = {8, 16, 32, 64};
+    memcpy(t.buckets, bk, sizeof bk);
+    return t;
+}
+
 /* The review's deadlock on the cuda backend over the device sim: ranks 0 and 2 may replay a graph,
    1 and 3 may not; in the fault build the test hook skip_metadata_collective makes rank 0 skip the
    step's metadata collective (as the
@@ -623,12 +635,7 @@ START_TEST(cuda_mixed_replay_deadlock_reported)
         dist_io(&L, 4, counts, offs, io, y);
         for (int r = 0; r < 4; r++)
             io[r].can_replay = r % 2 == 0;
-        dsv4_topology t = cuda_topo(4, 1, 4, 64, 0);
-        t.role = DSV4_ROLE_DECODE;
-        t.cuda_graph = true;
-        t.n_buckets = 4;
-        const int64_t bk[4] = {8, 16, 32, 64};
-        memcpy(t.buckets, bk, sizeof bk);
+        dsv4_topology t = graph_topo();
         dsv4_budget b = gpu_budget();
         dsv4_dist_options o;
         dsv4_dist_options_init(&o);
@@ -698,12 +705,7 @@ START_TEST(cuda_ep_graph_replay_bit_identical)
     dist_io(&L, 4, cn, offs, ea, ye);
     for (int r = 0; r < 4; r++)
         g[r].can_replay = true;
-    dsv4_topology t = cuda_topo(4, 1, 4, 64, 0);
-    t.role = DSV4_ROLE_DECODE;
-    t.cuda_graph = true;
-    t.n_buckets = 4;
-    const int64_t bk[4] = {8, 16, 32, 64};
-    memcpy(t.buckets, bk, sizeof bk);
+    dsv4_topology t = graph_topo();
     dsv4_budget b = gpu_budget();
     dsv4_error e;
     double t0 = now();
