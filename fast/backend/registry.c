@@ -47,6 +47,13 @@ const dsv4_backend_entry *dsv4_backend_registry_find(dsv4_backend_kind kind)
     return NULL;
 }
 
+/* dsv4moe/plan.h: the plan's weights by its backend's model (here, next to the models). */
+uint64_t dsv4_plan_weight_bytes(const dsv4_plan *plan)
+{
+    const dsv4_backend_entry *be = plan ? dsv4_backend_registry_find(dsv4_plan_topology(plan)->backend) : NULL;
+    return be && be->weight_bytes ? be->weight_bytes(plan) : 0;
+}
+
 static bool has_stages(const dsv4_backend_entry *e)
 {
     return e->stages && e->stages->route && e->stages->experts && e->stages->combine;

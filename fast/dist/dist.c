@@ -633,8 +633,7 @@ out:
     /* The driver's buffers (host and device) and the backend's workspace are live together. */
     dsv4_backend_stats bs = dsv4_backend_get_stats(rc->be);
     io->workspace_peak = dsv4_allocator_stats(rc->acct).peak + rc->dev_peak + bs.workspace_peak;
-    io->weights_planned = dsv4_plan_weight_bytes(rc->cplan);
-    io->weights_bound = bs.weights_allocated;
+    io->weights_planned = dsv4_plan_weight_bytes(rc->cplan), io->weights_bound = bs.weights_allocated;
     io->graph_replays = bs.graph_replays;
     size_t n = 0;
     const dsv4_coll_record *tr = dsv4_comm_trace(rc->comm, &n);
@@ -699,8 +698,7 @@ dsv4_status dsv4_dist_forward_on(const dsv4_config *cfg, const dsv4_checkpoint *
         io->trace = NULL;
         io->trace_len = 0;
         io->status = DSV4_OK;
-        io->graphs_held = 0;
-        io->graph_replays = 0;
+        io->graphs_held = 0, io->graph_replays = 0, io->weights_planned = io->weights_bound = 0;
         dsv4_error_clear(&io->error);
         if (io->tokens < 0 || (io->tokens > 0 && (!io->x || !io->y)))
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist", "rank %d: tokens %lld with x %s and y %s", r,
@@ -756,8 +754,7 @@ dsv4_status dsv4_dist_forward_on(const dsv4_config *cfg, const dsv4_checkpoint *
                              dsv4_backend_name(be[r]), r);
             goto done;
         }
-        /* A rank that can replay holds its graphs, captured before the step (as an engine does at
-           start-up, not inside the step's collectives' timeout). */
+        /* A rank that can replay holds its graphs, captured before the step (engine start-up). */
         bool replay_ok = ranks[r].can_replay && dsv4_plan_can_replay(plans[r], ranks[r].tokens);
         if (sg->graphs && (st = sg->graphs(be[r]->impl, replay_ok, false, &ranks[r].graphs_held, err)))
             goto done;

@@ -939,12 +939,6 @@ int64_t dsv4_plan_expert_count(const dsv4_plan *plan) { return plan ? plan->e_co
 int64_t dsv4_plan_inter_first(const dsv4_plan *plan) { return plan ? plan->i_first : 0; }
 int64_t dsv4_plan_inter_count(const dsv4_plan *plan) { return plan ? plan->i_count : 0; }
 uint64_t dsv4_plan_budget_available(const dsv4_plan *plan) { return plan ? plan->available : 0; }
-
-uint64_t dsv4_plan_weight_bytes(const dsv4_plan *plan)
-{
-    const dsv4_backend_entry *be = plan ? dsv4_backend_registry_find(plan->topo.backend) : NULL;
-    return be && be->weight_bytes ? be->weight_bytes(plan) : 0;
-}
 const char *dsv4_plan_explain(const dsv4_plan *plan) { return plan && plan->explain ? plan->explain : ""; }
 
 int64_t dsv4_plan_chunks(const dsv4_plan *plan, int64_t max_tokens)
