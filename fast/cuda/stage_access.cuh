@@ -81,11 +81,12 @@ dsv4_status stage_chunk(void *impl, int64_t n, int64_t kept, StageChunk *c, dsv4
 }
 
 /* The layout rows of bucket i's stage graph: routed (k 0) the token-slots an experts call of a step
-   of up to that many tokens can receive (stage_rows), shared (k 1) the tokens. */
+   of up to that many tokens can receive (stage_rows), shared (k 1) the tokens, at least the
+   ceil(E / K) rows an experts call is padded to (stages.cu). */
 int64_t sgraph_rows(const CudaBe *b, int k, int i)
 {
-    const int64_t tb = b->graph[i].bucket;
-    return k ? tb : stage_rows(&b->cfg, &b->topo, tb);
+    const int64_t tb = b->graph[i].bucket, K = b->cfg.n_activated, pad = (b->cfg.n_routed_experts + K - 1) / K;
+    return k ? std::max(tb, pad) : stage_rows(&b->cfg, &b->topo, tb);
 }
 
 dsv4_status stage_graphs(void *impl, bool capture, bool replay, int64_t *held, dsv4_error *err)

@@ -184,9 +184,10 @@ dsv4_status cu_experts(void *p, int64_t m, const uint16_t *x, const int32_t *exp
     if (st || m == 0)
         return st;
     /* The decode regime splits K by the launch's group count, min(slots, E) (+ the shared expert):
-       routed rows are padded with rows of no slot to E slots at least, so that count is E for any
-       set of groups (the shared rows are the chunk's own, as in the forward). */
-    const int64_t mp = shared || m * K >= E ? m : (E + K - 1) / K;
+       the rows are padded with zero rows of no routed slot to E slots at least, so that count is E
+       for any set of groups and any chunk holding them (a replay's bucket too); the shared expert's
+       call likewise (its K split follows that count where it shares the routed experts' format). */
+    const int64_t mp = m * K >= E ? m : (E + K - 1) / K;
     StageChunk ch;
     if ((st = stage_chunk(p, mp, shared ? 0 : m, &ch, err)))
         return st;

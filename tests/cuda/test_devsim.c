@@ -687,15 +687,16 @@ END_TEST
  * A step every rank can replay (graphs on, decode, T within the buckets): each rank captured its
  * stage graphs before the step (the experts calls of routed token-slots and of the shared expert
  * at every bucket) and runs its experts calls as graph replays; the rows are bit-identical to the
- * same step run eager (no rank can replay), with the same collectives. Exact products (mini) and
- * gemm fp8 with groups above the fp8 cut.
+ * same step run eager (no rank can replay), with the same collectives. Exact products (mini),
+ * gemm fp8 with groups above the fp8 cut, and mini-fp8 (routed and shared experts in one format,
+ * so the shared expert shares the decode launch's K split) with fewer than E / K tokens a rank.
  */
 START_TEST(cuda_ep_graph_replay_bit_identical)
 {
     NEED_CUDA();
-    dlayer L = dist_layer("mini", 1, _i ? DSV4_GEMM_FP8 : DSV4_GEMM_EXACT);
+    dlayer L = dist_layer(_i == 2 ? "mini-fp8" : "mini", _i == 2 ? 2 : 1, _i == 1 ? DSV4_GEMM_FP8 : DSV4_GEMM_EXACT);
     const int64_t H = L.c.dim;
-    const int64_t counts[2][4] = {{4, 9, 0, 2}, {64, 50, 0, 64}}, *cn = counts[_i];
+    const int64_t counts[3][4] = {{4, 9, 0, 2}, {64, 50, 0, 64}, {1, 2, 0, 3}}, *cn = counts[_i];
     int64_t offs[4];
     for (int r = 0, o = 0; r < 4; o += (int)cn[r], r++)
         offs[r] = o;
@@ -860,7 +861,7 @@ static Suite *devsim_suite(void)
     tcase_add_loop_test(dc, cuda_tp_within_tolerance, 0, N_TP_CASES);
     tcase_add_test(dc, cuda_rank_model_host);
     tcase_add_test(dc, cuda_mixed_replay_deadlock_reported);
-    tcase_add_loop_test(dc, cuda_ep_graph_replay_bit_identical, 0, 2);
+    tcase_add_loop_test(dc, cuda_ep_graph_replay_bit_identical, 0, 3);
     suite_add_tcase(s, dc);
     return s;
 }
