@@ -777,6 +777,14 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     dsv4_router_tensors_release(&rt, NULL);
     b->fast = want_fast(c, kv.exact_path);
     set_kernels(b, kv);
+    if (b->fast) { /* a shard takes the kernels its whole layer's scales allow (upload.cuh) */
+        bool unsupported, no_f16;
+        if ((st = layer_fp4_scales(b, ck, &unsupported, &no_f16, err)))
+            goto fail;
+        b->fast = !unsupported;
+        if (no_f16)
+            b->tile16 = false, b->big_rows = 128;
+    }
     if (b->fast) {
         /* the fp8 path: fragment-native weights; a scale the path cannot hold exactly falls back */
         for (int slot = 0; slot < 4 && !st; slot++)

@@ -182,6 +182,41 @@ dsv4_status upload(CudaBe *b, const dsv4_checkpoint *ck, bool shared, int p, Dev
     return DSV4_OK;
 }
 
+/*
+ * What upload_fast decides from the fp4 scale bytes of the routed experts (a byte above
+ * DSV4_FN_FP4_SCALE_MAX: the fp8 path cannot hold it, the backend takes the exact kernels; bytes
+ * outside [DSV4_FH_SCALE_LO, DSV4_FH_SCALE_HI]: large groups on mma.sync, not k_tileh), over the
+ * whole layer for a backend that binds a shard of it: the kernels a row meets are then the same
+ * on every rank and on one rank holding every expert (the single-rank counterpart's bit identity).
+ * Reads every expert's scales (quantizing at load where the checkpoint is bf16); no-op for fp8.
+ */
+dsv4_status layer_fp4_scales(const CudaBe *b, const dsv4_checkpoint *ck, bool *unsupported, bool *no_f16,
+                             dsv4_error *err)
+{
+    const dsv4_config *c = &b->full;
+    *unsupported = *no_f16 = false;
+    if (c->routed_format != DSV4_FORMAT_FP4 ||
+        (b->e_count == c->n_routed_experts && b->cfg.moe_inter_dim == c->moe_inter_dim))
+        return DSV4_OK;
+    const Shard all{c, 0, c->n_routed_experts, 0, c->moe_inter_dim};
+    for (int64_t e = 0; e < c->n_routed_experts && !*unsupported; e++)
+        for (int p = 0; p < 3 && !*unsupported; p++) {
+            dsv4_matrix_view v;
+            uint8_t *qb, *sb;
+            dsv4_status st = view_as(ck, all, e, p, &v, &qb, &sb, err);
+            if (st)
+                return st;
+            const uint64_t nbytes = (uint64_t)(v.n * (v.k / 32));
+            for (uint64_t i = 0; i < nbytes; i++) {
+                const uint8_t s = v.scales[i];
+                *unsupported |= s > DSV4_FN_FP4_SCALE_MAX;
+                *no_f16 |= s < DSV4_FH_SCALE_LO || s > DSV4_FH_SCALE_HI;
+            }
+            free(qb), free(sb);
+        }
+    return DSV4_OK;
+}
+
 /* The kernel variants of dsv4_backend_options.cuda_kernels (backend.h); the defaults when empty. */
 struct Kernels {
     bool exact_path = false, mma_tiles = false;
