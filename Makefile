@@ -33,7 +33,9 @@ SANFLAGS ?=
 COVFLAGS ?=
 WARN := -Wall -Wextra -Werror -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 CPPFLAGS_ALL := -Iinclude -Icore -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
-CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
+# Hidden by default: the shared library exports only the functions include/dsv4moe/api.h's DSV4_API
+# marks (ci/release-clean.sh checks it); programs using internal symbols link the static archive.
+CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -fvisibility=hidden -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
 # The reference's numerics must not depend on the compiler fusing a*b+c.
 CFLAGS_REF := -ffp-contract=off
 LDLIBS_ALL := -ljansson -lyaml -lopenblas -lm -pthread
@@ -84,8 +86,11 @@ $(LIB_A): $(LIB_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
-$(LIB_SO): $(LIB_OBJS)
-	$(CC) -shared -Wl,-soname,$(SONAME) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+# libdsv4moe.map: only dsv4_ symbols (the DSV4_API ones; the rest are hidden) leave the library.
+SO_EXPORTS := -Wl,--version-script=libdsv4moe.map
+
+$(LIB_SO): $(LIB_OBJS) libdsv4moe.map
+	$(CC) -shared -Wl,-soname,$(SONAME) $(SO_EXPORTS) $(CFLAGS_ALL) -o $@ $(LIB_OBJS) $(LDLIBS_ALL)
 	ln -sf libdsv4moe.so.$(VERSION) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $(BUILD)/libdsv4moe.so
 
@@ -110,15 +115,16 @@ $(TEST_BIN): $(TEST_OBJS) $(LIB_A)
 	$(CC) $(CFLAGS_ALL) $(ALLOCFAIL_WRAP) -o $@ $(TEST_OBJS) $(LIB_A) $(LDLIBS_ALL) $(CHECK_LIBS)
 
 # The umbrella header's example program: the lines between its EXAMPLE markers, built as a
-# user would (only -Iinclude), run by tests/test_example.c (DSV4MOE_EXAMPLE).
+# user would (only -Iinclude, linked against the shared library: what it exports is enough), run
+# by tests/test_example.c (DSV4MOE_EXAMPLE).
 EXAMPLE_BIN := $(BUILD)/examples/example
 
 $(BUILD)/examples/example.c: include/dsv4moe/dsv4moe.h
 	@mkdir -p $(dir $@)
 	sed -n '/^ \* EXAMPLE-BEGIN$$/,/^ \* EXAMPLE-END$$/p' $< | sed -e '1d' -e '$$d' -e 's/^ \* \{0,1\}//' -e 's/^ \*$$//' > $@
 
-$(EXAMPLE_BIN): $(BUILD)/examples/example.c $(LIB_A)
-	$(CC) -Iinclude $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
+$(EXAMPLE_BIN): $(BUILD)/examples/example.c $(LIB_SO)
+	$(CC) -Iinclude $(CFLAGS_ALL) -o $@ $< -L$(BUILD) -ldsv4moe -Wl,-rpath,$(abspath $(BUILD)) -lm
 
 # Runs the suite of this build variant; tests find the CLI and data through the environment.
 # test-suites is the Check program alone (CK_RUN_SUITE / DSV4MOE_EXCLUDE_SUITE select suites).
@@ -187,7 +193,7 @@ CUDA_CLI := $(CUDA_BUILD)/dsv4moe
 CUDA_TEST := $(CUDA_BUILD)/test_cuda
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ -ldl -lrt
 NVCCFLAGS := -std=c++17 -O3 -Iinclude -Icore -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings \
-  -Xcompiler -Wall,-Wextra,-Werror,-fPIC $(NVCCEXTRA)
+  -Xcompiler -Wall,-Wextra,-Werror,-fPIC,-fvisibility=hidden $(NVCCEXTRA)
 
 ifeq ($(FAULTS),1)
 NVCCFLAGS += -DDSV4_FAULTS
@@ -224,8 +230,8 @@ $(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backen
 # The shared CUDA library, for programs that load it at run time (the Python package, python/).
 CUDA_LIB_SO := $(CUDA_BUILD)/libdsv4moe.so
 $(CUDA_LIB_SO): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backend/registry.o,$(LIB_OBJS)) \
-  $(CUDA_HOST_OBJS) $(CUDA_OBJS)
-	$(CC) -shared -Wl,-soname,$(SONAME) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL) $(CUDA_LDLIBS)
+  $(CUDA_HOST_OBJS) $(CUDA_OBJS) libdsv4moe.map
+	$(CC) -shared -Wl,-soname,$(SONAME) $(SO_EXPORTS) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
 # docs/embedding.md's C example (docs/examples/embed.c), compiled and linked by `make cuda`.
 CUDA_EMBED_EXAMPLE := $(CUDA_BUILD)/embed_example
@@ -239,8 +245,14 @@ $(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
+# The backend test table's suite (tests/test_backend_ops.c) with the cuda backend in its list,
+# linked into the device test program beside the cuda suite.
+$(CUDA_BUILD)/tests/test_backend_ops.o: tests/test_backend_ops.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
 # The device sim communicator's device test (include/dsv4moe/comm_devsim.h): ep 2, 4, 8 on one GPU.
 CUDA_DEVSIM_TEST := $(CUDA_BUILD)/test_devsim

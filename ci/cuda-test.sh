@@ -1,6 +1,7 @@
 #!/bin/sh
 # The CUDA backend's checks on a GPU machine (make cuda-test; the device call runs it):
-#   1. build/cuda/test_cuda: the backend against the reference (tests/cuda/test_cuda.c);
+#   1. build/cuda/test_cuda: the backend test table over ref, cpu and cuda (tests/test_backend_ops.c)
+#      and the cuda backend's own cases (tests/cuda/test_cuda.c), against the reference;
 #   2. scenarios/gpu.yaml through the CUDA CLI with --backend cuda;
 #   3. compute-sanitizer memcheck on the "small" test case;
 #   3b. build/cuda/test_devsim (the device sim communicator, ep 2/4/8) and it under memcheck;
@@ -44,8 +45,8 @@ T4=$(date +%s)
 {
     echo "== test_cuda rc $rc_tests ($((T1 - T0)) s): $(grep -E '^[0-9]+%: Checks' "$O/test_cuda.log" | tail -n 1)"
     grep -E ':(F|E):' "$O/test_cuda.log" | head -n 20
-    grep -E '^cuda_suite' "$O/test_cuda.log" | sed -E 's/^cuda_suite +//' | \
-        awk '{ line = $0; if (length(line) > 150) line = substr(line, 1, 150) "..."; print line }' | head -n 60
+    grep -E '^(cuda_suite|backend_ops cuda)' "$O/test_cuda.log" | sed -E 's/^(cuda_suite|backend_ops) +//' | \
+        awk '{ line = $0; if (length(line) > 150) line = substr(line, 1, 150) "..."; print line }' | head -n 90
     echo "== scenarios/gpu.yaml rc $rc_scen ($((T2 - T1)) s): $(grep -E 'cases:' "$O/gpu_yaml.log" | tail -n 1)"
     grep -E 'FAIL|ERROR' "$O/gpu_yaml.log" | head -n 15
     echo "== compute-sanitizer memcheck rc $rc_san ($((T3 - T2)) s): $(grep -E 'ERROR SUMMARY' "$O/memcheck.log" | tail -n 1)"

@@ -1,13 +1,21 @@
 #!/bin/sh
-# The release library and its installed headers hold no test machinery: no symbol that LIB
-# (default build/libdsv4moe.so) exports and no line of include/dsv4moe/*.h (what `make install`
-# installs) names test control, its hooks or the defect catalogue. Those live in the fault build
-# only (core/testctl.h, harness/fault_runs.h, not installed; docs/scenarios.md, "The defect
-# catalogue"). Lists each offender and exits 1 when there is one. Run by `make test`.
-# usage: release-clean.sh [LIB]
+# The release library exports exactly the public API and holds no test machinery:
+#  - every symbol LIB (default build/libdsv4moe.so) exports (nm -D --defined-only) is a function an
+#    installed header (include/dsv4moe/*.h, what `make install` installs) declares with DSV4_API
+#    (include/dsv4moe/api.h; the library is built -fvisibility=hidden);
+#  - every function an installed header declares that the library holds (the static archive beside
+#    it, ARCHIVE, default LIB's folder/libdsv4moe.a) is exported (a declaration without DSV4_API
+#    would link for the tests, which use the archive, and fail for a user of the shared library);
+#  - no exported symbol and no line of an installed header names test control, its hooks or the
+#    defect catalogue. Those live in the fault build only (core/testctl.h, harness/fault_runs.h,
+#    not installed; docs/scenarios.md, "The defect catalogue").
+# Lists each offender and exits 1 when there is one. Run by `make test` (make release-clean); the
+# CUDA build's library too: sh ci/release-clean.sh build/cuda/libdsv4moe.so.
+# usage: release-clean.sh [LIB [ARCHIVE]]
 set -eu
 cd "$(dirname "$0")/.."
 lib=${1:-build/libdsv4moe.so}
+archive=${2:-$(dirname "$lib")/libdsv4moe.a}
 # "fault" not after a letter: "default" is fine, DSV4_FAULTS and dsv4_case_fault are not.
 pat='(^|[^a-z])fault|defect|inject|testctl|test_control|testhook|test_hook|for_test'
 bad=0
@@ -15,7 +23,40 @@ if [ ! -f "$lib" ]; then
     echo "release-clean: $lib does not exist (build it first: make all)" >&2
     exit 1
 fi
-syms=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -Ei "$pat" || true)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT INT TERM
+# The installed headers without their comments, one declaration per line (split at ';').
+for h in include/dsv4moe/*.h; do
+    [ "$h" = include/dsv4moe/api.h ] && continue
+    cc -fpreprocessed -dD -E -P -x c "$h"
+done | grep -v '^#' | tr '\n' ' ' | tr ';' '\n' >"$tmp/decls"
+# The names declared with DSV4_API, and every name an installed header declares as a function.
+grep 'DSV4_API ' "$tmp/decls" | sed -e 's/.*DSV4_API //' -e 's/(.*//' | awk '{print $NF}' | tr -d '*' |
+    sort -u >"$tmp/api"
+grep -oE '[A-Za-z_][A-Za-z0-9_]*[[:space:]]*\([^*]' "$tmp/decls" | sed 's/[[:space:]]*(.*//' | sort -u >"$tmp/declared"
+nm -D --defined-only "$lib" | awk '{print $NF}' | sort -u >"$tmp/exported"
+if [ ! -s "$tmp/api" ] || [ ! -s "$tmp/exported" ]; then
+    echo "release-clean: no DSV4_API declaration in include/dsv4moe or no symbol exported by $lib" >&2
+    exit 1
+fi
+
+extra=$(comm -23 "$tmp/exported" "$tmp/api")
+if [ -n "$extra" ]; then
+    echo "release-clean: $lib exports symbols no installed header declares with DSV4_API:" $extra >&2
+    bad=1
+fi
+if [ -f "$archive" ]; then
+    nm --defined-only -g "$archive" 2>/dev/null | awk 'NF == 3 && $2 == "T" {print $3}' | sort -u >"$tmp/held"
+    missing=$(comm -12 "$tmp/declared" "$tmp/held" | comm -23 - "$tmp/exported")
+    if [ -n "$missing" ]; then
+        echo "release-clean: $lib does not export functions include/dsv4moe declares (DSV4_API missing?):" \
+            $missing >&2
+        bad=1
+    fi
+else
+    echo "release-clean: $archive does not exist: the check that every declared function is exported is skipped" >&2
+fi
+syms=$(grep -Ei "$pat" "$tmp/exported" || true)
 if [ -n "$syms" ]; then
     echo "release-clean: $lib exports test or fault symbols:" $syms >&2
     bad=1
@@ -26,4 +67,5 @@ if [ -n "$lines" ]; then
     bad=1
 fi
 [ "$bad" = 0 ] || exit 1
-echo "release-clean: $lib exports no test or fault symbol; include/dsv4moe/*.h mention none"
+echo "release-clean: $lib exports $(wc -l <"$tmp/exported") symbols, each declared with DSV4_API in" \
+    "include/dsv4moe/*.h ($(wc -l <"$tmp/api") declared), no test or fault symbol; the headers mention none"

@@ -1,7 +1,10 @@
 /*
  * Internal: the fp32 <-> bit-pattern casts the number formats (core/formats.c) and the CPU
  * kernels (fast/cpu/kernels/kutil.h) work with; memcpy, so no aliasing rule is broken and the
- * compiler emits a register move.
+ * compiler emits a register move. Also the integer-exact ue8m0 helpers of SPEC.md section 5 that
+ * the host (core/formats.c) and the device (fast/cuda/kernels.cuh) both run: one copy, compiled
+ * as static inline C and, under nvcc, as __host__ __device__ functions, so the two sides cannot
+ * drift apart.
  */
 #ifndef DSV4MOE_CORE_BITS_H
 #define DSV4MOE_CORE_BITS_H
@@ -9,18 +12,92 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t dsv4_f32_bits(float x)
+#ifdef __CUDACC__
+#define DSV4_HD static __host__ __device__ __forceinline__
+#else
+#define DSV4_HD static inline
+#endif
+
+DSV4_HD uint32_t dsv4_f32_bits(float x)
 {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(x);
+#else
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     return u;
+#endif
 }
 
-static inline float dsv4_f32_from_bits(uint32_t u)
+DSV4_HD float dsv4_f32_from_bits(uint32_t u)
 {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
     float x;
     memcpy(&x, &u, sizeof x);
     return x;
+#endif
+}
+
+/* fp32 -> bf16 bits, round to nearest even (SPEC.md section 5); a NaN keeps a quiet payload
+   (truncating one could leave an all-zero payload, = Inf). A carry into the exponent is the
+   correct rounding, Inf included. */
+DSV4_HD uint16_t dsv4_bf16_bits(float x)
+{
+    uint32_t u = dsv4_f32_bits(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* The ue8m0 scale byte b as fp32: 2^(b - 127), NaN for 255 (b = 0 is 2^-127, an fp32 subnormal:
+   only the top mantissa bit). */
+DSV4_HD float dsv4_ue8m0_decode(uint32_t b)
+{
+    if (b == 255u)
+        return dsv4_f32_from_bits(0x7FC00000u);
+    return dsv4_f32_from_bits(b ? b << 23 : 0x00400000u);
+}
+
+/* 2^(127 - b) for b in [0, 254]: the exact reciprocal of the scale (2^-127 is a subnormal). */
+DSV4_HD float dsv4_ue8m0_inverse(uint32_t b)
+{
+    uint32_t e = 254u - b;
+    return dsv4_f32_from_bits(e ? e << 23 : 0x00400000u);
+}
+
+/* Positive finite nonzero magnitude bits a = m * 2^e with m in [2^23, 2^24); returns e. */
+DSV4_HD int dsv4_f32_split(uint32_t a, uint32_t *m)
+{
+    int e = (int)(a >> 23);
+    uint32_t f = a & 0x7FFFFFu;
+    if (e) {
+        *m = f | 0x800000u;
+        return e - 150;
+    }
+    e = -149;
+    while (!(f & 0x800000u)) {
+        f <<= 1;
+        e--;
+    }
+    *m = f;
+    return e;
+}
+
+/*
+ * The ue8m0 scale byte of a positive finite amax (bits ua, already floored) for a positive finite
+ * limit (bits ul): with amax = ma * 2^ea and limit = ml * 2^el (both significands normalised to
+ * [2^23, 2^24)), amax <= limit * 2^k holds first at k = ea - el when ma <= ml, else at
+ * k = ea - el + 1: integer-exact, no division, no log2. Clamped to [0, 254].
+ */
+DSV4_HD uint32_t dsv4_ue8m0_exponent(uint32_t ua, uint32_t ul)
+{
+    uint32_t ma, ml;
+    int ea = dsv4_f32_split(ua, &ma);
+    int el = dsv4_f32_split(ul, &ml);
+    int b = ea - el + (ma > ml) + 127;
+    return (uint32_t)(b < 0 ? 0 : b > 254 ? 254 : b);
 }
 
 #endif

@@ -26,15 +26,8 @@
 
 /* ---- bf16 ---- */
 
-uint16_t dsv4_f32_to_bf16(float x)
-{
-    uint32_t u = dsv4_f32_bits(x);
-    /* Truncating a NaN could leave an all-zero payload (= Inf); force the quiet bit. */
-    if ((u & F32_ABS_MASK) > F32_INF_BITS)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    /* RNE on the dropped 16 bits; a carry into the exponent is the correct rounding, Inf included. */
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+/* core/bits.h's, shared with the cpu kernels and the cuda kernels. */
+uint16_t dsv4_f32_to_bf16(float x) { return dsv4_bf16_bits(x); }
 
 float dsv4_bf16_to_f32(uint16_t b) { return dsv4_f32_from_bits((uint32_t)b << 16); }
 
@@ -127,43 +120,12 @@ uint8_t dsv4_f32_to_e2m1(float x) { return e2m1_encode(x); }
 
 /* ---- ue8m0 ---- */
 
-float dsv4_ue8m0_to_f32(uint8_t b)
-{
-    if (b == 255)
-        return dsv4_f32_from_bits(F32_QNAN_BITS);
-    /* b = 0 is 2^-127, an fp32 subnormal: only the top mantissa bit. */
-    return dsv4_f32_from_bits(b ? (uint32_t)b << 23 : 0x00400000u);
-}
-
-/* 2^(127 - b) for b in [0, 254]: the exact reciprocal of the scale (2^-127 is a subnormal). */
-static inline float scale_inverse(uint8_t b)
-{
-    uint32_t e = 254u - b;
-    return dsv4_f32_from_bits(e ? e << 23 : 0x00400000u);
-}
-
-/* Positive finite nonzero magnitude bits a = m * 2^e with m in [2^23, 2^24); returns e. */
-static int f32_split(uint32_t a, uint32_t *m)
-{
-    int e = (int)(a >> 23);
-    uint32_t f = a & 0x7FFFFFu;
-    if (e) {
-        *m = f | 0x800000u;
-        return e - 150;
-    }
-    e = -149;
-    while (!(f & 0x800000u)) {
-        f <<= 1;
-        e--;
-    }
-    *m = f;
-    return e;
-}
+/* The ue8m0 helpers (decode, reciprocal, the scale's exponent) are core/bits.h's, shared with the
+   cuda kernels. */
+float dsv4_ue8m0_to_f32(uint8_t b) { return dsv4_ue8m0_decode(b); }
 
 /*
- * With amax = ma * 2^ea and limit = ml * 2^el (both significands normalised to
- * [2^23, 2^24)), amax <= limit * 2^k holds first at k = ea - el when ma <= ml,
- * else at k = ea - el + 1: integer-exact, no division, no log2.
+ * dsv4_ue8m0_exponent (core/bits.h) of amax floored at DSV4_AMAX_FLOOR: integer-exact.
  * A limit that is not positive and finite has no meaningful scale: 255 (NaN).
  */
 uint8_t dsv4_ue8m0_scale_for(float amax, float limit)
@@ -177,12 +139,7 @@ uint8_t dsv4_ue8m0_scale_for(float amax, float limit)
         return 254;
     if (!(amax >= DSV4_AMAX_FLOOR)) /* negatives (even -Inf) and -0 too: max(amax, floor) */
         ua = dsv4_f32_bits(DSV4_AMAX_FLOOR);
-    uint32_t ma, ml;
-    int ea = f32_split(ua, &ma);
-    int el = f32_split(ul, &ml);
-    int k = ea - el + (ma > ml);
-    int b = k + 127;
-    return (uint8_t)(b < 0 ? 0 : b > 254 ? 254 : b);
+    return (uint8_t)dsv4_ue8m0_exponent(ua, ul);
 }
 
 /* ---- weight quantizers ---- */
@@ -262,7 +219,7 @@ dsv4_status dsv4_quant_fp8_block(const float *w, int64_t n, int64_t k, dsv4_scal
                 uint8_t b = dsv4_ue8m0_scale_for(amax, DSV4_E4M3_MAX);
                 ((uint8_t *)scales)[si] = b;
                 /* w * 2^(127-b) equals w / 2^(b-127) exactly, and is cheaper. */
-                float inv = scale_inverse(b);
+                float inv = dsv4_ue8m0_inverse(b);
                 for (int64_t r = 0; r < rows; r++)
                     for (int64_t c = 0; c < cols; c++)
                         qb[r * k + c] = e4m3_encode(wb[r * k + c] * inv);
@@ -300,7 +257,7 @@ dsv4_status dsv4_quant_fp4_block(const float *w, int64_t n, int64_t k, uint8_t *
             float amax = dsv4_f32_from_bits(mb);
             uint8_t b = dsv4_ue8m0_scale_for(amax, DSV4_E2M1_MAX);
             scales[r * ng + g] = b;
-            float inv = scale_inverse(b);
+            float inv = dsv4_ue8m0_inverse(b);
             uint8_t *qg = q + (r * k + g * G) / 2;
             for (int64_t j = 0; j < G; j += 2)
                 qg[j / 2] = (uint8_t)(e2m1_encode(wg[j] * inv) | (e2m1_encode(wg[j + 1] * inv) << 4));
@@ -440,7 +397,7 @@ void dsv4_act_quant_row(const float *x, int64_t k, dsv4_act_quant mode, float *o
             uint8_t b = dsv4_ue8m0_scale_for(amax, DSV4_E4M3_MAX);
             s = dsv4_ue8m0_to_f32(b);
             /* x * 2^(127-b) equals x / s exactly. */
-            float inv = scale_inverse(b);
+            float inv = dsv4_ue8m0_inverse(b);
             for (int64_t i = g0; i < g0 + len; i++) {
                 float xi = x[i]; /* read before the store: out may alias x */
                 act_store(xi, e4m3_encode(xi * inv), s, out + i, codes ? codes + i : NULL);
@@ -461,13 +418,23 @@ void dsv4_fp8_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const void *scal
                           int64_t n, int64_t k, uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb,
                           int64_t s_row)
 {
+    dsv4_fp8_to_e4m3_blocks(q, row_bytes, scales, scale_format, n, k, 1, dst, dst_row_bytes, dst_scales, s_kb, s_row);
+}
+
+void dsv4_fp8_to_e4m3_blocks(const uint8_t *q, uint64_t row_bytes, const void *scales, dsv4_scale_format scale_format,
+                             int64_t n, int64_t k, int64_t block_rows, uint8_t *dst, uint64_t dst_row_bytes,
+                             float *dst_scales, int64_t s_kb, int64_t s_row)
+{
     const int64_t kbs = k / 128, sk = (k + 127) / 128;
     for (int64_t r = 0; r < n; r++) {
         memcpy(dst + (uint64_t)r * dst_row_bytes, q + (uint64_t)r * row_bytes, (size_t)k);
+        if (r % block_rows)
+            continue; /* a block's scale is its first row's (every row of it has the same) */
         for (int64_t kb = 0; kb < kbs; kb++) {
             const int64_t i = (r / 128) * sk + kb;
-            dst_scales[kb * s_kb + r * s_row] = scale_format == DSV4_SCALE_FP32 ? ((const float *)scales)[i]
-                                                                               : dsv4_ue8m0_to_f32(((const uint8_t *)scales)[i]);
+            dst_scales[kb * s_kb + (r / block_rows) * s_row] =
+                scale_format == DSV4_SCALE_FP32 ? ((const float *)scales)[i]
+                                                : dsv4_ue8m0_to_f32(((const uint8_t *)scales)[i]);
         }
     }
 }
@@ -500,6 +467,14 @@ int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t
                              uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb, int64_t s_row,
                              int64_t *first_row, int64_t *first_group)
 {
+    return dsv4_fp4_to_e4m3_blocks(q, row_bytes, scales, n, k, 1, dst, dst_row_bytes, dst_scales, s_kb, s_row, first_row,
+                                   first_group);
+}
+
+int64_t dsv4_fp4_to_e4m3_blocks(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n, int64_t k,
+                                int64_t block_rows, uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales,
+                                int64_t s_kb, int64_t s_row, int64_t *first_row, int64_t *first_group)
+{
     /* e4m3 code of e2m1 nibble v (low 3 bits: magnitude) times 2^d, d in [-8, 6], built once */
     static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     uint8_t code[15][8];
@@ -508,32 +483,45 @@ int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t
             code[d + 8][m] = dsv4_f32_to_e4m3(ldexpf(mag[m], d));
     const int64_t kbs = k / 128, ng = k / DSV4_FP4_GROUP;
     int64_t bad = 0;
-    for (int64_t r = 0; r < n; r++) {
-        const uint8_t *qr = q + (uint64_t)r * row_bytes, *sr = scales + r * ng;
-        uint8_t *o = dst + (uint64_t)r * dst_row_bytes;
+    for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
+        const int64_t r1 = r0 + block_rows < n ? r0 + block_rows : n;
         for (int64_t kb = 0; kb < kbs; kb++) {
-            const uint8_t *s4 = sr + kb * 4;
-            int hi;
-            float *sc = &dst_scales[kb * s_kb + r * s_row];
-            if (!fp4_group_converts(s4, &hi)) {
+            /* the block's scale bytes: rows r0 .. r1 - 1, four per row */
+            int hi = 0;
+            bool ok = true;
+            for (int64_t r = r0; r < r1 && ok; r++) {
+                int h;
+                ok = fp4_group_converts(scales + r * ng + kb * 4, &h);
+                hi = h > hi ? h : hi;
+            }
+            for (int64_t r = r0; r < r1 && ok; r++)
+                for (int j = 0; j < 4; j++)
+                    ok = ok && hi - scales[r * ng + kb * 4 + j] <= DSV4_FP4_TO_FP8_SPREAD;
+            float *sc = &dst_scales[kb * s_kb + (r0 / block_rows) * s_row];
+            if (!ok) {
                 if (bad++ == 0) {
                     if (first_row)
-                        *first_row = r;
+                        *first_row = r0;
                     if (first_group)
                         *first_group = kb;
                 }
-                memset(o + kb * 128, 0, 128);
+                for (int64_t r = r0; r < r1; r++)
+                    memset(dst + (uint64_t)r * dst_row_bytes + kb * 128, 0, 128);
                 *sc = NAN;
                 continue;
             }
             *sc = ldexpf(1.0f, hi - 133); /* 2^-133 at least: an fp32 subnormal, exact */
-            for (int j = 0; j < 4; j++) {
-                const uint8_t *c = code[s4[j] - hi + 6 + 8];
-                for (int64_t e = kb * 128 + j * 32; e < kb * 128 + j * 32 + 32; e += 2) {
-                    const uint8_t byte = qr[e / 2];
-                    for (int h = 0; h < 2; h++) {
-                        const uint8_t nib = (uint8_t)(h ? byte >> 4 : byte & 0xFu);
-                        o[e + h] = (uint8_t)(c[nib & 7u] | ((nib & 8u) ? 0x80u : 0u));
+            for (int64_t r = r0; r < r1; r++) {
+                const uint8_t *qr = q + (uint64_t)r * row_bytes, *s4 = scales + r * ng + kb * 4;
+                uint8_t *o = dst + (uint64_t)r * dst_row_bytes;
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t *c = code[s4[j] - hi + 6 + 8];
+                    for (int64_t e = kb * 128 + j * 32; e < kb * 128 + j * 32 + 32; e += 2) {
+                        const uint8_t byte = qr[e / 2];
+                        for (int h = 0; h < 2; h++) {
+                            const uint8_t nib = (uint8_t)(h ? byte >> 4 : byte & 0xFu);
+                            o[e + h] = (uint8_t)(c[nib & 7u] | ((nib & 8u) ? 0x80u : 0u));
+                        }
                     }
                 }
             }

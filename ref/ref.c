@@ -12,6 +12,7 @@
 #include "hash.h"
 #include "err.h"
 #include "parallel.h"
+#include "swiglu.h"
 #include "ref_internal.h"
 
 /* A matrix as the reference consumes it: a view into the checkpoint, or owned quantized bytes. */
@@ -315,16 +316,8 @@ static void ffn_up(void *p, int64_t b, int64_t e)
         for (int64_t i = b; i < e; i++) {
             float g = dsv4_round_bf16(dsv4_ref_dot(x, j->w13 + i * H, H));
             float u = dsv4_round_bf16(dsv4_ref_dot(x, j->w13 + (ni + i) * H, H));
-            if (j->clamp && L > 0.0f) {
-                if (g > L) {
-                    g = L;
-                    gc++;
-                }
-                if (u > L || u < -L) {
-                    u = u > L ? L : -L;
-                    uc++;
-                }
-            }
+            if (j->clamp && L > 0.0f)
+                dsv4_swiglu_clamp(&g, &u, L, &gc, &uc);
             float h = dsv4_ref_siluf(g) * u;
             if (j->tw && c->weight_point == DSV4_WEIGHT_BEFORE_W2)
                 h = h * j->tw[q];

@@ -1,16 +1,19 @@
 /*
- * The backend test table (tests/backend_ops.h) over every backend this build and machine have:
- * ref (against itself: determinism and statistics) and cpu on its best kernel table here. Built
- * with DSV4_WITH_CUDA the list includes cuda (bo_cuda_extra: graphs, workspace within the step);
- * the `make cuda` test program does not link this suite yet (tests/cuda/test_cuda.c still carries
- * its own copy of the table, with the gemm fp8 cases and tolerances of SPEC.md section 9 that
- * this table does not model). One loop test per case; each iteration runs all the backends.
+ * The backend test table (tests/backend_ops.h) over every backend the registry reports available
+ * (dsv4_backend_info_at: built into this library and runnable on this machine): ref (against
+ * itself: determinism and statistics) and cpu on its best kernel table in `make test`; ref, cpu
+ * and cuda in the device test program build/cuda/test_cuda, which links this suite compiled with
+ * DSV4_WITH_CUDA (the cuda backend with the kernel variants the environment names, bench_util.h).
+ * One loop test per case; each iteration makes the case's reference once and runs every backend.
  */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "backend_ops.h"
+#ifdef DSV4_WITH_CUDA
+#include "../bench/bench_util.h"
+#endif
 
 Suite *backend_ops_suite(void);
 
@@ -26,30 +29,52 @@ static void cpu_extra(const bo_case *k, const dsv4_config *c, const bo_backend *
         ck_assert(got->stats.workspace_peak > 0);
 }
 
+/* How the table runs on a backend of this kind, and its own checks. */
+static bo_backend backend_of(dsv4_backend_kind kind, bo_extra_fn *extra, char *spec, size_t n)
+{
+    bo_backend be = {kind, kind == DSV4_BACKEND_REF ? 3 : 2, DSV4_CPU_KERNELS_AUTO, 2, NULL};
+    *extra = kind == DSV4_BACKEND_CPU ? cpu_extra : NULL;
+    spec[0] = 0;
+#ifdef DSV4_WITH_CUDA
+    if (kind == DSV4_BACKEND_CUDA) {
+        *extra = bo_cuda_extra;
+        be.cuda_kernels = bench_cuda_kernels_env(spec, n);
+    }
+#else
+    (void)n;
+#endif
+    return be;
+}
 
 START_TEST(table_on_every_backend)
 {
     const bo_case *k = &bo_cases[_i];
     if (bo_skipped_under_coverage(k))
         return;
-    static const struct {
-        bo_backend be;
-        bo_extra_fn extra;
-    } backends[] = {
-        {{DSV4_BACKEND_REF, 3, DSV4_CPU_KERNELS_AUTO, 2}, NULL},
-        {{DSV4_BACKEND_CPU, 2, DSV4_CPU_KERNELS_AUTO, 2}, cpu_extra},
-#ifdef DSV4_WITH_CUDA
-        {{DSV4_BACKEND_CUDA, 2, DSV4_CPU_KERNELS_AUTO, 2}, bo_cuda_extra},
-#endif
-    };
+    bo_ref r;
+    bo_ref_open(k, &r);
     int ran = 0;
-    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
-        if (!bo_backend_available(backends[i].be.kind))
+    for (int i = 0; i < dsv4_backend_count(); i++) {
+        dsv4_backend_info info;
+        dsv4_error e;
+        ck_assert_int_eq(dsv4_backend_info_at(i, &info, &e), DSV4_OK);
+        if (info.built && !info.available) {
+            const char *req = getenv("DSV4MOE_CUDA_REQUIRED"); /* the device scripts: cuda must run */
+            ck_assert_msg(!(info.kind == DSV4_BACKEND_CUDA && req && req[0] == '1'),
+                          "DSV4MOE_CUDA_REQUIRED=1 but the cuda backend is not available: %s", info.why);
+            if (_i == 0)
+                printf("backend_ops: the %s backend is built but not available here: %s\n", info.name, info.why);
+        }
+        if (!info.available || !bo_runs_on(k, info.kind))
             continue;
-        bo_check(k, &backends[i].be, backends[i].extra);
+        bo_extra_fn extra;
+        char spec[256];
+        bo_backend be = backend_of(info.kind, &extra, spec, sizeof spec);
+        bo_compare(&r, &be, extra);
         ran++;
     }
-    ck_assert_int_ge(ran, 1);
+    bo_ref_close(&r);
+    ck_assert_int_ge(ran, 2); /* ref and cpu are in every build */
 }
 END_TEST
 

@@ -70,8 +70,8 @@ static dsv4_plan *make_plan(const dsv4_config *c, dsv4_backend_kind kind, int64_
 static void run_backend(const dsv4_config *c, dsv4_backend_kind kind, int64_t chunk, int threads,
                         const dsv4_checkpoint *ck, int64_t T, const uint16_t *x, const int32_t *in_ids, run_out *r)
 {
-    bo_case k = {"run", "mini", c->layer, T, chunk, -1, -1, -1, 0, 0, 0};
-    bo_backend be = {kind, threads, DSV4_CPU_KERNELS_AUTO, 1};
+    bo_case k = {"run", "mini", c->layer, T, chunk, -1, -1, -1, 0, 0, 0, 0};
+    bo_backend be = {kind, threads, DSV4_CPU_KERNELS_AUTO, 1, NULL};
     bo_run(c, &k, &be, ck, x, in_ids, r);
 }
 
@@ -79,7 +79,7 @@ static void run_backend(const dsv4_config *c, dsv4_backend_kind kind, int64_t ch
    must not change how work is split into results). */
 START_TEST(ref_same_bytes_at_any_thread_count)
 {
-    cpu_case k = {"ref threads", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0};
+    cpu_case k = {"ref threads", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -112,20 +112,23 @@ START_TEST(every_kernel_table)
         cpu_case k[2];
     } runs[] = {
         {DSV4_CPU_KERNELS_REF,
-         {{"ref mini", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0}, {"ref mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 0, 0, 0}}},
+         {{"ref mini", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0, 0},
+          {"ref mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 0, 0, 0, 0}}},
         {DSV4_CPU_KERNELS_AVX2,
-         {{"avx2 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 0, 0, 0}, {"avx2 mini-fp8 T=5", "mini-fp8", 1, 5, 0, -1, -1, -1, 0, 0, 0}}},
+         {{"avx2 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 0, 0, 0, 0},
+          {"avx2 mini-fp8 T=5", "mini-fp8", 1, 5, 0, -1, -1, -1, 0, 0, 0, 0}}},
         {DSV4_CPU_KERNELS_AVX512,
-         {{"fp32-512 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 0, 0, 0},
-          {"fp32-512 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0}}},
+         {{"fp32-512 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 0, 0, 0, 0},
+          {"fp32-512 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0, 0}}},
         {DSV4_CPU_KERNELS_AVX512_BF16,
-         {{"bf16-64 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 0, 0, 0}, {"bf16-64 mini T=1", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 0}}},
+         {{"bf16-64 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 0, 0, 0, 0},
+          {"bf16-64 mini T=1", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 0, 0}}},
     };
     int ran = 0;
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         if (!dsv4_cpu_kernels_available(runs[r].level))
             continue;
-        bo_backend be = {DSV4_BACKEND_CPU, 2, runs[r].level, 1};
+        bo_backend be = {DSV4_BACKEND_CPU, 2, runs[r].level, 1, NULL};
         for (int i = 0; i < 2; i++)
             if (!bo_skipped_under_coverage(&runs[r].k[i]))
                 bo_check(&runs[r].k[i], &be, NULL);
@@ -159,7 +162,7 @@ START_TEST(kernel_table_choice_errors)
         }
     }
     /* through the backend: a bad struct_size and an out-of-range value are refused */
-    cpu_case kc = {"opts", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 0};
+    cpu_case kc = {"opts", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 0, 0};
     dsv4_config c = case_config(&kc);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -290,7 +293,7 @@ START_TEST(decoders_match_library)
 {
     const char *presets[] = {"mini", "mini-fp8", "mini-bf16"};
     for (int pi = 0; pi < 3; pi++) {
-        cpu_case k = {"dec", presets[pi], 1, 1, 0, -1, -1, -1, 0, 0, 0};
+        cpu_case k = {"dec", presets[pi], 1, 1, 0, -1, -1, -1, 0, 0, 0, 0};
         dsv4_config c = case_config(&k);
         dsv4_checkpoint *ck = NULL;
         dsv4_st_file *in = NULL;
@@ -327,7 +330,7 @@ END_TEST
 
 START_TEST(hash_bad_input_id_is_range_error)
 {
-    cpu_case k = {"bad id", "mini", 0, 5, 0, -1, -1, -1, 0, 0, 0};
+    cpu_case k = {"bad id", "mini", 0, 5, 0, -1, -1, -1, 0, 0, 0, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -366,7 +369,7 @@ END_TEST
    workspace, no enqueue and nothing latched; argument checks name the rule. */
 START_TEST(embedding_calls_on_host_backends)
 {
-    cpu_case k = {"embed", "mini", 0, 5, 0, -1, -1, -1, 0, 0, 0};
+    cpu_case k = {"embed", "mini", 0, 5, 0, -1, -1, -1, 0, 0, 0, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -447,7 +450,7 @@ END_TEST
 
 START_TEST(refusals_name_backend_and_router)
 {
-    cpu_case k = {"refuse", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 0};
+    cpu_case k = {"refuse", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 0, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
@@ -498,7 +501,7 @@ END_TEST
 /* Two forwards on one backend: the same bytes, stats accumulate, the workspace does not grow. */
 START_TEST(repeat_forward_is_stable)
 {
-    cpu_case k = {"repeat", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0};
+    cpu_case k = {"repeat", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0, 0};
     dsv4_config c = case_config(&k);
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;

@@ -1077,6 +1077,66 @@ START_TEST(fp8_to_e4m3_rows_take_block_scale)
 }
 END_TEST
 
+/* One scale per 128x128 block: every value code x scale equals the per-row conversion's (the
+   codes move by a power of two per row, the scale back); a block whose rows' bytes spread past
+   the rule together is refused though each row alone converts; a partial last block. */
+START_TEST(fp4_to_e4m3_blocks_match_rows)
+{
+    enum { N = 300, K = 256, NB = (N + 127) / 128 };
+    static uint8_t q[N * K / 2], sc[N * K / 32], dr[N * K], db[N * K];
+    static float sr[(K / 128) * N], sb[(K / 128) * NB], want[N * K];
+    uint32_t st = 777;
+    for (int i = 0; i < N * K / 2; i++) {
+        st = st * 1664525u + 1013904223u;
+        q[i] = (uint8_t)(st >> 24);
+    }
+    for (int wide = 0; wide < 2; wide++) {
+        /* rows' bytes in [120, 126]; with `wide`, rows 130.. of block 1 K block 1 at 140 (spread 20 across rows) */
+        for (int r = 0; r < N; r++)
+            for (int g = 0; g < K / 32; g++)
+                sc[r * (K / 32) + g] = (uint8_t)(wide && r >= 130 && r < 256 && g >= 4 ? 140 : 120 + (r * 7 + g * 3) % 7);
+        ck_assert_int_eq(dsv4_fp4_to_e4m3_128(q, K / 2, sc, N, K, dr, K, sr, N, 1, NULL, NULL), 0);
+        int64_t fr = -1, fg = -1;
+        const int64_t bad = dsv4_fp4_to_e4m3_blocks(q, K / 2, sc, N, K, 128, db, K, sb, NB, 1, &fr, &fg);
+        dsv4_dequant_fp4_rows(q, sc, N, K, 0, N, want);
+        if (wide) {
+            REQUIRE(bad == 1 && fr == 128 && fg == 1, "refused %lld blocks, first row %lld group %lld", (long long)bad,
+                    (long long)fr, (long long)fg);
+            REQUIRE(isnan(sb[1 * NB + 1]), "the refused block's scale is NaN");
+        } else {
+            REQUIRE(bad == 0, "%lld blocks refused", (long long)bad);
+        }
+        for (int r = 0; r < N; r++)
+            for (int k = 0; k < K; k++) {
+                const int blk = r / 128, kb = k / 128;
+                if (wide && blk == 1 && kb == 1)
+                    continue;
+                const float rowv = dsv4_e4m3_to_f32(dr[r * K + k]) * sr[kb * N + r];
+                const float blkv = dsv4_e4m3_to_f32(db[r * K + k]) * sb[kb * NB + blk];
+                REQUIRE(blkv == rowv && blkv == want[r * K + k], "[%d,%d]: block %a row %a want %a", r, k, (double)blkv,
+                        (double)rowv, (double)want[r * K + k]);
+            }
+    }
+}
+END_TEST
+
+/* fp8 with 128-row blocks: the codes kept, one scale per block (the first row's). */
+START_TEST(fp8_to_e4m3_blocks_keep_block_scale)
+{
+    enum { N = 200, K = 256 };
+    static uint8_t q[N * K], dst[N * K];
+    uint8_t su[2 * 2] = {120, 127, 130, 3};
+    float ds[2 * 2];
+    for (int i = 0; i < N * K; i++)
+        q[i] = (uint8_t)(i * 37 + 11);
+    dsv4_fp8_to_e4m3_blocks(q, K, su, DSV4_SCALE_UE8M0, N, K, 128, dst, K, ds, 2, 1);
+    ck_assert_int_eq(memcmp(q, dst, sizeof q), 0);
+    for (int rb = 0; rb < 2; rb++)
+        for (int kb = 0; kb < 2; kb++)
+            REQUIRE(ds[kb * 2 + rb] == dsv4_ue8m0_to_f32(su[rb * 2 + kb]), "block %d %d", rb, kb);
+}
+END_TEST
+
 Suite *formats_suite(void)
 {
     Suite *s = suite_create("formats");
@@ -1137,6 +1197,8 @@ Suite *formats_suite(void)
     tcase_add_test(tc, results_do_not_depend_on_rounding_mode);
     tcase_add_test(tc, fp4_to_e4m3_exact_within_spread);
     tcase_add_test(tc, fp8_to_e4m3_rows_take_block_scale);
+    tcase_add_test(tc, fp4_to_e4m3_blocks_match_rows);
+    tcase_add_test(tc, fp8_to_e4m3_blocks_keep_block_scale);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -21,6 +21,7 @@
 #include "testctl.h"
 #include "kernels/kutil.h"
 #include "parallel.h"
+#include "swiglu.h"
 
 /* ---------------- GEMM: C[n, na + nb] = X[n, k] . [A; B]^T ---------------- */
 
@@ -310,16 +311,8 @@ static void epilogue(void *p, int64_t lo, int64_t hi)
             j->row(gr, ur, h, I, clamp, L, mulw, w, &gc, &uc);
         for (int64_t i = j->row ? I : 0; i < I; i++) {
             float g = rbf16(gr[i]), u = rbf16(ur[i]);
-            if (clamp) {
-                if (g > L) {
-                    g = L;
-                    gc++;
-                }
-                if (u > L || u < -L) {
-                    u = u > L ? L : -L;
-                    uc++;
-                }
-            }
+            if (clamp)
+                dsv4_swiglu_clamp(&g, &u, L, &gc, &uc);
             float v = silu(g) * u;
             if (mulw)
                 v = v * w;

@@ -91,6 +91,7 @@ struct Layout {
     int64_t cap_mid, cap_big; /* fp8 path: tile list capacities (32-row tiles, then large-group tiles) */
     uint64_t x16;             /* fp8 path with k_tileh: the x codes as f16 */
     uint64_t xp, xs8, gu8, hs8; /* gemm fp8: gathered x codes, their M-major scales, the GEMM's g|u, h's M-major scales */
+    uint64_t hist;              /* fast path, large chunks: per-slice expert counts (k_hist) */
     int lslices;              /* the router logits' split-K slices */
 };
 

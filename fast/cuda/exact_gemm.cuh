@@ -101,7 +101,7 @@ __device__ __forceinline__ uint32_t bf16_bits_exact(float v) { return __float_as
 
 /*
  * decode16 with the scale given raw (the ue8m0 byte, or an fp32 scale's bits): e2m1 nibbles times
- * 2^(s-127) are built directly in the exponent (exact, the same value as e2m1f(n) * ue8m0f(s))
+ * 2^(s-127) are built directly in the exponent (exact, the same value as e2m1f(n) * dsv4_ue8m0_decode(s))
  * for 2 <= s <= 252; other scales take the multiply.
  */
 template <int FMT>
@@ -120,10 +120,10 @@ __device__ __forceinline__ void decode16_fast(uint4 q, uint32_t sraw, int sfp32,
                     v[8 * i + h] = __uint_as_float(bits | ((nb & 8u) << 28));
                 }
         } else {
-            decode16<WF_FP4>(q, ue8m0f(sraw), v);
+            decode16<WF_FP4>(q, dsv4_ue8m0_decode(sraw), v);
         }
     } else if (FMT == WF_FP8) {
-        decode16<WF_FP8>(q, sfp32 ? __uint_as_float(sraw) : ue8m0f(sraw), v);
+        decode16<WF_FP8>(q, sfp32 ? __uint_as_float(sraw) : dsv4_ue8m0_decode(sraw), v);
     } else {
         decode16<WF_BF16>(q, 1.0f, v);
     }
@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(DSV4C_TILE_THREADS) k_tiles(GemmArgs a)
                 for (int i = 0; i < 8; i++)
                     pw[i] = 0u;
             } else if (FMT == WF_FP4) {
-                float sc = ue8m0f(rsc);
+                float sc = dsv4_ue8m0_decode(rsc);
                 const uint32_t w2[2] = {rw0.x, rw0.y};
 #pragma unroll
                 for (int i = 0; i < 2; i++)
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(DSV4C_TILE_THREADS) k_tiles(GemmArgs a)
                                 int rrw = col - which * a.W.n_split;
                                 const uint8_t *sp = a.W.s[which] + (long long)g.e * a.W.s_stride;
                                 long long si = (long long)(rrw / 128) * ngk + gk;
-                                sw = a.W.sfp32 ? ((const float *)sp)[si] : ue8m0f(sp[si]);
+                                sw = a.W.sfp32 ? ((const float *)sp)[si] : dsv4_ue8m0_decode(sp[si]);
                             }
                             float &gv = gacc[mi][ni][half * 2 + q];
                             acc[mi][ni][half * 2 + q] = fmaf(gv, __fmul_rn(sa, sw), acc[mi][ni][half * 2 + q]);

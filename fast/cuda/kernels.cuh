@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+#include "bits.h"
+
 namespace dsv4cuda {
 
 enum { WF_BF16 = 0, WF_FP8 = 1, WF_FP4 = 2 };
@@ -37,13 +39,7 @@ enum { ST_NONFINITE = 0, ST_RG, ST_RU, ST_SG, ST_SU, ST_ACTIVE, ST_EMPTY, ST_BAD
 
 __device__ __forceinline__ float bf16f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 
-__device__ __forceinline__ uint16_t f2bf16(float x)
-{
-    uint32_t u = __float_as_uint(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+__device__ __forceinline__ uint16_t f2bf16(float x) { return dsv4_bf16_bits(x); }
 
 __device__ __forceinline__ float rbf16(float x) { return bf16f(f2bf16(x)); }
 
@@ -79,35 +75,8 @@ __device__ __forceinline__ float e2m1f(uint32_t n)
     return (n & 8u) ? -v : v;
 }
 
-__device__ __forceinline__ float ue8m0f(uint32_t b)
-{
-    if (b == 255u)
-        return __uint_as_float(0x7FC00000u);
-    return __uint_as_float(b ? b << 23 : 0x00400000u);
-}
-
-__device__ __forceinline__ float scale_inverse(uint32_t b)
-{
-    uint32_t e = 254u - b;
-    return __uint_as_float(e ? e << 23 : 0x00400000u);
-}
-
-__device__ __forceinline__ int f32_split(uint32_t a, uint32_t *m)
-{
-    int e = (int)(a >> 23);
-    uint32_t f = a & 0x7FFFFFu;
-    if (e) {
-        *m = f | 0x800000u;
-        return e - 150;
-    }
-    e = -149;
-    while (!(f & 0x800000u)) {
-        f <<= 1;
-        e--;
-    }
-    *m = f;
-    return e;
-}
+/* ue8m0 decode, its reciprocal and the scale's exponent: core/bits.h's, the host's own copy
+   (dsv4_ue8m0_decode, dsv4_ue8m0_inverse, dsv4_ue8m0_exponent). */
 
 /* dsv4_ue8m0_scale_for with limit 448 (amax already floored, finite or +Inf). */
 __device__ __forceinline__ uint32_t ue8m0_scale_448(float amax)
@@ -119,27 +88,13 @@ __device__ __forceinline__ uint32_t ue8m0_scale_448(float amax)
         return 254u;
     if (!(amax >= 1e-4f))
         ua = __float_as_uint(1e-4f);
-    uint32_t ma, ml;
-    int ea = f32_split(ua, &ma);
-    int el = f32_split(ul, &ml);
-    int k = ea - el + (ma > ml);
-    int b = k + 127;
-    return (uint32_t)(b < 0 ? 0 : b > 254 ? 254 : b);
+    return dsv4_ue8m0_exponent(ua, ul);
 }
 
 __device__ __forceinline__ float warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ uint32_t warp_max_u(uint32_t v)
-{
-    for (int o = 16; o > 0; o >>= 1) {
-        uint32_t w = __shfl_xor_sync(0xFFFFFFFFu, v, o);
-        v = w > v ? w : v;
-    }
     return v;
 }
 
@@ -150,11 +105,6 @@ __device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v)
     return v;
 }
 
-/*
- * Quantizes one 128-group held 4 values per lane (lanes beyond the group's length pass
- * valid = 0): amax over the finite-or-Inf values (NaN ignored, as core/formats.c), scale by
- * `mode` (1 ue8m0, 2 fp32), codes as act_store writes them. Returns the scale.
- */
 /* SPEC.md section 4, steps 3-4, on bf16 g and u: the SwiGLU clamp when `clamp` (the upper side of
    g, both sides of u; each clamped value counted in gc / uc), then h = silu(g) * u in fp32. The one
    copy every executor's epilogue uses (k_swiglu, the fragment path's fepi, k_quant8). */
@@ -174,39 +124,56 @@ __device__ __forceinline__ float swiglu_h(float gv, float uv, bool clamp, float 
     return __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
 }
 
-__device__ __forceinline__ float quant_group4(const float v[4], const bool valid[4], int mode, uint8_t code[4])
+/*
+ * Quantizes one 128-group held NV values per lane over W lanes (W a power of two <= 32, the
+ * group in lanes aligned to W; values beyond the group's length pass valid = 0): amax over the
+ * finite-or-Inf values (NaN ignored, as core/formats.c), scale by `mode` (1 ue8m0, 2 fp32),
+ * codes as act_store writes them. Returns the scale. The amax is a maximum, so the order of the
+ * reduction does not matter: every layout gives the same codes.
+ */
+template <int NV, int W>
+__device__ __forceinline__ float quant_groupn(const float v[NV], const bool valid[NV], int mode, uint8_t code[NV])
 {
     uint32_t mb = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NV; i++) {
         uint32_t a = __float_as_uint(v[i]) & 0x7FFFFFFFu;
         a = (!valid[i] || a > 0x7F800000u) ? 0u : a;
         mb = a > mb ? a : mb;
     }
-    mb = warp_max_u(mb);
+#pragma unroll
+    for (int o = W / 2; o > 0; o >>= 1) {
+        const uint32_t w = __shfl_xor_sync(0xFFFFFFFFu, mb, o);
+        mb = w > mb ? w : mb;
+    }
     float amax = __uint_as_float(mb);
     amax = amax < 1e-4f ? 1e-4f : amax;
     float s;
     if (mode == 1) {
         uint32_t b = ue8m0_scale_448(amax);
-        s = ue8m0f(b);
-        float inv = scale_inverse(b);
+        s = dsv4_ue8m0_decode(b);
+        float inv = dsv4_ue8m0_inverse(b);
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < NV; i++)
             code[i] = (uint8_t)e4m3_encode(__fmul_rn(v[i], inv));
     } else {
         s = __fdiv_rn(amax, 448.0f);
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < NV; i++)
             code[i] = (uint8_t)e4m3_encode(__fdiv_rn(v[i], s));
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NV; i++) {
         uint32_t sign = __float_as_uint(v[i]) & 0x80000000u;
         if ((code[i] & 0x7Fu) == 0x7Fu)
             code[i] = (uint8_t)((sign >> 24) | 0x7Fu);
     }
     return s;
+}
+
+__device__ __forceinline__ float quant_group4(const float v[4], const bool valid[4], int mode, uint8_t code[4])
+{
+    return quant_groupn<4, 32>(v, valid, mode, code);
 }
 
 /*

@@ -509,6 +509,19 @@ __device__ __forceinline__ void tile_load(const FGrp &g, int mt0, int kb, int KB
     }
 }
 
+/* Zeroes a warp's WM x WN fragments of four fp32 accumulators. */
+template <int WM, int WN>
+__device__ __forceinline__ void zero_frags(float (&f)[WM][WN][4])
+{
+#pragma unroll
+    for (int mi = 0; mi < WM; mi++)
+#pragma unroll
+        for (int ni = 0; ni < WN; ni++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                f[mi][ni][i] = 0.0f;
+}
+
 template <class C, int FMT, int WM, int WN>
 __device__ __forceinline__ void tile_stage(const uint8_t *stage, int wm, int wn, float acc[WM][WN][4])
 {
@@ -519,13 +532,7 @@ __device__ __forceinline__ void tile_stage(const uint8_t *stage, int wm, int wn,
     const float *sAS = (const float *)(sA + C::A_BYTES);
     const uint8_t *arow = sA + (size_t)(wn * WN * 8 + gid) * C::A_LD + 4 * tig;
     float blk[WM][WN][4];
-#pragma unroll
-    for (int mi = 0; mi < WM; mi++)
-#pragma unroll
-        for (int ni = 0; ni < WN; ni++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                blk[mi][ni][i] = 0.0f;
+    zero_frags(blk);
     if constexpr (FMT == WF_FP4) {
         uint4 w[WM][2];
         uint2 sc[WM];
@@ -622,13 +629,7 @@ __device__ __forceinline__ void tile_run(const FastArgs &a, const FGrp &g, int r
     const int wm = warp % WARPS_M, wn = warp / WARPS_M;
     const int mt0 = blockIdx.x * C::MTB;
     float acc[WM][WN][4];
-#pragma unroll
-    for (int mi = 0; mi < WM; mi++)
-#pragma unroll
-        for (int ni = 0; ni < WN; ni++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                acc[mi][ni][i] = 0.0f;
+    zero_frags(acc);
 #pragma unroll
     for (int s = 0; s < 2; s++) { /* STAGES - 1 = 2 blocks in flight */
         if (s < KB)

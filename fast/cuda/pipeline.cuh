@@ -87,6 +87,7 @@ Layout layout_for(const CudaBe *b, int64_t tc, int64_t kept = -1)
     L.rowmap = take((uint64_t)L.slots * 4);
     L.slot_w = take((uint64_t)L.slots * 4);
     L.slot_e = b->fp8 ? take((uint64_t)L.slots * 4) : 0;
+    L.hist = b->fast ? take((uint64_t)(cdiv(L.slots, PLACE_SLICE) * E) * 4) : 0;
     if (b->fast) {
         /* h bf16 from the gate/up epilogue, then its codes and scales; rows [rows, rows + Tc) are
            the shared expert's (it runs in the same launches as the routed groups) */
@@ -353,9 +354,19 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     g2.place = L.slots <= 1024;
     g2.cut_ok = b->fp8 ? b->ok8 : nullptr;
     g2.cut_rows = b->fp8_cut;
+    /* large chunks: counted and placed by slices (k_hist, k_place2); k_place's block per expert
+       where the slices' per-warp counts would not fit in shared memory */
+    const bool sliced = !g2.place && E * 4 * place_warps(E) <= 48 * 1024;
+    g2.hist = sliced ? at<int>(b, L.hist) : nullptr;
+    const int pw = place_warps(E);
+    const unsigned pgrid = (unsigned)cdiv(cdiv(L.slots, PLACE_SLICE), pw);
+    if (sliced)
+        k_hist<<<pgrid, 32 * pw, (size_t)E * 4 * pw, s>>>(g2);
     /* one block: as many threads as experts (a warp multiple, at most 1024; the loops cover the rest) */
     k_count2<<<1, (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s>>>(g2);
-    if (!g2.place)
+    if (sliced)
+        k_place2<<<pgrid, 32 * pw, (size_t)E * 4 * pw, s>>>(g2);
+    else if (!g2.place)
         k_place<<<(unsigned)E, 256, 0, s>>>(ga);
     FastArgs fa = FastArgs();
     fa.ntok = ra.ntok, fa.cnt = ga.cnt, fa.slot_off = ga.slot_off, fa.pad_off = ga.pad_off, fa.active = ga.active;
@@ -410,8 +421,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         q8.sel = sel, q8.h = h16, q8.gu8 = at<uint16_t>(b, L.gu8), q8.q = hq, q8.s = hs, q8.s8 = at<float>(b, L.hs8);
         q8.slot_w = ga.slot_w, q8.stats = ga.stats, q8.I = I, q8.qmode = (int)c->act_quant, q8.f16_codes = f16_codes_read(b);
         q8.before = fa.before, q8.clamp_r = fa.clamp_r, q8.clamp_s = fa.clamp_s, q8.L = fa.L;
-        k_quant8<<<std::min(rows_grid, K8_GRID), (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(
-            q8, (int)rows_grid);
+        k_quant8<<<std::min((rows_grid + K8_WARPS - 1) / K8_WARPS, K8_GRID), K8_WARPS * 32, 0, s>>>(q8, (int)rows_grid);
         p8.N = p8.Nsh = H, p8.K = p8.Ksh = I;
         p8.A = hq, p8.Ash = hq + L.rows * I, p8.SFA = q8.s8, p8.SFAsh = q8.s8 + L.rows * ngi;
         p8.B = b->w8[1], p8.SFB = b->s8[1], p8.Bsh = b->w8[3], p8.SFBsh = b->s8[3];

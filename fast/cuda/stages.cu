@@ -32,6 +32,7 @@ extern "C" {
 #include "../backend/backend_impl.h"
 #include "err.h"
 }
+#include "bits.h"
 #include "cuda_impl.h"
 
 using namespace dsv4cuda;
@@ -46,14 +47,8 @@ __global__ void k_rows(const uint16_t *src, const int32_t *idx, int stride, int 
         dst[q * H + i] = src[r * H + i];
 }
 
-/* core/formats.c's dsv4_f32_to_bf16: RNE, a NaN keeps its payload with the quiet bit set. */
-__device__ __forceinline__ uint16_t to_bf16(float x)
-{
-    const uint32_t u = __float_as_uint(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+/* core/formats.c's dsv4_f32_to_bf16 (core/bits.h: one copy for host and device). */
+__device__ __forceinline__ uint16_t to_bf16(float x) { return dsv4_bf16_bits(x); }
 
 /* dst row (idx ? idx[q] : q) = bf16(src row q), src fp32. One block per row. */
 __global__ void k_round(const float *src, const int32_t *idx, int H, uint16_t *dst)

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "api.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -27,20 +28,20 @@ typedef struct dsv4_alloc_stats {
 typedef struct dsv4_allocator dsv4_allocator;
 
 /* limit_bytes 0 means no limit. */
-dsv4_status dsv4_allocator_create(uint64_t limit_bytes, dsv4_allocator **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_allocator_create(uint64_t limit_bytes, dsv4_allocator **out, dsv4_error *err);
 /* NULL is a no-op. Every block must have been released. */
-void dsv4_allocator_free(dsv4_allocator *a);
+DSV4_API void dsv4_allocator_free(dsv4_allocator *a);
 /*
  * `bytes` zeroed bytes (bytes may be 0: a unique non-NULL block), or NULL when
  * the limit would be passed or the system has no memory (counted as refused).
  * A NULL allocator falls back to the system allocator without accounting.
  */
-void *dsv4_alloc(dsv4_allocator *a, size_t bytes);
+DSV4_API void *dsv4_alloc(dsv4_allocator *a, size_t bytes);
 /* NULL is a no-op. `p` must come from dsv4_alloc on the same allocator. */
-void dsv4_release(dsv4_allocator *a, void *p);
-dsv4_alloc_stats dsv4_allocator_stats(const dsv4_allocator *a);
+DSV4_API void dsv4_release(dsv4_allocator *a, void *p);
+DSV4_API dsv4_alloc_stats dsv4_allocator_stats(const dsv4_allocator *a);
 /* Sets peak to current (to measure one phase). */
-void dsv4_allocator_reset_peak(dsv4_allocator *a);
+DSV4_API void dsv4_allocator_reset_peak(dsv4_allocator *a);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "api.h"
 #include "config.h"
 #include "plan.h"
 #include "safetensors.h"
@@ -73,11 +74,11 @@ typedef enum dsv4_cpu_kernels {
 } dsv4_cpu_kernels;
 
 /* "auto", "ref", "avx2", "avx512", "avx512-bf16", "avx512-vbmi"; "unknown" outside the enum. */
-const char *dsv4_cpu_kernels_name(dsv4_cpu_kernels kernels);
+DSV4_API const char *dsv4_cpu_kernels_name(dsv4_cpu_kernels kernels);
 /* The level of a name above; DSV4_ERR_INVALID_ARG (naming the accepted names) otherwise. */
-dsv4_status dsv4_cpu_kernels_from_name(const char *name, dsv4_cpu_kernels *out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_cpu_kernels_from_name(const char *name, dsv4_cpu_kernels *out, dsv4_error *err);
 /* Whether this CPU runs the level (AUTO and REF: always). */
-bool dsv4_cpu_kernels_available(dsv4_cpu_kernels kernels);
+DSV4_API bool dsv4_cpu_kernels_available(dsv4_cpu_kernels kernels);
 
 /* Options of dsv4_backend_create_with; versioned: fill with dsv4_backend_options_init. */
 typedef struct dsv4_backend_options {
@@ -108,11 +109,11 @@ typedef struct dsv4_backend_options {
     const char *cuda_kernels;
 } dsv4_backend_options;
 
-void dsv4_backend_options_init(dsv4_backend_options *opt);
+DSV4_API void dsv4_backend_options_init(dsv4_backend_options *opt);
 
 /* dsv4_backend_create with options (opt NULL: the defaults of dsv4_backend_options_init). */
-dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
-                                     const dsv4_backend_options *opt, dsv4_backend **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
+                                              const dsv4_backend_options *opt, dsv4_backend **out, dsv4_error *err);
 
 /*
  * Creates the backend named by plan's topology (ref, cpu or cuda). The config must
@@ -121,22 +122,22 @@ dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoin
  * graph per bucket on first use and replays it for every T up to that bucket
  * (bit-identical to an eager forward); creating two plans (graph on and off) gives both.
  */
-dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads,
-                                dsv4_backend **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt, int threads,
+                                         dsv4_backend **out, dsv4_error *err);
 /* Whether this build holds the backend (cuda only in a CUDA build), and the list as text. */
-bool dsv4_backend_available(dsv4_backend_kind kind);
-const char *dsv4_backends_available(void);
+DSV4_API bool dsv4_backend_available(dsv4_backend_kind kind);
+DSV4_API const char *dsv4_backends_available(void);
 
 /* NULL is a no-op. */
-void dsv4_backend_free(dsv4_backend *backend);
-const char *dsv4_backend_name(const dsv4_backend *backend);
+DSV4_API void dsv4_backend_free(dsv4_backend *backend);
+DSV4_API const char *dsv4_backend_name(const dsv4_backend *backend);
 /* The kernels a backend runs: the cpu backend's table (dsv4_cpu_kernels_name of the level chosen,
    never "auto"); the backend's name for the others. */
-const char *dsv4_backend_kernels(const dsv4_backend *backend);
+DSV4_API const char *dsv4_backend_kernels(const dsv4_backend *backend);
 /* One forward of T tokens on this rank (T >= 0, at most the plan's max_tokens_per_rank). */
-dsv4_status dsv4_backend_forward(dsv4_backend *backend, int64_t tokens, const uint16_t *x, const int32_t *input_ids,
-                                 dsv4_forward_out *out, dsv4_error *err);
-dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *backend);
+DSV4_API dsv4_status dsv4_backend_forward(dsv4_backend *backend, int64_t tokens, const uint16_t *x,
+                                          const int32_t *input_ids, dsv4_forward_out *out, dsv4_error *err);
+DSV4_API dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *backend);
 
 /*
  * One forward on device-resident tensors, as a serving engine holds them (cuda backend only;
@@ -148,8 +149,9 @@ dsv4_backend_stats dsv4_backend_get_stats(const dsv4_backend *backend);
  * are checked on the device: an id outside [0, vocab_size) or a tid2eid entry outside [0, E)
  * gives DSV4_ERR_RANGE naming the first such token, and the outputs are then unspecified.
  */
-dsv4_status dsv4_backend_forward_device(dsv4_backend *backend, int64_t tokens, const void *x, const int32_t *input_ids,
-                                        const dsv4_forward_out *out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_backend_forward_device(dsv4_backend *backend, int64_t tokens, const void *x,
+                                                 const int32_t *input_ids, const dsv4_forward_out *out,
+                                                 dsv4_error *err);
 
 /* ---------------- embedding in a server (docs/embedding.md) ---------------- */
 
@@ -160,7 +162,8 @@ dsv4_status dsv4_backend_forward_device(dsv4_backend *backend, int64_t tokens, c
  * (the layout depends on its SM count). 0 for ref and cpu, which use host memory they allocate
  * themselves. DSV4_ERR_INVALID_ARG for NULL arguments or max_tokens < 1.
  */
-dsv4_status dsv4_backend_workspace_size(const dsv4_plan *plan, int64_t max_tokens, uint64_t *bytes, dsv4_error *err);
+DSV4_API dsv4_status dsv4_backend_workspace_size(const dsv4_plan *plan, int64_t max_tokens, uint64_t *bytes,
+                                                 dsv4_error *err);
 
 /*
  * Enqueues one forward on the caller's stream (a cudaStream_t passed as void *; NULL is the
@@ -182,9 +185,9 @@ dsv4_status dsv4_backend_workspace_size(const dsv4_plan *plan, int64_t max_token
  * Stats: forwards, tokens and launches-of-shared are counted at enqueue; the device counters
  * (clamps, non-finite rows, active groups) are folded in by the next poll or synchronous call.
  */
-dsv4_status dsv4_backend_enqueue(dsv4_backend *backend, void *stream, int64_t tokens, const int32_t *valid_tokens,
-                                 const void *x, const int32_t *input_ids, const dsv4_forward_out *out,
-                                 dsv4_error *err);
+DSV4_API dsv4_status dsv4_backend_enqueue(dsv4_backend *backend, void *stream, int64_t tokens,
+                                          const int32_t *valid_tokens, const void *x, const int32_t *input_ids,
+                                          const dsv4_forward_out *out, dsv4_error *err);
 
 /* What the device latched since the last poll (dsv4_backend_poll_error); versioned. */
 typedef struct dsv4_device_errors {
@@ -204,7 +207,8 @@ typedef struct dsv4_device_errors {
  * reports a device error. out (may be NULL) gets the counts. ref and cpu: DSV4_OK, zero counts
  * (their forwards report errors themselves). Synchronous calls read and clear the word too.
  */
-dsv4_status dsv4_backend_poll_error(dsv4_backend *backend, void *stream, dsv4_device_errors *out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_backend_poll_error(dsv4_backend *backend, void *stream, dsv4_device_errors *out,
+                                             dsv4_error *err);
 
 /*
  * Thread safety. Creation, the registry and dsv4_backend_workspace_size may run on any threads
@@ -230,17 +234,17 @@ typedef struct dsv4_backend_info {
 } dsv4_backend_info;
 
 /* The number of registered backends (every kind, built or not). */
-int dsv4_backend_count(void);
+DSV4_API int dsv4_backend_count(void);
 /* The index-th backend (0 .. count - 1), in dsv4_backend_kind order; DSV4_ERR_RANGE outside. */
-dsv4_status dsv4_backend_info_at(int index, dsv4_backend_info *out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_backend_info_at(int index, dsv4_backend_info *out, dsv4_error *err);
 /* The backend of a kind; DSV4_ERR_INVALID_ARG for an unknown kind. */
-dsv4_status dsv4_backend_info_of(dsv4_backend_kind kind, dsv4_backend_info *out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_backend_info_of(dsv4_backend_kind kind, dsv4_backend_info *out, dsv4_error *err);
 /*
  * Whether the plan's backend can execute the plan here: DSV4_OK, or DSV4_ERR_UNSUPPORTED with a
  * message naming what is missing (not built, no device on this machine, a sharded plan for a
  * backend without stages). dsv4_backend_create asks this first.
  */
-dsv4_status dsv4_backend_plan_supported(const dsv4_plan *plan, dsv4_error *err);
+DSV4_API dsv4_status dsv4_backend_plan_supported(const dsv4_plan *plan, dsv4_error *err);
 
 #ifdef __cplusplus
 }

@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "api.h"
 #include "dtype.h"
 #include "status.h"
 
@@ -50,8 +51,8 @@ typedef enum dsv4_coll_op {
     DSV4_COLL_BARRIER = 3
 } dsv4_coll_op;
 
-const char *dsv4_group_name(dsv4_group group);
-const char *dsv4_coll_op_name(dsv4_coll_op op);
+DSV4_API const char *dsv4_group_name(dsv4_group group);
+DSV4_API const char *dsv4_coll_op_name(dsv4_coll_op op);
 
 /* One collective as a rank issued it: its fingerprint and trace entry. */
 typedef struct dsv4_coll_record {
@@ -73,7 +74,8 @@ typedef struct dsv4_comm_groups {
 /* Colours for world = tp x dp: tp groups are blocks of tp consecutive ranks, dp groups the
    ranks with the same index inside their tp block, ep groups blocks of ep consecutive ranks
    (ep divides world). Returns DSV4_ERR_INVALID_ARG naming the field otherwise. */
-dsv4_status dsv4_comm_groups_init(dsv4_comm_groups *groups, int world, int tp, int dp, int ep, dsv4_error *err);
+DSV4_API dsv4_status dsv4_comm_groups_init(dsv4_comm_groups *groups, int world, int tp, int dp, int ep,
+                                           dsv4_error *err);
 
 typedef struct dsv4_comm dsv4_comm;
 
@@ -86,31 +88,31 @@ typedef struct dsv4_comm dsv4_comm;
  */
 
 /* This rank's id in the world, and its index and the size of one of its groups (-1 for NULL or a bad group). */
-int dsv4_comm_rank(const dsv4_comm *comm);
-int dsv4_comm_group_rank(const dsv4_comm *comm, dsv4_group group);
-int dsv4_comm_group_size(const dsv4_comm *comm, dsv4_group group);
+DSV4_API int dsv4_comm_rank(const dsv4_comm *comm);
+DSV4_API int dsv4_comm_group_rank(const dsv4_comm *comm, dsv4_group group);
+DSV4_API int dsv4_comm_group_size(const dsv4_comm *comm, dsv4_group group);
 
 /* Sum of `count` elements of buf over the group, in place. dtype F32, F64, I32, I64 or BF16
    (bf16 summed in fp32 in ascending rank order, rounded once). */
-dsv4_status dsv4_comm_all_reduce(dsv4_comm *comm, dsv4_group group, dsv4_dtype dtype, void *buf, uint64_t count,
-                                 const char *tag, dsv4_error *err);
+DSV4_API dsv4_status dsv4_comm_all_reduce(dsv4_comm *comm, dsv4_group group, dsv4_dtype dtype, void *buf,
+                                          uint64_t count, const char *tag, dsv4_error *err);
 /* recv[group_size * count] = concatenation of every group rank's send[count], in group order.
    send may be this rank's own block of recv (recv + group_rank * count elements); no other overlap. */
-dsv4_status dsv4_comm_all_gather(dsv4_comm *comm, dsv4_group group, dsv4_dtype dtype, const void *send,
-                                 uint64_t count, void *recv, const char *tag, dsv4_error *err);
+DSV4_API dsv4_status dsv4_comm_all_gather(dsv4_comm *comm, dsv4_group group, dsv4_dtype dtype, const void *send,
+                                          uint64_t count, void *recv, const char *tag, dsv4_error *err);
 /*
  * send_counts[j] elements go to group rank j (packed in j order in send);
  * recv_counts[i] elements come from group rank i (packed in i order in recv).
  * The fingerprint check verifies that every send count matches the peer's
  * receive count before any data moves.
  */
-dsv4_status dsv4_comm_all_to_allv(dsv4_comm *comm, dsv4_group group, dsv4_dtype dtype, const void *send,
-                                  const uint64_t *send_counts, void *recv, const uint64_t *recv_counts,
-                                  const char *tag, dsv4_error *err);
-dsv4_status dsv4_comm_barrier(dsv4_comm *comm, dsv4_group group, const char *tag, dsv4_error *err);
+DSV4_API dsv4_status dsv4_comm_all_to_allv(dsv4_comm *comm, dsv4_group group, dsv4_dtype dtype, const void *send,
+                                           const uint64_t *send_counts, void *recv, const uint64_t *recv_counts,
+                                           const char *tag, dsv4_error *err);
+DSV4_API dsv4_status dsv4_comm_barrier(dsv4_comm *comm, dsv4_group group, const char *tag, dsv4_error *err);
 
 /* This rank's collectives so far, oldest first (valid until the next collective or free). */
-const dsv4_coll_record *dsv4_comm_trace(const dsv4_comm *comm, size_t *count);
+DSV4_API const dsv4_coll_record *dsv4_comm_trace(const dsv4_comm *comm, size_t *count);
 
 /* ---------------- sim: ranks as threads of one process ---------------- */
 
@@ -122,15 +124,15 @@ typedef struct dsv4_sim_options {
 } dsv4_sim_options;
 
 /* timeout 5000 ms. NULL is a no-op. */
-void dsv4_sim_options_init(dsv4_sim_options *opt);
+DSV4_API void dsv4_sim_options_init(dsv4_sim_options *opt);
 
 /* A world of groups->world ranks (1 .. DSV4_COMM_MAX_RANKS). opt may be NULL (defaults). */
-dsv4_status dsv4_sim_world_create(const dsv4_comm_groups *groups, const dsv4_sim_options *opt,
-                                  dsv4_sim_world **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_sim_world_create(const dsv4_comm_groups *groups, const dsv4_sim_options *opt,
+                                           dsv4_sim_world **out, dsv4_error *err);
 /* NULL is a no-op. Every rank's thread must have returned from its collectives. */
-void dsv4_sim_world_free(dsv4_sim_world *world);
+DSV4_API void dsv4_sim_world_free(dsv4_sim_world *world);
 /* Rank r's endpoint, owned by the world. Each endpoint is used by one thread at a time. */
-dsv4_comm *dsv4_sim_world_comm(dsv4_sim_world *world, int rank);
+DSV4_API dsv4_comm *dsv4_sim_world_comm(dsv4_sim_world *world, int rank);
 
 #ifdef __cplusplus
 }

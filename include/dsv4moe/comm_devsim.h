@@ -19,6 +19,7 @@
 #ifndef DSV4MOE_COMM_DEVSIM_H
 #define DSV4MOE_COMM_DEVSIM_H
 
+#include "api.h"
 #include "comm.h"
 
 #ifdef __cplusplus
@@ -34,19 +35,19 @@ typedef struct dsv4_devsim_options {
 } dsv4_devsim_options;
 
 /* timeout 5000 ms, device 0. NULL is a no-op. */
-void dsv4_devsim_options_init(dsv4_devsim_options *opt);
+DSV4_API void dsv4_devsim_options_init(dsv4_devsim_options *opt);
 
 /* A world of groups->world ranks on one GPU. opt may be NULL (defaults). DSV4_ERR_DEVICE when the
    device cannot be selected. */
-dsv4_status dsv4_devsim_world_create(const dsv4_comm_groups *groups, const dsv4_devsim_options *opt,
-                                     dsv4_devsim_world **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_devsim_world_create(const dsv4_comm_groups *groups, const dsv4_devsim_options *opt,
+                                              dsv4_devsim_world **out, dsv4_error *err);
 /* NULL is a no-op. Every rank's thread must have returned from its collectives. */
-void dsv4_devsim_world_free(dsv4_devsim_world *world);
+DSV4_API void dsv4_devsim_world_free(dsv4_devsim_world *world);
 /* Rank r's endpoint, owned by the world; used by one thread at a time. NULL outside [0, world). */
-dsv4_comm *dsv4_devsim_world_comm(dsv4_devsim_world *world, int rank);
+DSV4_API dsv4_comm *dsv4_devsim_world_comm(dsv4_devsim_world *world, int rank);
 /* The stream (a cudaStream_t) rank's collectives order against. DSV4_ERR_INVALID_ARG for a comm
    that is not a devsim endpoint. */
-dsv4_status dsv4_devsim_set_stream(dsv4_comm *comm, void *stream, dsv4_error *err);
+DSV4_API dsv4_status dsv4_devsim_set_stream(dsv4_comm *comm, void *stream, dsv4_error *err);
 
 #ifdef __cplusplus
 }

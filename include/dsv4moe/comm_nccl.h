@@ -51,6 +51,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "api.h"
 #include "comm.h"
 #include "status.h"
 
@@ -77,18 +78,18 @@ typedef struct dsv4_nccl_options {
 } dsv4_nccl_options;
 
 /* Defaults above. NULL is a no-op. */
-void dsv4_nccl_options_init(dsv4_nccl_options *opt);
+DSV4_API void dsv4_nccl_options_init(dsv4_nccl_options *opt);
 
 /* ncclGetUniqueId (rank 0, once per world). NCCL starts its bootstrap root thread here. */
-dsv4_status dsv4_nccl_unique_id(dsv4_nccl_id *id, dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_unique_id(dsv4_nccl_id *id, dsv4_error *err);
 /* 256 lowercase hex digits and a NUL into buf (n >= DSV4_NCCL_ID_HEX_LEN + 1). */
-dsv4_status dsv4_nccl_id_to_hex(const dsv4_nccl_id *id, char *buf, size_t n, dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_id_to_hex(const dsv4_nccl_id *id, char *buf, size_t n, dsv4_error *err);
 /* Exactly 256 hex digits (surrounding whitespace allowed); DSV4_ERR_FORMAT naming the offset otherwise. */
-dsv4_status dsv4_nccl_id_from_hex(const char *hex, dsv4_nccl_id *id, dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_id_from_hex(const char *hex, dsv4_nccl_id *id, dsv4_error *err);
 /* Writes the id as hex to path atomically (temporary file + rename), so readers never see half. */
-dsv4_status dsv4_nccl_id_write_file(const char *path, const dsv4_nccl_id *id, dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_id_write_file(const char *path, const dsv4_nccl_id *id, dsv4_error *err);
 /* Waits up to timeout_ms for path to exist, then reads it; DSV4_ERR_COMM naming the path on timeout. */
-dsv4_status dsv4_nccl_id_read_file(const char *path, int timeout_ms, dsv4_nccl_id *id, dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_id_read_file(const char *path, int timeout_ms, dsv4_nccl_id *id, dsv4_error *err);
 
 /*
  * Rank, world size and local rank from the launcher's environment, first
@@ -103,7 +104,7 @@ typedef struct dsv4_nccl_env {
     int rank, world, local_rank;
     char rank_var[32], world_var[32]; /* the variables used */
 } dsv4_nccl_env;
-dsv4_status dsv4_nccl_env_read(dsv4_nccl_env *env, dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_env_read(dsv4_nccl_env *env, dsv4_error *err);
 
 /*
  * One rank's endpoint of a world of groups->world ranks: ncclCommInitRankConfig
@@ -112,35 +113,35 @@ dsv4_status dsv4_nccl_env_read(dsv4_nccl_env *env, dsv4_error *err);
  * rank must call it with the same id and groups. Sets the CUDA device first.
  * opt may be NULL (defaults). The result is freed with dsv4_nccl_comm_free.
  */
-dsv4_status dsv4_nccl_comm_create(const dsv4_comm_groups *groups, int rank, const dsv4_nccl_id *id,
-                                  const dsv4_nccl_options *opt, dsv4_comm **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_comm_create(const dsv4_comm_groups *groups, int rank, const dsv4_nccl_id *id,
+                                           const dsv4_nccl_options *opt, dsv4_comm **out, dsv4_error *err);
 /*
  * The same, with rank and world size from dsv4_nccl_env_read (groups->world
  * must equal the world size) and the id from DSV4_NCCL_ID (hex) or else
  * DSV4_NCCL_ID_FILE: rank 0 creates the id and writes the file, the others
  * wait for it (init_timeout_ms). Neither set: DSV4_ERR_CONFIG.
  */
-dsv4_status dsv4_nccl_comm_create_from_env(const dsv4_comm_groups *groups, const dsv4_nccl_options *opt,
-                                           dsv4_comm **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_comm_create_from_env(const dsv4_comm_groups *groups, const dsv4_nccl_options *opt,
+                                                    dsv4_comm **out, dsv4_error *err);
 /* Finalizes (or, after an error, has aborted) the NCCL communicators and frees everything. NULL is a no-op.
    A comm that is not an NCCL endpoint is ignored. */
-void dsv4_nccl_comm_free(dsv4_comm *comm);
+DSV4_API void dsv4_nccl_comm_free(dsv4_comm *comm);
 /* true when comm is an NCCL endpoint. */
-bool dsv4_nccl_is_nccl(const dsv4_comm *comm);
+DSV4_API bool dsv4_nccl_is_nccl(const dsv4_comm *comm);
 
 /* The stream (a cudaStream_t) for the following collectives; NULL is the legacy default stream. */
-dsv4_status dsv4_nccl_set_stream(dsv4_comm *comm, void *stream, dsv4_error *err);
-void *dsv4_nccl_stream(const dsv4_comm *comm);
+DSV4_API dsv4_status dsv4_nccl_set_stream(dsv4_comm *comm, void *stream, dsv4_error *err);
+DSV4_API void *dsv4_nccl_stream(const dsv4_comm *comm);
 /* The CUDA device of this endpoint. */
-int dsv4_nccl_device(const dsv4_comm *comm);
+DSV4_API int dsv4_nccl_device(const dsv4_comm *comm);
 /* Waits for the stream with the watchdog (after a graph replay or with wait = false). `what` labels
    the message ("graph replay step 7"). DSV4_ERR_COMM and abort on timeout or an NCCL error. */
-dsv4_status dsv4_nccl_sync(dsv4_comm *comm, const char *what, dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_sync(dsv4_comm *comm, const char *what, dsv4_error *err);
 /* Grows the device scratch of exact all_reduce to hold all_reduce of `bytes` per rank, so that it
    can be captured (the scratch cannot grow during capture: DSV4_ERR_INVALID_ARG naming it). */
-dsv4_status dsv4_nccl_reserve(dsv4_comm *comm, size_t bytes, dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_reserve(dsv4_comm *comm, size_t bytes, dsv4_error *err);
 /* The NCCL error or abort reason that poisoned the endpoint, "" when healthy. */
-const char *dsv4_nccl_poison_reason(const dsv4_comm *comm);
+DSV4_API const char *dsv4_nccl_poison_reason(const dsv4_comm *comm);
 
 /* ---------------- EP dispatch and combine (docs/nccl.md) ---------------- */
 
@@ -188,16 +189,16 @@ typedef struct dsv4_nccl_ep_config {
     bool padded;
 } dsv4_nccl_ep_config;
 
-void dsv4_nccl_ep_config_init(dsv4_nccl_ep_config *cfg);
+DSV4_API void dsv4_nccl_ep_config_init(dsv4_nccl_ep_config *cfg);
 
 typedef struct dsv4_nccl_ep dsv4_nccl_ep;
 
 /* Checks cfg against the endpoint's ep group and allocates the device buffers for max_tokens. */
-dsv4_status dsv4_nccl_ep_create(dsv4_comm *comm, const dsv4_nccl_ep_config *cfg, dsv4_nccl_ep **out,
-                                dsv4_error *err);
-void dsv4_nccl_ep_free(dsv4_nccl_ep *ep);
+DSV4_API dsv4_status dsv4_nccl_ep_create(dsv4_comm *comm, const dsv4_nccl_ep_config *cfg, dsv4_nccl_ep **out,
+                                         dsv4_error *err);
+DSV4_API void dsv4_nccl_ep_free(dsv4_nccl_ep *ep);
 /* Device bytes held by the buffers. */
-size_t dsv4_nccl_ep_device_bytes(const dsv4_nccl_ep *ep);
+DSV4_API size_t dsv4_nccl_ep_device_bytes(const dsv4_nccl_ep *ep);
 
 /* What dispatch delivered (device pointers owned by ep, valid until the next dispatch). */
 typedef struct dsv4_nccl_ep_recv {
@@ -216,13 +217,13 @@ typedef struct dsv4_nccl_ep_recv {
  * topk_weights device fp32 [tokens, K]. Every rank of the ep group calls it, also with 0 tokens.
  * The tag labels the collectives ("chunk 2": "chunk 2 counts", "chunk 2 rows", ...).
  */
-dsv4_status dsv4_nccl_ep_dispatch(dsv4_nccl_ep *ep, int64_t tokens, const void *x, const int32_t *topk_ids,
-                                  const float *topk_weights, const char *tag, dsv4_nccl_ep_recv *recv,
-                                  dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_ep_dispatch(dsv4_nccl_ep *ep, int64_t tokens, const void *x, const int32_t *topk_ids,
+                                           const float *topk_weights, const char *tag, dsv4_nccl_ep_recv *recv,
+                                           dsv4_error *err);
 /* expert_out: device, laid out as the last dispatch's recv rows ([recv.slots] x row_bytes_out);
    out_slots: device [tokens, K] x row_bytes_out of the last dispatch's tokens. */
-dsv4_status dsv4_nccl_ep_combine(dsv4_nccl_ep *ep, const void *expert_out, void *out_slots, const char *tag,
-                                 dsv4_error *err);
+DSV4_API dsv4_status dsv4_nccl_ep_combine(dsv4_nccl_ep *ep, const void *expert_out, void *out_slots, const char *tag,
+                                          dsv4_error *err);
 
 #ifdef __cplusplus
 }

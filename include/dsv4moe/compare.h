@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "api.h"
 #include "dtype.h"
 #include "safetensors.h"
 
@@ -42,20 +43,20 @@ typedef struct dsv4_compare_metrics {
  * n >= 0; a, b may be NULL when n == 0. Returns false (and fills nothing)
  * only when m is NULL or the histogram cannot be allocated.
  */
-bool dsv4_compare_bf16(const uint16_t *a, const uint16_t *b, int64_t n, dsv4_compare_metrics *m);
+DSV4_API bool dsv4_compare_bf16(const uint16_t *a, const uint16_t *b, int64_t n, dsv4_compare_metrics *m);
 
 /*
  * The same for any float dtype: F32, F64, F16, BF16, F8_E4M3 (fn: no infinity, 0x7F NaN) and
  * F8_E5M2; a and b hold n elements each (any alignment). The ULP distance is counted in the
  * dtype's own ULPs (capped at 65535). Returns false for another dtype, a NULL m, or no memory.
  */
-bool dsv4_compare_any(dsv4_dtype dtype, const void *a, const void *b, int64_t n, dsv4_compare_metrics *m);
+DSV4_API bool dsv4_compare_any(dsv4_dtype dtype, const void *a, const void *b, int64_t n, dsv4_compare_metrics *m);
 
 /* Element i of a float array (a dsv4_compare_dtype_ok dtype, any alignment) as a double; NaN otherwise. */
-double dsv4_float_value(dsv4_dtype dtype, const void *p, int64_t i);
+DSV4_API double dsv4_float_value(dsv4_dtype dtype, const void *p, int64_t i);
 
 /* Whether dsv4_compare_any takes this dtype. */
-bool dsv4_compare_dtype_ok(dsv4_dtype dtype);
+DSV4_API bool dsv4_compare_dtype_ok(dsv4_dtype dtype);
 
 /*
  * The tolerance rules of SPEC.md section 9, one place for `run`, `diff` and `check`
@@ -77,17 +78,17 @@ typedef enum dsv4_tolerance {
 #define DSV4_TOL_COUNT 3
 
 /* "exact-bf16", "exact-quant", "fp8-mma"; "?" otherwise. */
-const char *dsv4_tolerance_name(dsv4_tolerance t);
+DSV4_API const char *dsv4_tolerance_name(dsv4_tolerance t);
 /* Parses one of those names; false when unknown. */
-bool dsv4_tolerance_parse(const char *name, dsv4_tolerance *out);
+DSV4_API bool dsv4_tolerance_parse(const char *name, dsv4_tolerance *out);
 /* The rule in words, with its bounds (static text). */
-const char *dsv4_tolerance_describe(dsv4_tolerance t);
+DSV4_API const char *dsv4_tolerance_describe(dsv4_tolerance t);
 
 /*
  * Applies rule t to metrics m: true within it. On false, `why` (when given) says which bound
  * broke, with the figures. An empty comparison (n == 0) is within every rule.
  */
-bool dsv4_compare_within(dsv4_tolerance t, const dsv4_compare_metrics *m, char *why, size_t size);
+DSV4_API bool dsv4_compare_within(dsv4_tolerance t, const dsv4_compare_metrics *m, char *why, size_t size);
 
 /* ---------------- routing (topk_ids / topk_weights) ---------------- */
 
@@ -100,9 +101,9 @@ typedef enum dsv4_sentinel {
 } dsv4_sentinel;
 
 /* "E", "-1", "absent"; "?" otherwise. */
-const char *dsv4_sentinel_name(dsv4_sentinel s);
+DSV4_API const char *dsv4_sentinel_name(dsv4_sentinel s);
 /* Parses "E" (or "e"), "-1", "absent"; false when unknown. */
-bool dsv4_sentinel_parse(const char *name, dsv4_sentinel *out);
+DSV4_API bool dsv4_sentinel_parse(const char *name, dsv4_sentinel *out);
 
 /* Router weights are matched by expert id and compared in fp32 terms:
    |a - b| <= DSV4_ROUTING_WEIGHT_ATOL + DSV4_ROUTING_WEIGHT_RTOL |b| (about 84 fp32 ULPs, so fp32 against
@@ -131,11 +132,12 @@ typedef struct dsv4_routing_metrics {
  * (w_a [T, ka], w_b [T, kb]; both or neither may be NULL) are matched by expert id. Returns false
  * only for bad arguments (m NULL, T < 0, ka or kb < 1 with T > 0, NULL ids with T > 0, out of memory).
  */
-bool dsv4_compare_routing(int64_t T, int64_t E, int64_t ka, const int64_t *ids_a, const double *w_a, dsv4_sentinel sa,
-                          int64_t kb, const int64_t *ids_b, const double *w_b, dsv4_routing_metrics *m);
+DSV4_API bool dsv4_compare_routing(int64_t T, int64_t E, int64_t ka, const int64_t *ids_a, const double *w_a,
+                                   dsv4_sentinel sa, int64_t kb, const int64_t *ids_b, const double *w_b,
+                                   dsv4_routing_metrics *m);
 
 /* Ids identical as sets on every token, no malformed entry, every compared weight within tolerance. */
-bool dsv4_routing_within(const dsv4_routing_metrics *m, char *why, size_t size);
+DSV4_API bool dsv4_routing_within(const dsv4_routing_metrics *m, char *why, size_t size);
 
 /*
  * The same on safetensors tensors: ids I32 or I64 [T, k] (the candidate's k may differ from the
@@ -143,18 +145,18 @@ bool dsv4_routing_within(const dsv4_routing_metrics *m, char *why, size_t size);
  * false with a message in `msg` (naming the tensors and their shapes) when they do not fit
  * together or memory runs out; the tensors' names are those of the tensor infos.
  */
-bool dsv4_compare_routing_tensors(int64_t E, const dsv4_tensor_info *ids_a, const dsv4_tensor_info *w_a,
-                                  dsv4_sentinel sa, const dsv4_tensor_info *ids_b, const dsv4_tensor_info *w_b,
-                                  dsv4_routing_metrics *m, char *msg, size_t size);
+DSV4_API bool dsv4_compare_routing_tensors(int64_t E, const dsv4_tensor_info *ids_a, const dsv4_tensor_info *w_a,
+                                           dsv4_sentinel sa, const dsv4_tensor_info *ids_b, const dsv4_tensor_info *w_b,
+                                           dsv4_routing_metrics *m, char *msg, size_t size);
 
 /* "[d0, d1, ...]" of a tensor into buf. */
-void dsv4_tensor_shape_str(const dsv4_tensor_info *t, char *buf, size_t size);
+DSV4_API void dsv4_tensor_shape_str(const dsv4_tensor_info *t, char *buf, size_t size);
 
 /* One line "tokens .. id sets differ on .. weights .. max |dw| .." into buf. */
-void dsv4_routing_format(const dsv4_routing_metrics *m, char *buf, size_t size);
+DSV4_API void dsv4_routing_format(const dsv4_routing_metrics *m, char *buf, size_t size);
 
 /* One line "max_abs .. max_rel .. nmse .. diff .. ulp p50/p99/max .. tol .. nonfinite .." into buf. */
-void dsv4_compare_format(const dsv4_compare_metrics *m, char *buf, unsigned long size);
+DSV4_API void dsv4_compare_format(const dsv4_compare_metrics *m, char *buf, unsigned long size);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include "api.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -110,7 +111,7 @@ typedef struct dsv4_config {
 } dsv4_config;
 
 /* Fills `cfg` with the v4-flash preset and layer = -1. NULL is a no-op. */
-void dsv4_config_init(dsv4_config *cfg);
+DSV4_API void dsv4_config_init(dsv4_config *cfg);
 
 /*
  * Fills `cfg` with a named preset (layer = -1):
@@ -123,10 +124,10 @@ void dsv4_config_init(dsv4_config *cfg);
  *   tiny               H 128, I 128, E 8, K 2, V 64, 1 hash layer of 2, bf16.
  * Unknown names give DSV4_ERR_CONFIG with the list of known presets.
  */
-dsv4_status dsv4_config_preset(const char *name, dsv4_config *cfg, dsv4_error *err);
+DSV4_API dsv4_status dsv4_config_preset(const char *name, dsv4_config *cfg, dsv4_error *err);
 
 /* NULL-terminated list of preset names. */
-const char *const *dsv4_config_preset_names(void);
+DSV4_API const char *const *dsv4_config_preset_names(void);
 
 /*
  * Checks every field against SPEC.md (K in [1, E], H and I multiples of 128
@@ -135,7 +136,7 @@ const char *const *dsv4_config_preset_names(void);
  * [0, n_layers), enums in range, struct_size and version known).
  * The first violation is reported naming the field, its value and the range.
  */
-dsv4_status dsv4_config_validate(const dsv4_config *cfg, dsv4_error *err);
+DSV4_API dsv4_status dsv4_config_validate(const dsv4_config *cfg, dsv4_error *err);
 
 /*
  * Sets one field by its SPEC.md section 8 key from text ("top_p", "0.9").
@@ -145,35 +146,35 @@ dsv4_status dsv4_config_validate(const dsv4_config *cfg, dsv4_error *err);
  * those between fields, are dsv4_config_validate's, which every consumer of a
  * config calls. On error the config is unchanged.
  */
-dsv4_status dsv4_config_set(dsv4_config *cfg, const char *key, const char *value, dsv4_error *err);
+DSV4_API dsv4_status dsv4_config_set(dsv4_config *cfg, const char *key, const char *value, dsv4_error *err);
 
 /* Same as dsv4_config_set for one "key=value" string. */
-dsv4_status dsv4_config_set_kv(dsv4_config *cfg, const char *key_value, dsv4_error *err);
+DSV4_API dsv4_status dsv4_config_set_kv(dsv4_config *cfg, const char *key_value, dsv4_error *err);
 
 /*
  * Writes the value of `key` as text into buf (always NUL-terminated when
  * size > 0). DSV4_ERR_NOT_FOUND for an unknown key.
  */
-dsv4_status dsv4_config_get(const dsv4_config *cfg, const char *key, char *buf, size_t size, dsv4_error *err);
+DSV4_API dsv4_status dsv4_config_get(const dsv4_config *cfg, const char *key, char *buf, size_t size, dsv4_error *err);
 
 /*
  * Applies a config file: one `key = value` (or `key: value`) per line, the
  * keys of dsv4_config_set; blank lines and `#` comments are ignored. Errors
  * name the place as file:line:col. On error the config is unchanged.
  */
-dsv4_status dsv4_config_load_file(dsv4_config *cfg, const char *path, dsv4_error *err);
+DSV4_API dsv4_status dsv4_config_load_file(dsv4_config *cfg, const char *path, dsv4_error *err);
 
 /* NULL-terminated list of every settable key, in SPEC.md order. */
-const char *const *dsv4_config_keys(void);
+DSV4_API const char *const *dsv4_config_keys(void);
 
 /* True when `cfg->layer` routes through tid2eid (layer < n_hash_layers). */
-bool dsv4_config_is_hash_layer(const dsv4_config *cfg);
+DSV4_API bool dsv4_config_is_hash_layer(const dsv4_config *cfg);
 
 /* Names of enum values as used in config files ("sqrtsoftplus", "fp4", ...). */
-const char *dsv4_score_func_name(dsv4_score_func v);
-const char *dsv4_weight_format_name(dsv4_weight_format v);
-const char *dsv4_act_quant_name(dsv4_act_quant v);
-const char *dsv4_gemm_mode_name(dsv4_gemm_mode v); /* "auto", "exact", "fp8" */
+DSV4_API const char *dsv4_score_func_name(dsv4_score_func v);
+DSV4_API const char *dsv4_weight_format_name(dsv4_weight_format v);
+DSV4_API const char *dsv4_act_quant_name(dsv4_act_quant v);
+DSV4_API const char *dsv4_gemm_mode_name(dsv4_gemm_mode v); /* "auto", "exact", "fp8" */
 
 #ifdef __cplusplus
 }

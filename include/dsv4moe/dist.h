@@ -26,6 +26,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "api.h"
 #include "comm.h"
 #include "config.h"
 #include "plan.h"
@@ -88,7 +89,7 @@ typedef struct dsv4_dist_options {
 } dsv4_dist_options;
 
 /* timeout 5000 ms, the plan's backend. NULL is a no-op. */
-void dsv4_dist_options_init(dsv4_dist_options *opt);
+DSV4_API void dsv4_dist_options_init(dsv4_dist_options *opt);
 
 /*
  * Plans every rank of `topo` (topo->rank is ignored) and runs one step.
@@ -96,9 +97,9 @@ void dsv4_dist_options_init(dsv4_dist_options *opt);
  * succeeded; every rank's own status, error and trace are in ranks[].
  * A refused plan is returned before any thread starts.
  */
-dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
-                              const dsv4_budget *budget, const dsv4_dist_options *opt, dsv4_dist_rank *ranks,
-                              dsv4_error *err);
+DSV4_API dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
+                                       const dsv4_budget *budget, const dsv4_dist_options *opt, dsv4_dist_rank *ranks,
+                                       dsv4_error *err);
 
 /*
  * The single-rank counterpart of a step, for checks: the computing backend (opt->compute_backend,
@@ -112,12 +113,12 @@ dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkpoint *ckp
  * a forward over the union of the ranks' tokens is not this: the shared expert of a rank with few
  * tokens would run in another regime than over the union.
  */
-dsv4_status dsv4_dist_single_rank(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, const dsv4_topology *topo,
-                                  const dsv4_budget *budget, const dsv4_dist_options *opt, dsv4_dist_rank *ranks,
-                                  dsv4_error *err);
+DSV4_API dsv4_status dsv4_dist_single_rank(const dsv4_config *cfg, const dsv4_checkpoint *ckpt,
+                                           const dsv4_topology *topo, const dsv4_budget *budget,
+                                           const dsv4_dist_options *opt, dsv4_dist_rank *ranks, dsv4_error *err);
 
 /* Frees a rank's trace. NULL is a no-op. */
-void dsv4_dist_rank_release(dsv4_dist_rank *rank);
+DSV4_API void dsv4_dist_rank_release(dsv4_dist_rank *rank);
 
 #ifdef __cplusplus
 }

@@ -115,6 +115,7 @@
 #ifndef DSV4MOE_DSV4MOE_H
 #define DSV4MOE_DSV4MOE_H
 
+#include "api.h"         /* DSV4_API: what the shared library exports */
 #include "status.h"      /* dsv4_status, dsv4_error */
 #include "dtype.h"       /* element types */
 #include "config.h"      /* dsv4_config: presets, validation */

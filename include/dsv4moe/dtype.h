@@ -3,6 +3,7 @@
 #define DSV4MOE_DTYPE_H
 
 #include <stddef.h>
+#include "api.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -30,11 +31,11 @@ typedef enum dsv4_dtype {
 } dsv4_dtype;
 
 /* The safetensors name ("BF16", "F8_E4M3", ...); "?" for an invalid value. */
-const char *dsv4_dtype_name(dsv4_dtype dtype);
+DSV4_API const char *dsv4_dtype_name(dsv4_dtype dtype);
 /* Bytes per element; 0 for an invalid value. */
-size_t dsv4_dtype_size(dsv4_dtype dtype);
+DSV4_API size_t dsv4_dtype_size(dsv4_dtype dtype);
 /* Parses a safetensors dtype name; DSV4_ERR_FORMAT for an unknown one. */
-dsv4_status dsv4_dtype_parse(const char *name, dsv4_dtype *out);
+DSV4_API dsv4_status dsv4_dtype_parse(const char *name, dsv4_dtype *out);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "api.h"
 #include "compare.h"
 #include "run.h"
 #include "safetensors.h"
@@ -36,7 +37,7 @@ typedef struct dsv4_export_options {
 } dsv4_export_options;
 
 /* split layout, 2 threads, no filter. NULL is a no-op. */
-void dsv4_export_options_init(dsv4_export_options *opt);
+DSV4_API void dsv4_export_options_init(dsv4_export_options *opt);
 
 /*
  * Writes every world-1 case of scn, and each rank of its multi-rank cases, that expects a pass
@@ -45,12 +46,12 @@ void dsv4_export_options_init(dsv4_export_options *opt);
  * folders written. Cases that expect a refusal or whose config is invalid are left out and
  * counted in *left_out (may be NULL).
  */
-dsv4_status dsv4_export_scenario(const dsv4_scenario *scn, const char *dir, const dsv4_export_options *opt,
-                                 size_t *written, size_t *left_out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_export_scenario(const dsv4_scenario *scn, const char *dir, const dsv4_export_options *opt,
+                                          size_t *written, size_t *left_out, dsv4_error *err);
 
 /* The folder name of a case (rank -1 for a world-1 case): the case name with '/' as "." and every
    character other than [A-Za-z0-9._=,+-] as '_', then ".rank<r>" for a rank. */
-void dsv4_export_case_id(const char *case_name, int rank, char *buf, size_t size);
+DSV4_API void dsv4_export_case_id(const char *case_name, int rank, char *buf, size_t size);
 
 #define DSV4_CHECK_MAP_MAX 8
 
@@ -66,7 +67,7 @@ typedef struct dsv4_check_options {
 } dsv4_check_options;
 
 /* sentinel E, exact-mode bounds, no name map. NULL is a no-op. */
-void dsv4_check_options_init(dsv4_check_options *opt);
+DSV4_API void dsv4_check_options_init(dsv4_check_options *opt);
 
 /*
  * Checks an engine's outputs: for every case folder of cases_dir (a folder holding case.json),
@@ -80,8 +81,8 @@ void dsv4_check_options_init(dsv4_check_options *opt);
  * id); a cases_dir that cannot be read, or holds no case, or a case.json that is malformed, is an
  * error of the call (DSV4_ERR_IO / DSV4_ERR_FORMAT naming the file), *results then NULL.
  */
-dsv4_status dsv4_check_engine(const char *cases_dir, const char *outputs_dir, const dsv4_check_options *opt,
-                              dsv4_run_results **results, dsv4_error *err);
+DSV4_API dsv4_status dsv4_check_engine(const char *cases_dir, const char *outputs_dir, const dsv4_check_options *opt,
+                                       dsv4_run_results **results, dsv4_error *err);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,8 @@
 #ifndef DSV4MOE_FILES_H
 #define DSV4MOE_FILES_H
 
+#include "api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -19,7 +21,7 @@ extern "C" {
  * a SIGINT/SIGTERM handler before re-raising the signal, so an interrupted run leaves the
  * destinations as they were and no temporary. The library installs no handler itself.
  */
-void dsv4_files_remove_temporaries(void);
+DSV4_API void dsv4_files_remove_temporaries(void);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 #include <stddef.h>
+#include "api.h"
 #include "status.h"
 #include "config.h"
 
@@ -24,18 +25,18 @@ extern "C" {
 #define DSV4_FP4_GROUP 32       /* fp4 scale group along K */
 
 /* ---- bf16: round to nearest even; NaN stays NaN (quiet, sign kept). ---- */
-uint16_t dsv4_f32_to_bf16(float x);
-float dsv4_bf16_to_f32(uint16_t b);
+DSV4_API uint16_t dsv4_f32_to_bf16(float x);
+DSV4_API float dsv4_bf16_to_f32(uint16_t b);
 /* bf16(x) as a float: dsv4_bf16_to_f32(dsv4_f32_to_bf16(x)). */
-float dsv4_round_bf16(float x);
+DSV4_API float dsv4_round_bf16(float x);
 
 /*
  * ---- fp8 e4m3fn: bias 7, max 448, no infinity, NaN = S.1111.111. ----
  * From fp32: round to nearest even, saturate to +-448 (+-Inf too);
  * NaN gives 0x7F with the sign bit of the input. Subnormals are exact.
  */
-uint8_t dsv4_f32_to_e4m3(float x);
-float dsv4_e4m3_to_f32(uint8_t code); /* 0x7F / 0xFF decode to NaN */
+DSV4_API uint8_t dsv4_f32_to_e4m3(float x);
+DSV4_API float dsv4_e4m3_to_f32(uint8_t code); /* 0x7F / 0xFF decode to NaN */
 
 /*
  * ---- fp4 e2m1: magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign. ----
@@ -43,11 +44,11 @@ float dsv4_e4m3_to_f32(uint8_t code); /* 0x7F / 0xFF decode to NaN */
  * e2m1 has no NaN: a NaN input gives +6 (0x7); quantizers reject NaN before
  * they get here. Packed storage: byte k/2, low nibble even k, high nibble odd k.
  */
-uint8_t dsv4_f32_to_e2m1(float x); /* returns a nibble 0..15 */
-float dsv4_e2m1_to_f32(uint8_t nibble); /* only the low 4 bits are used */
+DSV4_API uint8_t dsv4_f32_to_e2m1(float x); /* returns a nibble 0..15 */
+DSV4_API float dsv4_e2m1_to_f32(uint8_t nibble); /* only the low 4 bits are used */
 
 /* ---- ue8m0: one byte b, value 2^(b - 127); b = 255 is NaN. ---- */
-float dsv4_ue8m0_to_f32(uint8_t b);
+DSV4_API float dsv4_ue8m0_to_f32(uint8_t b);
 /*
  * The ue8m0 byte of the smallest power of two s with amax <= limit * s,
  * i.e. s = 2^ceil(log2(amax / limit)) computed exactly (no rounding of the
@@ -55,7 +56,7 @@ float dsv4_ue8m0_to_f32(uint8_t b);
  * [0, 254] (+Inf amax gives 254). A NaN amax, or a limit that is not positive
  * and finite, gives 255 (NaN). limit is 448 for e4m3 and 6 for e2m1.
  */
-uint8_t dsv4_ue8m0_scale_for(float amax, float limit);
+DSV4_API uint8_t dsv4_ue8m0_scale_for(float amax, float limit);
 
 /*
  * ---- Weight block quantizers (input fp32 [N, K], row-major). ----
@@ -68,18 +69,18 @@ uint8_t dsv4_ue8m0_scale_for(float amax, float limit);
  * A non-finite weight gives DSV4_ERR_NUMERIC naming `name` and the element
  * [n, k]; outputs are then unspecified. `name` may be NULL.
  */
-dsv4_status dsv4_quant_fp8_block(const float *w, int64_t n, int64_t k, dsv4_scale_format scale_format,
-                                 uint8_t *q, void *scales, const char *name, dsv4_error *err);
-dsv4_status dsv4_quant_fp4_block(const float *w, int64_t n, int64_t k, uint8_t *q, uint8_t *scales,
-                                 const char *name, dsv4_error *err);
+DSV4_API dsv4_status dsv4_quant_fp8_block(const float *w, int64_t n, int64_t k, dsv4_scale_format scale_format,
+                                          uint8_t *q, void *scales, const char *name, dsv4_error *err);
+DSV4_API dsv4_status dsv4_quant_fp4_block(const float *w, int64_t n, int64_t k, uint8_t *q, uint8_t *scales,
+                                          const char *name, dsv4_error *err);
 
 /* Dequantize rows [n0, n0 + rows) of a quantized [N, K] matrix into out[rows, K] (fp32). */
-void dsv4_dequant_fp8_rows(const uint8_t *q, const void *scales, dsv4_scale_format scale_format, int64_t n,
-                           int64_t k, int64_t n0, int64_t rows, float *out);
-void dsv4_dequant_fp4_rows(const uint8_t *q, const uint8_t *scales, int64_t n, int64_t k, int64_t n0,
-                           int64_t rows, float *out);
+DSV4_API void dsv4_dequant_fp8_rows(const uint8_t *q, const void *scales, dsv4_scale_format scale_format, int64_t n,
+                                    int64_t k, int64_t n0, int64_t rows, float *out);
+DSV4_API void dsv4_dequant_fp4_rows(const uint8_t *q, const uint8_t *scales, int64_t n, int64_t k, int64_t n0,
+                                    int64_t rows, float *out);
 /* Dequantize rows of a bf16 [N, K] matrix. */
-void dsv4_dequant_bf16_rows(const uint16_t *w, int64_t k, int64_t n0, int64_t rows, float *out);
+DSV4_API void dsv4_dequant_bf16_rows(const uint16_t *w, int64_t k, int64_t n0, int64_t rows, float *out);
 
 /*
  * ---- Weights for FP8 tensor cores with 1x128 scales (SPEC.md section 9, `gemm = fp8`) ----
@@ -99,15 +100,32 @@ void dsv4_dequant_bf16_rows(const uint16_t *w, int64_t k, int64_t n0, int64_t ro
  * *first_group (may be NULL) name the first such group.
  */
 #define DSV4_FP4_TO_FP8_SPREAD 14
-void dsv4_fp8_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const void *scales, dsv4_scale_format scale_format,
-                          int64_t n, int64_t k, uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb,
-                          int64_t s_row);
+DSV4_API void dsv4_fp8_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const void *scales,
+                                   dsv4_scale_format scale_format, int64_t n, int64_t k, uint8_t *dst,
+                                   uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb, int64_t s_row);
 /* The number of 128-groups of fp4 scales [n, k / 32] that dsv4_fp4_to_e4m3_128 cannot convert
    exactly (what `dsv4moe inspect` reports; an expert with any runs on the exact kernels). */
-int64_t dsv4_fp4_scales_beyond_e4m3(const uint8_t *scales, int64_t n, int64_t k);
-int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n, int64_t k,
-                             uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb, int64_t s_row,
-                             int64_t *first_row, int64_t *first_group);
+DSV4_API int64_t dsv4_fp4_scales_beyond_e4m3(const uint8_t *scales, int64_t n, int64_t k);
+DSV4_API int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n, int64_t k,
+                                      uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb,
+                                      int64_t s_row, int64_t *first_row, int64_t *first_group);
+/*
+ * The same two conversions with one scale per block of block_rows rows (a power of two, 1 or up
+ * to 128) and 128 of K: block (r / block_rows, kb)'s scale at dst_scales[kb * s_kb + (r /
+ * block_rows) * s_row]. fp8: exact for any block_rows dividing 128 (the source blocks). fp4: a
+ * block converts exactly iff its block_rows x 4 scale bytes obey the rule above together (spread
+ * at most DSV4_FP4_TO_FP8_SPREAD, none 255); the count and *first_row / *first_group name blocks
+ * (first_row the block's first row). The codes differ from block_rows 1's by a power of two per
+ * row, compensated exactly by the scale, so every product code x scale is the same value.
+ */
+DSV4_API void dsv4_fp8_to_e4m3_blocks(const uint8_t *q, uint64_t row_bytes, const void *scales,
+                                      dsv4_scale_format scale_format, int64_t n, int64_t k, int64_t block_rows,
+                                      uint8_t *dst, uint64_t dst_row_bytes, float *dst_scales, int64_t s_kb,
+                                      int64_t s_row);
+DSV4_API int64_t dsv4_fp4_to_e4m3_blocks(const uint8_t *q, uint64_t row_bytes, const uint8_t *scales, int64_t n,
+                                         int64_t k, int64_t block_rows, uint8_t *dst, uint64_t dst_row_bytes,
+                                         float *dst_scales, int64_t s_kb, int64_t s_row, int64_t *first_row,
+                                         int64_t *first_group);
 
 /*
  * ---- Activation quantizer: one row of K values, groups of 128 along K ----
@@ -118,8 +136,8 @@ int64_t dsv4_fp4_to_e4m3_128(const uint8_t *q, uint64_t row_bytes, const uint8_t
  * (ceil(K/128) floats) may be NULL when the caller only needs `out`.
  * x and out may alias. NaN inputs propagate as NaN.
  */
-void dsv4_act_quant_row(const float *x, int64_t k, dsv4_act_quant mode, float *out, uint8_t *codes,
-                        float *scales);
+DSV4_API void dsv4_act_quant_row(const float *x, int64_t k, dsv4_act_quant mode, float *out, uint8_t *codes,
+                                 float *scales);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "api.h"
 #include "config.h"
 #include "safetensors.h"
 
@@ -35,15 +36,15 @@ typedef struct dsv4_gen_options {
 } dsv4_gen_options;
 
 /* seed 1, 1 thread, split layout. NULL is a no-op. */
-void dsv4_gen_options_init(dsv4_gen_options *opt);
+DSV4_API void dsv4_gen_options_init(dsv4_gen_options *opt);
 
 /* Writes the weights of cfg->layer (validated first) to one safetensors file, atomically. */
-dsv4_status dsv4_gen_weights(const dsv4_config *cfg, const dsv4_gen_options *opt, const char *path,
-                             dsv4_error *err);
+DSV4_API dsv4_status dsv4_gen_weights(const dsv4_config *cfg, const dsv4_gen_options *opt, const char *path,
+                                      dsv4_error *err);
 
 /* Writes x BF16 [tokens, H] and input_ids I32 [tokens] (tokens >= 0), atomically. */
-dsv4_status dsv4_gen_input(const dsv4_config *cfg, const dsv4_gen_options *opt, int64_t tokens, const char *path,
-                           dsv4_error *err);
+DSV4_API dsv4_status dsv4_gen_input(const dsv4_config *cfg, const dsv4_gen_options *opt, int64_t tokens,
+                                    const char *path, dsv4_error *err);
 
 /* How often the SwiGLU clamp would act on a sample of the generated data. */
 typedef struct dsv4_clamp_probe {
@@ -59,8 +60,9 @@ typedef struct dsv4_clamp_probe {
  * of the checkpoint, as stored (dequantized), and counts the values past
  * swiglu_limit. This measures the data, not a backend.
  */
-dsv4_status dsv4_gen_probe_clamp(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, const dsv4_st_file *input,
-                                 int64_t max_tokens, int64_t max_experts, dsv4_clamp_probe *out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_gen_probe_clamp(const dsv4_checkpoint *ckpt, const dsv4_config *cfg,
+                                          const dsv4_st_file *input, int64_t max_tokens, int64_t max_experts,
+                                          dsv4_clamp_probe *out, dsv4_error *err);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "api.h"
 #include "config.h"
 #include "status.h"
 
@@ -71,7 +72,7 @@ typedef struct dsv4_topology {
 
 /* One rank, prefill role, ref backend, sm 90, graphs off,
    max 4096 tokens, planner-chosen chunking and strategies. NULL is a no-op. */
-void dsv4_topology_init(dsv4_topology *topo);
+DSV4_API void dsv4_topology_init(dsv4_topology *topo);
 
 typedef struct dsv4_budget {
     uint32_t struct_size;  /* sizeof(dsv4_budget), set by init */
@@ -82,10 +83,10 @@ typedef struct dsv4_budget {
 } dsv4_budget;
 
 /* 80 GiB device, reserve_mb 1024, nothing taken. NULL is a no-op. */
-void dsv4_budget_init(dsv4_budget *budget);
+DSV4_API void dsv4_budget_init(dsv4_budget *budget);
 /* Bytes the layer may use for its workspace: device - taken - reserve (0 if negative), with
    reserve = max(reserve_mb MiB, 2 GiB, device_bytes / 20). 0 for NULL. */
-uint64_t dsv4_budget_available(const dsv4_budget *budget);
+DSV4_API uint64_t dsv4_budget_available(const dsv4_budget *budget);
 
 typedef enum dsv4_router_kind {
     DSV4_ROUTER_LOCAL = 0,         /* every expert on this rank */
@@ -100,10 +101,10 @@ typedef enum dsv4_executor_kind {
     DSV4_EXEC_PER_TOKEN = 2
 } dsv4_executor_kind;
 
-const char *dsv4_router_kind_name(dsv4_router_kind k);
-const char *dsv4_executor_kind_name(dsv4_executor_kind k);
-const char *dsv4_role_name(dsv4_role r);
-const char *dsv4_backend_kind_name(dsv4_backend_kind b);
+DSV4_API const char *dsv4_router_kind_name(dsv4_router_kind k);
+DSV4_API const char *dsv4_executor_kind_name(dsv4_executor_kind k);
+DSV4_API const char *dsv4_role_name(dsv4_role r);
+DSV4_API const char *dsv4_backend_kind_name(dsv4_backend_kind b);
 
 typedef struct dsv4_plan dsv4_plan;
 
@@ -112,51 +113,51 @@ typedef struct dsv4_plan dsv4_plan;
  * (or DSV4_ERR_CONFIG for the config itself) with a message that names the
  * conflicting settings by their field names and says what would work.
  */
-dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, const dsv4_budget *budget,
-                             dsv4_plan **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, const dsv4_budget *budget,
+                                      dsv4_plan **out, dsv4_error *err);
 /* NULL is a no-op. */
-void dsv4_plan_free(dsv4_plan *plan);
+DSV4_API void dsv4_plan_free(dsv4_plan *plan);
 
-const dsv4_config *dsv4_plan_config(const dsv4_plan *plan);
-const dsv4_topology *dsv4_plan_topology(const dsv4_plan *plan);
-dsv4_router_kind dsv4_plan_router(const dsv4_plan *plan);
+DSV4_API const dsv4_config *dsv4_plan_config(const dsv4_plan *plan);
+DSV4_API const dsv4_topology *dsv4_plan_topology(const dsv4_plan *plan);
+DSV4_API dsv4_router_kind dsv4_plan_router(const dsv4_plan *plan);
 /* The executor of a step whose largest rank holds `tokens`: the graph executor when graph_replay
    and the step can replay, else the eager one (a step that cannot replay runs eager). */
-dsv4_executor_kind dsv4_plan_executor(const dsv4_plan *plan, int64_t tokens, bool graph_replay);
+DSV4_API dsv4_executor_kind dsv4_plan_executor(const dsv4_plan *plan, int64_t tokens, bool graph_replay);
 /* Tokens per chunk (a multiple of 128, or max_tokens_per_rank when smaller). */
-int64_t dsv4_plan_chunk_tokens(const dsv4_plan *plan);
+DSV4_API int64_t dsv4_plan_chunk_tokens(const dsv4_plan *plan);
 /* The numerics mode the fast path runs (SPEC.md section 9): the config's gemm, with auto resolved
    to fp8 on backend cuda for fp8/fp4 weights with quantized activations and dims multiples of
    128, exact otherwise. gemm fp8 on any other backend or format is refused at creation. */
-dsv4_gemm_mode dsv4_plan_gemm(const dsv4_plan *plan);
+DSV4_API dsv4_gemm_mode dsv4_plan_gemm(const dsv4_plan *plan);
 /* Chunks of a step whose largest rank holds `max_tokens` (0 for 0 tokens). */
-int64_t dsv4_plan_chunks(const dsv4_plan *plan, int64_t max_tokens);
+DSV4_API int64_t dsv4_plan_chunks(const dsv4_plan *plan, int64_t max_tokens);
 /* This rank's experts: [first, first + count). */
-int64_t dsv4_plan_expert_first(const dsv4_plan *plan);
-int64_t dsv4_plan_expert_count(const dsv4_plan *plan);
+DSV4_API int64_t dsv4_plan_expert_first(const dsv4_plan *plan);
+DSV4_API int64_t dsv4_plan_expert_count(const dsv4_plan *plan);
 /* This rank's share of moe_inter_dim under tp: [first, first + count). */
-int64_t dsv4_plan_inter_first(const dsv4_plan *plan);
-int64_t dsv4_plan_inter_count(const dsv4_plan *plan);
+DSV4_API int64_t dsv4_plan_inter_first(const dsv4_plan *plan);
+DSV4_API int64_t dsv4_plan_inter_count(const dsv4_plan *plan);
 /* Whether a step with `max_tokens` (the world's largest) may replay a graph: a bucket holds it. */
-bool dsv4_plan_can_replay(const dsv4_plan *plan, int64_t max_tokens);
+DSV4_API bool dsv4_plan_can_replay(const dsv4_plan *plan, int64_t max_tokens);
 
 /* Workspace bytes of a step whose largest rank holds `tokens` (chunked as planned): eager, the
    chunk workspace at min(tokens, chunk); replayed, the graph executor's at the smallest bucket
    holding `tokens`. Both include the step's metadata collective (64 bytes per world rank, the
    whole workspace of a 0-token step). The memory model is in docs/planner.md. */
-uint64_t dsv4_plan_workspace_bytes(const dsv4_plan *plan, int64_t tokens, bool graph_replay);
+DSV4_API uint64_t dsv4_plan_workspace_bytes(const dsv4_plan *plan, int64_t tokens, bool graph_replay);
 /* The maximum over every T in [0, max_tokens_per_rank] and both step kinds; within the budget. */
-uint64_t dsv4_plan_workspace_max(const dsv4_plan *plan);
-uint64_t dsv4_plan_budget_available(const dsv4_plan *plan);
+DSV4_API uint64_t dsv4_plan_workspace_max(const dsv4_plan *plan);
+DSV4_API uint64_t dsv4_plan_budget_available(const dsv4_plan *plan);
 /* Device bytes of the weights a backend of this plan binds on this rank: the router's tensors and
    the rank's shard of the experts (its range under ep, its rows of moe_inter_dim under tp), by the
    backend's model (cuda: dsv4_backend_stats.weights_allocated stays within it). 0 for a backend
    that reads the checkpoint in host memory (ref, cpu) or that this build lacks. Not part of the
    workspace or of the budget's available bytes: the caller counts them in taken_bytes. */
-uint64_t dsv4_plan_weight_bytes(const dsv4_plan *plan);
+DSV4_API uint64_t dsv4_plan_weight_bytes(const dsv4_plan *plan);
 
 /* A readable explanation of every choice, one per line (owned by the plan). */
-const char *dsv4_plan_explain(const dsv4_plan *plan);
+DSV4_API const char *dsv4_plan_explain(const dsv4_plan *plan);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #define DSV4MOE_REF_H
 
 #include <stdint.h>
+#include "api.h"
 #include "config.h"
 #include "safetensors.h"
 
@@ -59,12 +60,12 @@ typedef struct dsv4_ref_output {
  * the weights are quantized here exactly as dsv4_quant_* do. `threads` >= 1;
  * the results do not depend on it. The checkpoint must outlive the handle.
  */
-dsv4_status dsv4_ref_create(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, int threads, dsv4_ref **out,
-                            dsv4_error *err);
+DSV4_API dsv4_status dsv4_ref_create(const dsv4_config *cfg, const dsv4_checkpoint *ckpt, int threads, dsv4_ref **out,
+                                     dsv4_error *err);
 /* NULL is a no-op. */
-void dsv4_ref_free(dsv4_ref *ref);
+DSV4_API void dsv4_ref_free(dsv4_ref *ref);
 /* The config the handle was created with. */
-const dsv4_config *dsv4_ref_config(const dsv4_ref *ref);
+DSV4_API const dsv4_config *dsv4_ref_config(const dsv4_ref *ref);
 
 /*
  * Runs the layer on T tokens (T >= 0): x bf16 [T, H], input_ids [T] (used by
@@ -72,8 +73,8 @@ const dsv4_config *dsv4_ref_config(const dsv4_ref *ref);
  * tid2eid entry outside [0, E) is DSV4_ERR_RANGE naming the token and value;
  * nothing is written to the outputs then.
  */
-dsv4_status dsv4_ref_forward(dsv4_ref *ref, int64_t tokens, const uint16_t *x, const int32_t *input_ids,
-                             dsv4_ref_output *out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_ref_forward(dsv4_ref *ref, int64_t tokens, const uint16_t *x, const int32_t *input_ids,
+                                      dsv4_ref_output *out, dsv4_error *err);
 
 /*
  * The layer's stages, the pieces dsv4_ref_forward is composed of, for a run sharded over ranks
@@ -84,8 +85,9 @@ dsv4_status dsv4_ref_forward(dsv4_ref *ref, int64_t tokens, const uint16_t *x, c
  * checked as dsv4_ref_forward does) to ids, w [n, K] (pruned slots E and 0); kept [n] may be NULL.
  * nonfinite_rows (may be NULL) gets the count of rows with non-finite logits or weights added.
  */
-dsv4_status dsv4_ref_stage_route(const dsv4_ref *ref, int64_t n, const uint16_t *x, const int32_t *input_ids,
-                                 int32_t *ids, float *w, int32_t *kept, uint64_t *nonfinite_rows, dsv4_error *err);
+DSV4_API dsv4_status dsv4_ref_stage_route(const dsv4_ref *ref, int64_t n, const uint16_t *x, const int32_t *input_ids,
+                                          int32_t *ids, float *w, int32_t *kept, uint64_t *nonfinite_rows,
+                                          dsv4_error *err);
 /*
  * The FFN of m token-slots grouped by expert: x bf16 [m, H], expert[m] ascending runs of routed
  * ids (or DSV4_SHARED_EXPERT), w[m] router weights (NULL for the shared expert), intermediate
@@ -93,19 +95,20 @@ dsv4_status dsv4_ref_stage_route(const dsv4_ref *ref, int64_t n, const uint16_t 
  * down projection summed over those rows, not rounded: over [0, I), bf16(out) is the expert
  * output. Clamp hits are added to stats (routed or shared counters; may be NULL).
  */
-dsv4_status dsv4_ref_stage_experts(const dsv4_ref *ref, int64_t m, const uint16_t *x, const int32_t *expert,
-                                   const float *w, int64_t i0, int64_t ni, float *out, dsv4_ref_stats *stats,
-                                   dsv4_error *err);
+DSV4_API dsv4_status dsv4_ref_stage_experts(const dsv4_ref *ref, int64_t m, const uint16_t *x, const int32_t *expert,
+                                            const float *w, int64_t i0, int64_t ni, float *out, dsv4_ref_stats *stats,
+                                            dsv4_error *err);
 /*
  * y[t] = bf16(sum over the slots s with tok[s] == t, in the order given, of o_s (before_w2) or
  * w_s o_s (after_w2), in fp32, plus shared[t]) for t in [0, n). o bf16 [ns, H]; shared bf16
  * [n, H] or NULL. Giving the slots in ascending expert id reproduces dsv4_ref_forward.
  */
-dsv4_status dsv4_ref_stage_combine(const dsv4_ref *ref, int64_t n, int64_t ns, const int32_t *tok, const float *w,
-                                   const uint16_t *o, const uint16_t *shared, uint16_t *y, dsv4_error *err);
+DSV4_API dsv4_status dsv4_ref_stage_combine(const dsv4_ref *ref, int64_t n, int64_t ns, const int32_t *tok,
+                                            const float *w, const uint16_t *o, const uint16_t *shared, uint16_t *y,
+                                            dsv4_error *err);
 
 /* FNV-1a 64 of y, then topk_ids, then topk_weights (those given), as raw bytes. */
-uint64_t dsv4_ref_hash(const dsv4_config *cfg, int64_t tokens, const dsv4_ref_output *out);
+DSV4_API uint64_t dsv4_ref_hash(const dsv4_config *cfg, int64_t tokens, const dsv4_ref_output *out);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "api.h"
 #include "compare.h"
 #include "plan.h"
 #include "scenario.h"
@@ -36,7 +37,7 @@ typedef enum dsv4_result {
 } dsv4_result;
 
 /* "pass", "fail", "skip", "error"; "?" otherwise. */
-const char *dsv4_result_name(dsv4_result r);
+DSV4_API const char *dsv4_result_name(dsv4_result r);
 
 typedef struct dsv4_case_result dsv4_case_result;
 typedef struct dsv4_run_results dsv4_run_results;
@@ -60,7 +61,7 @@ typedef struct dsv4_run_options {
 } dsv4_run_options;
 
 /* cache "out/cache", backend -1, no filter, 2 threads, no progress, no traces. NULL is a no-op. */
-void dsv4_run_options_init(dsv4_run_options *opt);
+DSV4_API void dsv4_run_options_init(dsv4_run_options *opt);
 
 /*
  * Runs every case of scn (matching opts->filter) and appends its results to
@@ -71,38 +72,38 @@ void dsv4_run_options_init(dsv4_run_options *opt);
  * a case that cannot run is recorded with status DSV4_RESULT_ERROR.
  * opts may be NULL (defaults).
  */
-dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts, dsv4_run_results **results,
-                              dsv4_error *err);
+DSV4_API dsv4_status dsv4_run_scenario(const dsv4_scenario *scn, const dsv4_run_options *opts,
+                                       dsv4_run_results **results, dsv4_error *err);
 
 /* NULL is a no-op. */
-void dsv4_run_results_free(dsv4_run_results *results);
+DSV4_API void dsv4_run_results_free(dsv4_run_results *results);
 
 /* ---------------- accessors ---------------- */
 
-size_t dsv4_run_count(const dsv4_run_results *results);
+DSV4_API size_t dsv4_run_count(const dsv4_run_results *results);
 /* NULL when i >= count. */
-const dsv4_case_result *dsv4_run_get(const dsv4_run_results *results, size_t i);
+DSV4_API const dsv4_case_result *dsv4_run_get(const dsv4_run_results *results, size_t i);
 /* Cases by status; `seconds` is the summed case time. */
 typedef struct dsv4_run_summary {
     size_t cases, passed, failed, skipped, errors;
     double seconds;
 } dsv4_run_summary;
-dsv4_run_summary dsv4_run_summarize(const dsv4_run_results *results);
+DSV4_API dsv4_run_summary dsv4_run_summarize(const dsv4_run_results *results);
 
-const char *dsv4_case_name(const dsv4_case_result *c);
-const char *dsv4_case_scenario(const dsv4_case_result *c); /* the scenario's `name` */
-const char *dsv4_case_file(const dsv4_case_result *c);     /* its path */
-dsv4_result dsv4_case_status(const dsv4_case_result *c);
-double dsv4_case_seconds(const dsv4_case_result *c);
+DSV4_API const char *dsv4_case_name(const dsv4_case_result *c);
+DSV4_API const char *dsv4_case_scenario(const dsv4_case_result *c); /* the scenario's `name` */
+DSV4_API const char *dsv4_case_file(const dsv4_case_result *c);     /* its path */
+DSV4_API dsv4_result dsv4_case_status(const dsv4_case_result *c);
+DSV4_API double dsv4_case_seconds(const dsv4_case_result *c);
 /* The case's index in its scenario (dsv4_scenario_get). */
-size_t dsv4_case_index(const dsv4_case_result *c);
+DSV4_API size_t dsv4_case_index(const dsv4_case_result *c);
 
 /* The result of one check (a DSV4_CHECK_* bit): DSV4_RESULT_SKIP with detail "not requested" when the
    case did not ask for it. The detail is never NULL. */
-dsv4_result dsv4_case_check(const dsv4_case_result *c, unsigned check_bit, const char **detail);
+DSV4_API dsv4_result dsv4_case_check(const dsv4_case_result *c, unsigned check_bit, const char **detail);
 
 /* The numerics metrics (all ranks' outputs together); false when numerics did not compare anything. */
-bool dsv4_case_metrics(const dsv4_case_result *c, dsv4_compare_metrics *out);
+DSV4_API bool dsv4_case_metrics(const dsv4_case_result *c, dsv4_compare_metrics *out);
 
 /* Bins of the error distributions of a numerics comparison. */
 #define DSV4_ERR_BINS 16
@@ -137,7 +138,7 @@ typedef struct dsv4_case_errors {
 } dsv4_case_errors;
 
 /* The error profile of the numerics check; false when numerics compared nothing. */
-bool dsv4_case_errors_of(const dsv4_case_result *c, dsv4_case_errors *out);
+DSV4_API bool dsv4_case_errors_of(const dsv4_case_result *c, dsv4_case_errors *out);
 
 /* Bytes: the smallest budget available over the ranks, the largest planned maximum
    (dsv4_plan_workspace_max), the largest planned workspace of the step run, the largest measured peak.
@@ -146,7 +147,7 @@ typedef struct dsv4_case_memory {
     uint64_t available, planned_max, planned_step, peak;
     bool measured; /* a backend or the distributed driver measured peak */
 } dsv4_case_memory;
-dsv4_case_memory dsv4_case_memory_of(const dsv4_case_result *c);
+DSV4_API dsv4_case_memory dsv4_case_memory_of(const dsv4_case_result *c);
 
 /* ---------------- reports ---------------- */
 
@@ -159,10 +160,10 @@ dsv4_case_memory dsv4_case_memory_of(const dsv4_case_result *c);
  * only its cases are written. Both are written atomically: a temporary file
  * next to `path`, renamed into place when complete, removed on error.
  */
-dsv4_status dsv4_report_json(const dsv4_run_results *results, const dsv4_scenario *scn, const char *path,
-                             dsv4_error *err);
-dsv4_status dsv4_report_junit(const dsv4_run_results *results, const dsv4_scenario *scn, const char *path,
-                              dsv4_error *err);
+DSV4_API dsv4_status dsv4_report_json(const dsv4_run_results *results, const dsv4_scenario *scn, const char *path,
+                                      dsv4_error *err);
+DSV4_API dsv4_status dsv4_report_junit(const dsv4_run_results *results, const dsv4_scenario *scn, const char *path,
+                                       dsv4_error *err);
 
 /*
  * report.html (harness/report_html.c): one self-contained page (inline CSS
@@ -174,7 +175,7 @@ dsv4_status dsv4_report_junit(const dsv4_run_results *results, const dsv4_scenar
  * symmetry failure the two ranks' differing collectives side by side. All
  * text is escaped. Written atomically like the others.
  */
-dsv4_status dsv4_report_html(const dsv4_run_results *results, const char *path, dsv4_error *err);
+DSV4_API dsv4_status dsv4_report_html(const dsv4_run_results *results, const char *path, dsv4_error *err);
 
 /*
  * The three reports of one run as one unit: DIR/report.json, DIR/junit.xml and
@@ -187,7 +188,7 @@ dsv4_status dsv4_report_html(const dsv4_run_results *results, const char *path, 
  * DIR must exist.
  */
 #define DSV4_REPORT_LOCK ".report.lock"
-dsv4_status dsv4_report_write_all(const dsv4_run_results *results, const char *dir, dsv4_error *err);
+DSV4_API dsv4_status dsv4_report_write_all(const dsv4_run_results *results, const char *dir, dsv4_error *err);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "api.h"
 #include "dtype.h"
 #include "status.h"
 
@@ -45,18 +46,18 @@ typedef struct dsv4_st_file dsv4_st_file;
 /* Opens and validates a file and reads its data into owned memory (never a mapping of the
  * file: a file truncated or rewritten later cannot crash the process with SIGBUS). A file that changes
  * while it is being read is DSV4_ERR_IO. */
-dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_st_open(const char *path, dsv4_st_file **out, dsv4_error *err);
 /* NULL is a no-op. */
-void dsv4_st_close(dsv4_st_file *file);
-const char *dsv4_st_path(const dsv4_st_file *file);
+DSV4_API void dsv4_st_close(dsv4_st_file *file);
+DSV4_API const char *dsv4_st_path(const dsv4_st_file *file);
 /* Tensors in order of their data offsets; at one offset the empty tensors
  * come first, then by name (the Rust order: (begin, end), then name). */
-size_t dsv4_st_count(const dsv4_st_file *file);
-const dsv4_tensor_info *dsv4_st_tensor(const dsv4_st_file *file, size_t index);
+DSV4_API size_t dsv4_st_count(const dsv4_st_file *file);
+DSV4_API const dsv4_tensor_info *dsv4_st_tensor(const dsv4_st_file *file, size_t index);
 /* NULL when absent. */
-const dsv4_tensor_info *dsv4_st_find(const dsv4_st_file *file, const char *name);
+DSV4_API const dsv4_tensor_info *dsv4_st_find(const dsv4_st_file *file, const char *name);
 /* A value of the "__metadata__" map, or NULL. */
-const char *dsv4_st_metadata(const dsv4_st_file *file, const char *key);
+DSV4_API const char *dsv4_st_metadata(const dsv4_st_file *file, const char *key);
 
 /* ---------------- writer ---------------- */
 
@@ -73,28 +74,28 @@ typedef struct dsv4_st_writer dsv4_st_writer;
 typedef dsv4_status (*dsv4_st_fill_fn)(void *user, size_t index, const char *name, void *buf, uint64_t nbytes,
                                        dsv4_error *err);
 
-dsv4_status dsv4_st_writer_create(dsv4_st_writer **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_st_writer_create(dsv4_st_writer **out, dsv4_error *err);
 /* NULL is a no-op. */
-void dsv4_st_writer_free(dsv4_st_writer *writer);
+DSV4_API void dsv4_st_writer_free(dsv4_st_writer *writer);
 /*
  * Declares a tensor. `data` (nbytes as implied by dtype and shape) is copied
  * at write time, not now, so it must stay valid until dsv4_st_writer_write;
  * pass NULL to have the fill callback produce it. Duplicate names, empty
  * names, ndim outside [0, 8], negative dims and overflowing sizes are errors.
  */
-dsv4_status dsv4_st_writer_add(dsv4_st_writer *writer, const char *name, dsv4_dtype dtype, int ndim,
-                               const int64_t *shape, const void *data, dsv4_error *err);
+DSV4_API dsv4_status dsv4_st_writer_add(dsv4_st_writer *writer, const char *name, dsv4_dtype dtype, int ndim,
+                                        const int64_t *shape, const void *data, dsv4_error *err);
 /* Adds a "__metadata__" entry (string to string, UTF-8); a key set twice is an error. */
-dsv4_status dsv4_st_writer_set_metadata(dsv4_st_writer *writer, const char *key, const char *value,
-                                        dsv4_error *err);
+DSV4_API dsv4_status dsv4_st_writer_set_metadata(dsv4_st_writer *writer, const char *key, const char *value,
+                                                 dsv4_error *err);
 /*
  * Writes the file atomically: "<path>.tmp.<pid>.<n>" next to it, renamed
  * into place when complete, removed on any error. Header keys and data in
  * declaration order, "__metadata__" first; the header is padded with spaces
  * to a multiple of 8 bytes. `fill` may be NULL when every tensor has data.
  */
-dsv4_status dsv4_st_writer_write(dsv4_st_writer *writer, const char *path, dsv4_st_fill_fn fill, void *user,
-                                 dsv4_error *err);
+DSV4_API dsv4_status dsv4_st_writer_write(dsv4_st_writer *writer, const char *path, dsv4_st_fill_fn fill, void *user,
+                                          dsv4_error *err);
 
 /* ---------------- checkpoints ---------------- */
 
@@ -104,7 +105,7 @@ typedef enum dsv4_layout {
     DSV4_LAYOUT_STACKED = 2  /* HF transformers export: [model.]layers.{i}.mlp.experts.gate_up_proj ... */
 } dsv4_layout;
 
-const char *dsv4_layout_name(dsv4_layout layout);
+DSV4_API const char *dsv4_layout_name(dsv4_layout layout);
 
 typedef struct dsv4_checkpoint dsv4_checkpoint;
 
@@ -124,11 +125,11 @@ typedef struct dsv4_checkpoint dsv4_checkpoint;
  * keys, or stacked keys with and without the "model." prefix, is an error
  * naming one key of each kind.
  */
-dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out, dsv4_error *err);
 /* NULL is a no-op. */
-void dsv4_checkpoint_close(dsv4_checkpoint *ckpt);
-size_t dsv4_checkpoint_file_count(const dsv4_checkpoint *ckpt);
-const char *dsv4_checkpoint_file_path(const dsv4_checkpoint *ckpt, size_t index);
+DSV4_API void dsv4_checkpoint_close(dsv4_checkpoint *ckpt);
+DSV4_API size_t dsv4_checkpoint_file_count(const dsv4_checkpoint *ckpt);
+DSV4_API const char *dsv4_checkpoint_file_path(const dsv4_checkpoint *ckpt, size_t index);
 /*
  * All tensors, sorted by name. A checkpoint reads only the headers at open; a tensor's data
  * is read (pread into owned memory, once, thread-safe) when it is first returned by
@@ -137,27 +138,27 @@ const char *dsv4_checkpoint_file_path(const dsv4_checkpoint *ckpt, size_t index)
  * meanwhile is DSV4_ERR_IO, never a signal. dsv4_checkpoint_tensor_meta reads nothing:
  * its `data` must not be read (use it for names, dtypes, shapes and sizes).
  */
-size_t dsv4_checkpoint_tensor_count(const dsv4_checkpoint *ckpt);
-const dsv4_tensor_info *dsv4_checkpoint_tensor_meta(const dsv4_checkpoint *ckpt, size_t index);
+DSV4_API size_t dsv4_checkpoint_tensor_count(const dsv4_checkpoint *ckpt);
+DSV4_API const dsv4_tensor_info *dsv4_checkpoint_tensor_meta(const dsv4_checkpoint *ckpt, size_t index);
 /* NULL when the index is out of range or the data cannot be read. */
-const dsv4_tensor_info *dsv4_checkpoint_tensor(const dsv4_checkpoint *ckpt, size_t index);
+DSV4_API const dsv4_tensor_info *dsv4_checkpoint_tensor(const dsv4_checkpoint *ckpt, size_t index);
 /* The tensor with its data read; DSV4_ERR_NOT_FOUND naming the files searched, or DSV4_ERR_IO. */
-dsv4_status dsv4_checkpoint_get(const dsv4_checkpoint *ckpt, const char *name, const dsv4_tensor_info **out,
-                                dsv4_error *err);
+DSV4_API dsv4_status dsv4_checkpoint_get(const dsv4_checkpoint *ckpt, const char *name, const dsv4_tensor_info **out,
+                                         dsv4_error *err);
 /* NULL when absent or unreadable (dsv4_checkpoint_get says which). */
-const dsv4_tensor_info *dsv4_checkpoint_find(const dsv4_checkpoint *ckpt, const char *name);
+DSV4_API const dsv4_tensor_info *dsv4_checkpoint_find(const dsv4_checkpoint *ckpt, const char *name);
 /* NULL when absent; reads nothing (like dsv4_checkpoint_tensor_meta). */
-const dsv4_tensor_info *dsv4_checkpoint_find_meta(const dsv4_checkpoint *ckpt, const char *name);
-dsv4_layout dsv4_checkpoint_layout(const dsv4_checkpoint *ckpt);
+DSV4_API const dsv4_tensor_info *dsv4_checkpoint_find_meta(const dsv4_checkpoint *ckpt, const char *name);
+DSV4_API dsv4_layout dsv4_checkpoint_layout(const dsv4_checkpoint *ckpt);
 /*
  * Entries of a folder (without an index) left out of the checkpoint, in name order: the path
  * and the reason ("a dangling symbolic link", "a FIFO, not a regular file", "holds no layer
  * tensor (...)"). Callers should show them; the library never prints.
  */
-size_t dsv4_checkpoint_skipped_count(const dsv4_checkpoint *ckpt);
-const char *dsv4_checkpoint_skipped(const dsv4_checkpoint *ckpt, size_t index, const char **reason);
+DSV4_API size_t dsv4_checkpoint_skipped_count(const dsv4_checkpoint *ckpt);
+DSV4_API const char *dsv4_checkpoint_skipped(const dsv4_checkpoint *ckpt, size_t index, const char **reason);
 /* Key prefix of the stacked layout: "model." or "" (always "" for split). */
-const char *dsv4_checkpoint_prefix(const dsv4_checkpoint *ckpt);
+DSV4_API const char *dsv4_checkpoint_prefix(const dsv4_checkpoint *ckpt);
 
 #ifdef __cplusplus
 }

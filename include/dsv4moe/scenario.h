@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "api.h"
 #include "config.h"
 #include "plan.h"
 #include "safetensors.h"
@@ -44,7 +45,7 @@ typedef enum dsv4_check {
 #define DSV4_CHECK_ALL ((1u << DSV4_CHECK_COUNT) - 1u)
 
 /* Name of one check bit ("numerics", ...), "?" for anything else. */
-const char *dsv4_check_name(unsigned check_bit);
+DSV4_API const char *dsv4_check_name(unsigned check_bit);
 
 typedef enum dsv4_expect {
     DSV4_EXPECT_PASS = 0,   /* the plan is created and every check passes */
@@ -108,31 +109,31 @@ typedef struct dsv4_scenario dsv4_scenario;
  *   DSV4_ERR_CONFIG  unparseable config values, token/replay lists whose length
  *                    is neither 1 nor world, world out of range, a product above max_cases.
  */
-dsv4_status dsv4_scenario_load(const char *path, dsv4_scenario **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_scenario_load(const char *path, dsv4_scenario **out, dsv4_error *err);
 
 /* The same from text; `name_for_errors` plays the part of the path (messages, case names). */
-dsv4_status dsv4_scenario_load_string(const char *text, const char *name_for_errors, dsv4_scenario **out,
-                                      dsv4_error *err);
+DSV4_API dsv4_status dsv4_scenario_load_string(const char *text, const char *name_for_errors, dsv4_scenario **out,
+                                               dsv4_error *err);
 
 /* NULL is a no-op. */
-void dsv4_scenario_free(dsv4_scenario *scn);
+DSV4_API void dsv4_scenario_free(dsv4_scenario *scn);
 
 /* The file's `name`. */
-const char *dsv4_scenario_name(const dsv4_scenario *scn);
+DSV4_API const char *dsv4_scenario_name(const dsv4_scenario *scn);
 /* The path (or name_for_errors) it was loaded from. */
-const char *dsv4_scenario_path(const dsv4_scenario *scn);
-size_t dsv4_scenario_count(const dsv4_scenario *scn);
+DSV4_API const char *dsv4_scenario_path(const dsv4_scenario *scn);
+DSV4_API size_t dsv4_scenario_count(const dsv4_scenario *scn);
 /* NULL when i >= count. */
-const dsv4_scenario_case *dsv4_scenario_get(const dsv4_scenario *scn, size_t i);
+DSV4_API const dsv4_scenario_case *dsv4_scenario_get(const dsv4_scenario *scn, size_t i);
 /* The axes in file order (names as written). */
-size_t dsv4_scenario_axis_count(const dsv4_scenario *scn);
-const char *dsv4_scenario_axis_name(const dsv4_scenario *scn, size_t axis);
+DSV4_API size_t dsv4_scenario_axis_count(const dsv4_scenario *scn);
+DSV4_API const char *dsv4_scenario_axis_name(const dsv4_scenario *scn, size_t axis);
 /* Number of values of one axis (0 for an out-of-range axis). */
-size_t dsv4_scenario_axis_size(const dsv4_scenario *scn, size_t axis);
+DSV4_API size_t dsv4_scenario_axis_size(const dsv4_scenario *scn, size_t axis);
 /* Size of the product before exclusions, and the number of product cases dropped by `exclude`. */
-size_t dsv4_scenario_product_size(const dsv4_scenario *scn);
-size_t dsv4_scenario_excluded(const dsv4_scenario *scn);
-int dsv4_scenario_max_cases(const dsv4_scenario *scn);
+DSV4_API size_t dsv4_scenario_product_size(const dsv4_scenario *scn);
+DSV4_API size_t dsv4_scenario_excluded(const dsv4_scenario *scn);
+DSV4_API int dsv4_scenario_max_cases(const dsv4_scenario *scn);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,8 @@
 #ifndef DSV4MOE_STATUS_H
 #define DSV4MOE_STATUS_H
 
+#include "api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,7 +34,7 @@ typedef enum dsv4_status {
 } dsv4_status;
 
 /* Short fixed text for a status ("ok", "bad configuration", ...). Never NULL. */
-const char *dsv4_status_str(dsv4_status status);
+DSV4_API const char *dsv4_status_str(dsv4_status status);
 
 #define DSV4_ERROR_WHERE_MAX 256
 #define DSV4_ERROR_MESSAGE_MAX 1024
@@ -49,7 +51,7 @@ typedef struct dsv4_error {
 } dsv4_error;
 
 /* Resets to DSV4_OK with empty strings. NULL is a no-op. */
-void dsv4_error_clear(dsv4_error *err);
+DSV4_API void dsv4_error_clear(dsv4_error *err);
 
 #ifdef __cplusplus
 }

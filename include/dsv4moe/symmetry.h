@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "api.h"
 #include "comm.h"
 #include "status.h"
 
@@ -40,13 +41,13 @@ typedef struct dsv4_trace dsv4_trace;
  * dump whose name does not end in digits). A malformed file is DSV4_ERR_FORMAT naming the file and
  * the line (JSONL) or entry; an unreadable one DSV4_ERR_IO.
  */
-dsv4_status dsv4_trace_load(const char *path, int fallback_rank, dsv4_trace **out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_trace_load(const char *path, int fallback_rank, dsv4_trace **out, dsv4_error *err);
 /* NULL is a no-op. */
-void dsv4_trace_free(dsv4_trace *trace);
-dsv4_trace_format dsv4_trace_format_of(const dsv4_trace *trace);
-int dsv4_trace_rank(const dsv4_trace *trace);
+DSV4_API void dsv4_trace_free(dsv4_trace *trace);
+DSV4_API dsv4_trace_format dsv4_trace_format_of(const dsv4_trace *trace);
+DSV4_API int dsv4_trace_rank(const dsv4_trace *trace);
 /* Collectives in the trace (point-to-point entries of a flight-recorder dump are not counted). */
-size_t dsv4_trace_count(const dsv4_trace *trace);
+DSV4_API size_t dsv4_trace_count(const dsv4_trace *trace);
 
 typedef struct dsv4_symmetry_result {
     bool same;           /* every rank issued the same collectives */
@@ -65,12 +66,12 @@ typedef struct dsv4_symmetry_result {
  * on the group's sequence numbers first. Errors: fewer than 2 traces, mixed formats, two
  * traces of the same rank (DSV4_ERR_INVALID_ARG).
  */
-dsv4_status dsv4_trace_symmetry(const dsv4_trace *const *traces, size_t n, dsv4_symmetry_result *out,
-                                dsv4_error *err);
+DSV4_API dsv4_status dsv4_trace_symmetry(const dsv4_trace *const *traces, size_t n, dsv4_symmetry_result *out,
+                                         dsv4_error *err);
 
 /* Writes records as the JSONL trace of `rank` in a world of `world` ranks, atomically. */
-dsv4_status dsv4_trace_write_jsonl(const dsv4_coll_record *records, size_t n, int rank, int world, const char *path,
-                                   dsv4_error *err);
+DSV4_API dsv4_status dsv4_trace_write_jsonl(const dsv4_coll_record *records, size_t n, int rank, int world,
+                                            const char *path, dsv4_error *err);
 
 #ifdef __cplusplus
 }

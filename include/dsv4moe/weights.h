@@ -11,6 +11,7 @@
 #define DSV4MOE_WEIGHTS_H
 
 #include <stdint.h>
+#include "api.h"
 #include "alloc.h"
 #include "config.h"
 #include "safetensors.h"
@@ -56,21 +57,21 @@ typedef struct dsv4_router_view {
  * fp8). Stacked layout: bf16 whatever the config says (quantizing at load is
  * the consumer's choice).
  */
-dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, int64_t expert,
-                                dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, int64_t expert,
+                                         dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err);
 /* The same checks and view, without reading the bytes (a checkpoint reads a tensor on first
    use): the view's data must not be read before dsv4_weights_matrix has been called for it.
    Lets a consumer check a whole layer at creation and read only the experts it runs. */
-dsv4_status dsv4_weights_matrix_view(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, int64_t expert,
-                                     dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_weights_matrix_view(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, int64_t expert,
+                                              dsv4_proj proj, dsv4_matrix_view *out, dsv4_error *err);
 
 /* The router tensors of cfg->layer: the bias required on non-hash layers (DSV4_ERR_NOT_FOUND
    naming the key and the files searched), tid2eid required on hash layers, and a tid2eid of a
    layer the config makes non-hash refused (DSV4_ERR_CONFIG: the table would be ignored);
    predictor tensors as configured. A non-finite value in the gate weight, the bias or the
    predictor's tensors is DSV4_ERR_NUMERIC naming the key and the element. */
-dsv4_status dsv4_weights_router(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, dsv4_router_view *out,
-                                dsv4_error *err);
+DSV4_API dsv4_status dsv4_weights_router(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, dsv4_router_view *out,
+                                         dsv4_error *err);
 
 /* The router's tensors unpacked into aligned arrays, as the backends compute with them. */
 typedef struct dsv4_router_tensors {
@@ -84,11 +85,11 @@ typedef struct dsv4_router_tensors {
 
 /* dsv4_weights_router, then unpacks every present tensor through `alloc` (NULL: the system
    allocator). On error nothing stays allocated. */
-dsv4_status dsv4_router_tensors_load(const dsv4_checkpoint *ckpt, const dsv4_config *cfg, dsv4_allocator *alloc,
-                                     dsv4_router_tensors *out, dsv4_error *err);
+DSV4_API dsv4_status dsv4_router_tensors_load(const dsv4_checkpoint *ckpt, const dsv4_config *cfg,
+                                              dsv4_allocator *alloc, dsv4_router_tensors *out, dsv4_error *err);
 /* Releases what dsv4_router_tensors_load allocated (through the same allocator); zeroes *t.
    NULL is a no-op. */
-void dsv4_router_tensors_release(dsv4_router_tensors *t, dsv4_allocator *alloc);
+DSV4_API void dsv4_router_tensors_release(dsv4_router_tensors *t, dsv4_allocator *alloc);
 
 /*
  * The hash-layer input check of SPEC.md 2.3, before anything runs: on a hash layer input_ids must
@@ -96,16 +97,16 @@ void dsv4_router_tensors_release(dsv4_router_tensors *t, dsv4_allocator *alloc);
  * every tid2eid entry of its row in [0, n_routed_experts) (DSV4_ERR_RANGE naming `input_ids[t]`
  * or `tid2eid[id, k]`). tid2eid is int32 [V, K]. DSV4_OK on a non-hash layer or T == 0.
  */
-dsv4_status dsv4_router_check_input_ids(const dsv4_config *cfg, const int32_t *tid2eid, int64_t tokens,
-                                        const int32_t *input_ids, const char *who, dsv4_error *err);
+DSV4_API dsv4_status dsv4_router_check_input_ids(const dsv4_config *cfg, const int32_t *tid2eid, int64_t tokens,
+                                                 const int32_t *input_ids, const char *who, dsv4_error *err);
 
 /* Dequantizes rows [n0, n0 + rows) of a view into out[rows, k] as fp32. */
-void dsv4_matrix_dequant_rows(const dsv4_matrix_view *m, int64_t n0, int64_t rows, float *out);
+DSV4_API void dsv4_matrix_dequant_rows(const dsv4_matrix_view *m, int64_t n0, int64_t rows, float *out);
 
 /* Unaligned little-endian loads for the raw pointers of the views. */
-float dsv4_load_bf16(const uint8_t *p, int64_t index);
-float dsv4_load_f32(const uint8_t *p, int64_t index);
-int32_t dsv4_load_i32(const uint8_t *p, int64_t index);
+DSV4_API float dsv4_load_bf16(const uint8_t *p, int64_t index);
+DSV4_API float dsv4_load_f32(const uint8_t *p, int64_t index);
+DSV4_API int32_t dsv4_load_i32(const uint8_t *p, int64_t index);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "bits.h"
 #include "dsv4moe/dtype.h"
 #include "nccl_internal.h"
 
@@ -13,14 +14,8 @@ namespace {
 
 __device__ inline float bf16_to_f32(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 
-/* The same rounding as core/formats.c dsv4_f32_to_bf16: RNE, a NaN keeps a quiet payload. */
-__device__ inline uint16_t f32_to_bf16(float x)
-{
-    uint32_t u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+/* The rounding of core/formats.c dsv4_f32_to_bf16 (core/bits.h: one copy for host and device). */
+__device__ inline uint16_t f32_to_bf16(float x) { return dsv4_bf16_bits(x); }
 
 /* Integer adds wrap (unsigned types); floating adds are rounded one by one, never contracted, in the sim's order. */
 __device__ inline uint32_t add_rn(uint32_t a, uint32_t b) { return a + b; }

@@ -23,20 +23,8 @@
 
 static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static inline float rbf16(float x)
-{
-    uint32_t u = dsv4_f32_bits(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return dsv4_f32_from_bits(((u >> 16) | 0x0040u) << 16);
-    return dsv4_f32_from_bits(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
-}
-static inline uint16_t tobf16(float x)
-{
-    uint32_t u = dsv4_f32_bits(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+static inline uint16_t tobf16(float x) { return dsv4_bf16_bits(x); }
+static inline float rbf16(float x) { return dsv4_f32_from_bits((uint32_t)dsv4_bf16_bits(x) << 16); }
 static inline float ue8m0f(uint8_t b)
 {
     if (b == 255)
