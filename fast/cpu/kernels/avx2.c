@@ -208,6 +208,7 @@ TGT static AINL void tile2(int fmt, int NW, int RB, const dsv4_matrix_view *m, i
     const __m256i thi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_bf16_hi));
     const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_bf16_lo));
     int sfp32 = m->scale_format == DSV4_SCALE_FP32;
+    const int64_t pf = 8 * (int64_t)NW * (int64_t)m->row_bytes; /* 8 tiles ahead, into L2 */
     const uint8_t *row[8], *scl[8];
     __m256 acc[8][8];
     TILE_INIT(NW, RB, m, r, row, scl, acc, _mm256_setzero_ps());
@@ -215,6 +216,8 @@ TGT static AINL void tile2(int fmt, int NW, int RB, const dsv4_matrix_view *m, i
 #pragma GCC unroll 8
         for (int w = 0; w < NW; w++) {
             __m256 wv[4];
+            if (fmt == F_FP4 ? !(c & 3) : !(c & 1)) /* one line per 64 bytes */
+                _mm_prefetch((const char *)(row[w] + (fmt == F_FP4 ? 16 : 32) * c + pf), _MM_HINT_T1);
             if (fmt == F_FP4) {
                 dec_fp4_packed(row[w], c, thi, tlo, wv);
                 __m256 sv = _mm256_set1_ps(dsv4_cpu_ue8m0_f32[scl[w][c]]);
