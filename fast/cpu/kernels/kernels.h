@@ -64,6 +64,10 @@ typedef struct dsv4_cpu_kernels_table {
     dsv4_cpu_dot_bf16_fn dot_fp4_bf16_k128; /* fp4, k % 128 == 0 */
     dsv4_cpu_dot_bf16_fn dot_fp8_bf16;    /* fp8, k % 128 == 0 */
     dsv4_cpu_swiglu_fn swiglu_row;        /* NULL: the scalar loop of fast/cpu/ffn.c */
+    /* dot_fp4_packed and dot_fp8 are blocked GEMM kernels (decoded weight slices reused by every
+       activation row): the regimes give them groups of any size, in blocks of at most 256 rows,
+       instead of dequantize + sgemm above 16 rows. */
+    bool dot_blocked;
 } dsv4_cpu_kernels_table;
 
 dsv4_status dsv4_cpu_kernels_get(dsv4_cpu_kernels level, const dsv4_cpu_kernels_table **out, dsv4_error *err);
