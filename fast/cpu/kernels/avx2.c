@@ -285,8 +285,12 @@ TGT static AINL void gb_decode(int fmt, const dsv4_matrix_view *m, int64_t r, in
     for (int w = 0; w < nb; w++) {
         const uint8_t *row = row_data(m, r + w), *scl = row_scales(m, r + w);
         float *o = Wd + w * GB_KC;
-        for (int64_t i = 0; i < bpe * (kc / 32); i += 64) /* the row's next slice, into L1 */
+        for (int64_t i = 0; i < bpe * (kc / 32); i += 64) {
+            /* the row's next slice into L1, this slice of the next block's row into L2 (a
+               prefetch past the matrix does not fault) */
             _mm_prefetch((const char *)(row + bpe * ((k0 + kc) / 32) + i), _MM_HINT_T0);
+            _mm_prefetch((const char *)(row + (int64_t)nb * (int64_t)m->row_bytes + bpe * (k0 / 32) + i), _MM_HINT_T1);
+        }
         for (int64_t c = k0 / 32; c < (k0 + kc) / 32; c++, o += 32) {
             __m256 wv[4];
             if (fmt == F_FP4) {
