@@ -272,7 +272,7 @@ TGT static AINL void dot_rows_tiled(int fmt, const dsv4_matrix_view *m, int64_t 
  * is bit-identical to tile2's, the fp4 one differs from tile2 only in where the power-of-two
  * group scale enters (the decoded weight here, the chunk's partial sum there).
  */
-enum { GB_NB = 8, GB_KC = 512, GB_QC = 128, GB_RB = 6 };
+enum { GB_NB = 16, GB_KC = 256, GB_QC = 64, GB_RB = 6 };
 
 /* Weight rows r .. r + nb - 1, elements [k0, k0 + kc), into Wd (rows GB_KC apart), scaled. */
 TGT static AINL void gb_decode(int fmt, const dsv4_matrix_view *m, int64_t r, int nb, int64_t k0, int64_t kc,
