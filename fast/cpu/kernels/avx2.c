@@ -159,19 +159,19 @@ TGT static void dequant_simd(const dsv4_matrix_view *m, int64_t r0, int64_t nr, 
  *
  * fp4 (X packed by pack_fp4_avx2 below): the 16 code bytes of a chunk are broadcast to both
  * 128-bit lanes, lane 0 keeps the low nibbles (even elements), lane 1 the high ones (odd); two
- * vpshufb look up the high and low bytes of the unscaled e2m1 values as bf16, and two byte
- * unpacks make 16-bit bf16 words. A bf16 word is the top half of its fp32, so a dword shifted
- * left by 16 is the even word's fp32 and the dword ANDed with 0xFFFF0000 the odd word's: four
- * fp32 vectors from 12 single-uop operations (no lane-crossing permute, fast on every AVX2 CPU).
- * Per activation row, the chunk's dot product t (one multiply, three FMAs) is scaled once by the
- * group's ue8m0 scale into the accumulator (acc += t * scale: the same operations whatever the
- * blocking, so a row's result does not depend on the other rows of its batch).
+ * vpshufb look up the high and low bytes of the scaled weights as bf16 in the tables of the
+ * group's ue8m0 scale byte (e2m1_bf16_s: every e2m1 value times every power-of-two scale has at
+ * most two significant bits, so its fp32 is exactly a bf16, zero, inf or NaN: the table gives
+ * dsv4_matrix_dequant_rows's value with no multiply), and two byte unpacks make 16-bit bf16
+ * words. A bf16 word is the top half of its fp32, so a dword shifted left by 16 is the even
+ * word's fp32 and the dword ANDed with 0xFFFF0000 the odd word's: four fp32 vectors from 11
+ * single-uop operations (no lane-crossing permute, fast on every AVX2 CPU).
  * fp8 (natural X): dec32's e4m3 -> fp16 -> fp32 decode, scaled.
+ * Per activation row, acc += w x by four FMAs per chunk: the same operations in the same order
+ * whatever the blocking, so a row's result does not depend on the other rows of its batch, and
+ * the blocked kernel below gives the same bits.
  */
-static const uint8_t e2m1_bf16_hi[16] = {0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
-                                         0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0};
-static const uint8_t e2m1_bf16_lo[16] = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0,
-                                         0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0};
+static uint8_t e2m1_bf16_s[256][32]; /* [scale byte]: 16 high bytes, then 16 low bytes (fill) */
 
 /* The packed X layout of one 32-block: position 8 v + 4 L + j holds element 16 (v / 2) + 4 j +
    2 (v % 2) + L (v: decoded vector 0..3, L: 128-bit lane, j: dword in the lane). */
@@ -188,9 +188,12 @@ static void pack_fp4_avx2(const float *X, int64_t ldx, int64_t n, int64_t k, flo
     }
 }
 
-/* The 32 unscaled weights of chunk c of one fp4 row, in the packed order. */
-TGT static AINL void dec_fp4_packed(const uint8_t *row, int64_t c, __m256i thi, __m256i tlo, __m256 w[4])
+/* The 32 weights of chunk c of one fp4 row (scale byte s), in the packed order. */
+TGT static AINL void dec_fp4_packed(const uint8_t *row, int64_t c, uint8_t s, __m256 w[4])
 {
+    const __m256i thi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_bf16_s[s]));
+    const __m256i tlo =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(e2m1_bf16_s[s] + 16)));
     const __m256i m0f = _mm256_set1_epi8(0x0F), mhi = _mm256_set1_epi32((int)0xFFFF0000u);
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c)));
     __m256i codes = _mm256_and_si256(_mm256_blend_epi32(v, _mm256_srli_epi16(v, 4), 0xF0), m0f);
@@ -205,8 +208,6 @@ TGT static AINL void dec_fp4_packed(const uint8_t *row, int64_t c, __m256i thi, 
 TGT static AINL void tile2(int fmt, int NW, int RB, const dsv4_matrix_view *m, int64_t r, int64_t nc,
                            const float *X, int64_t ldx, float *C, int64_t ldc)
 {
-    const __m256i thi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_bf16_hi));
-    const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_bf16_lo));
     int sfp32 = m->scale_format == DSV4_SCALE_FP32;
     const int64_t pf = 8 * (int64_t)NW * (int64_t)m->row_bytes; /* 8 tiles ahead, into L2 */
     const uint8_t *row[8], *scl[8];
@@ -218,28 +219,17 @@ TGT static AINL void tile2(int fmt, int NW, int RB, const dsv4_matrix_view *m, i
             __m256 wv[4];
             if (fmt == F_FP4 ? !(c & 3) : !(c & 1)) /* one line per 64 bytes */
                 _mm_prefetch((const char *)(row[w] + (fmt == F_FP4 ? 16 : 32) * c + pf), _MM_HINT_T1);
-            if (fmt == F_FP4) {
-                dec_fp4_packed(row[w], c, thi, tlo, wv);
-                __m256 sv = _mm256_set1_ps(dsv4_cpu_ue8m0_f32[scl[w][c]]);
-#pragma GCC unroll 8
-                for (int q = 0; q < RB; q++) {
-                    const float *x = X + q * ldx + 32 * c;
-                    __m256 t = _mm256_mul_ps(wv[0], _mm256_loadu_ps(x));
-                    t = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(x + 8), t);
-                    t = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(x + 16), t);
-                    t = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(x + 24), t);
-                    acc[w][q] = _mm256_fmadd_ps(t, sv, acc[w][q]);
-                }
-            } else {
+            if (fmt == F_FP4)
+                dec_fp4_packed(row[w], c, scl[w][c], wv);
+            else
                 dec32(F_FP8, row[w], scl[w], sfp32, c, wv);
 #pragma GCC unroll 8
-                for (int q = 0; q < RB; q++) {
-                    const float *x = X + q * ldx + 32 * c;
-                    __m256 a = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(x), acc[w][q]);
-                    a = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(x + 8), a);
-                    a = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(x + 16), a);
-                    acc[w][q] = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(x + 24), a);
-                }
+            for (int q = 0; q < RB; q++) {
+                const float *x = X + q * ldx + 32 * c;
+                __m256 a = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(x), acc[w][q]);
+                a = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(x + 8), a);
+                a = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(x + 16), a);
+                acc[w][q] = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(x + 24), a);
             }
         }
     }
@@ -278,8 +268,6 @@ enum { GB_NB = 16, GB_KC = 256, GB_QC = 64, GB_RB = 6 };
 TGT static AINL void gb_decode(int fmt, const dsv4_matrix_view *m, int64_t r, int nb, int64_t k0, int64_t kc,
                                float *Wd)
 {
-    const __m256i thi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_bf16_hi));
-    const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_bf16_lo));
     int sfp32 = m->scale_format == DSV4_SCALE_FP32;
     int64_t bpe = fmt == F_FP4 ? 16 : 32; /* bytes per 32 elements */
     for (int w = 0; w < nb; w++) {
@@ -293,18 +281,13 @@ TGT static AINL void gb_decode(int fmt, const dsv4_matrix_view *m, int64_t r, in
         }
         for (int64_t c = k0 / 32; c < (k0 + kc) / 32; c++, o += 32) {
             __m256 wv[4];
-            if (fmt == F_FP4) {
-                dec_fp4_packed(row, c, thi, tlo, wv);
-                __m256 sv = _mm256_set1_ps(dsv4_cpu_ue8m0_f32[scl[c]]);
-#pragma GCC unroll 4
-                for (int a = 0; a < 4; a++)
-                    _mm256_store_ps(o + 8 * a, _mm256_mul_ps(wv[a], sv));
-            } else {
+            if (fmt == F_FP4)
+                dec_fp4_packed(row, c, scl[c], wv);
+            else
                 dec32(F_FP8, row, scl, sfp32, c, wv);
 #pragma GCC unroll 4
-                for (int a = 0; a < 4; a++)
-                    _mm256_store_ps(o + 8 * a, wv[a]);
-            }
+            for (int a = 0; a < 4; a++)
+                _mm256_store_ps(o + 8 * a, wv[a]);
         }
     }
 }
@@ -422,6 +405,12 @@ TGT static void dequant_avx2(const dsv4_matrix_view *m, int64_t r0, int64_t nr, 
 
 void dsv4_cpu_kernels_fill_avx2(dsv4_cpu_kernels_table *t)
 {
+    for (int sb = 0; sb < 256; sb++) /* bf16 of e2m1 code i times scale byte sb, exact (above) */
+        for (int i = 0; i < 16; i++) {
+            uint32_t u = dsv4_f32_bits(dsv4_f32_from_bits((uint32_t)dsv4_cpu_e2m1_bf16[i] << 16) * dsv4_cpu_ue8m0_f32[sb]);
+            e2m1_bf16_s[sb][i] = (uint8_t)(u >> 24);
+            e2m1_bf16_s[sb][16 + i] = (uint8_t)(u >> 16);
+        }
     t->dequant = dequant_avx2;
     t->dot = dot_avx2;
     t->dot_fp4_packed = dot_fp4_packed_avx2;
