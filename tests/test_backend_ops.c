@@ -1,6 +1,7 @@
 /*
  * The backend test table (tests/backend_ops.h) over every backend this build and machine have:
- * ref (against itself: determinism and statistics) and cpu on its best kernel table here. Built
+ * ref (against itself: determinism and statistics), cpu on its best kernel table here and, where
+ * that is not the AVX2 table, on the AVX2 table too (the AVX2-only servers' auto). Built
  * with DSV4_WITH_CUDA the list includes cuda (bo_cuda_extra: graphs, workspace within the step);
  * the `make cuda` test program does not link this suite yet (tests/cuda/test_cuda.c still carries
  * its own copy of the table, with the gemm fp8 cases and tolerances of SPEC.md section 9 that
@@ -38,13 +39,18 @@ START_TEST(table_on_every_backend)
     } backends[] = {
         {{DSV4_BACKEND_REF, 3, DSV4_CPU_KERNELS_AUTO, 2}, NULL},
         {{DSV4_BACKEND_CPU, 2, DSV4_CPU_KERNELS_AUTO, 2}, cpu_extra},
+        /* the AVX2 table (what an AVX2-only server runs as auto) where the CPU has a better one */
+        {{DSV4_BACKEND_CPU, 2, DSV4_CPU_KERNELS_AVX2, 2}, cpu_extra},
 #ifdef DSV4_WITH_CUDA
         {{DSV4_BACKEND_CUDA, 2, DSV4_CPU_KERNELS_AUTO, 2}, bo_cuda_extra},
 #endif
     };
     int ran = 0;
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
-        if (!bo_backend_available(backends[i].be.kind))
+        dsv4_cpu_kernels kl = backends[i].be.kernels;
+        if (!bo_backend_available(backends[i].be.kind) ||
+            (kl != DSV4_CPU_KERNELS_AUTO &&
+             !(dsv4_cpu_kernels_available(kl) && dsv4_cpu_kernels_available((dsv4_cpu_kernels)(kl + 1)))))
             continue;
         bo_check(k, &backends[i].be, backends[i].extra);
         ran++;
