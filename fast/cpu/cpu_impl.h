@@ -18,7 +18,7 @@
 #include "dsv4moe/weights.h"
 #include "kernels/kernels.h"
 
-#define SMALL_ROWS 256   /* fp4 on the bf16 kernel: fused decode-dot in blocks of this many rows */
+#define SMALL_ROWS 256   /* fp4 on the bf16 kernel, blocked kernels: fused in blocks of this many rows */
 #define FUSED_ROWS 16    /* other formats and kernels: fused up to this many rows, tiles above */
 #define TILE_ROWS 256    /* weight rows per dequantized tile (tiles path) */
 #define LARGE_ROWS 256   /* groups above this run alone, threads inside their GEMMs */

@@ -3,8 +3,9 @@
  * fp32 vectors (fp4 by a byte shuffle table, fp8 e4m3 through fp16 bits and vcvtph2ps, bf16 by
  * a shift) and multiplied into X by FMA. Rows with k % 32 != 0 take the reference kernels.
  * Entries: dequant and dot (one weight row at a time against up to 4 activation rows), and the
- * register-blocked fp4 / fp8 decode-dot (tile2 below) behind dot_fp4_packed and dot_fp8, which
- * the fused regime prefers. Loops over register arrays carry `#pragma GCC unroll`: without it
+ * fp4 / fp8 decode-dot behind dot_fp4_packed and dot_fp8, which the fused regime prefers:
+ * register-blocked (tile2) for a few activation rows, blocked through L1 (dot_rows_blocked) for
+ * more, at any group size (the table's dot_blocked). Loops over register arrays carry `#pragma GCC unroll`: without it
  * GCC kept the accumulators on the stack (a load and a store per FMA; measured 3.2x slower).
  */
 #include "kernels.h"
@@ -251,16 +252,15 @@ TGT static AINL void dot_rows_tiled(int fmt, const dsv4_matrix_view *m, int64_t 
 }
 
 /*
- * The blocked decode-dot for more than 8 activation rows (the GEMM of an expert group): BLIS's
- * loop order with the decoded weights as the packed operand. For each block of GB_NB weight
- * rows and each GB_KC-element slice of k, the rows' slice is decoded once (scaled, fp32, in
- * tile2's element order: X packed by pack_fp4 for fp4, natural for fp8) into an L1-resident
- * buffer; then every activation row runs against it, GB_RB rows x 2 weight rows at a time (12
- * accumulators, 2 weight vectors and the X operand: 15 of the 16 registers; 8 loads per 12
- * FMAs). The accumulators of a slice are kept in acc_spill between slices, so each output's
- * sum is the same eight lane sums in k order, then hsum, whatever the blocking: the fp8 result
- * is bit-identical to tile2's, the fp4 one differs from tile2 only in where the power-of-two
- * group scale enters (the decoded weight here, the chunk's partial sum there).
+ * The blocked decode-dot for larger groups (the GEMM of an expert group): BLIS's loop order with
+ * the decoded weights as the packed operand. For each block of GB_NB weight rows and each
+ * GB_KC-element slice of k, the rows' slice is decoded once (scaled fp32 in tile2's element
+ * order: X packed by pack_fp4 for fp4, natural for fp8) into Wd (16 KiB, stays in L1); then every
+ * activation row runs against it, GB_RB activation rows x 2 weight rows at a time (12
+ * accumulators, 2 weight vectors and X: 15 of the 16 registers; 8 loads per 12 FMAs). The
+ * accumulators wait in sp between slices, so each output is the same eight lane sums in k order,
+ * then hsum, whatever the blocking: the same bits as tile2. Activation rows in chunks of at most
+ * GB_QC. Wd and sp are on the stack (48 KiB).
  */
 enum { GB_NB = 16, GB_KC = 256, GB_QC = 64, GB_RB = 6 };
 
@@ -326,7 +326,8 @@ TGT static AINL void gb_tile(int NW, int RB, const float *Wd, int64_t kc, const 
         }
 }
 
-/* Activation rows [0, nq) (nq <= GB_QC) in blocks of GB_RB against the nb decoded rows. */
+/* Activation rows [0, nq) (nq <= GB_QC) in even blocks of at most GB_RB against the nb decoded
+   rows. */
 TGT static AINL void gb_rows(int nb, const float *Wd, int64_t kc, const float *X, int64_t ldx, __m256 *sp, bool first,
                              bool last, float *C, int64_t ldc, int64_t nq)
 {
