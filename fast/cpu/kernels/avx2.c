@@ -38,11 +38,12 @@ TGT static AINL void dec32(int fmt, const uint8_t *row, const uint8_t *scl, int 
         int64_t bk = c >> 2;
         float s = sfp32 ? ldf32(scl + 4 * bk) : ue8m0f(scl[bk]);
         __m256 sv = _mm256_set1_ps(s * 256.0f);
-        const __m256i mmag = _mm256_set1_epi16(0x3F80), msgn = _mm256_set1_epi16((short)0x8000);
+        /* the code sign-extended to 16 bits and shifted left by 7 has the sign in bits 14 and 15
+           and the exponent and mantissa in bits 7-13: clearing bit 14 leaves the fp16 bits */
+        const __m256i mfp16 = _mm256_set1_epi16((short)0xBF80);
         for (int h = 0; h < 2; h++) {
-            __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(row + 32 * c + 16 * h)));
-            __m256i hf = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(v, 7), mmag),
-                                         _mm256_and_si256(_mm256_slli_epi16(v, 8), msgn));
+            __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(row + 32 * c + 16 * h)));
+            __m256i hf = _mm256_and_si256(_mm256_slli_epi16(v, 7), mfp16);
             w[2 * h] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hf)), sv);
             w[2 * h + 1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hf, 1)), sv);
         }
