@@ -376,7 +376,7 @@ TGT static AINL void dot_rows_blocked(int fmt, const dsv4_matrix_view *m, int64_
 /* Up to 4 activation rows (fp4; 5 for fp8, whose decode costs more): tile2 (each weight chunk
    decoded once into registers); more: the blocked kernel above. One core, 2048 x 4096 weights
    from L3: fp4 at 3-4 rows 63-67 GFLOP/s on tile2 against 52-63 blocked, at 5-8 rows 68-77
-   blocked; fp8 at 6-8 rows 55-62 blocked against 51-55 on tile2. */
+   blocked; fp8 at 3-5 rows 40-55 on tile2 against 38-54 blocked, at 6-8 rows 55-64 either way. */
 TGT static AINL void dot_rows_avx2(int fmt, const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n,
                                    const float *X, int64_t ldx, float *C, int64_t ldc)
 {
