@@ -16,7 +16,8 @@
  * Levels nest: ref < avx2 (AVX2 + FMA + F16C) < avx512 (F, BW, VL) < avx512-bf16 (+ BF16)
  * < avx512-vbmi (+ VBMI); each file fills the entries of its instruction set:
  *   kernels/ref.c         dequant, dot (decode one row, then a four-sum fp32 dot)
- *   kernels/avx2.c        dequant, dot, pack_fp4 + dot_fp4_packed, dot_fp8 (register-blocked)
+ *   kernels/avx2.c        dequant, dot, pack_fp4 + dot_fp4_packed, dot_fp8 (register-blocked for
+ *                         a few activation rows, blocked through L1 for more: dot_blocked)
  *   kernels/avx512.c      pack_fp4 + dot_fp4_packed, dot_fp8, swiglu_row (16-lane tiles)
  *   kernels/avx512bf16.c  dot_fp4_bf16, dot_fp8_bf16 (vdpbf16ps)
  *   kernels/avx512vbmi.c  dot_fp4_bf16_k128 (grouped-scale fp4 on byte permutes)
