@@ -1,7 +1,8 @@
 /*
  * The backend test table (tests/backend_ops.h) over every backend the registry reports available
  * (dsv4_backend_info_at: built into this library and runnable on this machine): ref (against
- * itself: determinism and statistics) and cpu on its best kernel table in `make test`; ref, cpu
+ * itself: determinism and statistics) and cpu on its best kernel table in `make test` (and, where
+ * that is not the AVX2 table, on the AVX2 table too: the AVX2-only servers' auto); ref, cpu
  * and cuda in the device test program build/cuda/test_cuda, which links this suite compiled with
  * DSV4_WITH_CUDA (the cuda backend with the kernel variants the environment names, bench_util.h).
  * One loop test per case; each iteration makes the case's reference once and runs every backend.
@@ -72,6 +73,12 @@ START_TEST(table_on_every_backend)
         bo_backend be = backend_of(info.kind, &extra, spec, sizeof spec);
         bo_compare(&r, &be, extra);
         ran++;
+        /* the AVX2 table where the CPU has a better one */
+        if (info.kind == DSV4_BACKEND_CPU && dsv4_cpu_kernels_available(DSV4_CPU_KERNELS_AVX2) &&
+            dsv4_cpu_kernels_available((dsv4_cpu_kernels)(DSV4_CPU_KERNELS_AVX2 + 1))) {
+            be.kernels = DSV4_CPU_KERNELS_AVX2;
+            bo_compare(&r, &be, extra);
+        }
     }
     bo_ref_close(&r);
     ck_assert_int_ge(ran, 2); /* ref and cpu are in every build */

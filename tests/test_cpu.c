@@ -102,7 +102,8 @@ START_TEST(ref_same_bytes_at_any_thread_count)
 END_TEST
 
 /* Every kernel table this CPU runs below its best (the best runs every case above), each on
-   the regimes it changes: the reference (portable C), AVX2 only, AVX-512 without the bf16
+   the regimes it changes: the reference (portable C), AVX2 only (tile2 and the blocked kernels;
+   T = 300: a shared group above 256 rows, in blocks), AVX-512 without the bf16
    kernels (the fp32 fp4 kernel, dequantize + sgemm for large groups), AVX512-BF16 without VBMI
    (the 64-block bf16 fp4 kernel instead of the grouped-scale one). */
 START_TEST(every_kernel_table)
@@ -116,7 +117,7 @@ START_TEST(every_kernel_table)
           {"ref mini-fp8 T=1", "mini-fp8", 1, 1, 0, -1, -1, -1, 0, 0, 0, 0}}},
         {DSV4_CPU_KERNELS_AVX2,
          {{"avx2 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 0, 0, 0, 0},
-          {"avx2 mini-fp8 T=5", "mini-fp8", 1, 5, 0, -1, -1, -1, 0, 0, 0, 0}}},
+          {"avx2 mini-fp8 T=300", "mini-fp8", 1, 300, 0, -1, -1, -1, 0, 0, 0, 0}}},
         {DSV4_CPU_KERNELS_AVX512,
          {{"fp32-512 mini T=30", "mini", 1, 30, 0, -1, -1, -1, 0, 0, 0, 0},
           {"fp32-512 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0, 0}}},
@@ -187,13 +188,13 @@ START_TEST(kernel_table_choice_errors)
 }
 END_TEST
 
-/* One matrix of 136 rows (a 128-row fp8 scale block boundary, NW-block tails) against 1, 3 and 9
-   activation rows: the fused kernel within 1e-5 of sum |w x| of the double dot of the library's
+/* One matrix of 139 rows (a 128-row fp8 scale block boundary, odd NW-block tails) against 1, 3, 9
+   and 40 activation rows (40: the blocked kernels' uneven row blocks; k = 1152 their k slices): the fused kernel within 1e-5 of sum |w x| of the double dot of the library's
    dequantized rows; NaN where the library's row has one. bf16-exact X (the bf16 kernels) and,
    with exact = 0, X off the bf16 grid (the fp32 kernels). */
 static void fused_dot_case(const dsv4_cpu_kernels_table *kt, dsv4_weight_format fmt, dsv4_scale_format sf, int64_t k, int exact)
 {
-    const int64_t n = 136;
+    const int64_t n = 139;
     dsv4_matrix_view v;
     memset(&v, 0, sizeof v);
     v.key = "test";
@@ -234,8 +235,8 @@ static void fused_dot_case(const dsv4_cpu_kernels_table *kt, dsv4_weight_format 
     v.scales = sc;
     float *W = malloc((size_t)(n * k) * sizeof *W);
     dsv4_matrix_dequant_rows(&v, 0, n, W);
-    const int64_t rows[3] = {1, 3, 9};
-    for (int ri = 0; ri < 3; ri++) {
+    const int64_t rows[4] = {1, 3, 9, 40};
+    for (int ri = 0; ri < 4; ri++) {
         int64_t nx = rows[ri];
         float *X = malloc((size_t)(nx * k) * sizeof *X), *C = malloc((size_t)(nx * n) * sizeof *C);
         for (int64_t i = 0; i < nx * k; i++) {
@@ -283,6 +284,8 @@ START_TEST(fused_kernels_match_dequant)
             fused_dot_case(kt, DSV4_FORMAT_FP8, DSV4_SCALE_UE8M0, 384, exact);
             fused_dot_case(kt, DSV4_FORMAT_FP8, DSV4_SCALE_FP32, 384, exact);
             fused_dot_case(kt, DSV4_FORMAT_FP8, DSV4_SCALE_UE8M0, 320, exact);
+            fused_dot_case(kt, DSV4_FORMAT_FP4, DSV4_SCALE_UE8M0, 1152, exact);
+            fused_dot_case(kt, DSV4_FORMAT_FP8, DSV4_SCALE_FP32, 1152, exact);
         }
     }
 }

@@ -20,6 +20,8 @@
  *     output and bf16 input is): "fused" at every n, in blocks of SMALL_ROWS rows: the
  *     bf16 decode-dot kernel (vdpbf16ps) reads the stored fp4 bytes, NW weight rows x RB
  *     activation rows per pass; it beats dequantize + sgemm at every group size measured;
+ *   - fp4 and fp8 weights on a table whose decode-dot entries are blocked ones (dot_blocked:
+ *     the avx2 table): "fused" at every n too, in blocks of SMALL_ROWS rows;
  *   - other formats / kernels, n <= FUSED_ROWS: "fused": dot products against weight rows
  *     decoded on the fly from fp4/fp8/bf16 (the kernel table's entries: AVX-512, AVX2+FMA+F16C
  *     or the portable reference, fast/cpu/kernels/),

@@ -18,7 +18,7 @@
 #include "dsv4moe/weights.h"
 #include "kernels/kernels.h"
 
-#define SMALL_ROWS 256   /* fp4 on the bf16 kernel: fused decode-dot in blocks of this many rows */
+#define SMALL_ROWS 256   /* fp4 on the bf16 kernel, blocked kernels: fused in blocks of this many rows */
 #define FUSED_ROWS 16    /* other formats and kernels: fused up to this many rows, tiles above */
 #define TILE_ROWS 256    /* weight rows per dequantized tile (tiles path) */
 #define LARGE_ROWS 256   /* groups above this run alone, threads inside their GEMMs */
@@ -99,9 +99,9 @@ dsv4_status dsv4_cpu_ffn(cpu_be *b, float *wbase, const wscratch *ws, const cmat
                          const float *X, const float *tw, float *GU, float *HB, float *O, _Atomic uint64_t *gcl,
                          _Atomic uint64_t *ucl, dsv4_error *err);
 
-/* The fused decode-dot a forward on table kt would run, of all rows of m against n <= 16
+/* The fused decode-dot a forward on table kt would run, of all rows of m against n <= 256
    activation rows X [n, k]: C[q * m->n + j] = X[q] . W[j]. Returns 1 when out of memory or
-   n > 16, else 0. For the kernel tests (tests/test_cpu.c), which run every table. */
+   n > 256, else 0. For the kernel tests (tests/test_cpu.c), which run every table. */
 int dsv4_cpu_fused_dot(const dsv4_cpu_kernels_table *kt, const dsv4_matrix_view *m, int64_t n, const float *X,
                        float *C);
 

@@ -79,10 +79,20 @@ static bool use_fp4_512(const cpu_be *b, const dsv4_matrix_view *m)
     return b->kt->dot_fp4_packed && m->format == DSV4_FORMAT_FP4 && m->k % 32 == 0;
 }
 
-/* Groups larger than SMALL_ROWS still take the fused kernel, in blocks of SMALL_ROWS rows, when
-   it is the bf16 one: it beats dequantize + sgemm at every size measured (docs/cpu.md). */
+/* m runs on a blocked fp32 decode-dot entry of the table (kernels.h, dot_blocked). */
+static bool use_blocked(const cpu_be *b, const dsv4_matrix_view *m)
+{
+    return b->kt->dot_blocked && m->k % 32 == 0 &&
+           ((m->format == DSV4_FORMAT_FP4 && b->kt->dot_fp4_packed) || (m->format == DSV4_FORMAT_FP8 && b->kt->dot_fp8));
+}
+
+/* Groups larger than FUSED_ROWS still take the fused kernel, in blocks of SMALL_ROWS rows, when
+   it is the bf16 one or a blocked one: they beat dequantize + sgemm at every size measured
+   (docs/cpu.md). */
 static bool fused_blocks(const cpu_be *b, const dsv4_matrix_view *ma, const dsv4_matrix_view *mb)
 {
+    if (use_blocked(b, ma) && (!mb || use_blocked(b, mb)))
+        return true;
     return b->kt->dot_fp4_bf16 && use_fp4_512(b, ma) && ma->k % 64 == 0 && (!mb || use_fp4_512(b, mb));
 }
 
@@ -433,7 +443,7 @@ int dsv4_cpu_fused_dot(const dsv4_cpu_kernels_table *kt, const dsv4_matrix_view 
     memset(&b, 0, sizeof b);
     b.kt = kt;
     float *scr = malloc((size_t)(SMALL_ROWS * m->k) * sizeof *scr), *row = malloc((size_t)m->k * sizeof *row);
-    if (!scr || !row || n > FUSED_ROWS) {
+    if (!scr || !row || n > SMALL_ROWS) {
         free(scr);
         free(row);
         return 1;

@@ -185,6 +185,7 @@ void dsv4_cpu_kernels_fill_avx512(dsv4_cpu_kernels_table *t)
     t->dot_fp4_packed = dot_rows_fp4_512;
     t->pack_fp4 = pack_fp4_split;
     t->dot_fp8 = dot_rows_fp8_512;
+    t->dot_blocked = false; /* tile512 at any size: dequantize + sgemm above 16 rows */
     t->swiglu_row = swiglu_row_512;
 }
 #else

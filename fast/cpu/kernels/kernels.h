@@ -16,7 +16,8 @@
  * Levels nest: ref < avx2 (AVX2 + FMA + F16C) < avx512 (F, BW, VL) < avx512-bf16 (+ BF16)
  * < avx512-vbmi (+ VBMI); each file fills the entries of its instruction set:
  *   kernels/ref.c         dequant, dot (decode one row, then a four-sum fp32 dot)
- *   kernels/avx2.c        dequant, dot, pack_fp4 + dot_fp4_packed, dot_fp8 (register-blocked)
+ *   kernels/avx2.c        dequant, dot, pack_fp4 + dot_fp4_packed, dot_fp8 (register-blocked for
+ *                         a few activation rows, blocked through L1 for more: dot_blocked)
  *   kernels/avx512.c      pack_fp4 + dot_fp4_packed, dot_fp8, swiglu_row (16-lane tiles)
  *   kernels/avx512bf16.c  dot_fp4_bf16, dot_fp8_bf16 (vdpbf16ps)
  *   kernels/avx512vbmi.c  dot_fp4_bf16_k128 (grouped-scale fp4 on byte permutes)
@@ -64,6 +65,10 @@ typedef struct dsv4_cpu_kernels_table {
     dsv4_cpu_dot_bf16_fn dot_fp4_bf16_k128; /* fp4, k % 128 == 0 */
     dsv4_cpu_dot_bf16_fn dot_fp8_bf16;    /* fp8, k % 128 == 0 */
     dsv4_cpu_swiglu_fn swiglu_row;        /* NULL: the scalar loop of fast/cpu/ffn.c */
+    /* dot_fp4_packed and dot_fp8 are blocked GEMM kernels (decoded weight slices reused by every
+       activation row): the regimes give them groups of any size, in blocks of at most 256 rows,
+       instead of dequantize + sgemm above 16 rows. */
+    bool dot_blocked;
 } dsv4_cpu_kernels_table;
 
 dsv4_status dsv4_cpu_kernels_get(dsv4_cpu_kernels level, const dsv4_cpu_kernels_table **out, dsv4_error *err);
