@@ -80,63 +80,90 @@ constexpr int PLACE_SLICE = 256;
 /* The warps of a k_hist / k_place2 block: each keeps one count per expert in shared memory. */
 __host__ __device__ constexpr int place_warps(int E) { return E <= 3072 ? 4 : 1; }
 
-/* The lanes of this warp holding the same expert (key -1 never matches a valid id). */
-__device__ __forceinline__ unsigned same_expert(int key) { return __match_any_sync(0xFFFFFFFFu, key); }
+/* Slot i (expert e, the rank-th of e's slots in slot order) at its place: the kept slot q and the
+   padded row of the grouped layout. */
+__device__ __forceinline__ void place_slot(const Group2Args &a, int i, int e, int rank)
+{
+    const int q = a.slot_off[e] + rank, row = a.pad_off[e] + rank;
+    a.slot_tok[q] = i / a.K;
+    a.slot_w[q] = a.w[i];
+    a.slot_row[q] = row;
+    a.rowmap[i] = row;
+    if (a.slot_e)
+        a.slot_e[q] = e;
+}
+
+/* A warp's slice of k_hist / k_place2: its slots [i0, end) and its E counters in shared memory. */
+struct SliceWarp {
+    int lane, sl, i0, end;
+    int *cnt;
+};
+
+/* False when this warp's slice is past the chunk's slots (a whole warp: no other warp reads its counters). */
+__device__ __forceinline__ bool slice_warp(const Group2Args &a, int *smem, SliceWarp &w)
+{
+    const int n = *a.ntok * a.K;
+    w.lane = threadIdx.x & 31;
+    w.sl = blockIdx.x * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5);
+    w.cnt = smem + (threadIdx.x >> 5) * a.E;
+    w.i0 = w.sl * PLACE_SLICE;
+    w.end = min(n, w.i0 + PLACE_SLICE);
+    return w.i0 < n;
+}
+
+/* Slot i's expert (-1 past the slice or out of range: that key never matches a valid id) and the
+   lanes of this warp holding the same one. */
+__device__ __forceinline__ unsigned slot_peers(const Group2Args &a, int i, int end, int *e)
+{
+    *e = i < end ? a.ids[i] : -1;
+    if (*e >= a.E)
+        *e = -1;
+    return __match_any_sync(0xFFFFFFFFu, *e);
+}
 
 __global__ void k_hist(Group2Args a)
 {
     extern __shared__ int hcnt[];
-    const int lane = threadIdx.x & 31, W = blockDim.x >> 5, E = a.E;
-    const int sl = blockIdx.x * W + (threadIdx.x >> 5), n = *a.ntok * a.K;
-    int *h = hcnt + (threadIdx.x >> 5) * E;
-    if (sl * PLACE_SLICE >= n)
-        return; /* a whole warp: no other warp reads this warp's counts */
-    for (int e = lane; e < E; e += 32)
-        h[e] = 0;
+    SliceWarp w;
+    if (!slice_warp(a, hcnt, w))
+        return;
+    for (int e = w.lane; e < a.E; e += 32)
+        w.cnt[e] = 0;
     __syncwarp();
-    const int end = min(n, (sl + 1) * PLACE_SLICE);
-    for (int i = sl * PLACE_SLICE + lane; i - lane < end; i += 32) {
-        const int e = i < end ? a.ids[i] : -1;
-        if (i < end && (e < 0 || e > E))
+    for (int i = w.i0 + w.lane; i - w.lane < w.end; i += 32) {
+        if (i < w.end && (a.ids[i] < 0 || a.ids[i] > a.E))
             atomicAdd(&a.stats[ST_BADID], 1ull);
-        const bool ok = e >= 0 && e < E;
-        const unsigned peers = same_expert(ok ? e : -1);
-        if (ok && lane == __ffs(peers) - 1)
-            h[e] += __popc(peers); /* one leader per expert in this step */
+        int e;
+        const unsigned peers = slot_peers(a, i, w.end, &e);
+        if (e >= 0 && w.lane == __ffs(peers) - 1)
+            w.cnt[e] += __popc(peers); /* one leader per expert in this step */
         __syncwarp();
     }
-    for (int e = lane; e < E; e += 32)
-        a.hist[(long long)sl * E + e] = h[e];
+    for (int e = w.lane; e < a.E; e += 32)
+        a.hist[(long long)w.sl * a.E + e] = w.cnt[e];
 }
 
 __global__ void k_place2(Group2Args a)
 {
     extern __shared__ int hpos[];
-    const int lane = threadIdx.x & 31, W = blockDim.x >> 5, E = a.E;
-    const int sl = blockIdx.x * W + (threadIdx.x >> 5), n = *a.ntok * a.K;
-    int *pos = hpos + (threadIdx.x >> 5) * E;
-    if (sl * PLACE_SLICE >= n)
+    SliceWarp w;
+    if (!slice_warp(a, hpos, w))
         return;
+    int *pos = w.cnt;
+    const int lane = w.lane, E = a.E, sl = w.sl, end = w.end;
     for (int e = lane; e < E; e += 32)
         pos[e] = a.hist[(long long)sl * E + e]; /* the slice's first rank per expert (k_count2) */
     __syncwarp();
-    const int end = min(n, (sl + 1) * PLACE_SLICE);
-    for (int i = sl * PLACE_SLICE + lane; i - lane < end; i += 32) {
-        const int e = i < end ? a.ids[i] : -1;
-        const bool ok = e >= 0 && e < E;
-        const unsigned peers = same_expert(ok ? e : -1);
+    for (int i = w.i0 + lane; i - lane < end; i += 32) {
+        int e;
+        const unsigned peers = slot_peers(a, i, end, &e);
+        const bool ok = e >= 0;
         const int rank = ok ? pos[e] + __popc(peers & ((1u << lane) - 1u)) : 0;
         __syncwarp(); /* every lane has read pos[e] before its leader moves it */
         if (ok) {
             if (lane == __ffs(peers) - 1)
                 pos[e] += __popc(peers);
-            const int q = a.slot_off[e] + rank, row = a.pad_off[e] + rank;
-            a.slot_tok[q] = i / a.K;
-            a.slot_w[q] = a.w[i];
-            a.slot_row[q] = row;
-            a.rowmap[i] = row;
-            if (a.slot_e)
-                a.slot_e[q] = e;
+            place_slot(a, i, e, rank);
         }
         __syncwarp();
     }
@@ -270,13 +297,7 @@ __global__ void k_count2(Group2Args a)
         int rank = 0;
         for (int j = 0; j < i; j++)
             rank += sid[j] == e;
-        const int q = a.slot_off[e] + rank, row = a.pad_off[e] + rank;
-        a.slot_tok[q] = i / a.K;
-        a.slot_w[q] = a.w[i];
-        a.slot_row[q] = row;
-        a.rowmap[i] = row;
-        if (a.slot_e)
-            a.slot_e[q] = e;
+        place_slot(a, i, e, rank);
     }
 }
 
