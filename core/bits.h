@@ -2,7 +2,8 @@
  * Internal: the fp32 <-> bit-pattern casts the number formats (core/formats.c) and the CPU
  * kernels (fast/cpu/kernels/kutil.h) work with; memcpy, so no aliasing rule is broken and the
  * compiler emits a register move. Also the integer-exact ue8m0 helpers of SPEC.md section 5 that
- * the host (core/formats.c) and the device (fast/cuda/kernels.cuh) both run: one copy, compiled
+ * the host (core/formats.c) and the device (fast/cuda/kernels.cuh) both run, and the e4m3
+ * encoding the host runs and the device test holds the hardware conversion to: one copy, compiled
  * as static inline C and, under nvcc, as __host__ __device__ functions, so the two sides cannot
  * drift apart.
  */
@@ -98,6 +99,32 @@ DSV4_HD uint32_t dsv4_ue8m0_exponent(uint32_t ua, uint32_t ul)
     int el = dsv4_f32_split(ul, &ml);
     int b = ea - el + (ma > ml) + 127;
     return (uint32_t)(b < 0 ? 0 : b > 254 ? 254 : b);
+}
+
+
+/*
+ * fp32 -> e4m3fn code (SPEC.md section 5): ties to even, |x| >= 448 and Inf saturate to 448, NaN
+ * to 0x7F with its sign. One formula for normals and subnormals: t holds the significand aligned
+ * so that a right shift by sh leaves the e4m3 code (exponent field and mantissa) in units of the
+ * target's last place; the shift rounds to nearest even. Normals (fp32 exponent >= 121, i.e.
+ * >= 2^-6) rebias and drop 20 bits; below that the explicit significand is shifted further, and
+ * anything under 2^-10 (sh capped at 31 to stay defined) rounds to zero. A carry out of the
+ * mantissa moves to the next binade by itself. Selects rather than branches, because this runs
+ * over every weight of a checkpoint. The device quantizers use the hardware conversion instead;
+ * tests/cuda/e4m3_hw.cu holds it to this one on every input.
+ */
+DSV4_HD uint8_t dsv4_e4m3_bits(float x)
+{
+    uint32_t u = dsv4_f32_bits(x);
+    uint32_t a = u & 0x7FFFFFFFu;
+    uint32_t e = a >> 23;
+    uint32_t normal = e >= 121u;
+    uint32_t t = normal ? a - (120u << 23) : (a & 0x7FFFFFu) | 0x800000u;
+    uint32_t sh = normal ? 20u : (141u - e > 31u ? 31u : 141u - e);
+    uint32_t r = (t + (1u << (sh - 1u)) - 1u + ((t >> sh) & 1u)) >> sh;
+    r = a >= 0x43E00000u ? 0x7Eu : r; /* >= 448, Inf too: saturate */
+    r = a > 0x7F800000u ? 0x7Fu : r;
+    return (uint8_t)(((u >> 24) & 0x80u) | r);
 }
 
 #endif

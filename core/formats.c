@@ -59,31 +59,7 @@ static inline float e4m3_decode(uint8_t c) { return dsv4_f32_from_bits(e4m3_lut[
 
 float dsv4_e4m3_to_f32(uint8_t code) { return e4m3_decode(code); }
 
-/*
- * One formula for normals and subnormals: t holds the significand aligned so
- * that a right shift by sh leaves the e4m3 code (exponent field and mantissa)
- * in units of the target's last place; the shift rounds to nearest even.
- * Normals (fp32 exponent >= 121, i.e. >= 2^-6) rebias and drop 20 bits; below
- * that the explicit significand is shifted further, and anything under 2^-10
- * (sh capped at 31 to stay defined) rounds to zero. A carry out of the mantissa
- * moves to the next binade by itself. Selects rather than branches, because
- * this runs over every weight of a checkpoint.
- */
-static inline uint8_t e4m3_encode(float x)
-{
-    uint32_t u = dsv4_f32_bits(x);
-    uint32_t a = u & F32_ABS_MASK;
-    uint32_t e = a >> 23;
-    uint32_t normal = e >= 121u;
-    uint32_t t = normal ? a - (120u << 23) : (a & 0x7FFFFFu) | 0x800000u;
-    uint32_t sh = normal ? 20u : (141u - e > 31u ? 31u : 141u - e);
-    uint32_t r = (t + (1u << (sh - 1u)) - 1u + ((t >> sh) & 1u)) >> sh;
-    r = a >= 0x43E00000u ? 0x7Eu : r; /* >= 448, Inf too: saturate */
-    r = a > F32_INF_BITS ? 0x7Fu : r;
-    return (uint8_t)(((u >> 24) & 0x80u) | r);
-}
-
-uint8_t dsv4_f32_to_e4m3(float x) { return e4m3_encode(x); }
+uint8_t dsv4_f32_to_e4m3(float x) { return dsv4_e4m3_bits(x); }
 
 /* ---- fp4 e2m1 ---- */
 
@@ -222,13 +198,13 @@ dsv4_status dsv4_quant_fp8_block(const float *w, int64_t n, int64_t k, dsv4_scal
                 float inv = dsv4_ue8m0_inverse(b);
                 for (int64_t r = 0; r < rows; r++)
                     for (int64_t c = 0; c < cols; c++)
-                        qb[r * k + c] = e4m3_encode(wb[r * k + c] * inv);
+                        qb[r * k + c] = dsv4_e4m3_bits(wb[r * k + c] * inv);
             } else {
                 float s = amax / DSV4_E4M3_MAX;
                 ((float *)scales)[si] = s;
                 for (int64_t r = 0; r < rows; r++)
                     for (int64_t c = 0; c < cols; c++)
-                        qb[r * k + c] = e4m3_encode(wb[r * k + c] / s);
+                        qb[r * k + c] = dsv4_e4m3_bits(wb[r * k + c] / s);
             }
         }
     }
@@ -367,7 +343,7 @@ static inline void act_store(float xi, uint8_t c, float s, float *out, uint8_t *
  *   against that scale (all but the huge ones become 0).
  *   FP32: s = Inf, so by the definition every out of the group is NaN
  *   (0 * Inf, Inf / Inf); finite elements keep code 0, Inf ones get 0x7F.
- * - The clamp to +-448 is the saturation built into e4m3_encode (which also
+ * - The clamp to +-448 is the saturation built into dsv4_e4m3_bits (which also
  *   keeps NaN), so no separate clamp is needed.
  * - NONE copies x to out and leaves codes and scales untouched.
  */
@@ -400,13 +376,13 @@ void dsv4_act_quant_row(const float *x, int64_t k, dsv4_act_quant mode, float *o
             float inv = dsv4_ue8m0_inverse(b);
             for (int64_t i = g0; i < g0 + len; i++) {
                 float xi = x[i]; /* read before the store: out may alias x */
-                act_store(xi, e4m3_encode(xi * inv), s, out + i, codes ? codes + i : NULL);
+                act_store(xi, dsv4_e4m3_bits(xi * inv), s, out + i, codes ? codes + i : NULL);
             }
         } else {
             s = amax / DSV4_E4M3_MAX;
             for (int64_t i = g0; i < g0 + len; i++) {
                 float xi = x[i];
-                act_store(xi, e4m3_encode(xi / s), s, out + i, codes ? codes + i : NULL);
+                act_store(xi, dsv4_e4m3_bits(xi / s), s, out + i, codes ? codes + i : NULL);
             }
         }
         if (scales)

@@ -54,27 +54,12 @@ __device__ __forceinline__ float e4m3f(uint32_t c)
     return __uint_as_float(s | __float_as_uint((float)m * 0.001953125f)); /* m * 2^-9, exact */
 }
 
-/* core/formats.c's e4m3 encoding (ties to even, saturating at 448, NaN keeps its sign): the
-   reference tests/cuda/e4m3_hw.cu holds the hardware conversion (e4m3x2_encode) to. */
-__device__ __forceinline__ uint32_t e4m3_encode(float x)
-{
-    uint32_t u = __float_as_uint(x);
-    uint32_t a = u & 0x7FFFFFFFu;
-    uint32_t e = a >> 23;
-    uint32_t normal = e >= 121u;
-    uint32_t t = normal ? a - (120u << 23) : (a & 0x7FFFFFu) | 0x800000u;
-    uint32_t sh = normal ? 20u : (141u - e > 31u ? 31u : 141u - e);
-    uint32_t r = (t + (1u << (sh - 1u)) - 1u + ((t >> sh) & 1u)) >> sh;
-    r = a >= 0x43E00000u ? 0x7Eu : r;
-    r = a > 0x7F800000u ? 0x7Fu : r;
-    return ((u >> 24) & 0x80u) | r;
-}
-
 /* Two values to e4m3 codes by the hardware conversion (cvt.rn.satfinite.e4m3x2.f32: ties to even,
-   beyond 448 saturated), lo in bits 0-7: the codes of e4m3_encode for every input but NaN, whose
-   sign the callers set (tests/cuda/e4m3_hw.cu compares the two over all 2^32 inputs on the device).
-   One instruction per pair where e4m3_encode is about 15 integer operations per value: in
-   k_quant8, which is issue-bound, that was most of the quantization's share. */
+   beyond 448 saturated), lo in bits 0-7: the codes of core/bits.h's dsv4_e4m3_bits (the host's
+   algorithm) for every input but NaN, whose sign the callers set (tests/cuda/e4m3_hw.cu compares
+   the two over all 2^32 inputs on the device). One instruction per pair where the integer
+   algorithm is about 15 operations per value (measured: no difference in k_quant8's time, which
+   the SwiGLU's division and exp bound). */
 __device__ __forceinline__ uint32_t e4m3x2_encode(float lo, float hi)
 {
     uint16_t r;

@@ -1,7 +1,8 @@
 /*
  * Device half of test_cuda's e4m3_hardware_encode test: the hardware e4m3 conversion the
- * quantizers use (e4m3x2_encode, fast/cuda/kernels.cuh) against e4m3_encode, the device copy of
- * core/formats.c's integer algorithm, for all 2^32 fp32 bit patterns in both halves of the pair;
+ * quantizers use (e4m3x2_encode, fast/cuda/kernels.cuh) against dsv4_e4m3_bits (core/bits.h),
+ * the integer algorithm core/formats.c runs, compiled for the device, for all 2^32 fp32 bit
+ * patterns in both halves of the pair;
  * NaN inputs must give a NaN code (the callers set its sign). Every stride-th input's code (NaN
  * codes with the input's sign, as the callers leave them) is copied out so the test can hold it
  * against the host's dsv4_f32_to_e4m3 too. Test code: linked into build/cuda/test_cuda only.
@@ -22,7 +23,7 @@ __global__ void k_e4m3_cmp(unsigned long long *bad, unsigned *first, uint8_t *sa
         const float f = __uint_as_float(u);
         const uint32_t lo = dsv4cuda::e4m3x2_encode(f, 0.0f) & 0xFFu, hi = dsv4cuda::e4m3x2_encode(0.0f, f) >> 8;
         const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-        const uint32_t want = dsv4cuda::e4m3_encode(f);
+        const uint32_t want = dsv4_e4m3_bits(f);
         const bool ok = nan ? (lo & 0x7Fu) == 0x7Fu && (hi & 0x7Fu) == 0x7Fu : lo == want && hi == want;
         if (!ok) {
             atomicAdd(bad, 1ull);
