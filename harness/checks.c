@@ -91,9 +91,25 @@ static void check_memory(dsv4_h_case *k, dsv4_case_result *c)
             "rank %d: measured peak %llu bytes above the %llu planned for the step", bad,
             (unsigned long long)k->ranks[bad].workspace_peak, (unsigned long long)k->ranks[bad].workspace_planned);
     } else {
-        set(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS,
-            "planned maximum %llu <= available %llu on every rank; measured peak %llu <= planned %llu", mx, av, peak,
-            step);
+        /* a backend with device weights (cuda): each rank's, as bound, within its plan's model */
+        unsigned long long wmax = 0;
+        for (int r = 0; r < k->world && bad < 0; r++) {
+            if (k->ranks[r].weights_bound > k->ranks[r].weights_planned)
+                bad = r;
+            wmax = k->ranks[r].weights_bound > wmax ? k->ranks[r].weights_bound : wmax;
+        }
+        if (bad >= 0)
+            set(c, DSV4_CHECK_MEMORY, DSV4_RESULT_FAIL, "rank %d: weights of %llu bytes above the %llu its plan models",
+                bad, (unsigned long long)k->ranks[bad].weights_bound, (unsigned long long)k->ranks[bad].weights_planned);
+        else if (wmax)
+            set(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS,
+                "planned maximum %llu <= available %llu on every rank; measured peak %llu <= planned %llu; each rank's "
+                "weights (at most %llu bytes) within its plan's model",
+                mx, av, peak, step, wmax);
+        else
+            set(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS,
+                "planned maximum %llu <= available %llu on every rank; measured peak %llu <= planned %llu", mx, av, peak,
+                step);
     }
 }
 

@@ -14,6 +14,7 @@
 #include "dsv4moe/ref.h"
 #include "testctl.h"
 #include "testutil.h"
+#include "tp_cases.h"
 
 Suite *dist_suite(void);
 
@@ -270,34 +271,11 @@ END_TEST
 
 
 /* tp = 2 on the cpu backend: both tp ranks hold the same rows, within tolerance of the cpu
-   backend's single-rank counterpart and of the reference. mini-bf16 (64-row shards), and mini
-   with I = 256 (128-row shards) on fp4 / fp8 weights with ue8m0 and fp32 block scales: the
-   shards of w1 and w3 are row views, w2's column shards copies with their scales. */
-static const struct {
-    const char *preset;
-    int64_t inter;
-    dsv4_weight_format routed, shared;
-    dsv4_scale_format scale;
-    dsv4_act_quant act;
-} tp_cases[] = {
-    {"mini-bf16", 0, DSV4_FORMAT_BF16, DSV4_FORMAT_BF16, DSV4_SCALE_UE8M0, DSV4_ACT_QUANT_NONE},
-    {"mini", 256, DSV4_FORMAT_FP4, DSV4_FORMAT_FP8, DSV4_SCALE_UE8M0, DSV4_ACT_QUANT_UE8M0},
-    {"mini", 256, DSV4_FORMAT_FP8, DSV4_FORMAT_FP8, DSV4_SCALE_FP32, DSV4_ACT_QUANT_FP32},
-    {"mini", 256, DSV4_FORMAT_FP4, DSV4_FORMAT_BF16, DSV4_SCALE_UE8M0, DSV4_ACT_QUANT_NONE},
-};
-
+   backend's single-rank counterpart and of the reference (the layers of tests/tp_cases.h). */
 START_TEST(cpu_tp_within_tolerance)
 {
     dsv4_config c;
-    ck_assert_int_eq(dsv4_config_preset(tp_cases[_i].preset, &c, NULL), DSV4_OK);
-    c.layer = 1;
-    if (tp_cases[_i].inter) {
-        c.moe_inter_dim = tp_cases[_i].inter;
-        c.routed_format = tp_cases[_i].routed;
-        c.shared_format = tp_cases[_i].shared;
-        c.weight_scale = tp_cases[_i].scale;
-        c.act_quant = tp_cases[_i].act;
-    }
+    ck_assert_int_eq(tp_case_config(_i, &c), DSV4_OK);
     char tag[32];
     snprintf(tag, sizeof tag, "cputp%d", _i);
     layer B = make_layer_cfg(&c, tag);
@@ -708,7 +686,7 @@ Suite *dist_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, ep_reproduces_single_rank_bit_for_bit, 0, (int)(sizeof ep_layers / sizeof ep_layers[0]));
     tcase_add_test(tc, tp_shards_agree_with_reference);
-    tcase_add_loop_test(tc, cpu_tp_within_tolerance, 0, (int)(sizeof tp_cases / sizeof tp_cases[0]));
+    tcase_add_loop_test(tc, cpu_tp_within_tolerance, 0, N_TP_CASES);
     tcase_add_test(tc, stages_check_their_arguments);
     tcase_add_test(tc, per_rank_token_vectors_give_identical_sequences);
     tcase_add_test(tc, device_path_matches_host_path);

@@ -76,7 +76,7 @@ static dsv4_status ref_combine(void *p, int64_t n, int64_t ns, const int32_t *to
     return dsv4_ref_stage_combine(((ref_impl *)p)->ref, n, ns, tok, w, o, shared, y, err);
 }
 
-const dsv4_backend_stages dsv4_ref_backend_stages = {ref_route, ref_experts, ref_combine, NULL};
+const dsv4_backend_stages dsv4_ref_backend_stages = {ref_route, ref_experts, ref_combine, NULL, NULL};
 
 static dsv4_backend_stats ref_stats(const void *p) { return ((const ref_impl *)p)->stats; }
 

@@ -92,6 +92,11 @@ typedef struct dsv4_backend_stages {
     dsv4_status (*combine)(void *impl, int64_t n, int64_t ns, const int32_t *tok, const float *w, const uint16_t *o,
                            const uint16_t *shared, uint16_t *y, dsv4_error *err);
     const dsv4_backend_device *device; /* NULL: host buffers (ref, cpu) */
+    /* CUDA graphs of the stages (cuda; NULL: none), called once a step by the driver: capture,
+       this rank can replay the step, so it holds its graphs (those missing captured now, as an
+       engine does at start-up); replay, the step replays (every rank agreed), so the stage calls
+       that a graph holds launch it. held: the graphs the backend holds. */
+    dsv4_status (*graphs)(void *impl, bool capture, bool replay, int64_t *held, dsv4_error *err);
 } dsv4_backend_stages;
 
 struct dsv4_backend {
@@ -130,6 +135,10 @@ typedef struct dsv4_backend_entry {
     /* dsv4_backend_workspace_size: the device workspace bytes of a backend of the plan for calls of
        up to max_tokens tokens. NULL: 0 (a backend without a device). */
     uint64_t (*device_workspace)(const dsv4_plan *plan, int64_t max_tokens);
+    /* dsv4_plan_weight_bytes: the device bytes of the weights a backend of the plan binds at
+       creation (the router's, and its shard's experts and inter range). NULL: 0 (a backend that
+       reads the checkpoint in host memory). */
+    uint64_t (*weight_bytes)(const dsv4_plan *plan);
 } dsv4_backend_entry;
 
 /* The entry of `kind`, NULL when the kind is unknown. */
@@ -161,6 +170,7 @@ uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t max_tokens);
 extern const dsv4_backend_stages dsv4_cuda_backend_stages;
 uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
 bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n);
+uint64_t dsv4_cuda_weight_bytes(const dsv4_plan *plan);
 #endif
 
 #endif

@@ -24,17 +24,17 @@ static dsv4_status cuda_create(const dsv4_plan *plan, const dsv4_checkpoint *ck,
 #endif
 
 static const dsv4_backend_entry REGISTRY[] = {
-    {"ref", DSV4_BACKEND_REF, dsv4_ref_backend_create, NULL, NULL, NULL, &dsv4_ref_backend_stages, NULL, NULL},
+    {"ref", DSV4_BACKEND_REF, dsv4_ref_backend_create, NULL, NULL, NULL, &dsv4_ref_backend_stages, NULL, NULL, NULL},
     {"cpu", DSV4_BACKEND_CPU, dsv4_cpu_backend_create, NULL, dsv4_cpu_backend_workspace_bytes, NULL,
-     &dsv4_cpu_backend_stages, NULL, NULL},
+     &dsv4_cpu_backend_stages, NULL, NULL, NULL},
 #ifdef DSV4_WITH_CUDA
     /* Memory: one rank, the planner's executor layout model, which the CUDA layout stays within
-       (tests/cuda holds them together); a rank of several, its stage chunks' layouts. Stages:
-       expert ranges (ep, dp), every inter row (tp 1). */
+       (tests/cuda holds them together); a rank of several, its stage chunks' layouts; the
+       weights of the rank's shard. Stages: expert ranges (ep, dp) and inter ranges (tp). */
     {"cuda", DSV4_BACKEND_CUDA, cuda_create, dsv4_cuda_backend_available, NULL, dsv4_cuda_stage_workspace_bytes,
-     &dsv4_cuda_backend_stages, dsv4_cuda_backend_supports, dsv4_cuda_device_workspace},
+     &dsv4_cuda_backend_stages, dsv4_cuda_backend_supports, dsv4_cuda_device_workspace, dsv4_cuda_weight_bytes},
 #else
-    {"cuda", DSV4_BACKEND_CUDA, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"cuda", DSV4_BACKEND_CUDA, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 #endif
 };
 #define N_REGISTRY (int)(sizeof REGISTRY / sizeof REGISTRY[0])
@@ -45,6 +45,13 @@ const dsv4_backend_entry *dsv4_backend_registry_find(dsv4_backend_kind kind)
         if (REGISTRY[i].kind == kind)
             return &REGISTRY[i];
     return NULL;
+}
+
+/* dsv4moe/plan.h: the plan's weights by its backend's model (here, next to the models). */
+uint64_t dsv4_plan_weight_bytes(const dsv4_plan *plan)
+{
+    const dsv4_backend_entry *be = plan ? dsv4_backend_registry_find(dsv4_plan_topology(plan)->backend) : NULL;
+    return be && be->weight_bytes ? be->weight_bytes(plan) : 0;
 }
 
 static bool has_stages(const dsv4_backend_entry *e)

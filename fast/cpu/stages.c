@@ -207,7 +207,7 @@ static dsv4_status cpu_combine(void *p, int64_t n, int64_t ns, const int32_t *to
     return DSV4_OK;
 }
 
-const dsv4_backend_stages dsv4_cpu_backend_stages = {cpu_route, cpu_experts, cpu_combine, NULL};
+const dsv4_backend_stages dsv4_cpu_backend_stages = {cpu_route, cpu_experts, cpu_combine, NULL, NULL};
 
 /* ---------------- the memory model ---------------- */
 

@@ -77,7 +77,8 @@ uint64_t align256(uint64_t v) { return (v + 255) & ~(uint64_t)255; }
 
 /* One projection of the routed experts (all E packed) or of the shared expert. */
 struct DevMat {
-    uint8_t *w = nullptr, *s = nullptr;
+    uint8_t *w = nullptr, *s = nullptr; /* indexed by expert id (upload.cuh's expert_base of mem_w / mem_s) */
+    uint8_t *mem_w = nullptr, *mem_s = nullptr;
     long long w_stride = 0, s_stride = 0; /* bytes per expert */
     int n = 0, k = 0, fmt = 0, sfp32 = 0;
 };
@@ -100,10 +101,13 @@ struct Graph {
 };
 
 struct CudaBe {
-    dsv4_config cfg;
+    dsv4_config cfg;  /* the layer as the kernels see it: moe_inter_dim is the plan's inter count (tp) */
+    dsv4_config full; /* the plan's layer (the checkpoint's shapes) */
     int64_t chunk = 0, max_tokens = 0;
     int64_t stage_cap = 0; /* the rows of a chunk the workspace and its mirror hold (stage chunks may grow them) */
     int64_t e_first = 0, e_count = 0; /* the plan's expert range (the stages check their rows against it) */
+    int64_t i_first = 0;              /* the plan's inter range starts here (cfg.moe_inter_dim rows of full's) */
+    uint64_t weight_bytes = 0;        /* device bytes of the bound weights (router, the range's experts) */
     int small = 1;
     bool qx = false, qh_routed = false, qh_shared = false, routed_q = false, shared_q = false;
     bool repeats = false; /* a tid2eid row names one expert twice */
@@ -127,6 +131,11 @@ struct CudaBe {
     bool graphs = false;
     int n_graphs = 0;
     Graph graph[DSV4_MAX_BUCKETS];
+    /* a rank's stage graphs (stage_access.cuh): the experts call of routed token-slots [0] and of
+       the shared expert [1] at each token bucket of graph[] (bucket: the layout's rows) */
+    Graph sgraph[2][DSV4_MAX_BUCKETS];
+    bool stage_replay = false; /* the step replays: experts calls within a bucket launch sgraph */
+    dsv4_topology topo;        /* the plan's (the rows a bucket's experts call can receive) */
     dsv4_backend_stats stats;
     uint64_t device_used = 0;
     /* the fp8 tensor-core path (mma.cuh): fragment-native weights, gate/up interleaved */
@@ -137,13 +146,16 @@ struct CudaBe {
     int fp8_cut = DSV4C_FP8_CUT_ROWS; /* gemm fp8: groups above this many rows on the grouped FP8 GEMM */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
+    uint64_t fbuf_bytes[8] = {};
     cudaStream_t s2 = nullptr, s3 = nullptr, s4 = nullptr; /* forked regimes: 32-row, 128-row tiles, shared decode */
     /* gemm fp8 (SPEC.md section 9): large groups on the grouped FP8 GEMM over row-major e4m3 copies
        of the weights with 1x128 scales (N-major); experts whose fp4 scales cannot convert exactly
        (ok8[e] = 0) keep the exact kernels */
     bool fp8 = false;
     uint8_t *w8[4] = {};  /* routed gate|up [E][2I, H], routed down [E][H, I], shared gate|up, shared down */
-    float *s8[4] = {};
+    float *s8[4] = {};     /* w8 / s8 indexed by expert id; their allocations: */
+    uint8_t *w8mem[4] = {};
+    float *s8mem[4] = {};
     uint8_t *ok8 = nullptr; /* device [E + 1] */
     int sfb_rows = 1;       /* rows per weight scale of the fp8 GEMM copies: 128 (blocks) or 1 */
     bool fp8_rows = false;  /* cuda_kernels fp8_scales=rows: 1 even where blocks convert */
@@ -456,17 +468,21 @@ void cuda_free(void *p)
     CudaBe *b = (CudaBe *)p;
     if (!b)
         return;
-    for (int i = 0; i < b->n_graphs; i++)
+    for (int i = 0; i < b->n_graphs; i++) {
         if (b->graph[i].exec)
             cudaGraphExecDestroy(b->graph[i].exec);
+        for (int k = 0; k < 2; k++)
+            if (b->sgraph[k][i].exec)
+                cudaGraphExecDestroy(b->sgraph[k][i].exec);
+    }
     for (int i = 0; i < 3; i++) {
-        cudaFree(b->rw[i].w), cudaFree(b->rw[i].s);
-        cudaFree(b->sw[i].w), cudaFree(b->sw[i].s);
+        cudaFree(b->rw[i].mem_w), cudaFree(b->rw[i].mem_s);
+        cudaFree(b->sw[i].mem_w), cudaFree(b->sw[i].mem_s);
     }
     for (int i = 0; i < 8; i++)
         cudaFree(b->fbuf[i]);
     for (int i = 0; i < 4; i++)
-        cudaFree(b->w8[i]), cudaFree(b->s8[i]);
+        cudaFree(b->w8mem[i]), cudaFree(b->s8mem[i]);
     cudaFree(b->ok8);
     fp8gemm_free(b->g8[0]);
     fp8gemm_free(b->g8[1]);
@@ -496,31 +512,45 @@ const dsv4_backend_vtable cuda_vtable = {"cuda",      cuda_forward,    cuda_stat
 
 } // namespace
 
-/* The workspace bytes of a chunk of tc tokens (no device needed; the tests hold it against the plan). */
-extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
-extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc)
+/* The workspace bytes of a chunk of tc tokens (no device needed; the tests hold it against the
+   plan), and of a stage chunk on a backend of `experts` experts: kept -1 (route, combine), or the
+   slots an experts call keeps (layout_for). */
+static uint64_t chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts)
 {
     CudaBe *b = new (std::nothrow) CudaBe();
     if (!b)
         return 0;
     b->cfg = *cfg;
+    b->e_count = experts;
     set_modes(b);
     b->fast = want_fast(cfg);
     b->fp8 = b->fast && cfg->gemm != DSV4_GEMM_EXACT;
     set_kernels(b);
-    uint64_t v = layout_for(b, tc).total;
+    uint64_t v = layout_for(b, tc, kept).total;
     delete b;
     return v;
 }
 
+extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
+extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc)
+{
+    return chunk_bytes(cfg, tc, -1, cfg->n_routed_experts);
+}
+extern "C" uint64_t dsv4_cuda_stage_chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts);
+extern "C" uint64_t dsv4_cuda_stage_chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts)
+{
+    return chunk_bytes(cfg, tc, kept, experts);
+}
+
 /* The largest workspace of chunks of 1 .. n tokens under b's modes (chunks of fewer tokens than the
    workspace's run in it too, and a layout is not monotone in the token count everywhere: the
-   router's split-K slices shrink as the chunk grows). */
-static uint64_t max_layout(const CudaBe *b, int64_t n)
+   router's split-K slices shrink as the chunk grows); slot_rows: chunks of token-slots, one kept
+   slot a row (a stage's experts call, cuda_impl.h). */
+static uint64_t max_layout(const CudaBe *b, int64_t n, bool slot_rows = false)
 {
     uint64_t m = 0;
     for (int64_t t = 1; t <= n; t++) {
-        const uint64_t v = layout_for(b, t).total;
+        const uint64_t v = layout_for(b, t, slot_rows ? t : -1).total;
         m = v > m ? v : m;
     }
     return m;
@@ -529,7 +559,7 @@ static uint64_t max_layout(const CudaBe *b, int64_t n)
 /* An upper bound of max_layout(b, n) in one layout: only the router logits' split-K slices make a
    layout shrink as the chunk grows, so the layout of n with the largest logits buffer of 1 .. n.
    The slices follow the chunk's 128-row blocks, so the largest buffer is at a block's last row. */
-static uint64_t layout_bound(const CudaBe *b, int64_t n)
+static uint64_t layout_bound(const CudaBe *b, int64_t n, bool slot_rows = false)
 {
     const uint64_t E4 = (uint64_t)b->cfg.n_routed_experts * 4;
     uint64_t lg = 0;
@@ -539,19 +569,32 @@ static uint64_t layout_bound(const CudaBe *b, int64_t n)
         if (t >= n)
             break;
     }
-    const Layout L = layout_for(b, n);
+    const Layout L = layout_for(b, n, slot_rows ? n : -1);
     return L.total - align256((uint64_t)L.lslices * (uint64_t)n * E4) + lg;
+}
+
+/* The workspace of a rank's stage calls (cuda_impl.h): route and combine over chunks of up to
+   `chunk` tokens (every slot of a row), experts over up to `rows` token-slots (one kept slot a
+   row); the exact maximum, or (bound) its one-layout upper bound. */
+static uint64_t stage_ws(const CudaBe *b, int64_t rows, int64_t chunk, bool bound)
+{
+    const uint64_t a = bound ? layout_bound(b, chunk) : max_layout(b, chunk);
+    const uint64_t s = bound ? layout_bound(b, rows, true) : max_layout(b, rows, true);
+    return a > s ? a : s;
 }
 
 /* The largest layout of chunks of 1 .. n tokens over what creation decides from the checkpoint,
    each way: the fp8 path or its fallback, a hash table that repeats an expert, the large groups'
-   kernel; gemm fp8 off (0), on (1) or either (2). 0 when out of memory. */
-static uint64_t layouts_max(const dsv4_config *cfg, int fp8, int64_t n, bool bound)
+   kernel; gemm fp8 off (0), on (1) or either (2); with stage_rows > 0 the stage calls' workspace
+   (stage_ws) of chunks of n tokens on a backend of e_count experts (0: all). 0 when out of memory. */
+static uint64_t layouts_max(const dsv4_config *cfg, int fp8, int64_t n, bool bound, int64_t stage_rows = 0,
+                            int64_t e_count = 0)
 {
     CudaBe *b = new (std::nothrow) CudaBe();
     if (!b)
         return 0;
     b->cfg = *cfg;
+    b->e_count = e_count; /* the experts a rank's calls group (0: all) */
     set_modes(b);
     int dev = 0, nsm = 0;
     if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
@@ -574,7 +617,9 @@ static uint64_t layouts_max(const dsv4_config *cfg, int fp8, int64_t n, bool bou
                     kv.big_var = t16 < N_TILEH_BIG ? t16 : 0;
                     set_kernels(b, kv);
                     b->fp8 = b->fast && g8 == 1;
-                    const uint64_t v = bound ? layout_bound(b, n) : max_layout(b, n);
+                    const uint64_t v = stage_rows > 0 ? stage_ws(b, stage_rows, n, bound)
+                                       : bound      ? layout_bound(b, n)
+                                                    : max_layout(b, n);
                     best = v > best ? v : best;
                 }
     delete b;
@@ -599,15 +644,13 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     const int threads = opt->threads;
     const dsv4_config *cfg = dsv4_plan_config(plan);
     const dsv4_topology *topo = dsv4_plan_topology(plan);
-    /* A rank of a sharded plan runs the stages (stages.cu) through fast/dist: expert ranges (ep), not
-       inter ranges (tp), and in a workspace of its own (stage chunks outgrow the forward's). */
+    /* A rank of a sharded plan runs the stages (stages.cu) through fast/dist, in a workspace of its
+       own (stage chunks outgrow the forward's), and binds only its shard: the weights of its expert
+       range (ep) and of its inter range (tp: gate/up rows and down columns sliced at upload, the
+       kernels running a layer of moe_inter_dim = the plan's inter count). */
+    const int64_t inter = dsv4_plan_inter_count(plan);
     const bool sharded = dsv4_plan_router(plan) != DSV4_ROUTER_LOCAL ||
-                         dsv4_plan_expert_count(plan) != cfg->n_routed_experts;
-    if (dsv4_plan_inter_count(plan) != cfg->moe_inter_dim)
-        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
-                           "the plan splits moe_inter_dim (inter %lld of %lld, tp %d): the cuda stages compute "
-                           "every inter row of their experts (ep, dp); tp runs on the cpu and ref backends",
-                           (long long)dsv4_plan_inter_count(plan), (long long)cfg->moe_inter_dim, topo->tp);
+                         dsv4_plan_expert_count(plan) != cfg->n_routed_experts || inter != cfg->moe_inter_dim;
     if (sharded && opt->workspace)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
                            "a rank of a sharded plan runs its stages in the backend's own workspace, not a caller's");
@@ -620,10 +663,10 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     Kernels kv;
     if ((st = parse_kernels(opt->cuda_kernels, &kv, err)) != DSV4_OK)
         return st;
-    if (cfg->dim % 32 || cfg->moe_inter_dim % 32)
+    if (cfg->dim % 32 || inter % 32)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
-                           "dim %lld and moe_inter_dim %lld must be multiples of 32 for the cuda kernels",
-                           (long long)cfg->dim, (long long)cfg->moe_inter_dim);
+                           "dim %lld and moe_inter_dim %lld%s must be multiples of 32 for the cuda kernels",
+                           (long long)cfg->dim, (long long)inter, inter != cfg->moe_inter_dim ? " (the tp shard's)" : "");
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
     if (ce != cudaSuccess || ndev < 1)
@@ -639,12 +682,16 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     if (!b)
         return dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
     memset(&b->stats, 0, sizeof b->stats);
+    b->full = *cfg;
     b->cfg = *cfg;
+    b->cfg.moe_inter_dim = inter;
     const dsv4_config *c = &b->cfg;
     b->chunk = dsv4_plan_chunk_tokens(plan);
     b->max_tokens = topo->max_tokens_per_rank;
     b->e_first = dsv4_plan_expert_first(plan);
     b->e_count = dsv4_plan_expert_count(plan);
+    b->i_first = dsv4_plan_inter_first(plan);
+    b->topo = *topo;
     if (b->chunk < 1)
         b->chunk = b->max_tokens > 0 ? b->max_tokens : 128;
     set_modes(b);
@@ -680,7 +727,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "device setup failed: %s", cudaGetErrorString(ce));
         goto fail;
     }
-    if ((st = dsv4_router_tensors_load(ck, c, NULL, &rt, err)))
+    if ((st = dsv4_router_tensors_load(ck, &b->full, NULL, &rt, err)))
         goto fail;
     {
         uint16_t *g16 = (uint16_t *)malloc((size_t)(E * H) * 2);
@@ -696,16 +743,17 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         ce = cudaMalloc((void **)&b->gate16, (size_t)(E * H) * 2);
         if (ce == cudaSuccess)
             ce = cudaMemcpy(b->gate16, g16, (size_t)(E * H) * 2, cudaMemcpyHostToDevice);
+        b->weight_bytes += (uint64_t)(E * H) * 2;
         free(g16);
         if (ce != cudaSuccess) {
             st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "upload of the gate failed: %s", cudaGetErrorString(ce));
             goto fail_rt;
         }
     }
-    if ((st = upload_f32(rt.bias, (size_t)E, &b->bias, "bias", err)) ||
-        (st = upload_f32(rt.pred_norm, (size_t)E, &b->pred_norm, "norm predictor", err)) ||
-        (st = upload_f32(rt.pred_w, (size_t)(E * H), &b->pred_w, "norm predictor weight", err)) ||
-        (st = upload_f32(rt.pred_b, (size_t)E, &b->pred_b, "norm predictor bias", err)))
+    if ((st = upload_f32(b, rt.bias, (size_t)E, &b->bias, "bias", err)) ||
+        (st = upload_f32(b, rt.pred_norm, (size_t)E, &b->pred_norm, "norm predictor", err)) ||
+        (st = upload_f32(b, rt.pred_w, (size_t)(E * H), &b->pred_w, "norm predictor weight", err)) ||
+        (st = upload_f32(b, rt.pred_b, (size_t)E, &b->pred_b, "norm predictor bias", err)))
         goto fail_rt;
     if (rt.tid2eid) {
         size_t nb = (size_t)(V * K) * 4;
@@ -727,10 +775,19 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
             st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "upload of tid2eid failed: %s", cudaGetErrorString(ce));
             goto fail_rt;
         }
+        b->weight_bytes += nb;
     }
     dsv4_router_tensors_release(&rt, NULL);
     b->fast = want_fast(c, kv.exact_path);
     set_kernels(b, kv);
+    if (b->fast) { /* a shard takes the kernels its whole layer's scales allow (upload.cuh) */
+        bool unsupported, no_f16;
+        if ((st = layer_fp4_scales(b, ck, &unsupported, &no_f16, err)))
+            goto fail;
+        b->fast = !unsupported;
+        if (no_f16)
+            b->tile16 = false, b->big_rows = 128;
+    }
     if (b->fast) {
         /* the fp8 path: fragment-native weights; a scale the path cannot hold exactly falls back */
         for (int slot = 0; slot < 4 && !st; slot++)
@@ -740,6 +797,8 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
             for (int i = 0; i < 8; i++) {
                 cudaFree(b->fbuf[i]);
                 b->fbuf[i] = nullptr;
+                b->weight_bytes -= b->fbuf_bytes[i];
+                b->fbuf_bytes[i] = 0;
             }
             b->fast = false;
             st = DSV4_OK;
@@ -758,6 +817,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         /* weight scales per 128x128 block (gemm_fp8.cu: the faster kernel) unless a block would send
            to the exact kernels an expert whose 1x128 groups all convert: then per row, as before */
         b->sfb_rows = !b->fp8_rows && c->dim % 128 == 0 && c->moe_inter_dim % 128 == 0 ? 128 : 1;
+        const uint64_t wb0 = b->weight_bytes;
         for (int pass = 0; pass < 2 && !st; pass++) {
             int64_t lost = 0;
             memset(ok, 1, (size_t)ng);
@@ -769,9 +829,10 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
             if (st || !lost || b->sfb_rows == 1)
                 break;
             for (int i = 0; i < 4; i++) {
-                cudaFree(b->w8[i]), cudaFree(b->s8[i]);
-                b->w8[i] = nullptr, b->s8[i] = nullptr;
+                cudaFree(b->w8mem[i]), cudaFree(b->s8mem[i]);
+                b->w8mem[i] = nullptr, b->s8mem[i] = nullptr, b->w8[i] = nullptr, b->s8[i] = nullptr;
             }
+            b->weight_bytes = wb0;
             b->sfb_rows = 1;
         }
         uint64_t exact = 0;
@@ -781,6 +842,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         b->stats.fp8_exact_experts = exact + (c->n_shared_experts > 0 && !ok[E]);
         b->stats.fp8_scale_rows = (uint64_t)b->sfb_rows;
         size_t gb[2] = {0, 0};
+        b->weight_bytes += (uint64_t)ng;
         if (!st && ((ce = cudaMalloc((void **)&b->ok8, (size_t)ng)) != cudaSuccess ||
                     (ce = cudaMemcpy(b->ok8, ok, (size_t)ng, cudaMemcpyHostToDevice)) != cudaSuccess ||
                     (ce = fp8gemm_create(&b->g8[0], (int)ng, b->sfb_rows, &gb[0])) != cudaSuccess ||
@@ -843,7 +905,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
            on a rank of a sharded plan, of the largest stage chunk (stage_rows) */
         const int64_t ws_rows = sharded ? stage_rows(c, topo, b->chunk) : b->chunk;
         Layout L = layout_for(b, ws_rows);
-        b->ws_bytes = sharded ? max_layout(b, ws_rows) : L.total;
+        b->ws_bytes = sharded ? stage_ws(b, ws_rows, b->chunk, false) : L.total;
         b->stage_cap = ws_rows;
         uint64_t avail = dsv4_plan_budget_available(plan);
         if (b->ws_bytes > avail) {
@@ -872,6 +934,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     b->device_used = free0 > free1 ? (uint64_t)(free0 - free1) : 0;
     b->stats.workspace_planned = dsv4_plan_workspace_max(plan);
     b->stats.device_allocated = b->device_used;
+    b->stats.weights_allocated = b->weight_bytes;
     b->stats.workspace_allocated = b->own_ws ? b->ws_bytes : 0;
     b->graphs = topo->cuda_graph;
     if (b->graphs) {
@@ -897,7 +960,18 @@ fail:
    executor model (docs/planner.md). */
 extern "C" uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens)
 {
-    if (tokens < 1)
+    if (tokens < 1 || !topo || topo->tp < 1)
         return 0;
-    return layouts_max(cfg, 2, stage_rows(cfg, topo, tokens), true);
+    dsv4_config lc = *cfg; /* the kernels' layer: the tp shard of moe_inter_dim */
+    lc.moe_inter_dim /= topo->tp;
+    return layouts_max(&lc, 2, tokens, true, stage_rows(&lc, topo, tokens),
+                       topo->ep > 1 ? cfg->n_routed_experts / topo->ep : 0);
+}
+
+/* The registry's weight model: the device bytes a backend of the plan binds (upload.cuh). */
+extern "C" uint64_t dsv4_cuda_weight_bytes(const dsv4_plan *plan)
+{
+    const Shard sh{dsv4_plan_config(plan), dsv4_plan_expert_first(plan), dsv4_plan_expert_count(plan),
+                   dsv4_plan_inter_first(plan), dsv4_plan_inter_count(plan)};
+    return shard_weight_bytes(sh, dsv4_plan_gemm(plan) == DSV4_GEMM_FP8);
 }

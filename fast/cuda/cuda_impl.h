@@ -34,7 +34,9 @@ enum ChunkMode {
 /* One stage call's chunk of tc rows in the workspace: the byte offsets of its buffers (the io
    range [0, io_end) is mirrored at the same offsets in pinned host memory, hio). */
 struct StageChunk {
-    int64_t tc = 0, slots = 0;
+    int64_t tc = 0, n = 0, slots = 0; /* the layout's rows, the rows the call holds (tc but for a replay) */
+    cudaGraphExec_t graph = nullptr;   /* a replayed experts call: its bucket's graph */
+    int64_t kept_slots = -1; /* the slots its grouping places: -1 every slot (route, combine), else at most this many */
     cudaStream_t stream = nullptr;
     uint8_t *ws = nullptr, *hio = nullptr;
     uint64_t in_ids = 0, ntok = 0, stats = 0, x = 0, ids = 0, w = 0, kept = 0, io_end = 0;
@@ -45,22 +47,34 @@ struct StageChunk {
 /* The chunk of tc >= 1 rows laid out in impl's workspace (grown, with its mirror, when it does
    not fit: the single-rank composition; a rank of a sharded plan is sized for its stages at
    creation); counts its bytes into the backend's workspace peak; the mirror's head set (input ids
-   0, the row count, counters 0: the caller writes the rest). */
-dsv4_status stage_chunk(void *impl, int64_t tc, StageChunk *c, dsv4_error *err);
+   0, the row count, counters 0: the caller writes the rest). An experts call while the step
+   replays (stage_graphs) is laid out at the bucket of the graph that holds it (c->tc its rows,
+   c->n = tc the call's, c->graph set) when there is one. kept: -1 for a chunk whose router's
+   slots are grouped (route, combine); an experts call, whose slot list keeps one slot a row, the
+   rows it keeps (0 for the shared expert's): its expert rows and tile lists are sized for those. */
+dsv4_status stage_chunk(void *impl, int64_t tc, int64_t kept, StageChunk *c, dsv4_error *err);
+/* The stage graphs of a rank that can replay (dsv4_backend_stages.graphs): capture, those missing
+   of the experts calls at each of the plan's buckets (routed token-slots: the rows a step of that
+   many tokens can send the rank; the shared expert: its tokens), in the layout of the bucket;
+   replay, while true, an experts call of up to a bucket's rows launches that bucket's graph (with
+   its row count in the head) instead of its kernels. held: the graphs captured. */
+dsv4_status stage_graphs(void *impl, bool capture, bool replay, int64_t *held, dsv4_error *err);
 /* What a stage chunk computed, for its counters. */
 enum StageKind { STAGE_ROUTE, STAGE_ROUTED, STAGE_SHARED, STAGE_COMBINE };
 /* After c's counters came back to the mirror (a copy of [stats, ...) and a wait): the errors the
    forward reports (bad input ids: DSV4_ERR_RANGE; bad expert ids: DSV4_ERR_INTERNAL), and the
    counters of what kind computed folded into the backend's stats. */
 dsv4_status stage_done(void *impl, const StageChunk &c, StageKind kind, dsv4_error *err);
-/* Enqueues c's kernels on its stream (no host synchronisation). */
+/* Enqueues c's kernels on its stream, or launches its graph (no host synchronisation). */
 cudaError_t stage_enqueue(void *impl, const StageChunk &c, ChunkMode mode);
 /* Enqueues the forward's combine over c: o rows by rowmap, ids and weights at c.ids / c.w, the
    shared rows at c.osh when with_shared; y into c.x. */
 cudaError_t stage_combine(void *impl, const StageChunk &c, bool with_shared);
-/* The backend's layer and its expert range. */
+/* The backend's layer as its kernels run it (moe_inter_dim: the plan's inter count), its expert
+   range and its range of the layer's moe_inter_dim (the weights bound at creation). */
 const dsv4_config *stage_config(const void *impl);
 void stage_experts(const void *impl, int64_t *first, int64_t *count);
+void stage_inter(const void *impl, int64_t *first, int64_t *count);
 
 /* The most rows of a stage chunk of a rank for chunks of tc tokens: the rows an experts call
    receives, ep tc min(K, E_local) (ep tc K on hash layers, where a row may repeat an expert), at

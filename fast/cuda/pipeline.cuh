@@ -20,7 +20,11 @@ int logit_slices(const CudaBe *b, int64_t tc)
     return s;
 }
 
-Layout layout_for(const CudaBe *b, int64_t tc)
+/* The layout of a chunk of tc tokens whose grouping places at most `kept` slots (< 0: all tc K;
+   a stage chunk of token-slots keeps one a row, cuda_impl.h): the slot arrays hold tc K, the
+   expert rows and tile lists what the kept slots can fill in the groups of the backend's experts
+   (a rank's experts calls name only its range; its route and combine chunks group nothing). */
+Layout layout_for(const CudaBe *b, int64_t tc, int64_t kept = -1)
 {
     const dsv4_config *c = &b->cfg;
     int64_t H = c->dim, I = c->moe_inter_dim, E = c->n_routed_experts, K = c->n_activated;
@@ -28,25 +32,27 @@ Layout layout_for(const CudaBe *b, int64_t tc)
     memset(&L, 0, sizeof L);
     L.tc = tc;
     L.slots = tc * K;
+    const int64_t ks = kept >= 0 && kept < L.slots ? kept : L.slots;
+    const int64_t Eg = b->e_count > 0 && b->e_count < E ? b->e_count : E;
     /* 128-aligned groups: each non-empty group pads at most 127 rows */
-    L.rows = L.slots + 127 * (L.slots < E ? L.slots : E);
+    L.rows = ks + 127 * (ks < Eg ? ks : Eg);
     /* A group holds at most Tc rows when no token sends two slots to one expert (top-K ids are
        distinct; a hash table may repeat one, checked at creation): the masked bound E align128(Tc). */
-    if (!b->repeats && E * cdiv(tc, 128) * 128 < L.rows)
-        L.rows = E * cdiv(tc, 128) * 128;
+    if (!b->repeats && Eg * cdiv(tc, 128) * 128 < L.rows)
+        L.rows = Eg * cdiv(tc, 128) * 128;
     if (L.rows < tc)
         L.rows = tc;
-    const int64_t act = L.slots < E ? L.slots : E;
+    const int64_t act = ks < Eg ? ks : Eg;
     if (b->fast) {
         /* 32-row tiles: at most 2 per group of 17..64 rows; 128-row tiles: ceil(n / 128) per larger
            group; the shared expert's after them */
-        const int64_t g17 = L.slots / (FM_DEC_MAX + 1), g65 = L.slots / (FM_MID_MAX + 1);
-        L.cap_mid = 2 * (g17 < E ? g17 : E) + 3;
-        L.cap_big = L.slots / b->big_rows + (g65 < E ? g65 : E) + tc / b->big_rows + 3;
+        const int64_t g17 = ks / (FM_DEC_MAX + 1), g65 = ks / (FM_MID_MAX + 1);
+        L.cap_mid = 2 * (g17 < Eg ? g17 : Eg) + 3;
+        L.cap_big = ks / b->big_rows + (g65 < Eg ? g65 : Eg) + tc / b->big_rows + 3;
         L.tiles = L.cap_mid + L.cap_big;
     } else {
         /* tensor-core tiles: sum of ceil(n / BM) over the groups above the decode threshold */
-        L.tiles = L.slots / DSV4C_BM + act + 1;
+        L.tiles = ks / DSV4C_BM + act + 1;
     }
     uint64_t off = 0;
     auto take = [&](uint64_t bytes) {

@@ -19,17 +19,18 @@ extern "C" bool dsv4_cuda_backend_available(char *why, size_t n)
     return true;
 }
 
-/* Sharded plans: expert ranges (ep, dp) with every inter row; tp > 1 splits moe_inter_dim, which
-   the cuda stages do not (fast/cuda/stages.cu). */
+/* Sharded plans: expert ranges (ep, dp) and inter ranges (tp), the latter as long as the kernels
+   can run a layer of that many inter rows (a multiple of 32; the planner already splits at whole
+   scale blocks: 128 for fp8 weights or quantized activations, 32 for fp4). */
 extern "C" bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n)
 {
     const dsv4_config *cfg = dsv4_plan_config(plan);
-    if (dsv4_plan_inter_count(plan) == cfg->moe_inter_dim)
+    const int64_t ni = dsv4_plan_inter_count(plan);
+    if (ni == cfg->moe_inter_dim || ni % 32 == 0)
         return true;
     if (why && n)
-        snprintf(why, n, "tp %d splits moe_inter_dim (%lld of %lld rows): the cuda stages compute every inter row "
-                 "of their experts (ep, dp); tp runs on the cpu and ref backends",
-                 dsv4_plan_topology(plan)->tp, (long long)dsv4_plan_inter_count(plan),
-                 (long long)cfg->moe_inter_dim);
+        snprintf(why, n, "tp %d leaves %lld of moe_inter_dim %lld rows a rank, not a multiple of 32 for the cuda "
+                 "kernels; a tp with moe_inter_dim / tp a multiple of 32 works",
+                 dsv4_plan_topology(plan)->tp, (long long)ni, (long long)cfg->moe_inter_dim);
     return false;
 }

@@ -11,12 +11,33 @@
 
 namespace dsv4cuda {
 
-dsv4_status stage_chunk(void *impl, int64_t tc, StageChunk *c, dsv4_error *err)
+/* The stage graph replaying an experts call of n rows (shared: the shared expert's), the smallest
+   captured bucket holding n, while the step replays; NULL: run eager. */
+const Graph *stage_graph_for(const CudaBe *b, int64_t n, bool shared)
+{
+    if (!b->stage_replay)
+        return nullptr;
+    const Graph *best = nullptr;
+    for (int i = 0; i < b->n_graphs; i++) {
+        const Graph *g = &b->sgraph[shared ? 1 : 0][i];
+        if (g->exec && g->bucket >= n && (!best || g->bucket < best->bucket))
+            best = g;
+    }
+    return best;
+}
+
+dsv4_status stage_chunk(void *impl, int64_t n, int64_t kept, StageChunk *c, dsv4_error *err)
 {
     CudaBe *b = (CudaBe *)impl;
-    if (tc < 1)
-        return dsv4_seterr(err, DSV4_ERR_INTERNAL, WHERE, "a stage chunk of %lld rows", (long long)tc);
-    const Layout L = layout_for(b, tc);
+    if (n < 1)
+        return dsv4_seterr(err, DSV4_ERR_INTERNAL, WHERE, "a stage chunk of %lld rows", (long long)n);
+    /* a replayed experts call runs in its graph's layout (its bucket's rows; the kernels read the
+       row count n from the head) */
+    const Graph *gr = kept >= 0 ? stage_graph_for(b, n, kept == 0) : nullptr;
+    const int64_t tc = gr ? gr->bucket : n;
+    if (gr)
+        kept = kept == 0 ? 0 : tc;
+    const Layout L = layout_for(b, tc, kept);
     if (tc > b->stage_cap || L.total > b->ws_bytes) {
         /* Beyond the workspace: a rank of a sharded plan is sized for its stages at creation, so
            this is the single-rank composition (dsv4_dist_single_rank) running every rank's slots
@@ -26,30 +47,83 @@ dsv4_status stage_chunk(void *impl, int64_t tc, StageChunk *c, dsv4_error *err)
                                "a stage chunk of %lld rows needs %llu bytes, above the caller's workspace of %llu",
                                (long long)tc, (unsigned long long)L.total, (unsigned long long)b->ws_bytes);
         CK(cudaStreamSynchronize(b->stream));
-        for (int i = 0; i < b->n_graphs; i++)
-            if (b->graph[i].exec) {
-                cudaGraphExecDestroy(b->graph[i].exec);
-                b->graph[i].exec = nullptr;
-            }
+        for (int i = 0; i < b->n_graphs; i++) {
+            Graph *gs[3] = {&b->graph[i], &b->sgraph[0][i], &b->sgraph[1][i]};
+            for (Graph *g : gs)
+                if (g->exec) {
+                    cudaGraphExecDestroy(g->exec);
+                    g->exec = nullptr;
+                }
+        }
         cudaFree(b->ws);
         cudaFreeHost(b->hbuf);
         b->ws = nullptr, b->hbuf = nullptr, b->ws_bytes = 0, b->stage_cap = 0;
-        const uint64_t bytes = max_layout(b, tc);
+        /* every later stage call of up to tc rows fits: route and combine chunks of full slots
+           (up to the plan's chunk), experts calls of one kept slot a row */
+        const uint64_t bytes = stage_ws(b, tc, kept < 0 && tc > b->chunk ? tc : b->chunk, false);
         CK(cudaMalloc((void **)&b->ws, bytes));
         b->ws_bytes = bytes;
         CK(cudaMallocHost((void **)&b->hbuf, (size_t)L.io_end));
         b->stage_cap = tc;
         b->stats.workspace_allocated = bytes;
     }
-    c->tc = tc, c->slots = L.slots, c->stream = b->stream, c->ws = b->ws, c->hio = b->hbuf;
+    c->tc = tc, c->n = n, c->slots = L.slots, c->kept_slots = kept, c->graph = gr ? gr->exec : nullptr;
+    c->stream = b->stream, c->ws = b->ws, c->hio = b->hbuf;
     c->in_ids = L.in_ids, c->ntok = L.ntok, c->stats = L.stats, c->x = L.x, c->ids = L.ids, c->w = L.w;
     c->kept = L.kept, c->io_end = L.io_end, c->rowmap = L.rowmap, c->o = L.o, c->osh = L.osh, c->total = L.total;
     if (b->stats.workspace_peak < L.total)
         b->stats.workspace_peak = L.total;
     /* the mirror's head: no input ids (a caller's route writes its own), the row count, zeroed counters */
     memset(b->hbuf, 0, (size_t)L.x);
-    const int ntok = (int)tc;
+    const int ntok = (int)n;
     memcpy(b->hbuf + L.ntok, &ntok, 4);
+    return DSV4_OK;
+}
+
+/* The layout rows of bucket i's stage graph: routed (k 0) the token-slots an experts call of a step
+   of up to that many tokens can receive (stage_rows), shared (k 1) the tokens, at least the
+   ceil(E / K) rows an experts call is padded to (stages.cu). */
+int64_t sgraph_rows(const CudaBe *b, int k, int i)
+{
+    const int64_t tb = b->graph[i].bucket, K = b->cfg.n_activated, pad = (b->cfg.n_routed_experts + K - 1) / K;
+    return k ? std::max(tb, pad) : stage_rows(&b->cfg, &b->topo, tb);
+}
+
+dsv4_status stage_graphs(void *impl, bool capture, bool replay, int64_t *held, dsv4_error *err)
+{
+    CudaBe *b = (CudaBe *)impl;
+    b->stage_replay = replay && b->graphs;
+    int64_t n = 0;
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < b->n_graphs; i++) {
+            Graph *g = &b->sgraph[k][i];
+            const int64_t R = sgraph_rows(b, k, i);
+            const Layout L = layout_for(b, R, k ? 0 : R);
+            if (!g->exec && capture && (k == 0 || b->cfg.n_shared_experts > 0) && R <= b->stage_cap &&
+                L.total <= b->ws_bytes) {
+                /* the chunk after its head and rows are in place: nothing of a call's data is
+                   captured (the slot list comes from the pinned mirror inside the graph) */
+                cudaGraph_t graph = nullptr;
+                CK(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+                cudaError_t ee = enqueue_chunk(b, L, 0, CHUNK_SLOTS);
+                cudaError_t e = cudaStreamEndCapture(b->stream, &graph);
+                if (e == cudaSuccess)
+                    e = ee;
+                if (e == cudaSuccess)
+                    e = cudaGraphInstantiate(&g->exec, graph, 0);
+                if (graph)
+                    cudaGraphDestroy(graph);
+                if (e != cudaSuccess || cudaGetLastError() != cudaSuccess) {
+                    g->exec = nullptr;
+                    return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE,
+                                       "stage graph capture (%s experts, %lld rows) failed: %s",
+                                       k ? "shared" : "routed", (long long)R, cudaGetErrorString(e));
+                }
+                g->bucket = R;
+            }
+            n += g->exec != nullptr;
+        }
+    *held = n;
     return DSV4_OK;
 }
 
@@ -88,7 +162,11 @@ dsv4_status stage_done(void *impl, const StageChunk &c, StageKind kind, dsv4_err
 cudaError_t stage_enqueue(void *impl, const StageChunk &c, ChunkMode mode)
 {
     CudaBe *b = (CudaBe *)impl;
-    return enqueue_chunk(b, layout_for(b, c.tc), 0, mode);
+    if (c.graph) {
+        b->stats.graph_replays++;
+        return cudaGraphLaunch(c.graph, b->stream);
+    }
+    return enqueue_chunk(b, layout_for(b, c.tc, c.kept_slots), 0, mode);
 }
 
 cudaError_t stage_combine(void *impl, const StageChunk &c, bool with_shared)
@@ -113,6 +191,12 @@ void stage_experts(const void *impl, int64_t *first, int64_t *count)
 {
     *first = ((const CudaBe *)impl)->e_first;
     *count = ((const CudaBe *)impl)->e_count;
+}
+
+void stage_inter(const void *impl, int64_t *first, int64_t *count)
+{
+    *first = ((const CudaBe *)impl)->i_first;
+    *count = ((const CudaBe *)impl)->cfg.moe_inter_dim;
 }
 
 } // namespace dsv4cuda

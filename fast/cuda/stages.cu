@@ -13,8 +13,12 @@
  *   combine  the forward's k_combine over each token's slots in the order given.
  *
  * The kernels round each expert output to bf16 in their epilogue, so experts returns those values
- * (exact in fp32): with tp = 1 the driver's rounding gives them back unchanged. The stages bind
- * every inter row (tp > 1 is refused at creation).
+ * (exact in fp32): with tp = 1 the driver's rounding gives them back unchanged. Under tp a rank's
+ * weights are its inter range (sliced at creation) and its kernels run a layer of that many inter
+ * rows, so experts returns each row's partial down projection over the range, rounded to bf16 by
+ * the epilogue; the driver sums the ranks' partials in fp32 (its tp all_reduce) and rounds once
+ * more. That is one bf16 rounding per partial more than the reference's fp32 partials: tp on cuda
+ * is held to the tolerance, not to bit identity (ep with tp 1 stays bit-identical).
  */
 #include <algorithm>
 #include <cuda_runtime.h>
@@ -113,7 +117,7 @@ dsv4_status cu_route(void *p, int64_t n, const uint16_t *x, const int32_t *in_id
     if (n == 0)
         return DSV4_OK;
     StageChunk ch;
-    dsv4_status st = stage_chunk(p, n, &ch, err);
+    dsv4_status st = stage_chunk(p, n, -1, &ch, err);
     if (st)
         return st;
     if (hash)
@@ -162,10 +166,12 @@ dsv4_status cu_experts(void *p, int64_t m, const uint16_t *x, const int32_t *exp
     static const char where[] = "cuda experts";
     const dsv4_config *c = stage_config(p);
     const int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
-    if (i0 != 0 || ni != c->moe_inter_dim)
+    int64_t if0, ifn;
+    stage_inter(p, &if0, &ifn);
+    if (i0 != if0 || ni != ifn)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, where,
-                           "inter rows [%lld, %lld): the cuda stages compute all of [0, %lld) (tp 1)", (long long)i0,
-                           (long long)(i0 + ni), (long long)c->moe_inter_dim);
+                           "inter rows [%lld, %lld) are not the [%lld, %lld) this rank's plan bound", (long long)i0,
+                           (long long)(i0 + ni), (long long)if0, (long long)(if0 + ifn));
     if (m < 0)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, where, "%lld rows", (long long)m);
     bool shared;
@@ -173,15 +179,16 @@ dsv4_status cu_experts(void *p, int64_t m, const uint16_t *x, const int32_t *exp
     if (st || m == 0)
         return st;
     /* The decode regime splits K by the launch's group count, min(slots, E) (+ the shared expert):
-       routed rows are padded with rows of no slot to E slots at least, so that count is E for any
-       set of groups (the shared rows are the chunk's own, as in the forward). */
-    const int64_t mp = shared || m * K >= E ? m : (E + K - 1) / K;
+       the rows are padded with zero rows of no routed slot to E slots at least, so that count is E
+       for any set of groups and any chunk holding them (a replay's bucket too); the shared expert's
+       call likewise (its K split follows that count where it shares the routed experts' format). */
+    const int64_t mp = m * K >= E ? m : (E + K - 1) / K;
     StageChunk ch;
-    if ((st = stage_chunk(p, mp, &ch, err)))
+    if ((st = stage_chunk(p, mp, shared ? 0 : m, &ch, err)))
         return st;
     int32_t *hid = (int32_t *)(void *)(ch.hio + ch.ids);
     float *hw = (float *)(void *)(ch.hio + ch.w);
-    for (int64_t q = 0; q < mp; q++)
+    for (int64_t q = 0; q < ch.tc; q++) /* every row of the layout (a replay's bucket may hold more) */
         for (int64_t k = 0; k < K; k++) {
             const bool slot = !shared && k == 0 && q < m;
             hid[q * K + k] = slot ? expert[q] : (int32_t)E;
@@ -232,7 +239,7 @@ dsv4_status cu_combine(void *p, int64_t n, int64_t ns, const int32_t *tok, const
     if (n == 0)
         return DSV4_OK;
     StageChunk ch;
-    dsv4_status st = stage_chunk(p, n, &ch, err);
+    dsv4_status st = stage_chunk(p, n, -1, &ch, err);
     if (st)
         return st;
     /* token t's j-th slot in the order given: id j (k_combine sums ascending ids), row s of o */
@@ -376,6 +383,12 @@ void dv_world_free(void *w) { dsv4_devsim_world_free((dsv4_devsim_world *)w); }
 const dsv4_backend_device cuda_device = {dv_alloc,  dv_release,      dv_copy,      dv_gather,
                                          dv_round, dv_world_create, dv_world_comm, dv_world_free};
 
+/* The step's graphs (dsv4_backend_stages.graphs): the experts calls' (cuda_impl.h, stage_graphs). */
+dsv4_status cu_graphs(void *p, bool capture, bool replay, int64_t *held, dsv4_error *err)
+{
+    return stage_graphs(p, capture, replay, held, err);
+}
+
 } // namespace
 
 int64_t dsv4cuda::stage_rows(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tc)
@@ -386,4 +399,5 @@ int64_t dsv4cuda::stage_rows(const dsv4_config *cfg, const dsv4_topology *topo, 
     return m > tc ? (m > pad ? m : pad) : (tc > pad ? tc : pad);
 }
 
-extern "C" const dsv4_backend_stages dsv4_cuda_backend_stages = {cu_route, cu_experts, cu_combine, &cuda_device};
+extern "C" const dsv4_backend_stages dsv4_cuda_backend_stages = {cu_route, cu_experts, cu_combine, &cuda_device,
+                                                                 cu_graphs};

@@ -23,92 +23,197 @@ void mat_bytes(int fmt, int sfp32, int64_t n, int64_t k, uint64_t *data, uint64_
     }
 }
 
+/* What a backend binds of its layer `full`: routed experts [e_first, e_first + e_count) (ep) and
+   rows [i_first, i_first + i_count) of moe_inter_dim (tp): gate/up rows, down columns. */
+struct Shard {
+    const dsv4_config *full;
+    int64_t e_first, e_count, i_first, i_count;
+};
+
+Shard shard_of(const CudaBe *b) { return Shard{&b->full, b->e_first, b->e_count, b->i_first, b->cfg.moe_inter_dim}; }
+
 /*
- * The view of one matrix in the wanted format: as stored, or (a bf16 stacked checkpoint under a
- * quantized config) quantized here on the host exactly as the reference does. *qbuf / *sbuf own
- * the quantized bytes (NULL when the view is used as stored).
+ * v (a projection of the full layer, in its config's format) cut to the shard's inter range: gate
+ * and up keep rows [i0, i0 + ni) (the data and the scales move by whole rows / 128-row blocks),
+ * down keeps columns [i0, i0 + ni) (the data moves inside each row; the scales, whose rows are no
+ * longer contiguous, are copied into a buffer owned through *sbuf). The planner splits
+ * moe_inter_dim at whole scale blocks (128 for fp8, 32 for fp4): checked again here.
  */
-dsv4_status view_as(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t e, int p, dsv4_matrix_view *v,
+dsv4_status slice_inter(dsv4_matrix_view *v, int p, int64_t i0, int64_t ni, uint8_t **sbuf, dsv4_error *err)
+{
+    const int64_t blk = v->format == DSV4_FORMAT_FP8 ? 128 : v->format == DSV4_FORMAT_FP4 ? 32 : 1;
+    if (i0 % blk || ni % blk)
+        return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, v->key,
+                           "inter rows [%lld, %lld) do not hold whole %lld-wide scale blocks", (long long)i0,
+                           (long long)(i0 + ni), (long long)blk);
+    const uint64_t esz = v->format == DSV4_FORMAT_FP8 && v->scale_format == DSV4_SCALE_FP32 ? 4 : 1;
+    if (p != DSV4_PROJ_W2) {
+        v->data += (uint64_t)i0 * v->row_bytes;
+        if (v->format == DSV4_FORMAT_FP4)
+            v->scales += (uint64_t)(i0 * (v->k / 32));
+        else if (v->format == DSV4_FORMAT_FP8)
+            v->scales += (uint64_t)(i0 / 128 * cdiv(v->k, 128)) * esz;
+        v->n = ni;
+        return DSV4_OK;
+    }
+    v->data += v->format == DSV4_FORMAT_FP4 ? (uint64_t)i0 / 2 : v->format == DSV4_FORMAT_FP8 ? (uint64_t)i0 : (uint64_t)i0 * 2;
+    if (v->format == DSV4_FORMAT_FP4 || v->format == DSV4_FORMAT_FP8) {
+        /* scale rows: fp4 one per row, 1 byte per 32 columns; fp8 one per 128 rows, esz per 128 columns */
+        const bool f4 = v->format == DSV4_FORMAT_FP4;
+        const int64_t srows = f4 ? v->n : cdiv(v->n, 128), per = f4 ? 32 : 128;
+        const uint64_t from = (uint64_t)(cdiv(v->k, per)) * esz, take = (uint64_t)(ni / per) * esz;
+        uint8_t *ns = (uint8_t *)malloc((size_t)(srows * take) + 1);
+        if (!ns)
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, v->key, "out of memory slicing the scales");
+        for (int64_t r = 0; r < srows; r++)
+            memcpy(ns + r * take, v->scales + r * from + (uint64_t)(i0 / per) * esz, (size_t)take);
+        free(*sbuf);
+        *sbuf = ns;
+        v->scales = ns;
+    }
+    v->k = ni;
+    return DSV4_OK;
+}
+
+/*
+ * The view of one matrix of the shard in the wanted format: as stored, or (a bf16 stacked
+ * checkpoint under a quantized config) quantized here on the host exactly as the reference does
+ * (the whole matrix, so the scale blocks are the reference's), then cut to the shard's inter
+ * range. *qbuf / *sbuf own the bytes made here (NULL when the view is used as stored).
+ */
+dsv4_status view_as(const dsv4_checkpoint *ck, const Shard &sh, int64_t e, int p, dsv4_matrix_view *v,
                     uint8_t **qbuf, uint8_t **sbuf, dsv4_error *err)
 {
+    const dsv4_config *c = sh.full;
     *qbuf = *sbuf = nullptr;
     dsv4_status st = dsv4_weights_matrix(ck, c, e, (dsv4_proj)p, v, err);
     if (st)
         return st;
     dsv4_weight_format want = e == DSV4_SHARED_EXPERT ? c->shared_format : c->routed_format;
-    if (v->format == want)
-        return DSV4_OK;
-    int64_t n = v->n, k = v->k;
-    float *w = (float *)malloc((size_t)(n * k) * sizeof *w);
-    if (!w)
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, v->key, "out of memory quantizing at load");
-    dsv4_matrix_dequant_rows(v, 0, n, w);
-    uint64_t db, sb;
-    int sfp32 = want == DSV4_FORMAT_FP8 && c->weight_scale == DSV4_SCALE_FP32;
-    mat_bytes(want, sfp32, n, k, &db, &sb);
-    *qbuf = (uint8_t *)malloc(db);
-    *sbuf = (uint8_t *)malloc(sb ? sb : 1);
-    if (!*qbuf || !*sbuf)
-        st = dsv4_seterr(err, DSV4_ERR_NOMEM, v->key, "out of memory quantizing at load");
-    else if (want == DSV4_FORMAT_FP8)
-        st = dsv4_quant_fp8_block(w, n, k, c->weight_scale, *qbuf, *sbuf, v->key, err);
-    else
-        st = dsv4_quant_fp4_block(w, n, k, *qbuf, *sbuf, v->key, err);
-    free(w);
+    if (v->format != want) {
+        int64_t n = v->n, k = v->k;
+        float *w = (float *)malloc((size_t)(n * k) * sizeof *w);
+        if (!w)
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, v->key, "out of memory quantizing at load");
+        dsv4_matrix_dequant_rows(v, 0, n, w);
+        uint64_t db, sb;
+        int sfp32 = want == DSV4_FORMAT_FP8 && c->weight_scale == DSV4_SCALE_FP32;
+        mat_bytes(want, sfp32, n, k, &db, &sb);
+        *qbuf = (uint8_t *)malloc(db);
+        *sbuf = (uint8_t *)malloc(sb ? sb : 1);
+        if (!*qbuf || !*sbuf)
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, v->key, "out of memory quantizing at load");
+        else if (want == DSV4_FORMAT_FP8)
+            st = dsv4_quant_fp8_block(w, n, k, c->weight_scale, *qbuf, *sbuf, v->key, err);
+        else
+            st = dsv4_quant_fp4_block(w, n, k, *qbuf, *sbuf, v->key, err);
+        free(w);
+        if (!st) {
+            v->format = want;
+            v->scale_format = c->weight_scale;
+            v->data = *qbuf;
+            v->scales = *sbuf;
+            v->row_bytes = want == DSV4_FORMAT_FP8 ? (uint64_t)k : (uint64_t)k / 2;
+        }
+    }
+    if (!st && sh.i_count != c->moe_inter_dim)
+        st = slice_inter(v, p, sh.i_first, sh.i_count, sbuf, err);
     if (st) {
         free(*qbuf), free(*sbuf);
         *qbuf = *sbuf = nullptr;
-        return st;
     }
-    v->format = want;
-    v->scale_format = c->weight_scale;
-    v->data = *qbuf;
-    v->scales = *sbuf;
-    v->row_bytes = want == DSV4_FORMAT_FP8 ? (uint64_t)k : (uint64_t)k / 2;
-    return DSV4_OK;
+    return st;
 }
 
-/* Uploads projection p of experts [0, count) (count 1 and e = shared for the shared expert). */
+/* The base the kernels index by expert id (base + e stride) for an allocation holding the
+   shard's experts [first, first + count): the allocation less first strides, formed as an
+   integer. The kernels add the stride of a bound expert only (a rank's rows name its experts),
+   so every address they read is inside the allocation. */
+template <typename T> T *expert_base(T *alloc, int64_t first, uint64_t stride_bytes)
+{
+    return (T *)(uintptr_t)((uintptr_t)alloc - (uintptr_t)first * (uintptr_t)stride_bytes);
+}
+
+/* Uploads projection p of the shard's routed experts (the shared expert: one matrix) in its
+   format; m->w / m->s are the expert-indexed bases (expert_base) of m->mem_w / m->mem_s. */
 dsv4_status upload(CudaBe *b, const dsv4_checkpoint *ck, bool shared, int p, DevMat *m, dsv4_error *err)
 {
-    const dsv4_config *c = &b->cfg;
-    int64_t count = shared ? 1 : c->n_routed_experts;
-    for (int64_t e = 0; e < count; e++) {
+    const Shard sh = shard_of(b);
+    const int64_t first = shared ? 0 : sh.e_first, count = shared ? 1 : sh.e_count;
+    for (int64_t i = 0; i < count; i++) {
         dsv4_matrix_view v;
         uint8_t *qb, *sb;
-        dsv4_status st = view_as(ck, c, shared ? DSV4_SHARED_EXPERT : e, p, &v, &qb, &sb, err);
+        dsv4_status st = view_as(ck, sh, shared ? DSV4_SHARED_EXPERT : first + i, p, &v, &qb, &sb, err);
         if (st)
             return st;
         int sfp32 = v.format == DSV4_FORMAT_FP8 && v.scale_format == DSV4_SCALE_FP32;
         uint64_t db, sbytes;
         mat_bytes(v.format, sfp32, v.n, v.k, &db, &sbytes);
-        if (e == 0) {
+        if (i == 0) {
             m->n = (int)v.n, m->k = (int)v.k, m->fmt = (int)v.format, m->sfp32 = sfp32;
             m->w_stride = (long long)align256(db), m->s_stride = (long long)align256(sbytes);
-            cudaError_t ce = cudaMalloc((void **)&m->w, (size_t)(m->w_stride * count));
+            cudaError_t ce = cudaMalloc((void **)&m->mem_w, (size_t)(m->w_stride * count));
             if (ce == cudaSuccess)
-                ce = cudaMalloc((void **)&m->s, (size_t)(m->s_stride * count));
+                ce = cudaMalloc((void **)&m->mem_s, (size_t)(m->s_stride * count));
             if (ce != cudaSuccess) {
                 free(qb), free(sb);
                 return dsv4_seterr(err, DSV4_ERR_NOMEM, v.key, "cudaMalloc of %llu bytes of weights failed: %s",
                                    (unsigned long long)(m->w_stride * count), cudaGetErrorString(ce));
             }
+            b->weight_bytes += (uint64_t)((m->w_stride + m->s_stride) * count);
+            m->w = expert_base(m->mem_w, first, (uint64_t)m->w_stride);
+            m->s = expert_base(m->mem_s, first, (uint64_t)m->s_stride);
         } else if ((int)v.format != m->fmt || sfp32 != m->sfp32 || v.n != m->n || v.k != m->k) {
             free(qb), free(sb);
             return dsv4_seterr(err, DSV4_ERR_SHAPE, v.key,
-                               "format or shape differs from expert 0's (every routed expert must share them)");
+                               "format or shape differs from the first expert's (every routed expert must share them)");
         }
         uint64_t natural = v.format == DSV4_FORMAT_FP4 ? (uint64_t)v.k / 2
                            : v.format == DSV4_FORMAT_FP8 ? (uint64_t)v.k
                                                          : (uint64_t)v.k * 2;
-        cudaError_t ce = cudaMemcpy2D(m->w + e * m->w_stride, natural, v.data, v.row_bytes, natural, (size_t)v.n,
+        cudaError_t ce = cudaMemcpy2D(m->mem_w + i * m->w_stride, natural, v.data, v.row_bytes, natural, (size_t)v.n,
                                       cudaMemcpyHostToDevice);
         if (ce == cudaSuccess && sbytes)
-            ce = cudaMemcpy(m->s + e * m->s_stride, v.scales, sbytes, cudaMemcpyHostToDevice);
+            ce = cudaMemcpy(m->mem_s + i * m->s_stride, v.scales, sbytes, cudaMemcpyHostToDevice);
         free(qb), free(sb);
         if (ce != cudaSuccess)
             return dsv4_seterr(err, DSV4_ERR_DEVICE, v.key, "upload failed: %s", cudaGetErrorString(ce));
     }
+    return DSV4_OK;
+}
+
+/*
+ * What upload_fast decides from the fp4 scale bytes of the routed experts (a byte above
+ * DSV4_FN_FP4_SCALE_MAX: the fp8 path cannot hold it, the backend takes the exact kernels; bytes
+ * outside [DSV4_FH_SCALE_LO, DSV4_FH_SCALE_HI]: large groups on mma.sync, not k_tileh), over the
+ * whole layer for a backend that binds a shard of it: the kernels a row meets are then the same
+ * on every rank and on one rank holding every expert (the single-rank counterpart's bit identity).
+ * Reads every expert's scales (quantizing at load where the checkpoint is bf16); no-op for fp8.
+ */
+dsv4_status layer_fp4_scales(const CudaBe *b, const dsv4_checkpoint *ck, bool *unsupported, bool *no_f16,
+                             dsv4_error *err)
+{
+    const dsv4_config *c = &b->full;
+    *unsupported = *no_f16 = false;
+    if (c->routed_format != DSV4_FORMAT_FP4 ||
+        (b->e_count == c->n_routed_experts && b->cfg.moe_inter_dim == c->moe_inter_dim))
+        return DSV4_OK;
+    const Shard all{c, 0, c->n_routed_experts, 0, c->moe_inter_dim};
+    for (int64_t e = 0; e < c->n_routed_experts && !*unsupported; e++)
+        for (int p = 0; p < 3 && !*unsupported; p++) {
+            dsv4_matrix_view v;
+            uint8_t *qb, *sb;
+            dsv4_status st = view_as(ck, all, e, p, &v, &qb, &sb, err);
+            if (st)
+                return st;
+            const uint64_t nbytes = (uint64_t)(v.n * (v.k / 32));
+            for (uint64_t i = 0; i < nbytes; i++) {
+                const uint8_t s = v.scales[i];
+                *unsupported |= s > DSV4_FN_FP4_SCALE_MAX;
+                *no_f16 |= s < DSV4_FH_SCALE_LO || s > DSV4_FH_SCALE_HI;
+            }
+            free(qb), free(sb);
+        }
     return DSV4_OK;
 }
 
@@ -187,7 +292,7 @@ bool want_fast(const dsv4_config *c, bool exact_path = false)
 /* One batch of experts repacked on the host (in parallel over experts), then uploaded. */
 struct RepackJob {
     const dsv4_checkpoint *ck;
-    const dsv4_config *cfg;
+    Shard sh;
     bool shared, gu;
     int64_t e0, n, k;
     uint64_t wbytes, sbytes;
@@ -208,7 +313,7 @@ void repack_range(void *ctx, int64_t begin, int64_t end)
         const int nv = j->gu ? 2 : 1;
         dsv4_status st = DSV4_OK;
         for (int m = 0; m < nv && !st; m++)
-            st = view_as(j->ck, j->cfg, e, j->gu ? (m ? DSV4_PROJ_W3 : DSV4_PROJ_W1) : DSV4_PROJ_W2, &v[m], &qb[m], &sb[m],
+            st = view_as(j->ck, j->sh, e, j->gu ? (m ? DSV4_PROJ_W3 : DSV4_PROJ_W1) : DSV4_PROJ_W2, &v[m], &qb[m], &sb[m],
                          &j->errs[i]);
         if (!st) {
             dsv4_fn_src src[2];
@@ -251,7 +356,8 @@ dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool 
                         dsv4_error *err)
 {
     const dsv4_config *c = &b->cfg;
-    const int64_t count = shared ? 1 : c->n_routed_experts;
+    const Shard sh = shard_of(b);
+    const int64_t first = shared ? 0 : sh.e_first, count = shared ? 1 : sh.e_count;
     const int64_t n = gu ? c->moe_inter_dim : c->dim, k = gu ? c->dim : c->moe_inter_dim;
     const int fmt = shared ? c->shared_format : c->routed_format;
     uint64_t wbytes, sbytes;
@@ -263,8 +369,11 @@ dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool 
     if (ce != cudaSuccess)
         return dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "cudaMalloc of %llu bytes of weights failed: %s",
                            (unsigned long long)(ws * count), cudaGetErrorString(ce));
+    b->fbuf_bytes[2 * slot] = ws * (uint64_t)count, b->fbuf_bytes[2 * slot + 1] = ss * (uint64_t)count;
+    b->weight_bytes += (ws + ss) * (uint64_t)count;
     FProj &f = b->fp[slot];
-    f.w = b->fbuf[2 * slot], f.s = b->fbuf[2 * slot + 1], f.w_stride = (long long)ws, f.s_stride = (long long)ss;
+    f.w = expert_base(b->fbuf[2 * slot], first, ws), f.s = expert_base(b->fbuf[2 * slot + 1], first, ss);
+    f.w_stride = (long long)ws, f.s_stride = (long long)ss;
     f.fmt = fmt == DSV4_FORMAT_FP4 ? WF_FP4 : WF_FP8;
     const int64_t batch = std::min<int64_t>(count, 16);
     uint8_t *hw = (uint8_t *)malloc((size_t)(wbytes * batch)), *hsb = (uint8_t *)malloc((size_t)(sbytes * batch));
@@ -277,7 +386,7 @@ dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool 
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory repacking weights");
     for (int64_t e0 = 0; e0 < count && !st; e0 += batch) {
         RepackJob j;
-        j.ck = ck, j.cfg = c, j.shared = shared, j.gu = gu, j.e0 = e0, j.n = n, j.k = k;
+        j.ck = ck, j.sh = sh, j.shared = shared, j.gu = gu, j.e0 = first + e0, j.n = n, j.k = k;
         j.wbytes = wbytes, j.sbytes = sbytes, j.hw = hw, j.hs = hsb, j.st = sts, j.errs = errs, j.fmt = fmts;
         j.smin = smin, j.smax = smax;
         const int64_t m = std::min(batch, count - e0);
@@ -289,7 +398,7 @@ dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool 
                     *err = errs[i];
             } else if (fmts[i] != fmt) {
                 st = dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE, "expert %lld is stored in another format",
-                                 (long long)(e0 + i));
+                                 (long long)(first + e0 + i));
             } else if (fmt == DSV4_FORMAT_FP4 && (smin[i] < DSV4_FH_SCALE_LO || smax[i] > DSV4_FH_SCALE_HI)) {
                 b->tile16 = false; /* its values would not all be f16 values: large groups take mma.sync */
                 b->big_rows = 128;
@@ -312,7 +421,7 @@ dsv4_status upload_fast(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool 
    per block of br rows (1 or 128) and 128 of K. */
 struct Fp8Job {
     const dsv4_checkpoint *ck;
-    const dsv4_config *cfg;
+    Shard sh;
     bool shared, gu;
     int64_t e0, n, k, br; /* rows of one projection, inner dimension, rows per scale */
     uint8_t *hw;          /* [batch][rows, k] */
@@ -338,7 +447,7 @@ void fp8_range(void *ctx, int64_t begin, int64_t end)
         for (int m = 0; m < nv && !st; m++) {
             dsv4_matrix_view v;
             uint8_t *qb = nullptr, *sb = nullptr;
-            st = view_as(j->ck, j->cfg, e, j->gu ? (m ? DSV4_PROJ_W3 : DSV4_PROJ_W1) : DSV4_PROJ_W2, &v, &qb, &sb,
+            st = view_as(j->ck, j->sh, e, j->gu ? (m ? DSV4_PROJ_W3 : DSV4_PROJ_W1) : DSV4_PROJ_W2, &v, &qb, &sb,
                          &j->errs[i]);
             uint8_t *dm = dw + (uint64_t)(m * j->n * j->k);
             float *dsm = ds + m * (j->n / j->br);
@@ -373,15 +482,19 @@ dsv4_status upload_fp8(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool g
                        uint8_t *ok, int64_t *lost, dsv4_error *err)
 {
     const dsv4_config *c = &b->cfg;
-    const int64_t count = shared ? 1 : c->n_routed_experts, br = b->sfb_rows;
+    const Shard sh = shard_of(b);
+    const int64_t first = shared ? 0 : sh.e_first, count = shared ? 1 : sh.e_count, br = b->sfb_rows;
     const int64_t n = gu ? c->moe_inter_dim : c->dim, k = gu ? c->dim : c->moe_inter_dim, rows = (gu ? 2 : 1) * n;
     const uint64_t wbytes = (uint64_t)(rows * k), sbytes = (uint64_t)((rows / br) * (k / 128)) * 4;
-    cudaError_t ce = cudaMalloc((void **)&b->w8[slot], (size_t)(wbytes * count));
+    cudaError_t ce = cudaMalloc((void **)&b->w8mem[slot], (size_t)(wbytes * count));
     if (ce == cudaSuccess)
-        ce = cudaMalloc((void **)&b->s8[slot], (size_t)(sbytes * count));
+        ce = cudaMalloc((void **)&b->s8mem[slot], (size_t)(sbytes * count));
     if (ce != cudaSuccess)
         return dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "cudaMalloc of %llu bytes of fp8 GEMM weights failed: %s",
                            (unsigned long long)(wbytes * count), cudaGetErrorString(ce));
+    b->weight_bytes += (wbytes + sbytes) * (uint64_t)count;
+    b->w8[slot] = expert_base(b->w8mem[slot], first, wbytes);
+    b->s8[slot] = expert_base(b->s8mem[slot], first, sbytes);
     const int64_t batch = std::min<int64_t>(count, 16);
     uint8_t *hw = (uint8_t *)malloc((size_t)(wbytes * batch));
     float *hsb = (float *)malloc((size_t)(sbytes * batch));
@@ -393,7 +506,7 @@ dsv4_status upload_fp8(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool g
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory converting weights for the fp8 GEMM");
     for (int64_t e0 = 0; e0 < count && !st; e0 += batch) {
         Fp8Job j;
-        j.ck = ck, j.cfg = c, j.shared = shared, j.gu = gu, j.e0 = e0, j.n = n, j.k = k, j.br = br;
+        j.ck = ck, j.sh = sh, j.shared = shared, j.gu = gu, j.e0 = first + e0, j.n = n, j.k = k, j.br = br;
         j.hw = hw, j.hs = hsb, j.ok = oks, j.rows_ok = oks + batch, j.st = sts, j.errs = errs;
         const int64_t m = std::min(batch, count - e0);
         dsv4_parallel_for(threads, m, 1, fp8_range, &j);
@@ -403,12 +516,12 @@ dsv4_status upload_fp8(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool g
                 if (err)
                     *err = errs[i];
             }
-            ok[e0 + i] &= oks[i];
+            ok[first + e0 + i] &= oks[i];
             *lost += !oks[i] && j.rows_ok[i];
         }
-        if (!st && ((ce = cudaMemcpy(b->w8[slot] + e0 * wbytes, hw, (size_t)(wbytes * m), cudaMemcpyHostToDevice)) !=
+        if (!st && ((ce = cudaMemcpy(b->w8mem[slot] + e0 * wbytes, hw, (size_t)(wbytes * m), cudaMemcpyHostToDevice)) !=
                         cudaSuccess ||
-                    (ce = cudaMemcpy((uint8_t *)b->s8[slot] + e0 * sbytes, hsb, (size_t)(sbytes * m),
+                    (ce = cudaMemcpy((uint8_t *)b->s8mem[slot] + e0 * sbytes, hsb, (size_t)(sbytes * m),
                                      cudaMemcpyHostToDevice)) != cudaSuccess))
             st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "fp8 GEMM weight upload failed: %s", cudaGetErrorString(ce));
     }
@@ -416,7 +529,9 @@ dsv4_status upload_fp8(CudaBe *b, const dsv4_checkpoint *ck, bool shared, bool g
     return st;
 }
 
-dsv4_status upload_f32(const float *src, size_t n, float **dst, const char *what, dsv4_error *err)
+/* A router tensor of n fp32 values to the device (NULL src: the layer has none), counted into the
+   backend's weights. */
+dsv4_status upload_f32(CudaBe *b, const float *src, size_t n, float **dst, const char *what, dsv4_error *err)
 {
     *dst = nullptr;
     if (!src)
@@ -426,7 +541,58 @@ dsv4_status upload_f32(const float *src, size_t n, float **dst, const char *what
         ce = cudaMemcpy(*dst, src, n * sizeof(float), cudaMemcpyHostToDevice);
     if (ce != cudaSuccess)
         return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "upload of %s failed: %s", what, cudaGetErrorString(ce));
+    b->weight_bytes += n * sizeof(float);
     return DSV4_OK;
+}
+
+/*
+ * The device bytes of the weights a backend of the shard binds (the registry's weight model,
+ * dsv4_plan_weight_bytes), as the uploads above allocate them: the router's tensors for every
+ * expert (the gate as bf16, the bias, the norm predictor, tid2eid: every rank routes its own
+ * tokens), and the shard's experts and inter range either on the fp8 path (fragment-native, plus
+ * the e4m3 copies and ok8 under gemm fp8) or packed for the exact path, the larger of the two
+ * (creation falls back from the first to the second when a scale cannot take the fp8 path). The
+ * e4m3 copies' scales are counted one per row and 128 of K, the larger of their two layouts (a
+ * layer converted per 128x128 block binds 1/128 of those bytes).
+ */
+uint64_t shard_weight_bytes(const Shard &sh, bool gemm_fp8)
+{
+    const dsv4_config *c = sh.full;
+    dsv4_config lc = *c;
+    lc.moe_inter_dim = sh.i_count;
+    const int64_t H = c->dim, I = sh.i_count, E = c->n_routed_experts, K = c->n_activated, V = c->vocab_size;
+    const bool has_sh = c->n_shared_experts > 0;
+    uint64_t router = (uint64_t)(E * H) * 2 + (uint64_t)E * 4;
+    if (c->top_p_predictor == DSV4_PREDICTOR_CONST)
+        router += (uint64_t)E * 4;
+    if (c->top_p_predictor == DSV4_PREDICTOR_LINEAR)
+        router += (uint64_t)(E * H + E) * 4;
+    if (dsv4_config_is_hash_layer(c))
+        router += (uint64_t)(V * K) * 4;
+    uint64_t exact = 0, fast = 0;
+    for (int shared = 0; shared < (has_sh ? 2 : 1); shared++) {
+        const uint64_t count = shared ? 1 : (uint64_t)sh.e_count;
+        const int fmt = shared ? c->shared_format : c->routed_format;
+        const int sfp32 = fmt == DSV4_FORMAT_FP8 && c->weight_scale == DSV4_SCALE_FP32;
+        for (int p = 0; p < 3; p++) {
+            uint64_t db, sb;
+            mat_bytes(fmt, sfp32, p == DSV4_PROJ_W2 ? H : I, p == DSV4_PROJ_W2 ? I : H, &db, &sb);
+            exact += (align256(db) + align256(sb)) * count;
+        }
+        for (int gu = 0; gu < 2; gu++) {
+            const int64_t n = gu ? I : H, k = gu ? H : I;
+            uint64_t wb, sb;
+            dsv4_fn_sizes(fmt == DSV4_FORMAT_FP4, n, k, gu, &wb, &sb);
+            fast += (align256(wb) + align256(sb)) * count;
+            if (gemm_fp8) {
+                const uint64_t rows = (uint64_t)((gu ? 2 : 1) * n);
+                fast += (rows * (uint64_t)k + rows * (uint64_t)(k / 128) * 4) * count;
+            }
+        }
+    }
+    if (gemm_fp8)
+        fast += (uint64_t)E + 1; /* ok8 */
+    return router + (want_fast(&lc) && fast > exact ? fast : exact);
 }
 
 #endif

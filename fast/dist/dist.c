@@ -616,6 +616,8 @@ static void *rank_main(void *p)
     }
     io->step_max_tokens = maxT;
     io->replayed = all_replay && dsv4_plan_can_replay(rc->plan, maxT);
+    if (rc->stage->graphs && (st = rc->stage->graphs(rc->impl, false, io->replayed, &io->graphs_held, err)))
+        goto out;
     int64_t nch = dsv4_plan_chunks(rc->plan, maxT), ct = dsv4_plan_chunk_tokens(rc->plan);
     nch += DSV4_TESTHOOK(ZERO_SIZE_CHUNK) && maxT == 0; /* test hook: a zero-size chunk when every rank is empty */
     io->chunks = nch;
@@ -629,7 +631,10 @@ static void *rank_main(void *p)
 out:
     io->status = st;
     /* The driver's buffers (host and device) and the backend's workspace are live together. */
-    io->workspace_peak = dsv4_allocator_stats(rc->acct).peak + rc->dev_peak + dsv4_backend_get_stats(rc->be).workspace_peak;
+    dsv4_backend_stats bs = dsv4_backend_get_stats(rc->be);
+    io->workspace_peak = dsv4_allocator_stats(rc->acct).peak + rc->dev_peak + bs.workspace_peak;
+    io->weights_planned = dsv4_plan_weight_bytes(rc->cplan), io->weights_bound = bs.weights_allocated;
+    io->graph_replays = bs.graph_replays;
     size_t n = 0;
     const dsv4_coll_record *tr = dsv4_comm_trace(rc->comm, &n);
     io->trace = n ? malloc(n * sizeof *io->trace) : NULL;
@@ -693,6 +698,7 @@ dsv4_status dsv4_dist_forward_on(const dsv4_config *cfg, const dsv4_checkpoint *
         io->trace = NULL;
         io->trace_len = 0;
         io->status = DSV4_OK;
+        io->graphs_held = 0, io->graph_replays = 0, io->weights_planned = io->weights_bound = 0;
         dsv4_error_clear(&io->error);
         if (io->tokens < 0 || (io->tokens > 0 && (!io->x || !io->y)))
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist", "rank %d: tokens %lld with x %s and y %s", r,
@@ -742,11 +748,16 @@ dsv4_status dsv4_dist_forward_on(const dsv4_config *cfg, const dsv4_checkpoint *
     for (int r = 0; r < world; r++) {
         if ((st = dsv4_backend_create_with(standin ? cplans[r] : plans[r], ckpt, &bopt, &be[r], err)))
             goto done;
-        if (!dsv4_backend_get_stages(be[r])) {
+        const dsv4_backend_stages *sg = dsv4_backend_get_stages(be[r]);
+        if (!sg) {
             st = dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "dist", "backend %s has no stages to run rank %d",
                              dsv4_backend_name(be[r]), r);
             goto done;
         }
+        /* A rank that can replay holds its graphs, captured before the step (engine start-up). */
+        bool replay_ok = ranks[r].can_replay && dsv4_plan_can_replay(plans[r], ranks[r].tokens);
+        if (sg->graphs && (st = sg->graphs(be[r]->impl, replay_ok, false, &ranks[r].graphs_held, err)))
+            goto done;
     }
     dsv4_comm_groups groups;
     dsv4_sim_options so;

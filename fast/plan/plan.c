@@ -857,6 +857,13 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
     ok = ok && explainf(p, "rows: %llu bytes per executor row (H %lld, Il %lld, %s activations)",
                         (unsigned long long)p->row_bytes, (long long)cfg->dim, (long long)p->i_count,
                         acts_quantized(cfg) ? "fp8 (1 byte + fp32 scale per 128)" : "bf16 (2 bytes)");
+    uint64_t wb = dsv4_plan_weight_bytes(p);
+    if (wb)
+        ok = ok && explainf(p, "weights: %s on this rank (backend %s: the router, experts %lld..%lld, inter %lld..%lld), "
+                               "outside the workspace: count them in the budget's taken_bytes",
+                            fmt_bytes(a, sizeof a, wb), dsv4_backend_kind_name(t->backend), (long long)p->e_first,
+                            (long long)(p->e_first + p->e_count - 1), (long long)p->i_first,
+                            (long long)(p->i_first + p->i_count - 1));
 
     /* Eager executor. */
     p->eager_exec = DSV4_EXEC_CONTIGUOUS;

@@ -56,6 +56,9 @@ typedef struct dsv4_backend_stats {
                                      128 (one per 128x128 block: the faster kernel) or 1 (one per row
                                      and 128 of K, when a block would leave an expert that converts
                                      per row to the exact kernels); 0 otherwise */
+    uint64_t weights_allocated;   /* device bytes of the weights bound at creation, as allocated: the
+                                     router's and the plan's shard (its experts, its inter range);
+                                     within dsv4_plan_weight_bytes */
 } dsv4_backend_stats;
 
 /*

@@ -48,6 +48,8 @@ typedef struct dsv4_dist_rank {
     float *topk_weights;        /* [tokens, K] */
     /* filled by the driver */
     bool replayed;              /* the step ran as a graph replay */
+    int64_t graphs_held;        /* CUDA graphs the rank's backend holds (cuda: captured when the rank can replay) */
+    uint64_t graph_replays;     /* stage calls the rank's backend ran as graph replays (cuda, a replayed step) */
     int64_t step_max_tokens;    /* the world's largest T this step */
     int64_t chunks;
     uint64_t workspace_planned; /* the plan's workspace for this step (dsv4_plan_workspace_bytes) */
@@ -56,6 +58,9 @@ typedef struct dsv4_dist_rank {
                                    plus the backend's measured workspace peak (the cpu backend
                                    measures all of its workspace; the reference's own buffers and
                                    fp32 copies of weights are not counted) */
+    uint64_t weights_planned;   /* the device bytes of the weights the rank's backend binds by the plan's
+                                   model (dsv4_plan_weight_bytes; 0 for ref and cpu) */
+    uint64_t weights_bound;     /* what the rank's backend allocated for them (its stats' weights_allocated) */
     dsv4_status status;         /* this rank's result */
     dsv4_error error;
     dsv4_coll_record *trace;    /* this rank's collectives (free with dsv4_dist_rank_release) */

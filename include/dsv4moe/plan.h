@@ -149,6 +149,12 @@ DSV4_API uint64_t dsv4_plan_workspace_bytes(const dsv4_plan *plan, int64_t token
 /* The maximum over every T in [0, max_tokens_per_rank] and both step kinds; within the budget. */
 DSV4_API uint64_t dsv4_plan_workspace_max(const dsv4_plan *plan);
 DSV4_API uint64_t dsv4_plan_budget_available(const dsv4_plan *plan);
+/* Device bytes of the weights a backend of this plan binds on this rank: the router's tensors and
+   the rank's shard of the experts (its range under ep, its rows of moe_inter_dim under tp), by the
+   backend's model (cuda: dsv4_backend_stats.weights_allocated stays within it). 0 for a backend
+   that reads the checkpoint in host memory (ref, cpu) or that this build lacks. Not part of the
+   workspace or of the budget's available bytes: the caller counts them in taken_bytes. */
+DSV4_API uint64_t dsv4_plan_weight_bytes(const dsv4_plan *plan);
 
 /* A readable explanation of every choice, one per line (owned by the plan). */
 DSV4_API const char *dsv4_plan_explain(const dsv4_plan *plan);

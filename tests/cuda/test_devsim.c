@@ -8,6 +8,7 @@
  * unless DSV4MOE_CUDA_REQUIRED=1.
  */
 #include <check.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,9 +20,11 @@
 #include "dsv4moe/backend.h"
 #include "dsv4moe/comm_devsim.h"
 #include "dsv4moe/dist.h"
+#include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
 #include "testctl.h"
 #include "testutil.h"
+#include "tp_cases.h"
 
 static int have_gpu(void)
 {
@@ -290,18 +293,17 @@ typedef struct {
 
 #define POOL 1100
 
-static dlayer dist_layer(const char *preset, int64_t l, dsv4_gemm_mode gemm)
+/* A layer of config c (its weights and an input pool of POOL tokens), files named by tag. */
+static dlayer dist_layer_cfg(const dsv4_config *c, const char *tag)
 {
     dlayer L;
     memset(&L, 0, sizeof L);
     dsv4_error e;
-    ck_assert_int_eq(dsv4_config_preset(preset, &L.c, &e), DSV4_OK);
-    L.c.layer = l;
-    L.c.gemm = gemm;
+    L.c = *c;
     char w[512], in[512], name[128];
-    snprintf(name, sizeof name, "devsim_dist_%s_l%lld.safetensors", preset, (long long)l);
+    snprintf(name, sizeof name, "devsim_dist_%s.safetensors", tag);
     tu_path(w, sizeof w, name);
-    snprintf(name, sizeof name, "devsim_dist_%s_l%lld_in.safetensors", preset, (long long)l);
+    snprintf(name, sizeof name, "devsim_dist_%s_in.safetensors", tag);
     tu_path(in, sizeof in, name);
     dsv4_gen_options o;
     dsv4_gen_options_init(&o);
@@ -314,6 +316,17 @@ static dlayer dist_layer(const char *preset, int64_t l, dsv4_gemm_mode gemm)
     L.x = dsv4_st_find(L.in, "x")->data;
     L.ids = dsv4_st_find(L.in, "input_ids")->data;
     return L;
+}
+
+static dlayer dist_layer(const char *preset, int64_t l, dsv4_gemm_mode gemm)
+{
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_preset(preset, &c, NULL), DSV4_OK);
+    c.layer = l;
+    c.gemm = gemm;
+    char tag[96];
+    snprintf(tag, sizeof tag, "%s_l%lld", preset, (long long)l);
+    return dist_layer_cfg(&c, tag);
 }
 
 static void dist_layer_free(dlayer *L)
@@ -370,16 +383,39 @@ static int same_trace(const dsv4_dist_rank *a, const dsv4_dist_rank *b)
     return 1;
 }
 
+/* The weights a cuda backend of one rank holding every expert and inter row binds: as allocated
+   (its stats) and by its plan's model. */
+static void one_rank_weights(const dlayer *L, uint64_t *bound, uint64_t *planned)
+{
+    dsv4_topology t = cuda_topo(1, 1, 1, 512, 0);
+    dsv4_budget b = gpu_budget();
+    dsv4_plan *p = NULL;
+    dsv4_backend *be = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_plan_create(&L->c, &t, &b, &p, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_backend_create(p, L->ck, 1, &be, &e) == DSV4_OK, "%s", e.message);
+    *bound = dsv4_backend_get_stats(be).weights_allocated;
+    *planned = dsv4_plan_weight_bytes(p);
+    dsv4_backend_free(be);
+    dsv4_plan_free(p);
+}
+
 /*
  * ep 2, 4, 8 with the cuda backend on every rank: each rank's rows bit-identical to the cuda
  * stages on one rank holding every expert (dsv4_dist_single_rank: the same groups), identical
  * collective traces, each rank's measured peak (the driver's buffers and the backend's stage
- * chunks) within its plan, token counts with zeros and uneven chunks (rank 3 takes two).
+ * chunks) within its plan, token counts with zeros and uneven chunks (rank 3 takes two). Each
+ * rank binds only its experts: its weights within its plan's model, and only the experts'
+ * share shrinks with ep (one rank's less ep 2's is twice ep 2's less ep 4's, and so on).
  */
 static void ep_case(const char *preset, int64_t l, dsv4_gemm_mode gemm, const int64_t *counts, int64_t chunk)
 {
     dlayer L = dist_layer(preset, l, gemm);
     int64_t H = L.c.dim;
+    uint64_t wb[9] = {0}, w1p = 0;
+    one_rank_weights(&L, &wb[1], &w1p);
+    ck_assert_msg(wb[1] > 0 && wb[1] <= w1p, "one rank's weights %llu, model %llu", (unsigned long long)wb[1],
+                  (unsigned long long)w1p);
     for (int ep = 2; ep <= 8; ep *= 2) {
         int64_t offs[8];
         for (int r = 0, o = 0; r < ep; o += (int)counts[r], r++)
@@ -428,11 +464,19 @@ static void ep_case(const char *preset, int64_t l, dsv4_gemm_mode gemm, const in
                           (unsigned long long)io[r].workspace_planned);
             if (counts[r] > 0)
                 ck_assert_uint_gt(io[r].workspace_peak, (uint64_t)(counts[r] * H * 2));
+            ck_assert_msg(io[r].weights_bound > 0 && io[r].weights_bound <= io[r].weights_planned,
+                          "%s ep %d rank %d: weights %llu, model %llu", preset, ep, r,
+                          (unsigned long long)io[r].weights_bound, (unsigned long long)io[r].weights_planned);
+            ck_assert_uint_eq(io[r].weights_bound, io[0].weights_bound);
+            ck_assert_uint_lt(io[r].weights_bound, wb[1]);
             printf("devsim_dist %s l%lld gemm %s ep %d rank %d T %lld: identical (device and host rows); planned %llu "
-                   "peak %llu (%.2f s)\n",
+                   "peak %llu; weights %llu (model %llu, one rank %llu) (%.2f s)\n",
                    preset, (long long)l, dsv4_gemm_mode_name(gemm), ep, r, (long long)counts[r],
-                   (unsigned long long)io[r].workspace_planned, (unsigned long long)io[r].workspace_peak, t1 - t0);
+                   (unsigned long long)io[r].workspace_planned, (unsigned long long)io[r].workspace_peak,
+                   (unsigned long long)io[r].weights_bound, (unsigned long long)io[r].weights_planned,
+                   (unsigned long long)wb[1], t1 - t0);
         }
+        wb[ep] = io[0].weights_bound;
         for (int r = 0; r < ep; r++) {
             dsv4_dist_rank_release(&io[r]);
             dsv4_dist_rank_release(&hio[r]);
@@ -441,6 +485,11 @@ static void ep_case(const char *preset, int64_t l, dsv4_gemm_mode gemm, const in
             free(ys[r]);
         }
     }
+    /* the router and the shared expert on every rank, the routed experts split: halving the
+       experts removes half of what is left of them */
+    ck_assert_uint_eq(wb[1] - wb[2], 2 * (wb[2] - wb[4]));
+    ck_assert_uint_eq(wb[2] - wb[4], 2 * (wb[4] - wb[8]));
+    ck_assert_uint_gt(wb[4], wb[8]);
     dist_layer_free(&L);
 }
 
@@ -470,30 +519,100 @@ START_TEST(cuda_ep_bit_identical_fp8)
 }
 END_TEST
 
-/* tp 2 on cuda: refused, naming tp (the stages compute every inter row). */
-START_TEST(cuda_tp_refused)
+/*
+ * tp 2 on cuda: each rank binds its half of moe_inter_dim (gate/up rows, down columns sliced at
+ * creation) and returns its partial down projections, which the driver all_reduces; both ranks
+ * hold the same rows (device rows over the device sim, and host rows over sim, identical), within
+ * tolerance of the cuda stages on one rank (the partials are rounded to bf16 by the kernels'
+ * epilogue before the sum: not bit-identical). The layers of tests/tp_cases.h (test_dist.c's cpu
+ * tp test): mini-bf16's 64-row shards on the exact kernels, mini with I = 256 on the fp8 path
+ * (fp4 and fp8 weights) and on the exact kernels (fp4 without activation quantization).
+ */
+START_TEST(cuda_tp_within_tolerance)
 {
     NEED_CUDA();
-    dlayer L = dist_layer("mini-bf16", 1, DSV4_GEMM_EXACT);
-    const int64_t counts[2] = {5, 5}, offs[2] = {0, 0};
-    dsv4_dist_rank io[2];
-    uint16_t *y[2];
+    dsv4_config c;
+    ck_assert_int_eq(tp_case_config(_i, &c), DSV4_OK);
+    char tag[32];
+    snprintf(tag, sizeof tag, "cudatp%d", _i);
+    dlayer L = dist_layer_cfg(&c, tag);
+    const int64_t H = c.dim, n = 40, counts[2] = {40, 40}, offs[2] = {3, 3};
+    dsv4_dist_rank io[2], hio[2], one[2];
+    uint16_t *y[2], *yh[2], *ys[2];
     dist_io(&L, 2, counts, offs, io, y);
+    dist_io(&L, 2, counts, offs, hio, yh);
+    dist_io(&L, 2, counts, offs, one, ys);
     dsv4_topology t = cuda_topo(2, 2, 1, 64, 0);
     dsv4_budget b = gpu_budget();
     dsv4_error e;
-    dsv4_status st = dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io, &e);
-    ck_assert_msg(st == DSV4_ERR_UNSUPPORTED, "status %d: %s", (int)st, e.message);
-    ck_assert_msg(strstr(e.message, "tp 2") != NULL, "%s", e.message);
+    ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, io, &e) == DSV4_OK, "case %d: %s", _i, e.message);
+    dsv4_dist_options ho;
+    dsv4_dist_options_init(&ho);
+    ho.rows_on_host = 1;
+    ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, &ho, hio, &e) == DSV4_OK, "case %d host rows: %s", _i,
+                  e.message);
+    ck_assert_msg(dsv4_dist_single_rank(&L.c, L.ck, &t, &b, NULL, one, &e) == DSV4_OK, "case %d single: %s", _i,
+                  e.message);
+    double rms = 0;
+    for (int64_t i = 0; i < n * H; i++) {
+        const float a = dsv4_bf16_to_f32(ys[0][i]);
+        rms += (double)a * a;
+    }
+    const float tol = 0.035f + 0.1f * (float)sqrt(rms / (double)(n * H)); /* the runner's fp8/fp4 bound */
+    int64_t close = 0, same = 0;
+    float worst = 0;
+    for (int64_t i = 0; i < n * H; i++) {
+        ck_assert_msg(y[0][i] == y[1][i] && y[0][i] == yh[0][i] && yh[0][i] == yh[1][i],
+                      "case %d: the tp ranks' rows differ at %lld", _i, (long long)i);
+        const float d = fabsf(dsv4_bf16_to_f32(y[0][i]) - dsv4_bf16_to_f32(ys[0][i]));
+        close += d <= tol;
+        same += y[0][i] == ys[0][i];
+        worst = d > worst ? d : worst;
+    }
+    ck_assert_msg(close == n * H, "case %d: %lld of %lld within %g of one rank (worst %g)", _i, (long long)close,
+                  (long long)(n * H), (double)tol, (double)worst);
+    ck_assert_msg(same > n * H / 2, "case %d: only %lld of %lld bit-identical to one rank", _i, (long long)same,
+                  (long long)(n * H));
+    uint64_t w1 = 0, w1p = 0;
+    one_rank_weights(&L, &w1, &w1p);
+    for (int r = 0; r < 2; r++) {
+        ck_assert(same_trace(&io[0], &io[r]) && same_trace(&hio[r], &io[r]));
+        ck_assert_msg(io[r].workspace_peak <= io[r].workspace_planned, "case %d rank %d: peak %llu above plan %llu", _i,
+                      r, (unsigned long long)io[r].workspace_peak, (unsigned long long)io[r].workspace_planned);
+        ck_assert_msg(io[r].weights_bound > 0 && io[r].weights_bound <= io[r].weights_planned && io[r].weights_bound < w1,
+                      "case %d rank %d: weights %llu, model %llu, one rank %llu", _i, r,
+                      (unsigned long long)io[r].weights_bound, (unsigned long long)io[r].weights_planned,
+                      (unsigned long long)w1);
+        printf("devsim_dist tp case %d rank %d: %lld of %lld bit-identical to one rank, worst %g (tol %g); planned %llu "
+               "peak %llu; weights %llu (model %llu, one rank %llu)\n",
+               _i, r, (long long)same, (long long)(n * H), (double)worst, (double)tol,
+               (unsigned long long)io[r].workspace_planned, (unsigned long long)io[r].workspace_peak,
+               (unsigned long long)io[r].weights_bound, (unsigned long long)io[r].weights_planned,
+               (unsigned long long)w1);
+    }
     for (int r = 0; r < 2; r++) {
         dsv4_dist_rank_release(&io[r]);
+        dsv4_dist_rank_release(&hio[r]);
+        dsv4_dist_rank_release(&one[r]);
         free(y[r]);
+        free(yh[r]);
+        free(ys[r]);
     }
     dist_layer_free(&L);
 }
 END_TEST
 
-
+/* ep 4 decode ranks with graphs on, buckets 8..64 (the chunk: 64 tokens). */
+static dsv4_topology graph_topo(void)
+{
+    dsv4_topology t = cuda_topo(4, 1, 4, 64, 0);
+    t.role = DSV4_ROLE_DECODE;
+    t.cuda_graph = true;
+    t.n_buckets = 4;
+    const int64_t bk[4] = {8, 16, 32, 64};
+    memcpy(t.buckets, bk, sizeof bk);
+    return t;
+}
 
 /* The review's deadlock on the cuda backend over the device sim: ranks 0 and 2 may replay a graph,
    1 and 3 may not; in the fault build the test hook skip_metadata_collective makes rank 0 skip the
@@ -516,12 +635,7 @@ START_TEST(cuda_mixed_replay_deadlock_reported)
         dist_io(&L, 4, counts, offs, io, y);
         for (int r = 0; r < 4; r++)
             io[r].can_replay = r % 2 == 0;
-        dsv4_topology t = cuda_topo(4, 1, 4, 64, 0);
-        t.role = DSV4_ROLE_DECODE;
-        t.cuda_graph = true;
-        t.n_buckets = 4;
-        const int64_t bk[4] = {8, 16, 32, 64};
-        memcpy(t.buckets, bk, sizeof bk);
+        dsv4_topology t = graph_topo();
         dsv4_budget b = gpu_budget();
         dsv4_dist_options o;
         dsv4_dist_options_init(&o);
@@ -541,8 +655,13 @@ START_TEST(cuda_mixed_replay_deadlock_reported)
 #endif
         if (!fault) {
             ck_assert_msg(st == DSV4_OK, "%s", e.message);
-            for (int r = 0; r < 4; r++)
+            for (int r = 0; r < 4; r++) {
                 ck_assert_msg(!io[r].replayed, "rank %d replayed in a mixed step", r);
+                /* the ranks that could replay hold real captured graphs; the step ran eager */
+                ck_assert_msg((io[r].graphs_held > 0) == (r % 2 == 0), "rank %d holds %lld graphs", r,
+                              (long long)io[r].graphs_held);
+                ck_assert_uint_eq(io[r].graph_replays, 0);
+            }
         } else {
             ck_assert_int_eq(st, DSV4_ERR_COMM);
             ck_assert_msg(dt < 20.0, "the deadlock took %.1f s to report", dt);
@@ -564,14 +683,80 @@ START_TEST(cuda_mixed_replay_deadlock_reported)
 }
 END_TEST
 
+/*
+ * A step every rank can replay (graphs on, decode, T within the buckets): each rank captured its
+ * stage graphs before the step (the experts calls of routed token-slots and of the shared expert
+ * at every bucket) and runs its experts calls as graph replays; the rows are bit-identical to the
+ * same step run eager (no rank can replay), with the same collectives. Exact products (mini),
+ * gemm fp8 with groups above the fp8 cut, and mini-fp8 (routed and shared experts in one format,
+ * so the shared expert shares the decode launch's K split) with fewer than E / K tokens a rank.
+ */
+START_TEST(cuda_ep_graph_replay_bit_identical)
+{
+    NEED_CUDA();
+    dlayer L = dist_layer(_i == 2 ? "mini-fp8" : "mini", _i == 2 ? 2 : 1, _i == 1 ? DSV4_GEMM_FP8 : DSV4_GEMM_EXACT);
+    const int64_t H = L.c.dim;
+    const int64_t counts[3][4] = {{4, 9, 0, 2}, {64, 50, 0, 64}, {1, 2, 0, 3}}, *cn = counts[_i];
+    int64_t offs[4];
+    for (int r = 0, o = 0; r < 4; o += (int)cn[r], r++)
+        offs[r] = o;
+    dsv4_dist_rank g[4], ea[4];
+    uint16_t *yg[4], *ye[4];
+    dist_io(&L, 4, cn, offs, g, yg);
+    dist_io(&L, 4, cn, offs, ea, ye);
+    for (int r = 0; r < 4; r++)
+        g[r].can_replay = true;
+    dsv4_topology t = graph_topo();
+    dsv4_budget b = gpu_budget();
+    dsv4_error e;
+    double t0 = now();
+    ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, g, &e) == DSV4_OK, "case %d replay: %s", _i, e.message);
+    double t1 = now();
+    ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, NULL, ea, &e) == DSV4_OK, "case %d eager: %s", _i, e.message);
+    for (int r = 0; r < 4; r++) {
+        ck_assert_msg(g[r].replayed && !ea[r].replayed, "case %d rank %d: replayed %d / %d", _i, r, (int)g[r].replayed,
+                      (int)ea[r].replayed);
+        ck_assert_msg(g[r].graphs_held > 0 && ea[r].graphs_held == 0, "case %d rank %d: graphs %lld / %lld", _i, r,
+                      (long long)g[r].graphs_held, (long long)ea[r].graphs_held);
+        if (cn[r] > 0) /* at least its shared expert's call */
+            ck_assert_uint_gt(g[r].graph_replays, 0);
+        ck_assert_uint_eq(ea[r].graph_replays, 0);
+        int64_t i = 0;
+        while (i < cn[r] * H && yg[r][i] == ye[r][i])
+            i++;
+        ck_assert_msg(i == cn[r] * H, "case %d rank %d: replay differs from eager at token %lld channel %lld: 0x%04x vs 0x%04x",
+                      _i, r, (long long)(i / H), (long long)(i % H), i < cn[r] * H ? yg[r][i] : 0,
+                      i < cn[r] * H ? ye[r][i] : 0);
+        ck_assert(same_trace(&g[r], &ea[r]) && same_trace(&g[0], &g[r]));
+        ck_assert_msg(g[r].workspace_peak <= g[r].workspace_planned, "case %d rank %d: peak %llu above plan %llu", _i, r,
+                      (unsigned long long)g[r].workspace_peak, (unsigned long long)g[r].workspace_planned);
+        printf("devsim_dist graphs case %d rank %d T %lld: %lld graphs held, %llu replays, identical to eager; planned "
+               "%llu peak %llu (%.2f s)\n",
+               _i, r, (long long)cn[r], (long long)g[r].graphs_held, (unsigned long long)g[r].graph_replays,
+               (unsigned long long)g[r].workspace_planned, (unsigned long long)g[r].workspace_peak, t1 - t0);
+    }
+    for (int r = 0; r < 4; r++) {
+        dsv4_dist_rank_release(&g[r]);
+        dsv4_dist_rank_release(&ea[r]);
+        free(yg[r]);
+        free(ye[r]);
+    }
+    dist_layer_free(&L);
+}
+END_TEST
+
 /* fast/cuda/cuda.cu: the registry's rank memory model and one chunk's layout (no device needed) */
 uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
 uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
+uint64_t dsv4_cuda_stage_chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts);
 bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n);
 
 /* Without a device: the registry lists cuda's stages; a rank of an ep plan is planned with the
-   stages' memory model (at least the stage chunk of the rows it can receive, plus the driver's
-   buffers); the registry's supports refuses tp 2 naming tp. */
+   stages' memory model (at least every stage chunk: route and combine of its tokens, experts over
+   the rows it can receive; within twice the planner's executor model; plus the driver's buffers); the registry's supports takes tp 2 and 4 and refuses a tp whose shard is not a
+   multiple of 32 rows, naming tp. The weight model: a rank of ep 2 / 4 / 8 binds the router and
+   the shared expert and its share of the routed experts (only that share shrinks), a tp rank its
+   share of every expert's inter rows; the plan's explanation says so. */
 START_TEST(cuda_rank_model_host)
 {
     dsv4_error e;
@@ -593,27 +778,70 @@ START_TEST(cuda_rank_model_host)
         const int64_t tc = T < 128 ? T : 128, El = c.n_routed_experts / 4;
         const int64_t rows = 4 * tc * (El < c.n_activated ? El : c.n_activated);
         const uint64_t model = dsv4_cuda_stage_workspace_bytes(&c, &t, tc);
-        /* a bound of every stage chunk up to those rows (the layouts are not monotone: the router
-           logits' split-K slices shrink as a chunk grows) */
+        /* a bound of every stage chunk: experts calls up to those rows (one kept slot a row), route
+           and combine chunks up to tc tokens (the layouts are not monotone: the router logits'
+           split-K slices shrink as a chunk grows) */
         for (int64_t m = 1; m <= rows; m += T < 64 ? 1 : 7)
-            ck_assert_msg(model >= dsv4_cuda_chunk_workspace_bytes(&c, m), "T %lld: %lld rows need %llu > %llu",
-                          (long long)T, (long long)m, (unsigned long long)dsv4_cuda_chunk_workspace_bytes(&c, m),
+            ck_assert_msg(model >= dsv4_cuda_stage_chunk_bytes(&c, m, m, El), "T %lld: %lld rows need %llu > %llu",
+                          (long long)T, (long long)m, (unsigned long long)dsv4_cuda_stage_chunk_bytes(&c, m, m, El),
                           (unsigned long long)model);
+        for (int64_t m = 1; m <= tc; m++)
+            ck_assert_uint_ge(model, dsv4_cuda_stage_chunk_bytes(&c, m, -1, El));
         ck_assert_uint_ge(model, prev);
         prev = model;
         ck_assert_uint_gt(dsv4_plan_workspace_bytes(p, T, false), model);
+        /* against the planner's executor model of the same rank (a backend without its own, ref) */
+        dsv4_topology tr = t;
+        tr.backend = DSV4_BACKEND_REF;
+        dsv4_plan *pr = NULL;
+        ck_assert_msg(dsv4_plan_create(&c, &tr, &b, &pr, &e) == DSV4_OK, "%s", e.message);
+        const uint64_t ex = dsv4_plan_workspace_bytes(pr, T, false);
+        printf("cuda rank model mini ep 4 T %lld: %llu bytes, executor model %llu (%.2fx)\n", (long long)T,
+               (unsigned long long)model, (unsigned long long)ex, (double)model / (double)ex);
+        /* the experts call's chunk is sized for one kept slot a row in the rank's groups (it was
+           3.7x the executor model with K slots a row in all E groups) */
+        ck_assert_uint_le(model, 2 * ex);
+        dsv4_plan_free(pr);
         dsv4_plan_free(p);
     }
     ck_assert_uint_eq(dsv4_cuda_stage_workspace_bytes(&c, NULL, 0), 0);
-    ck_assert_int_eq(dsv4_config_preset("mini-bf16", &c, &e), DSV4_OK); /* I 128: tp 2 shards of 64 rows */
+    for (int q = 0; q < 2; q++) { /* the weights of ep ranks: mini (fp4, the fp8 path), mini-fp8 (gemm fp8 copies) */
+        ck_assert_int_eq(dsv4_config_preset(q ? "mini-fp8" : "mini", &c, &e), DSV4_OK);
+        c.layer = q ? 2 : 1;
+        uint64_t w[9] = {0};
+        for (int ep = 1; ep <= 8; ep *= 2) {
+            dsv4_topology t = cuda_topo(ep, 1, ep, 512, 128);
+            t.rank = ep - 1;
+            dsv4_plan *p = NULL;
+            ck_assert_msg(dsv4_plan_create(&c, &t, &b, &p, &e) == DSV4_OK, "%s", e.message);
+            w[ep] = dsv4_plan_weight_bytes(p);
+            ck_assert_msg(strstr(dsv4_plan_explain(p), "weights: ") != NULL, "%s", dsv4_plan_explain(p));
+            dsv4_plan_free(p);
+        }
+        ck_assert_uint_gt(w[8], (uint64_t)(c.n_routed_experts * c.dim * 2)); /* the gate at least */
+        ck_assert_uint_eq(w[1] - w[2], 2 * (w[2] - w[4]));
+        ck_assert_uint_eq(w[2] - w[4], 2 * (w[4] - w[8]));
+        ck_assert_uint_gt(w[4], w[8]);
+    }
+    ck_assert_int_eq(dsv4_config_preset("mini-bf16", &c, &e), DSV4_OK); /* I 128: tp 2 / 4 shards of 64 / 32 rows */
     c.layer = 1;
-    dsv4_topology t2 = cuda_topo(2, 2, 1, 64, 0);
-    dsv4_plan *p2 = NULL;
-    ck_assert_msg(dsv4_plan_create(&c, &t2, &b, &p2, &e) == DSV4_OK, "%s", e.message);
-    char why[200] = "";
-    ck_assert(!dsv4_cuda_backend_supports(p2, why, sizeof why));
-    ck_assert_msg(strstr(why, "tp 2") != NULL, "%s", why);
-    dsv4_plan_free(p2);
+    uint64_t wt[9] = {0};
+    for (int tp = 1; tp <= 8; tp *= 2) {
+        dsv4_topology t2 = cuda_topo(tp, tp, 1, 64, 0);
+        t2.rank = tp - 1;
+        dsv4_plan *p2 = NULL;
+        ck_assert_msg(dsv4_plan_create(&c, &t2, &b, &p2, &e) == DSV4_OK, "%s", e.message);
+        char why[200] = "";
+        ck_assert_int_eq(dsv4_cuda_backend_supports(p2, why, sizeof why), tp <= 4);
+        if (tp == 8)
+            ck_assert_msg(strstr(why, "tp 8") != NULL, "%s", why);
+        else
+            ck_assert_uint_gt(dsv4_cuda_stage_workspace_bytes(&c, &t2, 64), 0);
+        wt[tp] = dsv4_plan_weight_bytes(p2);
+        dsv4_plan_free(p2);
+    }
+    ck_assert_uint_eq(wt[1] - wt[2], 2 * (wt[2] - wt[4])); /* bf16 shards: every expert's bytes halve */
+    ck_assert_uint_gt(wt[2], wt[4]);
 }
 END_TEST
 
@@ -630,9 +858,10 @@ static Suite *devsim_suite(void)
     tcase_set_timeout(dc, 300);
     tcase_add_loop_test(dc, cuda_ep_bit_identical_exact, 0, 5);
     tcase_add_loop_test(dc, cuda_ep_bit_identical_fp8, 0, 2);
-    tcase_add_test(dc, cuda_tp_refused);
+    tcase_add_loop_test(dc, cuda_tp_within_tolerance, 0, N_TP_CASES);
     tcase_add_test(dc, cuda_rank_model_host);
     tcase_add_test(dc, cuda_mixed_replay_deadlock_reported);
+    tcase_add_loop_test(dc, cuda_ep_graph_replay_bit_identical, 0, 3);
     suite_add_tcase(s, dc);
     return s;
 }
