@@ -221,7 +221,8 @@ __global__ void k_count2(Group2Args a)
         const int e = e0 + threadIdx.x;
         const int c = e < E ? c2cnt[e] : 0;
         const int pad = (c + 127) / 128 * 128, act = c > 0;
-        const bool cut = a.cut_ok && a.cut_ok[e] && c > a.cut_rows;
+        /* c first: the block's threads past E read no flag (cut_ok holds E + 1) */
+        const bool cut = c > a.cut_rows && a.cut_ok && a.cut_ok[e];
         const int mid = c > FM_DEC_MAX && c <= FM_MID_MAX && !cut ? (c + a.mid_rows - 1) / a.mid_rows : 0;
         const int big = c > FM_MID_MAX && !cut ? (c + a.big_rows - 1) / a.big_rows : 0;
         int t0, t1, t2, t3, t4;
