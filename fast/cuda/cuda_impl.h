@@ -41,6 +41,7 @@ struct StageChunk {
     uint8_t *ws = nullptr, *hio = nullptr;
     uint64_t in_ids = 0, ntok = 0, stats = 0, x = 0, ids = 0, w = 0, kept = 0, io_end = 0;
     uint64_t rowmap = 0, o = 0, osh = 0; /* slot -> row of o; o bf16 [rows, H]; osh bf16 [tc, H] (0: none) */
+    int64_t rows = 0;                    /* the rows of o */
     uint64_t total = 0;
 };
 

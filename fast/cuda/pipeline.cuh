@@ -23,7 +23,9 @@ int logit_slices(const CudaBe *b, int64_t tc)
 /* The layout of a chunk of tc tokens whose grouping places at most `kept` slots (< 0: all tc K;
    a stage chunk of token-slots keeps one a row, cuda_impl.h): the slot arrays hold tc K, the
    expert rows and tile lists what the kept slots can fill in the groups of the backend's experts
-   (a rank's experts calls name only its range; its route and combine chunks group nothing). */
+   (a rank's experts calls name only its range). A rank's route and combine chunks (kept < 0)
+   group nothing, but a combine receives one row of o a slot: at least tc K rows (ep 8 on E = 16,
+   the rank's 2 groups alone bound a 128-token chunk at 256 rows, below its combine's 512). */
 Layout layout_for(const CudaBe *b, int64_t tc, int64_t kept = -1)
 {
     const dsv4_config *c = &b->cfg;
@@ -33,7 +35,8 @@ Layout layout_for(const CudaBe *b, int64_t tc, int64_t kept = -1)
     L.tc = tc;
     L.slots = tc * K;
     const int64_t ks = kept >= 0 && kept < L.slots ? kept : L.slots;
-    const int64_t Eg = b->e_count > 0 && b->e_count < E ? b->e_count : E;
+    const bool shard = b->e_count > 0 && b->e_count < E;
+    const int64_t Eg = shard ? b->e_count : E;
     /* 128-aligned groups: each non-empty group pads at most 127 rows */
     L.rows = ks + 127 * (ks < Eg ? ks : Eg);
     /* A group holds at most Tc rows when no token sends two slots to one expert (top-K ids are
@@ -42,6 +45,8 @@ Layout layout_for(const CudaBe *b, int64_t tc, int64_t kept = -1)
         L.rows = Eg * cdiv(tc, 128) * 128;
     if (L.rows < tc)
         L.rows = tc;
+    if (shard && kept < 0 && L.rows < L.slots)
+        L.rows = L.slots;
     const int64_t act = ks < Eg ? ks : Eg;
     if (b->fast) {
         /* 32-row tiles: at most 2 per group of 17..64 rows; 128-row tiles: ceil(n / 128) per larger

@@ -70,7 +70,8 @@ dsv4_status stage_chunk(void *impl, int64_t n, int64_t kept, StageChunk *c, dsv4
     c->tc = tc, c->n = n, c->slots = L.slots, c->kept_slots = kept, c->graph = gr ? gr->exec : nullptr;
     c->stream = b->stream, c->ws = b->ws, c->hio = b->hbuf;
     c->in_ids = L.in_ids, c->ntok = L.ntok, c->stats = L.stats, c->x = L.x, c->ids = L.ids, c->w = L.w;
-    c->kept = L.kept, c->io_end = L.io_end, c->rowmap = L.rowmap, c->o = L.o, c->osh = L.osh, c->total = L.total;
+    c->kept = L.kept, c->io_end = L.io_end, c->rowmap = L.rowmap, c->o = L.o, c->osh = L.osh, c->rows = L.rows;
+    c->total = L.total;
     if (b->stats.workspace_peak < L.total)
         b->stats.workspace_peak = L.total;
     /* the mirror's head: no input ids (a caller's route writes its own), the row count, zeroed counters */

@@ -242,6 +242,9 @@ dsv4_status cu_combine(void *p, int64_t n, int64_t ns, const int32_t *tok, const
     dsv4_status st = stage_chunk(p, n, -1, &ch, err);
     if (st)
         return st;
+    if (ns > ch.rows) /* the layout holds tc K rows of o (layout_for): never copy past them */
+        return dsv4_seterr(err, DSV4_ERR_INTERNAL, where, "%lld slots of %lld tokens above the chunk's %lld rows",
+                           (long long)ns, (long long)n, (long long)ch.rows);
     /* token t's j-th slot in the order given: id j (k_combine sums ascending ids), row s of o */
     int32_t *hid = (int32_t *)(void *)(ch.hio + ch.ids);
     float *hw = (float *)(void *)(ch.hio + ch.w);
