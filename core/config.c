@@ -69,6 +69,17 @@ static void set_mini(dsv4_config *c)
     c->n_layers = 4;
 }
 
+/* names as "a, b, c" in buf (n bytes, cut to fit): the lists of the error messages. */
+static void list_enum(char *buf, size_t n, const char *const *names)
+{
+    buf[0] = '\0';
+    for (const char *const *p = names; *p; p++) {
+        strncat(buf, *p, n - strlen(buf) - 1);
+        if (p[1])
+            strncat(buf, ", ", n - strlen(buf) - 1);
+    }
+}
+
 static const char *const preset_names[] = {"v4-flash", "v4-pro", "v4-flash-base", "mini", "mini-fp8",
                                            "mini-bf16", "mini-topp", "tiny", NULL};
 
@@ -121,12 +132,8 @@ dsv4_status dsv4_config_preset(const char *name, dsv4_config *cfg, dsv4_error *e
         c.shared_format = DSV4_FORMAT_BF16;
         c.act_quant = DSV4_ACT_QUANT_NONE;
     } else {
-        char list[256] = "";
-        for (const char *const *p = preset_names; *p; p++) {
-            strncat(list, *p, sizeof list - strlen(list) - 1);
-            if (p[1])
-                strncat(list, ", ", sizeof list - strlen(list) - 1);
-        }
+        char list[256];
+        list_enum(list, sizeof list, preset_names);
         return dsv4_seterr(err, DSV4_ERR_CONFIG, "preset", "unknown preset '%s' (known: %s)", name, list);
     }
     *cfg = c;
@@ -223,16 +230,6 @@ const char *dsv4_score_func_name(dsv4_score_func v) { return enum_name(score_nam
 const char *dsv4_weight_format_name(dsv4_weight_format v) { return enum_name(fmt_names, (int)v); }
 const char *dsv4_act_quant_name(dsv4_act_quant v) { return enum_name(act_names, (int)v); }
 const char *dsv4_gemm_mode_name(dsv4_gemm_mode v) { return enum_name(gemm_names, (int)v); }
-
-static void list_enum(char *buf, size_t n, const char *const *names)
-{
-    buf[0] = '\0';
-    for (const char *const *p = names; *p; p++) {
-        strncat(buf, *p, n - strlen(buf) - 1);
-        if (p[1])
-            strncat(buf, ", ", n - strlen(buf) - 1);
-    }
-}
 
 /* ---------------- validation ---------------- */
 
@@ -366,31 +363,85 @@ bool dsv4_config_is_hash_layer(const dsv4_config *c)
 
 /* ---------------- set / get ---------------- */
 
-static dsv4_status parse_int(const char *key, const char *s, int64_t *out, dsv4_error *err)
+/* A key's value on its way in or out of the struct: the member its kind names. */
+typedef union {
+    int64_t i;
+    float f;
+    bool b;
+    int e; /* every enum of the struct is int-sized */
+} key_value;
+
+static dsv4_status parse_int(const key_desc *k, const char *s, key_value *out, dsv4_error *err)
 {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
     if (end == s || *end || errno == ERANGE)
-        return bad(err, key, "value '%s' is not an integer", s);
-    *out = v;
+        return bad(err, k->name, "value '%s' is not an integer", s);
+    out->i = v;
     return DSV4_OK;
 }
 
-static dsv4_status parse_float(const char *key, const char *s, float *out, dsv4_error *err)
+static dsv4_status parse_float(const key_desc *k, const char *s, key_value *out, dsv4_error *err)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
     if (end == s || *end || errno == ERANGE)
-        return bad(err, key, "value '%s' is not a number", s);
+        return bad(err, k->name, "value '%s' is not a number", s);
     if (!isfinite(v) || fabs(v) > 3.0e38)
-        return bad(err, key, "value '%s' is not a finite fp32 number", s);
+        return bad(err, k->name, "value '%s' is not a finite fp32 number", s);
     if (v != 0 && fabs(v) < FLT_MIN)
-        return bad(err, key, "value '%s' is below the smallest normal fp32 number (%.9g)", s, (double)FLT_MIN);
-    *out = (float)v;
+        return bad(err, k->name, "value '%s' is below the smallest normal fp32 number (%.9g)", s, (double)FLT_MIN);
+    out->f = (float)v;
     return DSV4_OK;
 }
+
+static dsv4_status parse_bool(const key_desc *k, const char *s, key_value *out, dsv4_error *err)
+{
+    if (!strcmp(s, "true") || !strcmp(s, "1"))
+        out->b = true;
+    else if (!strcmp(s, "false") || !strcmp(s, "0"))
+        out->b = false;
+    else
+        return bad(err, k->name, "value '%s' is not a boolean (true or false)", s);
+    return DSV4_OK;
+}
+
+static dsv4_status parse_enum(const key_desc *k, const char *s, key_value *out, dsv4_error *err)
+{
+    out->e = -1;
+    for (int i = 0; k->enum_names[i]; i++)
+        if (!strcmp(k->enum_names[i], s))
+            out->e = i;
+    if (out->e < 0) {
+        char l[128];
+        list_enum(l, sizeof l, k->enum_names);
+        return bad(err, k->name, "value '%s' is not one of %s", s, l);
+    }
+    return DSV4_OK;
+}
+
+static void format_int(const key_desc *k, key_value v, char *buf, size_t n) { snprintf(buf, n, "%lld", (long long)v.i); }
+static void format_float(const key_desc *k, key_value v, char *buf, size_t n) { snprintf(buf, n, "%.9g", (double)v.f); }
+static void format_bool(const key_desc *k, key_value v, char *buf, size_t n) { snprintf(buf, n, "%s", v.b ? "true" : "false"); }
+static void format_enum(const key_desc *k, key_value v, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s", enum_name(k->enum_names, v.e));
+}
+
+/* What dsv4_config_set and dsv4_config_get do with a key of each kind: the field's size, its
+   parser and its printer. */
+static const struct {
+    size_t size;
+    dsv4_status (*parse)(const key_desc *k, const char *s, key_value *out, dsv4_error *err);
+    void (*format)(const key_desc *k, key_value v, char *buf, size_t n);
+} kinds[] = {
+    [K_INT] = {sizeof(int64_t), parse_int, format_int},
+    [K_FLOAT] = {sizeof(float), parse_float, format_float},
+    [K_BOOL] = {sizeof(bool), parse_bool, format_bool},
+    [K_ENUM] = {sizeof(int), parse_enum, format_enum},
+};
 
 dsv4_status dsv4_config_set(dsv4_config *cfg, const char *key, const char *value, dsv4_error *err)
 {
@@ -398,59 +449,15 @@ dsv4_status dsv4_config_set(dsv4_config *cfg, const char *key, const char *value
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "config", "config, key and value must not be NULL");
     const key_desc *k = find_key(key);
     if (!k) {
-        char list[640] = "";
-        for (size_t i = 0; i < NKEYS; i++) {
-            strncat(list, keys[i].name, sizeof list - strlen(list) - 1);
-            if (i + 1 < NKEYS)
-                strncat(list, ", ", sizeof list - strlen(list) - 1);
-        }
+        char list[640];
+        list_enum(list, sizeof list, dsv4_config_keys());
         return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, "config", "unknown key '%s' (keys: %s)", key, list);
     }
-    dsv4_config c = *cfg;
-    char *field = (char *)&c + k->offset;
-    dsv4_status st = DSV4_OK;
-    switch (k->kind) {
-    case K_INT: {
-        int64_t v = 0;
-        if ((st = parse_int(key, value, &v, err)))
-            return st;
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case K_FLOAT: {
-        float v = 0;
-        if ((st = parse_float(key, value, &v, err)))
-            return st;
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case K_BOOL: {
-        bool v;
-        if (!strcmp(value, "true") || !strcmp(value, "1"))
-            v = true;
-        else if (!strcmp(value, "false") || !strcmp(value, "0"))
-            v = false;
-        else
-            return bad(err, key, "value '%s' is not a boolean (true or false)", value);
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case K_ENUM: {
-        int v = -1;
-        for (int i = 0; k->enum_names[i]; i++)
-            if (!strcmp(k->enum_names[i], value))
-                v = i;
-        if (v < 0) {
-            char l[128];
-            list_enum(l, sizeof l, k->enum_names);
-            return bad(err, key, "value '%s' is not one of %s", value, l);
-        }
-        memcpy(field, &v, sizeof v); /* every enum of the struct is int-sized */
-        break;
-    }
-    }
-    *cfg = c;
-    return DSV4_OK;
+    key_value v = {0};
+    dsv4_status st = kinds[k->kind].parse(k, value, &v, err);
+    if (!st)
+        memcpy((char *)cfg + k->offset, &v, kinds[k->kind].size);
+    return st;
 }
 
 dsv4_status dsv4_config_set_kv(dsv4_config *cfg, const char *kv, dsv4_error *err)
@@ -476,33 +483,9 @@ dsv4_status dsv4_config_get(const dsv4_config *cfg, const char *key, char *buf, 
     const key_desc *k = find_key(key);
     if (!k)
         return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, "config", "unknown key '%s'", key);
-    const char *field = (const char *)cfg + k->offset;
-    switch (k->kind) {
-    case K_INT: {
-        int64_t v;
-        memcpy(&v, field, sizeof v);
-        snprintf(buf, size, "%lld", (long long)v);
-        break;
-    }
-    case K_FLOAT: {
-        float v;
-        memcpy(&v, field, sizeof v);
-        snprintf(buf, size, "%.9g", (double)v);
-        break;
-    }
-    case K_BOOL: {
-        bool v;
-        memcpy(&v, field, sizeof v);
-        snprintf(buf, size, "%s", v ? "true" : "false");
-        break;
-    }
-    case K_ENUM: {
-        int v;
-        memcpy(&v, field, sizeof v);
-        snprintf(buf, size, "%s", enum_name(k->enum_names, v));
-        break;
-    }
-    }
+    key_value v = {0};
+    memcpy(&v, (const char *)cfg + k->offset, kinds[k->kind].size);
+    kinds[k->kind].format(k, v, buf, size);
     return DSV4_OK;
 }
 
