@@ -29,6 +29,17 @@ typedef struct cli_config_opts {
     int nsets;
 } cli_config_opts;
 int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *o);
+/*
+ * One argument of a layer-building subcommand's option loop (gen, ref, plan), argv[*i]: a config
+ * option (cli_config_arg) is taken into *co; --help / -h prints `help`, a printf format given
+ * CLI_CONFIG_HELP; one of `flags` (no value; may be NULL) comes back with *val = NULL; one of
+ * `value_opts` comes back with its value in *val and *i past it. Returns CLI_ARG_OPTION for those
+ * two, CLI_ARG_TAKEN for a config option, else the command's exit status (EXIT_OK after the help,
+ * EXIT_BAD_INPUT after a printed error: an unknown option, a missing value).
+ */
+enum { CLI_ARG_OPTION = -1, CLI_ARG_TAKEN = -2 };
+int cli_layer_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *co, const char *help,
+                  const char *const *flags, const char *const *value_opts, const char **val);
 /* Builds and validates the config; returns EXIT_OK or prints and returns EXIT_BAD_INPUT. */
 int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg);
 extern const char CLI_CONFIG_HELP[];

@@ -134,20 +134,14 @@ int cmd_plan(int argc, char **argv)
     bool buckets_given = false;
     int64_t extra[64];
     int nextra = 0;
+    static const char *const value_opts[] = {"--world", "--tp", "--dp", "--ep", "--rank", "--sm", "--role", "--backend", "--graph", "--buckets", "--max-tokens", "--chunk", "--dispatch", "--executor", "--device-gib", "--taken-gib", "--reserve-mb", "--tokens", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val;
-        int r = cli_config_arg(cmd, argc, argv, &i, &co);
-        if (r < 0)
-            return EXIT_BAD_INPUT;
-        if (r)
+        int r = cli_layer_arg(cmd, argc, argv, &i, &co, PLAN_HELP, NULL, value_opts, &val);
+        if (r == CLI_ARG_TAKEN)
             continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf(PLAN_HELP, CLI_CONFIG_HELP);
-            return EXIT_OK;
-        }
-        static const char *const value_opts[] = {"--world", "--tp", "--dp", "--ep", "--rank", "--sm", "--role", "--backend", "--graph", "--buckets", "--max-tokens", "--chunk", "--dispatch", "--executor", "--device-gib", "--taken-gib", "--reserve-mb", "--tokens", NULL};
-        if (cli_known(cmd, a, value_opts) || !(val = cli_value(cmd, argc, argv, &i)))
-            return EXIT_BAD_INPUT;
+        if (r != CLI_ARG_OPTION)
+            return r;
         int e = 0, k;
         if (!strcmp(a, "--world")) {
             e = cli_parse_i64(cmd, a, val, 1, 1 << 20, &world);

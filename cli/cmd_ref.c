@@ -30,20 +30,14 @@ int cmd_ref(int argc, char **argv)
     const char *wpath = NULL, *ipath = NULL, *opath = NULL;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int64_t threads = ncpu > 0 ? (ncpu > 64 ? 64 : ncpu) : 1;
+    static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val;
-        int r = cli_config_arg(cmd, argc, argv, &i, &co);
-        if (r < 0)
-            return EXIT_BAD_INPUT;
-        if (r)
+        int r = cli_layer_arg(cmd, argc, argv, &i, &co, REF_HELP, NULL, value_opts, &val);
+        if (r == CLI_ARG_TAKEN)
             continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf(REF_HELP, CLI_CONFIG_HELP);
-            return EXIT_OK;
-        }
-        static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", NULL};
-        if (cli_known(cmd, a, value_opts) || !(val = cli_value(cmd, argc, argv, &i)))
-            return EXIT_BAD_INPUT;
+        if (r != CLI_ARG_OPTION)
+            return r;
         if (!strcmp(a, "--weights"))
             wpath = val;
         else if (!strcmp(a, "--input"))

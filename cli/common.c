@@ -39,11 +39,18 @@ int cli_failf(const char *cmd, const char *fmt, ...)
     return EXIT_BAD_INPUT;
 }
 
+static bool one_of(const char *arg, const char *const *options)
+{
+    for (const char *const *o = options; o && *o; o++)
+        if (!strcmp(arg, *o))
+            return true;
+    return false;
+}
+
 int cli_known(const char *cmd, const char *arg, const char *const *options)
 {
-    for (const char *const *o = options; *o; o++)
-        if (!strcmp(arg, *o))
-            return 0;
+    if (one_of(arg, options))
+        return 0;
     if (arg[0] != '-')
         cli_failf(cmd, "unexpected argument '%s' (see dsv4moe %s --help)", arg, cmd);
     else
@@ -97,6 +104,25 @@ int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_op
         return 1;
     }
     return 0;
+}
+
+int cli_layer_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *co, const char *help,
+                  const char *const *flags, const char *const *value_opts, const char **val)
+{
+    const char *a = argv[*i];
+    int r = cli_config_arg(cmd, argc, argv, i, co);
+    if (r)
+        return r < 0 ? EXIT_BAD_INPUT : CLI_ARG_TAKEN;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        printf(help, CLI_CONFIG_HELP);
+        return EXIT_OK;
+    }
+    *val = NULL;
+    if (one_of(a, flags))
+        return CLI_ARG_OPTION;
+    if (cli_known(cmd, a, value_opts) || !(*val = cli_value(cmd, argc, argv, i)))
+        return EXIT_BAD_INPUT;
+    return CLI_ARG_OPTION;
 }
 
 int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg)
