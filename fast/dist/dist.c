@@ -83,14 +83,20 @@ typedef struct {
     float w;
 } slot;
 
+/* The order of (a1, a2, a3) against (b1, b2, b3), lexicographic: -1, 0 or 1 (the sorts' comparators). */
+static int cmp3(int64_t a1, int64_t b1, int64_t a2, int64_t b2, int64_t a3, int64_t b3)
+{
+    if (a1 != b1)
+        return a1 < b1 ? -1 : 1;
+    if (a2 != b2)
+        return a2 < b2 ? -1 : 1;
+    return (a3 > b3) - (a3 < b3);
+}
+
 static int cmp_slot_expert(const void *a, const void *b)
 {
     const slot *x = a, *y = b;
-    if (x->e != y->e)
-        return x->e < y->e ? -1 : 1;
-    if (x->t != y->t)
-        return x->t < y->t ? -1 : 1;
-    return (x->k > y->k) - (x->k < y->k);
+    return cmp3(x->e, y->e, x->t, y->t, x->k, y->k);
 }
 
 #define TRY(expr)                                                                                           \
@@ -243,11 +249,38 @@ static dsv4_status local_slots(const rank_ctx *rc, const chunk_bufs *b, int64_t 
     return DSV4_OK;
 }
 
+static dsv4_status dev_all_to_allv(rank_ctx *rc, dsv4_dtype dt, const void *send, const uint64_t *sc, void *recv,
+                                   const uint64_t *rcn, const char *tag, dsv4_error *err);
+
+/* ep: a chunk's dispatch counts, each way per rank of the ep group (dispatch_counts, row_counts). */
+typedef struct {
+    uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
+    uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
+    int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
+    uint64_t nr; /* the slots received */
+} ep_counts;
+
+/* ep: the ns kept slots' counts to every rank, exchanged ("dispatch counts", through device
+   buffers when the rows are on a device), into x: the first collective of run_chunk and
+   run_chunk_dev alike. */
+static dsv4_status exchange_counts(rank_ctx *rc, const chunk_bufs *b, int64_t ns, ep_counts *x, dsv4_error *err)
+{
+    int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
+    dispatch_counts(b, ns, P, rc->cfg->n_routed_experts / P, x->sc, x->scount, x->ones);
+    dsv4_status st = rc->dev ? dev_all_to_allv(rc, DSV4_DTYPE_I64, x->scount, x->ones, x->rcount, x->ones,
+                                               "dispatch counts", err)
+                             : dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, x->scount, x->ones,
+                                                     x->rcount, x->ones, "dispatch counts", err);
+    if (!st)
+        x->nr = row_counts(P, (uint64_t)rc->cfg->dim, x->sc, x->rcount, x->rcn, x->scH, x->rcH);
+    return st;
+}
+
 static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *err)
 {
     const dsv4_config *c = rc->cfg;
     const dsv4_topology *tp = dsv4_plan_topology(rc->plan);
-    int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
+    int64_t H = c->dim, K = c->n_activated;
     int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
     dsv4_dist_rank *io = rc->io;
     const uint16_t *x = io->x ? io->x + c0 * H : NULL;
@@ -274,16 +307,9 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
     if (tp->ep > 1) {
         /* 2: dispatch the slots to the ranks holding their experts (sl is sorted by expert, so it is
            grouped by destination in rank order) */
-        int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
-        int64_t per = E / P;
-        uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
-        uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
-        int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
-        dispatch_counts(&b, ns, P, per, sc, scount, ones);
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, scount, ones, rcount, ones,
-                                  "dispatch counts", err));
-        uint64_t nr = row_counts(P, (uint64_t)H, sc, rcount, rcn, scH, rcH);
-        uint64_t uH = (uint64_t)H;
+        ep_counts ec;
+        TRY(exchange_counts(rc, &b, ns, &ec, err));
+        uint64_t nr = ec.nr, uH = (uint64_t)H;
         b.sendx = zalloc(A, (uint64_t)ns * uH, sizeof *b.sendx, &oom);
         b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
         b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
@@ -307,11 +333,11 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
             b.sende[s] = b.sl[s].e;
             b.sendw[s] = b.sl[s].w;
         }
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendx, scH, b.recvx, rcH,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendx, ec.scH, b.recvx, ec.rcH,
                                   "dispatch rows", err));
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I32, b.sende, sc, b.recve, rcn,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I32, b.sende, ec.sc, b.recve, ec.rcn,
                                   "dispatch experts", err));
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_F32, b.sendw, sc, b.recvw, rcn,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_F32, b.sendw, ec.sc, b.recvw, ec.rcn,
                                   "dispatch weights", err));
         /* 3: this rank's experts, grouped in ascending id (received order inside a group: source
            rank, then its token order); the received order is kept for the way back */
@@ -326,7 +352,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
         for (uint64_t q = 0; q < nr; q++)
             round_bf16(b.go + q * uH, b.sendo + (uint64_t)b.rs[q].t * uH, uH);
         /* 4: the outputs back to the home ranks, in the order they were sent */
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendo, rcH, b.ob, scH,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendo, ec.rcH, b.ob, ec.scH,
                                   "combine rows", err));
         if (has_shared) {
             TRY(shared_rows(rc, n, x, i0, ni, &b, err));
@@ -462,7 +488,7 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
     const dsv4_config *c = rc->cfg;
     const dsv4_topology *tp = dsv4_plan_topology(rc->plan);
     const dsv4_backend_device *D = rc->dev;
-    int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
+    int64_t H = c->dim, K = c->n_activated;
     int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
     dsv4_dist_rank *io = rc->io;
     bool has_shared = c->n_shared_experts > 0, oom = false;
@@ -488,14 +514,9 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
         b.sidx[s] = (int32_t)b.sl[s].t;
     float *dshf = NULL;
     if (tp->ep > 1) {
-        int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
-        int64_t per = E / P;
-        uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
-        uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
-        int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
-        dispatch_counts(&b, ns, P, per, sc, scount, ones);
-        TRY(dev_all_to_allv(rc, DSV4_DTYPE_I64, scount, ones, rcount, ones, "dispatch counts", err));
-        uint64_t nr = row_counts(P, uH, sc, rcount, rcn, scH, rcH);
+        ep_counts ec;
+        TRY(exchange_counts(rc, &b, ns, &ec, err));
+        uint64_t nr = ec.nr;
         b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
         b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
         b.recve = zalloc(A, nr, sizeof *b.recve, &oom);
@@ -518,12 +539,12 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
         }
         st = D->gather(rc->impl, ns, H, dx, b.sidx, dsendx, err);
         if (!st)
-            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendx, scH, drecvx, rcH,
+            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendx, ec.scH, drecvx, ec.rcH,
                                        "dispatch rows", err);
         if (!st)
-            st = dev_all_to_allv(rc, DSV4_DTYPE_I32, b.sende, sc, b.recve, rcn, "dispatch experts", err);
+            st = dev_all_to_allv(rc, DSV4_DTYPE_I32, b.sende, ec.sc, b.recve, ec.rcn, "dispatch experts", err);
         if (!st)
-            st = dev_all_to_allv(rc, DSV4_DTYPE_F32, b.sendw, sc, b.recvw, rcn, "dispatch weights", err);
+            st = dev_all_to_allv(rc, DSV4_DTYPE_F32, b.sendw, ec.sc, b.recvw, ec.rcn, "dispatch weights", err);
         if (!st)
             st = received_groups(rc, &b, nr, err);
         if (!st) {
@@ -540,7 +561,7 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
         if (!st)
             st = D->round(rc->impl, (int64_t)nr, H, dgo, b.gidx, dsendo, err);
         if (!st)
-            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendo, rcH, dob, scH, "combine rows",
+            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendo, ec.rcH, dob, ec.scH, "combine rows",
                                        err);
         if (st)
             goto done;
@@ -802,11 +823,7 @@ typedef struct {
 static int cmp_uslot(const void *a, const void *b)
 {
     const uslot *x = a, *y = b;
-    if (x->e != y->e)
-        return x->e < y->e ? -1 : 1;
-    if (x->r != y->r)
-        return x->r < y->r ? -1 : 1;
-    return (x->s > y->s) - (x->s < y->s);
+    return cmp3(x->e, y->e, x->r, y->r, x->s, y->s);
 }
 
 typedef struct {
