@@ -30,16 +30,25 @@ typedef struct cli_config_opts {
 } cli_config_opts;
 int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *o);
 /*
- * One argument of a layer-building subcommand's option loop (gen, ref, plan), argv[*i]: a config
- * option (cli_config_arg) is taken into *co; --help / -h prints `help`, a printf format given
- * CLI_CONFIG_HELP; one of `flags` (no value; may be NULL) comes back with *val = NULL; one of
- * `value_opts` comes back with its value in *val and *i past it. Returns CLI_ARG_OPTION for those
- * two, CLI_ARG_TAKEN for a config option, else the command's exit status (EXIT_OK after the help,
- * EXIT_BAD_INPUT after a printed error: an unknown option, a missing value).
+ * The option loop of a layer-building subcommand (gen, ref, plan): cli_next_arg walks argv from
+ * argv[1], takes the config options (cli_config_arg) into *co on the way and answers --help / -h
+ * by printing `help` (a printf format given CLI_CONFIG_HELP). It returns CLI_ARG_OPTION with the
+ * next option for the caller in *opt: one of `flags` (no value; may be NULL) with *val = NULL, or
+ * one of `value_opts` with its value in *val; CLI_ARG_END after the last argument; else the
+ * command's exit status (EXIT_OK after the help, EXIT_BAD_INPUT after a printed error: an
+ * unknown option, a missing value).
  */
-enum { CLI_ARG_OPTION = -1, CLI_ARG_TAKEN = -2 };
-int cli_layer_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *co, const char *help,
-                  const char *const *flags, const char *const *value_opts, const char **val);
+typedef struct cli_args {
+    const char *cmd;
+    int argc;
+    char **argv;
+    cli_config_opts *co;
+    const char *help;
+    const char *const *flags, *const *value_opts;
+    int i; /* the argument read last (0 before the first) */
+} cli_args;
+enum { CLI_ARG_OPTION = -1, CLI_ARG_END = -2 };
+int cli_next_arg(cli_args *it, const char **opt, const char **val);
 /* Builds and validates the config; returns EXIT_OK or prints and returns EXIT_BAD_INPUT. */
 int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg);
 extern const char CLI_CONFIG_HELP[];

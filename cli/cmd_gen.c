@@ -53,13 +53,10 @@ int cmd_gen(int argc, char **argv)
     const char *out_dir = NULL, *wpath = NULL, *ipath = NULL;
     static const char *const flags[] = {"--model-prefix", NULL};
     static const char *const value_opts[] = {"--tokens", "--seed", "--threads", "--layout", "--out", "--weights", "--input", "--probe-tokens", "--probe-experts", NULL};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val;
-        int r = cli_layer_arg(cmd, argc, argv, &i, &co, GEN_HELP, flags, value_opts, &val);
-        if (r == CLI_ARG_TAKEN)
-            continue;
-        if (r != CLI_ARG_OPTION)
-            return r;
+    cli_args args = {cmd, argc, argv, &co, GEN_HELP, flags, value_opts, 0};
+    const char *a, *val;
+    int r;
+    while ((r = cli_next_arg(&args, &a, &val)) == CLI_ARG_OPTION) {
         if (!strcmp(a, "--model-prefix")) {
             opt.model_prefix = true;
         } else if (!strcmp(a, "--tokens")) {
@@ -96,6 +93,8 @@ int cmd_gen(int argc, char **argv)
             return cli_failf(cmd, "unknown option '%s' (see dsv4moe gen --help)", a);
         }
     }
+    if (r != CLI_ARG_END)
+        return r;
     if ((wpath != NULL) != (ipath != NULL))
         return cli_failf(cmd, "--weights and --input go together");
     if (wpath && !strcmp(wpath, ipath))

@@ -135,13 +135,10 @@ int cmd_plan(int argc, char **argv)
     int64_t extra[64];
     int nextra = 0;
     static const char *const value_opts[] = {"--world", "--tp", "--dp", "--ep", "--rank", "--sm", "--role", "--backend", "--graph", "--buckets", "--max-tokens", "--chunk", "--dispatch", "--executor", "--device-gib", "--taken-gib", "--reserve-mb", "--tokens", NULL};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val;
-        int r = cli_layer_arg(cmd, argc, argv, &i, &co, PLAN_HELP, NULL, value_opts, &val);
-        if (r == CLI_ARG_TAKEN)
-            continue;
-        if (r != CLI_ARG_OPTION)
-            return r;
+    cli_args args = {cmd, argc, argv, &co, PLAN_HELP, NULL, value_opts, 0};
+    const char *a, *val;
+    int r;
+    while ((r = cli_next_arg(&args, &a, &val)) == CLI_ARG_OPTION) {
         int e = 0, k;
         if (!strcmp(a, "--world")) {
             e = cli_parse_i64(cmd, a, val, 1, 1 << 20, &world);
@@ -195,6 +192,8 @@ int cmd_plan(int argc, char **argv)
         if (e)
             return EXIT_BAD_INPUT;
     }
+    if (r != CLI_ARG_END)
+        return r;
     topo.world_size = world ? (int)world : topo.tp * topo.dp;
     if (topo.cuda_graph && !buckets_given) {
         static const int64_t def[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};

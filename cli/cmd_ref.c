@@ -31,13 +31,10 @@ int cmd_ref(int argc, char **argv)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int64_t threads = ncpu > 0 ? (ncpu > 64 ? 64 : ncpu) : 1;
     static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", NULL};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val;
-        int r = cli_layer_arg(cmd, argc, argv, &i, &co, REF_HELP, NULL, value_opts, &val);
-        if (r == CLI_ARG_TAKEN)
-            continue;
-        if (r != CLI_ARG_OPTION)
-            return r;
+    cli_args args = {cmd, argc, argv, &co, REF_HELP, NULL, value_opts, 0};
+    const char *a, *val;
+    int r;
+    while ((r = cli_next_arg(&args, &a, &val)) == CLI_ARG_OPTION) {
         if (!strcmp(a, "--weights"))
             wpath = val;
         else if (!strcmp(a, "--input"))
@@ -50,6 +47,8 @@ int cmd_ref(int argc, char **argv)
         } else
             return cli_failf(cmd, "unknown option '%s' (see dsv4moe ref --help)", a);
     }
+    if (r != CLI_ARG_END)
+        return r;
     if (!wpath || !ipath || !opath)
         return cli_failf(cmd, "--weights, --input and --out are required (see dsv4moe ref --help)");
     dsv4_config cfg;

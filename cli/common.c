@@ -106,23 +106,28 @@ int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_op
     return 0;
 }
 
-int cli_layer_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *co, const char *help,
-                  const char *const *flags, const char *const *value_opts, const char **val)
+int cli_next_arg(cli_args *it, const char **opt, const char **val)
 {
-    const char *a = argv[*i];
-    int r = cli_config_arg(cmd, argc, argv, i, co);
-    if (r)
-        return r < 0 ? EXIT_BAD_INPUT : CLI_ARG_TAKEN;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-        printf(help, CLI_CONFIG_HELP);
-        return EXIT_OK;
-    }
-    *val = NULL;
-    if (one_of(a, flags))
+    while (++it->i < it->argc) {
+        const char *a = it->argv[it->i];
+        int r = cli_config_arg(it->cmd, it->argc, it->argv, &it->i, it->co);
+        if (r < 0)
+            return EXIT_BAD_INPUT;
+        if (r)
+            continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf(it->help, CLI_CONFIG_HELP);
+            return EXIT_OK;
+        }
+        *opt = a;
+        *val = NULL;
+        if (one_of(a, it->flags))
+            return CLI_ARG_OPTION;
+        if (cli_known(it->cmd, a, it->value_opts) || !(*val = cli_value(it->cmd, it->argc, it->argv, &it->i)))
+            return EXIT_BAD_INPUT;
         return CLI_ARG_OPTION;
-    if (cli_known(cmd, a, value_opts) || !(*val = cli_value(cmd, argc, argv, i)))
-        return EXIT_BAD_INPUT;
-    return CLI_ARG_OPTION;
+    }
+    return CLI_ARG_END;
 }
 
 int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg)
