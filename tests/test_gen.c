@@ -32,20 +32,6 @@ static void gen_pair(const dsv4_config *c, int threads, const char *wname, const
         ck_assert_msg(dsv4_gen_input(c, &o, tokens, tu_path(in, sizeof in, iname), &e) == DSV4_OK, "%s", e.message);
 }
 
-static unsigned char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)len + 1);
-    ck_assert_uint_eq(fread(b, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
-
 START_TEST(split_layout_keys_dtypes_shapes)
 {
     dsv4_config c = preset_at("mini", 1);
@@ -139,8 +125,9 @@ START_TEST(output_independent_of_threads)
     for (int i = 0; i < 2; i++) {
         char a[512], b[512];
         size_t na, nb;
-        unsigned char *da = slurp(tu_path(a, sizeof a, pairs[i][0]), &na);
-        unsigned char *db = slurp(tu_path(b, sizeof b, pairs[i][1]), &nb);
+        unsigned char *da = tu_slurp(tu_path(a, sizeof a, pairs[i][0]), &na);
+        unsigned char *db = tu_slurp(tu_path(b, sizeof b, pairs[i][1]), &nb);
+        ck_assert(da && db);
         ck_assert_uint_eq(na, nb);
         ck_assert_int_eq(memcmp(da, db, na), 0);
         free(da);

@@ -53,6 +53,36 @@ static inline long tu_read_file(const char *path, char *buf, size_t n)
     return (long)got;
 }
 
+/* The whole of `path` in a new buffer (NUL-terminated; its length in *n when n is not NULL), or
+   NULL when it cannot be read. */
+static inline unsigned char *tu_slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    unsigned char *b = NULL;
+    long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (len >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)len + 1)) &&
+        fread(b, 1, (size_t)len, f) != (size_t)len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) {
+        b[len] = '\0';
+        if (n)
+            *n = (size_t)len;
+    }
+    return b;
+}
+
+/* The source tree ($DSV4MOE_SRC, set by make test; "." otherwise). */
+static inline const char *tu_src_dir(void)
+{
+    const char *s = getenv("DSV4MOE_SRC");
+    return s && s[0] ? s : ".";
+}
+
 /*
  * Runs `$DSV4MOE_CLI ARGS` with stdout and stderr captured into out[0, n) (NUL-terminated);
  * `log` names the capture file in the scratch folder. Returns the exit status, -1 when the
