@@ -31,6 +31,21 @@ static inline dsv4_scenario *tu_scenario_text(const char *text, const char *name
     return s;
 }
 
+/* Every case of s through the harness, its results cached in `cache` (backend -1: each case's
+   own; trace_dir: NULL, or where the collective traces go). */
+static inline dsv4_run_results *tu_run(const dsv4_scenario *s, const char *cache, int backend, const char *trace_dir)
+{
+    dsv4_run_options o;
+    dsv4_run_options_init(&o);
+    o.cache_dir = cache;
+    o.backend = backend;
+    o.trace_dir = trace_dir;
+    dsv4_run_results *r = NULL;
+    dsv4_error e;
+    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    return r;
+}
+
 /* The first case of r whose name ends in `suffix`; the test fails when there is none. */
 static inline const dsv4_case_result *tu_case_find(const dsv4_run_results *r, const char *suffix)
 {

@@ -35,18 +35,6 @@ static const char YAML[] = "name: prof\n"
                            "     topology: {world: 2, tp: 2, dp: 1, ep: 1, backend: ref}, tokens: [9]}\n"
                            "  - {name: empty, tokens: [0]}\n";
 
-/* Every case of s on its backend, the results cached in this suite's folder. */
-static dsv4_run_results *run_all(const dsv4_scenario *s)
-{
-    dsv4_run_options o;
-    dsv4_run_options_init(&o);
-    o.cache_dir = cache_dir();
-    dsv4_run_results *r = NULL;
-    dsv4_error e;
-    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
-    return r;
-}
-
 static void check_profile(const dsv4_case_result *c, int64_t H, int world)
 {
     dsv4_compare_metrics m;
@@ -83,7 +71,7 @@ START_TEST(error_profiles)
 {
     dsv4_scenario *s = tu_scenario_text(YAML, "prof.yaml");
     dsv4_error e;
-    dsv4_run_results *r = run_all(s);
+    dsv4_run_results *r = tu_run(s, cache_dir(), -1, NULL);
     int64_t H = dsv4_scenario_get(s, 0)->config.dim;
     const dsv4_case_result *fp8 = tu_case_find(r, "/fp8"), *ep2 = tu_case_find(r, "/ep2"), *tp2 = tu_case_find(r, "/tp2"),
                            *empty = tu_case_find(r, "/empty");
@@ -171,7 +159,7 @@ START_TEST(html_matrix_summary)
                                "  - {name: lone, tokens: [2]}\n";
     dsv4_scenario *s = tu_scenario_text(yaml, "mx.yaml");
     dsv4_error e;
-    dsv4_run_results *r = run_all(s);
+    dsv4_run_results *r = tu_run(s, cache_dir(), -1, NULL);
     ck_assert_uint_eq(dsv4_run_count(r), 5);
     char hp[512];
     tu_path(hp, sizeof hp, "report_matrix.html");

@@ -19,14 +19,7 @@ static const char *cache_dir(void)
 
 static dsv4_run_results *run_traced(const dsv4_scenario *s, int backend, const char *trace_dir)
 {
-    dsv4_run_options o;
-    dsv4_run_options_init(&o);
-    o.cache_dir = cache_dir();
-    o.backend = backend;
-    o.trace_dir = trace_dir;
-    dsv4_run_results *r = NULL;
-    dsv4_error e;
-    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    dsv4_run_results *r = tu_run(s, cache_dir(), backend, trace_dir);
     ck_assert_uint_eq(dsv4_run_count(r), dsv4_scenario_count(s));
     return r;
 }
