@@ -83,20 +83,13 @@ typedef struct {
     float w;
 } slot;
 
-/* The order of (a1, a2, a3) against (b1, b2, b3), lexicographic: -1, 0 or 1 (the sorts' comparators). */
-static int cmp3(int64_t a1, int64_t b1, int64_t a2, int64_t b2, int64_t a3, int64_t b3)
-{
-    if (a1 != b1)
-        return a1 < b1 ? -1 : 1;
-    if (a2 != b2)
-        return a2 < b2 ? -1 : 1;
-    return (a3 > b3) - (a3 < b3);
-}
+/* The sorts' comparators: a's order against b, -1, 0 or 1. */
+#define CMP(a, b) (((a) > (b)) - ((a) < (b)))
 
 static int cmp_slot_expert(const void *a, const void *b)
 {
     const slot *x = a, *y = b;
-    return cmp3(x->e, y->e, x->t, y->t, x->k, y->k);
+    return x->e != y->e ? CMP(x->e, y->e) : x->t != y->t ? CMP(x->t, y->t) : CMP(x->k, y->k);
 }
 
 #define TRY(expr)                                                                                           \
@@ -173,17 +166,24 @@ static void slot_bufs(dsv4_allocator *A, chunk_bufs *b, uint64_t nk, bool *oom)
     b->sw = zalloc(A, nk, sizeof *b->sw, oom);
 }
 
+/* ep: a chunk's counts per rank of the ep group (P ranks), each way (dispatch_counts, row_counts). */
+typedef struct {
+    int P;
+    uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
+    uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
+    int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
+} ep_counts;
+
 /* ep: the slots received from each rank (rcount from the counts' exchange) as rcn, the rows' element
    counts each way (scH, rcH: H values a slot); returns the slots received. */
-static uint64_t row_counts(int P, uint64_t H, const uint64_t *sc, const int64_t *rcount, uint64_t *rcn, uint64_t *scH,
-                           uint64_t *rcH)
+static uint64_t row_counts(ep_counts *x, uint64_t H)
 {
     uint64_t nr = 0;
-    for (int j = 0; j < P; j++) {
-        rcn[j] = (uint64_t)rcount[j];
-        nr += rcn[j];
-        scH[j] = sc[j] * H;
-        rcH[j] = rcn[j] * H;
+    for (int j = 0; j < x->P; j++) {
+        x->rcn[j] = (uint64_t)x->rcount[j];
+        nr += x->rcn[j];
+        x->scH[j] = x->sc[j] * H;
+        x->rcH[j] = x->rcn[j] * H;
     }
     return nr;
 }
@@ -210,16 +210,17 @@ static dsv4_status route_chunk(rank_ctx *rc, int64_t c0, int64_t n, const uint16
 
 /* ep: each slot's destination rank, counted (sc, and as int64 for the counts' exchange; ones: one
    count to and from every rank). sl is sorted by expert, so it is grouped by destination. */
-static void dispatch_counts(const chunk_bufs *b, int64_t ns, int P, int64_t per, uint64_t *sc, int64_t *scount,
-                            uint64_t *ones)
+static void dispatch_counts(const rank_ctx *rc, const chunk_bufs *b, int64_t ns, ep_counts *x)
 {
+    int P = x->P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
+    int64_t per = rc->cfg->n_routed_experts / P;
     for (int j = 0; j < P; j++)
-        sc[j] = 0;
+        x->sc[j] = 0;
     for (int64_t s = 0; s < ns; s++)
-        sc[b->sl[s].e / per < P ? b->sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
+        x->sc[b->sl[s].e / per < P ? b->sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
     for (int j = 0; j < P; j++) {
-        ones[j] = 1;
-        scount[j] = (int64_t)sc[j];
+        x->ones[j] = 1;
+        x->scount[j] = (int64_t)x->sc[j];
     }
 }
 
@@ -247,33 +248,6 @@ static dsv4_status local_slots(const rank_ctx *rc, const chunk_bufs *b, int64_t 
             return dsv4_seterr(err, DSV4_ERR_INTERNAL, "dist", "rank %d: a slot names expert %d outside [%lld, %lld)",
                                rc->rank, b->sl[s].e, (long long)first, (long long)(first + cnt));
     return DSV4_OK;
-}
-
-static dsv4_status dev_all_to_allv(rank_ctx *rc, dsv4_dtype dt, const void *send, const uint64_t *sc, void *recv,
-                                   const uint64_t *rcn, const char *tag, dsv4_error *err);
-
-/* ep: a chunk's dispatch counts, each way per rank of the ep group (dispatch_counts, row_counts). */
-typedef struct {
-    uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
-    uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
-    int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
-    uint64_t nr; /* the slots received */
-} ep_counts;
-
-/* ep: the ns kept slots' counts to every rank, exchanged ("dispatch counts", through device
-   buffers when the rows are on a device), into x: the first collective of run_chunk and
-   run_chunk_dev alike. */
-static dsv4_status exchange_counts(rank_ctx *rc, const chunk_bufs *b, int64_t ns, ep_counts *x, dsv4_error *err)
-{
-    int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
-    dispatch_counts(b, ns, P, rc->cfg->n_routed_experts / P, x->sc, x->scount, x->ones);
-    dsv4_status st = rc->dev ? dev_all_to_allv(rc, DSV4_DTYPE_I64, x->scount, x->ones, x->rcount, x->ones,
-                                               "dispatch counts", err)
-                             : dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, x->scount, x->ones,
-                                                     x->rcount, x->ones, "dispatch counts", err);
-    if (!st)
-        x->nr = row_counts(P, (uint64_t)rc->cfg->dim, x->sc, x->rcount, x->rcn, x->scH, x->rcH);
-    return st;
 }
 
 static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *err)
@@ -308,8 +282,10 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
         /* 2: dispatch the slots to the ranks holding their experts (sl is sorted by expert, so it is
            grouped by destination in rank order) */
         ep_counts ec;
-        TRY(exchange_counts(rc, &b, ns, &ec, err));
-        uint64_t nr = ec.nr, uH = (uint64_t)H;
+        dispatch_counts(rc, &b, ns, &ec);
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, ec.scount, ec.ones, ec.rcount, ec.ones,
+                                  "dispatch counts", err));
+        uint64_t uH = (uint64_t)H, nr = row_counts(&ec, uH);
         b.sendx = zalloc(A, (uint64_t)ns * uH, sizeof *b.sendx, &oom);
         b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
         b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
@@ -515,8 +491,9 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
     float *dshf = NULL;
     if (tp->ep > 1) {
         ep_counts ec;
-        TRY(exchange_counts(rc, &b, ns, &ec, err));
-        uint64_t nr = ec.nr;
+        dispatch_counts(rc, &b, ns, &ec);
+        TRY(dev_all_to_allv(rc, DSV4_DTYPE_I64, ec.scount, ec.ones, ec.rcount, ec.ones, "dispatch counts", err));
+        uint64_t nr = row_counts(&ec, uH);
         b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
         b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
         b.recve = zalloc(A, nr, sizeof *b.recve, &oom);
@@ -823,7 +800,7 @@ typedef struct {
 static int cmp_uslot(const void *a, const void *b)
 {
     const uslot *x = a, *y = b;
-    return cmp3(x->e, y->e, x->r, y->r, x->s, y->s);
+    return x->e != y->e ? CMP(x->e, y->e) : x->r != y->r ? CMP(x->r, y->r) : CMP(x->s, y->s);
 }
 
 typedef struct {
