@@ -13,6 +13,7 @@
 #include "dsv4moe/config.h"
 #include "err.h"
 #include "fileio.h"
+#include "strbuf.h"
 
 /* Dims are bounded so that every product of two of them fits int64 with room to spare. */
 #define DIM_MAX (1 << 20)
@@ -69,17 +70,6 @@ static void set_mini(dsv4_config *c)
     c->n_layers = 4;
 }
 
-/* names as "a, b, c" in buf (n bytes, cut to fit): the lists of the error messages. */
-static void list_enum(char *buf, size_t n, const char *const *names)
-{
-    buf[0] = '\0';
-    for (const char *const *p = names; *p; p++) {
-        strncat(buf, *p, n - strlen(buf) - 1);
-        if (p[1])
-            strncat(buf, ", ", n - strlen(buf) - 1);
-    }
-}
-
 static const char *const preset_names[] = {"v4-flash", "v4-pro", "v4-flash-base", "mini", "mini-fp8",
                                            "mini-bf16", "mini-topp", "tiny", NULL};
 
@@ -133,7 +123,7 @@ dsv4_status dsv4_config_preset(const char *name, dsv4_config *cfg, dsv4_error *e
         c.act_quant = DSV4_ACT_QUANT_NONE;
     } else {
         char list[256];
-        list_enum(list, sizeof list, preset_names);
+        dsv4_join_names(list, sizeof list, preset_names);
         return dsv4_seterr(err, DSV4_ERR_CONFIG, "preset", "unknown preset '%s' (known: %s)", name, list);
     }
     *cfg = c;
@@ -260,7 +250,7 @@ static dsv4_status bad(dsv4_error *err, const char *field, const char *fmt, ...)
             n_++;                                                                                       \
         if (v_ < 0 || v_ >= n_) {                                                                       \
             char l_[128];                                                                               \
-            list_enum(l_, sizeof l_, names);                                                            \
+            dsv4_join_names(l_, sizeof l_, names);                                                            \
             return bad(err, #f, "value %d is not one of %s", v_, l_);                                   \
         }                                                                                               \
     } while (0)
@@ -416,7 +406,7 @@ static dsv4_status parse_enum(const key_desc *k, const char *s, key_value *out, 
             out->e = i;
     if (out->e < 0) {
         char l[128];
-        list_enum(l, sizeof l, k->enum_names);
+        dsv4_join_names(l, sizeof l, k->enum_names);
         return bad(err, k->name, "value '%s' is not one of %s", s, l);
     }
     return DSV4_OK;
@@ -450,7 +440,7 @@ dsv4_status dsv4_config_set(dsv4_config *cfg, const char *key, const char *value
     const key_desc *k = find_key(key);
     if (!k) {
         char list[640];
-        list_enum(list, sizeof list, dsv4_config_keys());
+        dsv4_join_names(list, sizeof list, dsv4_config_keys());
         return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, "config", "unknown key '%s' (keys: %s)", key, list);
     }
     key_value v = {0};

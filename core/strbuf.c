@@ -30,6 +30,16 @@ void dsv4_sb_put(dsv4_strbuf *b, const char *s, size_t n)
 
 void dsv4_sb_str(dsv4_strbuf *b, const char *s) { dsv4_sb_put(b, s, strlen(s)); }
 
+void dsv4_join_names(char *buf, size_t size, const char *const *names)
+{
+    buf[0] = '\0';
+    for (const char *const *p = names; *p; p++) {
+        if (p != names)
+            strncat(buf, ", ", size - strlen(buf) - 1);
+        strncat(buf, *p, size - strlen(buf) - 1);
+    }
+}
+
 void dsv4_sb_utf8(dsv4_strbuf *b, const unsigned char **pp, const unsigned char *end)
 {
     const unsigned char *p = *pp;

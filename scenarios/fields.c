@@ -82,16 +82,6 @@ static dsv4_status get_bool(ctx *c, const yaml_node_t *n, const char *what, bool
     return DSV4_OK;
 }
 
-void dsv4_sp_join(char *buf, size_t size, const char *const *names)
-{
-    buf[0] = '\0';
-    for (const char *const *p = names; *p; p++) {
-        if (p != names)
-            strncat(buf, ", ", size - strlen(buf) - 1);
-        strncat(buf, *p, size - strlen(buf) - 1);
-    }
-}
-
 static dsv4_status get_enum(ctx *c, const yaml_node_t *n, const char *what, const char *const *names, int *out)
 {
     dsv4_status st = dsv4_sp_want(c, n, YAML_SCALAR_NODE, what);
@@ -103,7 +93,7 @@ static dsv4_status get_enum(ctx *c, const yaml_node_t *n, const char *what, cons
             return DSV4_OK;
         }
     char list[256], b[80];
-    dsv4_sp_join(list, sizeof list, names);
+    dsv4_join_names(list, sizeof list, names);
     return dsv4_sp_fail(c, DSV4_ERR_FORMAT, n->start_mark, "%s: unknown value '%s' (one of: %s)", what, dsv4_sp_shown(n, b, sizeof b),
                 list);
 }
@@ -182,7 +172,7 @@ static dsv4_status set_cfg(ctx *c, draft *d, const char *key, const yaml_node_t 
     int ki = dsv4_sp_cfg_key_index(key);
     if (ki < 0) {
         char list[640];
-        dsv4_sp_join(list, sizeof list, dsv4_config_keys());
+        dsv4_join_names(list, sizeof list, dsv4_config_keys());
         return dsv4_sp_fail(c, DSV4_ERR_FORMAT, keynode->start_mark, "unknown config key '%s' (allowed: %s)",
                     dsv4_sp_shown(keynode, b, sizeof b), list);
     }
@@ -298,7 +288,7 @@ static dsv4_status set_topo(ctx *c, draft *d, const char *key, const yaml_node_t
         return DSV4_OK;
     default: {
         char list[400];
-        dsv4_sp_join(list, sizeof list, topo_keys);
+        dsv4_join_names(list, sizeof list, topo_keys);
         return dsv4_sp_fail(c, DSV4_ERR_FORMAT, keynode->start_mark, "unknown topology key '%s' (allowed: %s)",
                     dsv4_sp_shown(keynode, b, sizeof b), list);
     }
@@ -312,7 +302,7 @@ static dsv4_status set_budget(ctx *c, draft *d, const char *key, const yaml_node
     int ki = dsv4_sp_list_index(budget_keys, key);
     if (ki < 0) {
         char list[256];
-        dsv4_sp_join(list, sizeof list, budget_keys);
+        dsv4_join_names(list, sizeof list, budget_keys);
         return dsv4_sp_fail(c, DSV4_ERR_FORMAT, keynode->start_mark, "unknown budget key '%s' (allowed: %s)",
                     dsv4_sp_shown(keynode, b, sizeof b), list);
     }
@@ -480,7 +470,7 @@ static dsv4_status set_checkpoint(ctx *c, draft *d, const yaml_node_t *v)
             d->ckpt.experts_last = e == 1;
             break;
         default:
-            dsv4_sp_join(list, sizeof list, ckpt_keys);
+            dsv4_join_names(list, sizeof list, ckpt_keys);
             return dsv4_sp_fail(c, DSV4_ERR_FORMAT, k->start_mark, "unknown checkpoint key '%s' (allowed: %s)",
                         dsv4_sp_shown(k, b, sizeof b), list);
         }
@@ -507,7 +497,7 @@ static dsv4_status set_defect(ctx *c, draft *d, const yaml_node_t *v)
     if (!strcmp(sval(v), "f07"))
         return dsv4_sp_fail(c, DSV4_ERR_FORMAT, v->start_mark,
                     "fault: findings 3 and 7 are one defect (the plan collective of eager steps only): write fault: f03");
-    dsv4_sp_join(list, sizeof list, dsv4_sp_review_ids);
+    dsv4_join_names(list, sizeof list, dsv4_sp_review_ids);
     return dsv4_sp_fail(c, DSV4_ERR_FORMAT, v->start_mark, "fault: unknown defect '%s' (one of: %s)", dsv4_sp_shown(v, b, sizeof b),
                 list);
 }
@@ -515,7 +505,7 @@ static dsv4_status set_defect(ctx *c, draft *d, const yaml_node_t *v)
 static dsv4_status unknown_field(ctx *c, const yaml_node_t *keynode, bool allow_name)
 {
     char b[80], list[640];
-    dsv4_sp_join(list, sizeof list, dsv4_config_keys());
+    dsv4_join_names(list, sizeof list, dsv4_config_keys());
     return dsv4_sp_fail(c, DSV4_ERR_FORMAT, keynode->start_mark,
                 "unknown key '%s' (allowed: preset, layer, config, topology, budget, tokens, replay, seed, checks, "
                 "expect, checkpoint, fault%s; a dotted path config.KEY, topology.KEY or budget.KEY; or a config key: %s)",
@@ -552,7 +542,7 @@ dsv4_status dsv4_sp_apply_field(ctx *c, draft *d, const char *key, const yaml_no
                 return DSV4_OK;
             }
         char list[256];
-        dsv4_sp_join(list, sizeof list, dsv4_config_preset_names());
+        dsv4_join_names(list, sizeof list, dsv4_config_preset_names());
         return dsv4_sp_fail(c, DSV4_ERR_FORMAT, v->start_mark, "preset: unknown preset '%s' (one of: %s)",
                     dsv4_sp_shown(v, b, sizeof b), list);
     }

@@ -441,14 +441,14 @@ static dsv4_status read_top(ctx *c, yaml_node_t *root, top *t)
             for (size_t f = 0; f < PAIRS(v); f++) {
                 yaml_node_t *fk = get(c, v->data.mapping.pairs.start[f].key);
                 if (dsv4_sp_list_index(dsv4_sp_review_ids, sval(fk)) < 0) {
-                    dsv4_sp_join(list, sizeof list, dsv4_sp_review_ids);
+                    dsv4_join_names(list, sizeof list, dsv4_sp_review_ids);
                     return dsv4_sp_fail(c, DSV4_ERR_FORMAT, fk->start_mark, "faults: unknown defect '%s' (one of: %s)",
                                 dsv4_sp_shown(fk, b, sizeof b), list);
                 }
             }
             break;
         default:
-            dsv4_sp_join(list, sizeof list, keys);
+            dsv4_join_names(list, sizeof list, keys);
             return dsv4_sp_fail(c, DSV4_ERR_FORMAT, k->start_mark, "unknown key '%s' (allowed: %s)", dsv4_sp_shown(k, b, sizeof b),
                         list);
         }
