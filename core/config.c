@@ -58,76 +58,59 @@ void dsv4_config_init(dsv4_config *cfg)
         set_flash(cfg);
 }
 
-static void set_mini(dsv4_config *c)
+/*
+ * The presets: v4-flash (set_flash) or the named base preset, then the preset's own settings as
+ * "key=value" words applied with dsv4_config_set.
+ */
+static const struct {
+    const char *name, *base, *set;
+} presets[] = {
+    {"v4-flash", NULL, ""},
+    {"v4-pro", NULL, "dim=7168 moe_inter_dim=3072 n_routed_experts=384 route_scale=2.5 n_layers=61"},
+    {"v4-flash-base", NULL, "routed_format=fp8 weight_scale=fp32"},
+    {"mini", NULL, "dim=256 moe_inter_dim=128 n_routed_experts=16 n_activated=4 n_hash_layers=1 vocab_size=512 n_layers=4"},
+    {"mini-fp8", "mini", "routed_format=fp8 weight_scale=fp32 act_quant=fp32"},
+    {"mini-bf16", "mini", "routed_format=bf16 shared_format=bf16 act_quant=none"},
+    {"mini-topp", "mini", "top_p=0.8 top_p_predictor=linear"},
+    {"tiny", NULL, "dim=128 moe_inter_dim=128 n_routed_experts=8 n_activated=2 n_hash_layers=1 vocab_size=64 n_layers=2 "
+                 "routed_format=bf16 shared_format=bf16 act_quant=none"},
+};
+#define NPRESETS (sizeof presets / sizeof presets[0])
+
+/* The "key=value" words of `set` applied to c. */
+static dsv4_status apply_words(dsv4_config *c, const char *set, dsv4_error *err)
 {
-    set_flash(c);
-    c->dim = 256;
-    c->moe_inter_dim = 128;
-    c->n_routed_experts = 16;
-    c->n_activated = 4;
-    c->n_hash_layers = 1;
-    c->vocab_size = 512;
-    c->n_layers = 4;
+    dsv4_status st = DSV4_OK;
+    for (const char *p = set; *p && !st;) {
+        size_t n = strcspn(p, " ");
+        char kv[96];
+        snprintf(kv, sizeof kv, "%.*s", (int)n, p);
+        st = dsv4_config_set_kv(c, kv, err);
+        p += n + (p[n] == ' ');
+    }
+    return st;
 }
-
-static const char *const preset_names[] = {"v4-flash", "v4-pro", "v4-flash-base", "mini", "mini-fp8",
-                                           "mini-bf16", "mini-topp", "tiny", NULL};
-
-const char *const *dsv4_config_preset_names(void) { return preset_names; }
 
 dsv4_status dsv4_config_preset(const char *name, dsv4_config *cfg, dsv4_error *err)
 {
     if (!name || !cfg)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "preset", "name and config must not be NULL");
-    dsv4_config c;
-    if (!strcmp(name, "v4-flash")) {
-        set_flash(&c);
-    } else if (!strcmp(name, "v4-pro")) {
-        set_flash(&c);
-        c.dim = 7168;
-        c.moe_inter_dim = 3072;
-        c.n_routed_experts = 384;
-        c.route_scale = 2.5f;
-        c.n_layers = 61;
-    } else if (!strcmp(name, "v4-flash-base")) {
-        set_flash(&c);
-        c.routed_format = DSV4_FORMAT_FP8;
-        c.weight_scale = DSV4_SCALE_FP32;
-    } else if (!strcmp(name, "mini")) {
-        set_mini(&c);
-    } else if (!strcmp(name, "mini-fp8")) {
-        set_mini(&c);
-        c.routed_format = DSV4_FORMAT_FP8;
-        c.weight_scale = DSV4_SCALE_FP32;
-        c.act_quant = DSV4_ACT_QUANT_FP32;
-    } else if (!strcmp(name, "mini-bf16")) {
-        set_mini(&c);
-        c.routed_format = DSV4_FORMAT_BF16;
-        c.shared_format = DSV4_FORMAT_BF16;
-        c.act_quant = DSV4_ACT_QUANT_NONE;
-    } else if (!strcmp(name, "mini-topp")) {
-        set_mini(&c);
-        c.top_p = 0.8f;
-        c.top_p_predictor = DSV4_PREDICTOR_LINEAR;
-    } else if (!strcmp(name, "tiny")) {
-        set_flash(&c);
-        c.dim = 128;
-        c.moe_inter_dim = 128;
-        c.n_routed_experts = 8;
-        c.n_activated = 2;
-        c.n_hash_layers = 1;
-        c.vocab_size = 64;
-        c.n_layers = 2;
-        c.routed_format = DSV4_FORMAT_BF16;
-        c.shared_format = DSV4_FORMAT_BF16;
-        c.act_quant = DSV4_ACT_QUANT_NONE;
-    } else {
+    size_t i = 0;
+    while (i < NPRESETS && strcmp(presets[i].name, name))
+        i++;
+    if (i == NPRESETS) {
         char list[256];
-        dsv4_join_names(list, sizeof list, preset_names);
+        dsv4_join_names(list, sizeof list, dsv4_config_preset_names());
         return dsv4_seterr(err, DSV4_ERR_CONFIG, "preset", "unknown preset '%s' (known: %s)", name, list);
     }
-    *cfg = c;
-    return DSV4_OK;
+    dsv4_config c;
+    set_flash(&c);
+    dsv4_status st = presets[i].base ? dsv4_config_preset(presets[i].base, &c, err) : DSV4_OK;
+    if (!st)
+        st = apply_words(&c, presets[i].set, err);
+    if (!st)
+        *cfg = c;
+    return st;
 }
 
 /* ---------------- keys ---------------- */
@@ -183,21 +166,28 @@ static const key_desc keys[] = {
 
 _Static_assert(sizeof(dsv4_score_func) == sizeof(int), "enums are stored as int");
 
-static const char *key_names[NKEYS + 1];
+/* The NULL-terminated lists of key and preset names, filled once from the tables. */
+static const char *key_names[NKEYS + 1], *preset_names[NPRESETS + 1];
+static pthread_once_t names_once = PTHREAD_ONCE_INIT;
 
-static pthread_once_t key_names_once = PTHREAD_ONCE_INIT;
-
-static void fill_key_names(void)
+static void fill_names(void)
 {
     for (size_t i = 0; i < NKEYS; i++)
         key_names[i] = keys[i].name;
-    key_names[NKEYS] = NULL;
+    for (size_t i = 0; i < NPRESETS; i++)
+        preset_names[i] = presets[i].name;
 }
 
 const char *const *dsv4_config_keys(void)
 {
-    pthread_once(&key_names_once, fill_key_names);
+    pthread_once(&names_once, fill_names);
     return key_names;
+}
+
+const char *const *dsv4_config_preset_names(void)
+{
+    pthread_once(&names_once, fill_names);
+    return preset_names;
 }
 
 static const key_desc *find_key(const char *name)
