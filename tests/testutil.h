@@ -106,4 +106,25 @@ static inline int tu_run_cli(const char *args, const char *log, char *out, size_
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+/*
+ * A layer and its reference output through the CLI: `dsv4moe gen CFG GEN --out DIR`, then
+ * `dsv4moe ref CFG --weights DIR/model.safetensors --input DIR/input.safetensors --out DIR/OUT`
+ * (CFG: the config options both take, GEN: gen's others). out[0, n) holds the output of the
+ * last command run; returns 0, or the exit status of the one that failed (tu_run_cli's).
+ */
+static inline int tu_cli_gen_ref(const char *cfg, const char *gen, const char *dir, const char *out_name,
+                                 const char *log, char *out, size_t n)
+{
+    char args[8192];
+    if ((size_t)snprintf(args, sizeof args, "gen %s %s --out %s", cfg, gen, dir) >= sizeof args)
+        return -1;
+    int rc = tu_run_cli(args, log, out, n);
+    if (rc)
+        return rc;
+    if ((size_t)snprintf(args, sizeof args, "ref %s --weights %s/model.safetensors --input %s/input.safetensors --out %s/%s",
+                         cfg, dir, dir, dir, out_name) >= sizeof args)
+        return -1;
+    return tu_run_cli(args, log, out, n);
+}
+
 #endif
