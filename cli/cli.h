@@ -30,13 +30,14 @@ typedef struct cli_config_opts {
 } cli_config_opts;
 int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *o);
 /*
- * The option loop of a layer-building subcommand (gen, ref, plan): cli_next_arg walks argv from
- * argv[1], takes the config options (cli_config_arg) into *co on the way and answers --help / -h
- * by printing `help` (a printf format given CLI_CONFIG_HELP). It returns CLI_ARG_OPTION with the
- * next option for the caller in *opt: one of `flags` (no value; may be NULL) with *val = NULL, or
- * one of `value_opts` with its value in *val; CLI_ARG_END after the last argument; else the
- * command's exit status (EXIT_OK after the help, EXIT_BAD_INPUT after a printed error: an
- * unknown option, a missing value).
+ * A subcommand's option loop: cli_next_arg walks argv from argv[1]. With co (the layer-building
+ * commands: gen, ref, plan) it takes the config options (cli_config_arg) into *co on the way and
+ * prints --help / -h as the format `help` given CLI_CONFIG_HELP; without, `help` as it is. It
+ * returns CLI_ARG_OPTION with the next argument for the caller in *opt: one of `flags` (no value;
+ * may be NULL) with *val = NULL, one of `value_opts` with its value in *val, or, with positional,
+ * an argument that is not an option ("-" included) with *val = NULL; CLI_ARG_END after the last
+ * argument; else the command's exit status (EXIT_OK after the help, EXIT_BAD_INPUT after a
+ * printed error: an unknown option or unexpected argument, a missing value).
  */
 typedef struct cli_args {
     const char *cmd;
@@ -45,6 +46,7 @@ typedef struct cli_args {
     cli_config_opts *co;
     const char *help;
     const char *const *flags, *const *value_opts;
+    bool positional;
     int i; /* the argument read last (0 before the first) */
 } cli_args;
 enum { CLI_ARG_OPTION = -1, CLI_ARG_END = -2 };

@@ -53,7 +53,7 @@ int cmd_gen(int argc, char **argv)
     const char *out_dir = NULL, *wpath = NULL, *ipath = NULL;
     static const char *const flags[] = {"--model-prefix", NULL};
     static const char *const value_opts[] = {"--tokens", "--seed", "--threads", "--layout", "--out", "--weights", "--input", "--probe-tokens", "--probe-experts", NULL};
-    cli_args args = {cmd, argc, argv, &co, GEN_HELP, flags, value_opts, 0};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = GEN_HELP, .flags = flags, .value_opts = value_opts};
     const char *a, *val;
     int r;
     while ((r = cli_next_arg(&args, &a, &val)) == CLI_ARG_OPTION) {

@@ -135,7 +135,7 @@ int cmd_plan(int argc, char **argv)
     int64_t extra[64];
     int nextra = 0;
     static const char *const value_opts[] = {"--world", "--tp", "--dp", "--ep", "--rank", "--sm", "--role", "--backend", "--graph", "--buckets", "--max-tokens", "--chunk", "--dispatch", "--executor", "--device-gib", "--taken-gib", "--reserve-mb", "--tokens", NULL};
-    cli_args args = {cmd, argc, argv, &co, PLAN_HELP, NULL, value_opts, 0};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = PLAN_HELP, .value_opts = value_opts};
     const char *a, *val;
     int r;
     while ((r = cli_next_arg(&args, &a, &val)) == CLI_ARG_OPTION) {

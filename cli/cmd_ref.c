@@ -31,7 +31,7 @@ int cmd_ref(int argc, char **argv)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int64_t threads = ncpu > 0 ? (ncpu > 64 ? 64 : ncpu) : 1;
     static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", NULL};
-    cli_args args = {cmd, argc, argv, &co, REF_HELP, NULL, value_opts, 0};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = REF_HELP, .value_opts = value_opts};
     const char *a, *val;
     int r;
     while ((r = cli_next_arg(&args, &a, &val)) == CLI_ARG_OPTION) {

@@ -110,18 +110,21 @@ int cli_next_arg(cli_args *it, const char **opt, const char **val)
 {
     while (++it->i < it->argc) {
         const char *a = it->argv[it->i];
-        int r = cli_config_arg(it->cmd, it->argc, it->argv, &it->i, it->co);
+        int r = it->co ? cli_config_arg(it->cmd, it->argc, it->argv, &it->i, it->co) : 0;
         if (r < 0)
             return EXIT_BAD_INPUT;
         if (r)
             continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf(it->help, CLI_CONFIG_HELP);
+            if (it->co)
+                printf(it->help, CLI_CONFIG_HELP);
+            else
+                fputs(it->help, stdout);
             return EXIT_OK;
         }
         *opt = a;
         *val = NULL;
-        if (one_of(a, it->flags))
+        if (one_of(a, it->flags) || (it->positional && (a[0] != '-' || !strcmp(a, "-"))))
             return CLI_ARG_OPTION;
         if (cli_known(it->cmd, a, it->value_opts) || !(*val = cli_value(it->cmd, it->argc, it->argv, &it->i)))
             return EXIT_BAD_INPUT;
