@@ -33,11 +33,11 @@ int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_op
  * A subcommand's option loop: cli_next_arg walks argv from argv[1]. With co (the layer-building
  * commands: gen, ref, plan) it takes the config options (cli_config_arg) into *co on the way and
  * prints --help / -h as the format `help` given CLI_CONFIG_HELP; without, `help` as it is. It
- * returns CLI_ARG_OPTION with the next argument for the caller in *opt: one of `flags` (no value;
- * may be NULL) with *val = NULL, one of `value_opts` with its value in *val, or, with positional,
- * an argument that is not an option ("-" included) with *val = NULL; CLI_ARG_END after the last
- * argument; else the command's exit status (EXIT_OK after the help, EXIT_BAD_INPUT after a
- * printed error: an unknown option or unexpected argument, a missing value).
+ * returns true with the next argument for the caller in *opt: one of `flags` (no value; may be
+ * NULL) with *val = NULL, one of `value_opts` with its value in *val, or, with positional, an
+ * argument that is not an option ("-" included) with *val = NULL. It returns false at the end,
+ * status then -1 after the last argument, else the command's exit status (EXIT_OK after the help,
+ * EXIT_BAD_INPUT after a printed error: an unknown option or unexpected argument, a missing value).
  */
 typedef struct cli_args {
     const char *cmd;
@@ -47,10 +47,10 @@ typedef struct cli_args {
     const char *help;
     const char *const *flags, *const *value_opts;
     bool positional;
-    int i; /* the argument read last (0 before the first) */
+    int i;      /* the argument read last (0 before the first) */
+    int status; /* when cli_next_arg returned false: -1 or an exit status */
 } cli_args;
-enum { CLI_ARG_OPTION = -1, CLI_ARG_END = -2 };
-int cli_next_arg(cli_args *it, const char **opt, const char **val);
+bool cli_next_arg(cli_args *it, const char **opt, const char **val);
 /* Builds and validates the config; returns EXIT_OK or prints and returns EXIT_BAD_INPUT. */
 int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg);
 extern const char CLI_CONFIG_HELP[];

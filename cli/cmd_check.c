@@ -32,12 +32,10 @@ int cmd_check(int argc, char **argv)
     dsv4_check_options co;
     dsv4_check_options_init(&co);
     static const char *const opts[] = {"--outputs", "--report", "--map", "--sentinel", NULL};
-    static const char *const flags[] = {"--fp8", NULL};
-    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = CHECK_HELP, .flags = flags, .value_opts = opts,
-                     .positional = true};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = CHECK_HELP, .value_opts = opts,
+                     .flags = (const char *const[]){"--fp8", NULL}, .positional = true};
     const char *a, *v;
-    int ar;
-    while ((ar = cli_next_arg(&args, &a, &v)) == CLI_ARG_OPTION) {
+    while (cli_next_arg(&args, &a, &v)) {
         if (!strcmp(a, "--fp8")) {
             co.fp8_mma = true;
         } else if (!v) {
@@ -65,8 +63,8 @@ int cmd_check(int argc, char **argv)
             co.map_to[co.n_map++] = eq + 1;
         }
     }
-    if (ar != CLI_ARG_END)
-        return ar;
+    if (args.status >= 0)
+        return args.status;
     int rc = EXIT_OK;
     if (!dir || !outputs) {
         rc = cli_failf(cmd, "%s (see dsv4moe check --help)", !dir ? "no cases folder given" : "--outputs O is needed");

@@ -36,10 +36,10 @@ int cmd_export(int argc, char **argv)
     if (!files)
         return cli_failf(cmd, "out of memory");
     static const char *const opts[] = {"--dir", "--layout", "--filter", "--threads", NULL};
-    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = EXPORT_HELP, .value_opts = opts, .positional = true};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = EXPORT_HELP, .value_opts = opts,
+                     .positional = true};
     const char *a, *v;
-    int ar;
-    while ((ar = cli_next_arg(&args, &a, &v)) == CLI_ARG_OPTION) {
+    while (cli_next_arg(&args, &a, &v)) {
         if (!v)
             files[nfiles++] = a;
         else if (!strcmp(a, "--dir"))
@@ -60,9 +60,9 @@ int cmd_export(int argc, char **argv)
             return EXIT_BAD_INPUT;
         }
     }
-    if (ar != CLI_ARG_END) {
+    if (args.status >= 0) {
         free(files);
-        return ar;
+        return args.status;
     }
     eo.threads = (int)threads;
     eo.filter = filter;

@@ -51,12 +51,11 @@ int cmd_gen(int argc, char **argv)
     opt.threads = ncpu > 0 ? (ncpu > 64 ? 64 : (int)ncpu) : 1;
     int64_t tokens = 64, v, probe_tokens = 16, probe_experts = 8;
     const char *out_dir = NULL, *wpath = NULL, *ipath = NULL;
-    static const char *const flags[] = {"--model-prefix", NULL};
     static const char *const value_opts[] = {"--tokens", "--seed", "--threads", "--layout", "--out", "--weights", "--input", "--probe-tokens", "--probe-experts", NULL};
-    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = GEN_HELP, .flags = flags, .value_opts = value_opts};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = GEN_HELP, .value_opts = value_opts,
+                     .flags = (const char *const[]){"--model-prefix", NULL}};
     const char *a, *val;
-    int r;
-    while ((r = cli_next_arg(&args, &a, &val)) == CLI_ARG_OPTION) {
+    while (cli_next_arg(&args, &a, &val)) {
         if (!strcmp(a, "--model-prefix")) {
             opt.model_prefix = true;
         } else if (!strcmp(a, "--tokens")) {
@@ -93,8 +92,8 @@ int cmd_gen(int argc, char **argv)
             return cli_failf(cmd, "unknown option '%s' (see dsv4moe gen --help)", a);
         }
     }
-    if (r != CLI_ARG_END)
-        return r;
+    if (args.status >= 0)
+        return args.status;
     if ((wpath != NULL) != (ipath != NULL))
         return cli_failf(cmd, "--weights and --input go together");
     if (wpath && !strcmp(wpath, ipath))

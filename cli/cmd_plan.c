@@ -137,8 +137,7 @@ int cmd_plan(int argc, char **argv)
     static const char *const value_opts[] = {"--world", "--tp", "--dp", "--ep", "--rank", "--sm", "--role", "--backend", "--graph", "--buckets", "--max-tokens", "--chunk", "--dispatch", "--executor", "--device-gib", "--taken-gib", "--reserve-mb", "--tokens", NULL};
     cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = PLAN_HELP, .value_opts = value_opts};
     const char *a, *val;
-    int r;
-    while ((r = cli_next_arg(&args, &a, &val)) == CLI_ARG_OPTION) {
+    while (cli_next_arg(&args, &a, &val)) {
         int e = 0, k;
         if (!strcmp(a, "--world")) {
             e = cli_parse_i64(cmd, a, val, 1, 1 << 20, &world);
@@ -192,8 +191,8 @@ int cmd_plan(int argc, char **argv)
         if (e)
             return EXIT_BAD_INPUT;
     }
-    if (r != CLI_ARG_END)
-        return r;
+    if (args.status >= 0)
+        return args.status;
     topo.world_size = world ? (int)world : topo.tp * topo.dp;
     if (topo.cuda_graph && !buckets_given) {
         static const int64_t def[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};

@@ -33,8 +33,7 @@ int cmd_ref(int argc, char **argv)
     static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", NULL};
     cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = REF_HELP, .value_opts = value_opts};
     const char *a, *val;
-    int r;
-    while ((r = cli_next_arg(&args, &a, &val)) == CLI_ARG_OPTION) {
+    while (cli_next_arg(&args, &a, &val)) {
         if (!strcmp(a, "--weights"))
             wpath = val;
         else if (!strcmp(a, "--input"))
@@ -47,8 +46,8 @@ int cmd_ref(int argc, char **argv)
         } else
             return cli_failf(cmd, "unknown option '%s' (see dsv4moe ref --help)", a);
     }
-    if (r != CLI_ARG_END)
-        return r;
+    if (args.status >= 0)
+        return args.status;
     if (!wpath || !ipath || !opath)
         return cli_failf(cmd, "--weights, --input and --out are required (see dsv4moe ref --help)");
     dsv4_config cfg;

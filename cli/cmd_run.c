@@ -102,12 +102,10 @@ int cmd_run(int argc, char **argv)
     if (!files)
         return cli_failf(cmd, "out of memory");
     static const char *const opts[] = {"--report", "--cache", "--backend", "--filter", "--threads", "--traces", NULL};
-    static const char *const flags[] = {"--faults", NULL};
-    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = RUN_HELP, .flags = flags, .value_opts = opts,
-                     .positional = true};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = RUN_HELP, .value_opts = opts,
+                     .flags = (const char *const[]){"--faults", NULL}, .positional = true};
     const char *a, *v;
-    int ar;
-    while ((ar = cli_next_arg(&args, &a, &v)) == CLI_ARG_OPTION) {
+    while (cli_next_arg(&args, &a, &v)) {
         if (!strcmp(a, "--faults")) {
 #ifndef DSV4_FAULTS
             free(files);
@@ -149,9 +147,9 @@ int cmd_run(int argc, char **argv)
             return EXIT_BAD_INPUT;
         }
     }
-    if (ar != CLI_ARG_END) {
+    if (args.status >= 0) {
         free(files);
-        return ar;
+        return args.status;
     }
     if (nfiles == 0) {
         free(files);

@@ -106,13 +106,16 @@ int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_op
     return 0;
 }
 
-int cli_next_arg(cli_args *it, const char **opt, const char **val)
+bool cli_next_arg(cli_args *it, const char **opt, const char **val)
 {
+    it->status = -1;
     while (++it->i < it->argc) {
         const char *a = it->argv[it->i];
         int r = it->co ? cli_config_arg(it->cmd, it->argc, it->argv, &it->i, it->co) : 0;
-        if (r < 0)
-            return EXIT_BAD_INPUT;
+        if (r < 0) {
+            it->status = EXIT_BAD_INPUT;
+            return false;
+        }
         if (r)
             continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -120,17 +123,20 @@ int cli_next_arg(cli_args *it, const char **opt, const char **val)
                 printf(it->help, CLI_CONFIG_HELP);
             else
                 fputs(it->help, stdout);
-            return EXIT_OK;
+            it->status = EXIT_OK;
+            return false;
         }
         *opt = a;
         *val = NULL;
         if (one_of(a, it->flags) || (it->positional && (a[0] != '-' || !strcmp(a, "-"))))
-            return CLI_ARG_OPTION;
-        if (cli_known(it->cmd, a, it->value_opts) || !(*val = cli_value(it->cmd, it->argc, it->argv, &it->i)))
-            return EXIT_BAD_INPUT;
-        return CLI_ARG_OPTION;
+            return true;
+        if (cli_known(it->cmd, a, it->value_opts) || !(*val = cli_value(it->cmd, it->argc, it->argv, &it->i))) {
+            it->status = EXIT_BAD_INPUT;
+            return false;
+        }
+        return true;
     }
-    return CLI_ARG_END;
+    return false;
 }
 
 int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg)
