@@ -29,6 +29,28 @@ typedef struct cli_config_opts {
     int nsets;
 } cli_config_opts;
 int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *o);
+/*
+ * A subcommand's option loop: cli_next_arg walks argv from argv[1]. With co (the layer-building
+ * commands: gen, ref, plan) it takes the config options (cli_config_arg) into *co on the way and
+ * prints --help / -h as the format `help` given CLI_CONFIG_HELP; without, `help` as it is. It
+ * returns true with the next argument for the caller in *opt: one of `flags` (no value; may be
+ * NULL) with *val = NULL, one of `value_opts` with its value in *val, or, with positional, an
+ * argument that is not an option ("-" included) with *val = NULL. It returns false at the end,
+ * status then -1 after the last argument, else the command's exit status (EXIT_OK after the help,
+ * EXIT_BAD_INPUT after a printed error: an unknown option or unexpected argument, a missing value).
+ */
+typedef struct cli_args {
+    const char *cmd;
+    int argc;
+    char **argv;
+    cli_config_opts *co;
+    const char *help;
+    const char *const *flags, *const *value_opts;
+    bool positional;
+    int i;      /* the argument read last (0 before the first) */
+    int status; /* when cli_next_arg returned false: -1 or an exit status */
+} cli_args;
+bool cli_next_arg(cli_args *it, const char **opt, const char **val);
 /* Builds and validates the config; returns EXIT_OK or prints and returns EXIT_BAD_INPUT. */
 int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg);
 extern const char CLI_CONFIG_HELP[];

@@ -32,26 +32,17 @@ int cmd_check(int argc, char **argv)
     dsv4_check_options co;
     dsv4_check_options_init(&co);
     static const char *const opts[] = {"--outputs", "--report", "--map", "--sentinel", NULL};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(CHECK_HELP, stdout);
-            return EXIT_OK;
-        }
-        if (a[0] != '-' || !strcmp(a, "-")) {
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = CHECK_HELP, .value_opts = opts,
+                     .flags = (const char *const[]){"--fp8", NULL}, .positional = true};
+    const char *a, *v;
+    while (cli_next_arg(&args, &a, &v)) {
+        if (!strcmp(a, "--fp8")) {
+            co.fp8_mma = true;
+        } else if (!v) {
             if (dir)
                 return cli_failf(cmd, "unexpected argument '%s': one cases folder only", a);
             dir = a;
-            continue;
-        }
-        if (!strcmp(a, "--fp8")) {
-            co.fp8_mma = true;
-            continue;
-        }
-        const char *v;
-        if (cli_known(cmd, a, opts) || !(v = cli_value(cmd, argc, argv, &i)))
-            return EXIT_BAD_INPUT;
-        if (!strcmp(a, "--outputs")) {
+        } else if (!strcmp(a, "--outputs")) {
             outputs = v;
         } else if (!strcmp(a, "--report")) {
             report = v;
@@ -72,6 +63,8 @@ int cmd_check(int argc, char **argv)
             co.map_to[co.n_map++] = eq + 1;
         }
     }
+    if (args.status >= 0)
+        return args.status;
     int rc = EXIT_OK;
     if (!dir || !outputs) {
         rc = cli_failf(cmd, "%s (see dsv4moe check --help)", !dir ? "no cases folder given" : "--outputs O is needed");

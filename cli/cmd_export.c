@@ -36,23 +36,13 @@ int cmd_export(int argc, char **argv)
     if (!files)
         return cli_failf(cmd, "out of memory");
     static const char *const opts[] = {"--dir", "--layout", "--filter", "--threads", NULL};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(EXPORT_HELP, stdout);
-            free(files);
-            return EXIT_OK;
-        }
-        if (a[0] != '-' || !strcmp(a, "-")) {
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = EXPORT_HELP, .value_opts = opts,
+                     .positional = true};
+    const char *a, *v;
+    while (cli_next_arg(&args, &a, &v)) {
+        if (!v)
             files[nfiles++] = a;
-            continue;
-        }
-        const char *v;
-        if (cli_known(cmd, a, opts) || !(v = cli_value(cmd, argc, argv, &i))) {
-            free(files);
-            return EXIT_BAD_INPUT;
-        }
-        if (!strcmp(a, "--dir"))
+        else if (!strcmp(a, "--dir"))
             dir = v;
         else if (!strcmp(a, "--filter"))
             filter = v;
@@ -69,6 +59,10 @@ int cmd_export(int argc, char **argv)
             free(files);
             return EXIT_BAD_INPUT;
         }
+    }
+    if (args.status >= 0) {
+        free(files);
+        return args.status;
     }
     eo.threads = (int)threads;
     eo.filter = filter;

@@ -51,24 +51,14 @@ int cmd_gen(int argc, char **argv)
     opt.threads = ncpu > 0 ? (ncpu > 64 ? 64 : (int)ncpu) : 1;
     int64_t tokens = 64, v, probe_tokens = 16, probe_experts = 8;
     const char *out_dir = NULL, *wpath = NULL, *ipath = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val;
-        int r = cli_config_arg(cmd, argc, argv, &i, &co);
-        if (r < 0)
-            return EXIT_BAD_INPUT;
-        if (r)
-            continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf(GEN_HELP, CLI_CONFIG_HELP);
-            return EXIT_OK;
-        } else if (!strcmp(a, "--model-prefix")) {
+    static const char *const value_opts[] = {"--tokens", "--seed", "--threads", "--layout", "--out", "--weights", "--input", "--probe-tokens", "--probe-experts", NULL};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = GEN_HELP, .value_opts = value_opts,
+                     .flags = (const char *const[]){"--model-prefix", NULL}};
+    const char *a, *val;
+    while (cli_next_arg(&args, &a, &val)) {
+        if (!strcmp(a, "--model-prefix")) {
             opt.model_prefix = true;
-            continue;
-        }
-        static const char *const value_opts[] = {"--tokens", "--seed", "--threads", "--layout", "--out", "--weights", "--input", "--probe-tokens", "--probe-experts", NULL};
-        if (cli_known(cmd, a, value_opts) || !(val = cli_value(cmd, argc, argv, &i)))
-            return EXIT_BAD_INPUT;
-        if (!strcmp(a, "--tokens")) {
+        } else if (!strcmp(a, "--tokens")) {
             if (cli_parse_i64(cmd, a, val, 0, 1 << 24, &tokens))
                 return EXIT_BAD_INPUT;
         } else if (!strcmp(a, "--seed")) {
@@ -102,6 +92,8 @@ int cmd_gen(int argc, char **argv)
             return cli_failf(cmd, "unknown option '%s' (see dsv4moe gen --help)", a);
         }
     }
+    if (args.status >= 0)
+        return args.status;
     if ((wpath != NULL) != (ipath != NULL))
         return cli_failf(cmd, "--weights and --input go together");
     if (wpath && !strcmp(wpath, ipath))

@@ -134,20 +134,10 @@ int cmd_plan(int argc, char **argv)
     bool buckets_given = false;
     int64_t extra[64];
     int nextra = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val;
-        int r = cli_config_arg(cmd, argc, argv, &i, &co);
-        if (r < 0)
-            return EXIT_BAD_INPUT;
-        if (r)
-            continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf(PLAN_HELP, CLI_CONFIG_HELP);
-            return EXIT_OK;
-        }
-        static const char *const value_opts[] = {"--world", "--tp", "--dp", "--ep", "--rank", "--sm", "--role", "--backend", "--graph", "--buckets", "--max-tokens", "--chunk", "--dispatch", "--executor", "--device-gib", "--taken-gib", "--reserve-mb", "--tokens", NULL};
-        if (cli_known(cmd, a, value_opts) || !(val = cli_value(cmd, argc, argv, &i)))
-            return EXIT_BAD_INPUT;
+    static const char *const value_opts[] = {"--world", "--tp", "--dp", "--ep", "--rank", "--sm", "--role", "--backend", "--graph", "--buckets", "--max-tokens", "--chunk", "--dispatch", "--executor", "--device-gib", "--taken-gib", "--reserve-mb", "--tokens", NULL};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = PLAN_HELP, .value_opts = value_opts};
+    const char *a, *val;
+    while (cli_next_arg(&args, &a, &val)) {
         int e = 0, k;
         if (!strcmp(a, "--world")) {
             e = cli_parse_i64(cmd, a, val, 1, 1 << 20, &world);
@@ -201,6 +191,8 @@ int cmd_plan(int argc, char **argv)
         if (e)
             return EXIT_BAD_INPUT;
     }
+    if (args.status >= 0)
+        return args.status;
     topo.world_size = world ? (int)world : topo.tp * topo.dp;
     if (topo.cuda_graph && !buckets_given) {
         static const int64_t def[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};

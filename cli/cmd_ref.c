@@ -30,20 +30,10 @@ int cmd_ref(int argc, char **argv)
     const char *wpath = NULL, *ipath = NULL, *opath = NULL;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int64_t threads = ncpu > 0 ? (ncpu > 64 ? 64 : ncpu) : 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val;
-        int r = cli_config_arg(cmd, argc, argv, &i, &co);
-        if (r < 0)
-            return EXIT_BAD_INPUT;
-        if (r)
-            continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf(REF_HELP, CLI_CONFIG_HELP);
-            return EXIT_OK;
-        }
-        static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", NULL};
-        if (cli_known(cmd, a, value_opts) || !(val = cli_value(cmd, argc, argv, &i)))
-            return EXIT_BAD_INPUT;
+    static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", NULL};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = REF_HELP, .value_opts = value_opts};
+    const char *a, *val;
+    while (cli_next_arg(&args, &a, &val)) {
         if (!strcmp(a, "--weights"))
             wpath = val;
         else if (!strcmp(a, "--input"))
@@ -56,6 +46,8 @@ int cmd_ref(int argc, char **argv)
         } else
             return cli_failf(cmd, "unknown option '%s' (see dsv4moe ref --help)", a);
     }
+    if (args.status >= 0)
+        return args.status;
     if (!wpath || !ipath || !opath)
         return cli_failf(cmd, "--weights, --input and --out are required (see dsv4moe ref --help)");
     dsv4_config cfg;

@@ -102,17 +102,10 @@ int cmd_run(int argc, char **argv)
     if (!files)
         return cli_failf(cmd, "out of memory");
     static const char *const opts[] = {"--report", "--cache", "--backend", "--filter", "--threads", "--traces", NULL};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(RUN_HELP, stdout);
-            free(files);
-            return EXIT_OK;
-        }
-        if (a[0] != '-' || !strcmp(a, "-")) {
-            files[nfiles++] = a;
-            continue;
-        }
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = RUN_HELP, .value_opts = opts,
+                     .flags = (const char *const[]){"--faults", NULL}, .positional = true};
+    const char *a, *v;
+    while (cli_next_arg(&args, &a, &v)) {
         if (!strcmp(a, "--faults")) {
 #ifndef DSV4_FAULTS
             free(files);
@@ -120,19 +113,10 @@ int cmd_run(int argc, char **argv)
                                   "then build/faults/dsv4moe run --faults FILE.yaml");
 #else
             faults = true;
-            continue;
 #endif
-        }
-        if (cli_known(cmd, a, opts)) {
-            free(files);
-            return EXIT_BAD_INPUT;
-        }
-        const char *v = cli_value(cmd, argc, argv, &i);
-        if (!v) {
-            free(files);
-            return EXIT_BAD_INPUT;
-        }
-        if (!strcmp(a, "--report"))
+        } else if (!v)
+            files[nfiles++] = a;
+        else if (!strcmp(a, "--report"))
             report = v;
         else if (!strcmp(a, "--cache"))
             cache = v;
@@ -162,6 +146,10 @@ int cmd_run(int argc, char **argv)
             free(files);
             return EXIT_BAD_INPUT;
         }
+    }
+    if (args.status >= 0) {
+        free(files);
+        return args.status;
     }
     if (nfiles == 0) {
         free(files);

@@ -39,11 +39,18 @@ int cli_failf(const char *cmd, const char *fmt, ...)
     return EXIT_BAD_INPUT;
 }
 
+static bool one_of(const char *arg, const char *const *options)
+{
+    for (const char *const *o = options; o && *o; o++)
+        if (!strcmp(arg, *o))
+            return true;
+    return false;
+}
+
 int cli_known(const char *cmd, const char *arg, const char *const *options)
 {
-    for (const char *const *o = options; *o; o++)
-        if (!strcmp(arg, *o))
-            return 0;
+    if (one_of(arg, options))
+        return 0;
     if (arg[0] != '-')
         cli_failf(cmd, "unexpected argument '%s' (see dsv4moe %s --help)", arg, cmd);
     else
@@ -97,6 +104,39 @@ int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_op
         return 1;
     }
     return 0;
+}
+
+bool cli_next_arg(cli_args *it, const char **opt, const char **val)
+{
+    it->status = -1;
+    while (++it->i < it->argc) {
+        const char *a = it->argv[it->i];
+        int r = it->co ? cli_config_arg(it->cmd, it->argc, it->argv, &it->i, it->co) : 0;
+        if (r < 0) {
+            it->status = EXIT_BAD_INPUT;
+            return false;
+        }
+        if (r)
+            continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            if (it->co)
+                printf(it->help, CLI_CONFIG_HELP);
+            else
+                fputs(it->help, stdout);
+            it->status = EXIT_OK;
+            return false;
+        }
+        *opt = a;
+        *val = NULL;
+        if (one_of(a, it->flags) || (it->positional && (a[0] != '-' || !strcmp(a, "-"))))
+            return true;
+        if (cli_known(it->cmd, a, it->value_opts) || !(*val = cli_value(it->cmd, it->argc, it->argv, &it->i))) {
+            it->status = EXIT_BAD_INPUT;
+            return false;
+        }
+        return true;
+    }
+    return false;
 }
 
 int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg)

@@ -13,6 +13,7 @@
 #include "dsv4moe/config.h"
 #include "err.h"
 #include "fileio.h"
+#include "strbuf.h"
 
 /* Dims are bounded so that every product of two of them fits int64 with room to spare. */
 #define DIM_MAX (1 << 20)
@@ -57,80 +58,59 @@ void dsv4_config_init(dsv4_config *cfg)
         set_flash(cfg);
 }
 
-static void set_mini(dsv4_config *c)
+/*
+ * The presets: v4-flash (set_flash) or the named base preset, then the preset's own settings as
+ * "key=value" words applied with dsv4_config_set.
+ */
+static const struct {
+    const char *name, *base, *set;
+} presets[] = {
+    {"v4-flash", NULL, ""},
+    {"v4-pro", NULL, "dim=7168 moe_inter_dim=3072 n_routed_experts=384 route_scale=2.5 n_layers=61"},
+    {"v4-flash-base", NULL, "routed_format=fp8 weight_scale=fp32"},
+    {"mini", NULL, "dim=256 moe_inter_dim=128 n_routed_experts=16 n_activated=4 n_hash_layers=1 vocab_size=512 n_layers=4"},
+    {"mini-fp8", "mini", "routed_format=fp8 weight_scale=fp32 act_quant=fp32"},
+    {"mini-bf16", "mini", "routed_format=bf16 shared_format=bf16 act_quant=none"},
+    {"mini-topp", "mini", "top_p=0.8 top_p_predictor=linear"},
+    {"tiny", NULL, "dim=128 moe_inter_dim=128 n_routed_experts=8 n_activated=2 n_hash_layers=1 vocab_size=64 n_layers=2 "
+                 "routed_format=bf16 shared_format=bf16 act_quant=none"},
+};
+#define NPRESETS (sizeof presets / sizeof presets[0])
+
+/* The "key=value" words of `set` applied to c. */
+static dsv4_status apply_words(dsv4_config *c, const char *set, dsv4_error *err)
 {
-    set_flash(c);
-    c->dim = 256;
-    c->moe_inter_dim = 128;
-    c->n_routed_experts = 16;
-    c->n_activated = 4;
-    c->n_hash_layers = 1;
-    c->vocab_size = 512;
-    c->n_layers = 4;
+    dsv4_status st = DSV4_OK;
+    for (const char *p = set; *p && !st;) {
+        size_t n = strcspn(p, " ");
+        char kv[96];
+        snprintf(kv, sizeof kv, "%.*s", (int)n, p);
+        st = dsv4_config_set_kv(c, kv, err);
+        p += n + (p[n] == ' ');
+    }
+    return st;
 }
-
-static const char *const preset_names[] = {"v4-flash", "v4-pro", "v4-flash-base", "mini", "mini-fp8",
-                                           "mini-bf16", "mini-topp", "tiny", NULL};
-
-const char *const *dsv4_config_preset_names(void) { return preset_names; }
 
 dsv4_status dsv4_config_preset(const char *name, dsv4_config *cfg, dsv4_error *err)
 {
     if (!name || !cfg)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "preset", "name and config must not be NULL");
-    dsv4_config c;
-    if (!strcmp(name, "v4-flash")) {
-        set_flash(&c);
-    } else if (!strcmp(name, "v4-pro")) {
-        set_flash(&c);
-        c.dim = 7168;
-        c.moe_inter_dim = 3072;
-        c.n_routed_experts = 384;
-        c.route_scale = 2.5f;
-        c.n_layers = 61;
-    } else if (!strcmp(name, "v4-flash-base")) {
-        set_flash(&c);
-        c.routed_format = DSV4_FORMAT_FP8;
-        c.weight_scale = DSV4_SCALE_FP32;
-    } else if (!strcmp(name, "mini")) {
-        set_mini(&c);
-    } else if (!strcmp(name, "mini-fp8")) {
-        set_mini(&c);
-        c.routed_format = DSV4_FORMAT_FP8;
-        c.weight_scale = DSV4_SCALE_FP32;
-        c.act_quant = DSV4_ACT_QUANT_FP32;
-    } else if (!strcmp(name, "mini-bf16")) {
-        set_mini(&c);
-        c.routed_format = DSV4_FORMAT_BF16;
-        c.shared_format = DSV4_FORMAT_BF16;
-        c.act_quant = DSV4_ACT_QUANT_NONE;
-    } else if (!strcmp(name, "mini-topp")) {
-        set_mini(&c);
-        c.top_p = 0.8f;
-        c.top_p_predictor = DSV4_PREDICTOR_LINEAR;
-    } else if (!strcmp(name, "tiny")) {
-        set_flash(&c);
-        c.dim = 128;
-        c.moe_inter_dim = 128;
-        c.n_routed_experts = 8;
-        c.n_activated = 2;
-        c.n_hash_layers = 1;
-        c.vocab_size = 64;
-        c.n_layers = 2;
-        c.routed_format = DSV4_FORMAT_BF16;
-        c.shared_format = DSV4_FORMAT_BF16;
-        c.act_quant = DSV4_ACT_QUANT_NONE;
-    } else {
-        char list[256] = "";
-        for (const char *const *p = preset_names; *p; p++) {
-            strncat(list, *p, sizeof list - strlen(list) - 1);
-            if (p[1])
-                strncat(list, ", ", sizeof list - strlen(list) - 1);
-        }
+    size_t i = 0;
+    while (i < NPRESETS && strcmp(presets[i].name, name))
+        i++;
+    if (i == NPRESETS) {
+        char list[256];
+        dsv4_join_names(list, sizeof list, dsv4_config_preset_names());
         return dsv4_seterr(err, DSV4_ERR_CONFIG, "preset", "unknown preset '%s' (known: %s)", name, list);
     }
-    *cfg = c;
-    return DSV4_OK;
+    dsv4_config c;
+    set_flash(&c);
+    dsv4_status st = presets[i].base ? dsv4_config_preset(presets[i].base, &c, err) : DSV4_OK;
+    if (!st)
+        st = apply_words(&c, presets[i].set, err);
+    if (!st)
+        *cfg = c;
+    return st;
 }
 
 /* ---------------- keys ---------------- */
@@ -186,21 +166,28 @@ static const key_desc keys[] = {
 
 _Static_assert(sizeof(dsv4_score_func) == sizeof(int), "enums are stored as int");
 
-static const char *key_names[NKEYS + 1];
+/* The NULL-terminated lists of key and preset names, filled once from the tables. */
+static const char *key_names[NKEYS + 1], *preset_names[NPRESETS + 1];
+static pthread_once_t names_once = PTHREAD_ONCE_INIT;
 
-static pthread_once_t key_names_once = PTHREAD_ONCE_INIT;
-
-static void fill_key_names(void)
+static void fill_names(void)
 {
     for (size_t i = 0; i < NKEYS; i++)
         key_names[i] = keys[i].name;
-    key_names[NKEYS] = NULL;
+    for (size_t i = 0; i < NPRESETS; i++)
+        preset_names[i] = presets[i].name;
 }
 
 const char *const *dsv4_config_keys(void)
 {
-    pthread_once(&key_names_once, fill_key_names);
+    pthread_once(&names_once, fill_names);
     return key_names;
+}
+
+const char *const *dsv4_config_preset_names(void)
+{
+    pthread_once(&names_once, fill_names);
+    return preset_names;
 }
 
 static const key_desc *find_key(const char *name)
@@ -223,16 +210,6 @@ const char *dsv4_score_func_name(dsv4_score_func v) { return enum_name(score_nam
 const char *dsv4_weight_format_name(dsv4_weight_format v) { return enum_name(fmt_names, (int)v); }
 const char *dsv4_act_quant_name(dsv4_act_quant v) { return enum_name(act_names, (int)v); }
 const char *dsv4_gemm_mode_name(dsv4_gemm_mode v) { return enum_name(gemm_names, (int)v); }
-
-static void list_enum(char *buf, size_t n, const char *const *names)
-{
-    buf[0] = '\0';
-    for (const char *const *p = names; *p; p++) {
-        strncat(buf, *p, n - strlen(buf) - 1);
-        if (p[1])
-            strncat(buf, ", ", n - strlen(buf) - 1);
-    }
-}
 
 /* ---------------- validation ---------------- */
 
@@ -263,7 +240,7 @@ static dsv4_status bad(dsv4_error *err, const char *field, const char *fmt, ...)
             n_++;                                                                                       \
         if (v_ < 0 || v_ >= n_) {                                                                       \
             char l_[128];                                                                               \
-            list_enum(l_, sizeof l_, names);                                                            \
+            dsv4_join_names(l_, sizeof l_, names);                                                            \
             return bad(err, #f, "value %d is not one of %s", v_, l_);                                   \
         }                                                                                               \
     } while (0)
@@ -366,31 +343,85 @@ bool dsv4_config_is_hash_layer(const dsv4_config *c)
 
 /* ---------------- set / get ---------------- */
 
-static dsv4_status parse_int(const char *key, const char *s, int64_t *out, dsv4_error *err)
+/* A key's value on its way in or out of the struct: the member its kind names. */
+typedef union {
+    int64_t i;
+    float f;
+    bool b;
+    int e; /* every enum of the struct is int-sized */
+} key_value;
+
+static dsv4_status parse_int(const key_desc *k, const char *s, key_value *out, dsv4_error *err)
 {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
     if (end == s || *end || errno == ERANGE)
-        return bad(err, key, "value '%s' is not an integer", s);
-    *out = v;
+        return bad(err, k->name, "value '%s' is not an integer", s);
+    out->i = v;
     return DSV4_OK;
 }
 
-static dsv4_status parse_float(const char *key, const char *s, float *out, dsv4_error *err)
+static dsv4_status parse_float(const key_desc *k, const char *s, key_value *out, dsv4_error *err)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
     if (end == s || *end || errno == ERANGE)
-        return bad(err, key, "value '%s' is not a number", s);
+        return bad(err, k->name, "value '%s' is not a number", s);
     if (!isfinite(v) || fabs(v) > 3.0e38)
-        return bad(err, key, "value '%s' is not a finite fp32 number", s);
+        return bad(err, k->name, "value '%s' is not a finite fp32 number", s);
     if (v != 0 && fabs(v) < FLT_MIN)
-        return bad(err, key, "value '%s' is below the smallest normal fp32 number (%.9g)", s, (double)FLT_MIN);
-    *out = (float)v;
+        return bad(err, k->name, "value '%s' is below the smallest normal fp32 number (%.9g)", s, (double)FLT_MIN);
+    out->f = (float)v;
     return DSV4_OK;
 }
+
+static dsv4_status parse_bool(const key_desc *k, const char *s, key_value *out, dsv4_error *err)
+{
+    if (!strcmp(s, "true") || !strcmp(s, "1"))
+        out->b = true;
+    else if (!strcmp(s, "false") || !strcmp(s, "0"))
+        out->b = false;
+    else
+        return bad(err, k->name, "value '%s' is not a boolean (true or false)", s);
+    return DSV4_OK;
+}
+
+static dsv4_status parse_enum(const key_desc *k, const char *s, key_value *out, dsv4_error *err)
+{
+    out->e = -1;
+    for (int i = 0; k->enum_names[i]; i++)
+        if (!strcmp(k->enum_names[i], s))
+            out->e = i;
+    if (out->e < 0) {
+        char l[128];
+        dsv4_join_names(l, sizeof l, k->enum_names);
+        return bad(err, k->name, "value '%s' is not one of %s", s, l);
+    }
+    return DSV4_OK;
+}
+
+static void format_int(const key_desc *k, key_value v, char *buf, size_t n) { snprintf(buf, n, "%lld", (long long)v.i); }
+static void format_float(const key_desc *k, key_value v, char *buf, size_t n) { snprintf(buf, n, "%.9g", (double)v.f); }
+static void format_bool(const key_desc *k, key_value v, char *buf, size_t n) { snprintf(buf, n, "%s", v.b ? "true" : "false"); }
+static void format_enum(const key_desc *k, key_value v, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s", enum_name(k->enum_names, v.e));
+}
+
+/* What dsv4_config_set and dsv4_config_get do with a key of each kind: the field's size, its
+   parser and its printer. */
+static const struct {
+    size_t size;
+    dsv4_status (*parse)(const key_desc *k, const char *s, key_value *out, dsv4_error *err);
+    void (*format)(const key_desc *k, key_value v, char *buf, size_t n);
+} kinds[] = {
+    [K_INT] = {sizeof(int64_t), parse_int, format_int},
+    [K_FLOAT] = {sizeof(float), parse_float, format_float},
+    [K_BOOL] = {sizeof(bool), parse_bool, format_bool},
+    [K_ENUM] = {sizeof(int), parse_enum, format_enum},
+};
 
 dsv4_status dsv4_config_set(dsv4_config *cfg, const char *key, const char *value, dsv4_error *err)
 {
@@ -398,59 +429,15 @@ dsv4_status dsv4_config_set(dsv4_config *cfg, const char *key, const char *value
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "config", "config, key and value must not be NULL");
     const key_desc *k = find_key(key);
     if (!k) {
-        char list[640] = "";
-        for (size_t i = 0; i < NKEYS; i++) {
-            strncat(list, keys[i].name, sizeof list - strlen(list) - 1);
-            if (i + 1 < NKEYS)
-                strncat(list, ", ", sizeof list - strlen(list) - 1);
-        }
+        char list[640];
+        dsv4_join_names(list, sizeof list, dsv4_config_keys());
         return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, "config", "unknown key '%s' (keys: %s)", key, list);
     }
-    dsv4_config c = *cfg;
-    char *field = (char *)&c + k->offset;
-    dsv4_status st = DSV4_OK;
-    switch (k->kind) {
-    case K_INT: {
-        int64_t v = 0;
-        if ((st = parse_int(key, value, &v, err)))
-            return st;
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case K_FLOAT: {
-        float v = 0;
-        if ((st = parse_float(key, value, &v, err)))
-            return st;
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case K_BOOL: {
-        bool v;
-        if (!strcmp(value, "true") || !strcmp(value, "1"))
-            v = true;
-        else if (!strcmp(value, "false") || !strcmp(value, "0"))
-            v = false;
-        else
-            return bad(err, key, "value '%s' is not a boolean (true or false)", value);
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case K_ENUM: {
-        int v = -1;
-        for (int i = 0; k->enum_names[i]; i++)
-            if (!strcmp(k->enum_names[i], value))
-                v = i;
-        if (v < 0) {
-            char l[128];
-            list_enum(l, sizeof l, k->enum_names);
-            return bad(err, key, "value '%s' is not one of %s", value, l);
-        }
-        memcpy(field, &v, sizeof v); /* every enum of the struct is int-sized */
-        break;
-    }
-    }
-    *cfg = c;
-    return DSV4_OK;
+    key_value v = {0};
+    dsv4_status st = kinds[k->kind].parse(k, value, &v, err);
+    if (!st)
+        memcpy((char *)cfg + k->offset, &v, kinds[k->kind].size);
+    return st;
 }
 
 dsv4_status dsv4_config_set_kv(dsv4_config *cfg, const char *kv, dsv4_error *err)
@@ -476,33 +463,9 @@ dsv4_status dsv4_config_get(const dsv4_config *cfg, const char *key, char *buf, 
     const key_desc *k = find_key(key);
     if (!k)
         return dsv4_seterr(err, DSV4_ERR_NOT_FOUND, "config", "unknown key '%s'", key);
-    const char *field = (const char *)cfg + k->offset;
-    switch (k->kind) {
-    case K_INT: {
-        int64_t v;
-        memcpy(&v, field, sizeof v);
-        snprintf(buf, size, "%lld", (long long)v);
-        break;
-    }
-    case K_FLOAT: {
-        float v;
-        memcpy(&v, field, sizeof v);
-        snprintf(buf, size, "%.9g", (double)v);
-        break;
-    }
-    case K_BOOL: {
-        bool v;
-        memcpy(&v, field, sizeof v);
-        snprintf(buf, size, "%s", v ? "true" : "false");
-        break;
-    }
-    case K_ENUM: {
-        int v;
-        memcpy(&v, field, sizeof v);
-        snprintf(buf, size, "%s", enum_name(k->enum_names, v));
-        break;
-    }
-    }
+    key_value v = {0};
+    memcpy(&v, (const char *)cfg + k->offset, kinds[k->kind].size);
+    kinds[k->kind].format(k, v, buf, size);
     return DSV4_OK;
 }
 

@@ -167,6 +167,21 @@ static void put_bf16(uint8_t *buf, int64_t i, float v)
     buf[2 * i + 1] = (uint8_t)(b >> 8);
 }
 
+/* The random stream of the layer's tensor layers.<layer>.<what>. */
+static uint64_t layer_key(const gen_ctx *g, const char *what)
+{
+    char key[96];
+    snprintf(key, sizeof key, "layers.%lld.%s", (long long)g->c->layer, what);
+    return dsv4_rng_key(g->o->seed, key);
+}
+
+/* n fp32 values lo + span u, u uniform in [0, 1) from the stream k. */
+static void put_uniform(uint8_t *buf, uint64_t k, int64_t n, float lo, float span)
+{
+    for (int64_t i = 0; i < n; i++)
+        put_f32(buf, i, lo + span * dsv4_rng_uniform(k, (uint64_t)i));
+}
+
 static dsv4_status fill_tensor(void *user, size_t index, const char *name, void *vbuf, uint64_t nbytes,
                                dsv4_error *err)
 {
@@ -175,26 +190,22 @@ static dsv4_status fill_tensor(void *user, size_t index, const char *name, void 
     const tdesc *t = &g->t[index];
     uint8_t *buf = vbuf;
     int64_t E = c->n_routed_experts, H = c->dim, I = c->moe_inter_dim;
-    char key[96];
     switch (t->kind) {
     case T_GATE: {
-        snprintf(key, sizeof key, "layers.%lld.gate", (long long)c->layer);
-        uint64_t k = dsv4_rng_key(g->o->seed, key);
+        uint64_t k = layer_key(g, "gate");
         float sigma = 1.0f / sqrtf((float)H);
         for (int64_t i = 0; i < E * H; i++)
             put_bf16(buf, i, dsv4_rng_normal(k, (uint64_t)i) * sigma);
         break;
     }
     case T_BIAS: {
-        snprintf(key, sizeof key, "layers.%lld.bias", (long long)c->layer);
-        uint64_t k = dsv4_rng_key(g->o->seed, key);
+        uint64_t k = layer_key(g, "bias");
         for (int64_t e = 0; e < E; e++)
             put_f32(buf, e, dsv4_rng_normal(k, (uint64_t)e) * 0.1f);
         break;
     }
     case T_TID: {
-        snprintf(key, sizeof key, "layers.%lld.tid2eid", (long long)c->layer);
-        uint64_t k = dsv4_rng_key(g->o->seed, key);
+        uint64_t k = layer_key(g, "tid2eid");
         int32_t *perm = malloc((size_t)E * sizeof *perm);
         if (!perm)
             return dsv4_seterr(err, DSV4_ERR_NOMEM, name, "out of memory");
@@ -227,28 +238,19 @@ static dsv4_status fill_tensor(void *user, size_t index, const char *name, void 
         free(perm);
         break;
     }
-    case T_PNORM: {
-        snprintf(key, sizeof key, "layers.%lld.pred_norm", (long long)c->layer);
-        uint64_t k = dsv4_rng_key(g->o->seed, key);
-        for (int64_t e = 0; e < E; e++)
-            put_f32(buf, e, 0.5f + 1.5f * dsv4_rng_uniform(k, (uint64_t)e));
+    case T_PNORM:
+        put_uniform(buf, layer_key(g, "pred_norm"), E, 0.5f, 1.5f);
         break;
-    }
     case T_PW: {
-        snprintf(key, sizeof key, "layers.%lld.pred_weight", (long long)c->layer);
-        uint64_t k = dsv4_rng_key(g->o->seed, key);
+        uint64_t k = layer_key(g, "pred_weight");
         float sigma = 0.3f / (X_RMS * sqrtf((float)H));
         for (int64_t i = 0; i < E * H; i++)
             put_f32(buf, i, dsv4_rng_normal(k, (uint64_t)i) * sigma);
         break;
     }
-    case T_PB: {
-        snprintf(key, sizeof key, "layers.%lld.pred_bias", (long long)c->layer);
-        uint64_t k = dsv4_rng_key(g->o->seed, key);
-        for (int64_t e = 0; e < E; e++)
-            put_f32(buf, e, 1.0f + 0.5f * dsv4_rng_uniform(k, (uint64_t)e));
+    case T_PB:
+        put_uniform(buf, layer_key(g, "pred_bias"), E, 1.0f, 0.5f);
         break;
-    }
     case T_MAT: {
         dsv4_weight_format f = t->expert == DSV4_SHARED_EXPERT ? c->shared_format : c->routed_format;
         int64_t n = t->proj == DSV4_PROJ_W2 ? H : I, k = t->proj == DSV4_PROJ_W2 ? I : H;

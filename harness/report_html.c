@@ -25,7 +25,7 @@
 
 #include "fileio.h"
 #include "results.h"
-#include "strbuf.h"
+#include "reports.h"
 #include "dsv4moe/run.h"
 #include "err.h"
 #ifdef DSV4_FAULTS

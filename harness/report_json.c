@@ -12,7 +12,7 @@
 #include "err.h"
 #include "fileio.h"
 #include "results.h"
-#include "strbuf.h"
+#include "reports.h"
 #include "dsv4moe/formats.h"
 #ifdef DSV4_FAULTS
 #include "fault_runs.h"

@@ -6,7 +6,7 @@
 
 #include "err.h"
 #include "results.h"
-#include "strbuf.h"
+#include "reports.h"
 
 /* XML text or attribute value: the five entities escaped, characters XML 1.0 forbids dropped
    (control characters other than tab, newline, carriage return; bytes of invalid UTF-8 become '?'). */

@@ -5,7 +5,7 @@
 
 #include "err.h"
 #include "fileio.h"
-#include "strbuf.h"
+#include "reports.h"
 
 /* Joins dir and name into a new string; NULL when out of memory. */
 static char *dir_join(const char *dir, const char *name)

@@ -24,16 +24,7 @@ const char *dsv4_result_name(dsv4_result r)
     return "?";
 }
 
-char *dsv4_h_strdup(const char *s)
-{
-    if (!s)
-        return NULL;
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
+char *dsv4_h_strdup(const char *s) { return s ? strdup(s) : NULL; }
 
 static char *xvasprintf(const char *fmt, va_list ap)
 {

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <regex.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,16 +83,6 @@ static dsv4_status get_bool(ctx *c, const yaml_node_t *n, const char *what, bool
     return DSV4_OK;
 }
 
-void dsv4_sp_join(char *buf, size_t size, const char *const *names)
-{
-    buf[0] = '\0';
-    for (const char *const *p = names; *p; p++) {
-        if (p != names)
-            strncat(buf, ", ", size - strlen(buf) - 1);
-        strncat(buf, *p, size - strlen(buf) - 1);
-    }
-}
-
 static dsv4_status get_enum(ctx *c, const yaml_node_t *n, const char *what, const char *const *names, int *out)
 {
     dsv4_status st = dsv4_sp_want(c, n, YAML_SCALAR_NODE, what);
@@ -103,7 +94,7 @@ static dsv4_status get_enum(ctx *c, const yaml_node_t *n, const char *what, cons
             return DSV4_OK;
         }
     char list[256], b[80];
-    dsv4_sp_join(list, sizeof list, names);
+    dsv4_join_names(list, sizeof list, names);
     return dsv4_sp_fail(c, DSV4_ERR_FORMAT, n->start_mark, "%s: unknown value '%s' (one of: %s)", what, dsv4_sp_shown(n, b, sizeof b),
                 list);
 }
@@ -118,9 +109,6 @@ const char *const dsv4_sp_review_ids[] = {"f01", "f02", "f03", "f04", "f05", "f0
 static const char *const ckpt_keys[] = {"layout", "shards", "order", NULL};
 static const char *const layout_names[] = {"split", "stacked", NULL};
 static const char *const order_names[] = {"experts_first", "experts_last", NULL};
-static const char *const topo_keys[] = {"world", "world_size", "tp", "dp", "ep", "role", "backend", "sm", "graph",
-                                        "cuda_graph", "buckets", "max_tokens", "max_tokens_per_rank", "chunk",
-                                        "chunk_tokens", "dispatch", "executor", NULL};
 static const char *const budget_keys[] = {"device_gib", "device_mb", "device_bytes", "reserve_mb", "taken_gib",
                                           "taken_mb", "taken_bytes", NULL};
 static const char *const role_names[] = {"prefill", "decode", "mixed", NULL};
@@ -182,7 +170,7 @@ static dsv4_status set_cfg(ctx *c, draft *d, const char *key, const yaml_node_t 
     int ki = dsv4_sp_cfg_key_index(key);
     if (ki < 0) {
         char list[640];
-        dsv4_sp_join(list, sizeof list, dsv4_config_keys());
+        dsv4_join_names(list, sizeof list, dsv4_config_keys());
         return dsv4_sp_fail(c, DSV4_ERR_FORMAT, keynode->start_mark, "unknown config key '%s' (allowed: %s)",
                     dsv4_sp_shown(keynode, b, sizeof b), list);
     }
@@ -206,103 +194,113 @@ static dsv4_status set_cfg(ctx *c, draft *d, const char *key, const yaml_node_t 
     return DSV4_OK;
 }
 
+/* The topology keys (aliases next to each other): the field, how its value is read, the range of
+   an integer, the names of an enum (stored as int). */
+typedef enum { TF_INT, TF_I64, TF_BOOL, TF_ENUM, TF_BUCKETS } topo_kind;
+#define TF(key, field, kind, lo, hi, names) {key, offsetof(dsv4_topology, field), kind, lo, hi, names}
+static const struct {
+    const char *key;
+    size_t off;
+    topo_kind kind;
+    int64_t lo, hi;
+    const char *const *names;
+} topo_fields[] = {
+    TF("world", world_size, TF_INT, 1, DSV4_SCENARIO_MAX_WORLD, NULL),
+    TF("world_size", world_size, TF_INT, 1, DSV4_SCENARIO_MAX_WORLD, NULL),
+    TF("tp", tp, TF_INT, INT_MIN, INT_MAX, NULL),
+    TF("dp", dp, TF_INT, INT_MIN, INT_MAX, NULL),
+    TF("ep", ep, TF_INT, INT_MIN, INT_MAX, NULL),
+    TF("role", role, TF_ENUM, 0, 0, role_names),
+    TF("backend", backend, TF_ENUM, 0, 0, backend_names),
+    TF("sm", sm, TF_INT, INT_MIN, INT_MAX, NULL),
+    TF("graph", cuda_graph, TF_BOOL, 0, 0, NULL),
+    TF("cuda_graph", cuda_graph, TF_BOOL, 0, 0, NULL),
+    TF("buckets", buckets, TF_BUCKETS, 0, 0, NULL),
+    TF("max_tokens", max_tokens_per_rank, TF_I64, INT64_MIN, INT64_MAX, NULL),
+    TF("max_tokens_per_rank", max_tokens_per_rank, TF_I64, INT64_MIN, INT64_MAX, NULL),
+    TF("chunk", chunk_tokens, TF_I64, INT64_MIN, INT64_MAX, NULL),
+    TF("chunk_tokens", chunk_tokens, TF_I64, INT64_MIN, INT64_MAX, NULL),
+    TF("dispatch", dispatch, TF_ENUM, 0, 0, dispatch_names),
+    TF("executor", executor, TF_ENUM, 0, 0, executor_names),
+};
+#undef TF
+#define N_TOPO (sizeof topo_fields / sizeof topo_fields[0])
+_Static_assert(sizeof(dsv4_role) == sizeof(int) && sizeof(dsv4_backend_kind) == sizeof(int) &&
+                   sizeof(dsv4_dispatch_req) == sizeof(int) && sizeof(dsv4_executor_req) == sizeof(int),
+               "the topology's enums are stored as int");
+
+/* topology.buckets: null (none) or a list of at most DSV4_MAX_BUCKETS integers. */
+static dsv4_status set_buckets(ctx *c, dsv4_topology *t, const char *what, const yaml_node_t *v)
+{
+    dsv4_status st;
+    if (dsv4_sp_is_null(v)) {
+        t->n_buckets = 0;
+        return DSV4_OK;
+    }
+    if ((st = dsv4_sp_want(c, v, YAML_SEQUENCE_NODE, what)))
+        return st;
+    size_t n = ITEMS(v);
+    if (n > DSV4_MAX_BUCKETS)
+        return dsv4_sp_fail(c, DSV4_ERR_CONFIG, v->start_mark, "%s: %zu buckets, more than %d", what, n,
+                    DSV4_MAX_BUCKETS);
+    int64_t tmp[DSV4_MAX_BUCKETS];
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *it = get(c, v->data.sequence.items.start[i]);
+        if (!it)
+            return dsv4_sp_fail(c, DSV4_ERR_FORMAT, v->start_mark, "%s: broken list", what);
+        if ((st = dsv4_sp_get_int(c, it, what, INT64_MIN, INT64_MAX, &tmp[i])))
+            return st;
+    }
+    t->n_buckets = (int)n;
+    memset(t->buckets, 0, sizeof t->buckets);
+    memcpy(t->buckets, tmp, n * sizeof tmp[0]);
+    return DSV4_OK;
+}
+
 static dsv4_status set_topo(ctx *c, draft *d, const char *key, const yaml_node_t *keynode, const yaml_node_t *v)
 {
     char what[96], b[80];
     snprintf(what, sizeof what, "topology.%.64s", key);
-    int64_t i64 = 0;
-    int e = 0;
-    bool bv;
-    dsv4_status st;
-    dsv4_topology *t = &d->topo;
-    switch (dsv4_sp_list_index(topo_keys, key)) {
-    case 0:
-    case 1:
-        if ((st = dsv4_sp_get_int(c, v, what, 1, DSV4_SCENARIO_MAX_WORLD, &i64)))
-            return st;
-        t->world_size = (int)i64;
-        return DSV4_OK;
-    case 2:
-    case 3:
-    case 4:
-        if ((st = dsv4_sp_get_int(c, v, what, INT_MIN, INT_MAX, &i64)))
-            return st;
-        *(key[0] == 't' ? &t->tp : key[0] == 'd' ? &t->dp : &t->ep) = (int)i64;
-        return DSV4_OK;
-    case 5:
-        if ((st = get_enum(c, v, what, role_names, &e)))
-            return st;
-        t->role = (dsv4_role)e;
-        return DSV4_OK;
-    case 6:
-        if ((st = get_enum(c, v, what, backend_names, &e)))
-            return st;
-        t->backend = (dsv4_backend_kind)e;
-        return DSV4_OK;
-    case 7:
-        if ((st = dsv4_sp_get_int(c, v, what, INT_MIN, INT_MAX, &i64)))
-            return st;
-        t->sm = (int)i64;
-        return DSV4_OK;
-    case 8:
-    case 9:
-        if ((st = get_bool(c, v, what, &bv)))
-            return st;
-        t->cuda_graph = bv;
-        return DSV4_OK;
-    case 10: {
-        if (dsv4_sp_is_null(v)) {
-            t->n_buckets = 0;
-            return DSV4_OK;
-        }
-        if ((st = dsv4_sp_want(c, v, YAML_SEQUENCE_NODE, what)))
-            return st;
-        size_t n = ITEMS(v);
-        if (n > DSV4_MAX_BUCKETS)
-            return dsv4_sp_fail(c, DSV4_ERR_CONFIG, v->start_mark, "%s: %zu buckets, more than %d", what, n,
-                        DSV4_MAX_BUCKETS);
-        int64_t tmp[DSV4_MAX_BUCKETS];
-        for (size_t i = 0; i < n; i++) {
-            yaml_node_t *it = get(c, v->data.sequence.items.start[i]);
-            if (!it)
-                return dsv4_sp_fail(c, DSV4_ERR_FORMAT, v->start_mark, "%s: broken list", what);
-            if ((st = dsv4_sp_get_int(c, it, what, INT64_MIN, INT64_MAX, &tmp[i])))
-                return st;
-        }
-        t->n_buckets = (int)n;
-        memset(t->buckets, 0, sizeof t->buckets);
-        memcpy(t->buckets, tmp, n * sizeof tmp[0]);
-        return DSV4_OK;
-    }
-    case 11:
-    case 12:
-        if ((st = dsv4_sp_get_int(c, v, what, INT64_MIN, INT64_MAX, &i64)))
-            return st;
-        t->max_tokens_per_rank = i64;
-        return DSV4_OK;
-    case 13:
-    case 14:
-        if ((st = dsv4_sp_get_int(c, v, what, INT64_MIN, INT64_MAX, &i64)))
-            return st;
-        t->chunk_tokens = i64;
-        return DSV4_OK;
-    case 15:
-        if ((st = get_enum(c, v, what, dispatch_names, &e)))
-            return st;
-        t->dispatch = (dsv4_dispatch_req)e;
-        return DSV4_OK;
-    case 16:
-        if ((st = get_enum(c, v, what, executor_names, &e)))
-            return st;
-        t->executor = (dsv4_executor_req)e;
-        return DSV4_OK;
-    default: {
+    size_t i = 0;
+    while (i < N_TOPO && strcmp(topo_fields[i].key, key))
+        i++;
+    if (i == N_TOPO) {
+        const char *keys[N_TOPO + 1];
+        for (size_t k = 0; k < N_TOPO; k++)
+            keys[k] = topo_fields[k].key;
+        keys[N_TOPO] = NULL;
         char list[400];
-        dsv4_sp_join(list, sizeof list, topo_keys);
+        dsv4_join_names(list, sizeof list, keys);
         return dsv4_sp_fail(c, DSV4_ERR_FORMAT, keynode->start_mark, "unknown topology key '%s' (allowed: %s)",
                     dsv4_sp_shown(keynode, b, sizeof b), list);
     }
+    char *field = (char *)&d->topo + topo_fields[i].off;
+    dsv4_status st = DSV4_OK;
+    int64_t i64 = 0;
+    int e = 0;
+    bool bv;
+    switch (topo_fields[i].kind) {
+    case TF_INT:
+        if (!(st = dsv4_sp_get_int(c, v, what, topo_fields[i].lo, topo_fields[i].hi, &i64)))
+            memcpy(field, &(int){(int)i64}, sizeof(int));
+        break;
+    case TF_I64:
+        if (!(st = dsv4_sp_get_int(c, v, what, topo_fields[i].lo, topo_fields[i].hi, &i64)))
+            memcpy(field, &i64, sizeof i64);
+        break;
+    case TF_BOOL:
+        if (!(st = get_bool(c, v, what, &bv)))
+            memcpy(field, &bv, sizeof bv);
+        break;
+    case TF_ENUM:
+        if (!(st = get_enum(c, v, what, topo_fields[i].names, &e)))
+            memcpy(field, &e, sizeof e);
+        break;
+    case TF_BUCKETS:
+        st = set_buckets(c, &d->topo, what, v);
+        break;
     }
+    return st;
 }
 
 static dsv4_status set_budget(ctx *c, draft *d, const char *key, const yaml_node_t *keynode, const yaml_node_t *v)
@@ -312,7 +310,7 @@ static dsv4_status set_budget(ctx *c, draft *d, const char *key, const yaml_node
     int ki = dsv4_sp_list_index(budget_keys, key);
     if (ki < 0) {
         char list[256];
-        dsv4_sp_join(list, sizeof list, budget_keys);
+        dsv4_join_names(list, sizeof list, budget_keys);
         return dsv4_sp_fail(c, DSV4_ERR_FORMAT, keynode->start_mark, "unknown budget key '%s' (allowed: %s)",
                     dsv4_sp_shown(keynode, b, sizeof b), list);
     }
@@ -480,7 +478,7 @@ static dsv4_status set_checkpoint(ctx *c, draft *d, const yaml_node_t *v)
             d->ckpt.experts_last = e == 1;
             break;
         default:
-            dsv4_sp_join(list, sizeof list, ckpt_keys);
+            dsv4_join_names(list, sizeof list, ckpt_keys);
             return dsv4_sp_fail(c, DSV4_ERR_FORMAT, k->start_mark, "unknown checkpoint key '%s' (allowed: %s)",
                         dsv4_sp_shown(k, b, sizeof b), list);
         }
@@ -507,7 +505,7 @@ static dsv4_status set_defect(ctx *c, draft *d, const yaml_node_t *v)
     if (!strcmp(sval(v), "f07"))
         return dsv4_sp_fail(c, DSV4_ERR_FORMAT, v->start_mark,
                     "fault: findings 3 and 7 are one defect (the plan collective of eager steps only): write fault: f03");
-    dsv4_sp_join(list, sizeof list, dsv4_sp_review_ids);
+    dsv4_join_names(list, sizeof list, dsv4_sp_review_ids);
     return dsv4_sp_fail(c, DSV4_ERR_FORMAT, v->start_mark, "fault: unknown defect '%s' (one of: %s)", dsv4_sp_shown(v, b, sizeof b),
                 list);
 }
@@ -515,7 +513,7 @@ static dsv4_status set_defect(ctx *c, draft *d, const yaml_node_t *v)
 static dsv4_status unknown_field(ctx *c, const yaml_node_t *keynode, bool allow_name)
 {
     char b[80], list[640];
-    dsv4_sp_join(list, sizeof list, dsv4_config_keys());
+    dsv4_join_names(list, sizeof list, dsv4_config_keys());
     return dsv4_sp_fail(c, DSV4_ERR_FORMAT, keynode->start_mark,
                 "unknown key '%s' (allowed: preset, layer, config, topology, budget, tokens, replay, seed, checks, "
                 "expect, checkpoint, fault%s; a dotted path config.KEY, topology.KEY or budget.KEY; or a config key: %s)",
@@ -552,7 +550,7 @@ dsv4_status dsv4_sp_apply_field(ctx *c, draft *d, const char *key, const yaml_no
                 return DSV4_OK;
             }
         char list[256];
-        dsv4_sp_join(list, sizeof list, dsv4_config_preset_names());
+        dsv4_join_names(list, sizeof list, dsv4_config_preset_names());
         return dsv4_sp_fail(c, DSV4_ERR_FORMAT, v->start_mark, "preset: unknown preset '%s' (one of: %s)",
                     dsv4_sp_shown(v, b, sizeof b), list);
     }

@@ -22,6 +22,7 @@
 
 #include "dsv4moe/scenario.h"
 #include "err.h"
+#include "strbuf.h"
 
 #include "parse_int.h"
 #ifdef DSV4_FAULTS
@@ -132,15 +133,6 @@ struct dsv4_scenario {
     int max_cases;
 };
 
-static char *xstrdup(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *p = malloc(n);
-    if (p)
-        memcpy(p, s, n);
-    return p;
-}
-
 static void case_free(dsv4_scenario_case *k)
 {
     free((void *)k->name);
@@ -216,7 +208,7 @@ static dsv4_status finalize(ctx *c, const draft *d, const char *name, yaml_mark_
     if (st)
         return dsv4_sp_fail(c, st, where, "case %s: %s", name, e.message);
     k->config_status = dsv4_config_validate(&k->config, &e);
-    if (k->config_status && !(k->config_error = xstrdup(e.message)))
+    if (k->config_status && !(k->config_error = strdup(e.message)))
         return dsv4_sp_nomem(c);
     k->preset = d->preset;
     k->topology = d->topo;
@@ -227,7 +219,7 @@ static dsv4_status finalize(ctx *c, const draft *d, const char *name, yaml_mark_
     bool *rp = malloc((size_t)w * sizeof *rp);
     k->tokens = tk;
     k->replay = rp;
-    if (!tk || !rp || !(k->name = xstrdup(name)))
+    if (!tk || !rp || !(k->name = strdup(name)))
         return dsv4_sp_nomem(c);
     for (int i = 0; i < w; i++) {
         tk[i] = d->tokens[d->n_tokens == 1 ? 0 : i];
@@ -238,7 +230,7 @@ static dsv4_status finalize(ctx *c, const draft *d, const char *name, yaml_mark_
     k->checkpoint = d->ckpt;
     k->checks = d->checks;
     k->expect = d->expect;
-    if (d->expect == DSV4_EXPECT_REFUSED && !(k->refused_regex = xstrdup(d->regex)))
+    if (d->expect == DSV4_EXPECT_REFUSED && !(k->refused_regex = strdup(d->regex)))
         return dsv4_sp_nomem(c);
     k->line = (int)where.line + 1;
     k->col = (int)where.column + 1;
@@ -304,42 +296,13 @@ static dsv4_status expand_check(ctx *c, walk *w, int id, int depth, uint64_t *ou
 
 /* ---------------- names ---------------- */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s, size_t len)
-{
-    if (b->oom)
-        return;
-    if (b->n + len + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 128;
-        while (cap < b->n + len + 1)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, len);
-    b->n += len;
-    b->p[b->n] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
-
 /* The label of axis value `v` (index `idx`): the scalar, [a,b] for a short list of scalars, else the index. */
-static void label(ctx *c, sbuf *b, const yaml_node_t *v, size_t idx)
+static void label(ctx *c, dsv4_strbuf *b, const yaml_node_t *v, size_t idx)
 {
     char num[32];
     snprintf(num, sizeof num, "%zu", idx);
     if (v->type == YAML_SCALAR_NODE) {
-        sb_str(b, strlen(sval(v)) <= LABEL_MAX ? sval(v) : num);
+        dsv4_sb_str(b, strlen(sval(v)) <= LABEL_MAX ? sval(v) : num);
         return;
     }
     if (v->type == YAML_SEQUENCE_NODE) {
@@ -352,17 +315,17 @@ static void label(ctx *c, sbuf *b, const yaml_node_t *v, size_t idx)
         }
         if (total > LABEL_MAX)
             goto index;
-        sb_str(b, "[");
+        dsv4_sb_str(b, "[");
         for (size_t i = 0; i < ITEMS(v); i++) {
             if (i)
-                sb_str(b, ",");
-            sb_str(b, sval(get(c, v->data.sequence.items.start[i])));
+                dsv4_sb_str(b, ",");
+            dsv4_sb_str(b, sval(get(c, v->data.sequence.items.start[i])));
         }
-        sb_str(b, "]");
+        dsv4_sb_str(b, "]");
         return;
     }
 index:
-    sb_str(b, num);
+    dsv4_sb_str(b, num);
 }
 
 /* ---------------- loading ---------------- */
@@ -478,14 +441,14 @@ static dsv4_status read_top(ctx *c, yaml_node_t *root, top *t)
             for (size_t f = 0; f < PAIRS(v); f++) {
                 yaml_node_t *fk = get(c, v->data.mapping.pairs.start[f].key);
                 if (dsv4_sp_list_index(dsv4_sp_review_ids, sval(fk)) < 0) {
-                    dsv4_sp_join(list, sizeof list, dsv4_sp_review_ids);
+                    dsv4_join_names(list, sizeof list, dsv4_sp_review_ids);
                     return dsv4_sp_fail(c, DSV4_ERR_FORMAT, fk->start_mark, "faults: unknown defect '%s' (one of: %s)",
                                 dsv4_sp_shown(fk, b, sizeof b), list);
                 }
             }
             break;
         default:
-            dsv4_sp_join(list, sizeof list, keys);
+            dsv4_join_names(list, sizeof list, keys);
             return dsv4_sp_fail(c, DSV4_ERR_FORMAT, k->start_mark, "unknown key '%s' (allowed: %s)", dsv4_sp_shown(k, b, sizeof b),
                         list);
         }
@@ -501,7 +464,7 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
     top t;
     if ((st = read_top(c, root, &t)))
         return st;
-    if (!(s->name = xstrdup(sval(t.name))))
+    if (!(s->name = strdup(sval(t.name))))
         return dsv4_sp_nomem(c);
 
     int64_t maxc = DSV4_SCENARIO_DEFAULT_MAX_CASES;
@@ -513,7 +476,7 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
     draft *base = malloc(sizeof *base), *d = malloc(sizeof *d), *x = malloc(sizeof *x);
     axis axes[MAX_AXES];
     size_t n_axes = 0, *idx = NULL;
-    sbuf nb = {0};
+    dsv4_strbuf nb = {0};
     if (!base || !d || !x) {
         st = dsv4_sp_nomem(c);
         goto out;
@@ -576,7 +539,7 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
         }
         for (size_t a = 0; a < n_axes; a++) {
             s->axis_sizes[a] = ITEMS(axes[a].seq);
-            if (!(s->axis_names[a] = xstrdup(axes[a].name))) {
+            if (!(s->axis_names[a] = strdup(axes[a].name))) {
                 st = dsv4_sp_nomem(c);
                 goto out;
             }
@@ -646,14 +609,14 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
     for (uint64_t p = 0; p < product; p++) {
         *d = *base;
         nb.n = 0;
-        sb_str(&nb, s->name);
+        dsv4_sb_str(&nb, s->name);
         for (size_t a = 0; a < n_axes; a++) {
             yaml_node_t *v = get(c, axes[a].seq->data.sequence.items.start[idx[a]]);
             if ((st = apply_axis_value(c, d, &axes[a], v)))
                 goto out;
-            sb_str(&nb, a ? "," : "/");
-            sb_str(&nb, axes[a].name);
-            sb_str(&nb, "=");
+            dsv4_sb_str(&nb, a ? "," : "/");
+            dsv4_sb_str(&nb, axes[a].name);
+            dsv4_sb_str(&nb, "=");
             label(c, &nb, v, idx[a]);
         }
         if (nb.oom) {
@@ -673,7 +636,7 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
             s->excluded++;
         } else {
             dsv4_scenario_case *k = &s->cases[s->n_cases++];
-            if ((st = finalize(c, d, nb.p, axes_mark, k, &s->fault[k - s->cases])))
+            if ((st = finalize(c, d, nb.s, axes_mark, k, &s->fault[k - s->cases])))
                 goto out;
             int *ai = malloc(n_axes * sizeof *ai + 1);
             if (!ai) {
@@ -704,33 +667,33 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
         if ((st = dsv4_sp_apply_map(c, d, m, what, true)))
             goto out;
         nb.n = 0;
-        sb_str(&nb, s->name);
-        sb_str(&nb, "/");
+        dsv4_sb_str(&nb, s->name);
+        dsv4_sb_str(&nb, "/");
         if (d->has_name) {
-            sb_str(&nb, d->name);
+            dsv4_sb_str(&nb, d->name);
         } else {
             char num[40];
             snprintf(num, sizeof num, "case%zu", i);
-            sb_str(&nb, num);
+            dsv4_sb_str(&nb, num);
         }
         if (nb.oom) {
             st = dsv4_sp_nomem(c);
             goto out;
         }
         for (size_t j = first_expl; j < s->n_cases; j++)
-            if (!strcmp(s->cases[j].name, nb.p)) {
+            if (!strcmp(s->cases[j].name, nb.s)) {
                 st = dsv4_sp_fail(c, DSV4_ERR_FORMAT, m->start_mark, "%s: duplicate case name '%s' (also at line %d)", what,
-                          nb.p, s->cases[j].line);
+                          nb.s, s->cases[j].line);
                 goto out;
             }
         dsv4_scenario_case *k = &s->cases[s->n_cases++];
-        if ((st = finalize(c, d, nb.p, m->start_mark, k, &s->fault[k - s->cases])))
+        if ((st = finalize(c, d, nb.s, m->start_mark, k, &s->fault[k - s->cases])))
             goto out;
         k->explicit_index = (int)i;
     }
     st = DSV4_OK;
 out:
-    free(nb.p);
+    free(nb.s);
     free(idx);
     free(base);
     free(d);
@@ -812,7 +775,7 @@ static dsv4_status load_text(const char *text, size_t len, const char *file, dsv
         goto done_doc;
 
     dsv4_scenario *s = calloc(1, sizeof *s);
-    if (!s || !(s->path = xstrdup(file))) {
+    if (!s || !(s->path = strdup(file))) {
         free(s);
         st = dsv4_sp_nomem(&c);
         goto done_doc;

@@ -13,6 +13,7 @@
 
 #include "dsv4moe/scenario.h"
 #include "err.h"
+#include "strbuf.h" /* dsv4_join_names */
 
 #define MAX_FILE_BYTES (16u << 20)
 #define MAX_MAP_PAIRS 256
@@ -53,8 +54,6 @@ dsv4_status dsv4_sp_check_mapping(ctx *c, const yaml_node_t *n, const char *what
 /* ---------------- scalars and drafts (fields.c) ---------------- */
 
 dsv4_status dsv4_sp_get_int(ctx *c, const yaml_node_t *n, const char *what, int64_t lo, int64_t hi, int64_t *out);
-/* names joined with ", " into buf */
-void dsv4_sp_join(char *buf, size_t size, const char *const *names);
 /* The index of s in the NULL-terminated names, -1 when absent. */
 int dsv4_sp_list_index(const char *const *names, const char *s);
 /* The defects of the review by finding number (7 is the desync of 3: it names f03), NULL-terminated. */

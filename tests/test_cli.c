@@ -20,6 +20,12 @@ static int run_cli(const char *args)
     return rc;
 }
 
+/* tu_cli_gen_ref into dir (the reference output dir/y.safetensors), the output in out_buf. */
+static int gen_ref(const char *cfg, const char *gen, const char *dir)
+{
+    return tu_cli_gen_ref(cfg, gen, dir, "y.safetensors", "cli_out.txt", out_buf, sizeof out_buf);
+}
+
 static int run_sh(const char *cmd) { int rc = system(cmd); return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1; }
 
 START_TEST(help_for_every_command)
@@ -154,13 +160,8 @@ START_TEST(ref_writes_outputs_and_rejects_bad_input)
 {
     char dir[512], args[4096], cmd[4096];
     tu_path(dir, sizeof dir, "cli_ref");
-    snprintf(args, sizeof args, "gen --preset mini --layer 0 --tokens 12 --out %s --probe-tokens 0", dir);
-    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
-    snprintf(args, sizeof args,
-             "ref --preset mini --layer 0 --weights %s/model.safetensors --input %s/input.safetensors --out %s/y.safetensors "
-             "--threads 2",
-             dir, dir, dir);
-    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
+    ck_assert_msg(gen_ref("--preset mini --layer 0 --threads 2", "--tokens 12 --probe-tokens 0", dir) == 0, "%s",
+                  out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "hash"));
     const char *src = getenv("DSV4MOE_SRC");
     snprintf(cmd, sizeof cmd,
@@ -254,14 +255,8 @@ START_TEST(ref_agrees_with_independent_implementation)
     char name[32];
     snprintf(name, sizeof name, "cli_indep_%d", i);
     tu_path(dir, sizeof dir, name);
-    snprintf(args, sizeof args, "gen --preset %s --layer %d%s --tokens 48 --seed 11 --probe-tokens 0 --out %s",
-             indep_cases[i].preset, indep_cases[i].layer, sets, dir);
-    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
-    snprintf(args, sizeof args,
-             "ref --preset %s --layer %d%s --weights %s/model.safetensors --input %s/input.safetensors "
-             "--out %s/y.safetensors",
-             indep_cases[i].preset, indep_cases[i].layer, sets, dir, dir, dir);
-    ck_assert_msg(run_cli(args) == 0, "%s", out_buf);
+    snprintf(args, sizeof args, "--preset %s --layer %d%s", indep_cases[i].preset, indep_cases[i].layer, sets);
+    ck_assert_msg(gen_ref(args, "--tokens 48 --seed 11 --probe-tokens 0", dir) == 0, "%s", out_buf);
     const char *src = getenv("DSV4MOE_SRC");
     snprintf(cmd, sizeof cmd,
              "%s %s/tests/tools/indep_ref.py --weights %s/model.safetensors --input %s/input.safetensors "

@@ -57,8 +57,6 @@ Suite *cpu_suite(void);
 #include "backend_ops.h"
 
 typedef bo_case cpu_case;
-#define case_config bo_config
-#define case_data bo_data
 typedef bo_out run_out;
 #define free_out bo_free
 
@@ -80,24 +78,21 @@ static void run_backend(const dsv4_config *c, dsv4_backend_kind kind, int64_t ch
 START_TEST(ref_same_bytes_at_any_thread_count)
 {
     cpu_case k = {"ref threads", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0, 0};
-    dsv4_config c = case_config(&k);
-    dsv4_checkpoint *ck = NULL;
-    dsv4_st_file *in = NULL;
-    case_data(&k, &c, &ck, &in);
-    const uint16_t *x = dsv4_st_find(in, "x")->data;
-    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
+    bo_in io;
+    bo_in_open(&k, &io);
+    const uint16_t *x = io.x;
+    const int32_t *ids = io.ids;
     run_out r1, r2, r3;
-    run_backend(&c, DSV4_BACKEND_REF, 0, 1, ck, k.tokens, x, ids, &r1);
-    run_backend(&c, DSV4_BACKEND_REF, 0, 2, ck, k.tokens, x, ids, &r2);
-    run_backend(&c, DSV4_BACKEND_REF, 0, 3, ck, k.tokens, x, ids, &r3);
-    size_t n = (size_t)(k.tokens * c.dim) * sizeof *r1.y;
+    run_backend(&io.c, DSV4_BACKEND_REF, 0, 1, io.ck, k.tokens, x, ids, &r1);
+    run_backend(&io.c, DSV4_BACKEND_REF, 0, 2, io.ck, k.tokens, x, ids, &r2);
+    run_backend(&io.c, DSV4_BACKEND_REF, 0, 3, io.ck, k.tokens, x, ids, &r3);
+    size_t n = (size_t)(k.tokens * io.c.dim) * sizeof *r1.y;
     ck_assert(memcmp(r1.y, r2.y, n) == 0);
     ck_assert(memcmp(r1.y, r3.y, n) == 0);
     free_out(&r1);
     free_out(&r2);
     free_out(&r3);
-    dsv4_st_close(in);
-    dsv4_checkpoint_close(ck);
+    bo_in_close(&io);
 }
 END_TEST
 
@@ -164,27 +159,24 @@ START_TEST(kernel_table_choice_errors)
     }
     /* through the backend: a bad struct_size and an out-of-range value are refused */
     cpu_case kc = {"opts", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 0, 0};
-    dsv4_config c = case_config(&kc);
-    dsv4_checkpoint *ck = NULL;
-    dsv4_st_file *in = NULL;
-    case_data(&kc, &c, &ck, &in);
-    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CPU, 0);
+    bo_in io;
+    bo_in_open(&kc, &io);
+    dsv4_plan *p = make_plan(&io.c, DSV4_BACKEND_CPU, 0);
     dsv4_backend *b = NULL;
     dsv4_backend_options bo;
     dsv4_backend_options_init(&bo);
     bo.struct_size = 4;
-    ck_assert_int_eq(dsv4_backend_create_with(p, ck, &bo, &b, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &bo, &b, &e), DSV4_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(e.message, "struct_size"));
     dsv4_backend_options_init(&bo);
     bo.cpu_kernels = (dsv4_cpu_kernels)99;
-    ck_assert_int_eq(dsv4_backend_create_with(p, ck, &bo, &b, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &bo, &b, &e), DSV4_ERR_INVALID_ARG);
     ck_assert_ptr_null(b);
-    ck_assert_int_eq(dsv4_backend_create_with(p, ck, NULL, &b, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, NULL, &b, &e), DSV4_OK);
     ck_assert_str_ne(dsv4_backend_kernels(b), "auto");
     dsv4_backend_free(b);
     dsv4_plan_free(p);
-    dsv4_st_close(in);
-    dsv4_checkpoint_close(ck);
+    bo_in_close(&io);
 }
 END_TEST
 
@@ -297,17 +289,15 @@ START_TEST(decoders_match_library)
     const char *presets[] = {"mini", "mini-fp8", "mini-bf16"};
     for (int pi = 0; pi < 3; pi++) {
         cpu_case k = {"dec", presets[pi], 1, 1, 0, -1, -1, -1, 0, 0, 0, 0};
-        dsv4_config c = case_config(&k);
-        dsv4_checkpoint *ck = NULL;
-        dsv4_st_file *in = NULL;
-        case_data(&k, &c, &ck, &in);
+        bo_in io;
+        bo_in_open(&k, &io);
         for (int64_t ex = -1; ex < 3; ex++) {
-            if (ex == DSV4_SHARED_EXPERT && c.n_shared_experts == 0)
+            if (ex == DSV4_SHARED_EXPERT && io.c.n_shared_experts == 0)
                 continue;
             for (int p = 0; p < 3; p++) {
                 dsv4_matrix_view v;
                 dsv4_error e;
-                ck_assert_int_eq(dsv4_weights_matrix(ck, &c, ex, (dsv4_proj)p, &v, &e), DSV4_OK);
+                ck_assert_int_eq(dsv4_weights_matrix(io.ck, &io.c, ex, (dsv4_proj)p, &v, &e), DSV4_OK);
                 size_t nn = (size_t)(v.n * v.k);
                 float *a = malloc(nn * sizeof *a), *b = malloc(nn * sizeof *b);
                 dsv4_matrix_dequant_rows(&v, 0, v.n, a);
@@ -325,8 +315,7 @@ START_TEST(decoders_match_library)
                 free(b);
             }
         }
-        dsv4_st_close(in);
-        dsv4_checkpoint_close(ck);
+        bo_in_close(&io);
     }
 }
 END_TEST
@@ -334,28 +323,26 @@ END_TEST
 START_TEST(hash_bad_input_id_is_range_error)
 {
     cpu_case k = {"bad id", "mini", 0, 5, 0, -1, -1, -1, 0, 0, 0, 0};
-    dsv4_config c = case_config(&k);
-    dsv4_checkpoint *ck = NULL;
-    dsv4_st_file *in = NULL;
-    case_data(&k, &c, &ck, &in);
-    int64_t T = 5, H = c.dim;
-    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    bo_in io;
+    bo_in_open(&k, &io);
+    int64_t T = 5, H = io.c.dim;
+    const uint16_t *x = io.x;
     int32_t ids[5];
-    memcpy(ids, dsv4_st_find(in, "input_ids")->data, sizeof ids);
-    ids[3] = (int32_t)c.vocab_size;
+    memcpy(ids, io.ids, sizeof ids);
+    ids[3] = (int32_t)io.c.vocab_size;
     uint16_t *y = calloc((size_t)(T * H), sizeof *y);
     dsv4_backend_kind kinds[2] = {DSV4_BACKEND_REF, DSV4_BACKEND_CPU};
     for (int i = 0; i < 2; i++) {
-        dsv4_plan *p = make_plan(&c, kinds[i], 0);
+        dsv4_plan *p = make_plan(&io.c, kinds[i], 0);
         dsv4_backend *b = NULL;
         dsv4_error e;
-        ck_assert_int_eq(dsv4_backend_create(p, ck, 2, &b, &e), DSV4_OK);
+        ck_assert_int_eq(dsv4_backend_create(p, io.ck, 2, &b, &e), DSV4_OK);
         dsv4_forward_out o = {y, NULL, NULL, NULL};
         ck_assert_int_eq(dsv4_backend_forward(b, T, x, ids, &o, &e), DSV4_ERR_RANGE);
         ck_assert_msg(strstr(e.message, "input_ids[3]") != NULL, "%s", e.message);
         ids[3] = -1;
         ck_assert_int_eq(dsv4_backend_forward(b, T, x, ids, &o, &e), DSV4_ERR_RANGE);
-        ids[3] = (int32_t)c.vocab_size;
+        ids[3] = (int32_t)io.c.vocab_size;
         ck_assert_int_eq(dsv4_backend_forward(b, T, x, NULL, &o, &e), DSV4_ERR_INVALID_ARG);
         ck_assert_int_eq(dsv4_backend_forward(b, -1, x, ids, &o, &e), DSV4_ERR_INVALID_ARG);
         ck_assert_int_eq(dsv4_backend_forward(b, 4097, x, ids, &o, &e), DSV4_ERR_INVALID_ARG);
@@ -363,8 +350,7 @@ START_TEST(hash_bad_input_id_is_range_error)
         dsv4_plan_free(p);
     }
     free(y);
-    dsv4_st_close(in);
-    dsv4_checkpoint_close(ck);
+    bo_in_close(&io);
 }
 END_TEST
 
@@ -373,16 +359,14 @@ END_TEST
 START_TEST(embedding_calls_on_host_backends)
 {
     cpu_case k = {"embed", "mini", 0, 5, 0, -1, -1, -1, 0, 0, 0, 0};
-    dsv4_config c = case_config(&k);
-    dsv4_checkpoint *ck = NULL;
-    dsv4_st_file *in = NULL;
-    case_data(&k, &c, &ck, &in);
-    const uint16_t *x = dsv4_st_find(in, "x")->data;
+    bo_in io;
+    bo_in_open(&k, &io);
+    const uint16_t *x = io.x;
     uint16_t y[1];
     dsv4_error e;
     dsv4_backend_kind kinds[2] = {DSV4_BACKEND_REF, DSV4_BACKEND_CPU};
     for (int i = 0; i < 2; i++) {
-        dsv4_plan *p = make_plan(&c, kinds[i], 0);
+        dsv4_plan *p = make_plan(&io.c, kinds[i], 0);
         uint64_t bytes = 7;
         ck_assert_int_eq(dsv4_backend_workspace_size(p, 16, &bytes, &e), DSV4_OK);
         ck_assert_uint_eq(bytes, 0);
@@ -398,21 +382,21 @@ START_TEST(embedding_calls_on_host_backends)
         static uint8_t area[4096] __attribute__((aligned(256)));
         opt.workspace = area;
         opt.workspace_bytes = sizeof area;
-        ck_assert_int_eq(dsv4_backend_create_with(p, ck, &opt, &b, &e), DSV4_ERR_UNSUPPORTED);
+        ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &opt, &b, &e), DSV4_ERR_UNSUPPORTED);
         ck_assert_msg(strstr(e.message, "cuda only") != NULL, "%s", e.message);
         ck_assert_ptr_null(b);
         opt.workspace = NULL;
-        ck_assert_int_eq(dsv4_backend_create_with(p, ck, &opt, &b, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &opt, &b, &e), DSV4_ERR_INVALID_ARG);
         ck_assert_msg(strstr(e.message, "without a workspace pointer") != NULL, "%s", e.message);
         opt.workspace_bytes = 0;
         ck_assert_ptr_null(opt.cuda_kernels);
         opt.cuda_kernels = "fp8_cut=16"; /* kernel variants are the cuda backend's */
-        ck_assert_int_eq(dsv4_backend_create_with(p, ck, &opt, &b, &e), DSV4_ERR_UNSUPPORTED);
+        ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &opt, &b, &e), DSV4_ERR_UNSUPPORTED);
         ck_assert_msg(strstr(e.message, "fp8_cut=16") != NULL && strstr(e.message, "cuda only") != NULL, "%s",
                       e.message);
         ck_assert_ptr_null(b);
         opt.cuda_kernels = ""; /* empty: the defaults, accepted everywhere */
-        ck_assert_int_eq(dsv4_backend_create_with(p, ck, &opt, &b, &e), DSV4_OK);
+        ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &opt, &b, &e), DSV4_OK);
         dsv4_forward_out o = {y, NULL, NULL, NULL};
         ck_assert_int_eq(dsv4_backend_enqueue(b, NULL, 5, NULL, x, NULL, &o, &e), DSV4_ERR_UNSUPPORTED);
         ck_assert_msg(strstr(e.message, "dsv4_backend_forward") != NULL, "%s", e.message);
@@ -434,7 +418,7 @@ START_TEST(embedding_calls_on_host_backends)
         dsv4_plan_free(p);
     }
     /* cuda: not in this build, or (a CUDA build) a workspace that grows with the tokens */
-    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CUDA, 0);
+    dsv4_plan *p = make_plan(&io.c, DSV4_BACKEND_CUDA, 0);
     uint64_t b1 = 0, b64 = 0;
 #ifdef DSV4_WITH_CUDA
     ck_assert_int_eq(dsv4_backend_workspace_size(p, 1, &b1, &e), DSV4_OK);
@@ -446,18 +430,15 @@ START_TEST(embedding_calls_on_host_backends)
     (void)b64;
 #endif
     dsv4_plan_free(p);
-    dsv4_st_close(in);
-    dsv4_checkpoint_close(ck);
+    bo_in_close(&io);
 }
 END_TEST
 
 START_TEST(refusals_name_backend_and_router)
 {
     cpu_case k = {"refuse", "mini", 1, 1, 0, -1, -1, -1, 0, 0, 0, 0};
-    dsv4_config c = case_config(&k);
-    dsv4_checkpoint *ck = NULL;
-    dsv4_st_file *in = NULL;
-    case_data(&k, &c, &ck, &in);
+    bo_in io;
+    bo_in_open(&k, &io);
     dsv4_error e;
     dsv4_backend *b = NULL;
     /* cuda: not in this backend set */
@@ -468,8 +449,8 @@ START_TEST(refusals_name_backend_and_router)
     dsv4_budget bud;
     dsv4_budget_init(&bud);
     dsv4_plan *p = NULL;
-    ck_assert_msg(dsv4_plan_create(&c, &topo, &bud, &p, &e) == DSV4_OK, "%s", e.message);
-    ck_assert_int_eq(dsv4_backend_create(p, ck, 2, &b, &e), DSV4_ERR_UNSUPPORTED);
+    ck_assert_msg(dsv4_plan_create(&io.c, &topo, &bud, &p, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_int_eq(dsv4_backend_create(p, io.ck, 2, &b, &e), DSV4_ERR_UNSUPPORTED);
     ck_assert_msg(strstr(e.message, "cuda") != NULL, "%s", e.message);
     ck_assert_ptr_null(b);
     dsv4_plan_free(p);
@@ -479,8 +460,8 @@ START_TEST(refusals_name_backend_and_router)
     topo.world_size = 2;
     topo.dp = 2;
     topo.ep = 2;
-    ck_assert_msg(dsv4_plan_create(&c, &topo, &bud, &p, &e) == DSV4_OK, "%s", e.message);
-    ck_assert_msg(dsv4_backend_create(p, ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_plan_create(&io.c, &topo, &bud, &p, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_backend_create(p, io.ck, 2, &b, &e) == DSV4_OK, "%s", e.message);
     uint16_t x1[2 * 256] = {0}, y1[2 * 256];
     int32_t id1[2] = {1, 2};
     dsv4_forward_out fo = {.y = y1};
@@ -490,14 +471,13 @@ START_TEST(refusals_name_backend_and_router)
     b = NULL;
     dsv4_plan_free(p);
     /* bad arguments */
-    p = make_plan(&c, DSV4_BACKEND_CPU, 0);
-    ck_assert_int_eq(dsv4_backend_create(p, ck, 0, &b, &e), DSV4_ERR_INVALID_ARG);
-    ck_assert_int_eq(dsv4_backend_create(NULL, ck, 1, &b, &e), DSV4_ERR_INVALID_ARG);
+    p = make_plan(&io.c, DSV4_BACKEND_CPU, 0);
+    ck_assert_int_eq(dsv4_backend_create(p, io.ck, 0, &b, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_backend_create(NULL, io.ck, 1, &b, &e), DSV4_ERR_INVALID_ARG);
     dsv4_plan_free(p);
     dsv4_backend_free(NULL);
     ck_assert_str_eq(dsv4_backend_name(NULL), "none");
-    dsv4_st_close(in);
-    dsv4_checkpoint_close(ck);
+    bo_in_close(&io);
 }
 END_TEST
 
@@ -505,17 +485,15 @@ END_TEST
 START_TEST(repeat_forward_is_stable)
 {
     cpu_case k = {"repeat", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0, 0};
-    dsv4_config c = case_config(&k);
-    dsv4_checkpoint *ck = NULL;
-    dsv4_st_file *in = NULL;
-    case_data(&k, &c, &ck, &in);
-    int64_t T = 77, H = c.dim;
-    const uint16_t *x = dsv4_st_find(in, "x")->data;
-    const int32_t *ids = dsv4_st_find(in, "input_ids")->data;
-    dsv4_plan *p = make_plan(&c, DSV4_BACKEND_CPU, 0);
+    bo_in io;
+    bo_in_open(&k, &io);
+    int64_t T = 77, H = io.c.dim;
+    const uint16_t *x = io.x;
+    const int32_t *ids = io.ids;
+    dsv4_plan *p = make_plan(&io.c, DSV4_BACKEND_CPU, 0);
     dsv4_backend *b = NULL;
     dsv4_error e;
-    ck_assert_int_eq(dsv4_backend_create(p, ck, 2, &b, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_backend_create(p, io.ck, 2, &b, &e), DSV4_OK);
     uint16_t *y1 = calloc((size_t)(T * H), 2), *y2 = calloc((size_t)(T * H), 2);
     dsv4_forward_out o1 = {y1, NULL, NULL, NULL}, o2 = {y2, NULL, NULL, NULL};
     ck_assert_int_eq(dsv4_backend_forward(b, T, x, ids, &o1, &e), DSV4_OK);
@@ -531,8 +509,7 @@ START_TEST(repeat_forward_is_stable)
     free(y2);
     dsv4_backend_free(b);
     dsv4_plan_free(p);
-    dsv4_st_close(in);
-    dsv4_checkpoint_close(ck);
+    bo_in_close(&io);
 }
 END_TEST
 

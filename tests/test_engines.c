@@ -31,6 +31,12 @@ static int run_cli(const char *args)
     return rc;
 }
 
+/* tu_cli_gen_ref into dir (the reference output dir/ref.safetensors), the output in out_buf. */
+static int gen_ref(const char *cfg, const char *gen, const char *dir)
+{
+    return tu_cli_gen_ref(cfg, gen, dir, "ref.safetensors", "engines_out.txt", out_buf, sizeof out_buf);
+}
+
 /* Runs a shell command with its output in out_buf; returns the exit status. */
 static int run_sh(const char *cmd)
 {
@@ -269,14 +275,9 @@ START_TEST(diff_cpu_backend_and_numpy_engine_against_ref)
     char name[64];
     snprintf(name, sizeof name, "eng_diff_%d", i);
     tu_path(dir, sizeof dir, name);
-    snprintf(args, sizeof args, "gen --preset %s --layer %d --tokens 40 --seed 5 --out %s", L[i].preset, L[i].layer,
-             dir);
-    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
-    snprintf(args, sizeof args,
-             "ref --preset %s --layer %d --weights %s/model.safetensors --input %s/input.safetensors --out "
-             "%s/ref.safetensors",
-             L[i].preset, L[i].layer, dir, dir, dir);
-    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    char cfg[64];
+    snprintf(cfg, sizeof cfg, "--preset %s --layer %d", L[i].preset, L[i].layer);
+    ck_assert_msg(gen_ref(cfg, "--tokens 40 --seed 5", dir) == 0, "%.3000s", out_buf);
     cpu_dump(dir, L[i].preset, L[i].layer);
     snprintf(args, sizeof args, "diff %s/cpu.safetensors %s/ref.safetensors", dir, dir);
     ck_assert_msg(run_cli(args) == 0, "cpu vs ref: %.3000s", out_buf);
@@ -294,13 +295,7 @@ START_TEST(diff_nan_shapes_and_sentinels)
 {
     char dir[512], args[4096], cmd[4096];
     tu_path(dir, sizeof dir, "eng_diff_bad");
-    snprintf(args, sizeof args, "gen --preset mini-topp --layer 2 --tokens 24 --seed 3 --out %s", dir);
-    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
-    snprintf(args, sizeof args,
-             "ref --preset mini-topp --layer 2 --weights %s/model.safetensors --input %s/input.safetensors --out "
-             "%s/ref.safetensors",
-             dir, dir, dir);
-    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    ck_assert_msg(gen_ref("--preset mini-topp --layer 2", "--tokens 24 --seed 3", dir) == 0, "%.3000s", out_buf);
     /* A candidate written by Python: NaN in the reference, NaN pairs, -1 sentinels, shuffled slots. */
     snprintf(cmd, sizeof cmd,
              "PYTHONPATH=%s/python %s -c \"\n"

@@ -21,18 +21,12 @@
 #ifdef DSV4_FAULTS
 #include "fault_runs.h"
 #endif
-#include "testutil.h"
+#include "scenutil.h"
 
 Suite *faults_suite(void);
 
 /* The review's defects (fourteen findings, 3 and 7 one desync). */
 #define REVIEW_DEFECTS 13
-
-static const char *src_dir(void)
-{
-    const char *s = getenv("DSV4MOE_SRC");
-    return s && s[0] ? s : ".";
-}
 
 #ifdef DSV4_FAULTS
 static const char *cache_dir(void)
@@ -42,21 +36,11 @@ static const char *cache_dir(void)
 }
 #endif
 
-static dsv4_scenario *load_seed(void)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/scenarios/seed-review.yaml", src_dir());
-    dsv4_scenario *s = NULL;
-    dsv4_error e;
-    ck_assert_msg(dsv4_scenario_load(path, &s, &e) == DSV4_OK, "%s", e.message);
-    return s;
-}
-
 /* seed-review.yaml loads in both builds; in the fault build, every defect of the review is named by
    at least one of its cases, f07 by none. */
 START_TEST(seed_review_names_every_defect)
 {
-    dsv4_scenario *s = load_seed();
+    dsv4_scenario *s = tu_scenario_file("scenarios/seed-review.yaml");
     ck_assert_uint_ge(dsv4_scenario_count(s), REVIEW_DEFECTS);
 #ifdef DSV4_FAULTS
     static const char *const ids[] = {"f01", "f02", "f03", "f04", "f05", "f06", "f08",
@@ -160,7 +144,7 @@ START_TEST(release_refuses_faults)
 {
     char out[8192], args[1200], dir[512];
     tu_path(dir, sizeof dir, "faults_release");
-    snprintf(args, sizeof args, "run --faults %s/scenarios/seed-review.yaml --report %s", src_dir(), dir);
+    snprintf(args, sizeof args, "run --faults %s/scenarios/seed-review.yaml --report %s", tu_src_dir(), dir);
     int rc = tu_run_cli(args, "faults_release.txt", out, sizeof out);
     if (rc == -2)
         return; /* not run through make test */
@@ -245,7 +229,7 @@ END_TEST
 /* The detection table through the library: every defect caught by every case naming it. */
 START_TEST(detection_table_13_of_13)
 {
-    dsv4_scenario *s = load_seed();
+    dsv4_scenario *s = tu_scenario_file("scenarios/seed-review.yaml");
     dsv4_run_options o;
     dsv4_run_options_init(&o);
     o.cache_dir = cache_dir();
@@ -361,7 +345,7 @@ START_TEST(cli_detection_table)
 {
     char out[65536], args[2200], dir[512];
     tu_path(dir, sizeof dir, "faults_cli");
-    snprintf(args, sizeof args, "run --faults %s/scenarios/seed-review.yaml --report %s --cache %s", src_dir(), dir,
+    snprintf(args, sizeof args, "run --faults %s/scenarios/seed-review.yaml --report %s --cache %s", tu_src_dir(), dir,
              cache_dir());
     int rc = tu_run_cli(args, "faults_cli.txt", out, sizeof out);
     if (rc == -2)

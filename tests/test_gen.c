@@ -32,18 +32,15 @@ static void gen_pair(const dsv4_config *c, int threads, const char *wname, const
         ck_assert_msg(dsv4_gen_input(c, &o, tokens, tu_path(in, sizeof in, iname), &e) == DSV4_OK, "%s", e.message);
 }
 
-static unsigned char *slurp(const char *path, size_t *n)
+/* The checkpoint holds tensor `name` of dtype dt and shape [rows, cols] (-1: not checked). */
+static void expect_tensor(const dsv4_checkpoint *ck, const char *name, dsv4_dtype dt, int64_t rows, int64_t cols)
 {
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)len + 1);
-    ck_assert_uint_eq(fread(b, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return b;
+    const dsv4_tensor_info *t = dsv4_checkpoint_find(ck, name);
+    ck_assert_msg(t != NULL, "%s missing", name);
+    ck_assert_msg(t->dtype == dt, "%s: dtype %d, expected %d", name, (int)t->dtype, (int)dt);
+    if (rows >= 0)
+        ck_assert_msg(t->shape[0] == rows && t->shape[1] == cols, "%s: shape [%lld, %lld], expected [%lld, %lld]", name,
+                      (long long)t->shape[0], (long long)t->shape[1], (long long)rows, (long long)cols);
 }
 
 START_TEST(split_layout_keys_dtypes_shapes)
@@ -57,27 +54,12 @@ START_TEST(split_layout_keys_dtypes_shapes)
     ck_assert_int_eq(dsv4_checkpoint_layout(ck), DSV4_LAYOUT_SPLIT);
     /* gate + bias + 16 experts x 3 matrices x (weight, scale) + shared 3 x 2 */
     ck_assert_uint_eq(dsv4_checkpoint_tensor_count(ck), 2 + 16 * 3 * 2 + 3 * 2);
-    const dsv4_tensor_info *t = dsv4_checkpoint_find(ck, "layers.1.ffn.experts.15.w1.weight");
-    ck_assert_ptr_nonnull(t);
-    ck_assert_int_eq(t->dtype, DSV4_DTYPE_I8);
-    ck_assert_int_eq(t->shape[0], 128);
-    ck_assert_int_eq(t->shape[1], 128);
-    t = dsv4_checkpoint_find(ck, "layers.1.ffn.experts.15.w2.scale");
-    ck_assert_int_eq(t->dtype, DSV4_DTYPE_F8_E8M0);
-    ck_assert_int_eq(t->shape[0], 256);
-    ck_assert_int_eq(t->shape[1], 4);
-    t = dsv4_checkpoint_find(ck, "layers.1.ffn.shared_experts.w2.weight");
-    ck_assert_int_eq(t->dtype, DSV4_DTYPE_F8_E4M3);
-    ck_assert_int_eq(t->shape[0], 256);
-    ck_assert_int_eq(t->shape[1], 128);
-    t = dsv4_checkpoint_find(ck, "layers.1.ffn.shared_experts.w2.scale");
-    ck_assert_int_eq(t->dtype, DSV4_DTYPE_F8_E8M0);
-    ck_assert_int_eq(t->shape[0], 2);
-    ck_assert_int_eq(t->shape[1], 1);
-    t = dsv4_checkpoint_find(ck, "layers.1.ffn.gate.weight");
-    ck_assert_int_eq(t->dtype, DSV4_DTYPE_BF16);
-    t = dsv4_checkpoint_find(ck, "layers.1.ffn.gate.bias");
-    ck_assert_int_eq(t->dtype, DSV4_DTYPE_F32);
+    expect_tensor(ck, "layers.1.ffn.experts.15.w1.weight", DSV4_DTYPE_I8, 128, 128);
+    expect_tensor(ck, "layers.1.ffn.experts.15.w2.scale", DSV4_DTYPE_F8_E8M0, 256, 4);
+    expect_tensor(ck, "layers.1.ffn.shared_experts.w2.weight", DSV4_DTYPE_F8_E4M3, 256, 128);
+    expect_tensor(ck, "layers.1.ffn.shared_experts.w2.scale", DSV4_DTYPE_F8_E8M0, 2, 1);
+    expect_tensor(ck, "layers.1.ffn.gate.weight", DSV4_DTYPE_BF16, -1, -1);
+    expect_tensor(ck, "layers.1.ffn.gate.bias", DSV4_DTYPE_F32, -1, -1);
     ck_assert_ptr_null(dsv4_checkpoint_find(ck, "layers.1.ffn.gate.tid2eid"));
     /* Every view the loader builds passes the [N, K] contract. */
     for (int64_t ex = -1; ex < 16; ex++)
@@ -139,8 +121,9 @@ START_TEST(output_independent_of_threads)
     for (int i = 0; i < 2; i++) {
         char a[512], b[512];
         size_t na, nb;
-        unsigned char *da = slurp(tu_path(a, sizeof a, pairs[i][0]), &na);
-        unsigned char *db = slurp(tu_path(b, sizeof b, pairs[i][1]), &nb);
+        unsigned char *da = tu_slurp(tu_path(a, sizeof a, pairs[i][0]), &na);
+        unsigned char *db = tu_slurp(tu_path(b, sizeof b, pairs[i][1]), &nb);
+        ck_assert(da && db);
         ck_assert_uint_eq(na, nb);
         ck_assert_int_eq(memcmp(da, db, na), 0);
         free(da);

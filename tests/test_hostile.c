@@ -275,6 +275,22 @@ static void run_both(fixture *fx, int64_t T, const uint16_t *x, const int32_t *i
     dsv4_plan_free(p);
 }
 
+/* run_both on token ids `ids` (T = 5, fx's x), both backends refusing with DSV4_ERR_RANGE and a
+   message naming `needle`; `what` names the case in a failure. */
+static void expect_both_range_error(fixture *fx, const int32_t ids[5], const char *needle, const char *what)
+{
+    const int64_t T = 5, H = fx->cfg.dim;
+    uint16_t *yr = calloc((size_t)(T * H), 2), *yc = calloc((size_t)(T * H), 2);
+    dsv4_status sr, sc;
+    dsv4_error er, ec;
+    run_both(fx, T, fx->x, ids, yr, yc, &sr, &sc, &er, &ec, NULL, NULL);
+    ck_assert_msg(sr == DSV4_ERR_RANGE, "ref %s: %d %s", what, sr, er.message);
+    ck_assert_msg(sc == DSV4_ERR_RANGE, "cpu %s: %d %s", what, sc, ec.message);
+    ck_assert_msg(strstr(er.message, needle), "%s", er.message);
+    ck_assert_msg(strstr(ec.message, needle), "%s", ec.message);
+    free(yr), free(yc);
+}
+
 /* Rows 0 and 1 of the shared expert's w2 [H, I] become NaN and +Inf. */
 static void patch_shared_w2(const char *name, void *data, uint64_t nbytes, const dsv4_config *cfg)
 {
@@ -362,22 +378,15 @@ START_TEST(token_ids_out_of_range)
     fixture fx;
     fixture_open(&fx, 0, "ids"); /* layer 0 is tiny's hash layer: ids index tid2eid */
     ck_assert(dsv4_config_is_hash_layer(&fx.cfg));
-    const int64_t T = 5, H = fx.cfg.dim;
     int32_t ids[5];
-    uint16_t *yr = calloc((size_t)(T * H), 2), *yc = calloc((size_t)(T * H), 2);
     const int32_t bad[3] = {-1, (int32_t)fx.cfg.vocab_size, INT32_MAX};
     for (int b = 0; b < 3; b++) {
         memcpy(ids, fx.ids, sizeof ids);
         ids[2] = bad[b];
-        dsv4_status sr, sc;
-        dsv4_error er, ec;
-        run_both(&fx, T, fx.x, ids, yr, yc, &sr, &sc, &er, &ec, NULL, NULL);
-        ck_assert_msg(sr == DSV4_ERR_RANGE, "ref id %d: %d %s", bad[b], sr, er.message);
-        ck_assert_msg(sc == DSV4_ERR_RANGE, "cpu id %d: %d %s", bad[b], sc, ec.message);
-        ck_assert_msg(strstr(er.message, "input_ids[2]"), "%s", er.message);
-        ck_assert_msg(strstr(ec.message, "input_ids[2]"), "%s", ec.message);
+        char what[32];
+        snprintf(what, sizeof what, "id %d", bad[b]);
+        expect_both_range_error(&fx, ids, "input_ids[2]", what);
     }
-    free(yr), free(yc);
     fixture_close(&fx);
 }
 END_TEST
@@ -402,17 +411,10 @@ START_TEST(expert_ids_out_of_range)
         fixture_open(&fx, 0, "eid");
         bad_expert = bad[b];
         rewrite_weights(&fx, "eid", patch_tid2eid);
-        const int64_t T = 5, H = fx.cfg.dim;
-        int32_t ids[5] = {0, 1, 3, 2, 0};
-        uint16_t *yr = calloc((size_t)(T * H), 2), *yc = calloc((size_t)(T * H), 2);
-        dsv4_status sr, sc;
-        dsv4_error er, ec;
-        run_both(&fx, T, fx.x, ids, yr, yc, &sr, &sc, &er, &ec, NULL, NULL);
-        ck_assert_msg(sr == DSV4_ERR_RANGE, "ref expert %d: %d %s", bad[b], sr, er.message);
-        ck_assert_msg(sc == DSV4_ERR_RANGE, "cpu expert %d: %d %s", bad[b], sc, ec.message);
-        ck_assert_msg(strstr(er.message, "tid2eid"), "%s", er.message);
-        ck_assert_msg(strstr(ec.message, "tid2eid"), "%s", ec.message);
-        free(yr), free(yc);
+        const int32_t ids[5] = {0, 1, 3, 2, 0};
+        char what[32];
+        snprintf(what, sizeof what, "expert %d", bad[b]);
+        expect_both_range_error(&fx, ids, "tid2eid", what);
         fixture_close(&fx);
     }
 }

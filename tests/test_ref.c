@@ -234,14 +234,22 @@ static void toy_write(const toy *t, const char *path)
     dsv4_st_writer_free(w);
 }
 
-/* Runs the toy layer on T tokens; y as floats into yf. */
-static dsv4_status toy_run(const toy *t, const char *name, int T, const float *x, const int32_t *ids, float *yf,
-                           int32_t *topk, float *topw, dsv4_ref_stats *stats, dsv4_error *e)
+/* The toy layer written to the scratch file `name` and opened. */
+static dsv4_checkpoint *toy_open(const toy *t, const char *name)
 {
     char path[512];
     toy_write(t, tu_path(path, sizeof path, name));
     dsv4_checkpoint *ck;
-    ck_assert_int_eq(dsv4_checkpoint_open(path, &ck, e), DSV4_OK);
+    dsv4_error e;
+    ck_assert_msg(dsv4_checkpoint_open(path, &ck, &e) == DSV4_OK, "%s", e.message);
+    return ck;
+}
+
+/* Runs the toy layer on T tokens; y as floats into yf. */
+static dsv4_status toy_run(const toy *t, const char *name, int T, const float *x, const int32_t *ids, float *yf,
+                           int32_t *topk, float *topw, dsv4_ref_stats *stats, dsv4_error *e)
+{
+    dsv4_checkpoint *ck = toy_open(t, name);
     dsv4_ref *r;
     dsv4_status st = dsv4_ref_create(&t->c, ck, 2, &r, e);
     if (st) {
@@ -428,13 +436,21 @@ START_TEST(combine_in_ascending_expert_order)
 }
 END_TEST
 
-START_TEST(hash_layer_lookup_and_range_errors)
+/* A hash layer of 4 experts, 2 a token (expert x: g = (1 + x) x0, u = x0, w2 the identity); the
+   token -> expert table is the caller's. */
+static toy toy_hash4(void)
 {
     toy t = toy_one_expert();
     t.c = small_cfg(4, 2);
     t.c.n_hash_layers = 1;
     for (int x = 0; x < 4; x++)
         toy_expert(&t, x, 1.0f + (float)x, 0, 1.0f, 0, W2_ID);
+    return t;
+}
+
+START_TEST(hash_layer_lookup_and_range_errors)
+{
+    toy t = toy_hash4();
     for (int v = 0; v < 8; v++) {
         t.tid[v * 2] = v % 4;
         t.tid[v * 2 + 1] = (v + 1) % 4;
@@ -529,11 +545,8 @@ END_TEST
 START_TEST(checkpoint_shape_mismatch_names_key)
 {
     toy t = toy_one_expert();
-    char path[512];
-    toy_write(&t, tu_path(path, sizeof path, "toy_dims.safetensors"));
-    dsv4_checkpoint *ck;
+    dsv4_checkpoint *ck = toy_open(&t, "toy_dims.safetensors");
     dsv4_error e;
-    ck_assert_int_eq(dsv4_checkpoint_open(path, &ck, &e), DSV4_OK);
     dsv4_config c = t.c;
     c.moe_inter_dim = 3; /* --set moe_inter_dim=3 against a checkpoint of I = 2 */
     dsv4_ref *r;
@@ -599,11 +612,8 @@ END_TEST
 START_TEST(empty_batch_and_bad_arguments)
 {
     toy t = toy_one_expert();
-    char path[512];
-    toy_write(&t, tu_path(path, sizeof path, "toy_empty.safetensors"));
-    dsv4_checkpoint *ck;
+    dsv4_checkpoint *ck = toy_open(&t, "toy_empty.safetensors");
     dsv4_error e;
-    ck_assert_int_eq(dsv4_checkpoint_open(path, &ck, &e), DSV4_OK);
     dsv4_ref *r;
     ck_assert_int_eq(dsv4_ref_create(&t.c, ck, 1, &r, &e), DSV4_OK);
     uint16_t y[4] = {0x1234, 0x1234, 0x1234, 0x1234};
@@ -629,11 +639,7 @@ END_TEST
 START_TEST(hostile_routing_tensors)
 {
     /* A hash table row naming one expert twice: that expert runs twice for the token. */
-    toy t = toy_one_expert();
-    t.c = small_cfg(4, 2);
-    t.c.n_hash_layers = 1;
-    for (int x = 0; x < 4; x++)
-        toy_expert(&t, x, 1.0f + (float)x, 0, 1.0f, 0, W2_ID);
+    toy t = toy_hash4();
     for (int v = 0; v < 8; v++)
         t.tid[v * 2] = t.tid[v * 2 + 1] = 2;
     float x[12] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0}, y[12], w[6];

@@ -14,7 +14,7 @@
 #include "dsv4moe/formats.h"
 #include "dsv4moe/run.h"
 #include "dsv4moe/scenario.h"
-#include "testutil.h"
+#include "scenutil.h"
 
 Suite *report_suite(void);
 
@@ -34,18 +34,6 @@ static const char YAML[] = "name: prof\n"
                            "  - {name: tp2, routed_format: bf16, shared_format: bf16, act_quant: none,\n"
                            "     topology: {world: 2, tp: 2, dp: 1, ep: 1, backend: ref}, tokens: [9]}\n"
                            "  - {name: empty, tokens: [0]}\n";
-
-static const dsv4_case_result *find(const dsv4_run_results *r, const char *suffix)
-{
-    for (size_t i = 0; i < dsv4_run_count(r); i++) {
-        const char *n = dsv4_case_name(dsv4_run_get(r, i));
-        size_t a = strlen(n), b = strlen(suffix);
-        if (a >= b && !strcmp(n + a - b, suffix))
-            return dsv4_run_get(r, i);
-    }
-    ck_abort_msg("no case *%s", suffix);
-    return NULL;
-}
 
 static void check_profile(const dsv4_case_result *c, int64_t H, int world)
 {
@@ -81,17 +69,12 @@ static void check_profile(const dsv4_case_result *c, int64_t H, int world)
 
 START_TEST(error_profiles)
 {
-    dsv4_scenario *s = NULL;
+    dsv4_scenario *s = tu_scenario_text(YAML, "prof.yaml");
     dsv4_error e;
-    ck_assert_msg(dsv4_scenario_load_string(YAML, "prof.yaml", &s, &e) == DSV4_OK, "%s", e.message);
-    dsv4_run_options o;
-    dsv4_run_options_init(&o);
-    o.cache_dir = cache_dir();
-    dsv4_run_results *r = NULL;
-    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    dsv4_run_results *r = tu_run(s, cache_dir(), -1, NULL);
     int64_t H = dsv4_scenario_get(s, 0)->config.dim;
-    const dsv4_case_result *fp8 = find(r, "/fp8"), *ep2 = find(r, "/ep2"), *tp2 = find(r, "/tp2"),
-                           *empty = find(r, "/empty");
+    const dsv4_case_result *fp8 = tu_case_find(r, "/fp8"), *ep2 = tu_case_find(r, "/ep2"), *tp2 = tu_case_find(r, "/tp2"),
+                           *empty = tu_case_find(r, "/empty");
     ck_assert_int_eq(dsv4_case_status(fp8), DSV4_RESULT_PASS);
     check_profile(fp8, H, 1);
     dsv4_case_errors E;
@@ -174,14 +157,9 @@ START_TEST(html_matrix_summary)
                                "  expect: [pass, {refused: zzz}]\n"
                                "cases:\n"
                                "  - {name: lone, tokens: [2]}\n";
-    dsv4_scenario *s = NULL;
+    dsv4_scenario *s = tu_scenario_text(yaml, "mx.yaml");
     dsv4_error e;
-    ck_assert_msg(dsv4_scenario_load_string(yaml, "mx.yaml", &s, &e) == DSV4_OK, "%s", e.message);
-    dsv4_run_options o;
-    dsv4_run_options_init(&o);
-    o.cache_dir = cache_dir();
-    dsv4_run_results *r = NULL;
-    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    dsv4_run_results *r = tu_run(s, cache_dir(), -1, NULL);
     ck_assert_uint_eq(dsv4_run_count(r), 5);
     char hp[512];
     tu_path(hp, sizeof hp, "report_matrix.html");

@@ -7,7 +7,7 @@
 
 #include "dsv4moe/run.h"
 #include "dsv4moe/scenario.h"
-#include "testutil.h"
+#include "scenutil.h"
 
 Suite *run_suite(void);
 
@@ -17,41 +17,14 @@ static const char *cache_dir(void)
     return tu_path(buf, sizeof buf, "run_cache");
 }
 
-static dsv4_scenario *load_str(const char *text, const char *name)
-{
-    dsv4_scenario *s = NULL;
-    dsv4_error e;
-    ck_assert_msg(dsv4_scenario_load_string(text, name, &s, &e) == DSV4_OK, "%s", e.message);
-    return s;
-}
-
 static dsv4_run_results *run_traced(const dsv4_scenario *s, int backend, const char *trace_dir)
 {
-    dsv4_run_options o;
-    dsv4_run_options_init(&o);
-    o.cache_dir = cache_dir();
-    o.backend = backend;
-    o.trace_dir = trace_dir;
-    dsv4_run_results *r = NULL;
-    dsv4_error e;
-    ck_assert_msg(dsv4_run_scenario(s, &o, &r, &e) == DSV4_OK, "%s", e.message);
+    dsv4_run_results *r = tu_run(s, cache_dir(), backend, trace_dir);
     ck_assert_uint_eq(dsv4_run_count(r), dsv4_scenario_count(s));
     return r;
 }
 
 static dsv4_run_results *run(const dsv4_scenario *s, int backend) { return run_traced(s, backend, NULL); }
-
-static const dsv4_case_result *find(const dsv4_run_results *r, const char *suffix)
-{
-    for (size_t i = 0; i < dsv4_run_count(r); i++) {
-        const char *n = dsv4_case_name(dsv4_run_get(r, i));
-        size_t a = strlen(n), b = strlen(suffix);
-        if (a >= b && !strcmp(n + a - b, suffix))
-            return dsv4_run_get(r, i);
-    }
-    ck_abort_msg("no case named *%s", suffix);
-    return NULL;
-}
 
 static void expect_check(const dsv4_case_result *c, unsigned bit, dsv4_result want, const char *needle)
 {
@@ -79,15 +52,16 @@ static void dump_failures(const dsv4_run_results *r)
     }
 }
 
-static dsv4_scenario *load_ci(void)
+/* s run on the backend, every case passing (the failing checks printed first when not). */
+static dsv4_run_results *run_all_pass(const dsv4_scenario *s, int backend)
 {
-    const char *src = getenv("DSV4MOE_SRC");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/scenarios/ci.yaml", src && src[0] ? src : ".");
-    dsv4_scenario *s = NULL;
-    dsv4_error e;
-    ck_assert_msg(dsv4_scenario_load(path, &s, &e) == DSV4_OK, "%s", e.message);
-    return s;
+    dsv4_run_results *r = run(s, backend);
+    dsv4_run_summary sum = dsv4_run_summarize(r);
+    if (sum.passed != sum.cases)
+        dump_failures(r);
+    ck_assert_uint_eq(sum.errors, 0);
+    ck_assert_uint_eq(sum.passed, sum.cases);
+    return r;
 }
 
 /* Every case of ci.yaml passes with each check run or skipped by its rule. */
@@ -119,19 +93,15 @@ static void check_ci_results(const dsv4_run_results *r)
         dsv4_case_memory mem = dsv4_case_memory_of(c);
         ck_assert(mem.planned_max <= mem.available && mem.peak <= mem.planned_step);
     }
-    expect_check(find(r, "/lowlat-prefill"), DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "decode-only");
-    expect_check(find(r, "/graph-ep-sm100"), DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, NULL);
-    expect_check(find(r, "/mixed-replay"), DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, NULL);
+    expect_check(tu_case_find(r, "/lowlat-prefill"), DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "decode-only");
+    expect_check(tu_case_find(r, "/graph-ep-sm100"), DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, NULL);
+    expect_check(tu_case_find(r, "/mixed-replay"), DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, NULL);
 }
 
 START_TEST(ci_passes_on_ref)
 {
-    dsv4_scenario *s = load_ci();
-    dsv4_run_results *r = run(s, DSV4_BACKEND_REF);
-    dsv4_run_summary sum = dsv4_run_summarize(r);
-    if (sum.passed != sum.cases)
-        dump_failures(r);
-    ck_assert_uint_eq(sum.passed, sum.cases);
+    dsv4_scenario *s = tu_scenario_file("scenarios/ci.yaml");
+    dsv4_run_results *r = run_all_pass(s, DSV4_BACKEND_REF);
     check_ci_results(r);
     dsv4_run_results_free(r);
     dsv4_scenario_free(s);
@@ -141,13 +111,8 @@ END_TEST
 /* The CPU backend: every case of ci.yaml passes every check, numerics included. */
 START_TEST(ci_on_cpu)
 {
-    dsv4_scenario *s = load_ci();
-    dsv4_run_results *r = run(s, DSV4_BACKEND_CPU);
-    dsv4_run_summary sum = dsv4_run_summarize(r);
-    if (sum.passed != sum.cases)
-        dump_failures(r);
-    ck_assert_uint_eq(sum.errors, 0);
-    ck_assert_uint_eq(sum.passed, sum.cases);
+    dsv4_scenario *s = tu_scenario_file("scenarios/ci.yaml");
+    dsv4_run_results *r = run_all_pass(s, DSV4_BACKEND_CPU);
     check_ci_results(r);
     dsv4_run_results_free(r);
     dsv4_scenario_free(s);
@@ -157,19 +122,9 @@ END_TEST
 /* scenarios/seed-review.yaml: one case per finding of the review; clean, every case passes. */
 START_TEST(seed_review_clean)
 {
-    const char *src = getenv("DSV4MOE_SRC");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/scenarios/seed-review.yaml", src ? src : ".");
-    dsv4_scenario *s;
-    dsv4_error e;
-    ck_assert_msg(dsv4_scenario_load(path, &s, &e) == DSV4_OK, "%s", e.message);
+    dsv4_scenario *s = tu_scenario_file("scenarios/seed-review.yaml");
     ck_assert_uint_eq(dsv4_scenario_count(s), 19);
-    dsv4_run_results *r = run(s, DSV4_BACKEND_CPU);
-    dsv4_run_summary sum = dsv4_run_summarize(r);
-    if (sum.passed != sum.cases)
-        dump_failures(r);
-    ck_assert_uint_eq(sum.passed, sum.cases);
-    dsv4_run_results_free(r);
+    dsv4_run_results_free(run_all_pass(s, DSV4_BACKEND_CPU));
     dsv4_scenario_free(s);
 }
 END_TEST
@@ -205,72 +160,69 @@ static const char CHECKS_YAML[] =
     "     checks: [numerics, symmetry, memory]}\n"
     "  - {name: nothing-needed, checks: [refusal]}\n";
 
+/* What CHECKS_YAML's cases come to, on either host backend: a case's status (check STATUS) or
+   one check's result with a word of its detail (NULL: any). */
+#define STATUS 0u
+static const struct {
+    const char *c;
+    unsigned check;
+    dsv4_result want;
+    const char *needle;
+} CHECKS_EXPECTED[] = {
+    {"/all-checks", STATUS, DSV4_RESULT_PASS, NULL},
+    {"/all-checks", DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "accepted"},
+    {"/all-checks", DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_PASS, "clamped"},
+    {"/all-checks", DSV4_CHECK_SYMMETRY, DSV4_RESULT_SKIP, "one rank"},
+    {"/refused-as-expected", STATUS, DSV4_RESULT_PASS, NULL},
+    {"/refused-as-expected", DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "budget too small"},
+    {"/refused-as-expected", DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "expects a refusal"},
+    {"/accepted-but-refusal-expected", STATUS, DSV4_RESULT_FAIL, NULL},
+    {"/accepted-but-refusal-expected", DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "accepted"},
+    {"/refused-wrong-message", STATUS, DSV4_RESULT_FAIL, NULL},
+    {"/refused-wrong-message", DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "does not match /low-latency/"},
+    {"/refused-unexpectedly", STATUS, DSV4_RESULT_FAIL, NULL},
+    {"/refused-unexpectedly", DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "budget too small"},
+    {"/refused-unexpectedly", DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "refused"},
+    {"/bad-config-refused", DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "top_p"},
+    {"/bad-config-unexpected", DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "top_p"},
+    {"/clamp-too-high", STATUS, DSV4_RESULT_FAIL, NULL},
+    {"/clamp-too-high", DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_FAIL, "no routed g or u value exceeded"},
+    {"/clamp-off", STATUS, DSV4_RESULT_PASS, NULL},
+    {"/clamp-off", DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_SKIP, "swiglu_limit 0"},
+    {"/clamp-one-token", STATUS, DSV4_RESULT_SKIP, NULL},
+    {"/clamp-one-token", DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_SKIP, "not applicable (T < 8"},
+    {"/cuda-one-rank", STATUS, DSV4_RESULT_PASS, NULL},
+    {"/cuda-one-rank", DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "no CUDA in this build"},
+    {"/cuda-one-rank", DSV4_CHECK_DETERMINISM, DSV4_RESULT_PASS, NULL},
+    {"/cuda-only", STATUS, DSV4_RESULT_SKIP, NULL},
+    {"/empty-one-rank", STATUS, DSV4_RESULT_PASS, NULL},
+    {"/empty-one-rank", DSV4_CHECK_EMPTY, DSV4_RESULT_PASS, "0 launches"},
+    {"/empty-one-rank", DSV4_CHECK_DETERMINISM, DSV4_RESULT_PASS, "16 tokens"},
+    {"/ep-empty", STATUS, DSV4_RESULT_PASS, NULL},
+    {"/ep-empty", DSV4_CHECK_EMPTY, DSV4_RESULT_PASS, "1 of 2 ranks"},
+    {"/ep-empty", DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "bit-identical"},
+    {"/ep-all-empty", STATUS, DSV4_RESULT_PASS, NULL},
+    {"/ep-all-empty", DSV4_CHECK_EMPTY, DSV4_RESULT_PASS, "4 of 4 ranks"},
+    {"/tp-bf16", DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "within tolerance"},
+    {"/tp-bf16", DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, NULL},
+    {"/nothing-needed", STATUS, DSV4_RESULT_PASS, NULL},
+};
+
 static void check_cases(const dsv4_run_results *r)
 {
-    const dsv4_case_result *c = find(r, "/all-checks");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
-    expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "accepted");
-    expect_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_PASS, "clamped");
-    expect_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_SKIP, "one rank");
-
-    c = find(r, "/refused-as-expected");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
-    expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "budget too small");
-    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "expects a refusal");
-
-    c = find(r, "/accepted-but-refusal-expected");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_FAIL);
-    expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "accepted");
-
-    c = find(r, "/refused-wrong-message");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_FAIL);
-    expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "does not match /low-latency/");
-
-    c = find(r, "/refused-unexpectedly");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_FAIL);
-    expect_check(c, DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "budget too small");
-    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "refused");
-
-    expect_check(find(r, "/bad-config-refused"), DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "top_p");
-    expect_check(find(r, "/bad-config-unexpected"), DSV4_CHECK_REFUSAL, DSV4_RESULT_FAIL, "top_p");
-
-    c = find(r, "/clamp-too-high");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_FAIL);
-    expect_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_FAIL, "no routed g or u value exceeded");
-    c = find(r, "/clamp-off");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
-    expect_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_SKIP, "swiglu_limit 0");
-    c = find(r, "/clamp-one-token");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_SKIP);
-    expect_check(c, DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_SKIP, "not applicable (T < 8");
-
-    c = find(r, "/cuda-one-rank");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
-    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "no CUDA in this build");
-    expect_check(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_PASS, NULL);
-    ck_assert_int_eq(dsv4_case_status(find(r, "/cuda-only")), DSV4_RESULT_SKIP);
-
-    c = find(r, "/empty-one-rank");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
-    expect_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_PASS, "0 launches");
-    expect_check(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_PASS, "16 tokens");
-
-    c = find(r, "/ep-empty");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
-    expect_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_PASS, "1 of 2 ranks");
-    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "bit-identical");
-    c = find(r, "/ep-all-empty");
-    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
-    expect_check(c, DSV4_CHECK_EMPTY, DSV4_RESULT_PASS, "4 of 4 ranks");
-    c = find(r, "/tp-bf16");
-    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "within tolerance");
-    expect_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, NULL);
-    ck_assert_int_eq(dsv4_case_status(find(r, "/nothing-needed")), DSV4_RESULT_PASS);
+    for (size_t i = 0; i < sizeof CHECKS_EXPECTED / sizeof CHECKS_EXPECTED[0]; i++) {
+        const dsv4_case_result *c = tu_case_find(r, CHECKS_EXPECTED[i].c);
+        if (CHECKS_EXPECTED[i].check == STATUS)
+            ck_assert_msg(dsv4_case_status(c) == CHECKS_EXPECTED[i].want, "%s is %s", dsv4_case_name(c),
+                          dsv4_result_name(dsv4_case_status(c)));
+        else
+            expect_check(c, CHECKS_EXPECTED[i].check, CHECKS_EXPECTED[i].want, CHECKS_EXPECTED[i].needle);
+    }
 }
 
 START_TEST(checks_pass_fail_and_skip_by_their_rules)
 {
-    dsv4_scenario *s = load_str(CHECKS_YAML, "checks.yaml");
+    dsv4_scenario *s = tu_scenario_text(CHECKS_YAML, "checks.yaml");
     for (int b = 0; b < 2; b++) {
         dsv4_run_results *r = run(s, b == 0 ? DSV4_BACKEND_REF : DSV4_BACKEND_CPU);
         check_cases(r);
@@ -282,7 +234,7 @@ END_TEST
 
 START_TEST(filter_and_appending_results)
 {
-    dsv4_scenario *s = load_str(CHECKS_YAML, "checks.yaml");
+    dsv4_scenario *s = tu_scenario_text(CHECKS_YAML, "checks.yaml");
     dsv4_run_options o;
     dsv4_run_options_init(&o);
     o.cache_dir = cache_dir();
@@ -313,20 +265,6 @@ static size_t count_str(const char *hay, const char *needle)
     return n;
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = '\0';
-    fclose(f);
-    return s;
-}
-
 START_TEST(reports_hold_every_case)
 {
     /* A case name with XML specials, to check the escaping. */
@@ -337,7 +275,7 @@ START_TEST(reports_hold_every_case)
                                "cases:\n"
                                "  - {name: \"a<b>&'q\\\"\", checks: [refusal], expect: {refused: 'x'}}\n"
                                "  - {name: skipped, tokens: [1], checks: [clamp_exercised]}\n";
-    dsv4_scenario *s = load_str(yaml, "rep.yaml");
+    dsv4_scenario *s = tu_scenario_text(yaml, "rep.yaml");
     dsv4_run_results *r = run(s, -1);
     char jp[512], xp[512];
     tu_path(jp, sizeof jp, "run_report.json");
@@ -368,7 +306,8 @@ START_TEST(reports_hold_every_case)
     ck_assert(json_is_null(json_object_get(json_array_get(cases, 0), "metrics"))); /* 0 tokens */
     json_decref(root);
 
-    char *x = slurp(xp);
+    char *x = (char *)tu_slurp(xp, NULL);
+    ck_assert_ptr_nonnull(x);
     ck_assert_uint_eq(count_str(x, "<testcase "), 4);
     ck_assert_uint_eq(count_str(x, "<failure "), 1);
     ck_assert_uint_eq(count_str(x, "<skipped "), 1);
@@ -415,13 +354,14 @@ START_TEST(html_report)
                                "  - {name: \"a<b>&'q\\\"\", checks: [refusal], expect: {refused: 'x'}}\n"
                                "  - {name: skipped, tokens: [1], checks: [clamp_exercised]}\n"
                                "  - {name: two, topology: {world: 2, dp: 2, ep: 2, backend: ref}, tokens: [8, 0]}\n";
-    dsv4_scenario *s = load_str(yaml, "html.yaml");
+    dsv4_scenario *s = tu_scenario_text(yaml, "html.yaml");
     dsv4_run_results *r = run(s, -1);
     char hp[512];
     tu_path(hp, sizeof hp, "run_report.html");
     dsv4_error e;
     ck_assert_msg(dsv4_report_html(r, hp, &e) == DSV4_OK, "%s", e.message);
-    char *h = slurp(hp);
+    char *h = (char *)tu_slurp(hp, NULL);
+    ck_assert_ptr_nonnull(h);
     ck_assert_ptr_nonnull(strstr(h, "<!DOCTYPE html>"));
     ck_assert_ptr_nonnull(strstr(h, "</html>"));
     for (size_t i = 0; i < dsv4_run_count(r); i++) {
@@ -476,9 +416,7 @@ START_TEST(cli_exit_statuses)
 {
     char out[16384], args[2048], dir[512], f[512];
     tu_path(dir, sizeof dir, "run_cli");
-    const char *src = getenv("DSV4MOE_SRC");
-    if (!src || !src[0])
-        src = ".";
+    const char *src = tu_src_dir();
     /* 0: every case passes */
     snprintf(args, sizeof args, "run %s/scenarios/ci.yaml --report %s --cache %s --backend ref --filter layer=1", src,
              dir, cache_dir());
@@ -537,7 +475,7 @@ END_TEST
    error, whatever the traces themselves say; the other checks keep their verdicts. */
 START_TEST(unwritable_traces_are_a_symmetry_error)
 {
-    dsv4_scenario *s = load_str("name: tr\n"
+    dsv4_scenario *s = tu_scenario_text("name: tr\n"
                                 "defaults: {preset: mini, layer: 1, tokens: [4, 5], replay: [false, false], seed: 3,\n"
                                 "           topology: {world: 2, dp: 2, ep: 2, backend: cpu, max_tokens: 64},\n"
                                 "           checks: [numerics, symmetry]}\n"
@@ -548,7 +486,7 @@ START_TEST(unwritable_traces_are_a_symmetry_error)
     ck_assert_int_eq(tu_write_file(file, "x", 1), 0);
     snprintf(dir, sizeof dir, "%s/traces", file); /* a folder under a regular file cannot be made */
     dsv4_run_results *r = run_traced(s, -1, dir);
-    const dsv4_case_result *c = find(r, "two-ranks");
+    const dsv4_case_result *c = tu_case_find(r, "two-ranks");
     expect_check(c, DSV4_CHECK_SYMMETRY, DSV4_RESULT_ERROR, "writing the collective traces failed");
     expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "bit-identical");
     ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_ERROR);
@@ -556,7 +494,7 @@ START_TEST(unwritable_traces_are_a_symmetry_error)
     /* the same case with the traces written: symmetry passes */
     tu_path(dir, sizeof dir, "run_traces_ok");
     r = run_traced(s, -1, dir);
-    expect_check(find(r, "two-ranks"), DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, "issued the same");
+    expect_check(tu_case_find(r, "two-ranks"), DSV4_CHECK_SYMMETRY, DSV4_RESULT_PASS, "issued the same");
     dsv4_run_results_free(r);
     dsv4_scenario_free(s);
 }

@@ -43,21 +43,6 @@ static int count_entries(const char *dir)
     return n;
 }
 
-static unsigned char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)sz + 1);
-    ck_assert_ptr_nonnull(b);
-    ck_assert_uint_eq(fread(b, 1, (size_t)sz, f), (size_t)sz);
-    fclose(f);
-    *n = (size_t)sz;
-    return b;
-}
-
 static uint64_t le64(const unsigned char *p)
 {
     uint64_t v = 0;
@@ -225,7 +210,8 @@ START_TEST(round_trip_dtypes_metadata_padding)
 
     /* Raw bytes: header length a multiple of 8, padding spaces, metadata first, data in declaration order. */
     size_t n;
-    unsigned char *raw = read_all(path, &n);
+    unsigned char *raw = tu_slurp(path, &n);
+    ck_assert_ptr_nonnull(raw);
     uint64_t hl = le64(raw);
     ck_assert_uint_eq(hl % 8, 0);
     uint64_t total = 0;
@@ -300,7 +286,8 @@ START_TEST(empty_data_section)
     ck_assert_int_eq(dsv4_st_writer_create(&w, &e), DSV4_OK);
     ck_assert_int_eq(dsv4_st_writer_write(w, path, NULL, NULL, &e), DSV4_OK);
     size_t n;
-    unsigned char *raw = read_all(path, &n);
+    unsigned char *raw = tu_slurp(path, &n);
+    ck_assert_ptr_nonnull(raw);
     ck_assert_uint_eq(n, 16);
     ck_assert_uint_eq(le64(raw), 8);
     ck_assert_mem_eq(raw + 8, "{}      ", 8);
@@ -617,7 +604,8 @@ START_TEST(every_truncation_fails)
     ck_assert_int_eq(dsv4_st_writer_write(w, path, NULL, NULL, &e), DSV4_OK);
     dsv4_st_writer_free(w);
     size_t n;
-    unsigned char *raw = read_all(path, &n);
+    unsigned char *raw = tu_slurp(path, &n);
+    ck_assert_ptr_nonnull(raw);
     dsv4_st_file *f;
     ck_assert_int_eq(dsv4_st_open(path, &f, &e), DSV4_OK);
     dsv4_st_close(f);

@@ -6,7 +6,7 @@
 
 #include "dsv4moe/plan.h"
 #include "dsv4moe/scenario.h"
-#include "testutil.h"
+#include "scenutil.h"
 
 Suite *scenario_suite(void);
 
@@ -363,12 +363,8 @@ END_TEST
 
 START_TEST(ci_matrix_loads)
 {
-    const char *src = getenv("DSV4MOE_SRC");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/scenarios/ci.yaml", src && src[0] ? src : ".");
-    dsv4_scenario *s = NULL;
+    dsv4_scenario *s = tu_scenario_file("scenarios/ci.yaml");
     dsv4_error e;
-    ck_assert_msg(dsv4_scenario_load(path, &s, &e) == DSV4_OK, "%s", e.message);
     ck_assert_str_eq(dsv4_scenario_name(s), "ci");
     ck_assert_uint_eq(dsv4_scenario_product_size(s), 36);
     ck_assert_uint_eq(dsv4_scenario_excluded(s), 18);

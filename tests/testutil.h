@@ -53,6 +53,36 @@ static inline long tu_read_file(const char *path, char *buf, size_t n)
     return (long)got;
 }
 
+/* The whole of `path` in a new buffer (NUL-terminated; its length in *n when n is not NULL), or
+   NULL when it cannot be read. */
+static inline unsigned char *tu_slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    unsigned char *b = NULL;
+    long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (len >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)len + 1)) &&
+        fread(b, 1, (size_t)len, f) != (size_t)len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) {
+        b[len] = '\0';
+        if (n)
+            *n = (size_t)len;
+    }
+    return b;
+}
+
+/* The source tree ($DSV4MOE_SRC, set by make test; "." otherwise). */
+static inline const char *tu_src_dir(void)
+{
+    const char *s = getenv("DSV4MOE_SRC");
+    return s && s[0] ? s : ".";
+}
+
 /*
  * Runs `$DSV4MOE_CLI ARGS` with stdout and stderr captured into out[0, n) (NUL-terminated);
  * `log` names the capture file in the scratch folder. Returns the exit status, -1 when the
@@ -74,6 +104,27 @@ static inline int tu_run_cli(const char *args, const char *log, char *out, size_
     if (f)
         fclose(f);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/*
+ * A layer and its reference output through the CLI: `dsv4moe gen CFG GEN --out DIR`, then
+ * `dsv4moe ref CFG --weights DIR/model.safetensors --input DIR/input.safetensors --out DIR/OUT`
+ * (CFG: the config options both take, GEN: gen's others). out[0, n) holds the output of the
+ * last command run; returns 0, or the exit status of the one that failed (tu_run_cli's).
+ */
+static inline int tu_cli_gen_ref(const char *cfg, const char *gen, const char *dir, const char *out_name,
+                                 const char *log, char *out, size_t n)
+{
+    char args[8192];
+    if ((size_t)snprintf(args, sizeof args, "gen %s %s --out %s", cfg, gen, dir) >= sizeof args)
+        return -1;
+    int rc = tu_run_cli(args, log, out, n);
+    if (rc)
+        return rc;
+    if ((size_t)snprintf(args, sizeof args, "ref %s --weights %s/model.safetensors --input %s/input.safetensors --out %s/%s",
+                         cfg, dir, dir, dir, out_name) >= sizeof args)
+        return -1;
+    return tu_run_cli(args, log, out, n);
 }
 
 #endif

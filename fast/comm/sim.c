@@ -352,51 +352,36 @@ static void depart_locked(dsv4_sim_world *w, sim_rv *rv)
     }
 }
 
+/* reduce_into for a type T whose + is the reduction: rank 0's buffer copied into tmp, the others
+   added in rank order. */
+#define SUM_AS(T)                                                                                                    \
+    do {                                                                                                             \
+        T *t = tmp;                                                                                                  \
+        memcpy(t, rv->slots[0].recv, n * sizeof *t);                                                                 \
+        for (int j = 1; j < rv->n; j++) {                                                                            \
+            const T *x = rv->slots[j].recv;                                                                          \
+            for (size_t e = 0; e < n; e++)                                                                           \
+                t[e] += x[e];                                                                                        \
+        }                                                                                                            \
+    } while (0)
+
 /* Sums every rank's buf in ascending group-rank order into tmp (float for BF16). Outside mu. */
 static void reduce_into(const sim_rv *rv, dsv4_dtype dt, uint64_t count, void *tmp)
 {
     size_t n = (size_t)count;
     switch (dt) {
-    case DSV4_DTYPE_F32: {
-        float *t = tmp;
-        memcpy(t, rv->slots[0].recv, n * sizeof *t);
-        for (int j = 1; j < rv->n; j++) {
-            const float *x = rv->slots[j].recv;
-            for (size_t e = 0; e < n; e++)
-                t[e] += x[e];
-        }
+    case DSV4_DTYPE_F32:
+        SUM_AS(float);
         break;
-    }
-    case DSV4_DTYPE_F64: {
-        double *t = tmp;
-        memcpy(t, rv->slots[0].recv, n * sizeof *t);
-        for (int j = 1; j < rv->n; j++) {
-            const double *x = rv->slots[j].recv;
-            for (size_t e = 0; e < n; e++)
-                t[e] += x[e];
-        }
+    case DSV4_DTYPE_F64:
+        SUM_AS(double);
         break;
-    }
-    case DSV4_DTYPE_I32: { /* wrapping two's-complement sum */
-        uint32_t *t = tmp;
-        memcpy(t, rv->slots[0].recv, n * sizeof *t);
-        for (int j = 1; j < rv->n; j++) {
-            const uint32_t *x = rv->slots[j].recv;
-            for (size_t e = 0; e < n; e++)
-                t[e] += x[e];
-        }
+    case DSV4_DTYPE_I32: /* wrapping two's-complement sum */
+        SUM_AS(uint32_t);
         break;
-    }
-    case DSV4_DTYPE_I64: {
-        uint64_t *t = tmp;
-        memcpy(t, rv->slots[0].recv, n * sizeof *t);
-        for (int j = 1; j < rv->n; j++) {
-            const uint64_t *x = rv->slots[j].recv;
-            for (size_t e = 0; e < n; e++)
-                t[e] += x[e];
-        }
+    case DSV4_DTYPE_I64:
+        SUM_AS(uint64_t);
         break;
-    }
     case DSV4_DTYPE_BF16: {
         float *t = tmp;
         const uint16_t *x0 = rv->slots[0].recv;
@@ -412,6 +397,7 @@ static void reduce_into(const sim_rv *rv, dsv4_dtype dt, uint64_t count, void *t
     default:
         break;
     }
+#undef SUM_AS
 }
 
 static void copy_out(const sim_rv *rv, int me, const dsv4_coll_record *rec, void *recv)

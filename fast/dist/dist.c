@@ -83,14 +83,13 @@ typedef struct {
     float w;
 } slot;
 
+/* The sorts' comparators: a's order against b, -1, 0 or 1. */
+#define CMP(a, b) (((a) > (b)) - ((a) < (b)))
+
 static int cmp_slot_expert(const void *a, const void *b)
 {
     const slot *x = a, *y = b;
-    if (x->e != y->e)
-        return x->e < y->e ? -1 : 1;
-    if (x->t != y->t)
-        return x->t < y->t ? -1 : 1;
-    return (x->k > y->k) - (x->k < y->k);
+    return x->e != y->e ? CMP(x->e, y->e) : x->t != y->t ? CMP(x->t, y->t) : CMP(x->k, y->k);
 }
 
 #define TRY(expr)                                                                                           \
@@ -167,17 +166,24 @@ static void slot_bufs(dsv4_allocator *A, chunk_bufs *b, uint64_t nk, bool *oom)
     b->sw = zalloc(A, nk, sizeof *b->sw, oom);
 }
 
+/* ep: a chunk's counts per rank of the ep group (P ranks), each way (dispatch_counts, row_counts). */
+typedef struct {
+    int P;
+    uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
+    uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
+    int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
+} ep_counts;
+
 /* ep: the slots received from each rank (rcount from the counts' exchange) as rcn, the rows' element
    counts each way (scH, rcH: H values a slot); returns the slots received. */
-static uint64_t row_counts(int P, uint64_t H, const uint64_t *sc, const int64_t *rcount, uint64_t *rcn, uint64_t *scH,
-                           uint64_t *rcH)
+static uint64_t row_counts(ep_counts *x, uint64_t H)
 {
     uint64_t nr = 0;
-    for (int j = 0; j < P; j++) {
-        rcn[j] = (uint64_t)rcount[j];
-        nr += rcn[j];
-        scH[j] = sc[j] * H;
-        rcH[j] = rcn[j] * H;
+    for (int j = 0; j < x->P; j++) {
+        x->rcn[j] = (uint64_t)x->rcount[j];
+        nr += x->rcn[j];
+        x->scH[j] = x->sc[j] * H;
+        x->rcH[j] = x->rcn[j] * H;
     }
     return nr;
 }
@@ -204,16 +210,17 @@ static dsv4_status route_chunk(rank_ctx *rc, int64_t c0, int64_t n, const uint16
 
 /* ep: each slot's destination rank, counted (sc, and as int64 for the counts' exchange; ones: one
    count to and from every rank). sl is sorted by expert, so it is grouped by destination. */
-static void dispatch_counts(const chunk_bufs *b, int64_t ns, int P, int64_t per, uint64_t *sc, int64_t *scount,
-                            uint64_t *ones)
+static void dispatch_counts(const rank_ctx *rc, const chunk_bufs *b, int64_t ns, ep_counts *x)
 {
+    int P = x->P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
+    int64_t per = rc->cfg->n_routed_experts / P;
     for (int j = 0; j < P; j++)
-        sc[j] = 0;
+        x->sc[j] = 0;
     for (int64_t s = 0; s < ns; s++)
-        sc[b->sl[s].e / per < P ? b->sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
+        x->sc[b->sl[s].e / per < P ? b->sl[s].e / per : P - 1]++; /* (F12's sentinel goes to the last rank) */
     for (int j = 0; j < P; j++) {
-        ones[j] = 1;
-        scount[j] = (int64_t)sc[j];
+        x->ones[j] = 1;
+        x->scount[j] = (int64_t)x->sc[j];
     }
 }
 
@@ -247,7 +254,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
 {
     const dsv4_config *c = rc->cfg;
     const dsv4_topology *tp = dsv4_plan_topology(rc->plan);
-    int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
+    int64_t H = c->dim, K = c->n_activated;
     int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
     dsv4_dist_rank *io = rc->io;
     const uint16_t *x = io->x ? io->x + c0 * H : NULL;
@@ -274,16 +281,11 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
     if (tp->ep > 1) {
         /* 2: dispatch the slots to the ranks holding their experts (sl is sorted by expert, so it is
            grouped by destination in rank order) */
-        int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
-        int64_t per = E / P;
-        uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
-        uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
-        int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
-        dispatch_counts(&b, ns, P, per, sc, scount, ones);
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, scount, ones, rcount, ones,
+        ep_counts ec;
+        dispatch_counts(rc, &b, ns, &ec);
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, ec.scount, ec.ones, ec.rcount, ec.ones,
                                   "dispatch counts", err));
-        uint64_t nr = row_counts(P, (uint64_t)H, sc, rcount, rcn, scH, rcH);
-        uint64_t uH = (uint64_t)H;
+        uint64_t uH = (uint64_t)H, nr = row_counts(&ec, uH);
         b.sendx = zalloc(A, (uint64_t)ns * uH, sizeof *b.sendx, &oom);
         b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
         b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
@@ -307,11 +309,11 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
             b.sende[s] = b.sl[s].e;
             b.sendw[s] = b.sl[s].w;
         }
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendx, scH, b.recvx, rcH,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendx, ec.scH, b.recvx, ec.rcH,
                                   "dispatch rows", err));
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I32, b.sende, sc, b.recve, rcn,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I32, b.sende, ec.sc, b.recve, ec.rcn,
                                   "dispatch experts", err));
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_F32, b.sendw, sc, b.recvw, rcn,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_F32, b.sendw, ec.sc, b.recvw, ec.rcn,
                                   "dispatch weights", err));
         /* 3: this rank's experts, grouped in ascending id (received order inside a group: source
            rank, then its token order); the received order is kept for the way back */
@@ -326,7 +328,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
         for (uint64_t q = 0; q < nr; q++)
             round_bf16(b.go + q * uH, b.sendo + (uint64_t)b.rs[q].t * uH, uH);
         /* 4: the outputs back to the home ranks, in the order they were sent */
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendo, rcH, b.ob, scH,
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendo, ec.rcH, b.ob, ec.scH,
                                   "combine rows", err));
         if (has_shared) {
             TRY(shared_rows(rc, n, x, i0, ni, &b, err));
@@ -462,7 +464,7 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
     const dsv4_config *c = rc->cfg;
     const dsv4_topology *tp = dsv4_plan_topology(rc->plan);
     const dsv4_backend_device *D = rc->dev;
-    int64_t H = c->dim, K = c->n_activated, E = c->n_routed_experts;
+    int64_t H = c->dim, K = c->n_activated;
     int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
     dsv4_dist_rank *io = rc->io;
     bool has_shared = c->n_shared_experts > 0, oom = false;
@@ -488,14 +490,10 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
         b.sidx[s] = (int32_t)b.sl[s].t;
     float *dshf = NULL;
     if (tp->ep > 1) {
-        int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
-        int64_t per = E / P;
-        uint64_t sc[DSV4_COMM_MAX_RANKS], rcn[DSV4_COMM_MAX_RANKS], ones[DSV4_COMM_MAX_RANKS];
-        uint64_t scH[DSV4_COMM_MAX_RANKS], rcH[DSV4_COMM_MAX_RANKS];
-        int64_t scount[DSV4_COMM_MAX_RANKS], rcount[DSV4_COMM_MAX_RANKS];
-        dispatch_counts(&b, ns, P, per, sc, scount, ones);
-        TRY(dev_all_to_allv(rc, DSV4_DTYPE_I64, scount, ones, rcount, ones, "dispatch counts", err));
-        uint64_t nr = row_counts(P, uH, sc, rcount, rcn, scH, rcH);
+        ep_counts ec;
+        dispatch_counts(rc, &b, ns, &ec);
+        TRY(dev_all_to_allv(rc, DSV4_DTYPE_I64, ec.scount, ec.ones, ec.rcount, ec.ones, "dispatch counts", err));
+        uint64_t nr = row_counts(&ec, uH);
         b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
         b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
         b.recve = zalloc(A, nr, sizeof *b.recve, &oom);
@@ -518,12 +516,12 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
         }
         st = D->gather(rc->impl, ns, H, dx, b.sidx, dsendx, err);
         if (!st)
-            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendx, scH, drecvx, rcH,
+            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendx, ec.scH, drecvx, ec.rcH,
                                        "dispatch rows", err);
         if (!st)
-            st = dev_all_to_allv(rc, DSV4_DTYPE_I32, b.sende, sc, b.recve, rcn, "dispatch experts", err);
+            st = dev_all_to_allv(rc, DSV4_DTYPE_I32, b.sende, ec.sc, b.recve, ec.rcn, "dispatch experts", err);
         if (!st)
-            st = dev_all_to_allv(rc, DSV4_DTYPE_F32, b.sendw, sc, b.recvw, rcn, "dispatch weights", err);
+            st = dev_all_to_allv(rc, DSV4_DTYPE_F32, b.sendw, ec.sc, b.recvw, ec.rcn, "dispatch weights", err);
         if (!st)
             st = received_groups(rc, &b, nr, err);
         if (!st) {
@@ -540,7 +538,7 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
         if (!st)
             st = D->round(rc->impl, (int64_t)nr, H, dgo, b.gidx, dsendo, err);
         if (!st)
-            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendo, rcH, dob, scH, "combine rows",
+            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendo, ec.rcH, dob, ec.scH, "combine rows",
                                        err);
         if (st)
             goto done;
@@ -813,11 +811,7 @@ typedef struct {
 static int cmp_uslot(const void *a, const void *b)
 {
     const uslot *x = a, *y = b;
-    if (x->e != y->e)
-        return x->e < y->e ? -1 : 1;
-    if (x->r != y->r)
-        return x->r < y->r ? -1 : 1;
-    return (x->s > y->s) - (x->s < y->s);
+    return x->e != y->e ? CMP(x->e, y->e) : x->r != y->r ? CMP(x->r, y->r) : CMP(x->s, y->s);
 }
 
 typedef struct {

@@ -14,6 +14,7 @@
 #include "dsv4moe/plan.h"
 #include "../backend/backend_impl.h"
 #include "err.h"
+#include "strbuf.h"
 #include "testctl.h"
 
 /* ---------------------------------------------------------------------------
@@ -64,8 +65,7 @@ struct dsv4_plan {
     int64_t i_first, i_count;
     uint64_t row_bytes;
     dsv4_gemm_mode gemm; /* resolved: exact or fp8 */
-    char *explain;
-    size_t explain_len, explain_cap;
+    dsv4_strbuf explain; /* dsv4_plan_explain's text, a line an explainf */
 };
 
 /* ---------------------------------------------------------------------------
@@ -197,28 +197,10 @@ static bool explainf(dsv4_plan *p, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    dsv4_sb_vprintf(&p->explain, fmt, ap);
     va_end(ap);
-    if (n < 0)
-        return false;
-    size_t need = p->explain_len + (size_t)n + 2;
-    if (need > p->explain_cap) {
-        size_t cap = p->explain_cap ? p->explain_cap : 1024;
-        while (cap < need)
-            cap *= 2;
-        char *nb = realloc(p->explain, cap);
-        if (!nb)
-            return false;
-        p->explain = nb;
-        p->explain_cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(p->explain + p->explain_len, p->explain_cap - p->explain_len, fmt, ap);
-    va_end(ap);
-    p->explain_len += (size_t)n;
-    p->explain[p->explain_len++] = '\n';
-    p->explain[p->explain_len] = '\0';
-    return true;
+    dsv4_sb_put(&p->explain, "\n", 1);
+    return !p->explain.oom;
 }
 
 /* "12.0 MiB", "1.2 GiB", "512 B". */
@@ -923,7 +905,7 @@ void dsv4_plan_free(dsv4_plan *plan)
 {
     if (!plan)
         return;
-    free(plan->explain);
+    free(plan->explain.s);
     free(plan);
 }
 
@@ -939,7 +921,7 @@ int64_t dsv4_plan_expert_count(const dsv4_plan *plan) { return plan ? plan->e_co
 int64_t dsv4_plan_inter_first(const dsv4_plan *plan) { return plan ? plan->i_first : 0; }
 int64_t dsv4_plan_inter_count(const dsv4_plan *plan) { return plan ? plan->i_count : 0; }
 uint64_t dsv4_plan_budget_available(const dsv4_plan *plan) { return plan ? plan->available : 0; }
-const char *dsv4_plan_explain(const dsv4_plan *plan) { return plan && plan->explain ? plan->explain : ""; }
+const char *dsv4_plan_explain(const dsv4_plan *plan) { return plan && plan->explain.s ? plan->explain.s : ""; }
 
 int64_t dsv4_plan_chunks(const dsv4_plan *plan, int64_t max_tokens)
 {

@@ -51,10 +51,9 @@ TGT512 static AINL void tile512(int fmt, int NW, int RB, const dsv4_matrix_view 
 {
     const __m512 tab = _mm512_loadu_ps(e2m1_table);
     int sfp32 = m->scale_format == DSV4_SCALE_FP32;
-    const int64_t pf = 8 * (int64_t)NW * (int64_t)m->row_bytes;
     const uint8_t *row[8], *scl[8];
     __m512 acc[8][8];
-    tile_init(NW, RB, m, r, row, scl, acc);
+    const int64_t pf = tile_init(NW, RB, m, r, row, scl, acc);
     for (int64_t c = 0; c < nc; c++) {
         __m512 wv[8][2];
 #pragma GCC unroll 8
@@ -77,11 +76,7 @@ TGT512 static AINL void tile512(int fmt, int NW, int RB, const dsv4_matrix_view 
             }
         }
     }
-#pragma GCC unroll 8
-    for (int w = 0; w < NW; w++)
-#pragma GCC unroll 8
-        for (int q = 0; q < RB; q++)
-            C[q * ldc + w] = _mm512_reduce_add_ps(acc[w][q]);
+    store_acc(NW, RB, acc, C, ldc);
 }
 
 /* Weight rows [r0, r0 + nr) against n activation rows in blocks of at most 8; the weight-row

@@ -18,11 +18,13 @@ enum { F_FP8 = 1, F_FP4 = 2 };
 #define TGTBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #define TGTBF4 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,avx2,fma,f16c")))
 
-/* A tile's row and scale pointers for weight rows r .. r + NW - 1, and zeroed accumulators. */
-TGT512 static AINL void tile_init(int NW, int RB, const dsv4_matrix_view *m, int64_t r, const uint8_t *row[8],
-                                  const uint8_t *scl[8], __m512 acc[8][8])
+/* A tile's row and scale pointers for weight rows r .. r + NW - 1, and zeroed accumulators;
+   returns the prefetch distance in bytes: 8 tiles of NW rows ahead, into L2. */
+TGT512 static AINL int64_t tile_init(int NW, int RB, const dsv4_matrix_view *m, int64_t r, const uint8_t *row[8],
+                                     const uint8_t *scl[8], __m512 acc[8][8])
 {
     TILE_INIT(NW, RB, m, r, row, scl, acc, _mm512_setzero_ps());
+    return 8 * (int64_t)NW * (int64_t)m->row_bytes;
 }
 
 
@@ -45,8 +47,8 @@ TGTBF static AINL void dot4_step(int RB, const uint16_t *X, int64_t ldx, int64_t
     }
 }
 
-/* C[q * ldc + w] = the sum of acc[w][q]'s lanes. */
-TGTBF static AINL void store_acc(int NW, int RB, __m512 acc[8][8], float *C, int64_t ldc)
+/* C[q * ldc + w] = the sum of acc[w][q]'s lanes (every AVX-512 tile's epilogue). */
+TGT512 static AINL void store_acc(int NW, int RB, __m512 acc[8][8], float *C, int64_t ldc)
 {
 #pragma GCC unroll 8
     for (int w = 0; w < NW; w++)

@@ -42,11 +42,7 @@ TGTBF static AINL void tilebf(int NW, int RB, const dsv4_matrix_view *m, int64_t
             }
         }
     }
-#pragma GCC unroll 8
-    for (int w = 0; w < NW; w++)
-#pragma GCC unroll 8
-        for (int q = 0; q < RB; q++)
-            C[q * ldc + w] = _mm512_reduce_add_ps(acc[w][q]);
+    store_acc(NW, RB, acc, C, ldc);
 }
 
 TGTBF static void dot_rows_fp4_bf16(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const uint16_t *X,
@@ -81,10 +77,9 @@ TGTBF static AINL void tile8bf(int NW, int RB, const dsv4_matrix_view *m, int64_
 {
     const __m512i sub = _mm512_loadu_si512((const void *)e4m3_sub_bf16);
     int sfp32 = m->scale_format == DSV4_SCALE_FP32;
-    const int64_t pf = 8 * (int64_t)NW * (int64_t)m->row_bytes;
     const uint8_t *row[8], *scl[8];
     __m512 acc[8][8];
-    tile_init(NW, RB, m, r, row, scl, acc);
+    const int64_t pf = tile_init(NW, RB, m, r, row, scl, acc);
     for (int64_t c = 0; c < n128; c++) {
 #pragma GCC unroll 8
         for (int w = 0; w < NW; w++) {

@@ -42,10 +42,9 @@ TGTBF4 static AINL void tilebf4(int NW, int RB, bool plain, const dsv4_matrix_vi
     const __m512i i1 = _mm512_loadu_si512((const void *)k4_idx1), i2 = _mm512_loadu_si512((const void *)k4_idx2);
     const __m512i si = _mm512_loadu_si512((const void *)k4_sidx);
     const __mmask64 even = 0x5555555555555555ull, top = 0x8888888888888888ull;
-    const int64_t pf = 8 * (int64_t)NW * (int64_t)m->row_bytes; /* 8 blocks ahead, into L2 */
     const uint8_t *row[8], *scl[8];
     __m512 acc[8][8];
-    tile_init(NW, RB, m, r, row, scl, acc);
+    const int64_t pf = tile_init(NW, RB, m, r, row, scl, acc);
     for (int64_t c = 0; c < n128; c++) {
 #pragma GCC unroll 8
         for (int w = 0; w < NW; w++) {

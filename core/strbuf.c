@@ -30,6 +30,16 @@ void dsv4_sb_put(dsv4_strbuf *b, const char *s, size_t n)
 
 void dsv4_sb_str(dsv4_strbuf *b, const char *s) { dsv4_sb_put(b, s, strlen(s)); }
 
+void dsv4_join_names(char *buf, size_t size, const char *const *names)
+{
+    buf[0] = '\0';
+    for (const char *const *p = names; *p; p++) {
+        if (p != names)
+            strncat(buf, ", ", size - strlen(buf) - 1);
+        strncat(buf, *p, size - strlen(buf) - 1);
+    }
+}
+
 void dsv4_sb_utf8(dsv4_strbuf *b, const unsigned char **pp, const unsigned char *end)
 {
     const unsigned char *p = *pp;
@@ -47,13 +57,13 @@ void dsv4_sb_utf8(dsv4_strbuf *b, const unsigned char **pp, const unsigned char 
     }
 }
 
-void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...)
+void dsv4_sb_vprintf(dsv4_strbuf *b, const char *fmt, va_list ap)
 {
     char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(small, sizeof small, fmt, ap2);
+    va_end(ap2);
     if (n < 0) {
         b->oom = true;
         return;
@@ -67,11 +77,17 @@ void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...)
         b->oom = true;
         return;
     }
-    va_start(ap, fmt);
     vsnprintf(s, (size_t)n + 1, fmt, ap);
-    va_end(ap);
     dsv4_sb_put(b, s, (size_t)n);
     free(s);
+}
+
+void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    dsv4_sb_vprintf(b, fmt, ap);
+    va_end(ap);
 }
 
 dsv4_status dsv4_sb_stage(dsv4_strbuf *b, const char *path, dsv4_outfile *o, dsv4_error *err)

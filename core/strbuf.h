@@ -1,11 +1,13 @@
-/* Internal: a growing NUL-terminated string for the report writers. Not installed. */
-#ifndef DSV4MOE_HARNESS_STRBUF_H
-#define DSV4MOE_HARNESS_STRBUF_H
+/* Internal: a growing NUL-terminated string (not installed): the planner's explanation, the
+   scenario parser's case names, the harness's reports; and the joined name lists of the error
+   messages. */
+#ifndef DSV4MOE_CORE_STRBUF_H
+#define DSV4MOE_CORE_STRBUF_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "dsv4moe/run.h"
 #include "dsv4moe/status.h"
 #include "fileio.h"
 
@@ -23,18 +25,15 @@ void dsv4_sb_str(dsv4_strbuf *b, const char *s);
    first byte; *p moves past what was consumed. */
 void dsv4_sb_utf8(dsv4_strbuf *b, const unsigned char **p, const unsigned char *end);
 void dsv4_sb_printf(dsv4_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void dsv4_sb_vprintf(dsv4_strbuf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+/* The NULL-terminated `names` as "a, b, c" in buf (size bytes, cut to fit): the lists of allowed
+   values in error messages. */
+void dsv4_join_names(char *buf, size_t size, const char *const *names);
 /* Writes the buffer to `path` atomically, or nothing when an append ran out of memory
    (DSV4_ERR_NOMEM naming path); frees the text either way. */
 dsv4_status dsv4_sb_write_file(dsv4_strbuf *b, const char *path, dsv4_error *err);
 /* Like dsv4_sb_write_file, but leaves the written temporary uncommitted in *o (see
    dsv4_out_commit_all); on error nothing exists. */
 dsv4_status dsv4_sb_stage(dsv4_strbuf *b, const char *path, dsv4_outfile *o, dsv4_error *err);
-
-/* The three reports, staged into *o for dsv4_report_write_all (harness/reports.c). */
-dsv4_status dsv4_report_json_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
-                                   dsv4_outfile *o, dsv4_error *err);
-dsv4_status dsv4_report_junit_stage(const dsv4_run_results *R, const dsv4_scenario *scn, const char *path,
-                                    dsv4_outfile *o, dsv4_error *err);
-dsv4_status dsv4_report_html_stage(const dsv4_run_results *R, const char *path, dsv4_outfile *o, dsv4_error *err);
 
 #endif
