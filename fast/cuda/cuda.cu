@@ -144,6 +144,7 @@ struct CudaBe {
     int big_rows = 128; /* rows of a large group's tile: the k_tileh variant's tokens, or 128 (k_tile) */
     int big_var = 0, mid_var = 0; /* k_tileh variants (tileh_big, tileh_mid): cuda_kernels tileh= / mid= */
     int fp8_cut = DSV4C_FP8_CUT_ROWS; /* gemm fp8: groups above this many rows on the grouped FP8 GEMM */
+    int dec_fill = DSV4C_DEC_FILL;    /* k_dec's K split: until its blocks reach this many per multiprocessor */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     uint64_t fbuf_bytes[8] = {};

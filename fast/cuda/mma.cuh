@@ -49,6 +49,11 @@ namespace dsv4cuda {
 #define DSV4C_FP8_CUT_ROWS 32
 #endif
 static_assert(DSV4C_FP8_CUT_ROWS >= FM_DEC_MAX && DSV4C_FP8_CUT_ROWS <= FM_MID_MAX, "fp8 cut between the regimes");
+/* k_dec splits K over 1, 2, 4 or 8 warps per 16-row tile until the launch has this many blocks per
+   multiprocessor (launch_dec; 3 resident at most, __launch_bounds__ below). dec_fill=N sets another. */
+#ifndef DSV4C_DEC_FILL
+#define DSV4C_DEC_FILL 3
+#endif
 #define FM_THREADS 256
 #define FM_LDA_PAD 16 /* staged activation rows 128 + 16 bytes apart: conflict-free 4-byte B loads */
 

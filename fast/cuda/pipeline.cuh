@@ -135,6 +135,15 @@ void set_modes(CudaBe *b)
 
 template <typename T> T *at(const CudaBe *b, uint64_t off) { return (T *)(void *)(b->ws + off); }
 
+/* k_combine over tc tokens, 8 columns a thread: a chunk of fewer tokens than multiprocessors takes
+   blocks of 64 threads, so a token's row spreads over H / 512 blocks rather than H / 2048 (the
+   column a thread sums, and its order, are the same). */
+void launch_combine(const CudaBe *b, const CombineArgs &ca, int64_t tc, cudaStream_t s)
+{
+    const int bs = tc < b->nsm ? 64 : 256;
+    k_combine<<<dim3((unsigned)tc, (unsigned)cdiv(ca.H, 8 * bs)), (unsigned)bs, (size_t)ca.K * 16, s>>>(ca);
+}
+
 /* Whether some kernel of the chunk reads the activations' codes as f16 (k_tileh): not when gemm
    fp8 takes every large group and the mid-size groups stay on mma.sync. */
 bool f16_codes_read(const CudaBe *b);
@@ -256,12 +265,14 @@ cudaError_t tileh_attrs()
 }
 
 /* Launches k_dec for format fmt over `groups` slots (routed active slots below fa.act_max, then
-   the shared expert), splitting K over enough warps to give every multiprocessor a few blocks. */
+   the shared expert), splitting K over enough warps to give every multiprocessor b->dec_fill
+   blocks (cuda_kernels dec_fill; the split is a function of N, the group count and the device,
+   so a chunk and its graph bucket sum in the same order). */
 void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t s)
 {
     const int tiles16 = fa.N / 16;
     int ks = 1;
-    while (ks < 8 && (int64_t)(tiles16 / (8 / ks)) * groups < 3 * (int64_t)b->nsm)
+    while (ks < 8 && (int64_t)(tiles16 / (8 / ks)) * groups < (int64_t)b->dec_fill * b->nsm)
         ks *= 2;
     fa.ks = ks;
     const dim3 grid((unsigned)(tiles16 / (8 / ks)), (unsigned)groups);
@@ -456,7 +467,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     ca.y = at<uint16_t>(b, L.x);
     ca.ntok = ra.ntok;
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
-    k_combine<<<dim3((unsigned)L.tc, (unsigned)cdiv(H, 8 * 256)), 256, (size_t)K * 16, s>>>(ca);
+    launch_combine(b, ca, L.tc, s);
     return cudaPeekAtLastError();
 }
 
@@ -623,7 +634,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     ca.y = at<uint16_t>(b, L.x);
     ca.ntok = ntok;
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
-    k_combine<<<dim3((unsigned)L.tc, (unsigned)cdiv(H, 8 * 256)), 256, (size_t)K * 16, s>>>(ca);
+    launch_combine(b, ca, L.tc, s);
     return cudaPeekAtLastError();
 }
 
@@ -656,6 +667,31 @@ struct IoArgs {
 
 /* In: the token count (the row count, or the caller's valid rows), the chunk's counters zeroed,
    the live rows of x and of the input ids. One block per row. */
+/* A block copies one row of H bf16 values (zeros when !live): 16 bytes a thread and four in flight
+   before their stores when both ends are 16-byte aligned (the caller's tensors need not be), else
+   2 bytes a thread. A loop of dependent 2-byte copies took 8 us for one row on the H200. */
+__device__ __forceinline__ void copy_row(uint16_t *dst, const uint16_t *src, int H, bool live)
+{
+    if (((uintptr_t)dst | (uintptr_t)src) % 16 == 0 && H % 8 == 0) {
+        const uint4 *s8 = (const uint4 *)src;
+        uint4 *d8 = (uint4 *)dst;
+        const int n8 = H / 8, step = (int)blockDim.x;
+        for (int i0 = (int)threadIdx.x; i0 < n8; i0 += 4 * step) {
+            uint4 v[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                v[q] = live && i0 + q * step < n8 ? __ldg(s8 + i0 + q * step) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (i0 + q * step < n8)
+                    d8[i0 + q * step] = v[q];
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        dst[i] = live ? src[i] : (uint16_t)0;
+}
+
 __global__ void k_io_in(IoArgs a)
 {
     const int t = blockIdx.x, n = chunk_rows(a.valid, a.t0, a.tc);
@@ -665,10 +701,7 @@ __global__ void k_io_in(IoArgs a)
         a.ws_stats[threadIdx.x] = 0;
     if (t >= n)
         return;
-    const uint16_t *src = a.x + (size_t)t * a.H;
-    uint16_t *dst = a.ws_x + (size_t)t * a.H;
-    for (int i = threadIdx.x; i < a.H; i += blockDim.x)
-        dst[i] = src[i];
+    copy_row(a.ws_x + (size_t)t * a.H, a.x + (size_t)t * a.H, a.H, true);
     if (a.hash && threadIdx.x == 0)
         a.ws_in_ids[t] = a.in_ids[t];
 }
@@ -679,10 +712,7 @@ __global__ void k_io_out(IoArgs a)
 {
     const int t = blockIdx.x, n = chunk_rows(a.valid, a.t0, a.tc);
     const bool live = t < n;
-    const uint16_t *src = a.ws_x + (size_t)t * a.H;
-    uint16_t *dst = a.y + (size_t)t * a.H;
-    for (int i = threadIdx.x; i < a.H; i += blockDim.x)
-        dst[i] = live ? src[i] : (uint16_t)0;
+    copy_row(a.y + (size_t)t * a.H, a.ws_x + (size_t)t * a.H, a.H, live);
     for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
         const size_t j = (size_t)t * a.K + k;
         if (a.ids)

@@ -182,7 +182,7 @@ cudaError_t stage_combine(void *impl, const StageChunk &c, bool with_shared)
     ca.ntok = at<int>(b, c.ntok);
     ca.H = (int)cf->dim, ca.E = (int)cf->n_routed_experts, ca.K = (int)cf->n_activated;
     ca.after = cf->weight_point == DSV4_WEIGHT_AFTER_W2;
-    k_combine<<<dim3((unsigned)c.tc, (unsigned)cdiv(cf->dim, 8 * 256)), 256, (size_t)cf->n_activated * 16, b->stream>>>(ca);
+    launch_combine(b, ca, c.tc, b->stream);
     return cudaPeekAtLastError();
 }
 

@@ -111,6 +111,9 @@ typedef struct dsv4_backend_options {
          fp8_scales=auto|rows  gemm fp8: the GEMM's weight scales per 128x128 block where the layer
                              converts that way exactly (auto), or per row and 128 of K (rows; slower,
                              the same outputs)
+         dec_fill=N          the decode kernel splits K over more warps until its launch has N
+                             blocks per multiprocessor (1 <= N <= 8; default 3; changes the order
+                             of its fp32 partial sums, deterministically)
        An unknown key or value is refused (DSV4_ERR_INVALID_ARG, naming it); ref and cpu refuse a
        non-empty list (DSV4_ERR_UNSUPPORTED). The string is read at creation only. */
     const char *cuda_kernels;

@@ -654,7 +654,8 @@ START_TEST(shared_workspace)
     dsv4_backend_options_init(&ko);
     const char *badk[][2] = {{"fp8_cut=8", "fp8_cut"},     {"fp8_cut=65", "fp8_cut"}, {"fp8_cut=3x", "fp8_cut"},
                              {"tileh=s256", "tileh"},      {"colour=red", "colour"},  {"path", "key=value"},
-                             {"path=exact,mid=z", "mid"},  {"fp8_scales=cols", "fp8_scales"}};
+                             {"path=exact,mid=z", "mid"},  {"fp8_scales=cols", "fp8_scales"},
+                             {"dec_fill=0", "dec_fill"},   {"dec_fill=9", "dec_fill"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.cuda_kernels = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
