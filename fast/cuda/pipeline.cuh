@@ -665,8 +665,6 @@ struct IoArgs {
     unsigned long long *ws_stats, *ctl;
 };
 
-/* In: the token count (the row count, or the caller's valid rows), the chunk's counters zeroed,
-   the live rows of x and of the input ids. One block per row. */
 /* A block copies one row of H bf16 values (zeros when !live): 16 bytes a thread and four in flight
    before their stores when both ends are 16-byte aligned (the caller's tensors need not be), else
    2 bytes a thread. A loop of dependent 2-byte copies took 8 us for one row on the H200. */
@@ -692,6 +690,8 @@ __device__ __forceinline__ void copy_row(uint16_t *dst, const uint16_t *src, int
         dst[i] = live ? src[i] : (uint16_t)0;
 }
 
+/* In: the token count (the row count, or the caller's valid rows), the chunk's counters zeroed,
+   the live rows of x and of the input ids. One block per row. */
 __global__ void k_io_in(IoArgs a)
 {
     const int t = blockIdx.x, n = chunk_rows(a.valid, a.t0, a.tc);
