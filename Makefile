@@ -81,6 +81,9 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
+# core/route.c is the reference's selection and top-p, shared with the cpu backend: the reference's flags.
+$(BUILD)/core/route.o: CFLAGS_ALL += $(CFLAGS_REF)
+
 $(LIB_A): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@

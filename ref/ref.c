@@ -214,7 +214,7 @@ static void route_tokens(void *p, int64_t b, int64_t e)
         }
         if (finite) {
             dsv4_ref_scores(c, l, s);
-            dsv4_ref_select(c, s, r->rt.bias, hash ? r->rt.tid2eid + (int64_t)j->in_ids[t] * K : NULL, ids, w);
+            dsv4_route_select(c, s, r->rt.bias, hash ? r->rt.tid2eid + (int64_t)j->in_ids[t] * K : NULL, ids, w);
             /* Finite logits so negative that every selected score underflows to 0 give 0/0
                weights: such a row takes the fallback too rather than poisoning its output. */
             for (int64_t k = 0; k < K; k++)
@@ -243,7 +243,7 @@ static void route_tokens(void *p, int64_t b, int64_t e)
                 } else
                     norms[k] = 1.0f;
             }
-            kept = dsv4_ref_top_p(c, ids, w, norms);
+            kept = dsv4_route_top_p(c, ids, w, norms);
         }
         if (j->kept)
             j->kept[t] = kept;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include "dsv4moe/config.h"
 #include "dsv4moe/ref.h"
+#include "route.h"
 
 /* Deterministic transcendental functions: double-precision range reduction and
    polynomials of fixed form, rounded once to float. Same bits everywhere. */
@@ -26,19 +27,7 @@ float dsv4_ref_dot(const float *a, const float *b, int64_t n);
 /* Scores from logits (SPEC.md 2.2) for the E experts. */
 void dsv4_ref_scores(const dsv4_config *cfg, const float *logits, float *scores);
 
-/*
- * Selection and weights of one token (SPEC.md 2.3-2.4). bias may be NULL
- * (zero). With `hash_ids` non-NULL (hash layers) the ids are taken from it.
- * ids and weights are [K].
- */
-void dsv4_ref_select(const dsv4_config *cfg, const float *scores, const float *bias, const int32_t *hash_ids,
-                     int32_t *ids, float *weights);
-
-/*
- * Norm top-p pruning of one token's K slots in place (SPEC.md 3); norms[j]
- * is the predictor's estimate for slot j. Returns the number of slots kept.
- */
-int dsv4_ref_top_p(const dsv4_config *cfg, int32_t *ids, float *weights, const float *norms);
+/* Selection, weights and norm top-p (SPEC.md 2.3-3): core/route.h, shared with the cpu backend. */
 
 /*
  * The layer's pieces, shared by dsv4_ref_forward and the distributed driver so

@@ -83,7 +83,7 @@ START_TEST(select_ties_bias_and_normalisation)
     float s[8] = {0.1f, 0.5f, 0.9f, 0.5f, 0.2f, 0.9f, 0.3f, 0.5f};
     int32_t ids[3];
     float w[3];
-    dsv4_ref_select(&c, s, NULL, NULL, ids, w);
+    dsv4_route_select(&c, s, NULL, NULL, ids, w);
     /* 0.9 at 2 and 5 (tie: lower first), then 0.5 at 1, 3, 7: expert 1. */
     ck_assert_int_eq(ids[0], 2);
     ck_assert_int_eq(ids[1], 5);
@@ -92,7 +92,7 @@ START_TEST(select_ties_bias_and_normalisation)
     ck_assert(w[2] == 0.5f / (0.9f + 0.9f + 0.5f));
     /* Bias selects, the unbiased score weighs: expert 0 enters first. */
     float bias[8] = {2.0f, 0, 0, 0, 0, 0, 0, 0};
-    dsv4_ref_select(&c, s, bias, NULL, ids, w);
+    dsv4_route_select(&c, s, bias, NULL, ids, w);
     ck_assert_int_eq(ids[0], 0);
     ck_assert_int_eq(ids[1], 2);
     ck_assert_int_eq(ids[2], 5);
@@ -100,19 +100,19 @@ START_TEST(select_ties_bias_and_normalisation)
     /* norm_eps and route_scale. */
     c.norm_eps = 0.1f;
     c.route_scale = 2.5f;
-    dsv4_ref_select(&c, s, NULL, NULL, ids, w);
+    dsv4_route_select(&c, s, NULL, NULL, ids, w);
     ck_assert(w[0] == (0.9f / (((0.9f + 0.9f) + 0.5f) + 0.1f)) * 2.5f);
     /* softmax: no renormalisation, route_scale still applies. */
     c.norm_eps = 0.0f;
     c.score_func = DSV4_SCORE_SOFTMAX;
-    dsv4_ref_select(&c, s, NULL, NULL, ids, w);
+    dsv4_route_select(&c, s, NULL, NULL, ids, w);
     ck_assert(w[0] == 0.9f * 2.5f);
     ck_assert(w[2] == 0.5f * 2.5f);
     /* Hash ids are taken as given, with weights from their scores. */
     c.score_func = DSV4_SCORE_SQRTSOFTPLUS;
     c.route_scale = 1.0f;
     int32_t h[3] = {6, 0, 4};
-    dsv4_ref_select(&c, s, NULL, h, ids, w);
+    dsv4_route_select(&c, s, NULL, h, ids, w);
     ck_assert_int_eq(ids[0], 6);
     ck_assert_int_eq(ids[1], 0);
     ck_assert_int_eq(ids[2], 4);
@@ -128,7 +128,7 @@ START_TEST(top_p_worked_examples)
     int32_t ids[4] = {1, 2, 3, 4};
     float w[4] = {0.4f, 0.3f, 0.2f, 0.1f};
     c.top_p = 0.6f;
-    ck_assert_int_eq(dsv4_ref_top_p(&c, ids, w, one), 2);
+    ck_assert_int_eq(dsv4_route_top_p(&c, ids, w, one), 2);
     ck_assert_int_eq(ids[0], 1);
     ck_assert_int_eq(ids[1], 2);
     ck_assert_int_eq(ids[2], 8);
@@ -138,7 +138,7 @@ START_TEST(top_p_worked_examples)
     int32_t ids2[4] = {1, 2, 3, 4};
     float w2[4] = {0.4f, 0.3f, 0.2f, 0.1f};
     c.top_p_min_keep = 3;
-    ck_assert_int_eq(dsv4_ref_top_p(&c, ids2, w2, one), 3);
+    ck_assert_int_eq(dsv4_route_top_p(&c, ids2, w2, one), 3);
     ck_assert_int_eq(ids2[2], 3);
     ck_assert_int_eq(ids2[3], 8);
     c.top_p_min_keep = 1;
@@ -146,7 +146,7 @@ START_TEST(top_p_worked_examples)
     int32_t ids3[4] = {7, 2, 5, 1};
     float w3[4] = {0.25f, 0.25f, 0.25f, 0.25f};
     c.top_p = 0.5f;
-    ck_assert_int_eq(dsv4_ref_top_p(&c, ids3, w3, one), 2);
+    ck_assert_int_eq(dsv4_route_top_p(&c, ids3, w3, one), 2);
     ck_assert_int_eq(ids3[0], 8);
     ck_assert_int_eq(ids3[1], 2);
     ck_assert_int_eq(ids3[2], 8);
@@ -155,7 +155,7 @@ START_TEST(top_p_worked_examples)
     int32_t ids4[4] = {0, 1, 2, 3};
     float w4[4] = {0.97f, 0.01f, 0.01f, 0.01f};
     c.top_p = 0.9f;
-    ck_assert_int_eq(dsv4_ref_top_p(&c, ids4, w4, one), 1);
+    ck_assert_int_eq(dsv4_route_top_p(&c, ids4, w4, one), 1);
     ck_assert_int_eq(ids4[0], 0);
     ck_assert_int_eq(ids4[1] + ids4[2] + ids4[3], 24);
     /* The predictor's norms change the order: slot 3 now contributes most. */
@@ -163,7 +163,7 @@ START_TEST(top_p_worked_examples)
     float w5[4] = {0.4f, 0.3f, 0.2f, 0.1f};
     float norms[4] = {1.0f, 1.0f, 1.0f, 10.0f};
     c.top_p = 0.5f;
-    ck_assert_int_eq(dsv4_ref_top_p(&c, ids5, w5, norms), 1);
+    ck_assert_int_eq(dsv4_route_top_p(&c, ids5, w5, norms), 1);
     ck_assert_int_eq(ids5[3], 4);
     ck_assert_int_eq(ids5[0], 8);
     /* Renormalisation restores the original sum. */
@@ -171,7 +171,7 @@ START_TEST(top_p_worked_examples)
     float w6[4] = {0.4f, 0.3f, 0.2f, 0.1f};
     c.top_p = 0.6f;
     c.top_p_renorm = true;
-    ck_assert_int_eq(dsv4_ref_top_p(&c, ids6, w6, one), 2);
+    ck_assert_int_eq(dsv4_route_top_p(&c, ids6, w6, one), 2);
     float sum0 = ((0.4f + 0.3f) + 0.2f) + 0.1f, kept = 0.4f + 0.3f;
     ck_assert(w6[0] == 0.4f * (sum0 / kept));
     ck_assert(w6[2] == 0.0f);

@@ -1,7 +1,7 @@
 /*
  * The CPU backend's router (SPEC.md 2-3): logits by OpenBLAS, then per token the scores,
- * top-K (ties to the lower id), weights and norm top-p (pruned slots get the sentinel E), in
- * the reference's order of operations.
+ * then the reference's top-K (ties to the lower id), weights and norm top-p (pruned slots get
+ * the sentinel E).
  */
 #include <math.h>
 
@@ -12,8 +12,7 @@
 
 #include "cpu_impl.h"
 #include "kernels/kutil.h"
-
-static inline bool before(float ka, int32_t ia, float kb, int32_t ib) { return ka > kb || (ka == kb && ia < ib); }
+#include "route.h" /* dsv4_route_select, dsv4_route_top_p (core) */
 
 void dsv4_cpu_route(void *p, int64_t lo, int64_t hi)
 {
@@ -22,8 +21,7 @@ void dsv4_cpu_route(void *p, int64_t lo, int64_t hi)
     const dsv4_config *c = &b->cfg;
     int64_t E = c->n_routed_experts, H = c->dim, K = c->n_activated;
     bool hash = dsv4_config_is_hash_layer(c);
-    float s[E], key[K], contrib[K], norms[K];
-    int order[K];
+    float s[E], norms[K];
     for (int64_t t = lo; t < hi; t++) {
         const float *l = j->logits + t * E;
         int32_t *ids = j->ids + t * K;
@@ -61,39 +59,9 @@ void dsv4_cpu_route(void *p, int64_t lo, int64_t hi)
             for (int64_t e = 0; e < E; e++)
                 s[e] = s[e] / sum;
         }
-        /* selection (2.3) */
-        if (hash) {
-            for (int64_t k = 0; k < K; k++)
-                ids[k] = b->rt.tid2eid[(int64_t)j->in_ids[t] * K + k];
-        } else {
-            int64_t n = 0;
-            for (int64_t e = 0; e < E; e++) {
-                float v = b->rt.bias ? s[e] + b->rt.bias[e] : s[e];
-                if (n == K && !before(v, (int32_t)e, key[K - 1], ids[K - 1]))
-                    continue;
-                int64_t pos = n < K ? n++ : K - 1;
-                while (pos > 0 && before(v, (int32_t)e, key[pos - 1], ids[pos - 1])) {
-                    key[pos] = key[pos - 1];
-                    ids[pos] = ids[pos - 1];
-                    pos--;
-                }
-                key[pos] = v;
-                ids[pos] = (int32_t)e;
-            }
-        }
-        /* weights (2.4) */
-        float sum = 0.0f;
-        for (int64_t k = 0; k < K; k++) {
-            w[k] = s[ids[k]];
-            sum += w[k];
-        }
-        if (c->score_func != DSV4_SCORE_SOFTMAX) {
-            float den = sum + c->norm_eps;
-            for (int64_t k = 0; k < K; k++)
-                w[k] = w[k] / den;
-        }
-        for (int64_t k = 0; k < K; k++)
-            w[k] = w[k] * c->route_scale;
+        /* selection and weights (2.3-2.4), and norm top-p (3) below, are the reference's functions:
+           with no transcendental in them their bits do not depend on the build */
+        dsv4_route_select(c, s, b->rt.bias, hash ? b->rt.tid2eid + (int64_t)j->in_ids[t] * K : NULL, ids, w);
         int64_t keep = K;
         /* norm top-p (3) */
         if (!hash && c->top_p < 1.0f) {
@@ -108,42 +76,7 @@ void dsv4_cpu_route(void *p, int64_t lo, int64_t hi)
                 } else
                     norms[k] = 1.0f;
             }
-            for (int64_t k = 0; k < K; k++) {
-                contrib[k] = w[k] * norms[k];
-                int64_t pos = k;
-                while (pos > 0 && before(contrib[k], ids[k], contrib[order[pos - 1]], ids[order[pos - 1]])) {
-                    order[pos] = order[pos - 1];
-                    pos--;
-                }
-                order[pos] = (int)k;
-            }
-            float total = 0.0f;
-            for (int64_t r = 0; r < K; r++)
-                total += contrib[order[r]];
-            float thr = c->top_p * total, cum = 0.0f;
-            for (int64_t r = 0; r < K; r++) {
-                cum += contrib[order[r]];
-                if (cum >= thr) {
-                    keep = r + 1;
-                    break;
-                }
-            }
-            if (keep < c->top_p_min_keep)
-                keep = c->top_p_min_keep;
-            float orig = 0.0f, kw = 0.0f;
-            for (int64_t k = 0; k < K; k++)
-                orig += w[k];
-            for (int64_t r = keep; r < K; r++) {
-                ids[order[r]] = (int32_t)E;
-                w[order[r]] = 0.0f;
-            }
-            for (int64_t k = 0; k < K; k++)
-                kw += w[k];
-            if (c->top_p_renorm && keep < K && kw > 0.0f) {
-                float sc = orig / kw;
-                for (int64_t k = 0; k < K; k++)
-                    w[k] = w[k] * sc;
-            }
+            keep = dsv4_route_top_p(c, ids, w, norms);
         }
         j->kept[t] = (int32_t)keep;
     }
