@@ -1054,16 +1054,26 @@ START_TEST(fp4_to_e4m3_exact_within_spread)
 }
 END_TEST
 
+/* The fp8 conversion tests' layer: 200 x 256 codes (every byte value, in a fixed pattern) and the
+   ue8m0 scales of its 2 x 2 blocks of 128. */
+enum { F8N = 200, F8K = 256 };
+static const uint8_t fp8_su[2 * 2] = {120, 127, 130, 3};
+
+static void fp8_codes(uint8_t *q)
+{
+    for (int i = 0; i < F8N * F8K; i++)
+        q[i] = (uint8_t)(i * 37 + 11);
+}
+
 /* fp8 codes are kept; each row gets its 128x128 block's scale (ue8m0 and fp32), N-major. */
 START_TEST(fp8_to_e4m3_rows_take_block_scale)
 {
-    enum { N = 200, K = 256 };
+    enum { N = F8N, K = F8K };
     static uint8_t q[N * K], dst[N * K];
-    uint8_t su[2 * 2] = {120, 127, 130, 3};
+    const uint8_t *su = fp8_su;
     float sf[2 * 2] = {0.5f, 3.0f, 1e-3f, 7.25f};
     static float ds[(K / 128) * N];
-    for (int i = 0; i < N * K; i++)
-        q[i] = (uint8_t)(i * 37 + 11);
+    fp8_codes(q);
     for (int mode = 0; mode < 2; mode++) {
         dsv4_fp8_to_e4m3_128(q, K, mode ? (const void *)sf : (const void *)su, mode ? DSV4_SCALE_FP32 : DSV4_SCALE_UE8M0,
                              N, K, dst, K, ds, N, 1);
@@ -1123,12 +1133,11 @@ END_TEST
 /* fp8 with 128-row blocks: the codes kept, one scale per block (the first row's). */
 START_TEST(fp8_to_e4m3_blocks_keep_block_scale)
 {
-    enum { N = 200, K = 256 };
+    enum { N = F8N, K = F8K };
     static uint8_t q[N * K], dst[N * K];
-    uint8_t su[2 * 2] = {120, 127, 130, 3};
+    const uint8_t *su = fp8_su;
     float ds[2 * 2];
-    for (int i = 0; i < N * K; i++)
-        q[i] = (uint8_t)(i * 37 + 11);
+    fp8_codes(q);
     dsv4_fp8_to_e4m3_blocks(q, K, su, DSV4_SCALE_UE8M0, N, K, 128, dst, K, ds, 2, 1);
     ck_assert_int_eq(memcmp(q, dst, sizeof q), 0);
     for (int rb = 0; rb < 2; rb++)
