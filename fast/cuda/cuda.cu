@@ -145,6 +145,7 @@ struct CudaBe {
     int big_var = 0, mid_var = 0; /* k_tileh variants (tileh_big, tileh_mid): cuda_kernels tileh= / mid= */
     int fp8_cut = DSV4C_FP8_CUT_ROWS; /* gemm fp8: groups above this many rows on the grouped FP8 GEMM */
     int dec_fill = DSV4C_DEC_FILL;    /* k_dec's K split: until its blocks reach this many per multiprocessor */
+    bool pdl = true; /* the fp8 path's chain kernels with programmatic dependent launch (launch_pdl) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     uint64_t fbuf_bytes[8] = {};
@@ -167,6 +168,18 @@ struct CudaBe {
 };
 
 #include "pipeline.cuh" /* layout, launchers, one chunk on the stream */
+
+/* The device counters of a forward (ST_*, read back) into the backend's statistics. */
+void add_counters(CudaBe *b, const unsigned long long *h)
+{
+    b->stats.launches += h[ST_ACTIVE];
+    b->stats.empty_skips += h[ST_EMPTY];
+    b->stats.nonfinite_rows += h[ST_NONFINITE];
+    b->stats.routed_g_clamped += h[ST_RG];
+    b->stats.routed_u_clamped += h[ST_RU];
+    b->stats.shared_g_clamped += h[ST_SG];
+    b->stats.shared_u_clamped += h[ST_SU];
+}
 
 dsv4_status sync_check(CudaBe *b, const char *what, dsv4_error *err)
 {
@@ -287,13 +300,8 @@ dsv4_status run_forward(CudaBe *b, int64_t T, const Io &io, dsv4_error *err)
     }
     b->stats.forwards++;
     b->stats.tokens += (uint64_t)T;
-    b->stats.launches += hs[ST_ACTIVE] + shared_launches;
-    b->stats.empty_skips += hs[ST_EMPTY];
-    b->stats.nonfinite_rows += hs[ST_NONFINITE];
-    b->stats.routed_g_clamped += hs[ST_RG];
-    b->stats.routed_u_clamped += hs[ST_RU];
-    b->stats.shared_g_clamped += hs[ST_SG];
-    b->stats.shared_u_clamped += hs[ST_SU];
+    add_counters(b, hs);
+    b->stats.launches += shared_launches;
     if (gr)
         b->stats.graph_replays++;
     return DSV4_OK;
@@ -358,7 +366,7 @@ dsv4_status enqueue_forward(CudaBe *b, cudaStream_t s, bool own_graphs, int64_t 
         e = gr ? cudaGraphLaunch(gr->exec, s) : enqueue_chunk(b, L, t0);
         if (e != cudaSuccess)
             break;
-        k_io_out<<<(unsigned)Tc, 256, 0, s>>>(a);
+        launch_pdl(b, k_io_out, dim3((unsigned)Tc), 256, 0, s, a);
         e = cudaPeekAtLastError();
         shared_launches += c->n_shared_experts > 0;
         if (b->stats.workspace_peak < L.total)
@@ -397,13 +405,7 @@ dsv4_status poll_ctl(CudaBe *b, cudaStream_t s, bool wait_device, bool numeric, 
         e = cudaStreamSynchronize(b->stream);
     if (e != cudaSuccess)
         return dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-    b->stats.launches += h[ST_ACTIVE];
-    b->stats.empty_skips += h[ST_EMPTY];
-    b->stats.nonfinite_rows += h[ST_NONFINITE];
-    b->stats.routed_g_clamped += h[ST_RG];
-    b->stats.routed_u_clamped += h[ST_RU];
-    b->stats.shared_g_clamped += h[ST_SG];
-    b->stats.shared_u_clamped += h[ST_SU];
+    add_counters(b, h);
     const long long first = h[ST_BADIN] ? (long long)(0xFFFFFFFFull - h[ST_BADIN_AT]) : -1;
     if (out) {
         out->bad_input_ids = h[ST_BADIN];

@@ -249,6 +249,39 @@ __global__ void __launch_bounds__(DSV4C_GEMV_THREADS) k_gemv(GemmArgs a)
     }
 }
 
+/* k_tiles' staging of one thread's 16 K elements (two uint4 of shared memory) as bf16 pairs, for
+   the activations and the weights alike: zeros, 16 e4m3 codes widened exactly, or 16 bf16 as is. */
+__device__ __forceinline__ void bf16x16_zero(uint32_t p[8])
+{
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        p[i] = 0u;
+}
+
+__device__ __forceinline__ void bf16x16_e4m3(const uint4 &r, uint32_t p[8])
+{
+    const uint32_t w4[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t b0 = bf16_bits_exact(e4m3f(w4[i] & 0xFFu)), b1 = bf16_bits_exact(e4m3f((w4[i] >> 8) & 0xFFu));
+        uint32_t b2 = bf16_bits_exact(e4m3f((w4[i] >> 16) & 0xFFu)), b3 = bf16_bits_exact(e4m3f(w4[i] >> 24));
+        p[2 * i] = b0 | (b1 << 16);
+        p[2 * i + 1] = b2 | (b3 << 16);
+    }
+}
+
+__device__ __forceinline__ void bf16x16_raw(const uint4 &r0, const uint4 &r1, uint32_t p[8])
+{
+    p[0] = r0.x, p[1] = r0.y, p[2] = r0.z, p[3] = r0.w;
+    p[4] = r1.x, p[5] = r1.y, p[6] = r1.z, p[7] = r1.w;
+}
+
+__device__ __forceinline__ void bf16x16_put(uint4 *d, const uint32_t p[8])
+{
+    d[0] = make_uint4(p[0], p[1], p[2], p[3]);
+    d[1] = make_uint4(p[4], p[5], p[6], p[7]);
+}
+
 /*
  * The tensor-core regime: one block per (128-row tile of a group of more than `small` rows, 64
  * output columns), 8 warps of 32x32. Operands are converted exactly to bf16 in shared memory
@@ -261,6 +294,7 @@ __global__ void __launch_bounds__(DSV4C_GEMV_THREADS) k_gemv(GemmArgs a)
 template <int FMT, int AQ>
 __global__ void __launch_bounds__(DSV4C_TILE_THREADS) k_tiles(GemmArgs a)
 {
+    pdl_enter();
     __shared__ __align__(16) uint16_t sA[DSV4C_BM][DSV4C_BK + 8];
     __shared__ __align__(16) uint16_t sW[DSV4C_BN][DSV4C_BK + 8];
     __shared__ int s_arow[DSV4C_BM];
@@ -348,33 +382,18 @@ __global__ void __launch_bounds__(DSV4C_TILE_THREADS) k_tiles(GemmArgs a)
         __syncthreads(); /* the previous block's fragments are read */
         {
             uint32_t pa[8];
-            if (arow < 0) {
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    pa[i] = 0u;
-            } else if (AQ) {
-                const uint32_t w4[4] = {ra0.x, ra0.y, ra0.z, ra0.w};
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    uint32_t b0 = bf16_bits_exact(e4m3f(w4[i] & 0xFFu)), b1 = bf16_bits_exact(e4m3f((w4[i] >> 8) & 0xFFu));
-                    uint32_t b2 = bf16_bits_exact(e4m3f((w4[i] >> 16) & 0xFFu)), b3 = bf16_bits_exact(e4m3f(w4[i] >> 24));
-                    pa[2 * i] = b0 | (b1 << 16);
-                    pa[2 * i + 1] = b2 | (b3 << 16);
-                }
-            } else {
-                pa[0] = ra0.x, pa[1] = ra0.y, pa[2] = ra0.z, pa[3] = ra0.w;
-                pa[4] = ra1.x, pa[5] = ra1.y, pa[6] = ra1.z, pa[7] = ra1.w;
-            }
-            uint4 *da = (uint4 *)&sA[lrow][lhalf * 16];
-            da[0] = make_uint4(pa[0], pa[1], pa[2], pa[3]);
-            da[1] = make_uint4(pa[4], pa[5], pa[6], pa[7]);
+            if (arow < 0)
+                bf16x16_zero(pa);
+            else if (AQ)
+                bf16x16_e4m3(ra0, pa);
+            else
+                bf16x16_raw(ra0, ra1, pa);
+            bf16x16_put((uint4 *)&sA[lrow][lhalf * 16], pa);
         }
         if (wload) {
             uint32_t pw[8];
             if (!wrow) {
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    pw[i] = 0u;
+                bf16x16_zero(pw);
             } else if (FMT == WF_FP4) {
                 float sc = dsv4_ue8m0_decode(rsc);
                 const uint32_t w2[2] = {rw0.x, rw0.y};
@@ -388,21 +407,11 @@ __global__ void __launch_bounds__(DSV4C_TILE_THREADS) k_tiles(GemmArgs a)
                         pw[4 * i + b] = lo | (hi << 16);
                     }
             } else if (FMT == WF_FP8) {
-                const uint32_t w4[4] = {rw0.x, rw0.y, rw0.z, rw0.w};
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    uint32_t b0 = bf16_bits_exact(e4m3f(w4[i] & 0xFFu)), b1 = bf16_bits_exact(e4m3f((w4[i] >> 8) & 0xFFu));
-                    uint32_t b2 = bf16_bits_exact(e4m3f((w4[i] >> 16) & 0xFFu)), b3 = bf16_bits_exact(e4m3f(w4[i] >> 24));
-                    pw[2 * i] = b0 | (b1 << 16);
-                    pw[2 * i + 1] = b2 | (b3 << 16);
-                }
+                bf16x16_e4m3(rw0, pw);
             } else {
-                pw[0] = rw0.x, pw[1] = rw0.y, pw[2] = rw0.z, pw[3] = rw0.w;
-                pw[4] = rw1.x, pw[5] = rw1.y, pw[6] = rw1.z, pw[7] = rw1.w;
+                bf16x16_raw(rw0, rw1, pw);
             }
-            uint4 *dw = (uint4 *)&sW[lrow][lhalf * 16];
-            dw[0] = make_uint4(pw[0], pw[1], pw[2], pw[3]);
-            dw[1] = make_uint4(pw[4], pw[5], pw[6], pw[7]);
+            bf16x16_put((uint4 *)&sW[lrow][lhalf * 16], pw);
         }
         __syncthreads();
         if (kb + DSV4C_BK < k1)

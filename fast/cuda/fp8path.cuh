@@ -80,6 +80,7 @@ struct Gather8Args {
 
 __global__ void k_gather8(Gather8Args a)
 {
+    pdl_enter();
     Row8 r;
     if (!row8(a.sel, blockIdx.x, r) || !r.m)
         return;
@@ -140,6 +141,7 @@ constexpr int K8_WARPS = 8, K8_BATCH = 4;
 
 __global__ void __launch_bounds__(K8_WARPS * 32) k_quant8(Quant8Args a, int nrows)
 {
+    pdl_enter();
     const int lane = threadIdx.x & 31, ng = a.I >> 7, nch = (a.I + 255) >> 8;
     const int half = lane >> 4, hl = lane & 15;
     unsigned long long cnt[4] = {0, 0, 0, 0};

@@ -35,6 +35,25 @@ enum { ST_NONFINITE = 0, ST_RG, ST_RU, ST_SG, ST_SU, ST_ACTIVE, ST_EMPTY, ST_BAD
 #define DSV4C_GEMV_THREADS 256
 #define DSV4C_GEMV_COLS 32 /* output columns per GEMV block (4 per warp) */
 
+/* ---------------- programmatic dependent launch (sm_90) ---------------- */
+
+/*
+ * The first statement of every kernel the fp8 path may launch with the programmatic-dependent-
+ * launch attribute (launch_pdl, pipeline.cuh). Such a kernel can be scheduled while its
+ * predecessor on the stream still runs, which hides the launch gap between the short kernels of
+ * a decode step; griddepcontrol.wait then holds it until every predecessor grid has completed and
+ * its writes are visible. The wait comes first, in every block and before any early return: a
+ * kernel that completed without waiting would let its own dependents run ahead of its
+ * predecessors. launch_dependents then lets the next PDL kernel be scheduled as soon as every
+ * block of this one has started (never earlier, so the next one's waiting blocks never take a
+ * multiprocessor a block of this one still needs). Both are no-ops in a kernel launched plainly.
+ */
+__device__ __forceinline__ void pdl_enter()
+{
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 /* ---------------- formats (the integer algorithms of core/formats.c) ---------------- */
 
 __device__ __forceinline__ float bf16f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }

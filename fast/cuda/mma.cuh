@@ -258,17 +258,20 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
     const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     const uint8_t *wt = g.w + (size_t)mt * KB * D::CH + lane * 16;
     const uint8_t *st = g.s + (size_t)mt * KB * D::SCH + (FMT == WF_FP4 ? gid * 8 : 0);
-    /* this lane's B rows (tokens gid + 8 j) and scale rows (tokens 2 tig + {0, 1} + 8 j) */
+    /* this lane's B rows (tokens gid + 8 j) and scale rows (tokens 2 tig + {0, 1} + 8 j). A lane
+       past the group's rows reads its last row instead: an mma column depends only on its own B
+       column and the epilogue never stores columns past g.n, so the loads need no branch (a
+       divergent one per k32 step cost more than the loads). */
     const uint8_t *brow[NT];
     const float *srow[NT][2];
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        const int tb = 8 * j + gid;
-        brow[j] = tb < g.n ? g.A + fgrp_arow(g, tb) * K + 4 * tig : nullptr;
+        const int tb = min(8 * j + gid, g.n - 1);
+        brow[j] = g.A + fgrp_arow(g, tb) * K + 4 * tig;
 #pragma unroll
         for (int q = 0; q < 2; q++) {
-            const int ts = 8 * j + 2 * tig + q;
-            srow[j][q] = ts < g.n ? g.As + fgrp_arow(g, ts) * KB : nullptr;
+            const int ts = min(8 * j + 2 * tig + q, g.n - 1);
+            srow[j][q] = g.As + fgrp_arow(g, ts) * KB;
         }
     }
 #pragma unroll
@@ -321,11 +324,9 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
             }
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                uint2 bv = make_uint2(0u, 0u);
-                if (brow[j]) {
-                    bv.x = __ldg((const uint32_t *)(brow[j] + kb * 128 + c * 32));
-                    bv.y = __ldg((const uint32_t *)(brow[j] + kb * 128 + c * 32 + 16));
-                }
+                uint2 bv;
+                bv.x = __ldg((const uint32_t *)(brow[j] + kb * 128 + c * 32));
+                bv.y = __ldg((const uint32_t *)(brow[j] + kb * 128 + c * 32 + 16));
                 if constexpr (FMT == WF_FP4) {
                     float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma_e4m3(t, a0, a1, a2, a3, bv.x, bv.y);
@@ -346,8 +347,7 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
         }
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            const float x0 = srow[j][0] ? __ldg(srow[j][0] + kb) : 0.0f;
-            const float x1 = srow[j][1] ? __ldg(srow[j][1] + kb) : 0.0f;
+            const float x0 = __ldg(srow[j][0] + kb), x1 = __ldg(srow[j][1] + kb);
             acc[j][0] = fmaf(blk[j][0], block_scale<FMT>(w0, x0), acc[j][0]);
             acc[j][1] = fmaf(blk[j][1], block_scale<FMT>(w0, x1), acc[j][1]);
             acc[j][2] = fmaf(blk[j][2], block_scale<FMT>(w1, x0), acc[j][2]);
@@ -416,6 +416,7 @@ __host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt)
 template <int FMT>
 __global__ void __launch_bounds__(FM_THREADS, 3) k_dec(FastArgs a)
 {
+    pdl_enter();
     extern __shared__ __align__(16) uint8_t fsm[];
     FGrp g;
     const int y = blockIdx.y;
@@ -461,6 +462,29 @@ template <int N> __device__ __forceinline__ void wg_wait()
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* ---------------- tile regime ---------------- */
+
+/* The group of a tile kernel's block (k_tile, k_tileh): false when blockIdx.y is past the regime's
+   tile count; else the routed or shared group and the tile's first row r0. */
+__device__ __forceinline__ bool tile_group(const FastArgs &a, FGrp &g, int &r0)
+{
+    const int t = blockIdx.y;
+    if (t >= a.meta[a.meta_tiles])
+        return false;
+    const int e = a.tile_e[t];
+    r0 = a.tile_r0[t];
+    if (e >= a.E)
+        fgrp_shared(a, g);
+    else
+        fgrp_routed(a, e, g);
+    return true;
+}
+
+/* The tile's bn activation rows (gathered; -1 past the group) into sRow. */
+__device__ __forceinline__ void tile_rows(const FGrp &g, int r0, int bn, long long *sRow)
+{
+    for (int r = threadIdx.x; r < bn; r += blockDim.x)
+        sRow[r] = r0 + r < g.n ? fgrp_arow(g, r0 + r) : -1;
+}
 
 template <int WM, int WN, int WARPS_M, int WARPS_N, int STAGES> struct TileCfg {
     enum {
@@ -527,6 +551,16 @@ __device__ __forceinline__ void zero_frags(float (&f)[WM][WN][4])
                 f[mi][ni][i] = 0.0f;
 }
 
+/* A warp's B fragments of k32 step c for its WN 8-token column tiles, from the staged rows. */
+template <class C, int WN> __device__ __forceinline__ void tile_bfrag(const uint8_t *arow, int c, uint2 (&bv)[WN])
+{
+#pragma unroll
+    for (int ni = 0; ni < WN; ni++) {
+        const uint8_t *bp = arow + (size_t)(ni * 8) * C::A_LD + c * 32;
+        bv[ni] = make_uint2(*(const uint32_t *)bp, *(const uint32_t *)(bp + 16));
+    }
+}
+
 template <class C, int FMT, int WM, int WN>
 __device__ __forceinline__ void tile_stage(const uint8_t *stage, int wm, int wn, float acc[WM][WN][4])
 {
@@ -551,11 +585,7 @@ __device__ __forceinline__ void tile_stage(const uint8_t *stage, int wm, int wn,
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             uint2 bv[WN];
-#pragma unroll
-            for (int ni = 0; ni < WN; ni++) {
-                const uint8_t *bp = arow + (size_t)(ni * 8) * C::A_LD + c * 32;
-                bv[ni] = make_uint2(*(const uint32_t *)bp, *(const uint32_t *)(bp + 16));
-            }
+            tile_bfrag<C, WN>(arow, c, bv);
 #pragma unroll
             for (int mi = 0; mi < WM; mi++) {
                 uint32_t a0, a1, a2, a3;
@@ -586,11 +616,7 @@ __device__ __forceinline__ void tile_stage(const uint8_t *stage, int wm, int wn,
             for (int cc = 0; cc < 2; cc++) {
                 const int c = 2 * qh + cc;
                 uint2 bv[WN];
-#pragma unroll
-                for (int ni = 0; ni < WN; ni++) {
-                    const uint8_t *bp = arow + (size_t)(ni * 8) * C::A_LD + c * 32;
-                    bv[ni] = make_uint2(*(const uint32_t *)bp, *(const uint32_t *)(bp + 16));
-                }
+                tile_bfrag<C, WN>(arow, c, bv);
 #pragma unroll
                 for (int mi = 0; mi < WM; mi++) {
                     const uint32_t a0 = cc ? w[mi][0].z : w[mi][0].x, a2 = cc ? w[mi][0].w : w[mi][0].y;
@@ -673,18 +699,12 @@ template <class C, int WM, int WN, int WARPS_M, int MINB>
 __global__ void __launch_bounds__(C::THREADS, MINB) k_tile(FastArgs a)
 {
     extern __shared__ __align__(16) uint8_t fsm[];
-    const int t = blockIdx.y;
-    if (t >= a.meta[a.meta_tiles])
-        return;
-    const int e = a.tile_e[t], r0 = a.tile_r0[t];
     FGrp g;
-    if (e >= a.E)
-        fgrp_shared(a, g);
-    else
-        fgrp_routed(a, e, g);
+    int r0;
+    if (!tile_group(a, g, r0))
+        return;
     long long *sRow = (long long *)(fsm + 3 * C::STAGE);
-    for (int r = threadIdx.x; r < C::BN; r += C::THREADS)
-        sRow[r] = r0 + r < g.n ? fgrp_arow(g, r0 + r) : -1;
+    tile_rows(g, r0, C::BN, sRow);
     __syncthreads();
     if (g.fmt == WF_FP4)
         tile_run<C, WF_FP4, WM, WN, WARPS_M>(a, g, r0, fsm, sRow);

@@ -99,9 +99,11 @@ struct SliceWarp {
     int *cnt;
 };
 
-/* False when this warp's slice is past the chunk's slots (a whole warp: no other warp reads its counters). */
+/* False when this warp's slice is past the chunk's slots (a whole warp: no other warp reads its counters).
+   The first call of k_hist and k_place2, so it makes their pdl_enter() (kernels.cuh). */
 __device__ __forceinline__ bool slice_warp(const Group2Args &a, int *smem, SliceWarp &w)
 {
+    pdl_enter();
     const int n = *a.ntok * a.K;
     w.lane = threadIdx.x & 31;
     w.sl = blockIdx.x * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5);
@@ -176,6 +178,7 @@ __global__ void k_place2(Group2Args a)
  */
 __global__ void k_count2(Group2Args a)
 {
+    pdl_enter();
     extern __shared__ int c2cnt[];
     __shared__ int tmp[32];
     __shared__ int carry[5];
@@ -317,6 +320,7 @@ struct QuantArgs {
 
 __global__ void k_quant(QuantArgs a)
 {
+    pdl_enter();
     long long row;
     const int b = blockIdx.x;
     if (b < a.slots) {

@@ -312,22 +312,13 @@ __global__ void __launch_bounds__(256, MINB) k_tileh(FastArgs a)
 {
     typedef TileH<BN, ST> C;
     extern __shared__ __align__(16) uint8_t fsm[];
-    const int t = blockIdx.y;
-    if (t >= a.meta[a.meta_tiles])
-        return;
-    const int e = a.tile_e[t], r0 = a.tile_r0[t];
     FGrp g;
-    const uint16_t *A16;
-    if (e >= a.E) {
-        fgrp_shared(a, g);
-        A16 = a.Ash16;
-    } else {
-        fgrp_routed(a, e, g);
-        A16 = a.A16;
-    }
+    int r0;
+    if (!tile_group(a, g, r0))
+        return;
+    const uint16_t *A16 = g.slot0 < 0 ? a.Ash16 : a.A16; /* slot0 -1: the shared expert */
     long long *sRow = (long long *)(fsm + C::STAGES * C::STAGE);
-    for (int r = threadIdx.x; r < C::BN; r += 256)
-        sRow[r] = r0 + r < g.n ? fgrp_arow(g, r0 + r) : -1;
+    tile_rows(g, r0, C::BN, sRow);
     __syncthreads();
     if (g.fmt == WF_FP4)
         tileh_run<C::BN, WF_FP4, PIPE, ST>(a, g, A16, r0, fsm, sRow);

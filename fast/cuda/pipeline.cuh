@@ -135,13 +135,36 @@ void set_modes(CudaBe *b)
 
 template <typename T> T *at(const CudaBe *b, uint64_t off) { return (T *)(void *)(b->ws + off); }
 
+/*
+ * Launches k on stream s, with the programmatic-dependent-launch attribute when b->pdl (the
+ * default; cuda_kernels pdl=off launches plainly): the kernel may be scheduled while the one before
+ * it on s runs, and waits in pdl_enter() (kernels.cuh), which k must call first. Used for the fp8
+ * path's chain of short kernels, where each launch gap was 1-2 us of a decode step. A launch error
+ * is left for the caller's cudaPeekAtLastError, as with <<< >>>.
+ */
+template <typename... P, typename... A>
+void launch_pdl(const CudaBe *b, void (*k)(P...), dim3 grid, unsigned threads, size_t smem, cudaStream_t s, A... args)
+{
+    if (!b->pdl) {
+        k<<<grid, threads, smem, s>>>(args...);
+        return;
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, k, args...);
+}
+
 /* k_combine over tc tokens, 8 columns a thread: a chunk of fewer tokens than multiprocessors takes
    blocks of 64 threads, so a token's row spreads over H / 512 blocks rather than H / 2048 (the
    column a thread sums, and its order, are the same). */
 void launch_combine(const CudaBe *b, const CombineArgs &ca, int64_t tc, cudaStream_t s)
 {
     const int bs = tc < b->nsm ? 64 : 256;
-    k_combine<<<dim3((unsigned)tc, (unsigned)cdiv(ca.H, 8 * bs)), (unsigned)bs, (size_t)ca.K * 16, s>>>(ca);
+    launch_pdl(b, k_combine, dim3((unsigned)tc, (unsigned)cdiv(ca.H, 8 * bs)), (unsigned)bs, (size_t)ca.K * 16, s, ca);
 }
 
 /* Whether some kernel of the chunk reads the activations' codes as f16 (k_tileh): not when gemm
@@ -277,9 +300,9 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
     fa.ks = ks;
     const dim3 grid((unsigned)(tiles16 / (8 / ks)), (unsigned)groups);
     if (fmt == WF_FP4)
-        k_dec<WF_FP4><<<grid, FM_THREADS, dec_smem_bytes(WF_FP4, ks, 2), s>>>(fa);
+        launch_pdl(b, k_dec<WF_FP4>, grid, FM_THREADS, dec_smem_bytes(WF_FP4, ks, 2), s, fa);
     else
-        k_dec<WF_FP8><<<grid, FM_THREADS, dec_smem_bytes(WF_FP8, ks, 2), s>>>(fa);
+        launch_pdl(b, k_dec<WF_FP8>, grid, FM_THREADS, dec_smem_bytes(WF_FP8, ks, 2), s, fa);
 }
 
 /*
@@ -377,13 +400,13 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     const int pw = place_warps(E);
     const unsigned pgrid = (unsigned)cdiv(cdiv(L.slots, PLACE_SLICE), pw);
     if (sliced)
-        k_hist<<<pgrid, 32 * pw, (size_t)E * 4 * pw, s>>>(g2);
+        launch_pdl(b, k_hist, pgrid, 32 * pw, (size_t)E * 4 * pw, s, g2);
     /* one block: as many threads as experts (a warp multiple, at most 1024; the loops cover the rest) */
-    k_count2<<<1, (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s>>>(g2);
+    launch_pdl(b, k_count2, dim3(1), (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s, g2);
     if (sliced)
-        k_place2<<<pgrid, 32 * pw, (size_t)E * 4 * pw, s>>>(g2);
+        launch_pdl(b, k_place2, pgrid, 32 * pw, (size_t)E * 4 * pw, s, g2);
     else if (!g2.place)
-        k_place<<<(unsigned)E, 256, 0, s>>>(ga);
+        launch_pdl(b, k_place, dim3((unsigned)E), 256, 0, s, ga);
     FastArgs fa = FastArgs();
     fa.ntok = ra.ntok, fa.cnt = ga.cnt, fa.slot_off = ga.slot_off, fa.pad_off = ga.pad_off, fa.active = ga.active;
     fa.meta = ga.meta, fa.tile_e = ga.tile_e, fa.tile_r0 = ga.tile_r0, fa.slot_tok = ga.slot_tok, fa.slot_w = ga.slot_w;
@@ -420,7 +443,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         Gather8Args g8a;
         g8a.sel = sel, g8a.xq = at<uint8_t>(b, L.xq), g8a.xs = at<float>(b, L.xs);
         g8a.xp = at<uint8_t>(b, L.xp), g8a.xs8 = at<float>(b, L.xs8), g8a.H = H;
-        k_gather8<<<rows_grid, 128, 0, s>>>(g8a);
+        launch_pdl(b, k_gather8, dim3(rows_grid), 128, 0, s, g8a);
         p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->ok8;
         p8.E = E, p8.min_rows = b->fp8_cut, p8.has_shared = shared, p8.sh_row0 = L.rows;
         p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
@@ -437,7 +460,8 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         q8.sel = sel, q8.h = h16, q8.gu8 = at<uint16_t>(b, L.gu8), q8.q = hq, q8.s = hs, q8.s8 = at<float>(b, L.hs8);
         q8.slot_w = ga.slot_w, q8.stats = ga.stats, q8.I = I, q8.qmode = (int)c->act_quant, q8.f16_codes = f16_codes_read(b);
         q8.before = fa.before, q8.clamp_r = fa.clamp_r, q8.clamp_s = fa.clamp_s, q8.L = fa.L;
-        k_quant8<<<std::min((rows_grid + K8_WARPS - 1) / K8_WARPS, K8_GRID), K8_WARPS * 32, 0, s>>>(q8, (int)rows_grid);
+        launch_pdl(b, k_quant8, dim3(std::min((rows_grid + K8_WARPS - 1) / K8_WARPS, K8_GRID)), K8_WARPS * 32, 0, s, q8,
+                   (int)rows_grid);
         p8.N = p8.Nsh = H, p8.K = p8.Ksh = I;
         p8.A = hq, p8.Ash = hq + L.rows * I, p8.SFA = q8.s8, p8.SFAsh = q8.s8 + L.rows * ngi;
         p8.B = b->w8[1], p8.SFB = b->s8[1], p8.Bsh = b->w8[3], p8.SFBsh = b->s8[3];
@@ -448,7 +472,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     qa.h = h16, qa.q = hq, qa.s = hs, qa.slot_row = ga.slot_row, qa.meta = ga.meta, qa.ntok = ra.ntok;
     qa.sh_row0 = L.rows, qa.I = I, qa.qmode = (int)c->act_quant, qa.slots = (int)L.slots, qa.has_shared = shared;
     qa.f16_codes = b->tile16;
-    k_quant<<<rows_grid, (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s>>>(qa);
+    launch_pdl(b, k_quant, dim3(rows_grid), (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s, qa);
     }
     /* down */
     FastArgs dn = fa;
@@ -469,6 +493,24 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
     launch_combine(b, ca, L.tc, s);
     return cudaPeekAtLastError();
+}
+
+/* An exact-path projection's activations: the quantized codes at offset q_off with their scales
+   at s_off (aq), or the bf16 rows at bf_off. */
+void exact_act(GemmArgs &g, bool aq, const CudaBe *b, uint64_t q_off, uint64_t bf_off, uint64_t s_off)
+{
+    g.aq = aq;
+    g.A = aq ? (const void *)at<uint8_t>(b, q_off) : (const void *)at<uint16_t>(b, bf_off);
+    g.As = aq ? at<float>(b, s_off) : nullptr;
+}
+
+/* One exact-path projection: the GEMV regime over gemv_x groups, then the tensor-core tiles over
+   tile_x tiles (0: no group of the chunk can exceed the GEMV's rows). */
+void launch_exact(const GemmArgs &g, unsigned gemv_x, unsigned tile_x, cudaStream_t s)
+{
+    launch_gemv(g.W.fmt, g.aq, dim3(gemv_x, (unsigned)cdiv(g.W.N, DSV4C_GEMV_COLS)), gemv_smem(g.smem_rows, g.W.K), s, g);
+    if (tile_x)
+        launch_tiles(g.W.fmt, g.aq, dim3(tile_x, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, g);
 }
 
 /*
@@ -521,14 +563,14 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         lgA.outf = at<float>(b, L.logits);
         lgA.kslice = L.lslices > 1 ? H / L.lslices : 0;
         lgA.out_slice = L.tc * E;
-        launch_tiles(WF_BF16, 0, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN), (unsigned)L.lslices),
-                     s, lgA);
+        launch_pdl(b, k_tiles<WF_BF16, 0>, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN), (unsigned)L.lslices),
+                   DSV4C_TILE_THREADS, 0, s, lgA);
         ra.logits = lgA.outf;
         ra.lslices = L.lslices;
         ra.lslice_stride = L.tc * E;
     }
     size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
-    k_router<<<(unsigned)L.tc, 256, rsm, s>>>(ra);
+    launch_pdl(b, k_router, dim3((unsigned)L.tc), 256, rsm, s, ra);
     if (mode == CHUNK_ROUTE) /* the route stage (stages.cu) */
         return cudaPeekAtLastError();
     if (mode == CHUNK_SLOTS) { /* the experts stage: its slot list replaces the router's choice */
@@ -565,15 +607,10 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     uint16_t *GU = at<uint16_t>(b, L.gu), *O = at<uint16_t>(b, L.o);
     /* routed gate/up */
     g.W = desc_routed_gu(b);
-    g.aq = b->routed_q;
-    g.A = b->routed_q ? (const void *)at<uint8_t>(b, L.xq) : (const void *)at<uint16_t>(b, L.x);
-    g.As = b->routed_q ? at<float>(b, L.xs) : nullptr;
+    exact_act(g, b->routed_q, b, L.xq, L.x, L.xs);
     g.gather = 1;
     g.out = GU;
-    launch_gemv(g.W.fmt, g.aq, dim3((unsigned)act_max, (unsigned)cdiv(g.W.N, DSV4C_GEMV_COLS)),
-                gemv_smem(g.smem_rows, g.W.K), s, g);
-    if (tiles_needed)
-        launch_tiles(g.W.fmt, g.aq, dim3(tgrid, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, g);
+    launch_exact(g, (unsigned)act_max, tiles_needed ? tgrid : 0, s);
     /* epilogue */
     SwigluArgs sa;
     memset(&sa, 0, sizeof sa);
@@ -587,30 +624,21 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     k_swiglu<<<(unsigned)L.slots, 128, 0, s>>>(sa);
     /* routed down */
     g.W = desc_one(b->rw[2]);
-    g.aq = b->qh_routed;
-    g.A = b->qh_routed ? (const void *)at<uint8_t>(b, L.hq) : (const void *)at<uint16_t>(b, L.hq);
-    g.As = b->qh_routed ? at<float>(b, L.hs) : nullptr;
+    exact_act(g, b->qh_routed, b, L.hq, L.hq, L.hs);
     g.gather = 0;
     g.out = O;
-    launch_gemv(g.W.fmt, g.aq, dim3((unsigned)act_max, (unsigned)cdiv(g.W.N, DSV4C_GEMV_COLS)),
-                gemv_smem(g.smem_rows, g.W.K), s, g);
-    if (tiles_needed)
-        launch_tiles(g.W.fmt, g.aq, dim3(tgrid, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, g);
+    launch_exact(g, (unsigned)act_max, tiles_needed ? tgrid : 0, s);
     /* shared expert: rows [0, Tc) of the gate/up and h buffers (free again), output into osh */
     if (c->n_shared_experts > 0) {
         GemmArgs h = g;
         h.shared = 1;
         h.gather = 0;
         h.W = desc_shared_gu(b);
-        h.aq = b->shared_q;
-        h.A = b->shared_q ? (const void *)at<uint8_t>(b, L.xq) : (const void *)at<uint16_t>(b, L.x);
-        h.As = b->shared_q ? at<float>(b, L.xs) : nullptr;
+        exact_act(h, b->shared_q, b, L.xq, L.x, L.xs);
         h.out = GU;
         h.smem_rows = gemv_rows(b, L.tc);
-        bool sm_small = L.tc <= b->small;
-        launch_gemv(h.W.fmt, h.aq, dim3(1, (unsigned)cdiv(h.W.N, DSV4C_GEMV_COLS)), gemv_smem(h.smem_rows, h.W.K), s, h);
-        if (!sm_small)
-            launch_tiles(h.W.fmt, h.aq, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(h.W.N, DSV4C_BN)), s, h);
+        const unsigned sh_tiles = L.tc <= b->small ? 0 : (unsigned)cdiv(L.tc, DSV4C_BM);
+        launch_exact(h, 1, sh_tiles, s);
         SwigluArgs ss = sa;
         ss.shared = 1;
         ss.clamp = c->shared_clamp;
@@ -618,13 +646,9 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         ss.hs = b->qh_shared ? at<float>(b, L.hs) : nullptr;
         k_swiglu<<<(unsigned)L.tc, 128, 0, s>>>(ss);
         h.W = desc_one(b->sw[2]);
-        h.aq = b->qh_shared;
-        h.A = b->qh_shared ? (const void *)at<uint8_t>(b, L.hq) : (const void *)at<uint16_t>(b, L.hq);
-        h.As = b->qh_shared ? at<float>(b, L.hs) : nullptr;
+        exact_act(h, b->qh_shared, b, L.hq, L.hq, L.hs);
         h.out = at<uint16_t>(b, L.osh);
-        launch_gemv(h.W.fmt, h.aq, dim3(1, (unsigned)cdiv(h.W.N, DSV4C_GEMV_COLS)), gemv_smem(h.smem_rows, h.W.K), s, h);
-        if (!sm_small)
-            launch_tiles(h.W.fmt, h.aq, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(h.W.N, DSV4C_BN)), s, h);
+        launch_exact(h, 1, sh_tiles, s);
     }
     /* combine into the x buffer (x is no longer read) */
     CombineArgs ca;
@@ -694,6 +718,7 @@ __device__ __forceinline__ void copy_row(uint16_t *dst, const uint16_t *src, int
    the live rows of x and of the input ids. One block per row. */
 __global__ void k_io_in(IoArgs a)
 {
+    pdl_enter();
     const int t = blockIdx.x, n = chunk_rows(a.valid, a.t0, a.tc);
     if (t == 0 && threadIdx.x == 0)
         *a.ws_ntok = n;
@@ -710,6 +735,7 @@ __global__ void k_io_in(IoArgs a)
    and input errors into the backend's error word. */
 __global__ void k_io_out(IoArgs a)
 {
+    pdl_enter();
     const int t = blockIdx.x, n = chunk_rows(a.valid, a.t0, a.tc);
     const bool live = t < n;
     copy_row(a.y + (size_t)t * a.H, a.ws_x + (size_t)t * a.H, a.H, live);

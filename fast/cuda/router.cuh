@@ -19,6 +19,7 @@ __device__ __forceinline__ bool before_key(float ka, int ia, float kb, int ib) {
 
 __global__ void k_router(RouterArgs a)
 {
+    pdl_enter();
     const int t = blockIdx.x;
     if (t >= *a.ntok)
         return;
@@ -346,6 +347,7 @@ __global__ void k_count(GroupArgs a)
 /* Stable placement: block e writes its slots in slot order (tokens ascending). */
 __global__ void k_place(GroupArgs a)
 {
+    pdl_enter();
     const int e = blockIdx.x;
     const int c = a.cnt[e];
     if (c == 0)

@@ -114,11 +114,9 @@ dsv4_status cu_route(void *p, int64_t n, const uint16_t *x, const int32_t *in_id
     if (n > 0 && hash && !in_ids)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, where, "layer %lld is a hash layer: input_ids are required",
                            (long long)c->layer);
-    if (n == 0)
-        return DSV4_OK;
     StageChunk ch;
-    dsv4_status st = stage_chunk(p, n, -1, &ch, err);
-    if (st)
+    dsv4_status st = DSV4_OK;
+    if (n == 0 || (st = stage_chunk(p, n, -1, &ch, err))) /* no tokens: nothing to do */
         return st;
     if (hash)
         memcpy(ch.hio + ch.in_ids, in_ids, (size_t)n * 4);
@@ -236,11 +234,9 @@ dsv4_status cu_combine(void *p, int64_t n, int64_t ns, const int32_t *tok, const
                            (long long)n, (long long)ns);
     if (shared && c->n_shared_experts == 0)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, where, "shared rows given for a layer without a shared expert");
-    if (n == 0)
-        return DSV4_OK;
     StageChunk ch;
-    dsv4_status st = stage_chunk(p, n, -1, &ch, err);
-    if (st)
+    dsv4_status st = DSV4_OK;
+    if (n == 0 || (st = stage_chunk(p, n, -1, &ch, err))) /* no tokens: nothing to do */
         return st;
     if (ns > ch.rows) /* the layout holds tc K rows of o (layout_for): never copy past them */
         return dsv4_seterr(err, DSV4_ERR_INTERNAL, where, "%lld slots of %lld tokens above the chunk's %lld rows",

@@ -83,6 +83,7 @@ __global__ void k_swiglu(SwigluArgs a)
  */
 __global__ void k_combine(CombineArgs a)
 {
+    pdl_enter();
     const int t = blockIdx.x;
     if (t >= *a.ntok)
         return;

@@ -114,6 +114,10 @@ typedef struct dsv4_backend_options {
          dec_fill=N          the decode kernel splits K over more warps until its launch has N
                              blocks per multiprocessor (1 <= N <= 8; default 3; changes the order
                              of its fp32 partial sums, deterministically)
+         pdl=on|off          the fp8 path's chain of kernels (logits, router, grouping, decode,
+                             quantization of h, combine, output copy) with programmatic dependent
+                             launch, each scheduled while the one before it finishes (on, the
+                             default), or plain launches (the same outputs bit for bit)
        An unknown key or value is refused (DSV4_ERR_INVALID_ARG, naming it); ref and cpu refuse a
        non-empty list (DSV4_ERR_UNSUPPORTED). The string is read at creation only. */
     const char *cuda_kernels;

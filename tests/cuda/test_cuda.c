@@ -293,6 +293,53 @@ START_TEST(fp8_scale_blocks_identical)
 }
 END_TEST
 
+/* Programmatic dependent launch (the default; cuda_kernels pdl=on) against plain launches: the
+   same outputs, ids and clamp counts bit for bit, eager and replayed from a graph, on the decode
+   chain (T 1 and 8), a gemm fp8 chunk (k_gather8, k_quant8), a large chunk counted and placed by
+   slices (k_hist, k_place2) and the exact path. */
+START_TEST(pdl_identical)
+{
+    if (!have_gpu())
+        return;
+    static const struct {
+        const char *preset;
+        int64_t layer, T, experts;
+        int fp8;
+        const char *path;
+    } cs[] = {{"v4-flash", 5, 1, 32, 1, NULL}, {"v4-flash", 5, 8, 32, 0, NULL}, {"v4-flash", 5, 300, 32, 1, NULL},
+              {"mini", 1, 1100, 0, 0, NULL},  {"mini", 1, 77, 0, 0, "exact"}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        for (int graph = 0; graph < 2; graph++) {
+            bo_case k = {"pdl", cs[i].preset, cs[i].layer, cs[i].T, 0, -1, -1, -1, 0, graph, cs[i].experts, cs[i].fp8};
+            bo_in ci;
+            bo_in_open(&k, &ci);
+            if (cs[i].path)
+                setenv("DSV4MOE_CUDA_PATH", cs[i].path, 1);
+            bo_out on, off;
+            run_cuda(&ci.c, &ci.k, graph, 1 + graph, ci.ck, ci.x, ci.ids, &on);
+            setenv("DSV4MOE_CUDA_KERNELS", "pdl=off", 1);
+            run_cuda(&ci.c, &ci.k, graph, 1 + graph, ci.ck, ci.x, ci.ids, &off);
+            unsetenv("DSV4MOE_CUDA_KERNELS");
+            unsetenv("DSV4MOE_CUDA_PATH");
+            const int64_t n = cs[i].T * ci.c.dim;
+            int64_t nd = 0;
+            for (int64_t j = 0; j < n; j++)
+                nd += on.y[j] != off.y[j];
+            printf("cuda_suite pdl on/off %-8s T %4lld graph %d%s: %lld of %lld outputs differ\n", cs[i].preset,
+                   (long long)cs[i].T, graph, cs[i].path ? " exact" : "", (long long)nd, (long long)n);
+            fflush(stdout);
+            ck_assert_msg(nd == 0, "pdl on/off %s T %lld graph %d: %lld outputs differ", cs[i].preset, (long long)cs[i].T,
+                          graph, (long long)nd);
+            ck_assert(memcmp(on.ids, off.ids, (size_t)(cs[i].T * ci.c.n_activated) * 4) == 0);
+            ck_assert(on.stats.routed_g_clamped == off.stats.routed_g_clamped &&
+                      on.stats.routed_u_clamped == off.stats.routed_u_clamped &&
+                      on.stats.shared_u_clamped == off.stats.shared_u_clamped);
+            bo_free(&on), bo_free(&off);
+            bo_in_close(&ci);
+        }
+}
+END_TEST
+
 /* tests/cuda/e4m3_hw.cu */
 int dsv4_test_e4m3_hw(unsigned long long *bad, unsigned *first, uint8_t *sample, unsigned stride, unsigned nsample);
 
@@ -655,7 +702,8 @@ START_TEST(shared_workspace)
     const char *badk[][2] = {{"fp8_cut=8", "fp8_cut"},     {"fp8_cut=65", "fp8_cut"}, {"fp8_cut=3x", "fp8_cut"},
                              {"tileh=s256", "tileh"},      {"colour=red", "colour"},  {"path", "key=value"},
                              {"path=exact,mid=z", "mid"},  {"fp8_scales=cols", "fp8_scales"},
-                             {"dec_fill=0", "dec_fill"},   {"dec_fill=9", "dec_fill"}};
+                             {"dec_fill=0", "dec_fill"},   {"dec_fill=9", "dec_fill"},
+                             {"pdl=maybe", "pdl"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.cuda_kernels = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1146,6 +1194,10 @@ static Suite *cuda_suite(void)
     tcase_add_test(ex, mma_flash_t40);
     tcase_add_test(ex, mma_graph_t5);
     suite_add_tcase(s, ex);
+    TCase *pd = tcase_create("pdl");
+    tcase_set_timeout(pd, 300);
+    tcase_add_test(pd, pdl_identical);
+    suite_add_tcase(s, pd);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
     tcase_add_test(dv, device_forward);
