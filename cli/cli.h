@@ -67,11 +67,12 @@ int cli_parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo, i
 int cli_known(const char *cmd, const char *arg, const char *const *options);
 /* The value of --layout (gen, export): split or stacked; prints and returns -1 otherwise. */
 int cli_parse_layout(const char *cmd, const char *s, dsv4_layout *out);
-/* Loads every scenario file of files[0 .. n) into *out (n entries, free with cli_free_scenarios)
-   before the command does anything with them, so that a malformed file is bad input before a
-   case runs or a folder is written. Prints the first failure and returns EXIT_BAD_INPUT (*out
-   NULL, nothing to free), else EXIT_OK. */
-int cli_load_scenarios(const char *cmd, const char *const *files, int n, dsv4_scenario ***out);
+/* Loads every scenario file a finished option loop collected (args->argv[1 .. nops], the run and
+   export operands) into *out (nops entries, free with cli_free_scenarios) before the command does
+   anything with them, so that a malformed file is bad input before a case runs or a folder is
+   written. Prints the first failure and returns EXIT_BAD_INPUT (*out NULL, nothing to free),
+   else EXIT_OK. */
+int cli_load_scenarios(const cli_args *args, dsv4_scenario ***out);
 void cli_free_scenarios(dsv4_scenario **scns, int n);
 /* mkdir -p: the folder and its parents; 0 on success, -1 with errno set otherwise. */
 int cli_mkdir_p(const char *path);

@@ -50,24 +50,22 @@ int cmd_export(int argc, char **argv)
         return args.status;
     eo.threads = (int)threads;
     eo.filter = filter;
-    const char *const *files = (const char *const *)argv + 1; /* the operands (cli_next_arg) */
-    const int nfiles = args.nops;
-    if (!nfiles || !dir)
-        return cli_failf(cmd, "%s (see dsv4moe export --help)", !nfiles ? "no scenario file given" : "--dir D is needed");
+    if (!args.nops || !dir)
+        return cli_failf(cmd, "%s (see dsv4moe export --help)", !args.nops ? "no scenario file given" : "--dir D is needed");
     dsv4_scenario **scns;
-    int rc = cli_load_scenarios(cmd, files, nfiles, &scns);
+    int rc = cli_load_scenarios(&args, &scns);
     if (rc)
         return rc;
-    dsv4_error err;
-    dsv4_error_clear(&err);
     size_t total = 0, skipped = 0;
-    for (int f = 0; f < nfiles && rc == EXIT_OK; f++) {
+    for (int f = 0; f < args.nops && rc == EXIT_OK; f++) {
+        dsv4_error err;
+        dsv4_error_clear(&err);
         size_t w = 0, l = 0;
         dsv4_status st = dsv4_export_scenario(scns[f], dir, &eo, &w, &l, &err);
         total += w;
         skipped += l;
         if (st) {
-            fprintf(stderr, "dsv4moe export: %s: %s\n", files[f], err.message);
+            fprintf(stderr, "dsv4moe export: %s: %s\n", argv[1 + f], err.message); /* the operands */
             rc = EXIT_BAD_INPUT;
         }
     }
@@ -79,6 +77,6 @@ int cmd_export(int argc, char **argv)
             printf("dsv4moe export: %zu case folder%s in %s (%zu case%s left out: refusals or invalid configs)\n",
                    total, total == 1 ? "" : "s", dir, skipped, skipped == 1 ? "" : "s");
     }
-    cli_free_scenarios(scns, nfiles);
+    cli_free_scenarios(scns, args.nops);
     return rc;
 }

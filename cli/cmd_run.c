@@ -136,17 +136,14 @@ int cmd_run(int argc, char **argv)
     }
     if (args.status >= 0)
         return args.status;
-    const char *const *files = (const char *const *)argv + 1; /* the operands (cli_next_arg) */
     const int nfiles = args.nops;
     if (nfiles == 0)
         return cli_failf(cmd, "no scenario file given (see dsv4moe run --help)");
-
+    const char *const *files = (const char *const *)argv + 1; /* the operands (cli_next_arg) */
     dsv4_scenario **scns;
-    int rc = cli_load_scenarios(cmd, files, nfiles, &scns);
+    int rc = cli_load_scenarios(&args, &scns);
     if (rc)
         return rc;
-    dsv4_error err;
-    dsv4_error_clear(&err);
     size_t total = 0;
     for (int f = 0; f < nfiles; f++)
         for (size_t i = 0; i < dsv4_scenario_count(scns[f]); i++)
@@ -176,6 +173,8 @@ int cmd_run(int argc, char **argv)
     ro.progress = on_progress;
     ro.progress_user = &ps;
     ro.trace_dir = traces;
+    dsv4_error err;
+    dsv4_error_clear(&err);
     dsv4_run_results *res = NULL;
     double t0 = cli_now();
     for (int f = 0; f < nfiles; f++) {

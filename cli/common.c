@@ -100,8 +100,10 @@ void cli_free_scenarios(dsv4_scenario **scns, int n)
     free(scns);
 }
 
-int cli_load_scenarios(const char *cmd, const char *const *files, int n, dsv4_scenario ***out)
+int cli_load_scenarios(const cli_args *args, dsv4_scenario ***out)
 {
+    const char *cmd = args->cmd;
+    const int n = args->nops;
     *out = NULL;
     dsv4_scenario **scns = calloc((size_t)n + 1, sizeof *scns);
     if (!scns)
@@ -109,7 +111,7 @@ int cli_load_scenarios(const char *cmd, const char *const *files, int n, dsv4_sc
     dsv4_error err;
     dsv4_error_clear(&err);
     for (int f = 0; f < n; f++)
-        if (dsv4_scenario_load(files[f], &scns[f], &err) != DSV4_OK) {
+        if (dsv4_scenario_load(args->argv[1 + f], &scns[f], &err) != DSV4_OK) {
             fprintf(stderr, "dsv4moe %s: %s\n", cmd, err.message);
             cli_free_scenarios(scns, n);
             return EXIT_BAD_INPUT;
