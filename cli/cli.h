@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include "dsv4moe/config.h"
 #include "dsv4moe/safetensors.h"
+#include "dsv4moe/scenario.h"
 
 /* Exit statuses of every subcommand. */
 enum { EXIT_OK = 0, EXIT_CHECK_FAILED = 1, EXIT_BAD_INPUT = 2 };
@@ -34,10 +35,13 @@ int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_op
  * commands: gen, ref, plan) it takes the config options (cli_config_arg) into *co on the way and
  * prints --help / -h as the format `help` given CLI_CONFIG_HELP; without, `help` as it is. It
  * returns true with the next argument for the caller in *opt: one of `flags` (no value; may be
- * NULL) with *val = NULL, one of `value_opts` with its value in *val, or, with positional, an
- * argument that is not an option ("-" included) with *val = NULL. It returns false at the end,
- * status then -1 after the last argument, else the command's exit status (EXIT_OK after the help,
- * EXIT_BAD_INPUT after a printed error: an unknown option or unexpected argument, a missing value).
+ * NULL) with *val = NULL, or one of `value_opts` with its value in *val. With positional, the
+ * operands (arguments that are not options, "-" included) are not returned but moved, in order,
+ * to argv[1 .. nops] (as GNU getopt permutes argv: only slots already read are written), so a
+ * command taking several files needs no list of its own to allocate and free on every error.
+ * It returns false at the end, status then -1 after the last argument, else the command's exit
+ * status (EXIT_OK after the help, EXIT_BAD_INPUT after a printed error: an unknown option or
+ * unexpected argument, a missing value).
  */
 typedef struct cli_args {
     const char *cmd;
@@ -48,6 +52,7 @@ typedef struct cli_args {
     const char *const *flags, *const *value_opts;
     bool positional;
     int i;      /* the argument read last (0 before the first) */
+    int nops;   /* with positional: the operands so far, at argv[1 .. nops] */
     int status; /* when cli_next_arg returned false: -1 or an exit status */
 } cli_args;
 bool cli_next_arg(cli_args *it, const char **opt, const char **val);
@@ -60,6 +65,15 @@ int cli_parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo, i
 /* Returns 0 when `arg` is one of the NULL-terminated `options`; else prints "unknown option"
    (or "unexpected argument") naming the command's --help and returns -1. */
 int cli_known(const char *cmd, const char *arg, const char *const *options);
+/* The value of --layout (gen, export): split or stacked; prints and returns -1 otherwise. */
+int cli_parse_layout(const char *cmd, const char *s, dsv4_layout *out);
+/* Loads every scenario file a finished option loop collected (args->argv[1 .. nops], the run and
+   export operands) into *out (nops entries, free with cli_free_scenarios) before the command does
+   anything with them, so that a malformed file is bad input before a case runs or a folder is
+   written. Prints the first failure and returns EXIT_BAD_INPUT (*out NULL, nothing to free),
+   else EXIT_OK. */
+int cli_load_scenarios(const cli_args *args, dsv4_scenario ***out);
+void cli_free_scenarios(dsv4_scenario **scns, int n);
 /* mkdir -p: the folder and its parents; 0 on success, -1 with errno set otherwise. */
 int cli_mkdir_p(const char *path);
 /* Takes the value of option argv[*i]; prints and returns NULL when missing. */

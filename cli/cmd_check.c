@@ -28,7 +28,7 @@ static const char CHECK_HELP[] =
 
 int cmd_check(int argc, char **argv)
 {
-    const char *cmd = "check", *dir = NULL, *outputs = NULL, *report = "out/check";
+    const char *cmd = "check", *outputs = NULL, *report = "out/check";
     dsv4_check_options co;
     dsv4_check_options_init(&co);
     static const char *const opts[] = {"--outputs", "--report", "--map", "--sentinel", NULL};
@@ -38,10 +38,6 @@ int cmd_check(int argc, char **argv)
     while (cli_next_arg(&args, &a, &v)) {
         if (!strcmp(a, "--fp8")) {
             co.fp8_mma = true;
-        } else if (!v) {
-            if (dir)
-                return cli_failf(cmd, "unexpected argument '%s': one cases folder only", a);
-            dir = a;
         } else if (!strcmp(a, "--outputs")) {
             outputs = v;
         } else if (!strcmp(a, "--report")) {
@@ -66,6 +62,11 @@ int cmd_check(int argc, char **argv)
     if (args.status >= 0)
         return args.status;
     int rc = EXIT_OK;
+    if (args.nops > 1) {
+        rc = cli_failf(cmd, "unexpected argument '%s': one cases folder only", argv[2]);
+        goto out;
+    }
+    const char *dir = args.nops ? argv[1] : NULL;
     if (!dir || !outputs) {
         rc = cli_failf(cmd, "%s (see dsv4moe check --help)", !dir ? "no cases folder given" : "--outputs O is needed");
         goto out;

@@ -123,48 +123,36 @@ static bool named(const char *const *names, int nn, const char *n)
 
 int cmd_diff(int argc, char **argv)
 {
-    const char *cmd = "diff", *pa = NULL, *pb = NULL, *names[64];
+    const char *cmd = "diff", *names[64];
     int nn = 0;
     diff_opts o = {DSV4_TOL_EXACT_QUANT, DSV4_SENTINEL_E, -1};
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf(DIFF_HELP);
-            return EXIT_OK;
-        } else if (!strcmp(argv[i], "--tensor")) {
-            const char *v = cli_value(cmd, argc, argv, &i);
-            if (!v)
-                return EXIT_BAD_INPUT;
+    static const char *const opts[] = {"--tensor", "--rule", "--sentinel", "--experts", NULL};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = DIFF_HELP, .value_opts = opts,
+                     .positional = true};
+    const char *opt, *v;
+    int64_t e;
+    while (cli_next_arg(&args, &opt, &v)) {
+        if (!strcmp(opt, "--tensor")) {
             if (nn == (int)(sizeof names / sizeof names[0]))
                 return cli_failf(cmd, "too many --tensor options (at most %zu)", sizeof names / sizeof names[0]);
             names[nn++] = v;
-        } else if (!strcmp(argv[i], "--rule")) {
-            const char *v = cli_value(cmd, argc, argv, &i);
-            if (!v)
-                return EXIT_BAD_INPUT;
+        } else if (!strcmp(opt, "--rule")) {
             if (!dsv4_tolerance_parse(v, &o.rule))
                 return cli_failf(cmd, "--rule '%s': not exact-bf16, exact-quant or fp8-mma", v);
-        } else if (!strcmp(argv[i], "--sentinel")) {
-            const char *v = cli_value(cmd, argc, argv, &i);
-            if (!v)
-                return EXIT_BAD_INPUT;
+        } else if (!strcmp(opt, "--sentinel")) {
             if (!dsv4_sentinel_parse(v, &o.sentinel))
                 return cli_failf(cmd, "--sentinel '%s': not E, -1 or absent", v);
-        } else if (!strcmp(argv[i], "--experts")) {
-            const char *v = cli_value(cmd, argc, argv, &i);
-            int64_t e;
-            if (!v || cli_parse_i64(cmd, "--experts", v, 1, 1 << 20, &e))
+        } else {
+            if (cli_parse_i64(cmd, opt, v, 1, 1 << 20, &e))
                 return EXIT_BAD_INPUT;
             o.experts = (long long)e;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return cli_failf(cmd, "unknown option '%s' (see dsv4moe diff --help)", argv[i]);
-        } else if (!pa) {
-            pa = argv[i];
-        } else if (!pb) {
-            pb = argv[i];
-        } else {
-            return cli_failf(cmd, "unexpected argument '%s': two files only", argv[i]);
         }
     }
+    if (args.status >= 0)
+        return args.status;
+    if (args.nops > 2)
+        return cli_failf(cmd, "unexpected argument '%s': two files only", argv[3]);
+    const char *pa = args.nops > 0 ? argv[1] : NULL, *pb = args.nops > 1 ? argv[2] : NULL; /* the operands */
     if (!pa || !pb)
         return cli_failf(cmd, "two files are needed (see dsv4moe diff --help)");
     dsv4_st_file *a = NULL, *b = NULL;

@@ -31,64 +31,43 @@ int cmd_export(int argc, char **argv)
     dsv4_export_options eo;
     dsv4_export_options_init(&eo);
     int64_t threads = 2;
-    const char **files = calloc((size_t)argc + 1, sizeof *files);
-    int nfiles = 0, rc = EXIT_OK;
-    if (!files)
-        return cli_failf(cmd, "out of memory");
     static const char *const opts[] = {"--dir", "--layout", "--filter", "--threads", NULL};
     cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = EXPORT_HELP, .value_opts = opts,
                      .positional = true};
     const char *a, *v;
     while (cli_next_arg(&args, &a, &v)) {
-        if (!v)
-            files[nfiles++] = a;
-        else if (!strcmp(a, "--dir"))
+        if (!strcmp(a, "--dir"))
             dir = v;
         else if (!strcmp(a, "--filter"))
             filter = v;
         else if (!strcmp(a, "--layout")) {
-            if (!strcmp(v, "split"))
-                eo.layout = DSV4_LAYOUT_SPLIT;
-            else if (!strcmp(v, "stacked"))
-                eo.layout = DSV4_LAYOUT_STACKED;
-            else {
-                free(files);
-                return cli_failf(cmd, "option --layout: '%s' is not split or stacked", v);
-            }
-        } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads)) {
-            free(files);
+            if (cli_parse_layout(cmd, v, &eo.layout))
+                return EXIT_BAD_INPUT;
+        } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads))
             return EXIT_BAD_INPUT;
-        }
     }
-    if (args.status >= 0) {
-        free(files);
+    if (args.status >= 0)
         return args.status;
-    }
     eo.threads = (int)threads;
     eo.filter = filter;
-    if (!nfiles || !dir) {
-        free(files);
-        return cli_failf(cmd, "%s (see dsv4moe export --help)", !nfiles ? "no scenario file given" : "--dir D is needed");
-    }
-    dsv4_error err;
-    dsv4_error_clear(&err);
+    if (!args.nops || !dir)
+        return cli_failf(cmd, "%s (see dsv4moe export --help)", !args.nops ? "no scenario file given" : "--dir D is needed");
+    dsv4_scenario **scns;
+    int rc = cli_load_scenarios(&args, &scns);
+    if (rc)
+        return rc;
     size_t total = 0, skipped = 0;
-    for (int f = 0; f < nfiles && rc == EXIT_OK; f++) {
-        dsv4_scenario *scn = NULL;
-        if (dsv4_scenario_load(files[f], &scn, &err) != DSV4_OK) {
-            fprintf(stderr, "dsv4moe export: %s\n", err.message);
-            rc = EXIT_BAD_INPUT;
-            break;
-        }
+    for (int f = 0; f < args.nops && rc == EXIT_OK; f++) {
+        dsv4_error err;
+        dsv4_error_clear(&err);
         size_t w = 0, l = 0;
-        dsv4_status st = dsv4_export_scenario(scn, dir, &eo, &w, &l, &err);
+        dsv4_status st = dsv4_export_scenario(scns[f], dir, &eo, &w, &l, &err);
         total += w;
         skipped += l;
         if (st) {
-            fprintf(stderr, "dsv4moe export: %s: %s\n", files[f], err.message);
+            fprintf(stderr, "dsv4moe export: %s: %s\n", argv[1 + f], err.message); /* the operands */
             rc = EXIT_BAD_INPUT;
         }
-        dsv4_scenario_free(scn);
     }
     if (rc == EXIT_OK) {
         if (!total)
@@ -98,6 +77,6 @@ int cmd_export(int argc, char **argv)
             printf("dsv4moe export: %zu case folder%s in %s (%zu case%s left out: refusals or invalid configs)\n",
                    total, total == 1 ? "" : "s", dir, skipped, skipped == 1 ? "" : "s");
     }
-    free(files);
+    cli_free_scenarios(scns, args.nops);
     return rc;
 }

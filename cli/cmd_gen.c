@@ -70,12 +70,8 @@ int cmd_gen(int argc, char **argv)
                 return EXIT_BAD_INPUT;
             opt.threads = (int)v;
         } else if (!strcmp(a, "--layout")) {
-            if (!strcmp(val, "split"))
-                opt.layout = DSV4_LAYOUT_SPLIT;
-            else if (!strcmp(val, "stacked"))
-                opt.layout = DSV4_LAYOUT_STACKED;
-            else
-                return cli_failf(cmd, "option --layout: '%s' is not split or stacked", val);
+            if (cli_parse_layout(cmd, val, &opt.layout))
+                return EXIT_BAD_INPUT;
         } else if (!strcmp(a, "--out")) {
             out_dir = val;
         } else if (!strcmp(a, "--weights")) {

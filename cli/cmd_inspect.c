@@ -16,22 +16,18 @@ static const char INSPECT_HELP[] =
 
 int cmd_inspect(int argc, char **argv)
 {
-    const char *cmd = "inspect", *path = NULL;
+    const char *cmd = "inspect";
     int quiet = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(INSPECT_HELP, stdout);
-            return EXIT_OK;
-        } else if (!strcmp(argv[i], "--quiet")) {
-            quiet = 1;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return cli_failf(cmd, "unknown option '%s' (see dsv4moe inspect --help)", argv[i]);
-        } else if (path) {
-            return cli_failf(cmd, "one PATH only ('%s' and '%s')", path, argv[i]);
-        } else {
-            path = argv[i];
-        }
-    }
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = INSPECT_HELP,
+                     .flags = (const char *const[]){"--quiet", NULL}, .positional = true};
+    const char *opt, *v;
+    while (cli_next_arg(&args, &opt, &v))
+        quiet = 1; /* --quiet, the only option */
+    if (args.status >= 0)
+        return args.status;
+    if (args.nops > 1)
+        return cli_failf(cmd, "one PATH only ('%s' and '%s')", argv[1], argv[2]);
+    const char *path = args.nops ? argv[1] : NULL; /* the operand */
     if (!path)
         return cli_failf(cmd, "missing PATH (see dsv4moe inspect --help)");
     dsv4_checkpoint *ck = NULL;

@@ -97,10 +97,6 @@ int cmd_run(int argc, char **argv)
 #ifdef DSV4_FAULTS
     bool faults = false;
 #endif
-    const char **files = calloc((size_t)argc + 1, sizeof *files);
-    int nfiles = 0;
-    if (!files)
-        return cli_failf(cmd, "out of memory");
     static const char *const opts[] = {"--report", "--cache", "--backend", "--filter", "--threads", "--traces", NULL};
     cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = RUN_HELP, .value_opts = opts,
                      .flags = (const char *const[]){"--faults", NULL}, .positional = true};
@@ -108,15 +104,12 @@ int cmd_run(int argc, char **argv)
     while (cli_next_arg(&args, &a, &v)) {
         if (!strcmp(a, "--faults")) {
 #ifndef DSV4_FAULTS
-            free(files);
             return cli_failf(cmd, "--faults needs the fault build, which holds the defect catalogue: run make faults, "
                                   "then build/faults/dsv4moe run --faults FILE.yaml");
 #else
             faults = true;
 #endif
-        } else if (!v)
-            files[nfiles++] = a;
-        else if (!strcmp(a, "--report"))
+        } else if (!strcmp(a, "--report"))
             report = v;
         else if (!strcmp(a, "--cache"))
             cache = v;
@@ -131,50 +124,30 @@ int cmd_run(int argc, char **argv)
                 backend = 1;
             else if (!strcmp(v, "cuda"))
                 backend = 2;
-            else {
-                free(files);
+            else
                 return cli_failf(cmd, "option --backend: '%s' is not ref, cpu or cuda", v);
-            }
             /* Asking for a backend this build lacks would "pass" on the checks that need no
                backend; it is bad input, refused before any case runs. */
-            if (!dsv4_backend_available((dsv4_backend_kind)backend)) {
-                free(files);
+            if (!dsv4_backend_available((dsv4_backend_kind)backend))
                 return cli_failf(cmd, "option --backend: '%s' is not part of this build (available: %s)", v,
                                  dsv4_backends_available());
-            }
-        } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads)) {
-            free(files);
+        } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads))
             return EXIT_BAD_INPUT;
-        }
     }
-    if (args.status >= 0) {
-        free(files);
+    if (args.status >= 0)
         return args.status;
-    }
-    if (nfiles == 0) {
-        free(files);
+    const int nfiles = args.nops;
+    if (nfiles == 0)
         return cli_failf(cmd, "no scenario file given (see dsv4moe run --help)");
-    }
-
-    /* Load every file first: a malformed one is bad input before anything runs. */
-    dsv4_scenario **scns = calloc((size_t)nfiles, sizeof *scns);
-    if (!scns) {
-        free(files);
-        return cli_failf(cmd, "out of memory");
-    }
-    int rc = EXIT_OK;
-    dsv4_error err;
-    dsv4_error_clear(&err);
+    const char *const *files = (const char *const *)argv + 1; /* the operands (cli_next_arg) */
+    dsv4_scenario **scns;
+    int rc = cli_load_scenarios(&args, &scns);
+    if (rc)
+        return rc;
     size_t total = 0;
-    for (int f = 0; f < nfiles; f++) {
-        if (dsv4_scenario_load(files[f], &scns[f], &err) != DSV4_OK) {
-            fprintf(stderr, "dsv4moe run: %s\n", err.message);
-            rc = EXIT_BAD_INPUT;
-            goto out;
-        }
+    for (int f = 0; f < nfiles; f++)
         for (size_t i = 0; i < dsv4_scenario_count(scns[f]); i++)
             total += !filter || strstr(dsv4_scenario_get(scns[f], i)->name, filter);
-    }
     if (total == 0) {
         rc = cli_failf(cmd, "no case %s%s%s", filter ? "matches --filter '" : "to run", filter ? filter : "",
                        filter ? "'" : "");
@@ -200,6 +173,8 @@ int cmd_run(int argc, char **argv)
     ro.progress = on_progress;
     ro.progress_user = &ps;
     ro.trace_dir = traces;
+    dsv4_error err;
+    dsv4_error_clear(&err);
     dsv4_run_results *res = NULL;
     double t0 = cli_now();
     for (int f = 0; f < nfiles; f++) {
@@ -267,9 +242,6 @@ int cmd_run(int argc, char **argv)
 #endif
     dsv4_run_results_free(res);
 out:
-    for (int f = 0; f < nfiles; f++)
-        dsv4_scenario_free(scns[f]);
-    free(scns);
-    free(files);
+    cli_free_scenarios(scns, nfiles);
     return rc;
 }

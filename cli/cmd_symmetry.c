@@ -1,7 +1,6 @@
 /* dsv4moe symmetry: per-rank collective traces of an engine, compared (docs/engines.md). */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cli.h"
 #include "dsv4moe/symmetry.h"
@@ -23,16 +22,13 @@ static const char SYMMETRY_HELP[] =
 int cmd_symmetry(int argc, char **argv)
 {
     const char *cmd = "symmetry";
-    int n = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(SYMMETRY_HELP, stdout);
-            return EXIT_OK;
-        }
-        if (argv[i][0] == '-' && argv[i][1])
-            return cli_failf(cmd, "unknown option '%s' (see dsv4moe symmetry --help)", argv[i]);
-        n++;
-    }
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = SYMMETRY_HELP, .positional = true};
+    const char *opt, *v;
+    while (cli_next_arg(&args, &opt, &v)) /* no option: every argument is a trace or --help */
+        ;
+    if (args.status >= 0)
+        return args.status;
+    const int n = args.nops; /* the traces, at argv[1 .. n] */
     if (n < 2)
         return cli_failf(cmd, "at least two traces (one per rank) are needed (see dsv4moe symmetry --help)");
     dsv4_trace **t = calloc((size_t)n, sizeof *t);
@@ -41,7 +37,7 @@ int cmd_symmetry(int argc, char **argv)
     dsv4_error err;
     dsv4_error_clear(&err);
     int rc = EXIT_OK, k = 0;
-    for (int i = 1; i < argc && rc == EXIT_OK; i++) {
+    for (int i = 1; i <= n && rc == EXIT_OK; i++) {
         if (dsv4_trace_load(argv[i], k, &t[k], &err))
             rc = cli_fail(cmd, &err);
         else

@@ -80,6 +80,46 @@ int cli_parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo, i
     return 0;
 }
 
+int cli_parse_layout(const char *cmd, const char *s, dsv4_layout *out)
+{
+    if (!strcmp(s, "split"))
+        *out = DSV4_LAYOUT_SPLIT;
+    else if (!strcmp(s, "stacked"))
+        *out = DSV4_LAYOUT_STACKED;
+    else {
+        cli_failf(cmd, "option --layout: '%s' is not split or stacked", s);
+        return -1;
+    }
+    return 0;
+}
+
+void cli_free_scenarios(dsv4_scenario **scns, int n)
+{
+    for (int f = 0; scns && f < n; f++)
+        dsv4_scenario_free(scns[f]);
+    free(scns);
+}
+
+int cli_load_scenarios(const cli_args *args, dsv4_scenario ***out)
+{
+    const char *cmd = args->cmd;
+    const int n = args->nops;
+    *out = NULL;
+    dsv4_scenario **scns = calloc((size_t)n + 1, sizeof *scns);
+    if (!scns)
+        return cli_failf(cmd, "out of memory");
+    dsv4_error err;
+    dsv4_error_clear(&err);
+    for (int f = 0; f < n; f++)
+        if (dsv4_scenario_load(args->argv[1 + f], &scns[f], &err) != DSV4_OK) {
+            fprintf(stderr, "dsv4moe %s: %s\n", cmd, err.message);
+            cli_free_scenarios(scns, n);
+            return EXIT_BAD_INPUT;
+        }
+    *out = scns;
+    return EXIT_OK;
+}
+
 int cli_config_arg(const char *cmd, int argc, char **argv, int *i, cli_config_opts *o)
 {
     const char *a = argv[*i];
@@ -126,9 +166,13 @@ bool cli_next_arg(cli_args *it, const char **opt, const char **val)
             it->status = EXIT_OK;
             return false;
         }
+        if (it->positional && (a[0] != '-' || !strcmp(a, "-"))) {
+            it->argv[++it->nops] = it->argv[it->i]; /* nops <= i: a slot already read */
+            continue;
+        }
         *opt = a;
         *val = NULL;
-        if (one_of(a, it->flags) || (it->positional && (a[0] != '-' || !strcmp(a, "-"))))
+        if (one_of(a, it->flags))
             return true;
         if (cli_known(it->cmd, a, it->value_opts) || !(*val = cli_value(it->cmd, it->argc, it->argv, &it->i))) {
             it->status = EXIT_BAD_INPUT;

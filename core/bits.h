@@ -19,27 +19,25 @@
 #define DSV4_HD static inline
 #endif
 
+/* fp32 <-> its bit pattern: the device's reinterpreting intrinsics; on the host a memcpy, which
+   keeps the aliasing rule and compiles to a register move. */
+#ifdef __CUDA_ARCH__
+DSV4_HD uint32_t dsv4_f32_bits(float x) { return __float_as_uint(x); }
+DSV4_HD float dsv4_f32_from_bits(uint32_t u) { return __uint_as_float(u); }
+#else
 DSV4_HD uint32_t dsv4_f32_bits(float x)
 {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(x);
-#else
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     return u;
-#endif
 }
-
 DSV4_HD float dsv4_f32_from_bits(uint32_t u)
 {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
     float x;
     memcpy(&x, &u, sizeof x);
     return x;
-#endif
 }
+#endif
 
 /* fp32 -> bf16 bits, round to nearest even (SPEC.md section 5); a NaN keeps a quiet payload
    (truncating one could leave an all-zero payload, = Inf). A carry into the exponent is the

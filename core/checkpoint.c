@@ -15,6 +15,7 @@
 
 #include "dsv4moe/safetensors.h"
 #include "err.h"
+#include "grow.h"
 #include "fileio.h"
 #include "st_int.h"
 #include "testctl.h"
@@ -214,16 +215,12 @@ static dsv4_status open_folder(dsv4_checkpoint *ck, const char *dir, dsv4_error 
     while ((de = readdir(d))) {
         if (!dsv4_sti_ends_with(de->d_name, ".safetensors"))
             continue;
-        if (n == cap) {
-            size_t nc = cap ? 2 * cap : 16;
-            char **nn = realloc(names, nc * sizeof *nn);
-            if (!nn) {
-                st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-                goto done;
-            }
-            names = nn;
-            cap = nc;
+        char **nn = dsv4_grow(names, &cap, n + 1, sizeof *nn, 16);
+        if (!nn) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+            goto done;
         }
+        names = nn;
         if (!(names[n] = strdup(de->d_name))) {
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
             goto done;

@@ -9,6 +9,7 @@
 #include "dsv4moe/rng.h"
 #include "dsv4moe/weights.h"
 #include "err.h"
+#include "grow.h"
 #include "parallel.h"
 
 void dsv4_gen_options_init(dsv4_gen_options *o)
@@ -57,14 +58,10 @@ typedef struct {
 
 static dsv4_status push(gen_ctx *g, tkind k, int64_t e, dsv4_proj p, dsv4_error *err)
 {
-    if (g->n == g->cap) {
-        size_t cap = g->cap ? 2 * g->cap : 64;
-        tdesc *t = realloc(g->t, cap * sizeof *t);
-        if (!t)
-            return dsv4_seterr(err, DSV4_ERR_NOMEM, "gen", "out of memory planning the tensors");
-        g->t = t;
-        g->cap = cap;
-    }
+    tdesc *t = dsv4_grow(g->t, &g->cap, g->n + 1, sizeof *t, 64);
+    if (!t)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, "gen", "out of memory planning the tensors");
+    g->t = t;
     g->t[g->n++] = (tdesc){k, e, p};
     return DSV4_OK;
 }

@@ -22,6 +22,7 @@
 
 #include "dsv4moe/safetensors.h"
 #include "err.h"
+#include "grow.h"
 #include "hash.h"
 #include "fileio.h"
 #include "st_int.h"
@@ -778,14 +779,10 @@ dsv4_status dsv4_st_writer_add(dsv4_st_writer *w, const char *name, dsv4_dtype d
     size_t *slot = slot_for(w, name);
     if (*slot)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, wb.s, "a tensor of this name was already added");
-    if (w->n == w->cap) {
-        size_t cap = w->cap ? 2 * w->cap : 64;
-        wtensor *nt = realloc(w->t, cap * sizeof *nt);
-        if (!nt)
-            return dsv4_seterr(err, DSV4_ERR_NOMEM, wb.s, "out of memory");
-        w->t = nt;
-        w->cap = cap;
-    }
+    wtensor *nt = dsv4_grow(w->t, &w->cap, w->n + 1, sizeof *nt, 64);
+    if (!nt)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, wb.s, "out of memory");
+    w->t = nt;
     wtensor *t = &w->t[w->n];
     memset(t, 0, sizeof *t);
     if (!(t->name = strdup(name)))
@@ -811,14 +808,10 @@ dsv4_status dsv4_st_writer_set_metadata(dsv4_st_writer *w, const char *key, cons
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, ww, "metadata key '%s' was already set", key);
     if (!valid_utf8(key) || !valid_utf8(value))
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, ww, "metadata key '%s' or its value is not valid UTF-8", key);
-    if (w->n_meta == w->cap_meta) {
-        size_t cap = w->cap_meta ? 2 * w->cap_meta : 8;
-        char **nm = realloc(w->meta, 2 * cap * sizeof *nm);
-        if (!nm)
-            return dsv4_seterr(err, DSV4_ERR_NOMEM, ww, "out of memory");
-        w->meta = nm;
-        w->cap_meta = cap;
-    }
+    char **nm = dsv4_grow(w->meta, &w->cap_meta, w->n_meta + 1, 2 * sizeof *nm, 8); /* key, value pairs */
+    if (!nm)
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, ww, "out of memory");
+    w->meta = nm;
     char *k = strdup(key), *v = strdup(value);
     if (!k || !v) {
         free(k);

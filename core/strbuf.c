@@ -5,24 +5,19 @@
 
 #include "strbuf.h"
 #include "err.h"
+#include "grow.h"
 #include "fileio.h"
 
 void dsv4_sb_put(dsv4_strbuf *b, const char *s, size_t n)
 {
     if (b->oom)
         return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *ns = realloc(b->s, cap);
-        if (!ns) {
-            b->oom = true;
-            return;
-        }
-        b->s = ns;
-        b->cap = cap;
+    char *ns = dsv4_grow(b->s, &b->cap, b->n + n + 1, 1, 4096);
+    if (!ns) {
+        b->oom = true;
+        return;
     }
+    b->s = ns;
     memcpy(b->s + b->n, s, n);
     b->n += n;
     b->s[b->n] = '\0';

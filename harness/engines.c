@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "err.h"
+#include "grow.h"
 #include "fileio.h"
 #include "run_ext.h"
 #include "dsv4moe/engines.h"
@@ -328,15 +329,12 @@ static dsv4_status list_cases(const char *dir, char ***names, size_t *n, dsv4_er
         snprintf(p, sizeof p, "%s/%s/case.json", dir, de->d_name);
         if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
             continue;
-        if (k == cap) {
-            cap = cap ? cap * 2 : 32;
-            char **nv = realloc(v, cap * sizeof *nv);
-            if (!nv) {
-                st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
-                break;
-            }
-            v = nv;
+        char **nv = dsv4_grow(v, &cap, k + 1, sizeof *nv, 32);
+        if (!nv) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
+            break;
         }
+        v = nv;
         if (!(v[k] = strdup(de->d_name))) {
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, dir, "out of memory");
             break;

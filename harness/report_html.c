@@ -28,6 +28,7 @@
 #include "reports.h"
 #include "dsv4moe/run.h"
 #include "err.h"
+#include "grow.h"
 #ifdef DSV4_FAULTS
 #include "fault_runs.h"
 #endif
@@ -286,14 +287,10 @@ static mx_cell *mx_find(mx_table *t, const char *scen, const char *axis, size_t 
         if (!strcmp(t->c[i].scen, scen) && strlen(t->c[i].axis) == alen && !strncmp(t->c[i].axis, axis, alen) &&
             strlen(t->c[i].value) == vlen && !strncmp(t->c[i].value, value, vlen))
             return &t->c[i];
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? 2 * t->cap : 32;
-        mx_cell *nc = realloc(t->c, cap * sizeof *nc);
-        if (!nc)
-            return NULL;
-        t->c = nc;
-        t->cap = cap;
-    }
+    mx_cell *nc = dsv4_grow(t->c, &t->cap, t->n + 1, sizeof *nc, 32);
+    if (!nc)
+        return NULL;
+    t->c = nc;
     mx_cell *c = &t->c[t->n];
     memset(c, 0, sizeof *c);
     c->scen = scen;
@@ -324,16 +321,12 @@ static void mx_count(mx_table *t, const char *scen, const char *axis, size_t ale
     c->n[r]++;
     if (r != DSV4_RESULT_FAIL && r != DSV4_RESULT_ERROR)
         return;
-    if (c->nbad == c->capbad) {
-        size_t cap = c->capbad ? 2 * c->capbad : 8;
-        size_t *nb = realloc(c->bad, cap * sizeof *nb);
-        if (!nb) {
-            t->oom = true;
-            return;
-        }
-        c->bad = nb;
-        c->capbad = cap;
+    size_t *nb = dsv4_grow(c->bad, &c->capbad, c->nbad + 1, sizeof *nb, 8);
+    if (!nb) {
+        t->oom = true;
+        return;
     }
+    c->bad = nb;
     c->bad[c->nbad++] = idx;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "dsv4moe/formats.h"
+#include "grow.h"
 #include "results.h"
 #include "run_ext.h"
 
@@ -261,13 +262,11 @@ void dsv4_h_finish_status(dsv4_case_result *c)
 bool dsv4_h_grow_cases(dsv4_run_results *R, size_t extra)
 {
     if (R->n + extra <= R->cap)
-        return true;
-    size_t cap = R->cap ? R->cap * 2 : 64;
-    dsv4_case_result **nc = realloc(R->cases, cap * sizeof *nc);
+        return true; /* also with no array yet and extra 0 */
+    dsv4_case_result **nc = dsv4_grow(R->cases, &R->cap, R->n + extra, sizeof *nc, 64);
     if (!nc)
         return false;
     R->cases = nc;
-    R->cap = cap;
     return true;
 }
 

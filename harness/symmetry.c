@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "err.h"
+#include "grow.h"
 #include "fileio.h"
 #include "dsv4moe/symmetry.h"
 
@@ -60,14 +61,10 @@ size_t dsv4_trace_count(const dsv4_trace *t) { return t ? t->n : 0; }
 
 static tentry *push(dsv4_trace *t)
 {
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 64;
-        tentry *ne = realloc(t->e, cap * sizeof *ne);
-        if (!ne)
-            return NULL;
-        t->e = ne;
-        t->cap = cap;
-    }
+    tentry *ne = dsv4_grow(t->e, &t->cap, t->n + 1, sizeof *ne, 64);
+    if (!ne)
+        return NULL;
+    t->e = ne;
     tentry *e = &t->e[t->n];
     memset(e, 0, sizeof *e);
     e->pos = t->n++;
@@ -164,14 +161,12 @@ static int *parse_ranks(const char *s, size_t *n)
         if (isdigit((unsigned char)*p)) {
             char *end;
             long r = strtol(p, &end, 10);
-            if (k == cap) {
-                int *nv = realloc(v, (cap *= 2) * sizeof *nv);
-                if (!nv) {
-                    free(v);
-                    return NULL;
-                }
-                v = nv;
+            int *nv = dsv4_grow(v, &cap, k + 1, sizeof *nv, 8);
+            if (!nv) {
+                free(v);
+                return NULL;
             }
+            v = nv;
             v[k++] = (int)r;
             p = end;
         } else {
@@ -275,16 +270,13 @@ dsv4_status dsv4_trace_load(const char *path, int fallback_rank, dsv4_trace **ou
     char *text = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
-        if (len + 65536 + 1 > cap) {
-            cap = cap ? cap * 2 : 131072;
-            char *nt = realloc(text, cap);
-            if (!nt) {
-                free(text);
-                fclose(f);
-                return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-            }
-            text = nt;
+        char *nt = dsv4_grow(text, &cap, len + 65536 + 1, 1, 131072);
+        if (!nt) {
+            free(text);
+            fclose(f);
+            return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
         }
+        text = nt;
         size_t got = fread(text + len, 1, 65536, f);
         len += got;
         if (got < 65536)

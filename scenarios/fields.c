@@ -528,6 +528,28 @@ bool dsv4_sp_is_field(const char *key)
     return !strncmp(key, "config.", 7) || !strncmp(key, "topology.", 9) || !strncmp(key, "budget.", 7);
 }
 
+/* The setter of one section's keys (set_cfg, set_topo, set_budget). */
+typedef dsv4_status section_setter(ctx *c, draft *d, const char *key, const yaml_node_t *keynode, const yaml_node_t *v);
+
+/* Every `key: value` pair of the mapping m (null: none) in order, until the first error: as keys
+   of a section (set) or, with set NULL, as fields (dsv4_sp_apply_field). */
+static dsv4_status apply_pairs(ctx *c, draft *d, const yaml_node_t *m, const char *what, section_setter *set,
+                               bool allow_name)
+{
+    dsv4_status st;
+    if (dsv4_sp_is_null(m))
+        return DSV4_OK;
+    if ((st = dsv4_sp_check_mapping(c, m, what)))
+        return st;
+    for (size_t i = 0; i < PAIRS(m); i++) {
+        yaml_node_t *k = get(c, m->data.mapping.pairs.start[i].key);
+        yaml_node_t *v = get(c, m->data.mapping.pairs.start[i].value);
+        if ((st = set ? set(c, d, sval(k), k, v) : dsv4_sp_apply_field(c, d, sval(k), k, v, allow_name)))
+            return st;
+    }
+    return DSV4_OK;
+}
+
 /* Applies one field `key: v` (key as written in the file). */
 dsv4_status dsv4_sp_apply_field(ctx *c, draft *d, const char *key, const yaml_node_t *keynode, const yaml_node_t *v,
                                bool allow_name)
@@ -558,22 +580,8 @@ dsv4_status dsv4_sp_apply_field(ctx *c, draft *d, const char *key, const yaml_no
         return set_cfg(c, d, "layer", keynode, v);
     case 2:
     case 3:
-    case 4: { /* config, topology, budget */
-        if (dsv4_sp_is_null(v))
-            return DSV4_OK;
-        if ((st = dsv4_sp_check_mapping(c, v, key)))
-            return st;
-        for (size_t i = 0; i < PAIRS(v); i++) {
-            yaml_node_t *k = get(c, v->data.mapping.pairs.start[i].key);
-            yaml_node_t *x = get(c, v->data.mapping.pairs.start[i].value);
-            st = key[0] == 'c' ? set_cfg(c, d, sval(k), k, x)
-                 : key[0] == 't' ? set_topo(c, d, sval(k), k, x)
-                                 : set_budget(c, d, sval(k), k, x);
-            if (st)
-                return st;
-        }
-        return DSV4_OK;
-    }
+    case 4: /* config, topology, budget */
+        return apply_pairs(c, d, v, key, key[0] == 'c' ? set_cfg : key[0] == 't' ? set_topo : set_budget, false);
     case 5:
         return set_ranks(c, d, true, v);
     case 6:
@@ -614,18 +622,7 @@ dsv4_status dsv4_sp_apply_field(ctx *c, draft *d, const char *key, const yaml_no
 /* A mapping of fields (defaults, an explicit case, a mapping-valued axis value). */
 dsv4_status dsv4_sp_apply_map(ctx *c, draft *d, const yaml_node_t *m, const char *what, bool allow_name)
 {
-    dsv4_status st;
-    if (dsv4_sp_is_null(m))
-        return DSV4_OK;
-    if ((st = dsv4_sp_check_mapping(c, m, what)))
-        return st;
-    for (size_t i = 0; i < PAIRS(m); i++) {
-        yaml_node_t *k = get(c, m->data.mapping.pairs.start[i].key);
-        yaml_node_t *v = get(c, m->data.mapping.pairs.start[i].value);
-        if ((st = dsv4_sp_apply_field(c, d, sval(k), k, v, allow_name)))
-            return st;
-    }
-    return DSV4_OK;
+    return apply_pairs(c, d, m, what, NULL, allow_name);
 }
 
 /* The config of a draft: preset, then the overrides (already checked). */

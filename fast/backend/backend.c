@@ -225,15 +225,26 @@ const char *dsv4_backend_kernels(const dsv4_backend *b)
     return dsv4_backend_name(b);
 }
 
+/* The arguments every forward entry (forward, forward_device, enqueue; `where` names it) takes:
+   the backend, out->y, x where there are tokens, and 0 <= T <= the plan's max_tokens_per_rank. */
+static dsv4_status check_forward_args(const dsv4_backend *b, int64_t T, const void *x, const dsv4_forward_out *out,
+                                      const char *where, dsv4_error *err)
+{
+    if (!b || !out || !out->y || (T > 0 && !x))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, where, "backend, x and out->y must not be NULL");
+    if (T < 0 || T > b->max_tokens)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, where,
+                           "token count %lld is outside [0, max_tokens_per_rank = %lld]", (long long)T,
+                           (long long)b->max_tokens);
+    return DSV4_OK;
+}
+
 dsv4_status dsv4_backend_forward(dsv4_backend *b, int64_t T, const uint16_t *x, const int32_t *input_ids,
                                  dsv4_forward_out *out, dsv4_error *err)
 {
-    if (!b || !out || !out->y || (T > 0 && !x))
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend forward", "backend, x and out->y must not be NULL");
-    if (T < 0 || T > b->max_tokens)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend forward",
-                           "token count %lld is outside [0, max_tokens_per_rank = %lld]", (long long)T,
-                           (long long)b->max_tokens);
+    dsv4_status st = check_forward_args(b, T, x, out, "backend forward", err);
+    if (st)
+        return st;
     if (b->sharded)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend forward",
                            "the plan shards the layer over ranks: a rank of it runs through the distributed driver "
@@ -244,13 +255,9 @@ dsv4_status dsv4_backend_forward(dsv4_backend *b, int64_t T, const uint16_t *x, 
 dsv4_status dsv4_backend_forward_device(dsv4_backend *b, int64_t T, const void *x, const int32_t *input_ids,
                                         const dsv4_forward_out *out, dsv4_error *err)
 {
-    if (!b || !out || !out->y || (T > 0 && !x))
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend forward_device",
-                           "backend, x and out->y must not be NULL");
-    if (T < 0 || T > b->max_tokens)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend forward_device",
-                           "token count %lld is outside [0, max_tokens_per_rank = %lld]", (long long)T,
-                           (long long)b->max_tokens);
+    dsv4_status st = check_forward_args(b, T, x, out, "backend forward_device", err);
+    if (st)
+        return st;
     if (!b->vt->forward_device)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend forward_device",
                            "backend %s holds no device tensors (only cuda does)", b->vt->name);
@@ -288,12 +295,9 @@ dsv4_status dsv4_backend_workspace_size(const dsv4_plan *plan, int64_t max_token
 dsv4_status dsv4_backend_enqueue(dsv4_backend *b, void *stream, int64_t T, const int32_t *valid_tokens, const void *x,
                                  const int32_t *input_ids, const dsv4_forward_out *out, dsv4_error *err)
 {
-    if (!b || !out || !out->y || (T > 0 && !x))
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend enqueue", "backend, x and out->y must not be NULL");
-    if (T < 0 || T > b->max_tokens)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend enqueue",
-                           "token count %lld is outside [0, max_tokens_per_rank = %lld]", (long long)T,
-                           (long long)b->max_tokens);
+    dsv4_status st = check_forward_args(b, T, x, out, "backend enqueue", err);
+    if (st)
+        return st;
     if (!b->vt->enqueue)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend enqueue",
                            "backend %s runs on the host: it has no stream to enqueue on (use dsv4_backend_forward)",

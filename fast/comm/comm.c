@@ -11,6 +11,7 @@
 #include "dsv4moe/comm.h"
 #include "comm_impl.h"
 #include "err.h"
+#include "grow.h"
 #include "hash.h"
 
 const char *dsv4_group_name(dsv4_group group)
@@ -186,14 +187,11 @@ static dsv4_status issue(dsv4_comm *comm, dsv4_coll_op op, dsv4_group group, dsv
                          uint64_t counts_hash, const char *tag, const char *fn, dsv4_coll_record *rec,
                          dsv4_error *err)
 {
-    if (comm->trace_len == comm->trace_cap) {
-        size_t cap = comm->trace_cap ? comm->trace_cap * 2 : 16;
-        dsv4_coll_record *t = realloc(comm->trace, cap * sizeof *t);
-        if (!t)
-            return local_fail(comm, err, DSV4_ERR_NOMEM, fn, "out of memory growing the trace to %zu records", cap);
-        comm->trace = t;
-        comm->trace_cap = cap;
-    }
+    dsv4_coll_record *t = dsv4_grow(comm->trace, &comm->trace_cap, comm->trace_len + 1, sizeof *t, 16);
+    if (!t)
+        return local_fail(comm, err, DSV4_ERR_NOMEM, fn, "out of memory growing the trace past %zu records",
+                          comm->trace_cap);
+    comm->trace = t;
     memset(rec, 0, sizeof *rec);
     rec->seq = comm->seq[group]++;
     rec->op = op;

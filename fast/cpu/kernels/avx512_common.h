@@ -1,7 +1,7 @@
 /*
  * What the AVX-512 kernel files share (internal to fast/cpu/kernels): target attributes, a
- * tile's row/scale pointers and accumulators, the bf16 kernels' activation-row blocking and
- * their 128-element dot step. Only included under CPU_X86.
+ * tile's row/scale pointers and accumulators, the bf16 kernels' activation-row blocking,
+ * their 128-element dot step and the loop of their 128-block tiles. Only included under CPU_X86.
  */
 #ifndef DSV4MOE_FAST_CPU_AVX512_COMMON_H
 #define DSV4MOE_FAST_CPU_AVX512_COMMON_H
@@ -55,6 +55,43 @@ TGT512 static AINL void store_acc(int NW, int RB, __m512 acc[8][8], float *C, in
 #pragma GCC unroll 8
         for (int q = 0; q < RB; q++)
             C[q * ldc + w] = _mm512_reduce_add_ps(acc[w][q]);
+}
+
+/* A 128-block kernel's decoder: the bb bytes at p (block c of a weight row whose scales start at
+   scl) as the 4 bf16 vectors dot4_step takes (wv) and their scale per fp32 lane (sv); k holds the
+   kernel's constants (tables, masks), loaded once before the tile's loop. */
+typedef void tile128_decoder(const void *k, const uint8_t *p, const uint8_t *scl, int64_t c, __m512bh wv[4],
+                             __m512 *sv);
+
+/*
+ * The loop tile8bf (avx512bf16.c) and tilebf4 (avx512vbmi.c) share, written once: C[q * ldc + w]
+ * = weight row r + w (w < NW) . activation row q (q < RB) over n128 blocks of 128 elements, each
+ * block bb bytes of a row, prefetched 8 tiles ahead into L2 (tile_init), decoded by dec and summed
+ * by dot4_step. Always inlined with a constant dec that is itself always_inline, so the compiler
+ * inlines the decoder into the loop (indirect inlining): the kernels' code is the one they had
+ * with the loop written in each (objdump: no call in their hot loops).
+ */
+TGTBF static AINL void tile128_bf16(int NW, int RB, const dsv4_matrix_view *m, int64_t r, int64_t n128, int64_t bb,
+                                    tile128_decoder *dec, const void *k, const uint16_t *X, int64_t ldx, float *C,
+                                    int64_t ldc)
+{
+    const uint8_t *row[8], *scl[8];
+    __m512 acc[8][8];
+    const int64_t pf = tile_init(NW, RB, m, r, row, scl, acc);
+    for (int64_t c = 0; c < n128; c++) {
+#pragma GCC unroll 8
+        for (int w = 0; w < NW; w++) {
+            const uint8_t *p = row[w] + bb * c;
+#pragma GCC unroll 4
+            for (int64_t o = 0; o < bb; o += 64)
+                _mm_prefetch((const char *)(p + pf + o), _MM_HINT_T1);
+            __m512bh wv[4];
+            __m512 sv;
+            dec(k, p, scl[w], c, wv, &sv);
+            dot4_step(RB, X, ldx, c, wv, sv, acc[w]);
+        }
+    }
+    store_acc(NW, RB, acc, C, ldc);
 }
 
 #endif

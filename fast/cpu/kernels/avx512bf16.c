@@ -72,27 +72,28 @@ TGTBF static AINL __m512bh dec_fp8_bf16(const uint8_t *p, __m512i sub)
     return (__m512bh)_mm512_ternarylogic_epi32(a, _mm512_slli_epi16(v, 8), _mm512_set1_epi16((short)0x8000), 0xF8);
 }
 
+/* tile8bf's constants and decoder for tile128_bf16 (avx512_common.h): 4 x 32 codes, one block scale. */
+typedef struct {
+    __m512i sub;
+    int sfp32;
+} tile8bf_k;
+
+TGTBF static AINL void dec128_fp8(const void *kv, const uint8_t *p, const uint8_t *scl, int64_t c, __m512bh wv[4],
+                                  __m512 *sv)
+{
+    const tile8bf_k *k = kv;
+    wv[0] = dec_fp8_bf16(p, k->sub);
+    wv[1] = dec_fp8_bf16(p + 32, k->sub);
+    wv[2] = dec_fp8_bf16(p + 64, k->sub);
+    wv[3] = dec_fp8_bf16(p + 96, k->sub);
+    *sv = _mm512_set1_ps(k->sfp32 ? ldf32(scl + 4 * c) : dsv4_cpu_ue8m0_f32[scl[c]]);
+}
+
 TGTBF static AINL void tile8bf(int NW, int RB, const dsv4_matrix_view *m, int64_t r, int64_t n128,
                                const uint16_t *X, int64_t ldx, float *C, int64_t ldc)
 {
-    const __m512i sub = _mm512_loadu_si512((const void *)e4m3_sub_bf16);
-    int sfp32 = m->scale_format == DSV4_SCALE_FP32;
-    const uint8_t *row[8], *scl[8];
-    __m512 acc[8][8];
-    const int64_t pf = tile_init(NW, RB, m, r, row, scl, acc);
-    for (int64_t c = 0; c < n128; c++) {
-#pragma GCC unroll 8
-        for (int w = 0; w < NW; w++) {
-            const uint8_t *p = row[w] + 128 * c;
-            _mm_prefetch((const char *)(p + pf), _MM_HINT_T1);
-            _mm_prefetch((const char *)(p + pf + 64), _MM_HINT_T1);
-            __m512bh wv[4] = {dec_fp8_bf16(p, sub), dec_fp8_bf16(p + 32, sub), dec_fp8_bf16(p + 64, sub),
-                              dec_fp8_bf16(p + 96, sub)};
-            __m512 sv = _mm512_set1_ps(sfp32 ? ldf32(scl[w] + 4 * c) : dsv4_cpu_ue8m0_f32[scl[w][c]]);
-            dot4_step(RB, X, ldx, c, wv, sv, acc[w]);
-        }
-    }
-    store_acc(NW, RB, acc, C, ldc);
+    const tile8bf_k k = {_mm512_loadu_si512((const void *)e4m3_sub_bf16), m->scale_format == DSV4_SCALE_FP32};
+    tile128_bf16(NW, RB, m, r, n128, 128, dec128_fp8, &k, X, ldx, C, ldc);
 }
 
 TGTBF static void dot_rows_fp8_bf16(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const uint16_t *X,

@@ -35,42 +35,42 @@ TGTBF4 static bool scales_plain(const uint8_t *s, int64_t n)
     return bad == 0;
 }
 
+/* tilebf4's constants and decoder for tile128_bf16 (avx512_common.h): 64 bytes, four scale bytes. */
+typedef struct {
+    __m512i tab, i1, i2, si;
+    bool plain;
+} tilebf4_k;
+
+TGTBF4 static AINL void dec128_fp4(const void *kv, const uint8_t *p, const uint8_t *scl, int64_t c, __m512bh wv[4],
+                                   __m512 *sv)
+{
+    const tilebf4_k *k = kv;
+    const __mmask64 even = 0x5555555555555555ull, top = 0x8888888888888888ull;
+    __m512i b = _mm512_loadu_si512((const void *)p);
+    __m512i z1 = _mm512_maskz_permutexvar_epi8(even, k->i1, b), z2 = _mm512_maskz_permutexvar_epi8(even, k->i2, b);
+    wv[0] = (__m512bh)_mm512_permutexvar_epi16(z1, k->tab);
+    wv[1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(z1, 4), k->tab);
+    wv[2] = (__m512bh)_mm512_permutexvar_epi16(z2, k->tab);
+    wv[3] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(z2, 4), k->tab);
+    const uint8_t *s = scl + 4 * c;
+    if (k->plain) {
+        uint32_t s4;
+        memcpy(&s4, s, 4);
+        *sv = _mm512_castsi512_ps(
+            _mm512_srli_epi32(_mm512_maskz_permutexvar_epi8(top, k->si, _mm512_set1_epi32((int)s4)), 1));
+    } else
+        *sv = _mm512_permutexvar_ps(_mm512_srli_epi32(k->si, 24),
+                                    _mm512_castps128_ps512(_mm_setr_ps(dsv4_cpu_ue8m0_f32[s[0]], dsv4_cpu_ue8m0_f32[s[1]],
+                                                                       dsv4_cpu_ue8m0_f32[s[2]], dsv4_cpu_ue8m0_f32[s[3]])));
+}
+
 TGTBF4 static AINL void tilebf4(int NW, int RB, bool plain, const dsv4_matrix_view *m, int64_t r, int64_t n128,
                                const uint16_t *X, int64_t ldx, float *C, int64_t ldc)
 {
-    const __m512i tab = _mm512_loadu_si512((const void *)dsv4_cpu_e2m1_bf16);
-    const __m512i i1 = _mm512_loadu_si512((const void *)k4_idx1), i2 = _mm512_loadu_si512((const void *)k4_idx2);
-    const __m512i si = _mm512_loadu_si512((const void *)k4_sidx);
-    const __mmask64 even = 0x5555555555555555ull, top = 0x8888888888888888ull;
-    const uint8_t *row[8], *scl[8];
-    __m512 acc[8][8];
-    const int64_t pf = tile_init(NW, RB, m, r, row, scl, acc);
-    for (int64_t c = 0; c < n128; c++) {
-#pragma GCC unroll 8
-        for (int w = 0; w < NW; w++) {
-            const uint8_t *p = row[w] + 64 * c;
-            _mm_prefetch((const char *)(p + pf), _MM_HINT_T1);
-            __m512i b = _mm512_loadu_si512((const void *)p);
-            __m512i z1 = _mm512_maskz_permutexvar_epi8(even, i1, b), z2 = _mm512_maskz_permutexvar_epi8(even, i2, b);
-            __m512bh wv[4] = {(__m512bh)_mm512_permutexvar_epi16(z1, tab),
-                              (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(z1, 4), tab),
-                              (__m512bh)_mm512_permutexvar_epi16(z2, tab),
-                              (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(z2, 4), tab)};
-            __m512 sv;
-            const uint8_t *s = scl[w] + 4 * c;
-            if (plain) {
-                uint32_t s4;
-                memcpy(&s4, s, 4);
-                sv = _mm512_castsi512_ps(
-                    _mm512_srli_epi32(_mm512_maskz_permutexvar_epi8(top, si, _mm512_set1_epi32((int)s4)), 1));
-            } else
-                sv = _mm512_permutexvar_ps(_mm512_srli_epi32(si, 24),
-                                           _mm512_castps128_ps512(_mm_setr_ps(dsv4_cpu_ue8m0_f32[s[0]], dsv4_cpu_ue8m0_f32[s[1]],
-                                                                              dsv4_cpu_ue8m0_f32[s[2]], dsv4_cpu_ue8m0_f32[s[3]])));
-            dot4_step(RB, X, ldx, c, wv, sv, acc[w]);
-        }
-    }
-    store_acc(NW, RB, acc, C, ldc);
+    const tilebf4_k k = {_mm512_loadu_si512((const void *)dsv4_cpu_e2m1_bf16),
+                         _mm512_loadu_si512((const void *)k4_idx1), _mm512_loadu_si512((const void *)k4_idx2),
+                         _mm512_loadu_si512((const void *)k4_sidx), plain};
+    tile128_bf16(NW, RB, m, r, n128, 64, dec128_fp4, &k, X, ldx, C, ldc);
 }
 
 /* NW rows from r: the plain-scale variant when every scale byte of the rows is in [1, 254]. */
