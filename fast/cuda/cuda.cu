@@ -4,7 +4,7 @@
  *
  * Per chunk of at most dsv4_plan_chunk_tokens(plan) tokens, all on one stream and with no host
  * synchronisation between the kernels (group sizes stay on the device):
- *   logits     x . gate^T by the two GEMM kernels below (bf16 operands, fp32 out)
+ *   logits     x . gate^T: k_logits_small up to 32 live tokens, else the two GEMM kernels below (fp32 out)
  *   k_router   scores, top-K / hash lookup, weights, norm top-p; act_quant of x
  *   k_count    per-expert counts, compact and 128-aligned offsets, active list, tile schedule
  *   k_place    stable permutation of the kept slots into their groups
@@ -19,7 +19,7 @@
  * That is the exact path (exact_gemm.cuh, router.cuh, swiglu_combine.cuh). Production formats (fp4 or fp8 experts with quantized
  * activations, dims multiples of 128) take the fp8 tensor-core path instead (mma.cuh): weights
  * repacked at creation into the fragment-native layout (repack.c), k_count2 (+ placement for
- * small chunks), the three GEMM regimes of each projection on forked streams (decode / 32-row /
+ * small chunks, in the router's launch: k_router_count), the three GEMM regimes of each projection on forked streams (decode / 32-row /
  * 128-row tiles) with the shared expert as one more group, SwiGLU fused into the gate/up
  * epilogue, k_quant for h, and the same combine. DSV4MOE_CUDA_PATH=exact forces the exact path.
  */
@@ -146,6 +146,7 @@ struct CudaBe {
     int fp8_cut = DSV4C_FP8_CUT_ROWS; /* gemm fp8: groups above this many rows on the grouped FP8 GEMM */
     int dec_fill = DSV4C_DEC_FILL;    /* k_dec's K split: until its blocks reach this many per multiprocessor */
     bool pdl = true; /* the fp8 path's chain kernels with programmatic dependent launch (launch_pdl) */
+    bool route_fused = true; /* small chunks: k_logits_small, and k_router_count on the fp8 path (route=) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     uint64_t fbuf_bytes[8] = {};

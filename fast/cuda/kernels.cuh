@@ -239,6 +239,8 @@ struct RouterArgs {
     float *xs;              /* [Tc, ceil(H/128)] */
     uint16_t *x16;          /* [Tc, H] the codes as f16 in the f16 tile kernel's K order (f16_codes), or NULL */
     int lslices;            /* the logits arrive as lslices partial sums, lslice_stride floats apart */
+    int small_max;          /* > 0: chunks of at most this many live tokens have one slice, and x quantized
+                               already (k_logits_small) */
     long long lslice_stride;
     unsigned long long *stats;
     long long t0; /* the chunk's first token (error messages) */

@@ -1,6 +1,7 @@
 /*
  * Grouping and quantization for the fp8 path (fast/cuda): k_count2 (counts, offsets, the active
- * list, the mid / big tile lists and, for small chunks, the placement, in one block) and k_quant
+ * list, the mid / big tile lists and, for small chunks, the placement, in one block; also run by
+ * the last block of k_router_count, the router and grouping in one launch) and k_quant
  * (h of the routed kept slots and the shared expert's rows quantized per 128 features).
  * Included once, by cuda.cu, after mma_tileh.cuh.
  */
@@ -86,7 +87,7 @@ __device__ __forceinline__ void place_slot(const Group2Args &a, int i, int e, in
 {
     const int q = a.slot_off[e] + rank, row = a.pad_off[e] + rank;
     a.slot_tok[q] = i / a.K;
-    a.slot_w[q] = a.w[i];
+    a.slot_w[q] = __ldcg(a.w + i);
     a.slot_row[q] = row;
     a.rowmap[i] = row;
     if (a.slot_e)
@@ -176,9 +177,8 @@ __global__ void k_place2(Group2Args a)
  * with `place`, also the stable placement of k_place (slot q of expert e: its rank among the
  * chunk's slots of e in slot order).
  */
-__global__ void k_count2(Group2Args a)
+__device__ __forceinline__ void count2_block(const Group2Args &a)
 {
-    pdl_enter();
     extern __shared__ int c2cnt[];
     __shared__ int tmp[32];
     __shared__ int carry[5];
@@ -212,7 +212,7 @@ __global__ void k_count2(Group2Args a)
         }
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const int e = a.ids[i];
+            const int e = __ldcg(a.ids + i); /* L2: k_router_count's other blocks wrote them in this launch */
             if (e < 0 || e > E)
                 atomicAdd(&a.stats[ST_BADID], 1ull);
             else if (e < E)
@@ -290,7 +290,7 @@ __global__ void k_count2(Group2Args a)
         return;
     __shared__ int sid[1024];
     for (int i = threadIdx.x; i < n && i < 1024; i += blockDim.x)
-        sid[i] = a.ids[i];
+        sid[i] = __ldcg(a.ids + i);
     __syncthreads(); /* offsets written by this block are visible to it, and the ids are staged */
     if (!s_ok)
         return;
@@ -303,6 +303,40 @@ __global__ void k_count2(Group2Args a)
             rank += sid[j] == e;
         place_slot(a, i, e, rank);
     }
+}
+
+__global__ void k_count2(Group2Args a)
+{
+    pdl_enter();
+    count2_block(a);
+}
+
+/*
+ * The router and, for a chunk whose slots k_count2 places itself (a.place), its grouping in one
+ * launch (cuda_kernels route=fused, with k_logits_small before it): one block per token routes
+ * it (route_block), takes a ticket, and the block that takes the last one does k_count2's work
+ * over the chunk's ids. The sums and the placement are k_count2's (no atomics in either); the
+ * ticket counts blocks only and is back at 0 when the kernel ends (k_logits_small also zeroes it,
+ * since a caller-owned workspace carries other layers' bytes between calls). Saves the launch and
+ * the ids' round trip between the two kernels of a decode step.
+ */
+__global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
+{
+    pdl_enter();
+    route_block(ra, blockIdx.x);
+    __shared__ int s_last;
+    __syncthreads(); /* the block's ids, weights and kept count are written (thread 0 wrote them) */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        s_last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    __threadfence();
+    count2_block(g);
+    if (threadIdx.x == 0)
+        *ticket = 0;
 }
 
 /* ---------------- quantization of h (routed kept slots, then the shared expert's rows) ---------------- */

@@ -84,7 +84,7 @@ Layout layout_for(const CudaBe *b, int64_t tc, int64_t kept = -1)
     L.slot_off = take((uint64_t)(E + 1) * 4);
     L.pad_off = take((uint64_t)E * 4);
     L.active = take((uint64_t)E * 4);
-    L.meta = take(16);
+    L.meta = take(32); /* [0..3] k_count2's counts, [4] k_router_count's ticket */
     L.tile_e = take((uint64_t)L.tiles * 4);
     L.tile_r0 = take((uint64_t)L.tiles * 4);
     L.slot_tok = take((uint64_t)L.slots * 4);
@@ -373,13 +373,11 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
     return cudaPeekAtLastError();
 }
 
-/* The fp8 path after the router: grouping, gate/up + SwiGLU, quantization of h, down, combine. */
-cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra, GroupArgs ga)
+/* The fp8 path's grouping arguments of a chunk (k_count2, k_hist, k_place2, k_router_count). */
+Group2Args group2_args(const CudaBe *b, const Layout &L, const RouterArgs &ra, const GroupArgs &ga)
 {
     const dsv4_config *c = &b->cfg;
-    const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
-    cudaStream_t s = b->stream;
-    const bool shared = c->n_shared_experts > 0;
+    const int E = (int)c->n_routed_experts, K = (int)c->n_activated;
     Group2Args g2;
     g2.ids = ra.ids, g2.w = ra.w, g2.ntok = ra.ntok;
     g2.cnt = ga.cnt, g2.slot_off = ga.slot_off, g2.pad_off = ga.pad_off, g2.active = ga.active, g2.meta = ga.meta;
@@ -388,7 +386,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     g2.slot_e = ga.slot_e;
     g2.stats = ga.stats;
     g2.E = E, g2.K = K, g2.rows = (int)L.rows, g2.cap_mid = (int)L.cap_mid, g2.cap_big = (int)L.cap_big;
-    g2.has_shared = shared;
+    g2.has_shared = c->n_shared_experts > 0;
     g2.mid_rows = 32, g2.big_rows = b->big_rows;
     g2.place = L.slots <= 1024;
     g2.cut_ok = b->fp8 ? b->ok8 : nullptr;
@@ -397,12 +395,26 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
        where the slices' per-warp counts would not fit in shared memory */
     const bool sliced = !g2.place && E * 4 * place_warps(E) <= 48 * 1024;
     g2.hist = sliced ? at<int>(b, L.hist) : nullptr;
+    return g2;
+}
+
+/* The fp8 path after the router: grouping (unless the router did it: counted), gate/up + SwiGLU,
+   quantization of h, down, combine. */
+cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra, GroupArgs ga, bool counted)
+{
+    const dsv4_config *c = &b->cfg;
+    const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
+    cudaStream_t s = b->stream;
+    const bool shared = c->n_shared_experts > 0;
+    const Group2Args g2 = group2_args(b, L, ra, ga);
+    const bool sliced = g2.hist != nullptr;
     const int pw = place_warps(E);
     const unsigned pgrid = (unsigned)cdiv(cdiv(L.slots, PLACE_SLICE), pw);
     if (sliced)
         launch_pdl(b, k_hist, pgrid, 32 * pw, (size_t)E * 4 * pw, s, g2);
     /* one block: as many threads as experts (a warp multiple, at most 1024; the loops cover the rest) */
-    launch_pdl(b, k_count2, dim3(1), (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s, g2);
+    if (!counted)
+        launch_pdl(b, k_count2, dim3(1), (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s, g2);
     if (sliced)
         launch_pdl(b, k_place2, pgrid, 32 * pw, (size_t)E * 4 * pw, s, g2);
     else if (!g2.place)
@@ -549,36 +561,6 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     ra.renorm = c->top_p_renorm;
     ra.qmode = (int)c->act_quant;
     ra.route_scale = c->route_scale, ra.norm_eps = c->norm_eps, ra.top_p = c->top_p;
-    {
-        /* logits = x . gate^T by the GEMM kernels (bf16 operands, fp32 out), then the router reads them */
-        GemmArgs lgA;
-        memset(&lgA, 0, sizeof lgA);
-        lgA.W.w[0] = lgA.W.w[1] = (const uint8_t *)b->gate16;
-        lgA.W.s[0] = lgA.W.s[1] = nullptr;
-        lgA.W.n_split = E, lgA.W.N = E, lgA.W.K = H, lgA.W.fmt = WF_BF16;
-        lgA.A = ra.x;
-        lgA.shared = 1;
-        lgA.ntok = ntok;
-        lgA.small = 0; /* every token count takes the tensor-core kernel, split over K when the chunk is small */
-        lgA.outf = at<float>(b, L.logits);
-        lgA.kslice = L.lslices > 1 ? H / L.lslices : 0;
-        lgA.out_slice = L.tc * E;
-        launch_pdl(b, k_tiles<WF_BF16, 0>, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN), (unsigned)L.lslices),
-                   DSV4C_TILE_THREADS, 0, s, lgA);
-        ra.logits = lgA.outf;
-        ra.lslices = L.lslices;
-        ra.lslice_stride = L.tc * E;
-    }
-    size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
-    launch_pdl(b, k_router, dim3((unsigned)L.tc), 256, rsm, s, ra);
-    if (mode == CHUNK_ROUTE) /* the route stage (stages.cu) */
-        return cudaPeekAtLastError();
-    if (mode == CHUNK_SLOTS) { /* the experts stage: its slot list replaces the router's choice */
-        cudaError_t ce = cudaMemcpyAsync(ra.ids, b->hbuf + L.ids, (size_t)(L.w + (uint64_t)L.slots * 4 - L.ids),
-                                         cudaMemcpyHostToDevice, s);
-        if (ce != cudaSuccess)
-            return ce;
-    }
     /* grouping */
     GroupArgs ga;
     ga.ids = ra.ids, ga.w = ra.w, ga.ntok = ntok;
@@ -589,8 +571,58 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     ga.rowmap = at<int32_t>(b, L.rowmap), ga.slot_w = at<float>(b, L.slot_w);
     ga.slot_e = b->fp8 ? at<int32_t>(b, L.slot_e) : nullptr;
     ga.stats = stats, ga.E = E, ga.K = K, ga.small = b->small, ga.rows = (int)L.rows, ga.tile_m = DSV4C_BM;
+    /* cuda_kernels route=fused (the default): up to DSV4C_LOGITS_SMALL live tokens (read on the
+       device, so a padded bucket sums its valid rows as the unpadded call does) take k_logits_small,
+       which also quantizes x; more take the GEMM kernels (launched only for chunks that can hold
+       more) and k_router quantizes. On the fp8 path a chunk whose slots k_count2 places in one block
+       is grouped in the router's launch (k_router_count; not when the experts stage replaces the
+       router's ids). */
+    const bool fused = b->route_fused && b->fast && mode == CHUNK_FULL && L.slots <= 1024;
+    int *ticket = at<int>(b, L.meta) + 4; /* meta[4]: k_router_count's ticket (k_count2 writes meta[0..3]) */
+    if (b->route_fused) {
+        LogitsArgs la;
+        la.x = ra.x, la.gate = b->gate16, la.ntok = ntok, la.logits = at<float>(b, L.logits);
+        la.xq = ra.xq, la.xs = ra.xs, la.x16 = ra.x16, la.ticket = fused ? ticket : nullptr;
+        la.qmode = ra.qmode, la.H = H, la.E = E, la.lblocks = (int)cdiv(E, LS_EPB);
+        const int qblocks = ra.xq ? (int)cdiv(std::min<int64_t>(L.tc, DSV4C_LOGITS_SMALL) * cdiv(H, 128), 8) : 0;
+        launch_pdl(b, k_logits_small, dim3((unsigned)(la.lblocks + qblocks)), 256, 0, s, la);
+        ra.small_max = DSV4C_LOGITS_SMALL;
+    }
+    ra.logits = at<float>(b, L.logits);
+    ra.lslices = L.lslices;
+    ra.lslice_stride = L.tc * E;
+    if (!b->route_fused || L.tc > DSV4C_LOGITS_SMALL) {
+        /* logits = x . gate^T by the GEMM kernels (bf16 operands, fp32 out), then the router reads them */
+        GemmArgs lgA;
+        memset(&lgA, 0, sizeof lgA);
+        lgA.W.w[0] = lgA.W.w[1] = (const uint8_t *)b->gate16;
+        lgA.W.s[0] = lgA.W.s[1] = nullptr;
+        lgA.W.n_split = E, lgA.W.N = E, lgA.W.K = H, lgA.W.fmt = WF_BF16;
+        lgA.A = ra.x;
+        lgA.shared = 1;
+        lgA.ntok = ntok;
+        lgA.small = ra.small_max; /* every larger token count takes the tensor-core kernel, split over K when the chunk is small */
+        lgA.outf = at<float>(b, L.logits);
+        lgA.kslice = L.lslices > 1 ? H / L.lslices : 0;
+        lgA.out_slice = L.tc * E;
+        launch_pdl(b, k_tiles<WF_BF16, 0>, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN), (unsigned)L.lslices),
+                   DSV4C_TILE_THREADS, 0, s, lgA);
+    }
+    size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
+    if (fused)
+        launch_pdl(b, k_router_count, dim3((unsigned)L.tc), 256, rsm, s, ra, group2_args(b, L, ra, ga), ticket);
+    else
+        launch_pdl(b, k_router, dim3((unsigned)L.tc), 256, rsm, s, ra);
+    if (mode == CHUNK_ROUTE) /* the route stage (stages.cu) */
+        return cudaPeekAtLastError();
+    if (mode == CHUNK_SLOTS) { /* the experts stage: its slot list replaces the router's choice */
+        cudaError_t ce = cudaMemcpyAsync(ra.ids, b->hbuf + L.ids, (size_t)(L.w + (uint64_t)L.slots * 4 - L.ids),
+                                         cudaMemcpyHostToDevice, s);
+        if (ce != cudaSuccess)
+            return ce;
+    }
     if (b->fast)
-        return enqueue_fast(b, L, ra, ga);
+        return enqueue_fast(b, L, ra, ga, fused);
     k_count<<<1, 1024, (size_t)E * 4, s>>>(ga);
     k_place<<<(unsigned)E, 256, 0, s>>>(ga);
 

@@ -1,6 +1,8 @@
 /*
  * The CUDA backend's router and device-side grouping (fast/cuda): k_router (scores, top-K or
- * hash lookup, weights, act_quant of x; one block per token), k_count (counts per expert,
+ * hash lookup, weights, act_quant of x; one block per token; its body route_block is also
+ * k_router_count's, mma_group.cuh), k_logits_small (the logits and act_quant of x of chunks of
+ * up to 32 live tokens), k_count (counts per expert,
  * offsets, the active list and the exact path's tile schedule) and k_place (the stable placement
  * of the kept slots). Both paths route with k_router; k_count is the exact path's grouping (the
  * fp8 path's is k_count2, mma_group.cuh, which leaves large chunks' placement to k_place).
@@ -17,10 +19,37 @@ namespace dsv4cuda {
 
 __device__ __forceinline__ bool before_key(float ka, int ia, float kb, int ib) { return ka > kb || (ka == kb && ia < ib); }
 
-__global__ void k_router(RouterArgs a)
+/* Activation quantization of one 128-wide group of a token's x (SPEC.md 5), one warp: lane l holds
+   elements k0 .. k0 + 3, k0 = 128 g + 4 l (ok: inside the row). The codes, the group's scale and,
+   with x16, the codes as f16 in the f16 tile kernel's order. Shared by k_router and k_logits_small. */
+__device__ __forceinline__ void quant_x_group(const float v[4], const bool ok[4], int qmode, int lane, uint8_t *xq_row,
+                                              float *xs_at, uint16_t *x16_row, int k0)
 {
-    pdl_enter();
-    const int t = blockIdx.x;
+    uint8_t c[4];
+    float s = quant_group4(v, ok, qmode, c);
+    if (ok[3]) {
+        *(uint32_t *)(xq_row + k0) =
+            (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16) | ((uint32_t)c[3] << 24);
+        if (x16_row)
+            store_f16_codes(x16_row, k0, c);
+    } else {
+        for (int i = 0; i < 4; i++)
+            if (ok[i])
+                xq_row[k0 + i] = c[i];
+    }
+    if (lane == 0)
+        *xs_at = s;
+}
+
+/*
+ * Routes token t of the chunk with the whole block (blockDim.x threads, a multiple of 32; dynamic
+ * shared memory (H + 2 E + 4 K) floats): quantizes its x when a.xq (else a.x is read only for the
+ * predictor), reads its logits (a.lslices partial sums), scores, selects, weights and prunes, and
+ * writes ids, w and kept. Returns at the same point on every thread of the block (the callers may
+ * synchronize after it).
+ */
+__device__ __forceinline__ void route_block(const RouterArgs &a, int t)
+{
     if (t >= *a.ntok)
         return;
     extern __shared__ float sm[];
@@ -35,7 +64,11 @@ __global__ void k_router(RouterArgs a)
     __shared__ int s_finite;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const uint16_t *x = a.x + (long long)t * H;
-    for (int i = tid * 8; i < H; i += blockDim.x * 8) { /* H % 8 == 0 */
+    const bool small = a.small_max > 0 && *a.ntok <= a.small_max; /* k_logits_small's chunk */
+    const int lslices = small ? 1 : a.lslices;
+    uint8_t *const xq = small ? nullptr : a.xq;
+    const bool need_x = xq || (a.top_p_on && !a.hash && a.predictor == 2);
+    for (int i = tid * 8; need_x && i < H; i += blockDim.x * 8) { /* H % 8 == 0 */
         const uint4 v = __ldg((const uint4 *)(x + i));
         const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -44,31 +77,18 @@ __global__ void k_router(RouterArgs a)
     }
     __syncthreads();
     /* activation quantization of x (routed and shared share it) */
-    if (a.xq) {
+    if (xq) {
         int ng = (H + 127) / 128;
         for (int g = warp; g < ng; g += nw) {
             float v[4];
             bool ok[4];
-            uint8_t c[4];
             for (int i = 0; i < 4; i++) {
                 int k = g * 128 + lane * 4 + i;
                 ok[i] = k < H;
                 v[i] = ok[i] ? xs[k] : 0.0f;
             }
-            float s = quant_group4(v, ok, a.qmode, c);
-            const int k0 = g * 128 + lane * 4;
-            if (ok[3]) {
-                *(uint32_t *)(a.xq + (long long)t * H + k0) =
-                    (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16) | ((uint32_t)c[3] << 24);
-                if (a.x16)
-                    store_f16_codes(a.x16 + (long long)t * H, k0, c);
-            } else {
-                for (int i = 0; i < 4; i++)
-                    if (ok[i])
-                        a.xq[(long long)t * H + k0 + i] = c[i];
-            }
-            if (lane == 0)
-                a.xs[(long long)t * ng + g] = s;
+            quant_x_group(v, ok, a.qmode, lane, xq + (long long)t * H, a.xs + (long long)t * ng + g,
+                          a.x16 ? a.x16 + (long long)t * H : nullptr, g * 128 + lane * 4);
         }
     }
     /* logits (computed before by the GEMM kernels) */
@@ -76,14 +96,14 @@ __global__ void k_router(RouterArgs a)
         /* split-K partial sums, added in slice order; loaded 8 at a time so the loads overlap */
         const float *src = a.logits + (long long)t * E + e;
         float s = src[0];
-        for (int z0 = 1; z0 < a.lslices; z0 += 8) {
+        for (int z0 = 1; z0 < lslices; z0 += 8) {
             float v[8];
 #pragma unroll
             for (int q = 0; q < 8; q++)
-                v[q] = z0 + q < a.lslices ? __ldg(src + (z0 + q) * a.lslice_stride) : 0.0f;
+                v[q] = z0 + q < lslices ? __ldg(src + (z0 + q) * a.lslice_stride) : 0.0f;
 #pragma unroll
             for (int q = 0; q < 8; q++)
-                if (z0 + q < a.lslices)
+                if (z0 + q < lslices)
                     s = __fadd_rn(s, v[q]);
         }
         lg[e] = a.gate_bf16 ? rbf16(s) : s;
@@ -290,6 +310,118 @@ __global__ void k_router(RouterArgs a)
             a.w[(long long)t * K + k] = wk[k];
         }
         a.kept[t] = keep;
+    }
+}
+
+/* One block per token. */
+__global__ void k_router(RouterArgs a)
+{
+    pdl_enter();
+    route_block(a, blockIdx.x);
+}
+
+/* ---------------- router logits of small chunks ---------------- */
+
+#define DSV4C_LOGITS_SMALL 32 /* chunks of up to this many tokens: k_logits_small (cuda_kernels route=fused) */
+#define LS_EPB 2              /* experts per block */
+#define LS_KQ 4               /* warps splitting H per expert */
+#define LS_MAXC 8             /* 16-byte gate pieces a lane holds at once */
+
+struct LogitsArgs {
+    const uint16_t *x;    /* [tc, H] bf16 */
+    const uint16_t *gate; /* [E, H] bf16 */
+    const int *ntok;
+    float *logits;        /* [tc, E] fp32, one slice */
+    uint8_t *xq;          /* x's codes [tc, H], or NULL: no quantization here */
+    float *xs;            /* [tc, ceil(H / 128)] */
+    uint16_t *x16;        /* the codes as f16 (f16_codes), or NULL */
+    int *ticket;          /* zeroed here for k_router_count (mma_group.cuh), or NULL */
+    int qmode, H, E, lblocks; /* blocks [0, lblocks) compute logits, the rest quantize x */
+};
+
+/*
+ * Router logits of a chunk of at most DSV4C_LOGITS_SMALL live tokens (*ntok; more: nothing here,
+ * the GEMM kernels take the chunk) as a GEMV: each gate row is read once (the GEMM kernels'
+ * 128-token tiles and split-K slices took 7.6 us for one token on the H200, ncu, against 2 MB of
+ * gate), LS_KQ warps a row, each lane a strided run of 8-element pieces summed in fp32 in k order,
+ * then the lanes by a fixed butterfly and the warps in order: one deterministic fp32 sum (SPEC.md
+ * 2.1 asks fp32 accumulation, no order), the same for a token whatever the chunk's padding. The
+ * blocks past lblocks quantize x, one warp per (token, 128-group), which k_router then skips.
+ * Block 0 zeroes the fused router's ticket (its blocks wait for this kernel to finish: pdl_enter).
+ */
+__global__ void __launch_bounds__(256) k_logits_small(LogitsArgs a)
+{
+    pdl_enter();
+    const int nt = *a.ntok, H = a.H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (a.ticket && blockIdx.x == 0 && threadIdx.x == 0)
+        *a.ticket = 0;
+    if (nt > DSV4C_LOGITS_SMALL) /* the GEMM kernels' chunk (k_router reads their slices) */
+        return;
+    if ((int)blockIdx.x >= a.lblocks) {
+        const int ng = (H + 127) / 128, p = ((int)blockIdx.x - a.lblocks) * 8 + warp, t = p / ng, g = p % ng;
+        if (t >= nt)
+            return;
+        float v[4];
+        bool ok[4];
+        for (int i = 0; i < 4; i++) {
+            const int k = g * 128 + lane * 4 + i;
+            ok[i] = k < H;
+            v[i] = ok[i] ? bf16f(a.x[(long long)t * H + k]) : 0.0f;
+        }
+        quant_x_group(v, ok, a.qmode, lane, a.xq + (long long)t * H, a.xs + (long long)t * ng + g,
+                      a.x16 ? a.x16 + (long long)t * H : nullptr, g * 128 + lane * 4);
+        return;
+    }
+    __shared__ float part[LS_EPB][LS_KQ][DSV4C_LOGITS_SMALL];
+    const int j = warp / LS_KQ, q = warp % LS_KQ, e = (int)blockIdx.x * LS_EPB + j;
+    const int hq = (H / 8 + LS_KQ - 1) / LS_KQ * 8, k0 = q * hq, k1 = min(H, k0 + hq); /* H % 8 == 0 */
+    float acc[DSV4C_LOGITS_SMALL];
+#pragma unroll
+    for (int t = 0; t < DSV4C_LOGITS_SMALL; t++)
+        acc[t] = 0.0f;
+    for (int kb = k0 + lane * 8; e < a.E && kb < k1; kb += 256 * LS_MAXC) {
+        uint4 gv[LS_MAXC];
+#pragma unroll
+        for (int c = 0; c < LS_MAXC; c++) /* every piece in flight before the first use */
+            gv[c] = kb + 256 * c < k1 ? __ldg((const uint4 *)(a.gate + (long long)e * H + kb + 256 * c)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int t = 0; t < DSV4C_LOGITS_SMALL; t++) {
+            if (t >= nt)
+                break;
+#pragma unroll
+            for (int c = 0; c < LS_MAXC; c++) {
+                if (kb + 256 * c >= k1)
+                    break;
+                const uint4 xv = __ldg((const uint4 *)(a.x + (long long)t * H + kb + 256 * c));
+                const uint32_t gw[4] = {gv[c].x, gv[c].y, gv[c].z, gv[c].w}, xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    acc[t] = fmaf(bf16f((uint16_t)(xw[i] & 0xFFFFu)), bf16f((uint16_t)(gw[i] & 0xFFFFu)), acc[t]);
+                    acc[t] = fmaf(bf16f((uint16_t)(xw[i] >> 16)), bf16f((uint16_t)(gw[i] >> 16)), acc[t]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < DSV4C_LOGITS_SMALL; t++) {
+        if (t >= nt)
+            break;
+        float v = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+        if (lane == 0)
+            part[j][q][t] = v;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < LS_EPB * nt; i += blockDim.x) {
+        const int jj = i / nt, t = i - jj * nt, ee = (int)blockIdx.x * LS_EPB + jj;
+        if (ee >= a.E)
+            continue;
+        float s = part[jj][0][t];
+        for (int qq = 1; qq < LS_KQ; qq++)
+            s += part[jj][qq][t];
+        a.logits[(long long)t * a.E + ee] = s;
     }
 }
 

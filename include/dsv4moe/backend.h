@@ -118,6 +118,12 @@ typedef struct dsv4_backend_options {
                              quantization of h, combine, output copy) with programmatic dependent
                              launch, each scheduled while the one before it finishes (on, the
                              default), or plain launches (the same outputs bit for bit)
+         route=fused|split   fused (default): chunks of up to 32 live tokens compute the router
+                             logits as a GEMV that also quantizes x, and on the fp8 path a chunk
+                             of at most 1024 slots is grouped in the router's launch; split: the
+                             GEMM logits, the router and the grouping as three kernels at every
+                             size (the same routing; the logits' fp32 sum in another order, so a
+                             router weight may differ in its last bit)
        An unknown key or value is refused (DSV4_ERR_INVALID_ARG, naming it); ref and cpu refuse a
        non-empty list (DSV4_ERR_UNSUPPORTED). The string is read at creation only. */
     const char *cuda_kernels;

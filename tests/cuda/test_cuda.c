@@ -340,6 +340,26 @@ START_TEST(pdl_identical)
 }
 END_TEST
 
+/* Small chunks' router (cuda_kernels route=fused, the default: k_logits_small, which also quantizes
+   x, and on the fp8 path k_router_count, the grouping in the router's launch) against the GEMM
+   logits, k_router and k_count2 (route=split): the logits are the same fp32 sum in another order,
+   so close, not identical; the same routing. Decode sizes on v4-flash (T 1, 8, 32; the hash layer
+   at 17), the exact path (mini-bf16: no quantization of x), fp32 scales, the linear top-p
+   predictor (the router reads x itself) and mini at T 40. */
+START_TEST(route_fused_close)
+{
+    static const env_kv vs[] = {{"DSV4MOE_CUDA_KERNELS", "route=split"}};
+    variants_identical("route", "v4-flash", 5, 1, 32, 1, vs, 1, 1);
+    variants_identical("route", "v4-flash", 5, 8, 32, 1, vs, 1, 1);
+    variants_identical("route", "v4-flash", 5, 32, 32, 1, vs, 1, 1);
+    variants_identical("route", "v4-flash", 0, 17, 32, 1, vs, 1, 1);
+    variants_identical("route", "mini-bf16", 1, 5, 0, 0, vs, 1, 1);
+    variants_identical("route", "mini-fp8", 1, 3, 0, 1, vs, 1, 1);
+    variants_identical("route", "mini-topp", 1, 9, 0, 0, vs, 1, 1);
+    variants_identical("route", "mini", 1, 40, 0, 0, vs, 1, 1);
+}
+END_TEST
+
 /* tests/cuda/e4m3_hw.cu */
 int dsv4_test_e4m3_hw(unsigned long long *bad, unsigned *first, uint8_t *sample, unsigned stride, unsigned nsample);
 
@@ -703,7 +723,7 @@ START_TEST(shared_workspace)
                              {"tileh=s256", "tileh"},      {"colour=red", "colour"},  {"path", "key=value"},
                              {"path=exact,mid=z", "mid"},  {"fp8_scales=cols", "fp8_scales"},
                              {"dec_fill=0", "dec_fill"},   {"dec_fill=9", "dec_fill"},
-                             {"pdl=maybe", "pdl"}};
+                             {"pdl=maybe", "pdl"},         {"route=both", "route"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.cuda_kernels = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1197,6 +1217,7 @@ static Suite *cuda_suite(void)
     TCase *pd = tcase_create("pdl");
     tcase_set_timeout(pd, 300);
     tcase_add_test(pd, pdl_identical);
+    tcase_add_test(pd, route_fused_close);
     suite_add_tcase(s, pd);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
