@@ -8,7 +8,9 @@
 #    would link for the tests, which use the archive, and fail for a user of the shared library);
 #  - no exported symbol and no line of an installed header names test control, its hooks or the
 #    defect catalogue. Those live in the fault build only (core/testctl.h, harness/fault_runs.h,
-#    not installed; docs/scenarios.md, "The defect catalogue").
+#    not installed; docs/scenarios.md, "The defect catalogue");
+#  - the umbrella header include/dsv4moe/dsv4moe.h includes every other installed header but
+#    comm_nccl.h and comm_devsim.h (their functions are in the NCCL and CUDA variants' libraries).
 # Lists each offender and exits 1 when there is one. Run by `make test` (make release-clean); the
 # CUDA build's library too: sh ci/release-clean.sh build/cuda/libdsv4moe.so.
 # usage: release-clean.sh [LIB [ARCHIVE]]
@@ -66,6 +68,16 @@ if [ -n "$lines" ]; then
     printf 'release-clean: installed headers mention test control or the fault catalogue:\n%s\n' "$lines" >&2
     bad=1
 fi
+# The umbrella header includes every installed header but the two whose functions live in other
+# libraries (it says why).
+for h in include/dsv4moe/*.h; do
+    n=${h##*/}
+    case $n in dsv4moe.h | comm_nccl.h | comm_devsim.h) continue ;; esac
+    if ! grep -q "^#include \"$n\"" include/dsv4moe/dsv4moe.h; then
+        echo "release-clean: include/dsv4moe/dsv4moe.h does not include the installed header $n" >&2
+        bad=1
+    fi
+done
 [ "$bad" = 0 ] || exit 1
 echo "release-clean: $lib exports $(wc -l <"$tmp/exported") symbols, each declared with DSV4_API in" \
     "include/dsv4moe/*.h ($(wc -l <"$tmp/api") declared), no test or fault symbol; the headers mention none"

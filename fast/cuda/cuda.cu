@@ -91,7 +91,7 @@ struct Layout {
     int64_t cap_mid, cap_big; /* fp8 path: tile list capacities (32-row tiles, then large-group tiles) */
     uint64_t x16;             /* fp8 path with k_tileh: the x codes as f16 */
     uint64_t xp, xs8, gu8, hs8; /* gemm fp8: gathered x codes, their M-major scales, the GEMM's g|u, h's M-major scales */
-    uint64_t hist;              /* fast path, large chunks: per-slice expert counts (k_hist) */
+    uint64_t hist, fcnt;        /* fast path: per-slice expert counts (k_hist, large chunks), fold counts (small) */
     int lslices;              /* the router logits' split-K slices */
 };
 
@@ -147,6 +147,7 @@ struct CudaBe {
     int dec_fill = DSV4C_DEC_FILL;    /* k_dec's K split: until its blocks reach this many per multiprocessor */
     bool pdl = true; /* the fp8 path's chain kernels with programmatic dependent launch (launch_pdl) */
     bool route_fused = true; /* small chunks: k_logits_small, and k_router_count on the fp8 path (route=) */
+    bool combine_fold = true; /* chunks of decode-sized groups: the combine in the down launch (combine=) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     uint64_t fbuf_bytes[8] = {};
@@ -719,10 +720,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         (ce = cudaEventCreateWithFlags(&b->ev_j2, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaEventCreateWithFlags(&b->ev_j3, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaDeviceGetAttribute(&b->nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
-        (ce = cudaFuncSetAttribute(k_dec<WF_FP4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)dec_smem_bytes(WF_FP4, 8, 2))) != cudaSuccess ||
-        (ce = cudaFuncSetAttribute(k_dec<WF_FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)dec_smem_bytes(WF_FP8, 8, 2))) != cudaSuccess ||
+        (ce = dec_attrs()) != cudaSuccess ||
         (ce = tileh_attrs()) != cudaSuccess ||
         (ce = cudaFuncSetAttribute(k_tile_mid, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileMid::SMEM)) !=
             cudaSuccess ||

@@ -87,6 +87,10 @@ struct FastArgs {
     int act_max; /* k_dec: grid.y slots below act_max are routed active groups, the next is the
                     shared expert (act_max 0 with one slot: the shared expert alone) */
     int ks;      /* k_dec: warps splitting K per 16-row tile (1, 2, 4 or 8) */
+    int *fc_cnt; /* down of a chunk whose groups all run in k_dec, combine folded in (cuda_kernels
+                    combine=fold): per 16-row tile of o, the blocks that have written it (zeroed by
+                    k_quant); NULL: k_combine runs after */
+    CombineArgs fc; /* that combine */
 };
 
 /* One group as a block sees it. */
@@ -357,7 +361,48 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
     cp_async_wait<0>();
 }
 
-template <int FMT, int NT>
+#define FC_KMAX 16 /* the folded combine sorts a token's slots (in the ring, below): K up to this */
+static_assert(2 * FM_DEC_MAX * 4 * FC_KMAX * 4 <= (int)DecCfg<WF_FP4>::RING &&
+                  2 * FM_DEC_MAX * 4 * FC_KMAX * 4 <= (int)DecCfg<WF_FP8>::RING,
+              "the folded combine's slot lists fit the decode ring");
+
+/*
+ * The combine folded into the down projection (a.fc_cnt): a k_dec block that has written its
+ * tiles of o (mt0 .. mt0 + tiles - 1, 16 rows of H each) counts itself on each tile; the block
+ * that brings a tile's count to the number of groups writing it (the chunk's active routed groups,
+ * every one in k_dec, and the shared expert, whose k_dec may be another launch on another stream
+ * with another K split) sums that tile's 16 columns of y for every token, as k_combine would
+ * (combine_cols, the same order and roundings), reading o through L2 after a fence. The counts
+ * order nothing but the last writer: no sum depends on timing.
+ */
+__device__ __noinline__ void fold_combine(const CombineArgs c, int *cnt, int need, int nt, int mt0, int tiles,
+                                          uint8_t *ring)
+{
+    __shared__ int s_last[8];
+    __threadfence(); /* this thread's rows of o, before the block counts itself */
+    __syncthreads();
+    if ((int)threadIdx.x < tiles)
+        s_last[threadIdx.x] = atomicAdd(cnt + mt0 + threadIdx.x, 1) == need - 1;
+    __syncthreads();
+    for (int i = 0; i < tiles; i++) {
+        if (!s_last[i])
+            continue;
+        __threadfence();
+        for (int w = threadIdx.x; w < 2 * nt; w += blockDim.x) {
+            const int t = w >> 1, col = (mt0 + i) * 16 + (w & 1) * 8;
+            /* the thread's slot lists in the block's ring, free since the barrier above */
+            int *sid = (int *)ring + threadIdx.x * 4 * FC_KMAX, *srow = sid + FC_KMAX, *rows = srow + FC_KMAX,
+                *slot = rows + FC_KMAX;
+            for (int k = 0; k < c.K; k++) {
+                sid[k] = c.ids[(long long)t * c.K + k];
+                srow[k] = sid[k] < c.E ? c.rowmap[(long long)t * c.K + k] : 0;
+            }
+            combine_cols<true>(c, t, col, rows, slot, combine_order(c, sid, srow, rows, slot));
+        }
+    }
+}
+
+template <int FMT, int NT, bool FOLD>
 __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, uint8_t *ring, float *sRed)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
@@ -386,19 +431,23 @@ __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, uint
             }
         }
     }
-    if (ks != 0)
-        return;
-    unsigned gc = 0, uc = 0;
+    if (ks == 0) {
+        unsigned gc = 0, uc = 0;
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const int t0 = 8 * j + 2 * tig;
-        if (t0 < g.n)
-            fepi(a, g, mt, gid, t0, acc[j][0], acc[j][2], gc, uc);
-        if (t0 + 1 < g.n)
-            fepi(a, g, mt, gid, t0 + 1, acc[j][1], acc[j][3], gc, uc);
+        for (int j = 0; j < NT; j++) {
+            const int t0 = 8 * j + 2 * tig;
+            if (t0 < g.n)
+                fepi(a, g, mt, gid, t0, acc[j][0], acc[j][2], gc, uc);
+            if (t0 + 1 < g.n)
+                fepi(a, g, mt, gid, t0 + 1, acc[j][1], acc[j][3], gc, uc);
+        }
+        if (a.gu)
+            fepi_stats(a, g, gc, uc);
     }
-    if (a.gu)
-        fepi_stats(a, g, gc, uc);
+    if constexpr (FOLD) { /* a kernel of its own and a call: k_dec's main loop keeps its registers */
+        const int nt = *a.ntok, need = a.meta[0] + (a.sh.w && nt >= 1 && nt <= FM_DEC_MAX ? 1 : 0);
+        fold_combine(a.fc, a.fc_cnt, need, nt, blockIdx.x * (8 / KS), 8 / KS, ring);
+    }
 }
 
 /* Bytes of k_dec<FMT>'s shared memory: the warps' rings, then the K-split partial sums. */
@@ -411,9 +460,10 @@ __host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt)
 /*
  * The decode regime for groups whose weights are in format FMT: grid (N / 16 / (8 / ks), slots),
  * slot y < dec_routed (the routed active list) or the shared expert (dec_shared, last slot).
- * FM_THREADS threads, dec_smem_bytes(FMT, ks, 2) bytes of shared memory.
+ * FM_THREADS threads, dec_smem_bytes(FMT, ks, 2) bytes of shared memory. FOLD: the down
+ * projection with the combine folded in (a.fc_cnt, fold_combine).
  */
-template <int FMT>
+template <int FMT, bool FOLD>
 __global__ void __launch_bounds__(FM_THREADS, 3) k_dec(FastArgs a)
 {
     pdl_enter();
@@ -435,9 +485,9 @@ __global__ void __launch_bounds__(FM_THREADS, 3) k_dec(FastArgs a)
     }
     float *sRed = (float *)(fsm + DecCfg<FMT>::RING);
     if (g.n <= 8)
-        dec_block<FMT, 1>(a, g, fsm, sRed);
+        dec_block<FMT, 1, FOLD>(a, g, fsm, sRed);
     else
-        dec_block<FMT, 2>(a, g, fsm, sRed);
+        dec_block<FMT, 2, FOLD>(a, g, fsm, sRed);
 }
 
 /* ---------------- decode regime on wgmma (sm_90a) ---------------- */

@@ -350,11 +350,16 @@ struct QuantArgs {
     long long sh_row0; /* first row of the shared expert's h */
     int I, qmode, slots, has_shared;
     int f16_codes;     /* also overwrite h in place with the codes as f16 in k_tileh's order (kernels.cuh) */
+    int *zero;         /* nzero ints block 0 zeroes (the down projection's fold counts, mma.cuh), or NULL */
+    int nzero;
 };
 
 __global__ void k_quant(QuantArgs a)
 {
     pdl_enter();
+    if (a.zero && blockIdx.x == 0)
+        for (int i = threadIdx.x; i < a.nzero; i += blockDim.x)
+            a.zero[i] = 0;
     long long row;
     const int b = blockIdx.x;
     if (b < a.slots) {

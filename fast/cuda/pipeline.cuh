@@ -93,6 +93,7 @@ Layout layout_for(const CudaBe *b, int64_t tc, int64_t kept = -1)
     L.slot_w = take((uint64_t)L.slots * 4);
     L.slot_e = b->fp8 ? take((uint64_t)L.slots * 4) : 0;
     L.hist = b->fast ? take((uint64_t)(cdiv(L.slots, PLACE_SLICE) * E) * 4) : 0;
+    L.fcnt = b->fast ? take((uint64_t)(H / 16) * 4) : 0; /* the folded combine's counts per 16 rows of o */
     if (b->fast) {
         /* h bf16 from the gate/up epilogue, then its codes and scales; rows [rows, rows + Tc) are
            the shared expert's (it runs in the same launches as the routed groups) */
@@ -299,10 +300,24 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
         ks *= 2;
     fa.ks = ks;
     const dim3 grid((unsigned)(tiles16 / (8 / ks)), (unsigned)groups);
+    const size_t smem = dec_smem_bytes(fmt, ks, 2);
     if (fmt == WF_FP4)
-        launch_pdl(b, k_dec<WF_FP4>, grid, FM_THREADS, dec_smem_bytes(WF_FP4, ks, 2), s, fa);
+        launch_pdl(b, fa.fc_cnt ? k_dec<WF_FP4, true> : k_dec<WF_FP4, false>, grid, FM_THREADS, smem, s, fa);
     else
-        launch_pdl(b, k_dec<WF_FP8>, grid, FM_THREADS, dec_smem_bytes(WF_FP8, ks, 2), s, fa);
+        launch_pdl(b, fa.fc_cnt ? k_dec<WF_FP8, true> : k_dec<WF_FP8, false>, grid, FM_THREADS, smem, s, fa);
+}
+
+/* The decode kernels' shared-memory limit: their largest K split. */
+cudaError_t dec_attrs()
+{
+    cudaError_t ce = cudaSuccess;
+    void (*const k4[2])(FastArgs) = {k_dec<WF_FP4, false>, k_dec<WF_FP4, true>};
+    void (*const k8[2])(FastArgs) = {k_dec<WF_FP8, false>, k_dec<WF_FP8, true>};
+    for (int i = 0; i < 2 && ce == cudaSuccess; i++)
+        if ((ce = cudaFuncSetAttribute(k4[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dec_smem_bytes(WF_FP4, 8, 2))) ==
+            cudaSuccess)
+            ce = cudaFuncSetAttribute(k8[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dec_smem_bytes(WF_FP8, 8, 2));
+    return ce;
 }
 
 /*
@@ -399,8 +414,8 @@ Group2Args group2_args(const CudaBe *b, const Layout &L, const RouterArgs &ra, c
 }
 
 /* The fp8 path after the router: grouping (unless the router did it: counted), gate/up + SwiGLU,
-   quantization of h, down, combine. */
-cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra, GroupArgs ga, bool counted)
+   quantization of h, down, combine (folded into the down projection only in a full chunk: full). */
+cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra, GroupArgs ga, bool counted, bool full)
 {
     const dsv4_config *c = &b->cfg;
     const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
@@ -442,7 +457,12 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     gu.A16 = gu.Ash16 = b->tile16 ? at<uint16_t>(b, L.x16) : nullptr;
     gu.out = h16, gu.out_sh = h16 + L.rows * I;
     /* gemm fp8: a group above fp8_cut rows can exist in this chunk */
-    const bool fp8 = b->fp8 && std::max(b->repeats ? L.slots : L.tc, shared ? L.tc : (int64_t)0) > b->fp8_cut;
+    const int64_t nmax = std::max(b->repeats ? L.slots : L.tc, shared ? L.tc : (int64_t)0);
+    const bool fp8 = b->fp8 && nmax > b->fp8_cut;
+    /* cuda_kernels combine=fold (the default): a full chunk (not a stage's) whose every group runs in
+       k_dec sums y in the down projection's launch, the last block writing a tile of o combining it
+       (fold_combine) */
+    const bool fold = b->combine_fold && full && !fp8 && nmax <= FM_DEC_MAX && K <= FC_KMAX;
     Sel8 sel;
     sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.cnt = ga.cnt;
     sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
@@ -484,6 +504,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     qa.h = h16, qa.q = hq, qa.s = hs, qa.slot_row = ga.slot_row, qa.meta = ga.meta, qa.ntok = ra.ntok;
     qa.sh_row0 = L.rows, qa.I = I, qa.qmode = (int)c->act_quant, qa.slots = (int)L.slots, qa.has_shared = shared;
     qa.f16_codes = b->tile16;
+    qa.zero = fold ? at<int>(b, L.fcnt) : nullptr, qa.nzero = H / 16;
     launch_pdl(b, k_quant, dim3(rows_grid), (unsigned)std::min<int64_t>(512, std::max<int64_t>(32, ngi * 32)), 0, s, qa);
     }
     /* down */
@@ -494,8 +515,6 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     dn.Ash = hq + L.rows * I, dn.Assh = hs + L.rows * ngi;
     dn.A16 = b->tile16 ? h16 : nullptr, dn.Ash16 = b->tile16 ? h16 + L.rows * I : nullptr;
     dn.out = at<uint16_t>(b, L.o), dn.out_sh = shared ? at<uint16_t>(b, L.osh) : nullptr;
-    if ((e = launch_regimes(b, L, dn, fp8 ? &p8 : nullptr, b->g8[1])) != cudaSuccess)
-        return e;
     CombineArgs ca;
     ca.O = dn.out;
     ca.Osh = dn.out_sh;
@@ -503,7 +522,12 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     ca.y = at<uint16_t>(b, L.x);
     ca.ntok = ra.ntok;
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
-    launch_combine(b, ca, L.tc, s);
+    if (fold)
+        dn.fc_cnt = at<int>(b, L.fcnt), dn.fc = ca;
+    if ((e = launch_regimes(b, L, dn, fp8 ? &p8 : nullptr, b->g8[1])) != cudaSuccess)
+        return e;
+    if (!fold)
+        launch_combine(b, ca, L.tc, s);
     return cudaPeekAtLastError();
 }
 
@@ -622,7 +646,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
             return ce;
     }
     if (b->fast)
-        return enqueue_fast(b, L, ra, ga, fused);
+        return enqueue_fast(b, L, ra, ga, fused, mode == CHUNK_FULL);
     k_count<<<1, 1024, (size_t)E * 4, s>>>(ga);
     k_place<<<(unsigned)E, 256, 0, s>>>(ga);
 

@@ -76,64 +76,37 @@ __global__ void k_swiglu(SwigluArgs a)
 
 /* ---------------- combine: fp32 per token in ascending expert id, then the shared expert ---------------- */
 
-/*
- * grid (Tc, ceil(H / (8 * blockDim.x))): each thread sums 8 columns (16-byte loads of the
- * experts' bf16 rows) over the token's kept slots in ascending expert id (equal ids in slot
- * order), in fp32, then adds the shared expert's bf16 row and rounds to bf16 (H % 8 == 0).
- */
-__global__ void k_combine(CombineArgs a)
+/* A 16-byte piece of an expert's output row: through the read-only path (k_combine, a kernel after
+   the ones that wrote it) or through L2 (cg: the down projection's own launch wrote it). */
+template <bool CG> __device__ __forceinline__ uint4 combine_ld(const uint16_t *p)
 {
-    pdl_enter();
-    const int t = blockIdx.x;
-    if (t >= *a.ntok)
-        return;
-    extern __shared__ int srt[]; /* [K] rows, [K] slot index in ascending expert order, [K] ids, [K] rows by slot */
-    __shared__ int s_n;
-    const int K = a.K, E = a.E, H = a.H;
-    int *rows = srt, *slot = srt + K, *sid = srt + 2 * K, *srow = srt + 3 * K;
-    for (int k = threadIdx.x; k < K; k += blockDim.x) { /* one parallel load of the token's slots */
-        sid[k] = a.ids[(long long)t * K + k];
-        srow[k] = sid[k] < E ? a.rowmap[(long long)t * K + k] : 0;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int n = 0;
-        for (int k = 0; k < K; k++) {
-            int e = sid[k];
-            if (e >= E)
-                continue;
-            int pos = n++;
-            /* ascending expert id; equal ids keep slot order */
-            while (pos > 0 && sid[slot[pos - 1]] > e) {
-                rows[pos] = rows[pos - 1];
-                slot[pos] = slot[pos - 1];
-                pos--;
-            }
-            rows[pos] = srow[k];
-            slot[pos] = k;
-        }
-        s_n = n;
-    }
-    __syncthreads();
-    const int n = s_n;
-    const int col = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
-    if (col >= H)
-        return;
+    return CG ? __ldcg((const uint4 *)p) : __ldg((const uint4 *)p);
+}
+
+/*
+ * y[t, col .. col + 7] of one token: the n expert rows rows[] (their slots slot[], in ascending
+ * expert id) summed in fp32 (each times its router weight when after w2), then the shared row,
+ * rounded to bf16. The shared row and four expert rows are in flight before their sums (a token's
+ * handful of rows, each a dependent round trip to memory otherwise: 8 us for one token on the
+ * H200); the sums keep the ascending expert order. k_combine and the down projection's folded
+ * combine (mma.cuh) both sum here, so the two give the same bits.
+ */
+template <bool CG>
+__device__ __forceinline__ void combine_cols(const CombineArgs &a, int t, int col, const int *rows, const int *slot, int n)
+{
+    const int K = a.K, H = a.H;
     float y[8];
 #pragma unroll
     for (int i = 0; i < 8; i++)
         y[i] = 0.0f;
-    /* the shared row and four expert rows at a time in flight before their sums (a token's handful
-       of rows, each a dependent round trip to memory otherwise: 8 us for one token on the H200);
-       the sums keep the ascending expert order */
-    const uint4 vsh = a.Osh ? __ldg((const uint4 *)(a.Osh + (long long)t * H + col)) : make_uint4(0u, 0u, 0u, 0u);
+    const uint4 vsh = a.Osh ? combine_ld<CG>(a.Osh + (long long)t * H + col) : make_uint4(0u, 0u, 0u, 0u);
     for (int j0 = 0; j0 < n; j0 += 4) {
         uint4 v[4];
         float wj[4];
 #pragma unroll
         for (int q = 0; q < 4; q++)
             if (j0 + q < n) {
-                v[q] = __ldg((const uint4 *)(a.O + (long long)rows[j0 + q] * H + col));
+                v[q] = combine_ld<CG>(a.O + (long long)rows[j0 + q] * H + col);
                 wj[q] = a.after ? a.w[(long long)t * K + slot[j0 + q]] : 1.0f;
             }
 #pragma unroll
@@ -158,6 +131,56 @@ __global__ void k_combine(CombineArgs a)
     for (int i = 0; i < 4; i++)
         o4[i] = (uint32_t)f2bf16(y[2 * i]) | ((uint32_t)f2bf16(y[2 * i + 1]) << 16);
     *(uint4 *)(a.y + (long long)t * H + col) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+}
+
+/* Token t's kept slots in ascending expert id, equal ids in slot order (insertion, as cpu.c): their
+   o rows and slot indices; sid[k] / srow[k] hold the token's ids and rows by slot. One thread. */
+__device__ __forceinline__ int combine_order(const CombineArgs &a, const int *sid, const int *srow, int *rows, int *slot)
+{
+    int n = 0;
+    for (int k = 0; k < a.K; k++) {
+        const int e = sid[k];
+        if (e >= a.E)
+            continue;
+        int pos = n++;
+        while (pos > 0 && sid[slot[pos - 1]] > e) {
+            rows[pos] = rows[pos - 1];
+            slot[pos] = slot[pos - 1];
+            pos--;
+        }
+        rows[pos] = srow[k];
+        slot[pos] = k;
+    }
+    return n;
+}
+
+/*
+ * grid (Tc, ceil(H / (8 * blockDim.x))): each thread sums 8 columns (16-byte loads of the
+ * experts' bf16 rows) over the token's kept slots in ascending expert id (equal ids in slot
+ * order), in fp32, then adds the shared expert's bf16 row and rounds to bf16 (H % 8 == 0).
+ */
+__global__ void k_combine(CombineArgs a)
+{
+    pdl_enter();
+    const int t = blockIdx.x;
+    if (t >= *a.ntok)
+        return;
+    extern __shared__ int srt[]; /* [K] rows, [K] slot index in ascending expert order, [K] ids, [K] rows by slot */
+    __shared__ int s_n;
+    const int K = a.K, E = a.E, H = a.H;
+    int *rows = srt, *slot = srt + K, *sid = srt + 2 * K, *srow = srt + 3 * K;
+    for (int k = threadIdx.x; k < K; k += blockDim.x) { /* one parallel load of the token's slots */
+        sid[k] = a.ids[(long long)t * K + k];
+        srow[k] = sid[k] < E ? a.rowmap[(long long)t * K + k] : 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        s_n = combine_order(a, sid, srow, rows, slot);
+    __syncthreads();
+    const int col = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+    if (col >= H)
+        return;
+    combine_cols<false>(a, t, col, rows, slot, s_n);
 }
 
 } // namespace dsv4cuda

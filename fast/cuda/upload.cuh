@@ -225,6 +225,7 @@ struct Kernels {
     int dec_fill = DSV4C_DEC_FILL; /* dec_fill=N: k_dec splits K until its blocks reach N per multiprocessor */
     bool pdl = true;               /* pdl=off: every launch plain */
     bool route_fused = true;       /* route=split: the GEMM logits, k_router and k_count2 at every chunk size */
+    bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
 };
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
@@ -235,7 +236,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         const size_t n = end ? (size_t)(end - p) : strlen(p);
         if (!eq || eq >= p + n)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "cuda_kernels: '%.*s' is not key=value (keys: path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route)", (int)n, p);
+                               "cuda_kernels: '%.*s' is not key=value (keys: path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine)", (int)n, p);
         const size_t kl = (size_t)(eq - p), vl = n - kl - 1;
         const char *v = eq + 1;
         auto is = [&](const char *key) { return kl == strlen(key) && !strncmp(p, key, kl); };
@@ -255,6 +256,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("on") || val("off"), k->pdl = val("on");
         else if (is("route"))
             ok = val("fused") || val("split"), k->route_fused = val("fused");
+        else if (is("combine"))
+            ok = val("fold") || val("kernel"), k->combine_fold = val("fold");
         else if (is("fp8_cut") || is("dec_fill")) {
             char buf[16] = {0};
             char *e = nullptr;
@@ -265,11 +268,11 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             (cut ? k->fp8_cut : k->dec_fill) = (int)c;
         } else
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "cuda_kernels: unknown key '%.*s' (keys: path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route)", (int)kl, p);
+                               "cuda_kernels: unknown key '%.*s' (keys: path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine)", (int)kl, p);
         if (!ok)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
                                "cuda_kernels: '%.*s' is not a value of %.*s (path auto|exact, tile wgmma|mma, tileh "
-                               "s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split)",
+                               "s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split, combine fold|kernel)",
                                (int)vl, v, (int)kl, p, FM_DEC_MAX, FM_MID_MAX);
         p = end ? end + 1 : p + n;
     }
@@ -287,6 +290,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->dec_fill = k.dec_fill;
     b->pdl = k.pdl;
     b->route_fused = k.route_fused;
+    b->combine_fold = k.combine_fold;
     b->big_rows = b->tile16 ? tileh_big[b->big_var].bn : 128;
 }
 

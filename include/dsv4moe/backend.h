@@ -124,6 +124,10 @@ typedef struct dsv4_backend_options {
                              GEMM logits, the router and the grouping as three kernels at every
                              size (the same routing; the logits' fp32 sum in another order, so a
                              router weight may differ in its last bit)
+         combine=fold|kernel fold (default): a chunk whose every expert group has at most 16 rows
+                             sums its output in the down projection's launch (the block that
+                             writes a tile of o last combines it); kernel: a combine kernel after
+                             the down projection (the same outputs bit for bit)
        An unknown key or value is refused (DSV4_ERR_INVALID_ARG, naming it); ref and cpu refuse a
        non-empty list (DSV4_ERR_UNSUPPORTED). The string is read at creation only. */
     const char *cuda_kernels;

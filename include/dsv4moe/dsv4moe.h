@@ -109,8 +109,10 @@
  *
  * Build it with `cc -std=c11 example.c $(pkg-config --cflags --libs dsv4moe)` after
  * `make install`. The headers below document each part; docs/ says how the parts fit.
- * comm_nccl.h (the NCCL communicator, built by `make nccl` into its own library) is not
- * included here.
+ * Two installed headers are not included here, as their functions are not in libdsv4moe
+ * itself: comm_nccl.h (the NCCL communicator, built by `make nccl` into its own library) and
+ * comm_devsim.h (the device sim communicator, in the CUDA variant only, `make cuda`).
+ * ci/release-clean.sh checks that every other installed header is included below.
  */
 #ifndef DSV4MOE_DSV4MOE_H
 #define DSV4MOE_DSV4MOE_H
@@ -133,5 +135,8 @@
 #include "compare.h"     /* metrics */
 #include "scenario.h"    /* scenario files */
 #include "run.h"         /* the scenario runner */
+#include "symmetry.h"    /* collective traces of real ranks: the symmetry check */
+#include "engines.h"     /* verifying another engine's MoE layer: exported cases, check */
+#include "files.h"       /* interrupted writes: their temporary files and the sweep of them */
 
 #endif

@@ -346,17 +346,41 @@ END_TEST
    so close, not identical; the same routing. Decode sizes on v4-flash (T 1, 8, 32; the hash layer
    at 17), the exact path (mini-bf16: no quantization of x), fp32 scales, the linear top-p
    predictor (the router reads x itself) and mini at T 40. */
+/* One variant against the default over a list of cases (variants_identical per case). */
+typedef struct {
+    const char *preset;
+    int64_t layer, T, experts;
+    int fp8;
+} var_case;
+
+static void variant_cases(const char *what, const char *kernels, const var_case *cs, size_t n, int close)
+{
+    const env_kv v = {"DSV4MOE_CUDA_KERNELS", kernels};
+    for (size_t i = 0; i < n; i++)
+        variants_identical(what, cs[i].preset, cs[i].layer, cs[i].T, cs[i].experts, cs[i].fp8, &v, 1, close);
+}
+
 START_TEST(route_fused_close)
 {
-    static const env_kv vs[] = {{"DSV4MOE_CUDA_KERNELS", "route=split"}};
-    variants_identical("route", "v4-flash", 5, 1, 32, 1, vs, 1, 1);
-    variants_identical("route", "v4-flash", 5, 8, 32, 1, vs, 1, 1);
-    variants_identical("route", "v4-flash", 5, 32, 32, 1, vs, 1, 1);
-    variants_identical("route", "v4-flash", 0, 17, 32, 1, vs, 1, 1);
-    variants_identical("route", "mini-bf16", 1, 5, 0, 0, vs, 1, 1);
-    variants_identical("route", "mini-fp8", 1, 3, 0, 1, vs, 1, 1);
-    variants_identical("route", "mini-topp", 1, 9, 0, 0, vs, 1, 1);
-    variants_identical("route", "mini", 1, 40, 0, 0, vs, 1, 1);
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1},  {"v4-flash", 5, 8, 32, 1}, {"v4-flash", 5, 32, 32, 1},
+                                  {"v4-flash", 0, 17, 32, 1}, {"mini-bf16", 1, 5, 0, 0}, {"mini-fp8", 1, 3, 0, 1},
+                                  {"mini-topp", 1, 9, 0, 0},  {"mini", 1, 40, 0, 0}};
+    variant_cases("route", "route=split", cs, sizeof cs / sizeof cs[0], 1);
+}
+END_TEST
+
+/* The combine folded into the down projection (cuda_kernels combine=fold, the default, for chunks
+   whose every group runs in k_dec: the block that writes a tile of o last sums y there) against
+   k_combine after it (combine=kernel): the same sums in the same order, so the same outputs, ids
+   and clamp counters bit for bit. v4-flash T 1, 8 and 16 (the shared expert's decode on its own
+   stream with another K split), the hash layer, top-p (pruned slots), fp32 scales, the exact
+   path's bf16 weights (no fold: the same either way) and T 40 (past the fold). */
+START_TEST(combine_fold_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 0}, {"v4-flash", 5, 8, 32, 1}, {"v4-flash", 5, 16, 32, 1},
+                                  {"v4-flash", 0, 3, 32, 1}, {"mini-topp", 1, 9, 0, 0}, {"mini-fp8", 1, 5, 0, 1},
+                                  {"mini-bf16", 1, 5, 0, 0}, {"mini", 1, 40, 0, 0}};
+    variant_cases("combine", "combine=kernel", cs, sizeof cs / sizeof cs[0], 0);
 }
 END_TEST
 
@@ -723,7 +747,7 @@ START_TEST(shared_workspace)
                              {"tileh=s256", "tileh"},      {"colour=red", "colour"},  {"path", "key=value"},
                              {"path=exact,mid=z", "mid"},  {"fp8_scales=cols", "fp8_scales"},
                              {"dec_fill=0", "dec_fill"},   {"dec_fill=9", "dec_fill"},
-                             {"pdl=maybe", "pdl"},         {"route=both", "route"}};
+                             {"pdl=maybe", "pdl"},         {"route=both", "route"},      {"combine=late", "combine"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.cuda_kernels = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1218,6 +1242,7 @@ static Suite *cuda_suite(void)
     tcase_set_timeout(pd, 300);
     tcase_add_test(pd, pdl_identical);
     tcase_add_test(pd, route_fused_close);
+    tcase_add_test(pd, combine_fold_identical);
     suite_add_tcase(s, pd);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
