@@ -269,7 +269,8 @@ static const char *status_class(dsv4_result r)
 typedef struct {
     const char *scen;
     char *axis, *value;
-    size_t order; /* first appearance: the matrix keeps the scenario's axis and value order */
+    size_t axis_order; /* the first appearance of its axis: a scenario's rows stay grouped by axis */
+    size_t order;      /* first appearance: the matrix keeps the scenario's axis and value order */
     size_t n[4];  /* pass, fail, skip, error (dsv4_result order) */
     size_t *bad;  /* indices of the failed and errored cases */
     size_t nbad, capbad;
@@ -283,10 +284,15 @@ typedef struct {
 
 static mx_cell *mx_find(mx_table *t, const char *scen, const char *axis, size_t alen, const char *value, size_t vlen)
 {
-    for (size_t i = 0; i < t->n; i++)
-        if (!strcmp(t->c[i].scen, scen) && strlen(t->c[i].axis) == alen && !strncmp(t->c[i].axis, axis, alen) &&
-            strlen(t->c[i].value) == vlen && !strncmp(t->c[i].value, value, vlen))
+    size_t axis_order = t->n;
+    for (size_t i = 0; i < t->n; i++) {
+        const bool same_axis = !strcmp(t->c[i].scen, scen) && strlen(t->c[i].axis) == alen &&
+                               !strncmp(t->c[i].axis, axis, alen);
+        if (same_axis && strlen(t->c[i].value) == vlen && !strncmp(t->c[i].value, value, vlen))
             return &t->c[i];
+        if (same_axis && t->c[i].axis_order < axis_order)
+            axis_order = t->c[i].axis_order;
+    }
     mx_cell *nc = dsv4_grow(t->c, &t->cap, t->n + 1, sizeof *nc, 32);
     if (!nc)
         return NULL;
@@ -294,6 +300,7 @@ static mx_cell *mx_find(mx_table *t, const char *scen, const char *axis, size_t 
     mx_cell *c = &t->c[t->n];
     memset(c, 0, sizeof *c);
     c->scen = scen;
+    c->axis_order = axis_order;
     c->order = t->n;
     c->axis = malloc(alen + 1);
     c->value = malloc(vlen + 1);
@@ -367,7 +374,9 @@ static void mx_free(mx_table *t)
     free(t->c);
 }
 
-/* Failing values first (most failures first), then the scenario's own order. */
+/* Failing values first (most failures first), then the scenario's own order: its axes in the
+   order they first appear, each axis's values in theirs (a case's name lists every axis, so first
+   appearance alone would interleave the axes). */
 static int mx_cmp(const void *a, const void *b)
 {
     const mx_cell *x = a, *y = b;
@@ -376,6 +385,8 @@ static int mx_cmp(const void *a, const void *b)
         return bx > 0 ? -1 : 1;
     if (bx != by)
         return bx > by ? -1 : 1;
+    if (x->axis_order != y->axis_order)
+        return x->axis_order < y->axis_order ? -1 : 1;
     return x->order < y->order ? -1 : x->order > y->order;
 }
 

@@ -148,6 +148,24 @@ END_TEST
 /* report.html opens with the matrix: per axis value its counts, the failing values first with
    links to their cases, then the failing cases; the case table lists failing cases first and
    folds the passing cases' panels into <details>. */
+/* Runs the scenario text `yaml` (n cases), writes its report.html as `file` and reads it into h. */
+static void html_of(const char *yaml, const char *file, size_t n, char *h, size_t hn)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s.yaml", file);
+    dsv4_scenario *s = tu_scenario_text(yaml, name);
+    dsv4_error e;
+    dsv4_run_results *r = tu_run(s, cache_dir(), -1, NULL);
+    ck_assert_uint_eq(dsv4_run_count(r), n);
+    char hp[512];
+    snprintf(name, sizeof name, "%s.html", file);
+    tu_path(hp, sizeof hp, name);
+    ck_assert_msg(dsv4_report_html(r, hp, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_int_gt(tu_read_file(hp, h, hn), 0);
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+}
+
 START_TEST(html_matrix_summary)
 {
     static const char yaml[] = "name: mx\n"
@@ -157,15 +175,8 @@ START_TEST(html_matrix_summary)
                                "  expect: [pass, {refused: zzz}]\n"
                                "cases:\n"
                                "  - {name: lone, tokens: [2]}\n";
-    dsv4_scenario *s = tu_scenario_text(yaml, "mx.yaml");
-    dsv4_error e;
-    dsv4_run_results *r = tu_run(s, cache_dir(), -1, NULL);
-    ck_assert_uint_eq(dsv4_run_count(r), 5);
-    char hp[512];
-    tu_path(hp, sizeof hp, "report_matrix.html");
-    ck_assert_msg(dsv4_report_html(r, hp, &e) == DSV4_OK, "%s", e.message);
     static char h[1 << 20];
-    ck_assert_int_gt(tu_read_file(hp, h, sizeof h), 0);
+    html_of(yaml, "report_matrix", 5, h, sizeof h);
     /* cases 1 and 3 (expect = the refusal) fail; the matrix comes before the cases */
     const char *mx = strstr(h, "<h2 id=\"matrix\">"), *cases = strstr(h, "<h2>Cases</h2>");
     ck_assert_ptr_nonnull(mx);
@@ -190,8 +201,28 @@ START_TEST(html_matrix_summary)
     ck_assert(c0 && c1 && c3 && c1 < c3 && c3 < c0);
     ck_assert_ptr_nonnull(strstr(c0, "<details><summary>ulp p99 0, max 0; diff 0</summary>"));
     ck_assert_ptr_null(strstr(h, "<script"));
-    dsv4_run_results_free(r);
-    dsv4_scenario_free(s);
+}
+END_TEST
+
+/* The matrix keeps each axis's rows together in the scenario's order: a case's name lists every
+   axis, so tokens=5 first appears after layer=0 and layer=1, and its row still comes before them. */
+START_TEST(html_matrix_grouped)
+{
+    static const char yaml[] = "name: gx\n"
+                               "defaults: {preset: tiny, topology: {backend: cpu}, checks: [numerics]}\n"
+                               "axes:\n"
+                               "  tokens: [3, 5]\n"
+                               "  layer: [0, 1]\n";
+    static char h[1 << 20];
+    html_of(yaml, "report_grouped", 4, h, sizeof h);
+    const char *mx = strstr(h, "<h2 id=\"matrix\">");
+    ck_assert_ptr_nonnull(mx);
+    const char *t3 = strstr(mx, "<td>tokens</td><td class=\"name\">3</td>"),
+               *t5 = strstr(mx, "<td>tokens</td><td class=\"name\">5</td>"),
+               *l0 = strstr(mx, "<td>layer</td><td class=\"name\">0</td>"),
+               *l1 = strstr(mx, "<td>layer</td><td class=\"name\">1</td>");
+    ck_assert_msg(t3 && t5 && l0 && l1, "matrix rows missing");
+    ck_assert_msg(t3 < t5 && t5 < l0 && l0 < l1, "rows not grouped by axis in the scenario's order");
 }
 END_TEST
 
@@ -236,6 +267,7 @@ Suite *report_suite(void)
     tcase_add_test(t, error_profiles);
     tcase_add_test(t, progress_only_on_a_terminal);
     tcase_add_test(t, html_matrix_summary);
+    tcase_add_test(t, html_matrix_grouped);
     suite_add_tcase(s, t);
     return s;
 }
