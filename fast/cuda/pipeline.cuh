@@ -461,8 +461,9 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     const bool fp8 = b->fp8 && nmax > b->fp8_cut;
     /* cuda_kernels combine=fold (the default): a full chunk (not a stage's) whose every group runs in
        k_dec sums y in the down projection's launch, the last block writing a tile of o combining it
-       (fold_combine) */
-    const bool fold = b->combine_fold && full && !fp8 && nmax <= FM_DEC_MAX && K <= FC_KMAX;
+       (fold_combine); only with a shared expert, whose k_dec runs for 1 .. FM_DEC_MAX live tokens,
+       so every tile of o has a writer and some block always completes its count */
+    const bool fold = b->combine_fold && full && shared && !fp8 && nmax <= FM_DEC_MAX && K <= FC_KMAX;
     Sel8 sel;
     sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.cnt = ga.cnt;
     sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
@@ -601,7 +602,10 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
        more) and k_router quantizes. On the fp8 path a chunk whose slots k_count2 places in one block
        is grouped in the router's launch (k_router_count; not when the experts stage replaces the
        router's ids). */
-    const bool fused = b->route_fused && b->fast && mode == CHUNK_FULL && L.slots <= 1024;
+    /* k_router_count adds k_count2's 4.3 KB of static shared memory to the router's dynamic
+       (H + 2 E + 4 K) floats: fused only while both fit the default 48 KB */
+    const size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
+    const bool fused = b->route_fused && b->fast && mode == CHUNK_FULL && L.slots <= 1024 && rsm + 5 * 1024 <= 48 * 1024;
     int *ticket = at<int>(b, L.meta) + 4; /* meta[4]: k_router_count's ticket (k_count2 writes meta[0..3]) */
     if (b->route_fused) {
         LogitsArgs la;
@@ -632,7 +636,6 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         launch_pdl(b, k_tiles<WF_BF16, 0>, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN), (unsigned)L.lslices),
                    DSV4C_TILE_THREADS, 0, s, lgA);
     }
-    size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
     if (fused)
         launch_pdl(b, k_router_count, dim3((unsigned)L.tc), 256, rsm, s, ra, group2_args(b, L, ra, ga), ticket);
     else

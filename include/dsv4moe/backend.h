@@ -125,7 +125,7 @@ typedef struct dsv4_backend_options {
                              size (the same routing; the logits' fp32 sum in another order, so a
                              router weight may differ in its last bit)
          combine=fold|kernel fold (default): a chunk whose every expert group has at most 16 rows
-                             sums its output in the down projection's launch (the block that
+                             (layers with a shared expert) sums its output in the down projection's launch (the block that
                              writes a tile of o last combines it); kernel: a combine kernel after
                              the down projection (the same outputs bit for bit)
        An unknown key or value is refused (DSV4_ERR_INVALID_ARG, naming it); ref and cpu refuse a
