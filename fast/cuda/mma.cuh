@@ -137,6 +137,9 @@ __device__ __forceinline__ void fgrp_shared(const FastArgs &a, FGrp &g)
     g.slot0 = -1;
 }
 
+/* Whether k_dec runs the shared expert's group for n live tokens (its blocks return otherwise). */
+__device__ __forceinline__ bool dec_shared_runs(const FastArgs &a, int n) { return a.sh.w && n >= 1 && n <= FM_DEC_MAX; }
+
 __device__ __forceinline__ long long fgrp_arow(const FGrp &g, int j) { return g.gat ? (long long)g.gat[j] : g.arow0 + j; }
 
 __device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -445,7 +448,7 @@ __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, uint
             fepi_stats(a, g, gc, uc);
     }
     if constexpr (FOLD) { /* a kernel of its own and a call: k_dec's main loop keeps its registers */
-        const int nt = *a.ntok, need = a.meta[0] + (a.sh.w && nt >= 1 && nt <= FM_DEC_MAX ? 1 : 0);
+        const int nt = *a.ntok, need = a.meta[0] + (dec_shared_runs(a, nt) ? 1 : 0);
         fold_combine(a.fc, a.fc_cnt, need, nt, blockIdx.x * (8 / KS), 8 / KS, ring);
     }
 }
@@ -478,8 +481,7 @@ __global__ void __launch_bounds__(FM_THREADS, 3) k_dec(FastArgs a)
             return;
         fgrp_routed(a, e, g);
     } else {
-        const int n = *a.ntok;
-        if (!a.sh.w || n < 1 || n > FM_DEC_MAX)
+        if (!dec_shared_runs(a, *a.ntok))
             return;
         fgrp_shared(a, g);
     }

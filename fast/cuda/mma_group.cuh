@@ -316,8 +316,8 @@ __global__ void k_count2(Group2Args a)
  * launch (cuda_kernels route=fused, with k_logits_small before it): one block per token routes
  * it (route_block), takes a ticket, and the block that takes the last one does k_count2's work
  * over the chunk's ids. The sums and the placement are k_count2's (no atomics in either); the
- * ticket counts blocks only and is back at 0 when the kernel ends (k_logits_small also zeroes it,
- * since a caller-owned workspace carries other layers' bytes between calls). Saves the launch and
+ * ticket counts blocks only, and k_logits_small, launched before whenever this kernel is, zeroes
+ * it (a caller-owned workspace carries other layers' bytes between calls). Saves the launch and
  * the ids' round trip between the two kernels of a decode step.
  */
 __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
@@ -335,8 +335,6 @@ __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
         return;
     __threadfence();
     count2_block(g);
-    if (threadIdx.x == 0)
-        *ticket = 0;
 }
 
 /* ---------------- quantization of h (routed kept slots, then the shared expert's rows) ---------------- */

@@ -320,6 +320,14 @@ cudaError_t dec_attrs()
     return ce;
 }
 
+/* The most rows a group of the chunk can hold: a routed group holds at most Tc rows (every slot
+   when a hash table repeats an expert), the shared expert's one a row per token. */
+int64_t group_rows_max(const CudaBe *b, const Layout &L)
+{
+    const int64_t routed = b->repeats ? L.slots : L.tc;
+    return std::max(routed, b->cfg.n_shared_experts > 0 ? L.tc : (int64_t)0);
+}
+
 /*
  * The regimes of one projection: k_dec on the main stream (and, when the shared expert's format
  * differs from the routed experts', its own k_dec on a forked stream), the 32-row and 128-row
@@ -334,8 +342,7 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
     const dsv4_config *c = &b->cfg;
     cudaStream_t s = b->stream;
     const bool shared = c->n_shared_experts > 0;
-    const int64_t gmax = b->repeats ? L.slots : L.tc; /* the largest routed group the chunk can hold */
-    const int64_t nmax = std::max(gmax, shared ? L.tc : (int64_t)0);
+    const int64_t nmax = group_rows_max(b, L);
     const bool mid = nmax > FM_DEC_MAX, big = nmax > FM_MID_MAX;
     const bool split = shared && fa.sh.fmt != fa.r.fmt;
     const bool cut = p8 && nmax > p8->min_rows; /* a group can be on the grouped FP8 GEMM (s3) */
@@ -457,7 +464,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     gu.A16 = gu.Ash16 = b->tile16 ? at<uint16_t>(b, L.x16) : nullptr;
     gu.out = h16, gu.out_sh = h16 + L.rows * I;
     /* gemm fp8: a group above fp8_cut rows can exist in this chunk */
-    const int64_t nmax = std::max(b->repeats ? L.slots : L.tc, shared ? L.tc : (int64_t)0);
+    const int64_t nmax = group_rows_max(b, L);
     const bool fp8 = b->fp8 && nmax > b->fp8_cut;
     /* cuda_kernels combine=fold (the default): a full chunk (not a stage's) whose every group runs in
        k_dec sums y in the down projection's launch, the last block writing a tile of o combining it

@@ -228,6 +228,8 @@ struct Kernels {
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
 };
 
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine"
+
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
     *k = Kernels();
@@ -236,7 +238,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         const size_t n = end ? (size_t)(end - p) : strlen(p);
         if (!eq || eq >= p + n)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "cuda_kernels: '%.*s' is not key=value (keys: path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine)", (int)n, p);
+                               "cuda_kernels: '%.*s' is not key=value (keys: " KERNEL_KEYS ")", (int)n, p);
         const size_t kl = (size_t)(eq - p), vl = n - kl - 1;
         const char *v = eq + 1;
         auto is = [&](const char *key) { return kl == strlen(key) && !strncmp(p, key, kl); };
@@ -268,7 +270,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             (cut ? k->fp8_cut : k->dec_fill) = (int)c;
         } else
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "cuda_kernels: unknown key '%.*s' (keys: path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine)", (int)kl, p);
+                               "cuda_kernels: unknown key '%.*s' (keys: " KERNEL_KEYS ")", (int)kl, p);
         if (!ok)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
                                "cuda_kernels: '%.*s' is not a value of %.*s (path auto|exact, tile wgmma|mma, tileh "
