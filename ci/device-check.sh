@@ -160,8 +160,8 @@ fi
 step hf-peer 200 "PYTHONUNBUFFERED=1 $PY bench/hf_peer.py --json $WORK/bench/hf_peer.json ${DSV4_PEER_ARGS:-}"
 step gmm-peer 120 "PYTHONUNBUFFERED=1 $PY bench/scaled_gmm_peer.py --json $WORK/bench/gmm_peer.json ${DSV4_PEER_ARGS:-}"
 
-# ---- optional: the same benchmark on the mma.sync kernels and on the k_tileh variants
-# (DSV4_DEVCHECK_AB=1), and per-kernel device times from Nsight Compute (DSV4_DEVCHECK_PROFILE=1:
+# ---- optional: the same benchmark on the mma.sync kernels, on the k_tileh variants and on the
+# decode kernel's dec_b variants (DSV4_DEVCHECK_AB=1), and per-kernel device times from Nsight Compute (DSV4_DEVCHECK_PROFILE=1:
 # T = 1, 128 and 4096, every kernel's duration, then k_dec and k_tileh in detail; the clocks are
 # left alone) ----
 if [ "${DSV4_DEVCHECK_AB:-0}" = 1 ] && [ -x "$BENCH" ]; then
@@ -175,6 +175,14 @@ if [ "${DSV4_DEVCHECK_AB:-0}" = 1 ] && [ -x "$BENCH" ]; then
     for v in p32 s32; do
         step "bench-mid-$v" 60 "DSV4MOE_CUDA_MID=$v $BENCH --tokens 256,1024 --ceilings $WORK/bench/ceilings.json \
             --json $WORK/bench/bench_mid_$v.json --dir $WORK/bench --threads $JOBS --quick"
+    done
+    # the decode kernel's B rows in shared memory against L1 (the default), alternating, two passes each
+    for p in 1 2; do
+        for v in l1 smem; do
+            step "bench-dec-$v-$p" 60 "$BENCH --gemm fp8 --cuda-kernels dec_b=$v --tokens 1,8,16,32,128,256 \
+                --ceilings $WORK/bench/ceilings.json --json $WORK/bench/bench_dec_${v}_$p.json --dir $WORK/bench \
+                --threads $JOBS --quick"
+        done
     done
 fi
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)

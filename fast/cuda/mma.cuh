@@ -252,34 +252,68 @@ template <int FMT> struct DecCfg {
 };
 
 /*
+ * B staged in shared memory (cuda_kernels dec_b=smem; fp4 launches whose K is not split, ks 1,
+ * other than the folded down projection, pipeline.cuh launch_dec): all eight warps of a block read the same activation rows at the same K block,
+ * and from L1 each 4-byte B load of a warp touches one 128-byte line per token row (up to eight
+ * per instruction, four instructions per k32 step and token tile), the same lines for every
+ * warp. The block copies each FM_DEC_SLAB K blocks of the group's rows once (cp.async, in the
+ * commit group of a ring stage), double-buffered, one barrier per slab; rows FM_DEC_SLAB_LD bytes
+ * apart so a warp's reads hit 32 different banks. The products and their order are unchanged.
+ * Not the default yet: measured faster at T = 256 and slower at T = 8 (docs/cuda.md, "B rows in
+ * shared memory").
+ */
+#define FM_DEC_SLAB 4
+#define FM_DEC_SLAB_LD (FM_DEC_SLAB * 128 + 16)
+#define FM_DEC_SLAB_BYTES (FM_DEC_MAX * FM_DEC_SLAB_LD)
+#define FM_DEC_SLABS_BYTES (2 * FM_DEC_SLAB_BYTES)
+
+/* The block's copy of slab sl (K blocks FM_DEC_SLAB sl ..) of the group's rows into its buffer. */
+__device__ __forceinline__ void dec_stage_slab(const FGrp &g, int K, int sl, uint8_t *slabs)
+{
+    const int KB = K >> 7, kb0 = sl * FM_DEC_SLAB, nb = min(FM_DEC_SLAB, KB - kb0);
+    if (nb <= 0)
+        return;
+    uint8_t *dst = slabs + (sl & 1) * FM_DEC_SLAB_BYTES;
+    constexpr int PR = FM_DEC_SLAB * 8; /* 16-byte pieces per slab row */
+    for (int p = threadIdx.x; p < g.n * PR; p += blockDim.x) {
+        const int r = p / PR, q = p % PR;
+        if (q < nb * 8)
+            cp_async16(dst + r * FM_DEC_SLAB_LD + q * 16, g.A + fgrp_arow(g, r) * K + (size_t)kb0 * 128 + q * 16, true);
+    }
+}
+
+/*
  * One warp: 16-row tile mt over its K blocks kb = ks, ks + KS, ..., for NT token tiles of 8.
  * Weights (and the lane's scale bytes) stream through the warp's cp.async ring, DEPTH - 1
  * blocks ahead; each lane copies and later reads only its own bytes, so no barrier is needed.
- * The group's activations (a few rows) are read through L1. Returns the fp32 sums.
+ * The group's activations (a few rows) are read through L1, or with SB (KS 1, every warp of the
+ * block here) from the block's slabs. Returns the fp32 sums.
  */
-template <int FMT, int NT>
-__device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, int K, uint8_t *ring, float acc[NT][4])
+template <int FMT, int NT, bool SB>
+__device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, int K, uint8_t *ring, uint8_t *slabs,
+                                         float acc[NT][4])
 {
     typedef DecCfg<FMT> D;
     const int KB = K >> 7;
     const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     const uint8_t *wt = g.w + (size_t)mt * KB * D::CH + lane * 16;
     const uint8_t *st = g.s + (size_t)mt * KB * D::SCH + (FMT == WF_FP4 ? gid * 8 : 0);
-    /* this lane's B rows (tokens gid + 8 j) and scale rows (tokens 2 tig + {0, 1} + 8 j). A lane
-       past the group's rows reads its last row instead: an mma column depends only on its own B
-       column and the epilogue never stores columns past g.n, so the loads need no branch (a
-       divergent one per k32 step cost more than the loads). */
+    /* this lane's B rows (tokens gid + 8 j) and scale rows (tokens 2 tig + {0, 1} + 8 j), at K
+       block ks. A lane past the group's rows reads its last row instead: an mma column depends
+       only on its own B column and the epilogue never stores columns past g.n, so the loads need
+       no branch (a divergent one per k32 step cost more than the loads). */
     const uint8_t *brow[NT];
     const float *srow[NT][2];
 #pragma unroll
     for (int j = 0; j < NT; j++) {
         const int tb = min(8 * j + gid, g.n - 1);
-        brow[j] = g.A + fgrp_arow(g, tb) * K + 4 * tig;
+        if constexpr (SB)
+            brow[j] = slabs + tb * FM_DEC_SLAB_LD + 4 * tig; /* + the slab buffer and K block, per step */
+        else
+            brow[j] = g.A + fgrp_arow(g, tb) * K + (size_t)ks * 128 + 4 * tig;
 #pragma unroll
-        for (int q = 0; q < 2; q++) {
-            const int ts = min(8 * j + 2 * tig + q, g.n - 1);
-            srow[j][q] = g.As + fgrp_arow(g, ts) * KB;
-        }
+        for (int q = 0; q < 2; q++)
+            srow[j][q] = g.As + fgrp_arow(g, min(8 * j + 2 * tig + q, g.n - 1)) * KB + ks;
     }
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -287,6 +321,7 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
         for (int i = 0; i < 4; i++)
             acc[j][i] = 0.0f;
     const int nkb = ks < KB ? (KB - ks + KS - 1) / KS : 0;
+    const size_t bstep = (size_t)KS * 128; /* the pointers advance: each load takes an immediate offset */
     auto issue = [&](int i) {
         if (i < nkb) {
             const int kb = ks + i * KS;
@@ -296,14 +331,34 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
                 cp_async16(stg + p * 512 + lane * 16, wt + (size_t)kb * D::CH + p * 512, true);
             cp_async8(stg + D::NV * 512 + lane * 8, st + (size_t)kb * D::SCH);
         }
+        if constexpr (SB) {
+            /* at a slab's first step, the next slab rides with the stage issued there (DEPTH - 1
+               ahead, at most FM_DEC_SLAB): the wait before the next slab's first step covers it */
+            static_assert(D::DEPTH - 1 <= FM_DEC_SLAB, "the next slab lands before it is read");
+            const int it = i - (D::DEPTH - 1);
+            if (it >= 0 && it % FM_DEC_SLAB == 0)
+                dec_stage_slab(g, K, it / FM_DEC_SLAB + 1, slabs);
+        }
         cp_async_commit();
     };
+    if constexpr (SB)
+        dec_stage_slab(g, K, 0, slabs); /* in stage 0's group */
 #pragma unroll
     for (int i = 0; i < D::DEPTH - 1; i++)
         issue(i);
     for (int i = 0; i < nkb; i++) {
-        const int kb = ks + i * KS;
         cp_async_wait<D::DEPTH - 2>();
+        const uint8_t *bb[NT]; /* this step's B rows */
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            bb[j] = brow[j];
+        if constexpr (SB) {
+            if (i % FM_DEC_SLAB == 0)
+                __syncthreads(); /* the slab is the whole block's, and every warp is done with the one before */
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                bb[j] += ((i / FM_DEC_SLAB) & 1) * FM_DEC_SLAB_BYTES + (i % FM_DEC_SLAB) * 128;
+        }
         const uint8_t *stg = ring + (i % D::DEPTH) * D::STG;
         uint4 wv[D::NV];
 #pragma unroll
@@ -331,19 +386,22 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
             }
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                uint2 bv;
-                bv.x = __ldg((const uint32_t *)(brow[j] + kb * 128 + c * 32));
-                bv.y = __ldg((const uint32_t *)(brow[j] + kb * 128 + c * 32 + 16));
+                float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                uint32_t b0, b1;
+                if constexpr (SB) {
+                    b0 = *(const uint32_t *)(bb[j] + c * 32);
+                    b1 = *(const uint32_t *)(bb[j] + c * 32 + 16);
+                } else {
+                    b0 = __ldg((const uint32_t *)(bb[j] + c * 32));
+                    b1 = __ldg((const uint32_t *)(bb[j] + c * 32 + 16));
+                }
+                mma_e4m3(FMT == WF_FP4 ? t : blk[j], a0, a1, a2, a3, b0, b1);
                 if constexpr (FMT == WF_FP4) {
-                    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma_e4m3(t, a0, a1, a2, a3, bv.x, bv.y);
                     const float s0 = fp4_step_scale(sv.x, c), s1 = fp4_step_scale(sv.y, c);
                     blk[j][0] = fmaf(t[0], s0, blk[j][0]);
                     blk[j][1] = fmaf(t[1], s0, blk[j][1]);
                     blk[j][2] = fmaf(t[2], s1, blk[j][2]);
                     blk[j][3] = fmaf(t[3], s1, blk[j][3]);
-                } else {
-                    mma_e4m3(blk[j], a0, a1, a2, a3, bv.x, bv.y);
                 }
             }
         }
@@ -354,11 +412,15 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
         }
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            const float x0 = __ldg(srow[j][0] + kb), x1 = __ldg(srow[j][1] + kb);
+            const float x0 = __ldg(srow[j][0]), x1 = __ldg(srow[j][1]);
             acc[j][0] = fmaf(blk[j][0], block_scale<FMT>(w0, x0), acc[j][0]);
             acc[j][1] = fmaf(blk[j][1], block_scale<FMT>(w0, x1), acc[j][1]);
             acc[j][2] = fmaf(blk[j][2], block_scale<FMT>(w1, x0), acc[j][2]);
             acc[j][3] = fmaf(blk[j][3], block_scale<FMT>(w1, x1), acc[j][3]);
+            if constexpr (!SB)
+                brow[j] += bstep;
+            srow[j][0] += KS;
+            srow[j][1] += KS;
         }
     }
     cp_async_wait<0>();
@@ -405,14 +467,16 @@ __device__ __noinline__ void fold_combine(const CombineArgs c, int *cnt, int nee
     }
 }
 
-template <int FMT, int NT, bool FOLD>
+template <int FMT, int NT, bool FOLD, bool SB>
 __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, uint8_t *ring, float *sRed)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const int KS = a.ks;
     const int mt = blockIdx.x * (8 / KS) + warp / KS, ks = warp % KS;
     float acc[NT][4];
-    dec_warp<FMT, NT>(g, mt, ks, KS, a.K, ring + (size_t)warp * DecCfg<FMT>::DEPTH * DecCfg<FMT>::STG, acc);
+    /* the slabs sit where a K split's partial sums would (SB: no split) */
+    dec_warp<FMT, NT, SB>(g, mt, ks, KS, a.K, ring + (size_t)warp * DecCfg<FMT>::DEPTH * DecCfg<FMT>::STG,
+                          (uint8_t *)sRed, acc);
     if (KS > 1) {
         float *mine = sRed + ((size_t)warp * 32 + lane) * (NT * 4);
         if (ks > 0) {
@@ -453,20 +517,22 @@ __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, uint
     }
 }
 
-/* Bytes of k_dec<FMT>'s shared memory: the warps' rings, then the K-split partial sums. */
-__host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt)
+/* Bytes of k_dec<FMT>'s shared memory: the warps' rings, then the K-split partial sums or (sb)
+   the B slabs. */
+__host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt, bool sb = false)
 {
     return (fmt == WF_FP4 ? (size_t)DecCfg<WF_FP4>::RING : (size_t)DecCfg<WF_FP8>::RING) +
-           (ks > 1 ? (size_t)FM_THREADS * (size_t)nt * 16 : 0);
+           (sb ? (size_t)FM_DEC_SLABS_BYTES : ks > 1 ? (size_t)FM_THREADS * (size_t)nt * 16 : 0);
 }
 
 /*
  * The decode regime for groups whose weights are in format FMT: grid (N / 16 / (8 / ks), slots),
  * slot y < dec_routed (the routed active list) or the shared expert (dec_shared, last slot).
- * FM_THREADS threads, dec_smem_bytes(FMT, ks, 2) bytes of shared memory. FOLD: the down
- * projection with the combine folded in (a.fc_cnt, fold_combine).
+ * FM_THREADS threads, dec_smem_bytes(FMT, ks, 2, SB) bytes of shared memory. FOLD: the down
+ * projection with the combine folded in (a.fc_cnt, fold_combine). SB: B from the block's slabs
+ * (dec_stage_slab; launched only with ks 1 and not FOLD).
  */
-template <int FMT, bool FOLD>
+template <int FMT, bool FOLD, bool SB>
 __global__ void __launch_bounds__(FM_THREADS, 3) k_dec(FastArgs a)
 {
     pdl_enter();
@@ -487,9 +553,9 @@ __global__ void __launch_bounds__(FM_THREADS, 3) k_dec(FastArgs a)
     }
     float *sRed = (float *)(fsm + DecCfg<FMT>::RING);
     if (g.n <= 8)
-        dec_block<FMT, 1, FOLD>(a, g, fsm, sRed);
+        dec_block<FMT, 1, FOLD, SB>(a, g, fsm, sRed);
     else
-        dec_block<FMT, 2, FOLD>(a, g, fsm, sRed);
+        dec_block<FMT, 2, FOLD, SB>(a, g, fsm, sRed);
 }
 
 /* ---------------- decode regime on wgmma (sm_90a) ---------------- */

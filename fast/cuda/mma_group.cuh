@@ -14,36 +14,49 @@ namespace dsv4cuda {
 
 /* ---------------- grouping for the fp8 path ---------------- */
 
-/* Exclusive scan of v over the block (blockDim.x a multiple of 32, at most 1024); *total gets the sum. */
-__device__ __forceinline__ int block_excl_scan(int v, int *tmp, int *total)
+/* Exclusive scans of NV values per thread over the block at once (blockDim.x a multiple of 32, at
+   most 1024): before[q] gets thread's prefix of v[q], total[q] the block's sum. One scan's three
+   barriers for all NV (k_count2's five scans were fifteen barriers, on the decode step's one-block
+   critical path). tmp: NV x 32 ints. */
+template <int NV>
+__device__ __forceinline__ void block_excl_scan(const int v[NV], int (*tmp)[32], int before[NV], int total[NV])
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int x = v;
+    int x[NV];
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xFFFFFFFFu, x, o);
-        if (lane >= o)
-            x += y;
-    }
-    if (lane == 31)
-        tmp[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        int w = lane < nw ? tmp[lane] : 0;
+    for (int q = 0; q < NV; q++) {
+        x[q] = v[q];
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xFFFFFFFFu, w, o);
+            const int y = __shfl_up_sync(0xFFFFFFFFu, x[q], o);
             if (lane >= o)
-                w += y;
+                x[q] += y;
         }
-        if (lane < nw)
-            tmp[lane] = w;
+        if (lane == 31)
+            tmp[q][warp] = x[q];
     }
     __syncthreads();
-    const int before = (warp ? tmp[warp - 1] : 0) + x - v;
-    *total = tmp[nw - 1];
+    if (warp == 0) {
+#pragma unroll
+        for (int q = 0; q < NV; q++) {
+            int w = lane < nw ? tmp[q][lane] : 0;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(0xFFFFFFFFu, w, o);
+                if (lane >= o)
+                    w += y;
+            }
+            if (lane < nw)
+                tmp[q][lane] = w;
+        }
+    }
     __syncthreads();
-    return before;
+#pragma unroll
+    for (int q = 0; q < NV; q++) {
+        before[q] = (warp ? tmp[q][warp - 1] : 0) + x[q] - v[q];
+        total[q] = tmp[q][nw - 1];
+    }
+    __syncthreads();
 }
 
 struct Group2Args {
@@ -81,17 +94,21 @@ constexpr int PLACE_SLICE = 256;
 /* The warps of a k_hist / k_place2 block: each keeps one count per expert in shared memory. */
 __host__ __device__ constexpr int place_warps(int E) { return E <= 3072 ? 4 : 1; }
 
-/* Slot i (expert e, the rank-th of e's slots in slot order) at its place: the kept slot q and the
-   padded row of the grouped layout. */
-__device__ __forceinline__ void place_slot(const Group2Args &a, int i, int e, int rank)
+/* Slot i (expert e, weight w) at its place: kept slot q and padded row `row` of the grouped layout. */
+__device__ __forceinline__ void place_at(const Group2Args &a, int i, int e, int q, int row, float w)
 {
-    const int q = a.slot_off[e] + rank, row = a.pad_off[e] + rank;
     a.slot_tok[q] = i / a.K;
-    a.slot_w[q] = __ldcg(a.w + i);
+    a.slot_w[q] = w;
     a.slot_row[q] = row;
     a.rowmap[i] = row;
     if (a.slot_e)
         a.slot_e[q] = e;
+}
+
+/* Slot i, the rank-th of expert e's slots in slot order, from the offsets k_count2 wrote. */
+__device__ __forceinline__ void place_slot(const Group2Args &a, int i, int e, int rank)
+{
+    place_at(a, i, e, a.slot_off[e] + rank, a.pad_off[e] + rank, __ldcg(a.w + i));
 }
 
 /* A warp's slice of k_hist / k_place2: its slots [i0, end) and its E counters in shared memory. */
@@ -179,10 +196,14 @@ __global__ void k_place2(Group2Args a)
  */
 __device__ __forceinline__ void count2_block(const Group2Args &a)
 {
-    extern __shared__ int c2cnt[];
-    __shared__ int tmp[32];
+    extern __shared__ int c2cnt[]; /* 2 E: the counts, then (placement) each expert's slot and row offsets */
+    __shared__ int tmp[5][32];
     __shared__ int carry[5];
     __shared__ int s_ok;
+    /* with a.place, the chunk's ids and weights, staged while counting: the placement reads them
+       again, and a second round trip to L2 is one more latency on the one-block decode path */
+    __shared__ int sid[1024];
+    __shared__ float sw[1024];
     const int E = a.E, nt = *a.ntok, n = nt * a.K;
     for (int e = threadIdx.x; e < E; e += blockDim.x)
         c2cnt[e] = 0;
@@ -213,6 +234,10 @@ __device__ __forceinline__ void count2_block(const Group2Args &a)
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             const int e = __ldcg(a.ids + i); /* L2: k_router_count's other blocks wrote them in this launch */
+            if (a.place) { /* n <= 1024 */
+                sid[i] = e;
+                sw[i] = __ldcg(a.w + i);
+            }
             if (e < 0 || e > E)
                 atomicAdd(&a.stats[ST_BADID], 1ull);
             else if (e < E)
@@ -228,13 +253,16 @@ __device__ __forceinline__ void count2_block(const Group2Args &a)
         const bool cut = c > a.cut_rows && a.cut_ok && a.cut_ok[e];
         const int mid = c > FM_DEC_MAX && c <= FM_MID_MAX && !cut ? (c + a.mid_rows - 1) / a.mid_rows : 0;
         const int big = c > FM_MID_MAX && !cut ? (c + a.big_rows - 1) / a.big_rows : 0;
-        int t0, t1, t2, t3, t4;
-        const int so = block_excl_scan(c, tmp, &t0) + carry[0];
-        const int po = block_excl_scan(pad, tmp, &t1) + carry[1];
-        const int ao = block_excl_scan(act, tmp, &t2) + carry[2];
-        const int mo = block_excl_scan(mid, tmp, &t3) + carry[3];
-        const int bo = block_excl_scan(big, tmp, &t4) + carry[4];
+        const int v[5] = {c, pad, act, mid, big};
+        int pre[5], tot[5];
+        block_excl_scan<5>(v, tmp, pre, tot);
+        const int so = pre[0] + carry[0], po = pre[1] + carry[1], ao = pre[2] + carry[2], mo = pre[3] + carry[3],
+                  bo = pre[4] + carry[4];
         if (e < E) {
+            if (a.place) {
+                c2cnt[e] = so; /* this thread's expert: no other thread reads c2cnt[e] */
+                c2cnt[E + e] = po;
+            }
             a.cnt[e] = c;
             a.slot_off[e] = so;
             a.pad_off[e] = po;
@@ -251,7 +279,9 @@ __device__ __forceinline__ void count2_block(const Group2Args &a)
         }
         __syncthreads();
         if (threadIdx.x == 0) {
-            carry[0] += t0, carry[1] += t1, carry[2] += t2, carry[3] += t3, carry[4] += t4;
+#pragma unroll
+            for (int q = 0; q < 5; q++)
+                carry[q] += tot[q];
         }
         __syncthreads();
     }
@@ -282,16 +312,14 @@ __device__ __forceinline__ void count2_block(const Group2Args &a)
         a.meta[1] = nm;
         a.meta[2] = so;
         a.meta[3] = nb;
-        a.stats[ST_ACTIVE] += (unsigned long long)na;
-        a.stats[ST_EMPTY] += (unsigned long long)(E - na);
+        /* integer adds that return nothing: no load-modify-store round trip on the chain */
+        atomicAdd(&a.stats[ST_ACTIVE], (unsigned long long)na);
+        atomicAdd(&a.stats[ST_EMPTY], (unsigned long long)(E - na));
         s_ok = na > 0;
     }
     if (!a.place)
         return;
-    __shared__ int sid[1024];
-    for (int i = threadIdx.x; i < n && i < 1024; i += blockDim.x)
-        sid[i] = __ldcg(a.ids + i);
-    __syncthreads(); /* offsets written by this block are visible to it, and the ids are staged */
+    __syncthreads(); /* s_ok, and the offsets in c2cnt */
     if (!s_ok)
         return;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -301,7 +329,7 @@ __device__ __forceinline__ void count2_block(const Group2Args &a)
         int rank = 0;
         for (int j = 0; j < i; j++)
             rank += sid[j] == e;
-        place_slot(a, i, e, rank);
+        place_at(a, i, e, c2cnt[e] + rank, c2cnt[E + e] + rank, sw[i]);
     }
 }
 
@@ -326,6 +354,10 @@ __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
     route_block(ra, blockIdx.x);
     __shared__ int s_last;
     __syncthreads(); /* the block's ids, weights and kept count are written (thread 0 wrote them) */
+    if (gridDim.x == 1) { /* a chunk of one token: nothing to wait for (saves the fences and the atomic's round trip) */
+        count2_block(g);
+        return;
+    }
     if (threadIdx.x == 0) {
         __threadfence();
         s_last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;

@@ -300,23 +300,31 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
         ks *= 2;
     fa.ks = ks;
     const dim3 grid((unsigned)(tiles16 / (8 / ks)), (unsigned)groups);
-    const size_t smem = dec_smem_bytes(fmt, ks, 2);
-    if (fmt == WF_FP4)
-        launch_pdl(b, fa.fc_cnt ? k_dec<WF_FP4, true> : k_dec<WF_FP4, false>, grid, FM_THREADS, smem, s, fa);
-    else
-        launch_pdl(b, fa.fc_cnt ? k_dec<WF_FP8, true> : k_dec<WF_FP8, false>, grid, FM_THREADS, smem, s, fa);
+    /* B from shared memory (dec_b=smem, mma.cuh dec_stage_slab): fp4 weights, K not split, and
+       not the folded down projection: with it, T = 8 measured 0.32 against 0.29 ms (H200,
+       2026-12-04, bench_cuda --quick, two passes each; T = 256, where nothing folds, 1.40-1.42
+       against 1.49-1.53; docs/cuda.md) */
+    const bool sb = b->dec_slab && ks == 1 && fmt == WF_FP4 && !fa.fc_cnt;
+    const size_t smem = dec_smem_bytes(fmt, ks, 2, sb);
+    if (fmt == WF_FP4) {
+        void (*const k4[3])(FastArgs) = {k_dec<WF_FP4, false, false>, k_dec<WF_FP4, true, false>, k_dec<WF_FP4, false, true>};
+        launch_pdl(b, k4[sb ? 2 : fa.fc_cnt ? 1 : 0], grid, FM_THREADS, smem, s, fa);
+    } else {
+        launch_pdl(b, fa.fc_cnt ? k_dec<WF_FP8, true, false> : k_dec<WF_FP8, false, false>, grid, FM_THREADS, smem, s, fa);
+    }
 }
 
-/* The decode kernels' shared-memory limit: their largest K split. */
+/* The decode kernels' shared-memory limit: their largest K split, or the B slabs. */
 cudaError_t dec_attrs()
 {
     cudaError_t ce = cudaSuccess;
-    void (*const k4[2])(FastArgs) = {k_dec<WF_FP4, false>, k_dec<WF_FP4, true>};
-    void (*const k8[2])(FastArgs) = {k_dec<WF_FP8, false>, k_dec<WF_FP8, true>};
+    void (*const k4[3])(FastArgs) = {k_dec<WF_FP4, false, false>, k_dec<WF_FP4, true, false>, k_dec<WF_FP4, false, true>};
+    void (*const k8[2])(FastArgs) = {k_dec<WF_FP8, false, false>, k_dec<WF_FP8, true, false>};
+    const int m4 = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP4, 1, 2, true));
+    for (int i = 0; i < 3 && ce == cudaSuccess; i++)
+        ce = cudaFuncSetAttribute(k4[i], cudaFuncAttributeMaxDynamicSharedMemorySize, m4);
     for (int i = 0; i < 2 && ce == cudaSuccess; i++)
-        if ((ce = cudaFuncSetAttribute(k4[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dec_smem_bytes(WF_FP4, 8, 2))) ==
-            cudaSuccess)
-            ce = cudaFuncSetAttribute(k8[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dec_smem_bytes(WF_FP8, 8, 2));
+        ce = cudaFuncSetAttribute(k8[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dec_smem_bytes(WF_FP8, 8, 2));
     return ce;
 }
 
@@ -436,7 +444,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         launch_pdl(b, k_hist, pgrid, 32 * pw, (size_t)E * 4 * pw, s, g2);
     /* one block: as many threads as experts (a warp multiple, at most 1024; the loops cover the rest) */
     if (!counted)
-        launch_pdl(b, k_count2, dim3(1), (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 4, s, g2);
+        launch_pdl(b, k_count2, dim3(1), (unsigned)std::min<int64_t>(1024, std::max<int64_t>(64, cdiv(E, 32) * 32)), (size_t)E * 8, s, g2);
     if (sliced)
         launch_pdl(b, k_place2, pgrid, 32 * pw, (size_t)E * 4 * pw, s, g2);
     else if (!g2.place)
@@ -609,10 +617,11 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
        more) and k_router quantizes. On the fp8 path a chunk whose slots k_count2 places in one block
        is grouped in the router's launch (k_router_count; not when the experts stage replaces the
        router's ids). */
-    /* k_router_count adds k_count2's 4.3 KB of static shared memory to the router's dynamic
-       (H + 2 E + 4 K) floats: fused only while both fit the default 48 KB */
+    /* k_router_count adds k_count2's 8.8 KB of static shared memory (the staged ids and weights) to
+       the router's dynamic (H + 2 E + 4 K) floats (at least k_count2's 2 E ints): fused only while
+       both fit the default 48 KB */
     const size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
-    const bool fused = b->route_fused && b->fast && mode == CHUNK_FULL && L.slots <= 1024 && rsm + 5 * 1024 <= 48 * 1024;
+    const bool fused = b->route_fused && b->fast && mode == CHUNK_FULL && L.slots <= 1024 && rsm + 9 * 1024 <= 48 * 1024;
     int *ticket = at<int>(b, L.meta) + 4; /* meta[4]: k_router_count's ticket (k_count2 writes meta[0..3]) */
     if (b->route_fused) {
         LogitsArgs la;

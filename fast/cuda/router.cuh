@@ -107,6 +107,8 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
                     s = __fadd_rn(s, v[q]);
         }
         lg[e] = a.gate_bf16 ? rbf16(s) : s;
+        if (!a.hash) /* the bias now, beside the logits: its load is not one more round trip later */
+            bk[e] = a.bias ? __ldg(a.bias + e) : 0.0f;
     }
     __syncthreads();
     int fin = 1;
@@ -147,21 +149,25 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
     /* the keys once into shared memory: the selection below reads each many times */
     if (!a.hash)
         for (int e = tid; e < E; e += blockDim.x)
-            bk[e] = a.bias ? __fadd_rn(lg[e], __ldg(a.bias + e)) : lg[e];
+            bk[e] = a.bias ? __fadd_rn(lg[e], bk[e]) : lg[e];
     __syncthreads();
     /* selection: the hash table (ids checked here too: the device-pointer forward has not seen them
        on the host), or the top K of score + bias by (value descending, id ascending) */
     if (a.hash) {
-        if (tid == 0) {
+        if (warp == 0) { /* the table's K entries loaded at once by the warp, not one after another */
             const long long id = a.in_ids[t];
-            bool bad = id < 0 || id >= a.V;
-            for (int k = 0; k < K && !bad; k++) {
+            const bool bad_id = id < 0 || id >= a.V;
+            bool bad = bad_id;
+            for (int k = lane; k < K && !bad_id; k += 32) {
                 const int v = a.tid2eid[id * K + k];
-                bad = v < 0 || v >= E;
+                bad |= v < 0 || v >= E;
+                idk[k] = v;
             }
-            for (int k = 0; k < K; k++)
-                idk[k] = bad ? k : a.tid2eid[id * K + k];
-            if (bad) {
+            bad = __any_sync(0xFFFFFFFFu, bad);
+            __syncwarp(); /* every lane's entry is in idk before any is replaced */
+            for (int k = lane; k < K && bad; k += 32)
+                idk[k] = k;
+            if (bad && lane == 0) {
                 atomicAdd(&a.stats[ST_BADIN], 1ull);
                 atomicMax(&a.stats[ST_BADIN_AT], 0xFFFFFFFFull - (unsigned long long)(a.t0 + t));
             }

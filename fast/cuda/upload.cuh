@@ -226,9 +226,10 @@ struct Kernels {
     bool pdl = true;               /* pdl=off: every launch plain */
     bool route_fused = true;       /* route=split: the GEMM logits, k_router and k_count2 at every chunk size */
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
+    bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma.cuh) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -260,6 +261,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("fused") || val("split"), k->route_fused = val("fused");
         else if (is("combine"))
             ok = val("fold") || val("kernel"), k->combine_fold = val("fold");
+        else if (is("dec_b"))
+            ok = val("l1") || val("smem"), k->dec_slab = val("smem");
         else if (is("fp8_cut") || is("dec_fill")) {
             char buf[16] = {0};
             char *e = nullptr;
@@ -274,7 +277,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         if (!ok)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
                                "cuda_kernels: '%.*s' is not a value of %.*s (path auto|exact, tile wgmma|mma, tileh "
-                               "s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split, combine fold|kernel)",
+                               "s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split, combine fold|kernel, dec_b l1|smem)",
                                (int)vl, v, (int)kl, p, FM_DEC_MAX, FM_MID_MAX);
         p = end ? end + 1 : p + n;
     }
@@ -293,6 +296,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->pdl = k.pdl;
     b->route_fused = k.route_fused;
     b->combine_fold = k.combine_fold;
+    b->dec_slab = k.dec_slab;
     b->big_rows = b->tile16 ? tileh_big[b->big_var].bn : 128;
 }
 

@@ -128,6 +128,10 @@ typedef struct dsv4_backend_options {
                              (layers with a shared expert) sums its output in the down projection's launch (the block that
                              writes a tile of o last combines it); kernel: a combine kernel after
                              the down projection (the same outputs bit for bit)
+         dec_b=l1|smem       l1 (default): every warp of the decode kernel reads the group's
+                             activation rows through L1; smem: its fp4 launches that do not split K
+                             (other than a down projection with the combine folded in) stage them
+                             in shared memory, once per block (the same outputs bit for bit)
        An unknown key or value is refused (DSV4_ERR_INVALID_ARG, naming it); ref and cpu refuse a
        non-empty list (DSV4_ERR_UNSUPPORTED). The string is read at creation only. */
     const char *cuda_kernels;

@@ -384,6 +384,22 @@ START_TEST(combine_fold_identical)
 }
 END_TEST
 
+/* The decode kernel's B rows staged in shared memory (cuda_kernels dec_b=smem: fp4 launches whose
+   K is not split) against every warp reading them through L1 (dec_b=l1, the default): the same
+   products in the same order, so the same outputs, ids and clamp counters bit for bit. The
+   staging runs where a launch has enough groups not to split K: v4-flash with 32 experts at T 8,
+   16 and 40 (groups past 8 rows: two token tiles; past 16: the tile kernels), the hash layer and
+   the full 256 experts at T 64 and 128, in both numerics modes; mini (its launches split K: the
+   L1 path either way). */
+START_TEST(dec_slab_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 8, 32, 1},   {"v4-flash", 5, 16, 32, 0}, {"v4-flash", 5, 40, 32, 1},
+                                  {"v4-flash", 0, 17, 32, 1},  {"v4-flash", 5, 64, 0, 0},  {"v4-flash", 5, 128, 0, 1},
+                                  {"mini", 1, 40, 0, 0}};
+    variant_cases("dec_b", "dec_b=smem", cs, sizeof cs / sizeof cs[0], 0);
+}
+END_TEST
+
 /* tests/cuda/e4m3_hw.cu */
 int dsv4_test_e4m3_hw(unsigned long long *bad, unsigned *first, uint8_t *sample, unsigned stride, unsigned nsample);
 
@@ -1243,6 +1259,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(pd, pdl_identical);
     tcase_add_test(pd, route_fused_close);
     tcase_add_test(pd, combine_fold_identical);
+    tcase_add_test(pd, dec_slab_identical);
     suite_add_tcase(s, pd);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
