@@ -94,21 +94,3 @@ float dsv4_ref_siluf(float g)
     float e = dsv4_ref_expf(-g);
     return g / (1.0f + e);
 }
-
-float dsv4_ref_dot(const float *a, const float *b, int64_t n)
-{
-    /* Four partial sums over i mod 4, combined pairwise: a fixed order that
-       hides the add latency. Products of floats are exact in double, so the
-       only rounding is that of the sums, far below fp32's. */
-    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += (double)a[i] * (double)b[i];
-        s1 += (double)a[i + 1] * (double)b[i + 1];
-        s2 += (double)a[i + 2] * (double)b[i + 2];
-        s3 += (double)a[i + 3] * (double)b[i + 3];
-    }
-    for (; i < n; i++)
-        s0 += (double)a[i] * (double)b[i];
-    return (float)((s0 + s1) + (s2 + s3));
-}

@@ -278,63 +278,131 @@ typedef struct {
     const float *xq;         /* [n, H] activations as this FFN's GEMMs see them */
     const float *tw;         /* router weight per row (NULL: weight 1, shared) */
     int64_t n, i0, ni;
-    float *w13;              /* [2 ni, H] dequantized: w1 rows, then w3 rows */
-    float *w2;               /* [H, I] */
     float *h;                /* [n, ni] */
     float *out;              /* [n, H] */
+    /* Tiled runs (n >= TILE_MIN_ROWS): xq and h transposed into blocks of DSV4_REF_TB rows
+       (dsv4_ref_block_tokens); NULL otherwise. */
+    double *xt, *ht;
     uint64_t *gclamp, *uclamp; /* per chunk of ni, summed after the join */
+    atomic_bool nomem;       /* a worker could not allocate its weight rows */
 } ffn_job;
 
+/* Weight rows are dequantized to fp32 this many at a time, by the worker that uses them, and
+   each one is used for every row of the FFN before the next chunk. */
 #define ROWS_PER_CHUNK 64
+/* From this many rows an FFN runs its dot products in tiles (dsv4_ref_dot_tile): the same
+   bits either way, but a tile computes DSV4_REF_TB rows at once, so for fewer rows its
+   padding costs more than the one-at-a-time dot. */
+#define TILE_MIN_ROWS 3
+/* A tiled pass reads the activations of this many rows (1 MB of doubles at H = 4096, held in
+   L2) against each weight row of a chunk. */
+#define TILE_PASS_ROWS (4 * DSV4_REF_TB)
 
-static void dequant_w13(void *p, int64_t b, int64_t e)
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* g, u (the fp32 dot products), clamp, silu, router weight before w2: h[q, i]. */
+static void up_value(ffn_job *j, int64_t q, int64_t i, float gd, float ud, uint64_t *gc, uint64_t *uc)
 {
-    ffn_job *j = p;
-    int64_t H = j->c->dim;
-    for (int64_t r = b; r < e; r++) {
-        int which = r < j->ni ? 0 : 1;
-        dsv4_matrix_dequant_rows(&j->m[which].v, j->i0 + r - which * j->ni, 1, j->w13 + r * H);
-    }
+    const dsv4_config *c = j->c;
+    float L = c->swiglu_limit;
+    float g = dsv4_round_bf16(gd);
+    float u = dsv4_round_bf16(ud);
+    if (j->clamp && L > 0.0f)
+        dsv4_swiglu_clamp(&g, &u, L, gc, uc);
+    float h = dsv4_ref_siluf(g) * u;
+    if (j->tw && c->weight_point == DSV4_WEIGHT_BEFORE_W2)
+        h = h * j->tw[q];
+    j->h[q * j->ni + i] = dsv4_round_bf16(h);
 }
 
-static void dequant_w2(void *p, int64_t b, int64_t e)
-{
-    ffn_job *j = p;
-    dsv4_matrix_dequant_rows(&j->m[2].v, b, e - b, j->w2 + b * j->c->moe_inter_dim);
-}
-
-/* g, u, clamp, silu, router weight before w2: h[q, i] for i in [b, e) of the shard. */
+/* h[q, i] for i in [b, e) of the shard. */
 static void ffn_up(void *p, int64_t b, int64_t e)
 {
     ffn_job *j = p;
-    const dsv4_config *c = j->c;
-    int64_t H = c->dim, ni = j->ni;
-    float L = c->swiglu_limit;
+    int64_t H = j->c->dim;
     uint64_t gc = 0, uc = 0;
-    for (int64_t q = 0; q < j->n; q++) {
-        const float *x = j->xq + q * H;
-        for (int64_t i = b; i < e; i++) {
-            float g = dsv4_round_bf16(dsv4_ref_dot(x, j->w13 + i * H, H));
-            float u = dsv4_round_bf16(dsv4_ref_dot(x, j->w13 + (ni + i) * H, H));
-            if (j->clamp && L > 0.0f)
-                dsv4_swiglu_clamp(&g, &u, L, &gc, &uc);
-            float h = dsv4_ref_siluf(g) * u;
-            if (j->tw && c->weight_point == DSV4_WEIGHT_BEFORE_W2)
-                h = h * j->tw[q];
-            j->h[q * ni + i] = dsv4_round_bf16(h);
-        }
+    float *w1 = malloc((size_t)(2 * ROWS_PER_CHUNK * H) * sizeof *w1); /* a chunk's w1 rows, then its w3 rows */
+    if (!w1) {
+        atomic_store(&j->nomem, true);
+        return;
     }
+    float *w3 = w1 + ROWS_PER_CHUNK * H;
+    for (int64_t c0 = b; c0 < e; c0 += ROWS_PER_CHUNK) {
+        int64_t c1 = min64(e, c0 + ROWS_PER_CHUNK);
+        dsv4_matrix_dequant_rows(&j->m[0].v, j->i0 + c0, c1 - c0, w1);
+        dsv4_matrix_dequant_rows(&j->m[1].v, j->i0 + c0, c1 - c0, w3);
+        if (!j->xt) {
+            for (int64_t q = 0; q < j->n; q++) {
+                const float *x = j->xq + q * H;
+                for (int64_t i = c0; i < c1; i++)
+                    up_value(j, q, i, dsv4_ref_dot(x, w1 + (i - c0) * H, H), dsv4_ref_dot(x, w3 + (i - c0) * H, H),
+                             &gc, &uc);
+            }
+            continue;
+        }
+        /* Two intermediate rows a tile: their w1 and w3 rows (the last row of an odd chunk twice). */
+        for (int64_t p0 = 0; p0 < j->n; p0 += TILE_PASS_ROWS)
+            for (int64_t i = c0; i < c1; i += 2) {
+                int64_t i2 = i + 1 < c1 ? i + 1 : i;
+                const float *w[DSV4_REF_NR] = {w1 + (i - c0) * H, w3 + (i - c0) * H, w1 + (i2 - c0) * H,
+                                               w3 + (i2 - c0) * H};
+                for (int64_t t0 = p0; t0 < min64(j->n, p0 + TILE_PASS_ROWS); t0 += DSV4_REF_TB) {
+                    float d[DSV4_REF_NR * DSV4_REF_TB];
+                    dsv4_ref_dot_tile(j->xt + t0 * H, w, H, d);
+                    for (int64_t t = 0; t < min64(DSV4_REF_TB, j->n - t0); t++) {
+                        up_value(j, t0 + t, i, d[t], d[DSV4_REF_TB + t], &gc, &uc);
+                        if (i2 != i)
+                            up_value(j, t0 + t, i2, d[2 * DSV4_REF_TB + t], d[3 * DSV4_REF_TB + t], &gc, &uc);
+                    }
+                }
+            }
+    }
+    free(w1);
     j->gclamp[b / ROWS_PER_CHUNK] = gc;
     j->uclamp[b / ROWS_PER_CHUNK] = uc;
 }
 
+/* out[q, r] for the output rows r in [b, e). */
 static void ffn_down(void *p, int64_t b, int64_t e)
 {
     ffn_job *j = p;
-    int64_t I = j->c->moe_inter_dim, H = j->c->dim;
-    for (int64_t q = 0; q < j->n; q++)
-        for (int64_t r = b; r < e; r++)
-            j->out[q * H + r] = dsv4_ref_dot(j->h + q * j->ni, j->w2 + r * I + j->i0, j->ni);
+    int64_t I = j->c->moe_inter_dim, H = j->c->dim, ni = j->ni;
+    float *w2 = malloc((size_t)(ROWS_PER_CHUNK * I) * sizeof *w2); /* a chunk's rows, all I columns */
+    if (!w2) {
+        atomic_store(&j->nomem, true);
+        return;
+    }
+    for (int64_t c0 = b; c0 < e; c0 += ROWS_PER_CHUNK) {
+        int64_t c1 = min64(e, c0 + ROWS_PER_CHUNK);
+        dsv4_matrix_dequant_rows(&j->m[2].v, c0, c1 - c0, w2);
+        if (!j->ht) {
+            for (int64_t q = 0; q < j->n; q++)
+                for (int64_t r = c0; r < c1; r++)
+                    j->out[q * H + r] = dsv4_ref_dot(j->h + q * ni, w2 + (r - c0) * I + j->i0, ni);
+            continue;
+        }
+        for (int64_t p0 = 0; p0 < j->n; p0 += TILE_PASS_ROWS)
+            for (int64_t r = c0; r < c1; r += DSV4_REF_NR) {
+                const float *w[DSV4_REF_NR];
+                for (int k = 0; k < DSV4_REF_NR; k++) /* past the chunk: its last row again, not stored */
+                    w[k] = w2 + (min64(r + k, c1 - 1) - c0) * I + j->i0;
+                for (int64_t t0 = p0; t0 < min64(j->n, p0 + TILE_PASS_ROWS); t0 += DSV4_REF_TB) {
+                    float d[DSV4_REF_NR * DSV4_REF_TB];
+                    dsv4_ref_dot_tile(j->ht + t0 * ni, w, ni, d);
+                    for (int64_t t = 0; t < min64(DSV4_REF_TB, j->n - t0); t++)
+                        for (int64_t k = 0; k < min64(DSV4_REF_NR, c1 - r); k++)
+                            j->out[(t0 + t) * H + r + k] = d[k * DSV4_REF_TB + t];
+                }
+            }
+    }
+    free(w2);
+}
+
+/* The row blocks of a tiled FFN: x [n, k] into xt (n rounded up to DSV4_REF_TB rows, x k). */
+static void block_rows(const float *x, int64_t n, int64_t k, double *xt)
+{
+    for (int64_t t0 = 0; t0 < n; t0 += DSV4_REF_TB)
+        dsv4_ref_block_tokens(x, n, k, t0, xt + t0 * k);
 }
 
 dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, int64_t expert, int64_t n, const float *x,
@@ -361,25 +429,28 @@ dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, int64_t expert,
     bool quant = fmt != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
     int64_t chunks = cdiv(ni, ROWS_PER_CHUNK);
     float *xq = malloc((size_t)(n * H) * sizeof *xq);
-    float *w13 = malloc((size_t)(2 * ni * H) * sizeof *w13);
-    float *w2 = malloc((size_t)(H * I) * sizeof *w2);
     float *h = malloc((size_t)(n * ni) * sizeof *h);
     uint64_t *gcl = calloc((size_t)chunks, sizeof *gcl), *ucl = calloc((size_t)chunks, sizeof *ucl);
+    bool tiled = n >= TILE_MIN_ROWS;
+    int64_t nb = cdiv(n, DSV4_REF_TB) * DSV4_REF_TB;
+    double *xt = tiled ? malloc((size_t)(nb * H) * sizeof *xt) : NULL;
+    double *ht = tiled ? malloc((size_t)(nb * ni) * sizeof *ht) : NULL;
     dsv4_status st = DSV4_OK;
-    if (!xq || !w13 || !w2 || !h || !gcl || !ucl) {
-        st = dsv4_seterr(err, DSV4_ERR_NOMEM, "ref ffn", "out of memory for %lld rows", (long long)n);
-        goto done;
-    }
+    if (!xq || !h || !gcl || !ucl || (tiled && (!xt || !ht)))
+        goto nomem;
     memcpy(xq, x, (size_t)(n * H) * sizeof *xq);
     if (quant)
         for (int64_t q = 0; q < n; q++)
             dsv4_act_quant_row(xq + q * H, H, c->act_quant, xq + q * H, NULL, NULL);
     ffn_job j = {.c = c, .m = shared ? r->shared : &r->experts[3 * expert], .clamp = shared ? c->shared_clamp : true,
-                 .xq = xq, .tw = w, .n = n, .i0 = i0, .ni = ni, .w13 = w13, .w2 = w2, .h = h, .out = out,
+                 .xq = xq, .tw = w, .n = n, .i0 = i0, .ni = ni, .h = h, .out = out, .xt = xt, .ht = ht,
                  .gclamp = gcl, .uclamp = ucl};
-    dsv4_parallel_for(threads, 2 * ni, ROWS_PER_CHUNK, dequant_w13, &j);
-    dsv4_parallel_for(threads, H, ROWS_PER_CHUNK, dequant_w2, &j);
+    atomic_init(&j.nomem, false);
+    if (tiled)
+        block_rows(xq, n, H, xt);
     dsv4_parallel_for(threads, ni, ROWS_PER_CHUNK, ffn_up, &j);
+    if (atomic_load(&j.nomem))
+        goto nomem;
     for (int64_t k = 0; k < chunks; k++) {
         *gclamped += gcl[k];
         *uclamped += ucl[k];
@@ -387,15 +458,22 @@ dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, int64_t expert,
     if (quant) /* the down projection's activations; i0 is 128-aligned so the groups are the row's */
         for (int64_t q = 0; q < n; q++)
             dsv4_act_quant_row(h + q * ni, ni, c->act_quant, h + q * ni, NULL, NULL);
+    if (tiled)
+        block_rows(h, n, ni, ht);
     dsv4_parallel_for(threads, H, ROWS_PER_CHUNK, ffn_down, &j);
+    if (atomic_load(&j.nomem))
+        goto nomem;
 done:
     free(xq);
-    free(w13);
-    free(w2);
     free(h);
+    free(xt);
+    free(ht);
     free(gcl);
     free(ucl);
     return st;
+nomem:
+    st = dsv4_seterr(err, DSV4_ERR_NOMEM, "ref ffn", "out of memory for %lld rows", (long long)n);
+    goto done;
 }
 
 void dsv4_ref_accumulate(const dsv4_config *c, int64_t H, const float *o, float w, float *y)

@@ -24,6 +24,20 @@ float dsv4_ref_siluf(float g);
    pairwise), rounded once to fp32. */
 float dsv4_ref_dot(const float *a, const float *b, int64_t n);
 
+/* The experts' dot products in tiles of DSV4_REF_TB tokens by DSV4_REF_NR weight rows (ref/dot.c). */
+#define DSV4_REF_TB 8
+#define DSV4_REF_NR 4
+
+/* Tokens [t0, t0 + DSV4_REF_TB) of x [n, k], transposed into xt [k][DSV4_REF_TB] as doubles
+   (element i of token t0 + t at xt[i * DSV4_REF_TB + t]); tokens past n are zeros. */
+void dsv4_ref_block_tokens(const float *x, int64_t n, int64_t k, int64_t t0, double *xt);
+
+/* out[r * DSV4_REF_TB + t] = dsv4_ref_dot(token t, w[r], n) for the tokens of one block xt
+   (dsv4_ref_block_tokens) and DSV4_REF_NR weight rows of n floats (a row may repeat), bit for
+   bit: each lane runs dsv4_ref_dot's products and partial sums in its order. */
+void dsv4_ref_dot_tile(const double *xt, const float *const w[DSV4_REF_NR], int64_t n,
+                       float out[DSV4_REF_NR * DSV4_REF_TB]);
+
 /* Scores from logits (SPEC.md 2.2) for the E experts. */
 void dsv4_ref_scores(const dsv4_config *cfg, const float *logits, float *scores);
 

@@ -7,7 +7,9 @@
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
 #include "dsv4moe/ref.h"
+#include "dsv4moe/rng.h"
 #include "dsv4moe/safetensors.h"
+#include "dsv4moe/weights.h"
 #include "ref_internal.h"
 #include "testutil.h"
 
@@ -680,6 +682,110 @@ START_TEST(hostile_routing_tensors)
 }
 END_TEST
 
+/* ---------------- the experts' tiled dot products ---------------- */
+
+/* Powers of two of random sign over 61 binades: their products span more than double's 53 bits
+   and often cancel exactly, so the double sums round and a sum taken in another order (partial
+   sums paired otherwise, a tail element in another partial sum) changes the fp32 result. */
+static float spread_value(uint64_t key, uint64_t i)
+{
+    uint64_t r = dsv4_rng_u64(key, i);
+    return ldexpf(r & 1 ? -1.0f : 1.0f, 15 * (int)((r >> 1) % 5) - 30);
+}
+
+START_TEST(dot_tile_matches_dot)
+{
+    static const int64_t lens[] = {1, 3, 4, 7, 130, 257}; /* every tail length of the four partial sums */
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        int64_t n = lens[li], nt = 11; /* two blocks: 8 tokens, then 3 and 5 padding lanes */
+        float *x = malloc((size_t)(nt * n) * sizeof *x), *w = malloc((size_t)(3 * n) * sizeof *w);
+        double *xt = malloc((size_t)(DSV4_REF_TB * n) * sizeof *xt);
+        ck_assert(x && w && xt);
+        for (int64_t i = 0; i < nt * n; i++)
+            x[i] = spread_value(11, (uint64_t)i);
+        for (int64_t i = 0; i < 3 * n; i++)
+            w[i] = spread_value(12, (uint64_t)i);
+        const float *rows[DSV4_REF_NR] = {w, w + n, w + 2 * n, w + n}; /* a row may repeat */
+        for (int64_t t0 = 0; t0 < nt; t0 += DSV4_REF_TB) {
+            float out[DSV4_REF_NR * DSV4_REF_TB];
+            dsv4_ref_block_tokens(x, nt, n, t0, xt);
+            dsv4_ref_dot_tile(xt, rows, n, out);
+            for (int r = 0; r < DSV4_REF_NR; r++)
+                for (int64_t t = 0; t < DSV4_REF_TB; t++) {
+                    float want = t0 + t < nt ? dsv4_ref_dot(x + (t0 + t) * n, rows[r], n) : 0.0f;
+                    ck_assert_msg(!memcmp(&want, &out[r * DSV4_REF_TB + t], sizeof want),
+                                  "n %lld token %lld row %d: tile %a, dot %a", (long long)n, (long long)(t0 + t), r,
+                                  (double)out[r * DSV4_REF_TB + t], (double)want);
+                }
+        }
+        free(x);
+        free(w);
+        free(xt);
+    }
+}
+END_TEST
+
+/* An FFN over many rows (tiled) gives each row the bits the same FFN gives that row alone (one
+   dot at a time): routed and shared experts, fp4 and fp8 weights, the whole intermediate range,
+   a 128-aligned part of it and an odd length (a chunk whose last row pairs with itself). */
+START_TEST(ffn_tiled_rows_match_single_rows)
+{
+    static const char *presets[] = {"mini", "mini-fp8"};
+    static const int64_t ranges[][2] = {{0, 256}, {128, 128}, {0, 65}};
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_preset(presets[_i], &c, NULL), DSV4_OK);
+    ck_assert_int_eq(dsv4_config_set(&c, "moe_inter_dim", "256", NULL), DSV4_OK);
+    c.layer = 1;
+    char path[512], tag[64];
+    snprintf(tag, sizeof tag, "tile_%s.safetensors", presets[_i]);
+    tu_path(path, sizeof path, tag);
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_gen_weights(&c, &o, path, &e), DSV4_OK);
+    dsv4_checkpoint *ck;
+    ck_assert_int_eq(dsv4_checkpoint_open(path, &ck, &e), DSV4_OK);
+    dsv4_ref *r;
+    ck_assert_msg(dsv4_ref_create(&c, ck, 2, &r, &e) == DSV4_OK, "%s", e.message);
+    int64_t n = 13, H = c.dim;
+    float *x = malloc((size_t)(n * H) * sizeof *x), *tw = malloc((size_t)n * sizeof *tw);
+    float *all = malloc((size_t)(n * H) * sizeof *all), *one = malloc((size_t)H * sizeof *one);
+    ck_assert(x && tw && all && one);
+    for (int64_t i = 0; i < n * H; i++) /* bf16 values, as the layer's x; some rows clamp */
+        x[i] = dsv4_round_bf16(4.0f * dsv4_rng_normal(21, (uint64_t)i));
+    for (int64_t q = 0; q < n; q++)
+        tw[q] = 0.05f + dsv4_rng_uniform(22, (uint64_t)q);
+    uint64_t clamps = 0;
+    for (int ex = 0; ex < 2; ex++) {
+        int64_t expert = ex ? DSV4_SHARED_EXPERT : 5;
+        const float *w = ex ? NULL : tw;
+        for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+            int64_t i0 = ranges[ri][0], ni = ranges[ri][1];
+            uint64_t g = 0, u = 0, g1 = 0, u1 = 0;
+            ck_assert_int_eq(dsv4_ref_ffn_partial(r, 2, expert, n, x, w, i0, ni, all, &g, &u, &e), DSV4_OK);
+            for (int64_t q = 0; q < n; q++) {
+                ck_assert_int_eq(dsv4_ref_ffn_partial(r, 1, expert, 1, x + q * H, w ? w + q : NULL, i0, ni, one, &g1,
+                                                      &u1, &e),
+                                 DSV4_OK);
+                ck_assert_msg(!memcmp(one, all + q * H, (size_t)H * sizeof *one),
+                              "%s expert %lld rows [%lld, %lld): row %lld differs", presets[_i], (long long)expert,
+                              (long long)i0, (long long)(i0 + ni), (long long)q);
+            }
+            ck_assert_uint_eq(g, g1);
+            ck_assert_uint_eq(u, u1);
+            clamps += g + u;
+        }
+    }
+    ck_assert_uint_gt(clamps, 0);
+    free(x);
+    free(tw);
+    free(all);
+    free(one);
+    dsv4_ref_free(r);
+    dsv4_checkpoint_close(ck);
+}
+END_TEST
+
 /* ---------------- canonical cases: hashes ---------------- */
 
 typedef struct {
@@ -778,6 +884,8 @@ Suite *ref_suite(void)
     tcase_add_test(tc, stacked_checkpoint_matches_split_and_quantizes_at_load);
     tcase_add_test(tc, empty_batch_and_bad_arguments);
     tcase_add_test(tc, hostile_routing_tensors);
+    tcase_add_test(tc, dot_tile_matches_dot);
+    tcase_add_loop_test(tc, ffn_tiled_rows_match_single_rows, 0, 2);
     suite_add_tcase(s, tc);
     TCase *tk = tcase_create("canonical");
     tcase_set_timeout(tk, 300);
