@@ -6,7 +6,10 @@
  * Per T: the median of host-timed forward calls, both through dsv4_backend_forward (host x and y:
  * each call includes the upload of x and the download of y) and, in the CUDA build of this
  * program (build/cuda/bench_cuda, -DDSV4_BENCH_CUDA_RT), through dsv4_backend_forward_device on
- * device-resident x and y, as a serving engine holds them and as the PyTorch peer is timed;
+ * device-resident x and y, as a serving engine holds them; and (io stream, same build) the GPU time
+ * of each call between CUDA events on a stream of the bench's, calls back to back, eager
+ * dsv4_backend_enqueue or a captured graph of it replayed: the method the PyTorch and HF peers
+ * are timed with (their time_fn), so that the small-T latencies compare like with like;
  * the bytes of the touched expert weights (distinct experts in topk ids x their checkpoint
  * bytes, plus the shared expert and the gate) per second as a share of the device-to-device
  * copy bandwidth; FLOP/s as a share of the FP8 GEMM rate; the ratio to the PyTorch peer. The
@@ -268,7 +271,92 @@ typedef struct {
     int graph, dev; /* graph replay on; device-resident x / y (dsv4_backend_forward_device) */
 } result;
 
-#define MAX_ROWS (4 * MAX_T)
+#define MAX_ROWS (6 * MAX_T)
+#define MAX_REPS 64
+
+/* io modes of a timed row */
+enum { IO_HOST, IO_DEVICE, IO_STREAM };
+static const char *const io_name[] = {"host", "device", "stream"};
+
+#ifdef DSV4_BENCH_CUDA_RT
+static dsv4_status rt_fail(cudaError_t ce, const char *what, dsv4_error *e)
+{
+    snprintf(e->message, sizeof e->message, "%s: %s", what, cudaGetErrorString(ce));
+    return DSV4_ERR_DEVICE;
+}
+
+/*
+ * io stream: reps calls of T tokens timed as the peers time theirs (bench/torch_peer.py and
+ * bench/hf_peer.py's time_fn): a CUDA event recorded before and after each call on one stream,
+ * the calls back to back, one synchronisation at the end; t[i] = the GPU time between call i's
+ * events, in seconds. Each call is dsv4_backend_enqueue on the bench's own stream (a server's
+ * embedding, docs/embedding.md); replay: the enqueue captured once in a CUDA graph of the bench's
+ * (as a server captures its step) and each call a cudaGraphLaunch of it. The device error word
+ * is polled after the calls, so a latched input or library error fails the row.
+ */
+static dsv4_status time_stream(dsv4_backend *b, int replay, int64_t T, const void *dx, const void *din, void *dy,
+                               void *dids, int reps, double *t, dsv4_error *e)
+{
+    cudaStream_t s = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaEvent_t ev[2 * MAX_REPS];
+    int nev = 0;
+    dsv4_status st = DSV4_OK;
+    cudaError_t ce;
+    dsv4_forward_out o = {(uint16_t *)dy, (int32_t *)dids, NULL, NULL};
+    reps = reps < MAX_REPS ? reps : MAX_REPS;
+    if ((ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
+        return rt_fail(ce, "cudaStreamCreate", e);
+    while (nev < 2 * reps && !st)
+        if ((ce = cudaEventCreate(&ev[nev])) == cudaSuccess)
+            nev++;
+        else
+            st = rt_fail(ce, "cudaEventCreate", e);
+    if (!st && replay) {
+        if ((ce = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal)) != cudaSuccess)
+            st = rt_fail(ce, "cudaStreamBeginCapture", e);
+        else {
+            st = dsv4_backend_enqueue(b, s, T, NULL, dx, (const int32_t *)din, &o, e);
+            ce = cudaStreamEndCapture(s, &g);
+            if (!st && ce != cudaSuccess)
+                st = rt_fail(ce, "cudaStreamEndCapture", e);
+            if (!st && (ce = cudaGraphInstantiate(&ge, g, 0)) != cudaSuccess)
+                st = rt_fail(ce, "cudaGraphInstantiate", e);
+        }
+    }
+    for (int i = -3; i < reps && !st; i++) { /* three warm-up calls, untimed */
+        if (i >= 0 && (ce = cudaEventRecord(ev[2 * i], s)) != cudaSuccess)
+            st = rt_fail(ce, "cudaEventRecord", e);
+        else if (replay)
+            st = (ce = cudaGraphLaunch(ge, s)) == cudaSuccess ? DSV4_OK : rt_fail(ce, "cudaGraphLaunch", e);
+        else
+            st = dsv4_backend_enqueue(b, s, T, NULL, dx, (const int32_t *)din, &o, e);
+        if (!st && i >= 0 && (ce = cudaEventRecord(ev[2 * i + 1], s)) != cudaSuccess)
+            st = rt_fail(ce, "cudaEventRecord", e);
+    }
+    if (!st) {
+        dsv4_device_errors de = {.struct_size = sizeof de};
+        st = dsv4_backend_poll_error(b, s, &de, e); /* waits for the stream */
+    }
+    for (int i = 0; i < reps && !st; i++) {
+        float ms = 0.0f;
+        if ((ce = cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1])) != cudaSuccess)
+            st = rt_fail(ce, "cudaEventElapsedTime", e);
+        t[i] = 1e-3 * (double)ms;
+    }
+    cudaStreamSynchronize(s); /* a failed row may have left calls in flight */
+    if (ge)
+        cudaGraphExecDestroy(ge);
+    if (g)
+        cudaGraphDestroy(g);
+    for (int i = 0; i < nev; i++)
+        cudaEventDestroy(ev[i]);
+    cudaStreamDestroy(s);
+    return st;
+}
+#endif
+
 
 int main(int argc, char **argv)
 {
@@ -458,7 +546,9 @@ int main(int argc, char **argv)
     fprintf(jf, ",\n");
     fprintf(jf, "  \"checkpoint_bytes\": %llu,\n  \"timing\": \"host clock around the synchronous forward, warm-ups, "
                 "median; io host: dsv4_backend_forward (x upload and y download included); io device: "
-                "dsv4_backend_forward_device on device-resident x and y\",\n",
+                "dsv4_backend_forward_device on device-resident x and y; io stream: CUDA events around each "
+                "dsv4_backend_enqueue (graph on: a captured graph of it replayed) on the bench's stream, calls back "
+                "to back, as the peers are timed\",\n",
             (unsigned long long)ckpt_bytes);
     json_ceilings(jf, &C, &P);
     fprintf(jf, "  \"runs\": [\n");
@@ -526,8 +616,12 @@ int main(int argc, char **argv)
                    bs.gemm_fp8 ? (bs.fp8_scale_rows == 128 ? "128x128" : "1x128") : "",
                    (unsigned long long)bs.fp8_exact_experts, kernels && *kernels ? kernels : "default", now() - tc0);
         }
-        for (int dev = 0; dev <= have_dev; dev++) {
-            printf("  io %s\n", dev ? "device (dsv4_backend_forward_device)" : "host (dsv4_backend_forward)");
+        for (int dev = IO_HOST; dev <= (have_dev ? IO_STREAM : IO_HOST); dev++) {
+            printf("  io %s\n", dev == IO_STREAM ? "stream (dsv4_backend_enqueue on the bench's stream, CUDA events around "
+                                                   "each call, back to back; graph on: the enqueue captured once and "
+                                                   "replayed)"
+                                 : dev ? "device (dsv4_backend_forward_device)"
+                                       : "host (dsv4_backend_forward)");
             printf("%6s %10s %10s %5s %9s %8s %7s %8s %7s %9s %6s %8s %9s %8s  %s\n", "T", "ms", "min ms", "exp",
                    "touch MB", "GB/s", "%copy", "TFLOP/s", "%fp8", "floor ms", "bound", "io ms", "torch ms", "x torch",
                    "targets");
@@ -542,22 +636,30 @@ int main(int argc, char **argv)
                     /* runs eager in this plan: still timed, marked */
                     snprintf(r.err, sizeof r.err, "no bucket holds T (eager)");
                 }
-                int reps = T <= 256 ? 50 : T <= 1024 ? 20 : T <= 4096 ? 10 : 5;
+                int reps = T <= 256 ? 50 : T <= 1024 ? 20 : T <= 4096 ? 10 : 5; /* <= MAX_REPS */
                 if (quick)
                     reps = reps / 5 > 3 ? reps / 5 : 3;
                 dsv4_forward_out o = {y, ids, NULL, NULL};
                 dsv4_forward_out od = {(uint16_t *)dy, (int32_t *)dids, NULL, NULL};
-                double t[64];
+                double t[MAX_REPS];
                 int n = 0;
                 st = DSV4_OK;
-                for (int w = 0; w < 3 && !st; w++)
-                    st = dev ? dsv4_backend_forward_device(b, T, dx, (const int32_t *)din, &od, &e)
-                             : dsv4_backend_forward(b, T, X, ids_in, &o, &e);
-                for (int i = 0; i < reps && !st; i++) {
-                    double t0 = now();
-                    st = dev ? dsv4_backend_forward_device(b, T, dx, (const int32_t *)din, &od, &e)
-                             : dsv4_backend_forward(b, T, X, ids_in, &o, &e);
-                    t[n++] = now() - t0;
+                if (dev == IO_STREAM) {
+#ifdef DSV4_BENCH_CUDA_RT
+                    /* replayed only where the plan's own graphs would replay T (the bucket rule) */
+                    st = time_stream(b, graph && dsv4_plan_can_replay(plan, T), T, dx, din, dy, dids, reps, t, &e);
+                    n = st ? 0 : reps;
+#endif
+                } else {
+                    for (int w = 0; w < 3 && !st; w++)
+                        st = dev ? dsv4_backend_forward_device(b, T, dx, (const int32_t *)din, &od, &e)
+                                 : dsv4_backend_forward(b, T, X, ids_in, &o, &e);
+                    for (int i = 0; i < reps && !st; i++) {
+                        double t0 = now();
+                        st = dev ? dsv4_backend_forward_device(b, T, dx, (const int32_t *)din, &od, &e)
+                                 : dsv4_backend_forward(b, T, X, ids_in, &o, &e);
+                        t[n++] = now() - t0;
+                    }
                 }
 #ifdef DSV4_BENCH_CUDA_RT
                 if (!st && dev && cudaMemcpy(ids, dids, (size_t)(T * K) * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
@@ -599,7 +701,7 @@ int main(int argc, char **argv)
                     r.floor_mem_ms = (double)r.touched_bytes / (C.copy_gbs * 1e9) * 1e3;
                     r.floor_fp8_ms = flops / (C.fp8_tflops * 1e12) * 1e3;
                     r.bw_reachable = !(r.floor_fp8_ms > r.floor_mem_ms / TARGET_BW_SHARE);
-                    r.io_ms = dev ? 0.0
+                    r.io_ms = dev != IO_HOST ? 0.0
                                   : ((double)(T * H * 2) / (C.h2d_gbs * 1e9) + (double)(T * H * 2) / (C.d2h_gbs * 1e9)) * 1e3;
                     r.peer_ms = peer_ms(&P, T, &r.peer_method);
                     r.speedup = r.peer_ms / r.ms;
@@ -629,7 +731,7 @@ int main(int argc, char **argv)
                         "\"floor_mem_ms\": %.5f, \"floor_fp8_ms\": %.5f, \"io_ms\": %.5f, \"bw_target_reachable\": %s, "
                         "\"torch_ms\": %.5f, \"torch_method\": \"%s\", \"speedup_vs_torch\": %.4f, \"targets\": \"%s\", "
                         "\"note\": ",
-                        first ? "" : ",\n", graph ? "true" : "false", dev ? "device" : "host", (long long)T,
+                        first ? "" : ",\n", graph ? "true" : "false", io_name[dev], (long long)T,
                         r.ok ? "true" : "false", (long long)r.chunks, JN(r.ms), JN(r.min_ms), r.reps, r.touched,
                         (unsigned long long)r.touched_bytes, JN(r.gbs), JN(r.bw_share), JN(r.tflops), JN(r.fp8_share),
                         JN(r.floor_mem_ms), JN(r.floor_fp8_ms), JN(r.io_ms), r.bw_reachable ? "true" : "false",
@@ -704,8 +806,9 @@ int main(int argc, char **argv)
            seen_big ? (met_fp8 ? "met" : "NOT met") : "not run",
            !P.have ? "no peer" : seen_peer ? (met_peer ? "met" : "NOT met") : "not run");
     printf("timing: host clock around the synchronous forward (io host: dsv4_backend_forward, includes the x upload "
-           "and y download; io device: dsv4_backend_forward_device on device-resident x and y); targets on the best "
-           "configuration of each T; "
+           "and y download; io device: dsv4_backend_forward_device on device-resident x and y); io stream: CUDA "
+           "events around each dsv4_backend_enqueue on one stream, back to back (graph on: its captured graph "
+           "replayed), the peers' method; targets on the best configuration of each T; "
            "touch MB = distinct touched routed experts + shared expert + gate in the checkpoint's format; %%copy "
            "against copy GB/s counting read + written; %%fp8 against the %s FP8 GEMM; floor = the larger of touch bytes "
            "at the copy rate and FLOPs at the FP8 rate (bound: which); 'compute-bound' marks a T where even the FP8 "

@@ -10,7 +10,7 @@ Reads, from the bench folder of one device-check call (every file optional; what
   hf_peer.json                   bench/hf_peer.py: HF's DeepseekV4SparseMoeBlock, grouped_mm, bf16 (ms per T)
   gmm_peer.json                  bench/scaled_gmm_peer.py: torch._scaled_grouped_mm, GEMMs only (gemm_ms per T)
 and the steps table (steps.tsv: name, status, seconds, note). Prints the steps, the ceilings, and per T:
-dsv4moe ms in each mode (the best configuration of that T: graph on/off, host/device io), the share of
+dsv4moe ms in each mode (the best configuration of that T: graph on/off, host/device/stream io), the share of
 the copy and FP8 ceilings of the lead mode (fp8 when it ran, else the only one), each peer's ms, and
 peer ms / dsv4moe ms (> 1: dsv4moe faster), then issue 15's targets. Writes results.json beside.
 
@@ -222,7 +222,7 @@ def main():
             line += f" {pct(r['gmm_share_of_fp8']):>7}"
             line += f" {fmt(r['x_torch'], '{:.2f}x', 7)} {fmt(r['x_hf'], '{:.2f}x', 6)} {fmt(r['x_gmm'], '{:.2f}x', 6)}  {r['targets']}"
             print(line)
-        print(f"  ms: median; dsv4moe = bench_cuda's best configuration of each T per mode (cfg: the {lead or '-'} mode's graph on/off, io host/device); %copy / %fp8: the {lead or '-'} "
+        print(f"  ms: median; dsv4moe = bench_cuda's best configuration of each T per mode (cfg: the {lead or '-'} mode's graph on/off, io host/device/stream; stream = CUDA events around back-to-back enqueues, the peers' method); %copy / %fp8: the {lead or '-'} "
               f"mode's touched-weight GB/s and FLOP/s against the ceilings (copy {fmt(copy_ceiling, '{:.0f}')} GB/s, "
               f"FP8 {fmt(fp8_ceiling, '{:.0f}')} TFLOP/s); HF ms g = CUDA-graph replay, e = eager; gmm = "
               f"torch._scaled_grouped_mm on the routed GEMMs only; x P = P ms / dsv4moe ms ({lead or '-'} mode; > 1: dsv4moe faster)")
