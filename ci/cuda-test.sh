@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 timeout "${T_TESTS:-240}" "$B/test_cuda" >"$O/test_cuda.log" 2>&1
 rc_tests=$?
 T1=$(date +%s)
-timeout "${T_SCEN:-200}" "$B/dsv4moe" run scenarios/gpu.yaml --backend cuda --threads 8 --report "$O/rep" \
+timeout "${T_SCEN:-200}" "$B/dsv4moe" run scenarios/gpu.yaml --backend cuda --threads "$(nproc)" --report "$O/rep" \
     --cache "$DSV4MOE_TMP/scen-cache" >"$O/gpu_yaml.log" 2>&1
 rc_scen=$?
 T2=$(date +%s)

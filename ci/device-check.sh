@@ -224,7 +224,7 @@ else
     absent devsim "no build/cuda/test_devsim (make cuda builds it)"
 fi
 if [ -x build/cuda/dsv4moe ] && [ -f scenarios/gpu.yaml ]; then
-    step gpu-scenario 200 "$CUDA_ENV build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads 8 \
+    step gpu-scenario 200 "$CUDA_ENV build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads $JOBS \
         --report $WORK/gpu --cache $WORK/cuda-tmp/scen-cache"
 else
     absent gpu-scenario "build/cuda/dsv4moe or scenarios/gpu.yaml not there"

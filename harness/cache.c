@@ -62,8 +62,8 @@ static uint64_t input_key(const dsv4_config *c, uint64_t seed)
 }
 
 /* Opens the cached weights, generating them when absent or unreadable. */
-dsv4_status dsv4_h_open_weights(const char *dir, const dsv4_config *cfg, uint64_t seed, dsv4_checkpoint **ck,
-                                dsv4_error *err)
+dsv4_status dsv4_h_open_weights(const char *dir, const dsv4_config *cfg, uint64_t seed, int threads,
+                                dsv4_checkpoint **ck, dsv4_error *err)
 {
     char desc[512], path[4200];
     uint64_t h = weights_key(cfg, seed, desc, sizeof desc);
@@ -73,7 +73,7 @@ dsv4_status dsv4_h_open_weights(const char *dir, const dsv4_config *cfg, uint64_
     dsv4_gen_options o;
     dsv4_gen_options_init(&o);
     o.seed = seed;
-    o.threads = 2;
+    o.threads = threads;
     dsv4_status st = dsv4_gen_weights(cfg, &o, path, err);
     if (st)
         return st;
@@ -183,7 +183,8 @@ done:
 
 /* The path of the backend's copy of the layer (generated or written on demand into the cache). */
 dsv4_status dsv4_h_backend_checkpoint_path(const char *dir, const dsv4_config *cfg, const dsv4_scenario_case *sc,
-                                           char *src, size_t srcn, char *out, size_t outn, dsv4_error *err)
+                                           int threads, char *src, size_t srcn, char *out, size_t outn,
+                                           dsv4_error *err)
 {
     char desc[512];
     bool stacked = sc->checkpoint.layout == DSV4_LAYOUT_STACKED;
@@ -198,7 +199,7 @@ dsv4_status dsv4_h_backend_checkpoint_path(const char *dir, const dsv4_config *c
         dsv4_gen_options o;
         dsv4_gen_options_init(&o);
         o.seed = sc->seed;
-        o.threads = 2;
+        o.threads = threads;
         o.layout = stacked ? DSV4_LAYOUT_STACKED : DSV4_LAYOUT_SPLIT;
         if ((st = dsv4_gen_weights(&gc, &o, src, err)))
             return st;

@@ -118,7 +118,7 @@ static bool build_data(dsv4_h_case *k, dsv4_error *e)
         total += sc->tokens[r];
     k->all_rows = total;
     int64_t pool = total > DSV4_H_DETERMINISM_TOKENS ? total : DSV4_H_DETERMINISM_TOKENS;
-    if (dsv4_h_open_weights(k->cache, cfg, sc->seed, &k->ck, e) ||
+    if (dsv4_h_open_weights(k->cache, cfg, sc->seed, k->o->threads, &k->ck, e) ||
         dsv4_h_open_input(k->cache, cfg, sc->seed, pool, &k->in, e)) {
         stop(k, DSV4_RESULT_ERROR, "data generation failed: %s", e->message);
         return false;
@@ -127,7 +127,8 @@ static bool build_data(dsv4_h_case *k, dsv4_error *e)
     if (dsv4_h_custom_checkpoint(sc)) {
         char ckpath[4400], src[4200];
         dsv4_h_checkpoint_words(sc, k->ckwords, sizeof k->ckwords);
-        if (dsv4_h_backend_checkpoint_path(k->cache, cfg, sc, src, sizeof src, ckpath, sizeof ckpath, e)) {
+        if (dsv4_h_backend_checkpoint_path(k->cache, cfg, sc, k->o->threads, src, sizeof src, ckpath, sizeof ckpath,
+                                           e)) {
             stop(k, DSV4_RESULT_ERROR, "writing the backend's checkpoint (%s) failed: %s", k->ckwords, e->message);
             return false;
         }
@@ -149,7 +150,7 @@ static bool build_data(dsv4_h_case *k, dsv4_error *e)
     }
     k->X = tx->data;
     k->IDS = tid->data;
-    if (dsv4_ref_create(cfg, k->ck, 1, &k->ref1, e)) {
+    if (dsv4_ref_create(cfg, k->ck, k->o->threads, &k->ref, e)) {
         char msg[DSV4_H_MSG_MAX];
         snprintf(msg, sizeof msg, "the reference would not start%s%s%s: %s", k->ckb ? " on the layer's checkpoint (" : "",
                  k->ckwords, k->ckb ? ")" : "", e->message);
@@ -199,7 +200,7 @@ static void build_reference(dsv4_h_case *k, dsv4_error *e)
     k->ref_ok = true;
     for (int r = 0; r < k->world; r++) {
         dsv4_ref_stats rs;
-        if (dsv4_h_ref_run(k->ref1, k->cfg, k->X, k->IDS, k->off[r], k->sc->tokens[r], k->yr + row * H,
+        if (dsv4_h_ref_run(k->ref, k->cfg, k->X, k->IDS, k->off[r], k->sc->tokens[r], k->yr + row * H,
                            k->ids_r + row * K, k->w_r + row * K, &rs, e)) {
             snprintf(k->ref_error, sizeof k->ref_error, "the reference failed on rank %d's tokens: %s", r, e->message);
             k->ref_ok = false;
@@ -384,7 +385,7 @@ void dsv4_h_case_release(dsv4_h_case *k)
     free(k->y), free(k->yr), free(k->ids_b), free(k->ids_r), free(k->w_b), free(k->w_r);
     dsv4_backend_free(k->be);
     dsv4_plan_free(k->fallback_plan);
-    dsv4_ref_free(k->ref1);
+    dsv4_ref_free(k->ref);
     dsv4_st_close(k->in);
     dsv4_checkpoint_close(k->ckb);
     dsv4_checkpoint_close(k->ck);

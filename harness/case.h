@@ -70,7 +70,7 @@ typedef struct {
     dsv4_st_file *in;
     const uint16_t *X;
     const int32_t *IDS;
-    dsv4_ref *ref1;
+    dsv4_ref *ref; /* at the run's threads (the bits do not depend on them) */
     int64_t *off;                      /* each rank's first token in the pool */
     uint16_t *y, *yr;                  /* backend, reference [all_rows, H], rank after rank */
     int32_t *ids_b, *ids_r;            /* [all_rows, K] */

@@ -155,13 +155,13 @@ static void check_determinism(dsv4_h_case *k, dsv4_case_result *c)
     uint16_t *y1 = calloc((size_t)(T * H), 2), *y2 = calloc((size_t)(T * H), 2);
     int32_t *i1 = calloc((size_t)(T * K), 4), *i2 = calloc((size_t)(T * K), 4);
     float *w1 = calloc((size_t)(T * K), 4), *w2 = calloc((size_t)(T * K), 4);
-    dsv4_ref *ref2 = NULL;
+    dsv4_ref *ref1 = NULL, *ref2 = NULL; /* the case's own reference runs at the run's threads */
     dsv4_error e;
     dsv4_error_clear(&e);
     if (!y1 || !y2 || !i1 || !i2 || !w1 || !w2) {
         set(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_ERROR, "out of memory");
-    } else if (dsv4_ref_create(k->cfg, k->ck, 2, &ref2, &e) ||
-               dsv4_h_ref_run(k->ref1, k->cfg, k->X, k->IDS, o, T, y1, i1, w1, NULL, &e) ||
+    } else if (dsv4_ref_create(k->cfg, k->ck, 1, &ref1, &e) || dsv4_ref_create(k->cfg, k->ck, 2, &ref2, &e) ||
+               dsv4_h_ref_run(ref1, k->cfg, k->X, k->IDS, o, T, y1, i1, w1, NULL, &e) ||
                dsv4_h_ref_run(ref2, k->cfg, k->X, k->IDS, o, T, y2, i2, w2, NULL, &e)) {
         set(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_ERROR, "the reference failed: %s", e.message);
     } else {
@@ -175,6 +175,7 @@ static void check_determinism(dsv4_h_case *k, dsv4_case_result *c)
             set(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_FAIL,
                 "hash %016llx at 1 thread, %016llx at 2 threads over %lld tokens", h1, h2, (long long)T);
     }
+    dsv4_ref_free(ref1);
     dsv4_ref_free(ref2);
     free(y1), free(y2), free(i1), free(i2), free(w1), free(w2);
 }

@@ -51,7 +51,7 @@ typedef struct dsv4_run_options {
     int backend;              /* -1 (default): each case's topology.backend; DSV4_BACKEND_REF, _CPU or
                                  _CUDA: replaces ref/cpu in every case (cuda cases keep theirs) */
     const char *filter;       /* run only cases whose name contains this substring; NULL: all */
-    int threads;              /* threads of the backend and the reference (>= 1; default 2) */
+    int threads;              /* threads of the data generation, the backend and the reference (>= 1; default 2) */
     dsv4_run_progress_fn progress; /* may be NULL */
     void *progress_user;
     /* When set, every multi-rank case writes each rank's collective trace as the JSONL of
