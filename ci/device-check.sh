@@ -40,6 +40,8 @@
 # (make cuda-test runs the same three through ci/cuda-test.sh; this script runs them as separate
 # steps with their own timeouts so one hang costs one row.)
 # Absent pieces (the CUDA backend is not there yet) are "absent" rows, not failures.
+# DSV4_DEVCHECK_SCEN_CAP (default 200) is gpu-scenario's cap in seconds: a call that runs the whole
+# of gpu.yaml raises it with DSV4_DEVCHECK_BUDGET and skips the steps it does not need.
 # DSV4_DEVCHECK_SKIP="cpu-test torch-peer" skips steps by name (local trials); DSV4_BENCH_ARGS adds
 # arguments to bench_cuda (e.g. --quick: fewer repetitions), DSV4_PEER_ARGS to the three peers (--quick).
 # The bench JSONs of an earlier call in $WORK/bench are removed first (so a skipped or failed step
@@ -224,7 +226,7 @@ else
     absent devsim "no build/cuda/test_devsim (make cuda builds it)"
 fi
 if [ -x build/cuda/dsv4moe ] && [ -f scenarios/gpu.yaml ]; then
-    step gpu-scenario 200 "$CUDA_ENV build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads $JOBS \
+    step gpu-scenario "${DSV4_DEVCHECK_SCEN_CAP:-200}" "$CUDA_ENV build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads $JOBS \
         --report $WORK/gpu --cache $WORK/cuda-tmp/scen-cache"
 else
     absent gpu-scenario "build/cuda/dsv4moe or scenarios/gpu.yaml not there"
