@@ -13,15 +13,20 @@
 static const char REF_HELP[] =
     "usage: dsv4moe ref --weights W.safetensors|DIR --input X.safetensors --layer N\n"
     "                   [--preset P | --config FILE] [--set KEY=VALUE ...] --out Y.safetensors\n"
-    "                   [--threads N]\n\n"
+    "                   [--threads N] [--rounding spec|bf16_ops|fp32]\n\n"
     "Runs the deterministic reference of one MoE layer (SPEC.md) and writes y (BF16 [T, H]),\n"
-    "topk_ids (I32 [T, K], pruned slots hold E) and topk_weights (F32 [T, K]). The output\n"
+    "topk_ids (I32 [T, K], pruned slots hold E), topk_weights (F32 [T, K]) and y_terms (F32\n"
+    "[T, H]: |shared output| + sum of |weighted expert outputs|, SPEC.md section 10). The output\n"
     "bytes do not depend on --threads. Prints the routing and clamp statistics and the hash.\n\n"
     "%s"
     "  --weights PATH       checkpoint: a file, a folder, or an index (split or stacked layout)\n"
     "  --input FILE         x BF16 [T, H] and input_ids I32 [T]\n"
     "  --out FILE           where to write the outputs (atomically)\n"
-    "  --threads N          worker threads (default: online CPUs)\n";
+    "  --threads N          worker threads (default: online CPUs)\n"
+    "  --rounding P         where the expected output rounds before an activation quantization\n"
+    "                       (SPEC.md section 10): spec (default, section 4 as written), bf16_ops\n"
+    "                       (every elementwise result in bf16, as eager PyTorch on a bf16 model)\n"
+    "                       or fp32 (g, u, h and o in fp32); recorded as metadata 'rounding'\n";
 
 int cmd_ref(int argc, char **argv)
 {
@@ -30,7 +35,8 @@ int cmd_ref(int argc, char **argv)
     const char *wpath = NULL, *ipath = NULL, *opath = NULL;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int64_t threads = ncpu > 0 ? (ncpu > 64 ? 64 : ncpu) : 1;
-    static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", NULL};
+    static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", "--rounding", NULL};
+    dsv4_rounding rounding = DSV4_ROUNDING_SPEC;
     cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = REF_HELP, .value_opts = value_opts};
     const char *a, *val;
     while (cli_next_arg(&args, &a, &val)) {
@@ -43,6 +49,10 @@ int cmd_ref(int argc, char **argv)
         else if (!strcmp(a, "--threads")) {
             if (cli_parse_i64(cmd, a, val, 1, 256, &threads))
                 return EXIT_BAD_INPUT;
+        } else if (!strcmp(a, "--rounding")) {
+            dsv4_error perr;
+            if (dsv4_rounding_parse(val, &rounding, &perr))
+                return cli_failf(cmd, "--%s", perr.message);
         } else
             return cli_failf(cmd, "unknown option '%s' (see dsv4moe ref --help)", a);
     }
@@ -62,7 +72,7 @@ int cmd_ref(int argc, char **argv)
     dsv4_st_writer *w = NULL;
     uint16_t *x = NULL, *y = NULL;
     int32_t *ids = NULL, *topk = NULL;
-    float *topw = NULL;
+    float *topw = NULL, *terms = NULL;
     rc = EXIT_BAD_INPUT;
     /* An impossible destination is refused before minutes of work, not after. */
     mode_t dmode;
@@ -96,20 +106,21 @@ int cmd_ref(int argc, char **argv)
     y = malloc((size_t)(T * H + 1) * sizeof *y);
     topk = malloc((size_t)(T * K + 1) * sizeof *topk);
     topw = malloc((size_t)(T * K + 1) * sizeof *topw);
-    if (!x || !ids || !y || !topk || !topw) {
+    terms = malloc((size_t)(T * H + 1) * sizeof *terms);
+    if (!x || !ids || !y || !topk || !topw || !terms) {
         cli_failf(cmd, "out of memory for %lld tokens", (long long)T);
         goto done;
     }
     memcpy(x, tx->data, (size_t)(T * H) * sizeof *x);
     if (ti)
         memcpy(ids, ti->data, (size_t)T * sizeof *ids);
-    if (dsv4_ref_create(&cfg, ck, (int)threads, &ref, &err)) {
+    if (dsv4_ref_create(&cfg, ck, (int)threads, &ref, &err) || dsv4_ref_set_rounding(ref, rounding, &err)) {
         cli_fail(cmd, &err);
         goto done;
     }
     double t1 = cli_now();
     dsv4_ref_output out = {.y = y, .topk_ids = topk, .topk_weights = topw};
-    if (dsv4_ref_forward(ref, T, x, ti ? ids : NULL, &out, &err)) {
+    if (dsv4_ref_forward_terms(ref, T, x, ti ? ids : NULL, &out, terms, &err)) {
         cli_fail(cmd, &err);
         goto done;
     }
@@ -122,6 +133,8 @@ int cmd_ref(int argc, char **argv)
     if (dsv4_st_writer_create(&w, &err) || dsv4_st_writer_add(w, "y", DSV4_DTYPE_BF16, 2, sy, y, &err) ||
         dsv4_st_writer_add(w, "topk_ids", DSV4_DTYPE_I32, 2, sk, topk, &err) ||
         dsv4_st_writer_add(w, "topk_weights", DSV4_DTYPE_F32, 2, sk, topw, &err) ||
+        dsv4_st_writer_add(w, "y_terms", DSV4_DTYPE_F32, 2, sy, terms, &err) ||
+        dsv4_st_writer_set_metadata(w, "rounding", dsv4_rounding_name(rounding), &err) ||
         dsv4_st_writer_set_metadata(w, "ref_hash", hash, &err) ||
         dsv4_st_writer_set_metadata(w, "n_routed_experts", nexp, &err) ||
         dsv4_st_writer_write(w, opath, NULL, NULL, &err)) {
@@ -129,9 +142,9 @@ int cmd_ref(int argc, char **argv)
         goto done;
     }
     const dsv4_ref_stats *s = &out.stats;
-    printf("dsv4moe ref: layer %lld (%s), %lld tokens, %lld threads: load %.2f s, forward %.2f s\n",
+    printf("dsv4moe ref: layer %lld (%s), %lld tokens, %lld threads, rounding %s: load %.2f s, forward %.2f s\n",
            (long long)cfg.layer, dsv4_config_is_hash_layer(&cfg) ? "hash" : "non-hash", (long long)T,
-           (long long)threads, t1 - t0, t2 - t1);
+           (long long)threads, dsv4_rounding_name(rounding), t1 - t0, t2 - t1);
     printf("  routing: %lld slots kept, %lld pruned, %lld non-finite rows\n", (long long)s->kept_slots,
            (long long)s->pruned_slots, (long long)s->nonfinite_rows);
     printf("  clamp (L = %g): routed g %llu, u %llu of %llu; shared g %llu, u %llu of %llu\n",
@@ -150,5 +163,6 @@ done:
     free(y);
     free(topk);
     free(topw);
+    free(terms);
     return rc;
 }

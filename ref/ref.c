@@ -28,6 +28,7 @@ typedef struct {
 struct dsv4_ref {
     dsv4_config cfg;
     int threads;
+    dsv4_rounding rounding; /* of dsv4_ref_forward (SPEC.md section 10) */
     const dsv4_checkpoint *ck;
     pthread_mutex_t read_mu; /* guards the `read` flags: forwards may run on several threads */
     bool mu_init;
@@ -273,6 +274,7 @@ dsv4_status dsv4_ref_route(const dsv4_ref *r, int threads, int64_t T, const floa
 /* One FFN (routed expert or shared) over n rows, on intermediate rows [i0, i0 + ni). */
 typedef struct {
     const dsv4_config *c;
+    dsv4_rounding rnd;
     const matrix *m;         /* w1, w3, w2 */
     bool clamp;
     const float *xq;         /* [n, H] activations as this FFN's GEMMs see them */
@@ -300,19 +302,26 @@ typedef struct {
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* g, u (the fp32 dot products), clamp, silu, router weight before w2: h[q, i]. */
+/* g, u (the fp32 dot products), clamp, silu, router weight before w2: h[q, i], rounded where
+   the profile rounds (SPEC.md sections 4 and 10.1). */
 static void up_value(ffn_job *j, int64_t q, int64_t i, float gd, float ud, uint64_t *gc, uint64_t *uc)
 {
     const dsv4_config *c = j->c;
     float L = c->swiglu_limit;
-    float g = dsv4_round_bf16(gd);
-    float u = dsv4_round_bf16(ud);
+    bool fp32 = j->rnd == DSV4_ROUNDING_FP32, ops = j->rnd == DSV4_ROUNDING_BF16_OPS;
+    float g = fp32 ? gd : dsv4_round_bf16(gd);
+    float u = fp32 ? ud : dsv4_round_bf16(ud);
     if (j->clamp && L > 0.0f)
         dsv4_swiglu_clamp(&g, &u, L, gc, uc);
-    float h = dsv4_ref_siluf(g) * u;
+    float s = dsv4_ref_siluf(g);
+    if (ops)
+        s = dsv4_round_bf16(s);
+    float h = s * u;
+    if (ops)
+        h = dsv4_round_bf16(h);
     if (j->tw && c->weight_point == DSV4_WEIGHT_BEFORE_W2)
         h = h * j->tw[q];
-    j->h[q * j->ni + i] = dsv4_round_bf16(h);
+    j->h[q * j->ni + i] = fp32 ? h : dsv4_round_bf16(h);
 }
 
 /* h[q, i] for i in [b, e) of the shard. */
@@ -405,8 +414,8 @@ static void block_rows(const float *x, int64_t n, int64_t k, double *xt)
         dsv4_ref_block_tokens(x, n, k, t0, xt + t0 * k);
 }
 
-dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, int64_t expert, int64_t n, const float *x,
-                                 const float *w, int64_t i0, int64_t ni, float *out, uint64_t *gclamped,
+dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, dsv4_rounding rnd, int64_t expert, int64_t n,
+                                 const float *x, const float *w, int64_t i0, int64_t ni, float *out, uint64_t *gclamped,
                                  uint64_t *uclamped, dsv4_error *err)
 {
     const dsv4_config *c = &r->cfg;
@@ -442,7 +451,7 @@ dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, int64_t expert,
     if (quant)
         for (int64_t q = 0; q < n; q++)
             dsv4_act_quant_row(xq + q * H, H, c->act_quant, xq + q * H, NULL, NULL);
-    ffn_job j = {.c = c, .m = shared ? r->shared : &r->experts[3 * expert], .clamp = shared ? c->shared_clamp : true,
+    ffn_job j = {.c = c, .rnd = rnd, .m = shared ? r->shared : &r->experts[3 * expert], .clamp = shared ? c->shared_clamp : true,
                  .xq = xq, .tw = w, .n = n, .i0 = i0, .ni = ni, .h = h, .out = out, .xt = xt, .ht = ht,
                  .gclamp = gcl, .uclamp = ucl};
     atomic_init(&j.nomem, false);
@@ -476,14 +485,21 @@ nomem:
     goto done;
 }
 
-void dsv4_ref_accumulate(const dsv4_config *c, int64_t H, const float *o, float w, float *y)
+void dsv4_ref_accumulate(const dsv4_config *c, dsv4_rounding rnd, int64_t H, const float *o, float w, float *y,
+                         float *terms)
 {
-    if (c->weight_point == DSV4_WEIGHT_AFTER_W2)
-        for (int64_t i = 0; i < H; i++)
-            y[i] += w * o[i];
-    else
-        for (int64_t i = 0; i < H; i++)
-            y[i] += o[i];
+    bool after = c->weight_point == DSV4_WEIGHT_AFTER_W2, ops = rnd == DSV4_ROUNDING_BF16_OPS;
+    for (int64_t i = 0; i < H; i++) {
+        float v = o[i];
+        if (after) {
+            v = w * v;
+            if (ops)
+                v = dsv4_round_bf16(v);
+        }
+        y[i] += v;
+        if (terms)
+            terms[i] += fabsf(v);
+    }
 }
 
 void dsv4_ref_round_rows(float *v, int64_t n)
@@ -495,17 +511,25 @@ void dsv4_ref_round_rows(float *v, int64_t n)
 dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const int32_t *in_ids, dsv4_ref_output *out,
                              dsv4_error *err)
 {
+    return dsv4_ref_forward_terms(r, T, x, in_ids, out, NULL, err);
+}
+
+dsv4_status dsv4_ref_forward_terms(dsv4_ref *r, int64_t T, const uint16_t *x, const int32_t *in_ids,
+                                   dsv4_ref_output *out, float *y_terms, dsv4_error *err)
+{
     if (!r || !out || !out->y || (T > 0 && !x))
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "handle, x and out->y must not be NULL");
     if (T < 0 || T > DSV4_REF_MAX_TOKENS)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref forward", "token count %lld is outside [0, %d]",
                            (long long)T, DSV4_REF_MAX_TOKENS);
     const dsv4_config *c = &r->cfg;
+    dsv4_rounding rnd = r->rounding;
     int64_t E = c->n_routed_experts, H = c->dim, I = c->moe_inter_dim, K = c->n_activated;
     size_t TH = (size_t)(T * H), TK = (size_t)(T * K);
     dsv4_status st = DSV4_OK;
     float *xf = malloc((TH ? TH : 1) * sizeof *xf);
     float *y = calloc(TH ? TH : 1, sizeof *y);
+    float *terms = y_terms ? calloc(TH ? TH : 1, sizeof *terms) : NULL;
     int32_t *ids = malloc((TK ? TK : 1) * sizeof *ids);
     float *w = malloc((TK ? TK : 1) * sizeof *w);
     int32_t *kept = malloc((size_t)(T ? T : 1) * sizeof *kept);
@@ -516,7 +540,7 @@ dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const in
     size_t rows_max = (size_t)(TK > (size_t)T ? TK : (size_t)T);
     float *xg = malloc((rows_max ? rows_max : 1) * (size_t)H * sizeof *xg);
     float *o = malloc((rows_max ? rows_max : 1) * (size_t)H * sizeof *o);
-    if (!xf || !y || !ids || !w || !kept || !nonfinite || !tok || !tw || !xg || !o) {
+    if (!xf || !y || (y_terms && !terms) || !ids || !w || !kept || !nonfinite || !tok || !tw || !xg || !o) {
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, "ref forward", "out of memory for %lld tokens", (long long)T);
         goto done;
     }
@@ -546,22 +570,27 @@ dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const in
                 }
         if (!n)
             continue;
-        if ((st = dsv4_ref_ffn_partial(r, r->threads, ex, n, xg, tw, 0, I, o, &stats.routed_g_clamped,
+        if ((st = dsv4_ref_ffn_partial(r, r->threads, rnd, ex, n, xg, tw, 0, I, o, &stats.routed_g_clamped,
                                        &stats.routed_u_clamped, err)))
             goto done;
-        dsv4_ref_round_rows(o, n * H);
+        if (rnd != DSV4_ROUNDING_FP32)
+            dsv4_ref_round_rows(o, n * H);
         stats.routed_values += (uint64_t)(n * I);
         for (int64_t q = 0; q < n; q++)
-            dsv4_ref_accumulate(c, H, o + q * H, tw[q], y + tok[q] * H);
+            dsv4_ref_accumulate(c, rnd, H, o + q * H, tw[q], y + tok[q] * H, terms ? terms + tok[q] * H : NULL);
     }
     if (c->n_shared_experts > 0 && T > 0) {
-        if ((st = dsv4_ref_ffn_partial(r, r->threads, DSV4_SHARED_EXPERT, T, xf, NULL, 0, I, o,
+        if ((st = dsv4_ref_ffn_partial(r, r->threads, rnd, DSV4_SHARED_EXPERT, T, xf, NULL, 0, I, o,
                                        &stats.shared_g_clamped, &stats.shared_u_clamped, err)))
             goto done;
-        dsv4_ref_round_rows(o, (int64_t)TH);
+        if (rnd != DSV4_ROUNDING_FP32)
+            dsv4_ref_round_rows(o, (int64_t)TH);
         stats.shared_values = (uint64_t)(T * I);
-        for (size_t i = 0; i < TH; i++)
+        for (size_t i = 0; i < TH; i++) {
             y[i] += o[i];
+            if (terms)
+                terms[i] += fabsf(o[i]);
+        }
     }
     for (size_t i = 0; i < TH; i++)
         out->y[i] = dsv4_f32_to_bf16(y[i]);
@@ -571,10 +600,13 @@ dsv4_status dsv4_ref_forward(dsv4_ref *r, int64_t T, const uint16_t *x, const in
         memcpy(out->topk_weights, w, TK * sizeof *w);
     if (out->kept_counts)
         memcpy(out->kept_counts, kept, (size_t)T * sizeof *kept);
+    if (y_terms)
+        memcpy(y_terms, terms, TH * sizeof *terms);
     out->stats = stats;
 done:
     free(xf);
     free(y);
+    free(terms);
     free(ids);
     free(w);
     free(kept);
@@ -654,7 +686,7 @@ dsv4_status dsv4_ref_stage_experts(const dsv4_ref *r, int64_t m, const uint16_t 
         if (shared && w)
             st = dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "ref experts", "the shared expert takes no router weights");
         else
-            st = dsv4_ref_ffn_partial(r, r->threads, e, b - a, xf + a * H, shared ? NULL : w + a, i0, ni, out + a * H,
+            st = dsv4_ref_ffn_partial(r, r->threads, DSV4_ROUNDING_SPEC, e, b - a, xf + a * H, shared ? NULL : w + a, i0, ni, out + a * H,
                                       shared ? &stats->shared_g_clamped : &stats->routed_g_clamped,
                                       shared ? &stats->shared_u_clamped : &stats->routed_u_clamped, err);
         a = b;
@@ -686,7 +718,7 @@ dsv4_status dsv4_ref_stage_combine(const dsv4_ref *r, int64_t n, int64_t ns, con
         }
         for (int64_t h = 0; h < H; h++)
             row[h] = dsv4_bf16_to_f32(o[s * H + h]);
-        dsv4_ref_accumulate(c, H, row, w[s], acc + (int64_t)tok[s] * H);
+        dsv4_ref_accumulate(c, DSV4_ROUNDING_SPEC, H, row, w[s], acc + (int64_t)tok[s] * H, NULL);
     }
     if (!st)
         for (int64_t i = 0; i < n * H; i++)
@@ -695,3 +727,34 @@ dsv4_status dsv4_ref_stage_combine(const dsv4_ref *r, int64_t n, int64_t ns, con
     free(row);
     return st;
 }
+
+/* ---------------- rounding profiles (SPEC.md section 10) ---------------- */
+
+static const char *const ROUNDING_NAMES[DSV4_ROUNDING_COUNT] = {"spec", "bf16_ops", "fp32"};
+
+const char *dsv4_rounding_name(dsv4_rounding v) { return (unsigned)v < DSV4_ROUNDING_COUNT ? ROUNDING_NAMES[v] : NULL; }
+
+dsv4_status dsv4_rounding_parse(const char *s, dsv4_rounding *out, dsv4_error *err)
+{
+    for (int i = 0; s && i < DSV4_ROUNDING_COUNT; i++)
+        if (!strcmp(s, ROUNDING_NAMES[i])) {
+            if (out)
+                *out = (dsv4_rounding)i;
+            return DSV4_OK;
+        }
+    return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "rounding", "'%s' is not a rounding profile (spec, bf16_ops, fp32)",
+                       s ? s : "(null)");
+}
+
+dsv4_status dsv4_ref_set_rounding(dsv4_ref *r, dsv4_rounding v, dsv4_error *err)
+{
+    if (!r)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "rounding", "handle must not be NULL");
+    if (!dsv4_rounding_name(v))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "rounding", "profile %d is outside [0, %d)", (int)v,
+                           DSV4_ROUNDING_COUNT);
+    r->rounding = v;
+    return DSV4_OK;
+}
+
+dsv4_rounding dsv4_ref_rounding(const dsv4_ref *r) { return r ? r->rounding : DSV4_ROUNDING_SPEC; }

@@ -57,19 +57,24 @@ dsv4_status dsv4_ref_route(const dsv4_ref *ref, int threads, int64_t tokens, con
                            int32_t *ids, float *w, int32_t *kept, unsigned char *nonfinite, dsv4_error *err);
 
 /*
- * One FFN over n rows: routed expert `expert` or DSV4_SHARED_EXPERT; x [n, H]
+ * One FFN over n rows in the rounding profile `rnd` (SPEC.md section 10; the stages pass
+ * DSV4_ROUNDING_SPEC): routed expert `expert` or DSV4_SHARED_EXPERT; x [n, H]
  * (bf16 values, not yet activation-quantized); w [n] router weights (NULL
  * for the shared expert); intermediate rows [i0, i0 + ni) (i0 a multiple of
  * 128). out [n, H] receives the down projection summed over those rows, in
- * fp32, not rounded: over [0, I) bf16(out) is the expert output o. Clamp hits
+ * fp32, not rounded: over [0, I) bf16(out) is the expert output o (out itself in the fp32
+ * profile). Clamp hits
  * are added to *g_clamped and *u_clamped. Thread-safe on a shared handle.
  */
-dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *ref, int threads, int64_t expert, int64_t n, const float *x,
-                                 const float *w, int64_t i0, int64_t ni, float *out, uint64_t *g_clamped,
+dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *ref, int threads, dsv4_rounding rnd, int64_t expert, int64_t n,
+                                 const float *x, const float *w, int64_t i0, int64_t ni, float *out, uint64_t *g_clamped,
                                  uint64_t *u_clamped, dsv4_error *err);
 
-/* y[0, H) += o (before_w2) or w o (after_w2), in fp32. o is an expert output (bf16 values). */
-void dsv4_ref_accumulate(const dsv4_config *cfg, int64_t H, const float *o, float w, float *y);
+/* y[0, H) += o (before_w2) or w o (after_w2, rounded to bf16 in the bf16_ops profile), in fp32;
+   terms[0, H) (may be NULL) += the magnitude of what was added (SPEC.md section 10.2). o is an
+   expert output as the profile rounds it. */
+void dsv4_ref_accumulate(const dsv4_config *cfg, dsv4_rounding rnd, int64_t H, const float *o, float w, float *y,
+                         float *terms);
 
 /* Rounds n values to bf16 in place. */
 void dsv4_ref_round_rows(float *v, int64_t n);

@@ -385,6 +385,9 @@ static wf_result workflow(void)
     dsv4_ref_output ro = {0};
     ro.y = y;
     STEP("ref forward", dsv4_ref_forward(ref, 5, x->data, ids->data, &ro, &e));
+    float terms[5 * 128]; /* the fp32 profile with y_terms (SPEC.md section 10) */
+    STEP("ref rounding", dsv4_ref_set_rounding(ref, DSV4_ROUNDING_FP32, &e));
+    STEP("ref forward terms", dsv4_ref_forward_terms(ref, 5, x->data, ids->data, &ro, terms, &e));
     STEP("cpu create", dsv4_backend_create(plan, ck, 1, &be, &e));
     dsv4_forward_out fo = {0};
     uint16_t y2[5 * 128];

@@ -145,6 +145,8 @@ START_TEST(bad_options_exit_2)
     ck_assert_ptr_nonnull(strstr(out_buf, "unknown option '--bogus'"));
     ck_assert_int_eq(run_cli("ref --weights a --input b --out c --verbose"), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "unknown option '--verbose'"));
+    ck_assert_int_eq(run_cli("ref --weights a --input b --out c --rounding bf16"), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "--rounding: 'bf16' is not a rounding profile (spec, bf16_ops, fp32)"));
     ck_assert_int_eq(run_cli("gen stray"), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "unexpected argument 'stray'"));
     ck_assert_int_eq(run_cli("gen --preset mini --layer -3"), 2);
@@ -211,18 +213,27 @@ START_TEST(ref_writes_outputs_and_rejects_bad_input)
 END_TEST
 
 
-/* The reference against tests/tools/indep_ref.py, a NumPy implementation written from SPEC.md alone. */
+/* The reference against tests/tools/indep_ref.py, a NumPy implementation written from SPEC.md alone,
+   in each rounding profile of section 10 (y and y_terms). */
 static const struct {
     const char *preset;
     int layer;
     const char *sets;
+    const char *rounding;
 } indep_cases[] = {
-    {"mini", 0, ""},
-    {"mini", 1, "gate_logits=bf16"},
-    {"mini-fp8", 2, "weight_point=after_w2"},
-    {"mini-bf16", 3, "score_func=sigmoid shared_clamp=false"},
-    {"mini-topp", 1, "top_p_renorm=true top_p_min_keep=2"},
-    {"mini-topp", 2, "top_p_predictor=const top_p=0.6 score_func=softmax"},
+    {"mini", 0, "", "spec"},
+    {"mini", 1, "gate_logits=bf16", "spec"},
+    {"mini-fp8", 2, "weight_point=after_w2", "spec"},
+    {"mini-bf16", 3, "score_func=sigmoid shared_clamp=false", "spec"},
+    {"mini-topp", 1, "top_p_renorm=true top_p_min_keep=2", "spec"},
+    {"mini-topp", 2, "top_p_predictor=const top_p=0.6 score_func=softmax", "spec"},
+    {"mini", 0, "", "bf16_ops"},
+    {"mini", 1, "", "fp32"},
+    {"mini-fp8", 2, "weight_point=after_w2", "bf16_ops"},
+    {"mini-fp8", 2, "weight_point=after_w2", "fp32"},
+    {"mini-fp8", 2, "act_quant=fp32", "fp32"},
+    {"mini-bf16", 3, "", "bf16_ops"},
+    {"mini-bf16", 3, "", "fp32"},
 };
 
 START_TEST(ref_agrees_with_independent_implementation)
@@ -257,11 +268,21 @@ START_TEST(ref_agrees_with_independent_implementation)
     tu_path(dir, sizeof dir, name);
     snprintf(args, sizeof args, "--preset %s --layer %d%s", indep_cases[i].preset, indep_cases[i].layer, sets);
     ck_assert_msg(gen_ref(args, "--tokens 48 --seed 11 --probe-tokens 0", dir) == 0, "%s", out_buf);
+    const char *rnd = indep_cases[i].rounding;
+    char yname[64] = "y.safetensors";
+    if (strcmp(rnd, "spec")) {
+        snprintf(yname, sizeof yname, "y_%s.safetensors", rnd);
+        snprintf(cmd, sizeof cmd,
+                 "ref %s --rounding %s --weights %s/model.safetensors --input %s/input.safetensors --out %s/%s", args,
+                 rnd, dir, dir, dir, yname);
+        ck_assert_msg(run_cli(cmd) == 0, "%s", out_buf);
+        ck_assert_ptr_nonnull(strstr(out_buf, rnd));
+    }
     const char *src = getenv("DSV4MOE_SRC");
     snprintf(cmd, sizeof cmd,
              "%s %s/tests/tools/indep_ref.py --weights %s/model.safetensors --input %s/input.safetensors "
-             "--out-ref %s/y.safetensors%s > %s/indep.txt 2>&1",
-             py, src ? src : ".", dir, dir, dir, all, dir);
+             "--out-ref %s/%s --rounding %s%s > %s/indep.txt 2>&1",
+             py, src ? src : ".", dir, dir, dir, yname, rnd, all, dir);
     int rc = run_sh(cmd);
     snprintf(args, sizeof args, "%s/indep.txt", dir);
     FILE *f = fopen(args, "r");
@@ -270,8 +291,9 @@ START_TEST(ref_agrees_with_independent_implementation)
     if (f)
         fclose(f);
     ck_assert_msg(rc == 0, "case %d: %s", i, out_buf);
-    /* Both sides accumulate in double: every element agrees to the bit here. */
+    /* Both sides accumulate in double: every element agrees to the bit here, y_terms too. */
     ck_assert_msg(strstr(out_buf, "max ulp: 0 ") != NULL, "case %d: %s", i, out_buf);
+    ck_assert_msg(strstr(out_buf, "y_terms bit-identical: 1.000000") != NULL, "case %d: %s", i, out_buf);
 }
 END_TEST
 

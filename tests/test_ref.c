@@ -10,6 +10,7 @@
 #include "dsv4moe/rng.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
+#include "hash.h"
 #include "ref_internal.h"
 #include "testutil.h"
 
@@ -247,21 +248,26 @@ static dsv4_checkpoint *toy_open(const toy *t, const char *name)
     return ck;
 }
 
-/* Runs the toy layer on T tokens; y as floats into yf. */
-static dsv4_status toy_run(const toy *t, const char *name, int T, const float *x, const int32_t *ids, float *yf,
-                           int32_t *topk, float *topw, dsv4_ref_stats *stats, dsv4_error *e)
+/* Runs the toy layer on T tokens in a rounding profile; y as floats into yf, y_terms into terms
+   (may be NULL). */
+static dsv4_status toy_run_rounded(const toy *t, const char *name, dsv4_rounding rnd, int T, const float *x,
+                                   const int32_t *ids, float *yf, float *terms, int32_t *topk, float *topw,
+                                   dsv4_ref_stats *stats, dsv4_error *e)
 {
     dsv4_checkpoint *ck = toy_open(t, name);
     dsv4_ref *r;
     dsv4_status st = dsv4_ref_create(&t->c, ck, 2, &r, e);
+    if (!st)
+        st = dsv4_ref_set_rounding(r, rnd, e);
     if (st) {
+        dsv4_ref_free(r);
         dsv4_checkpoint_close(ck);
         return st;
     }
     uint16_t xb[64], y[64];
     put_bf16_arr(xb, x, T * 4);
     dsv4_ref_output out = {.y = y, .topk_ids = topk, .topk_weights = topw};
-    st = dsv4_ref_forward(r, T, xb, ids, &out, e);
+    st = dsv4_ref_forward_terms(r, T, xb, ids, &out, terms, e);
     if (!st) {
         for (int i = 0; i < T * 4; i++)
             yf[i] = dsv4_bf16_to_f32(y[i]);
@@ -271,6 +277,12 @@ static dsv4_status toy_run(const toy *t, const char *name, int T, const float *x
     dsv4_ref_free(r);
     dsv4_checkpoint_close(ck);
     return st;
+}
+
+static dsv4_status toy_run(const toy *t, const char *name, int T, const float *x, const int32_t *ids, float *yf,
+                           int32_t *topk, float *topw, dsv4_ref_stats *stats, dsv4_error *e)
+{
+    return toy_run_rounded(t, name, DSV4_ROUNDING_SPEC, T, x, ids, yf, NULL, topk, topw, stats, e);
 }
 
 /* Expert e computes g = x0 * w1[i][0], u = x0 * w3[i][0] for x = [x0, 0, 0, 0]. */
@@ -377,6 +389,83 @@ START_TEST(weight_point_both_ways)
     float after = bf(0.3f * bf(bf(h) * 3.0f));
     ck_assert(y[0] == after);
     ck_assert(before != after); /* these values round differently: the switch is visible */
+}
+END_TEST
+
+/* SPEC.md section 10.1 worked by hand: one routed expert (g = 1.7, u = 3.7, w = 0.3, w2 = 3)
+   and a shared expert whose output is negative, both weight points, every profile; y_terms is
+   |weighted routed output| + |shared output| as the profile computes them. */
+START_TEST(rounding_profiles_by_hand)
+{
+    toy t = toy_one_expert();
+    t.c.route_scale = 0.3f;
+    const float w2[8] = {3.0f, 0, 0, 3.0f, 0, 0, 0, 0};
+    toy_expert(&t, 1, 1.7f, 0, 3.7f, 0, w2);
+    t.c.n_shared_experts = 1;
+    memset(t.sw1, 0, sizeof t.sw1);
+    memset(t.sw3, 0, sizeof t.sw3);
+    t.sw1[0] = 1.3f;
+    t.sw3[0] = -2.3f;
+    memcpy(t.sw2, W2_ID, sizeof t.sw2);
+    float x[4] = {1, 0, 0, 0}, y[4], terms[4];
+    dsv4_error e;
+    float g = bf(1.7f), u = bf(3.7f), sg = bf(1.3f), su = bf(-2.3f);
+    float h = dsv4_ref_siluf(g) * u, hops = bf(bf(dsv4_ref_siluf(g)) * u);
+    float sh = dsv4_ref_siluf(sg) * su, shops = bf(bf(dsv4_ref_siluf(sg)) * su);
+    /* [weight point][profile]: the routed contribution and the shared output. */
+    float routed[2][3] = {
+        {bf(bf(h * 0.3f) * 3.0f), bf(bf(hops * 0.3f) * 3.0f), (h * 0.3f) * 3.0f},
+        {0.3f * bf(bf(h) * 3.0f), bf(0.3f * bf(hops * 3.0f)), 0.3f * (h * 3.0f)},
+    };
+    float shared[3] = {bf(bf(sh)), bf(shops), sh};
+    const dsv4_weight_point wp[2] = {DSV4_WEIGHT_BEFORE_W2, DSV4_WEIGHT_AFTER_W2};
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < DSV4_ROUNDING_COUNT; k++) {
+            t.c.weight_point = wp[p];
+            char name[64];
+            snprintf(name, sizeof name, "toy_rounding_%d_%d.safetensors", p, k);
+            ck_assert_msg(toy_run_rounded(&t, name, (dsv4_rounding)k, 1, x, NULL, y, terms, NULL, NULL, NULL, &e) ==
+                              DSV4_OK,
+                          "%s", e.message);
+            float want = bf(routed[p][k] + shared[k]);
+            ck_assert_msg(y[0] == want, "%s %s: y %a, want %a", p ? "after_w2" : "before_w2",
+                          dsv4_rounding_name((dsv4_rounding)k), (double)y[0], (double)want);
+            ck_assert(terms[0] == fabsf(routed[p][k]) + fabsf(shared[k]));
+            ck_assert(terms[2] == 0.0f && y[2] == 0.0f);
+        }
+    /* The profiles are told apart by these values (else the test would prove nothing). */
+    ck_assert(routed[0][0] != routed[0][1] && routed[0][0] != routed[0][2] && routed[0][1] != routed[0][2]);
+    ck_assert(routed[1][0] != routed[1][1] && routed[1][0] != routed[1][2] && routed[1][1] != routed[1][2]);
+    ck_assert(shared[0] != shared[1] && shared[0] != shared[2]);
+}
+END_TEST
+
+START_TEST(rounding_names_and_bad_values)
+{
+    dsv4_rounding r = DSV4_ROUNDING_FP32;
+    dsv4_error e;
+    for (int k = 0; k < DSV4_ROUNDING_COUNT; k++) {
+        ck_assert_int_eq(dsv4_rounding_parse(dsv4_rounding_name((dsv4_rounding)k), &r, &e), DSV4_OK);
+        ck_assert_int_eq(r, k);
+    }
+    ck_assert_str_eq(dsv4_rounding_name(DSV4_ROUNDING_BF16_OPS), "bf16_ops");
+    ck_assert_ptr_null(dsv4_rounding_name((dsv4_rounding)3));
+    ck_assert_int_eq(dsv4_rounding_parse("bf16", &r, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(e.message, "'bf16' is not a rounding profile (spec, bf16_ops, fp32)"));
+    ck_assert_int_eq(dsv4_rounding_parse(NULL, &r, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_ref_set_rounding(NULL, DSV4_ROUNDING_SPEC, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_ref_rounding(NULL), DSV4_ROUNDING_SPEC);
+    toy t = toy_one_expert();
+    dsv4_checkpoint *ck = toy_open(&t, "toy_rounding_bad.safetensors");
+    dsv4_ref *ref;
+    ck_assert_int_eq(dsv4_ref_create(&t.c, ck, 1, &ref, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_ref_rounding(ref), DSV4_ROUNDING_SPEC);
+    ck_assert_int_eq(dsv4_ref_set_rounding(ref, (dsv4_rounding)7, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_int_eq(dsv4_ref_rounding(ref), DSV4_ROUNDING_SPEC);
+    ck_assert_int_eq(dsv4_ref_set_rounding(ref, DSV4_ROUNDING_FP32, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_ref_rounding(ref), DSV4_ROUNDING_FP32);
+    dsv4_ref_free(ref);
+    dsv4_checkpoint_close(ck);
 }
 END_TEST
 
@@ -762,9 +851,9 @@ START_TEST(ffn_tiled_rows_match_single_rows)
         for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
             int64_t i0 = ranges[ri][0], ni = ranges[ri][1];
             uint64_t g = 0, u = 0, g1 = 0, u1 = 0;
-            ck_assert_int_eq(dsv4_ref_ffn_partial(r, 2, expert, n, x, w, i0, ni, all, &g, &u, &e), DSV4_OK);
+            ck_assert_int_eq(dsv4_ref_ffn_partial(r, 2, DSV4_ROUNDING_SPEC, expert, n, x, w, i0, ni, all, &g, &u, &e), DSV4_OK);
             for (int64_t q = 0; q < n; q++) {
-                ck_assert_int_eq(dsv4_ref_ffn_partial(r, 1, expert, 1, x + q * H, w ? w + q : NULL, i0, ni, one, &g1,
+                ck_assert_int_eq(dsv4_ref_ffn_partial(r, 1, DSV4_ROUNDING_SPEC, expert, 1, x + q * H, w ? w + q : NULL, i0, ni, one, &g1,
                                                       &u1, &e),
                                  DSV4_OK);
                 ck_assert_msg(!memcmp(one, all + q * H, (size_t)H * sizeof *one),
@@ -792,18 +881,30 @@ typedef struct {
     const char *preset;
     int64_t layer;
     uint64_t hash;
+    uint64_t profile_hash[2]; /* bf16_ops, fp32 (SPEC.md section 10): y, ids, weights, then y_terms */
 } canon;
 
 /* Pinned: the reference's output for seed 1, 32 tokens. A change is a change of numerics. */
 static const canon canonical[] = {
-    {"mini", 0, 0x48e0200f3511c03eULL},
-    {"mini", 1, 0x60c5ebd0665633a1ULL},
-    {"mini-fp8", 2, 0x911ca0389f98e611ULL},
-    {"mini-bf16", 3, 0x9a72f16e90c41dcaULL},
-    {"mini-topp", 1, 0xe0e8bf2dd5d27673ULL},
+    {"mini", 0, 0x48e0200f3511c03eULL, {0xeb09665e5e80d2d0ULL, 0xd6f5db7692873170ULL}},
+    {"mini", 1, 0x60c5ebd0665633a1ULL, {0xb01b8edd8aacf073ULL, 0xa3e88269eee22f32ULL}},
+    {"mini-fp8", 2, 0x911ca0389f98e611ULL, {0xef028b30816db362ULL, 0xfa61ba66548c00efULL}},
+    {"mini-bf16", 3, 0x9a72f16e90c41dcaULL, {0x75c764cb618f2434ULL, 0x7580debd0db4542fULL}},
+    {"mini-topp", 1, 0xe0e8bf2dd5d27673ULL, {0x49a49e04175d80b5ULL, 0x11cf0909b5f5aca5ULL}},
 };
 
-static uint64_t run_canonical(const canon *k, int threads, dsv4_ref_stats *stats)
+#define CANON_T 32
+
+/* What one canonical run gives besides its hash (each may be NULL). */
+typedef struct {
+    dsv4_ref_stats stats;
+    uint16_t *y;     /* [T, H] */
+    float *terms;    /* [T, H]: y_terms; NULL: not asked for */
+    int32_t *ids;    /* [T, K] */
+    float *weights;  /* [T, K] */
+} canon_out;
+
+static uint64_t run_canonical_rounded(const canon *k, int threads, dsv4_rounding rnd, canon_out *co)
 {
     dsv4_config c;
     ck_assert_int_eq(dsv4_config_preset(k->preset, &c, NULL), DSV4_OK);
@@ -824,19 +925,28 @@ static uint64_t run_canonical(const canon *k, int threads, dsv4_ref_stats *stats
     ck_assert_int_eq(dsv4_st_open(in, &inf, &e), DSV4_OK);
     dsv4_ref *r;
     ck_assert_msg(dsv4_ref_create(&c, ck, threads, &r, &e) == DSV4_OK, "%s", e.message);
-    int64_t T = 32, H = c.dim, K = c.n_activated;
+    ck_assert_int_eq(dsv4_ref_set_rounding(r, rnd, &e), DSV4_OK);
+    int64_t T = CANON_T, H = c.dim, K = c.n_activated;
     uint16_t *x = malloc((size_t)(T * H) * 2), *y = malloc((size_t)(T * H) * 2);
     int32_t *ids = malloc((size_t)T * 4), *topk = malloc((size_t)(T * K) * 4);
     float *topw = malloc((size_t)(T * K) * 4);
     memcpy(x, dsv4_st_find(inf, "x")->data, (size_t)(T * H) * 2);
     memcpy(ids, dsv4_st_find(inf, "input_ids")->data, (size_t)T * 4);
     dsv4_ref_output out = {.y = y, .topk_ids = topk, .topk_weights = topw};
-    ck_assert_msg(dsv4_ref_forward(r, T, x, ids, &out, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_msg(dsv4_ref_forward_terms(r, T, x, ids, &out, co->terms, &e) == DSV4_OK, "%s", e.message);
     uint64_t h = dsv4_ref_hash(&c, T, &out);
-    *stats = out.stats;
+    if (co->terms)
+        h = dsv4_fnv1a(h, co->terms, (size_t)(T * H) * sizeof *co->terms);
+    co->stats = out.stats;
+    if (co->y)
+        memcpy(co->y, y, (size_t)(T * H) * sizeof *y);
+    if (co->ids)
+        memcpy(co->ids, topk, (size_t)(T * K) * sizeof *topk);
+    if (co->weights)
+        memcpy(co->weights, topw, (size_t)(T * K) * sizeof *topw);
     if (getenv("DSV4MOE_PRINT_HASHES"))
-        fprintf(stderr, "canonical %s layer %lld threads %d: 0x%016llxULL\n", k->preset, (long long)k->layer, threads,
-                (unsigned long long)h);
+        fprintf(stderr, "canonical %s layer %lld threads %d %s%s: 0x%016llxULL\n", k->preset, (long long)k->layer,
+                threads, dsv4_rounding_name(rnd), co->terms ? " +terms" : "", (unsigned long long)h);
     free(x);
     free(y);
     free(ids);
@@ -845,6 +955,14 @@ static uint64_t run_canonical(const canon *k, int threads, dsv4_ref_stats *stats
     dsv4_ref_free(r);
     dsv4_st_close(inf);
     dsv4_checkpoint_close(ck);
+    return h;
+}
+
+static uint64_t run_canonical(const canon *k, int threads, dsv4_ref_stats *stats)
+{
+    canon_out co = {.y = NULL};
+    uint64_t h = run_canonical_rounded(k, threads, DSV4_ROUNDING_SPEC, &co);
+    *stats = co.stats;
     return h;
 }
 
@@ -865,6 +983,69 @@ START_TEST(canonical_hashes_at_1_and_2_threads)
 }
 END_TEST
 
+/* The three profiles of a canonical case (SPEC.md section 10): each bit-reproducible at 1 and 2
+   threads (y, ids, weights and y_terms pinned), spec's y unchanged by asking for y_terms, the
+   same routing in every profile, y within its terms, and on quantized layers y moved by the
+   profile (bf16 layers: within the outside-engine bound of the spec reference). */
+START_TEST(canonical_profiles)
+{
+    const canon *k = &canonical[_i];
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_preset(k->preset, &c, NULL), DSV4_OK);
+    size_t TH = (size_t)(CANON_T * c.dim), TK = (size_t)(CANON_T * c.n_activated);
+    uint16_t *y[3];
+    float *terms[3], *wts[3], *t2 = malloc(TH * sizeof *t2);
+    int32_t *ids[3];
+    for (int p = 0; p < 3; p++) {
+        y[p] = malloc(TH * sizeof *y[p]);
+        terms[p] = malloc(TH * sizeof *terms[p]);
+        ids[p] = malloc(TK * sizeof *ids[p]);
+        wts[p] = malloc(TK * sizeof *wts[p]);
+        canon_out co = {.y = y[p], .terms = terms[p], .ids = ids[p], .weights = wts[p]};
+        uint64_t h1 = run_canonical_rounded(k, 1, (dsv4_rounding)p, &co);
+        canon_out c2 = {.terms = t2};
+        uint64_t h2 = run_canonical_rounded(k, 2, (dsv4_rounding)p, &c2);
+        ck_assert_msg(h1 == h2, "%s layer %lld %s: 1 thread %016llx, 2 threads %016llx", k->preset,
+                      (long long)k->layer, dsv4_rounding_name((dsv4_rounding)p), (unsigned long long)h1,
+                      (unsigned long long)h2);
+        if (p == 0) {
+            canon_out plain = {.y = NULL};
+            ck_assert_uint_eq(run_canonical_rounded(k, 1, DSV4_ROUNDING_SPEC, &plain), k->hash);
+        } else
+            ck_assert_msg(h1 == k->profile_hash[p - 1], "%s layer %lld %s: hash 0x%016llxULL, pinned %016llx",
+                          k->preset, (long long)k->layer, dsv4_rounding_name((dsv4_rounding)p), (unsigned long long)h1,
+                          (unsigned long long)k->profile_hash[p - 1]);
+    }
+    bool quant = c.act_quant != DSV4_ACT_QUANT_NONE;
+    for (int p = 1; p < 3; p++) {
+        ck_assert(!memcmp(ids[p], ids[0], TK * sizeof *ids[0]));
+        ck_assert(!memcmp(wts[p], wts[0], TK * sizeof *wts[0]));
+        size_t moved = 0, beyond = 0;
+        for (size_t i = 0; i < TH; i++) {
+            float a = dsv4_bf16_to_f32(y[p][i]), b = dsv4_bf16_to_f32(y[0][i]);
+            moved += a != b;
+            beyond += fabsf(a - b) > 0.035f + 0.035f * fabsf(b) + 0x1p-8f * terms[0][i];
+        }
+        if (quant)
+            ck_assert_msg(moved > TH / 100, "%s %s: %zu of %zu moved", k->preset,
+                          dsv4_rounding_name((dsv4_rounding)p), moved, TH);
+        else /* SPEC.md section 10: on bf16 layers each profile passes the others' reference */
+            ck_assert_msg(beyond <= TH / 200, "%s %s: %zu beyond", k->preset, dsv4_rounding_name((dsv4_rounding)p),
+                          beyond);
+    }
+    for (int p = 0; p < 3; p++)
+        for (size_t i = 0; i < TH; i++) /* |y| <= S up to y's own bf16 rounding */
+            ck_assert(fabsf(dsv4_bf16_to_f32(y[p][i])) <= terms[p][i] * (1.0f + 0x1p-7f) + 1e-30f);
+    for (int p = 0; p < 3; p++) {
+        free(y[p]);
+        free(terms[p]);
+        free(ids[p]);
+        free(wts[p]);
+    }
+    free(t2);
+}
+END_TEST
+
 Suite *ref_suite(void)
 {
     Suite *s = suite_create("ref");
@@ -876,6 +1057,8 @@ Suite *ref_suite(void)
     tcase_add_test(tc, clamp_at_and_beyond_limit);
     tcase_add_test(tc, shared_clamp_on_and_off);
     tcase_add_test(tc, weight_point_both_ways);
+    tcase_add_test(tc, rounding_profiles_by_hand);
+    tcase_add_test(tc, rounding_names_and_bad_values);
     tcase_add_test(tc, combine_in_ascending_expert_order);
     tcase_add_test(tc, hash_layer_lookup_and_range_errors);
     tcase_add_test(tc, non_finite_row_is_isolated);
@@ -890,6 +1073,7 @@ Suite *ref_suite(void)
     TCase *tk = tcase_create("canonical");
     tcase_set_timeout(tk, 300);
     tcase_add_loop_test(tk, canonical_hashes_at_1_and_2_threads, 0, (int)(sizeof canonical / sizeof canonical[0]));
+    tcase_add_loop_test(tk, canonical_profiles, 0, (int)(sizeof canonical / sizeof canonical[0]));
     suite_add_tcase(s, tk);
     return s;
 }

@@ -68,8 +68,9 @@ DSV4_API void dsv4_ref_free(dsv4_ref *ref);
 DSV4_API const dsv4_config *dsv4_ref_config(const dsv4_ref *ref);
 
 /*
- * Runs the layer on T tokens (T >= 0): x bf16 [T, H], input_ids [T] (used by
- * hash layers; may be NULL on other layers). An input id outside [0, V) or a
+ * Runs the layer on T tokens (T >= 0) in the handle's rounding profile
+ * (dsv4_ref_set_rounding; section 4 as written unless set): x bf16 [T, H],
+ * input_ids [T] (used by hash layers; may be NULL on other layers). An input id outside [0, V) or a
  * tid2eid entry outside [0, E) is DSV4_ERR_RANGE naming the token and value;
  * nothing is written to the outputs then.
  */
@@ -105,6 +106,46 @@ DSV4_API dsv4_status dsv4_ref_stage_experts(const dsv4_ref *ref, int64_t m, cons
  */
 DSV4_API dsv4_status dsv4_ref_stage_combine(const dsv4_ref *ref, int64_t n, int64_t ns, const int32_t *tok,
                                             const float *w, const uint16_t *o, const uint16_t *shared, uint16_t *y,
+                                            dsv4_error *err);
+
+/*
+ * Rounding profiles (SPEC.md section 10): where an outside engine rounds before an activation
+ * quantization, so that a check computes the expected output at the engine's own rounding
+ * points. A key of the check, not of the model (the config, the planner and the fast paths do
+ * not know it); routing is the same in every profile, and each profile is bit-reproducible.
+ *   DSV4_ROUNDING_SPEC      section 4 as written (the default; the canonical hashes)
+ *   DSV4_ROUNDING_BF16_OPS  every elementwise result rounded to bf16, as eager PyTorch runs a
+ *                           bf16 model: silu(g) before the product, silu(g) u, h w (before_w2)
+ *                           or w o (after_w2)
+ *   DSV4_ROUNDING_FP32      g, u, h, o and the shared expert's output kept in fp32; h quantized
+ *                           from fp32 (a model run in fp32; a fused SwiGLU + quantization epilogue)
+ */
+typedef enum dsv4_rounding {
+    DSV4_ROUNDING_SPEC = 0,
+    DSV4_ROUNDING_BF16_OPS = 1,
+    DSV4_ROUNDING_FP32 = 2,
+} dsv4_rounding;
+#define DSV4_ROUNDING_COUNT 3
+
+/* "spec", "bf16_ops", "fp32"; NULL outside the enum. */
+DSV4_API const char *dsv4_rounding_name(dsv4_rounding r);
+/* The profile named s; anything else is DSV4_ERR_INVALID_ARG naming the value and the three names. */
+DSV4_API dsv4_status dsv4_rounding_parse(const char *s, dsv4_rounding *out, dsv4_error *err);
+
+/* The profile of the handle's forwards (DSV4_ROUNDING_SPEC after create). Not while a forward
+   runs on the handle. The stages above always compute section 4 as written. */
+DSV4_API dsv4_status dsv4_ref_set_rounding(dsv4_ref *ref, dsv4_rounding rounding, dsv4_error *err);
+DSV4_API dsv4_rounding dsv4_ref_rounding(const dsv4_ref *ref);
+
+/*
+ * dsv4_ref_forward in the handle's profile, also giving y_terms (F32 [T, H], may be NULL): per
+ * output element S = |s| + sum_k |o_k| in fp32 (SPEC.md section 10.2), s the shared expert's
+ * output and o_k the k-th kept expert's weighted output (o at before_w2, w o at after_w2) as
+ * the profile computes them, summed in ascending expert id before |s| is added. The bound of
+ * the rounding an engine may do after its last quantization.
+ */
+DSV4_API dsv4_status dsv4_ref_forward_terms(dsv4_ref *ref, int64_t tokens, const uint16_t *x,
+                                            const int32_t *input_ids, dsv4_ref_output *out, float *y_terms,
                                             dsv4_error *err);
 
 /* FNV-1a 64 of y, then topk_ids, then topk_weights (those given), as raw bytes. */

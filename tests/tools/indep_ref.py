@@ -3,8 +3,10 @@
 written from SPEC.md only, compared against the C reference's output file.
 
 usage: indep_ref.py --weights W.safetensors --input X.safetensors --out-ref Y.safetensors
-                    --set key=value ...
-Exit 0 when >= 99 % of y elements are bit-identical and topk_ids are identical, else 1.
+                    [--rounding spec|bf16_ops|fp32] --set key=value ...
+Exit 0 when >= 99 % of y elements are bit-identical and topk_ids are identical, else 1. The rounding
+profiles are SPEC.md section 10's; y_terms (|shared output| + sum of |weighted expert outputs|) is
+compared too when the reference's file has it.
 """
 import argparse
 import json
@@ -192,24 +194,33 @@ def exp32(v):
     return np.exp(np.asarray(v, dtype=np.float64)).astype(F32)
 
 
-def ffn(xin, W1, W3, W2, fmt13, fmt2, aq, L, clamp, w=None, weight_point="before_w2"):
-    """xin fp32 (bf16 values) [n, H]. Returns o (bf16 values, fp32) [n, H] before the router weight
-    for after_w2, or with it folded in for before_w2."""
+ROUNDINGS = ("spec", "bf16_ops", "fp32")
+
+
+def ffn(xin, W1, W3, W2, fmt13, fmt2, aq, L, clamp, w=None, weight_point="before_w2", rounding="spec"):
+    """xin fp32 (bf16 values) [n, H]. Returns o [n, H] before the router weight for after_w2, or
+    with it folded in for before_w2: bf16 values, or fp32 ones in the fp32 profile (SPEC.md 10.1:
+    spec rounds g, u, h and o; bf16_ops also silu(g), silu(g) u and h w; fp32 none of them)."""
+    assert rounding in ROUNDINGS, rounding
+    keep32 = rounding == "fp32"
+    ops = (lambda v: bf16(v)) if rounding == "bf16_ops" else (lambda v: v)
     xq = act_quant(xin, aq if fmt13 != "bf16" else "none")
-    g = bf16(dot(xq, W1))
-    u = bf16(dot(xq, W3))
+    g = dot(xq, W1)
+    u = dot(xq, W3)
+    if not keep32:
+        g, u = bf16(g), bf16(u)
     if clamp and L > 0:
         Lf = F32(L)
         u = np.clip(u, -Lf, Lf).astype(F32)
         g = np.minimum(g, Lf).astype(F32)
-    silu = (g / (F32(1.0) + exp32(-g))).astype(F32)
-    h = (silu * u).astype(F32)
+    silu = ops((g / (F32(1.0) + exp32(-g))).astype(F32))
+    h = ops((silu * u).astype(F32))
     if w is not None and weight_point == "before_w2":
         h = (h * w[:, None]).astype(F32)
-    hb = bf16(h)
+    hb = h if keep32 else bf16(h)
     hq = act_quant(hb, aq if fmt2 != "bf16" else "none")
-    o = bf16(dot(hq, W2))
-    return o
+    o = dot(hq, W2)
+    return o if keep32 else bf16(o)
 
 
 DEFAULTS = dict(dim="4096", moe_inter_dim="2048", n_routed_experts="256", n_activated="6",
@@ -223,10 +234,17 @@ DEFAULTS = dict(dim="4096", moe_inter_dim="2048", n_routed_experts="256", n_acti
 DEFECTS = ("routed_clamp_dropped", "shared_clamp_dropped", "weight_point_swapped", "topp_slot_as_expert0")
 
 
-def forward(cfg, st, x, ids_in, defect=None, verbose=False):
+def forward(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec"):
     """The layer on x (fp32 holding bf16 values) [T, H]; cfg maps SPEC.md section 8 keys to strings.
     Returns (y as bf16 values in fp32 [T, H], topk_ids int64 [T, K] with E for pruned slots,
     topk_weights fp32 [T, K])."""
+    y, idx, w, _ = forward_terms(cfg, st, x, ids_in, defect, verbose, rounding)
+    return y, idx, w
+
+
+def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec"):
+    """forward in a rounding profile, also returning y_terms fp32 [T, H]: |shared output| + the sum of
+    |weighted expert outputs| (SPEC.md 10.2), the expert terms summed first in ascending expert id."""
     assert defect is None or defect in DEFECTS, defect
     H = int(cfg["dim"]); E = int(cfg["n_routed_experts"])
     K = int(cfg["n_activated"]); layer = int(cfg["layer"]); nh = int(cfg["n_hash_layers"])
@@ -346,6 +364,7 @@ def forward(cfg, st, x, ids_in, defect=None, verbose=False):
 
     # ---- experts (section 4)
     y = np.zeros((T, H), dtype=F32)
+    terms = np.zeros((T, H), dtype=F32)
     for e in range(E):
         rows, slots = np.nonzero(idx == e)
         if len(rows) == 0:
@@ -355,19 +374,24 @@ def forward(cfg, st, x, ids_in, defect=None, verbose=False):
         W3, _ = load_weight(st, q + "w3")
         W2, f2 = load_weight(st, q + "w2")
         we = w[rows, slots].astype(F32)
-        o = ffn(x[rows], W1, W3, W2, f1, f2, aq, L, defect != "routed_clamp_dropped", we, wp)
+        o = ffn(x[rows], W1, W3, W2, f1, f2, aq, L, defect != "routed_clamp_dropped", we, wp, rounding)
         if wp == "after_w2":
             o = (we[:, None] * o).astype(F32)
+            if rounding == "bf16_ops":
+                o = bf16(o)
         # rows are distinct (one slot per expert per token), except where a defect repeats expert 0
         np.add.at(y, rows, o)
+        np.add.at(terms, rows, np.abs(o))
     if n_shared:
         q = p + "shared_experts."
         W1, f1 = load_weight(st, q + "w1")
         W3, _ = load_weight(st, q + "w3")
         W2, f2 = load_weight(st, q + "w2")
-        o = ffn(x, W1, W3, W2, f1, f2, aq, L, shared_clamp and defect != "shared_clamp_dropped", None, wp)
-        y = (y + bf16(o)).astype(F32)
-    return bf16(y), idx, w
+        o = ffn(x, W1, W3, W2, f1, f2, aq, L, shared_clamp and defect != "shared_clamp_dropped", None, wp,
+                rounding)
+        y = (y + o).astype(F32)
+        terms = (terms + np.abs(o)).astype(F32)
+    return bf16(y), idx, w, terms
 
 
 def main():
@@ -376,6 +400,7 @@ def main():
     ap.add_argument("--input", required=True)
     ap.add_argument("--out-ref", required=True)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--rounding", default="spec", choices=ROUNDINGS)
     ap.add_argument("--verbose", "-v", action="store_true")
     args = ap.parse_args()
 
@@ -387,7 +412,7 @@ def main():
     inp = read_st(args.input)
     x = inp["x"][1].astype(F32)
     ids_in = inp["input_ids"][1]
-    yb, idx, w = forward(cfg, st, x, ids_in, verbose=args.verbose)
+    yb, idx, w, terms = forward_terms(cfg, st, x, ids_in, verbose=args.verbose, rounding=args.rounding)
 
     # ---- compare
     ref = read_st(args.out_ref)
@@ -408,6 +433,13 @@ def main():
     wdiff = float(np.max(np.abs(w - rw)))
     print("y bit-identical: %.6f (%d/%d)  max ulp: %d  topk_ids mismatches: %d  "
           "max |dw|: %.3g" % (frac, same.sum(), same.size, ulp.max(), id_mis, wdiff))
+    terms_ok = True
+    if "y_terms" in ref:
+        rt = ref["y_terms"][1].astype(F32)
+        tsame = float(np.mean(np.ascontiguousarray(terms).view(np.uint32) == np.ascontiguousarray(rt).view(np.uint32)))
+        trel = float(np.max(np.abs(terms - rt) / np.maximum(rt, F32(1e-30)))) if rt.size else 0.0
+        print("y_terms bit-identical: %.6f  max relative difference: %.3g" % (tsame, trel))
+        terms_ok = tsame >= 0.99
     if args.verbose or id_mis or frac < 1:
         for t, j in zip(*np.nonzero(idx != rid)):
             print("  ids differ t%d slot%d: mine %d (w %.8g) ref %d (w %.8g)"
@@ -418,7 +450,7 @@ def main():
                   % (t, h, yb[t, h], ry[t, h], ulp[t, h]))
         badt = np.unique(bad_el[:, 0]) if len(bad_el) else []
         print("  tokens with y diffs: %s" % list(badt)[:40])
-    ok = frac >= 0.99 and id_mis == 0
+    ok = frac >= 0.99 and id_mis == 0 and terms_ok
     return 0 if ok else 1
 
 
