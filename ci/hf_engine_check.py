@@ -267,8 +267,11 @@ def run_case(m, cfg_cls, case, device, defect, out_dir):
                 y = block(x, input_ids=ids)
             except TypeError:
                 y = block(x) if not block.is_hash else block(x, ids)
+    # the block's rounding profile (SPEC.md section 10): eager PyTorch in bfloat16 rounds every
+    # elementwise result, in float32 none before the final bf16
     case.write_output(out_dir, y[0].float().cpu().numpy(), captured["idx"], captured["w"],
-                      engine="hf-transformers" + ("+" + defect if defect else ""))
+                      engine="hf-transformers" + ("+" + defect if defect else ""),
+                      rounding="fp32" if DTYPE == "float32" else "bf16_ops")
 
 
 def check(cli, cases_dir, out_dir, report):

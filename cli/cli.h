@@ -67,6 +67,9 @@ int cli_parse_i64(const char *cmd, const char *opt, const char *s, int64_t lo, i
 int cli_known(const char *cmd, const char *arg, const char *const *options);
 /* The value of --layout (gen, export): split or stacked; prints and returns -1 otherwise. */
 int cli_parse_layout(const char *cmd, const char *s, dsv4_layout *out);
+/* The value of export's --rounding: a comma-separated list of rounding profiles (SPEC.md section
+   10) as a mask of 1u << dsv4_rounding; prints and returns -1 on an empty list or an unknown name. */
+int cli_parse_roundings(const char *cmd, const char *s, unsigned *mask);
 /* Loads every scenario file a finished option loop collected (args->argv[1 .. nops], the run and
    export operands) into *out (nops entries, free with cli_free_scenarios) before the command does
    anything with them, so that a malformed file is bad input before a case runs or a folder is

@@ -8,7 +8,7 @@
 
 static const char DIFF_HELP[] =
     "usage: dsv4moe diff A.safetensors B.safetensors [--tensor NAME ...] [--rule RULE]\n"
-    "                    [--sentinel E|-1|absent] [--experts E]\n\n"
+    "                    [--terms FILE] [--sentinel E|-1|absent] [--experts E]\n\n"
     "Holds dump A (a candidate: a backend, an engine) against dump B (the reference, e.g. from\n"
     "`dsv4moe ref`), tensor by tensor, on the tensors they have in common (or the named ones):\n"
     "  - float tensors (F32, F64, F16, BF16, F8_E4M3, F8_E5M2) by the SPEC.md section 7 metrics\n"
@@ -20,9 +20,14 @@ static const char DIFF_HELP[] =
     "  - any other tensor bytewise.\n"
     "The rules are those of `run` and `check` (docs/scenarios.md, \"Tolerance rules\").\n\n"
     "  --tensor NAME     compare this tensor (repeatable; default: every common tensor)\n"
-    "  --rule RULE       exact-quant (default: the outside-engine rule of SPEC.md section 9, held for\n"
-    "                    every format), exact-bf16 (the project's own backends on bf16 layers: what\n"
-    "                    `run` applies there), fp8-mma (FP8 tensor-core accumulation)\n"
+    "  --rule RULE       exact-quant (default: the project's own backends on fp8/fp4 layers, SPEC.md\n"
+    "                    section 9), exact-bf16 (the own backends on bf16 layers: what `run` applies\n"
+    "                    there), fp8-mma (FP8 tensor-core accumulation), outside or outside-fp8-mma\n"
+    "                    (an outside engine, section 10: y's elements beyond atol + rtol |b| + 2^-8 S,\n"
+    "                    S the reference's y_terms; hold A to a B computed at A's rounding profile,\n"
+    "                    `dsv4moe ref --rounding P`)\n"
+    "  --terms FILE      the y_terms (F32, y's shape) of the outside rules (default: B's own y_terms,\n"
+    "                    which `dsv4moe ref` writes); y_terms itself is then not compared\n"
     "  --sentinel S      how A marks a pruned slot: E (default, the reference's), -1, absent\n"
     "  --experts E       n_routed_experts (default: B's metadata n_routed_experts, written by `ref`)\n\n"
     "exit status: 0 every tensor within tolerance, 1 some tensor outside it (a NaN or Inf in A where\n"
@@ -32,8 +37,20 @@ static const char DIFF_HELP[] =
 typedef struct {
     dsv4_tolerance rule;
     dsv4_sentinel sentinel;
-    long long experts; /* -1: from B's metadata */
+    long long experts;  /* -1: from B's metadata */
+    const float *terms; /* outside rules: y's S, aligned; NULL otherwise */
 } diff_opts;
+
+static bool outside_rule(dsv4_tolerance t) { return t == DSV4_TOL_OUTSIDE || t == DSV4_TOL_OUTSIDE_FP8; }
+
+/* y of a BF16 tensor as an aligned copy (the mapping may be unaligned); NULL on no memory. */
+static uint16_t *bf16_copy(const dsv4_tensor_info *t)
+{
+    uint16_t *c = malloc((size_t)t->numel * sizeof *c + 2);
+    if (c)
+        memcpy(c, t->data, (size_t)t->numel * sizeof *c);
+    return c;
+}
 
 static void shape_line(const dsv4_tensor_info *t, char *buf, size_t n)
 {
@@ -71,7 +88,22 @@ static int diff_tensor(const dsv4_tensor_info *a, const dsv4_tensor_info *b, con
     }
     char line[512], why[512];
     dsv4_compare_format(&m, line, sizeof line);
-    bool ok = dsv4_compare_within(o->rule, &m, why, sizeof why);
+    int64_t beyond = m.tol_violations;
+    if (o->terms && !strcmp(a->name, "y") && a->dtype == DSV4_DTYPE_BF16) { /* SPEC.md section 10.2 */
+        uint16_t *ca = bf16_copy(a), *cb = bf16_copy(b);
+        if (!ca || !cb) {
+            free(ca);
+            free(cb);
+            fprintf(stderr, "dsv4moe diff: out of memory comparing tensor '%s'\n", a->name);
+            return 2;
+        }
+        beyond = dsv4_compare_beyond_terms(ca, cb, o->terms, (int64_t)a->numel);
+        free(ca);
+        free(cb);
+        size_t len = strlen(line);
+        snprintf(line + len, sizeof line - len, " beyond_with_S %lld", (long long)beyond);
+    }
+    bool ok = dsv4_compare_within_beyond(o->rule, &m, beyond, why, sizeof why);
     printf("%-24s %-7s %s\n", a->name, dsv4_dtype_name(a->dtype), line);
     if (!ok)
         printf("%-24s %-7s outside: %s\n", "", "", why);
@@ -125,8 +157,9 @@ int cmd_diff(int argc, char **argv)
 {
     const char *cmd = "diff", *names[64];
     int nn = 0;
-    diff_opts o = {DSV4_TOL_EXACT_QUANT, DSV4_SENTINEL_E, -1};
-    static const char *const opts[] = {"--tensor", "--rule", "--sentinel", "--experts", NULL};
+    diff_opts o = {DSV4_TOL_EXACT_QUANT, DSV4_SENTINEL_E, -1, NULL};
+    const char *terms_path = NULL;
+    static const char *const opts[] = {"--tensor", "--rule", "--sentinel", "--experts", "--terms", NULL};
     cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = DIFF_HELP, .value_opts = opts,
                      .positional = true};
     const char *opt, *v;
@@ -138,7 +171,10 @@ int cmd_diff(int argc, char **argv)
             names[nn++] = v;
         } else if (!strcmp(opt, "--rule")) {
             if (!dsv4_tolerance_parse(v, &o.rule))
-                return cli_failf(cmd, "--rule '%s': not exact-bf16, exact-quant or fp8-mma", v);
+                return cli_failf(cmd, "--rule '%s': not exact-bf16, exact-quant, fp8-mma, outside or outside-fp8-mma",
+                                 v);
+        } else if (!strcmp(opt, "--terms")) {
+            terms_path = v;
         } else if (!strcmp(opt, "--sentinel")) {
             if (!dsv4_sentinel_parse(v, &o.sentinel))
                 return cli_failf(cmd, "--sentinel '%s': not E, -1 or absent", v);
@@ -158,11 +194,39 @@ int cmd_diff(int argc, char **argv)
     dsv4_st_file *a = NULL, *b = NULL;
     dsv4_error err;
     dsv4_error_clear(&err);
-    if (dsv4_st_open(pa, &a, &err) || dsv4_st_open(pb, &b, &err)) {
+    if (terms_path && !outside_rule(o.rule))
+        return cli_failf(cmd, "--terms goes with --rule outside or outside-fp8-mma (SPEC.md section 10)");
+    dsv4_st_file *tf = NULL;
+    float *terms = NULL;
+    if (dsv4_st_open(pa, &a, &err) || dsv4_st_open(pb, &b, &err) ||
+        (terms_path && dsv4_st_open(terms_path, &tf, &err))) {
         dsv4_st_close(a);
+        dsv4_st_close(b);
         return cli_fail(cmd, &err);
     }
     int worst = 0, compared = 0;
+    if (outside_rule(o.rule)) { /* the S of SPEC.md section 10.2, for y */
+        const dsv4_tensor_info *ts = dsv4_st_find(tf ? tf : b, "y_terms"), *yb = dsv4_st_find(b, "y");
+        bool fits = ts && yb && ts->dtype == DSV4_DTYPE_F32 && ts->ndim == yb->ndim && ts->numel == yb->numel;
+        for (int d = 0; fits && d < ts->ndim; d++)
+            fits = ts->shape[d] == yb->shape[d];
+        if (!fits) {
+            char s[96] = "absent";
+            if (ts)
+                dsv4_tensor_shape_str(ts, s, sizeof s);
+            fprintf(stderr,
+                    "dsv4moe diff: rule %s needs y_terms F32 of y's shape (SPEC.md section 10.2) in %s: found %s%s%s%s\n",
+                    dsv4_tolerance_name(o.rule), tf ? terms_path : pb, ts ? dsv4_dtype_name(ts->dtype) : "",
+                    ts ? " " : "", s, tf ? "" : "; give --terms FILE");
+            worst = 2;
+        } else if (!(terms = malloc((size_t)ts->numel * sizeof *terms + 4))) {
+            fprintf(stderr, "dsv4moe diff: out of memory\n");
+            worst = 2;
+        } else {
+            memcpy(terms, ts->data, (size_t)ts->numel * sizeof *terms);
+            o.terms = terms;
+        }
+    }
     for (int k = 0; k < nn && worst < 2; k++)
         if (!dsv4_st_find(a, names[k]) || !dsv4_st_find(b, names[k])) {
             fprintf(stderr, "dsv4moe diff: tensor '%s' is missing from %s\n", names[k],
@@ -176,7 +240,7 @@ int cmd_diff(int argc, char **argv)
     bool route_w = routing && w_both && (!nn || named(names, nn, "topk_weights"));
     for (size_t k = 0; k < dsv4_st_count(a) && worst < 2; k++) {
         const dsv4_tensor_info *ta = dsv4_st_tensor(a, k), *tb = dsv4_st_find(b, ta->name);
-        if (!tb || (nn && !named(names, nn, ta->name)))
+        if (!tb || (nn && !named(names, nn, ta->name)) || (o.terms && !strcmp(ta->name, "y_terms")))
             continue;
         if (routing && (!strcmp(ta->name, "topk_ids") || (route_w && !strcmp(ta->name, "topk_weights"))))
             continue;
@@ -195,6 +259,8 @@ int cmd_diff(int argc, char **argv)
     }
     dsv4_st_close(a);
     dsv4_st_close(b);
+    dsv4_st_close(tf);
+    free(terms);
     if (worst < 2)
         printf("dsv4moe diff: %d tensor%s compared (rule %s): %s\n", compared, compared == 1 ? "" : "s",
                dsv4_tolerance_name(o.rule), worst ? "outside tolerance" : "within tolerance");

@@ -8,13 +8,17 @@
 #include "dsv4moe/scenario.h"
 
 static const char EXPORT_HELP[] =
-    "usage: dsv4moe export FILE.yaml... --dir D [--layout split|stacked] [--filter SUBSTRING] [--threads N]\n\n"
+    "usage: dsv4moe export FILE.yaml... --dir D [--layout split|stacked] [--filter SUBSTRING] [--threads N]\n"
+    "                      [--rounding LIST]\n\n"
     "Writes every world-1 case of the scenario files, and each rank of their multi-rank cases, that\n"
-    "expects a pass, as a folder D/<case-id>/ (docs/engines.md, format version 1):\n"
+    "expects a pass, as a folder D/<case-id>/ (docs/engines.md, format version 2):\n"
     "  model.safetensors     the layer's checkpoint in the chosen layout with the real key names\n"
     "  input.safetensors     x BF16 [T, H], input_ids I32 [T]\n"
     "  expected.safetensors  the reference's y BF16 [T, H], topk_ids I32 [T, K], topk_weights F32 [T, K]\n"
-    "  case.json             the case id, layer, every config key, the checks and the tolerance\n"
+    "                        and y_terms F32 [T, H] (SPEC.md section 10.2) at the rounding profile spec\n"
+    "  expected.P.safetensors  the same at the profiles bf16_ops and fp32 (SPEC.md section 10.1)\n"
+    "  case.json             the case id, layer, every config key, the files of each profile, the checks\n"
+    "                        and the tolerance\n"
     "An engine runs each folder and writes O/<case-id>/output.safetensors; `dsv4moe check D --outputs O`\n"
     "gives the verdicts.\n\n"
     "  --dir D           where the case folders go (created)\n"
@@ -22,7 +26,9 @@ static const char EXPORT_HELP[] =
     "                    transformers' keys, model.layers.N.mlp.*, bf16; the reference quantizes it at\n"
     "                    load as the case's formats say, so a bf16-computing engine matches the bf16 cases)\n"
     "  --filter S        only cases whose name contains S\n"
-    "  --threads N       the reference's threads (default 2; the outputs do not depend on it)\n\n"
+    "  --threads N       the reference's threads (default 2; the outputs do not depend on it)\n"
+    "  --rounding LIST   the profiles to write, comma-separated: spec, bf16_ops, fp32 (default all three;\n"
+    "                    spec is always written)\n\n"
     "exit status: 0 written, 2 bad input (a scenario file, an option, a folder that cannot be written)\n";
 
 int cmd_export(int argc, char **argv)
@@ -31,7 +37,7 @@ int cmd_export(int argc, char **argv)
     dsv4_export_options eo;
     dsv4_export_options_init(&eo);
     int64_t threads = 2;
-    static const char *const opts[] = {"--dir", "--layout", "--filter", "--threads", NULL};
+    static const char *const opts[] = {"--dir", "--layout", "--filter", "--threads", "--rounding", NULL};
     cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = EXPORT_HELP, .value_opts = opts,
                      .positional = true};
     const char *a, *v;
@@ -42,6 +48,9 @@ int cmd_export(int argc, char **argv)
             filter = v;
         else if (!strcmp(a, "--layout")) {
             if (cli_parse_layout(cmd, v, &eo.layout))
+                return EXIT_BAD_INPUT;
+        } else if (!strcmp(a, "--rounding")) {
+            if (cli_parse_roundings(cmd, v, &eo.roundings))
                 return EXIT_BAD_INPUT;
         } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads))
             return EXIT_BAD_INPUT;

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "err.h"
+#include "dsv4moe/ref.h"
 
 const char CLI_CONFIG_HELP[] =
     "  --preset NAME        start from a preset (default v4-flash; see `dsv4moe help presets`)\n"
@@ -90,6 +91,33 @@ int cli_parse_layout(const char *cmd, const char *s, dsv4_layout *out)
         cli_failf(cmd, "option --layout: '%s' is not split or stacked", s);
         return -1;
     }
+    return 0;
+}
+
+int cli_parse_roundings(const char *cmd, const char *s, unsigned *mask)
+{
+    unsigned m = 0;
+    for (const char *p = s;;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        char name[32];
+        dsv4_rounding r;
+        if (n == 0 || n >= sizeof name) {
+            cli_failf(cmd, "option --rounding: '%s' is not a comma-separated list of spec, bf16_ops, fp32", s);
+            return -1;
+        }
+        memcpy(name, p, n);
+        name[n] = '\0';
+        if (dsv4_rounding_parse(name, &r, NULL)) {
+            cli_failf(cmd, "option --rounding: '%s' is not a rounding profile (spec, bf16_ops, fp32)", name);
+            return -1;
+        }
+        m |= 1u << r;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    *mask = m;
     return 0;
 }
 

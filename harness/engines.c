@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,16 +104,52 @@ static json_t *config_json(const dsv4_config *cfg)
 
 static json_t *tolerance_json(void)
 {
-    json_t *t = json_pack("{s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:s, s:{s:s, s:f, s:f, s:f}, s:{s:s, s:s, s:f, s:f}}",
-                          "rule", dsv4_tolerance_name(DSV4_TOL_EXACT_QUANT), "words",
-                          dsv4_tolerance_describe(DSV4_TOL_EXACT_QUANT), "deepgemm_diff_below", 1e-3, "atol",
-                          DSV4_COMPARE_ATOL, "rtol", DSV4_COMPARE_RTOL, "beyond_share_max", 0.005,
-                          "max_abs_rms_factor", 0.1, "ulp", "reported, not judged (bf16 ULPs of y)", "fp8_mma", "rule",
-                          dsv4_tolerance_name(DSV4_TOL_FP8_MMA), "deepgemm_diff_below", 1e-3, "beyond_share_max", 0.02,
-                          "max_abs_rms_factor", 0.2, "routing", "ids", "kept experts compared as sets per token",
-                          "reference_sentinel", "E", "weights_atol", DSV4_ROUTING_WEIGHT_ATOL, "weights_rtol",
-                          DSV4_ROUTING_WEIGHT_RTOL);
+    json_t *t = json_pack(
+        "{s:s, s:s, s:f, s:f, s:f, s:f, s:s, s:f, s:s, s:{s:s, s:f, s:f}, s:{s:s, s:s, s:f, s:f}}", "rule",
+        dsv4_tolerance_name(DSV4_TOL_OUTSIDE), "words", dsv4_tolerance_describe(DSV4_TOL_OUTSIDE),
+        "deepgemm_diff_below", 1e-3, "atol", DSV4_COMPARE_ATOL, "rtol", DSV4_COMPARE_RTOL, "terms_scale",
+        DSV4_COMPARE_TERMS_SCALE, "beyond", "|a - b| > atol + rtol |b| + terms_scale y_terms", "beyond_share_max", 0.005,
+        "ulp", "reported, not judged (bf16 ULPs of y)", "fp8_mma", "rule", dsv4_tolerance_name(DSV4_TOL_OUTSIDE_FP8),
+        "deepgemm_diff_below", 1e-3, "beyond_share_max", 0.02, "routing", "ids",
+        "kept experts compared as sets per token", "reference_sentinel", "E", "weights_atol", DSV4_ROUTING_WEIGHT_ATOL,
+        "weights_rtol", DSV4_ROUTING_WEIGHT_RTOL);
     return t;
+}
+
+/* The expected file of a rounding profile in a case folder. */
+static const char *expected_file(dsv4_rounding r)
+{
+    static const char *const names[DSV4_ROUNDING_COUNT] = {"expected.safetensors", "expected.bf16_ops.safetensors",
+                                                           "expected.fp32.safetensors"};
+    return names[r];
+}
+
+/* The profiles an export writes: spec always, and those of the mask (0: all). */
+static unsigned export_profiles(unsigned mask) { return (mask ? mask : (1u << DSV4_ROUNDING_COUNT) - 1) | 1u; }
+
+/* case.json's "files" and "rounding" members for the profiles of `mask` (export_profiles). */
+static json_t *files_json(unsigned mask)
+{
+    json_t *by = json_object(), *list = json_array();
+    json_t *f = json_pack("{s:s, s:s, s:s}", "model", "model.safetensors", "input", "input.safetensors", "expected",
+                          expected_file(DSV4_ROUNDING_SPEC));
+    bool ok = by && list && f;
+    for (int r = 0; ok && r < DSV4_ROUNDING_COUNT; r++)
+        if (mask & (1u << r))
+            ok = !json_object_set_new(by, dsv4_rounding_name((dsv4_rounding)r), json_string(expected_file((dsv4_rounding)r))) &&
+                 !json_array_append_new(list, json_string(dsv4_rounding_name((dsv4_rounding)r)));
+    if (ok && !json_object_set_new(f, "expected_by_rounding", by)) {
+        by = NULL;
+        json_t *out = json_pack("{s:o, s:{s:s, s:o, s:s, s:s}}", "files", f, "rounding", "default", "spec", "profiles",
+                                list, "engine_key", "engine_rounding", "terms", "y_terms");
+        if (out)
+            return out;
+        return NULL; /* json_pack's "o" took f and list */
+    }
+    json_decref(by);
+    json_decref(list);
+    json_decref(f);
+    return NULL;
 }
 
 typedef struct {
@@ -125,7 +162,7 @@ typedef struct {
 
 /* Writes the case.json of one folder. */
 static dsv4_status write_case_json(const char *path, const char *id, const export_case *e, const dsv4_ref_output *out,
-                                   uint64_t hash, dsv4_error *err)
+                                   uint64_t hash, json_t *hashes, dsv4_error *err)
 {
     const dsv4_scenario_case *sc = e->sc;
     char hs[32], name[600];
@@ -136,20 +173,24 @@ static dsv4_status write_case_json(const char *path, const char *id, const expor
         snprintf(name, sizeof name, "%s", sc->name);
     const dsv4_ref_stats *s = &out->stats;
     json_t *root = json_pack(
-        "{s:s, s:i, s:s, s:s, s:{s:s, s:s}, s:o, s:i, s:I, s:I, s:I, s:s, s:{s:s, s:s, s:s}, s:o, s:[s, s], s:o, "
-        "s:{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
+        "{s:s, s:i, s:s, s:s, s:{s:s, s:s}, s:o, s:i, s:I, s:I, s:I, s:s, s:o, s:[s, s], s:o, "
+        "s:{s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
         "format", CASE_FORMAT, "version", DSV4_ENGINE_FORMAT_VERSION, "case", id, "name", name, "scenario", "name",
         dsv4_scenario_name(e->scn), "file", dsv4_scenario_path(e->scn), "rank",
         e->rank >= 0 ? json_integer(e->rank) : json_null(), "world", sc->n_ranks, "layer", (json_int_t)sc->config.layer,
-        "tokens", (json_int_t)e->T, "seed", (json_int_t)sc->seed, "layout", dsv4_layout_name(e->o->layout), "files",
-        "model", "model.safetensors", "input", "input.safetensors", "expected", "expected.safetensors", "config",
+        "tokens", (json_int_t)e->T, "seed", (json_int_t)sc->seed, "layout", dsv4_layout_name(e->o->layout), "config",
         config_json(&sc->config), "checks", "numerics", "routing", "tolerance", tolerance_json(), "reference", "hash",
-        hs, "kept_slots", (json_int_t)s->kept_slots, "pruned_slots", (json_int_t)s->pruned_slots, "routed_g_clamped",
+        hs, "hash_by_rounding", hashes, "kept_slots", (json_int_t)s->kept_slots, "pruned_slots", (json_int_t)s->pruned_slots, "routed_g_clamped",
         (json_int_t)s->routed_g_clamped, "routed_u_clamped", (json_int_t)s->routed_u_clamped, "shared_g_clamped",
         (json_int_t)s->shared_g_clamped, "shared_u_clamped", (json_int_t)s->shared_u_clamped, "nonfinite_rows",
         (json_int_t)s->nonfinite_rows);
-    if (!root)
+    json_t *files = root ? files_json(export_profiles(e->o->roundings)) : NULL;
+    if (!root || !files || json_object_update(root, files)) {
+        json_decref(root);
+        json_decref(files);
         return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "cannot build case.json (out of memory)");
+    }
+    json_decref(files);
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(root);
     if (!text)
@@ -196,11 +237,12 @@ static dsv4_status export_one(const char *dir, const export_case *e, const dsv4_
         return dsv4_seterr(err, DSV4_ERR_INTERNAL, "export", "the generated input pool is short");
     uint16_t *x = malloc((size_t)(T * H + 1) * 2), *y = malloc((size_t)(T * H + 1) * 2);
     int32_t *ids = malloc((size_t)(T + 1) * 4), *topk = malloc((size_t)(T * K + 1) * 4);
-    float *w = malloc((size_t)(T * K + 1) * 4);
+    float *w = malloc((size_t)(T * K + 1) * 4), *terms = malloc((size_t)(T * H + 1) * 4);
     dsv4_checkpoint *ck = NULL;
     dsv4_ref *ref = NULL;
     dsv4_st_writer *wr = NULL;
-    if (!x || !y || !ids || !topk || !w) {
+    json_t *hashes = json_object();
+    if (!x || !y || !ids || !topk || !w || !terms || !hashes) {
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, id, "out of memory for %lld tokens", (long long)T);
         goto done;
     }
@@ -214,46 +256,74 @@ static dsv4_status export_one(const char *dir, const export_case *e, const dsv4_
         goto done;
     dsv4_st_writer_free(wr);
     wr = NULL;
-    /* the reference on it */
+    /* the reference on it, at each profile asked for; spec last, so `out` holds its statistics */
     dsv4_ref_output out;
     memset(&out, 0, sizeof out);
     out.y = y;
     out.topk_ids = topk;
     out.topk_weights = w;
-    if ((st = dsv4_checkpoint_open(model_out, &ck, err)) || (st = dsv4_ref_create(cfg, ck, e->o->threads, &ref, err)) ||
-        (st = dsv4_ref_forward(ref, T, x, ids, &out, err)))
+    if ((st = dsv4_checkpoint_open(model_out, &ck, err)) || (st = dsv4_ref_create(cfg, ck, e->o->threads, &ref, err)))
         goto done;
     char nexp[32];
     snprintf(nexp, sizeof nexp, "%lld", (long long)cfg->n_routed_experts);
-    snprintf(path, sizeof path, "%s/expected.safetensors", folder);
-    if ((st = dsv4_st_writer_create(&wr, err)) || (st = dsv4_st_writer_add(wr, "y", DSV4_DTYPE_BF16, 2, sx, y, err)) ||
-        (st = dsv4_st_writer_add(wr, "topk_ids", DSV4_DTYPE_I32, 2, sk, topk, err)) ||
-        (st = dsv4_st_writer_add(wr, "topk_weights", DSV4_DTYPE_F32, 2, sk, w, err)) ||
-        (st = dsv4_st_writer_set_metadata(wr, "n_routed_experts", nexp, err)) ||
-        (st = dsv4_st_writer_write(wr, path, NULL, NULL, err)))
-        goto done;
+    unsigned mask = export_profiles(e->o->roundings);
+    uint64_t hash = 0;
+    for (int r = DSV4_ROUNDING_COUNT - 1; r >= 0; r--) {
+        if (!(mask & (1u << r)))
+            continue;
+        const char *rname = dsv4_rounding_name((dsv4_rounding)r);
+        char hs[32];
+        if ((st = dsv4_ref_set_rounding(ref, (dsv4_rounding)r, err)) ||
+            (st = dsv4_ref_forward_terms(ref, T, x, ids, &out, terms, err)))
+            goto done;
+        hash = dsv4_ref_hash(cfg, T, &out);
+        snprintf(hs, sizeof hs, "%016llx", (unsigned long long)hash);
+        if (json_object_set_new(hashes, rname, json_string(hs))) {
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, id, "out of memory");
+            goto done;
+        }
+        snprintf(path, sizeof path, "%s/%s", folder, expected_file((dsv4_rounding)r));
+        if ((st = dsv4_st_writer_create(&wr, err)) ||
+            (st = dsv4_st_writer_add(wr, "y", DSV4_DTYPE_BF16, 2, sx, y, err)) ||
+            (st = dsv4_st_writer_add(wr, "topk_ids", DSV4_DTYPE_I32, 2, sk, topk, err)) ||
+            (st = dsv4_st_writer_add(wr, "topk_weights", DSV4_DTYPE_F32, 2, sk, w, err)) ||
+            (st = dsv4_st_writer_add(wr, "y_terms", DSV4_DTYPE_F32, 2, sx, terms, err)) ||
+            (st = dsv4_st_writer_set_metadata(wr, "n_routed_experts", nexp, err)) ||
+            (st = dsv4_st_writer_set_metadata(wr, "rounding", rname, err)) ||
+            (st = dsv4_st_writer_write(wr, path, NULL, NULL, err)))
+            goto done;
+        dsv4_st_writer_free(wr);
+        wr = NULL;
+    }
     snprintf(path, sizeof path, "%s/case.json", folder);
-    st = write_case_json(path, id, e, &out, dsv4_ref_hash(cfg, T, &out), err);
+    st = write_case_json(path, id, e, &out, hash, hashes, err);
+    hashes = NULL; /* json_pack took it */
 done:
+    json_decref(hashes);
     dsv4_st_writer_free(wr);
     dsv4_ref_free(ref);
     dsv4_checkpoint_close(ck);
-    free(x), free(y), free(ids), free(topk), free(w);
+    free(x), free(y), free(ids), free(topk), free(w), free(terms);
     return st;
 }
 
 dsv4_status dsv4_export_scenario(const dsv4_scenario *scn, const char *dir, const dsv4_export_options *opt,
                                  size_t *written, size_t *left_out, dsv4_error *err)
 {
-    dsv4_export_options defaults;
-    dsv4_export_options_init(&defaults);
-    if (!opt)
-        opt = &defaults;
+    dsv4_export_options o;
+    dsv4_export_options_init(&o);
     if (!scn || !dir || !dir[0])
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "scenario and folder must be given");
-    if (opt->struct_size != sizeof *opt)
+    /* the size before `roundings` (callers built against format version 1) still works */
+    if (opt && opt->struct_size != sizeof *opt && opt->struct_size != offsetof(dsv4_export_options, roundings))
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "options struct_size %u unknown (expected %zu)",
                            opt->struct_size, sizeof *opt);
+    if (opt)
+        memcpy(&o, opt, opt->struct_size);
+    opt = &o;
+    if (opt->roundings >> DSV4_ROUNDING_COUNT)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "roundings mask 0x%x names no profile past bit %d",
+                           opt->roundings, DSV4_ROUNDING_COUNT - 1);
     if (opt->layout != DSV4_LAYOUT_SPLIT && opt->layout != DSV4_LAYOUT_STACKED)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "layout %d is not split or stacked", (int)opt->layout);
     if (opt->threads < 1 || opt->threads > 256)
@@ -363,7 +433,36 @@ typedef struct {
     dsv4_config cfg;
     int64_t T;
     uint64_t seed;
+    const char *expected[DSV4_ROUNDING_COUNT]; /* file names in the folder; NULL: not exported */
 } case_desc;
+
+/* case.json's files.expected_by_rounding: known profiles, plain file names in the folder. */
+static dsv4_status read_profiles(const char *path, json_t *files, case_desc *cd, dsv4_error *err)
+{
+    json_t *by = json_object_get(files, "expected_by_rounding");
+    if (!json_is_object(by))
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "needs files.expected_by_rounding, an object naming each "
+                                                       "exported rounding profile's file (format version 2)");
+    const char *key;
+    json_t *v;
+    json_object_foreach(by, key, v)
+    {
+        dsv4_rounding r;
+        const char *f = json_string_value(v);
+        if (dsv4_rounding_parse(key, &r, NULL))
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, path,
+                               "files.expected_by_rounding: '%s' is not a rounding profile (spec, bf16_ops, fp32)", key);
+        if (!f || !f[0] || f[0] == '.' || strchr(f, '/'))
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, path,
+                               "files.expected_by_rounding.%s must be a file name in the case folder (no '/', not "
+                               "hidden)",
+                               key);
+        cd->expected[r] = f;
+    }
+    if (!cd->expected[DSV4_ROUNDING_SPEC])
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "files.expected_by_rounding has no spec profile");
+    return DSV4_OK;
+}
 
 /* Reads and validates case.json; the config from its "config" object. */
 static dsv4_status read_case(const char *path, case_desc *cd, dsv4_error *err)
@@ -378,10 +477,13 @@ static dsv4_status read_case(const char *path, case_desc *cd, dsv4_error *err)
     json_t *scn = json_object_get(r, "scenario"), *seed = json_object_get(r, "seed");
     if (!json_is_string(fmt) || strcmp(json_string_value(fmt), CASE_FORMAT))
         return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "\"format\" is not \"%s\"", CASE_FORMAT);
-    if (!json_is_integer(ver) || json_integer_value(ver) < 1 ||
-        json_integer_value(ver) > DSV4_ENGINE_FORMAT_VERSION)
+    if (json_is_integer(ver) && json_integer_value(ver) == 1)
         return dsv4_seterr(err, DSV4_ERR_FORMAT, path,
-                           "\"version\" must be an integer in [1, %d] (this tool's format version)",
+                           "\"version\" 1: exported before the rounding profiles (SPEC.md section 10); version %d "
+                           "adds each profile's expected file with y_terms, which check needs: export the cases again",
+                           DSV4_ENGINE_FORMAT_VERSION);
+    if (!json_is_integer(ver) || json_integer_value(ver) != DSV4_ENGINE_FORMAT_VERSION)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "\"version\" must be %d (this tool's format version)",
                            DSV4_ENGINE_FORMAT_VERSION);
     if (!json_is_object(cfg) || !json_is_integer(tok) || json_integer_value(tok) < 0)
         return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "needs a \"config\" object and \"tokens\" >= 0");
@@ -394,6 +496,9 @@ static dsv4_status read_case(const char *path, case_desc *cd, dsv4_error *err)
         cd->name = json_string_value(json_object_get(r, "case"));
     if (!cd->name)
         return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "no \"case\" name");
+    dsv4_status pst = read_profiles(path, json_object_get(r, "files"), cd, err);
+    if (pst)
+        return pst;
     dsv4_config_init(&cd->cfg);
     const char *key;
     json_t *v;
@@ -446,28 +551,101 @@ static uint16_t *y_bf16(const dsv4_tensor_info *t)
     return o;
 }
 
+/* The case's expected outputs at profile `rnd`: y BF16, topk_ids, topk_weights and y_terms F32, all of
+   [T, ...]; y and y_terms copied out (the mapping may be unaligned). NULL with msg set when they do not fit. */
+static dsv4_st_file *open_expected(const char *path, int64_t T, int64_t H, uint16_t **y, float **terms,
+                                   const dsv4_tensor_info **ids, const dsv4_tensor_info **w, char *msg, size_t size)
+{
+    dsv4_st_file *f = NULL;
+    dsv4_error e;
+    dsv4_error_clear(&e);
+    if (dsv4_st_open(path, &f, &e)) {
+        snprintf(msg, size, "the case's expected outputs do not load: %s", e.message);
+        return NULL;
+    }
+    const dsv4_tensor_info *ye = dsv4_st_find(f, "y"), *te = dsv4_st_find(f, "y_terms");
+    *ids = dsv4_st_find(f, "topk_ids");
+    *w = dsv4_st_find(f, "topk_weights");
+    if (!ye || ye->ndim != 2 || ye->shape[0] != T || ye->shape[1] != H || ye->dtype != DSV4_DTYPE_BF16 || !*ids ||
+        !*w) {
+        snprintf(msg, size, "%s: not the y BF16 [%lld, %lld], topk_ids and topk_weights of the case", path,
+                 (long long)T, (long long)H);
+        goto fail;
+    }
+    if (!te || te->ndim != 2 || te->shape[0] != T || te->shape[1] != H || te->dtype != DSV4_DTYPE_F32) {
+        char sh[96] = "absent";
+        if (te)
+            dsv4_tensor_shape_str(te, sh, sizeof sh);
+        snprintf(msg, size, "%s: y_terms must be F32 [%lld, %lld] (SPEC.md section 10.2); found %s%s%s", path,
+                 (long long)T, (long long)H, te ? dsv4_dtype_name(te->dtype) : "", te ? " " : "", sh);
+        goto fail;
+    }
+    *y = malloc((size_t)(T * H) * sizeof **y + 2);
+    *terms = malloc((size_t)(T * H) * sizeof **terms + 4);
+    if (!*y || !*terms) {
+        snprintf(msg, size, "out of memory");
+        goto fail;
+    }
+    memcpy(*y, ye->data, (size_t)(T * H) * sizeof **y);
+    memcpy(*terms, te->data, (size_t)(T * H) * sizeof **terms);
+    for (int64_t i = 0; i < T * H; i++)
+        if (!((*terms)[i] >= 0.0f) && isfinite(dsv4_bf16_to_f32((*y)[i]))) {
+            snprintf(msg, size, "%s: y_terms[%lld, %lld] is %g where y is finite; a term bound is >= 0", path,
+                     (long long)(i / H), (long long)(i % H), (double)(*terms)[i]);
+            goto fail;
+        }
+    return f;
+fail:
+    free(*y);
+    free(*terms);
+    *y = NULL;
+    *terms = NULL;
+    dsv4_st_close(f);
+    return NULL;
+}
+
+/* The engine's rounding profile: its output's engine_rounding, else the option's. False with msg set
+   when the metadata names no profile or the case was not exported with it. */
+static bool engine_profile(const dsv4_st_file *fo, const char *out_path, const case_desc *cd,
+                           const dsv4_check_options *o, dsv4_rounding *rnd, bool *declared, char *msg, size_t size)
+{
+    const char *er = dsv4_st_metadata(fo, "engine_rounding");
+    *rnd = o->rounding;
+    *declared = er != NULL;
+    if (er && dsv4_rounding_parse(er, rnd, NULL)) {
+        snprintf(msg, size, "%s: metadata engine_rounding '%.64s' is not a rounding profile (spec, bf16_ops, fp32)",
+                 out_path, er);
+        return false;
+    }
+    if (cd->expected[*rnd])
+        return true;
+    size_t len = (size_t)snprintf(msg, size, "the case was exported without rounding %s (it has:",
+                                  dsv4_rounding_name(*rnd));
+    for (int r = 0; r < DSV4_ROUNDING_COUNT && len < size; r++)
+        if (cd->expected[r])
+            len += (size_t)snprintf(msg + len, size - len, " %s", dsv4_rounding_name((dsv4_rounding)r));
+    if (len < size)
+        snprintf(msg + len, size - len, "); export with --rounding naming it");
+    return false;
+}
+
 /* Checks one case; fills c's numerics check. */
 static void check_case(const char *cases_dir, const char *outputs_dir, const char *id, const case_desc *cd,
                        const dsv4_check_options *o, dsv4_case_result *c)
 {
     char exp_path[2048], out_path[2048], msg[6144];
-    if ((size_t)snprintf(exp_path, sizeof exp_path, "%s/%s/expected.safetensors", cases_dir, id) >= sizeof exp_path ||
-        (size_t)snprintf(out_path, sizeof out_path, "%s/%s/output.safetensors", outputs_dir, id) >= sizeof out_path) {
-        dsv4_run_ext_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_ERROR, "the case path is too long");
+    const unsigned NUM = DSV4_CHECK_NUMERICS;
+    if ((size_t)snprintf(out_path, sizeof out_path, "%s/%s/output.safetensors", outputs_dir, id) >= sizeof out_path) {
+        dsv4_run_ext_check(c, NUM, DSV4_RESULT_ERROR, "the case path is too long");
         return;
     }
-    const unsigned NUM = DSV4_CHECK_NUMERICS;
     dsv4_st_file *fe = NULL, *fo = NULL;
     dsv4_error e;
     dsv4_error_clear(&e);
-    uint16_t *ya = NULL;
+    uint16_t *ya = NULL, *yb = NULL;
+    float *terms = NULL;
     const int64_t T = cd->T, H = cd->cfg.dim;
-    dsv4_tolerance rule = o->fp8_mma ? DSV4_TOL_FP8_MMA : DSV4_TOL_EXACT_QUANT;
-    if (dsv4_st_open(exp_path, &fe, &e)) {
-        snprintf(msg, sizeof msg, "the case's expected outputs do not load: %s", e.message);
-        dsv4_run_ext_check(c, NUM, DSV4_RESULT_ERROR, msg);
-        goto done;
-    }
+    dsv4_tolerance rule = o->fp8_mma ? DSV4_TOL_OUTSIDE_FP8 : DSV4_TOL_OUTSIDE;
     if (access(out_path, F_OK) != 0) {
         snprintf(msg, sizeof msg, "no output: %s does not exist (a case without an output is an error, not a skip)",
                  out_path);
@@ -479,16 +657,23 @@ static void check_case(const char *cases_dir, const char *outputs_dir, const cha
         dsv4_run_ext_check(c, NUM, DSV4_RESULT_ERROR, msg);
         goto done;
     }
-    const dsv4_tensor_info *ye = dsv4_st_find(fe, "y"), *ie = dsv4_st_find(fe, "topk_ids"),
-                           *we = dsv4_st_find(fe, "topk_weights");
-    const dsv4_tensor_info *yo = find_mapped(fo, o, "y"), *io = find_mapped(fo, o, "topk_ids"),
-                           *wo = find_mapped(fo, o, "topk_weights");
-    if (!ye || ye->ndim != 2 || ye->shape[0] != T || ye->shape[1] != H || ye->dtype != DSV4_DTYPE_BF16 || !ie || !we) {
-        snprintf(msg, sizeof msg, "%s: not the y BF16 [%lld, %lld], topk_ids and topk_weights of the case", exp_path,
-                 (long long)T, (long long)H);
+    dsv4_rounding rnd;
+    bool declared;
+    if (!engine_profile(fo, out_path, cd, o, &rnd, &declared, msg, sizeof msg)) {
         dsv4_run_ext_check(c, NUM, DSV4_RESULT_ERROR, msg);
         goto done;
     }
+    const dsv4_tensor_info *ie, *we;
+    if ((size_t)snprintf(exp_path, sizeof exp_path, "%s/%s/%s", cases_dir, id, cd->expected[rnd]) >= sizeof exp_path)
+        snprintf(msg, sizeof msg, "the case path is too long");
+    else
+        fe = open_expected(exp_path, T, H, &yb, &terms, &ie, &we, msg, sizeof msg);
+    if (!fe) {
+        dsv4_run_ext_check(c, NUM, DSV4_RESULT_ERROR, msg);
+        goto done;
+    }
+    const dsv4_tensor_info *yo = find_mapped(fo, o, "y"), *io = find_mapped(fo, o, "topk_ids"),
+                           *wo = find_mapped(fo, o, "topk_weights");
     if (!yo) {
         size_t len = (size_t)snprintf(msg, sizeof msg, "%s has no tensor y (names:", out_path);
         for (size_t k = 0; k < dsv4_st_count(fo) && len < sizeof msg; k++)
@@ -513,24 +698,17 @@ static void check_case(const char *cases_dir, const char *outputs_dir, const cha
         dsv4_run_ext_check(c, NUM, DSV4_RESULT_ERROR, msg);
         goto done;
     }
-    if (!(ya = y_bf16(yo))) {
-        dsv4_run_ext_check(c, NUM, DSV4_RESULT_ERROR, "out of memory");
-        goto done;
-    }
     dsv4_compare_metrics m;
-    if (!dsv4_compare_bf16(ya, ye->data, T * H, &m)) {
+    if (!(ya = y_bf16(yo)) || !dsv4_compare_bf16(ya, yb, T * H, &m)) {
         dsv4_run_ext_check(c, NUM, DSV4_RESULT_ERROR, "comparison failed (out of memory)");
         goto done;
     }
-    uint16_t *yb = malloc((size_t)(T * H) * 2 + 2); /* the mapping may be unaligned for the profile */
-    if (yb) {
-        memcpy(yb, ye->data, (size_t)(T * H) * 2);
-        dsv4_run_ext_numerics(c, &m, ya, yb, T, H);
-        free(yb);
-    }
+    dsv4_run_ext_numerics(c, &m, ya, yb, T, H);
+    int64_t beyond = dsv4_compare_beyond_terms(ya, yb, terms, T * H);
+    dsv4_run_ext_outside(c, dsv4_rounding_name(rnd), beyond);
     char line[512], why[768] = "", rline[256] = "routing not given by the engine", rwhy[768] = "";
     dsv4_compare_format(&m, line, sizeof line);
-    bool ok = dsv4_compare_within(rule, &m, why, sizeof why);
+    bool ok = dsv4_compare_within_beyond(rule, &m, beyond, why, sizeof why);
     bool rok = true;
     if (io) {
         dsv4_routing_metrics rm;
@@ -549,15 +727,19 @@ static void check_case(const char *cases_dir, const char *outputs_dir, const cha
     }
     const char *engine = dsv4_st_metadata(fo, "engine");
     dsv4_run_ext_ran_on(c, engine);
+    char head[256];
+    snprintf(head, sizeof head, "%s vs ref (rule %s, rounding %s%s): y beyond %lld with S, %lld without",
+             engine ? engine : "engine", dsv4_tolerance_name(rule), dsv4_rounding_name(rnd),
+             declared ? " from the output's engine_rounding" : "", (long long)beyond, (long long)m.tol_violations);
     if (ok && rok)
-        snprintf(msg, sizeof msg, "%s vs ref (rule %s): y %s; %s", engine ? engine : "engine",
-                 dsv4_tolerance_name(rule), T ? line : "nothing compared (0 tokens)", rline);
+        snprintf(msg, sizeof msg, "%s; y %s; %s", head, T ? line : "nothing compared (0 tokens)", rline);
     else
-        snprintf(msg, sizeof msg, "%s vs ref (rule %s): %s%s%s; y %s; %s", engine ? engine : "engine",
-                 dsv4_tolerance_name(rule), why, why[0] && rwhy[0] ? "; " : "", rwhy, line, rline);
+        snprintf(msg, sizeof msg, "%s; %s%s%s; y %s; %s", head, why, why[0] && rwhy[0] ? "; " : "", rwhy, line, rline);
     dsv4_run_ext_check(c, NUM, ok && rok ? DSV4_RESULT_PASS : DSV4_RESULT_FAIL, msg);
 done:
     free(ya);
+    free(yb);
+    free(terms);
     dsv4_st_close(fe);
     dsv4_st_close(fo);
 }
@@ -565,16 +747,21 @@ done:
 dsv4_status dsv4_check_engine(const char *cases_dir, const char *outputs_dir, const dsv4_check_options *opt,
                               dsv4_run_results **results, dsv4_error *err)
 {
-    dsv4_check_options defaults;
-    dsv4_check_options_init(&defaults);
-    if (!opt)
-        opt = &defaults;
+    dsv4_check_options co;
+    dsv4_check_options_init(&co);
     if (!cases_dir || !outputs_dir || !results)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "check", "cases folder, outputs folder and results are needed");
     *results = NULL;
-    if (opt->struct_size != sizeof *opt)
+    /* the size before `rounding` (callers built against format version 1: rounding spec) still works */
+    if (opt && opt->struct_size != sizeof *opt && opt->struct_size != offsetof(dsv4_check_options, rounding))
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "check", "options struct_size %u unknown (expected %zu)",
                            opt->struct_size, sizeof *opt);
+    if (opt)
+        memcpy(&co, opt, opt->struct_size);
+    opt = &co;
+    if (!dsv4_rounding_name(opt->rounding))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "check", "rounding %d is not a profile (spec, bf16_ops, fp32)",
+                           (int)opt->rounding);
     if (opt->n_map < 0 || opt->n_map > DSV4_CHECK_MAP_MAX)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "check", "n_map %d is outside [0, %d]", opt->n_map,
                            DSV4_CHECK_MAP_MAX);

@@ -177,26 +177,34 @@ bool dsv4_compare_any(dsv4_dtype dtype, const void *a, const void *b, int64_t n,
     return true;
 }
 
-/* ---------------- tolerance rules (SPEC.md section 9) ---------------- */
+/* ---------------- tolerance rules (SPEC.md sections 9 and 10) ---------------- */
 
 typedef struct {
     const char *name, *words;
     double diff;        /* deepgemm_diff < diff */
     int ulp_p99;        /* ulp_p99 <= this; -1: not a bound */
-    double share;       /* tol_violations <= max(1, share n); < 0: not a bound */
+    double share;       /* elements beyond <= max(1, share n); < 0: not a bound */
     double rms_factor;  /* max_abs <= atol + rms_factor rms(ref); < 0: not a bound */
+    bool terms;         /* beyond counts with the 2^-8 S term (the caller's count) */
 } tol_rule;
 
 static const tol_rule RULES[DSV4_TOL_COUNT] = {
-    {"exact-bf16", "deepgemm_diff < 1e-4 and bf16 ULP p99 <= 1", 1e-4, 1, -1, -1},
+    {"exact-bf16", "deepgemm_diff < 1e-4 and bf16 ULP p99 <= 1", 1e-4, 1, -1, -1, false},
     {"exact-quant",
      "deepgemm_diff < 1e-3, at most 0.5 % of the elements beyond atol = rtol = 0.035, max |a-b| <= 0.035 + 0.1 "
      "rms(reference)",
-     1e-3, -1, 0.005, 0.1},
+     1e-3, -1, 0.005, 0.1, false},
     {"fp8-mma",
      "deepgemm_diff < 1e-3, at most 2 % of the elements beyond atol = rtol = 0.035, max |a-b| <= 0.035 + 0.2 "
      "rms(reference)",
-     1e-3, -1, 0.02, 0.2},
+     1e-3, -1, 0.02, 0.2, false},
+    {"outside", "deepgemm_diff < 1e-3, at most 0.5 % of the elements beyond atol + rtol |b| + 2^-8 S (atol = rtol = "
+                "0.035, S the reference's y_terms)",
+     1e-3, -1, 0.005, -1, true},
+    {"outside-fp8-mma",
+     "deepgemm_diff < 1e-3, at most 2 % of the elements beyond atol + rtol |b| + 2^-8 S (atol = rtol = 0.035, S the "
+     "reference's y_terms)",
+     1e-3, -1, 0.02, -1, true},
 };
 
 const char *dsv4_tolerance_name(dsv4_tolerance t) { return (unsigned)t < DSV4_TOL_COUNT ? RULES[t].name : "?"; }
@@ -214,6 +222,27 @@ bool dsv4_tolerance_parse(const char *name, dsv4_tolerance *out)
 }
 
 bool dsv4_compare_within(dsv4_tolerance t, const dsv4_compare_metrics *m, char *why, size_t size)
+{
+    return dsv4_compare_within_beyond(t, m, m ? m->tol_violations : 0, why, size);
+}
+
+int64_t dsv4_compare_beyond_terms(const uint16_t *a, const uint16_t *b, const float *terms, int64_t n)
+{
+    int64_t k = 0;
+    for (int64_t i = 0; a && b && i < n; i++) {
+        double x = dsv4_bf16_to_f32(a[i]), y = dsv4_bf16_to_f32(b[i]);
+        if (!isfinite(x) || !isfinite(y))
+            continue;
+        double bound = DSV4_COMPARE_ATOL + DSV4_COMPARE_RTOL * fabs(y);
+        if (terms)
+            bound += DSV4_COMPARE_TERMS_SCALE * (double)terms[i];
+        k += fabs(x - y) > bound;
+    }
+    return k;
+}
+
+bool dsv4_compare_within_beyond(dsv4_tolerance t, const dsv4_compare_metrics *m, int64_t beyond, char *why,
+                                size_t size)
 {
     char dummy[8];
     if (!why || !size) {
@@ -235,6 +264,8 @@ bool dsv4_compare_within(dsv4_tolerance t, const dsv4_compare_metrics *m, char *
     if (m->n == 0)
         return true;
     const tol_rule *r = &RULES[t];
+    if (!r->terms)
+        beyond = m->tol_violations;
     int64_t allowed = 0;
     if (r->share >= 0) {
         allowed = (int64_t)(r->share * (double)m->n);
@@ -242,11 +273,17 @@ bool dsv4_compare_within(dsv4_tolerance t, const dsv4_compare_metrics *m, char *
     }
     double worst = DSV4_COMPARE_ATOL + (r->rms_factor >= 0 ? r->rms_factor : 0) * m->rms_ref;
     bool ok = m->deepgemm_diff < r->diff && (r->ulp_p99 < 0 || m->ulp_p99 <= (uint32_t)r->ulp_p99) &&
-              (r->share < 0 || m->tol_violations <= allowed) && (r->rms_factor < 0 || m->max_abs <= worst);
+              (r->share < 0 || beyond <= allowed) && (r->rms_factor < 0 || m->max_abs <= worst);
     if (!ok) {
         if (r->ulp_p99 >= 0)
             snprintf(why, size, "%s tolerance (%s) broken: diff %.3g, ulp_p99 %u", r->name, r->words,
                      m->deepgemm_diff, m->ulp_p99);
+        else if (r->terms)
+            snprintf(why, size,
+                     "%s tolerance (%s; here at most %lld elements) broken: diff %.3g, %lld beyond with S (%lld "
+                     "without)",
+                     r->name, r->words, (long long)allowed, m->deepgemm_diff, (long long)beyond,
+                     (long long)m->tol_violations);
         else
             snprintf(why, size,
                      "%s tolerance (%s; here at most %lld elements, max |a-b| <= %.3g) broken: diff %.3g, %lld beyond, "

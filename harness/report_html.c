@@ -561,6 +561,9 @@ dsv4_status dsv4_report_html_stage(const dsv4_run_results *R, const char *path, 
                           "<br>ulp&ne;0 %lld, beyond tol %lld, non-finite %lld</div>",
                       (long long)m.n, m.max_abs, m.max_rel, m.nmse, m.deepgemm_diff, m.rms_ref,
                       (long long)m.ulp_nonzero, (long long)m.tol_violations, (long long)m.bad_nonfinite);
+            if (c->rounding) /* an outside engine's check: both counts side by side (SPEC.md section 10) */
+                dsv4_sb_printf(&b, "<div class=\"metrics\">rounding %s: beyond %lld with S, %lld without</div>",
+                               c->rounding, (long long)c->beyond_terms, (long long)m.tol_violations);
             dsv4_case_errors E;
             if (dsv4_case_errors_of(c, &E)) {
                 svg_errors(&b, &E);

@@ -198,7 +198,12 @@ static json_t *case_json(const dsv4_run_results *R, const dsv4_case_result *c)
         japp(checks, ck);
     }
     jset(o, "checks", checks);
-    jset(o, "metrics", c->has_metrics ? metrics_json(&c->m) : json_null());
+    json_t *mj = c->has_metrics ? metrics_json(&c->m) : json_null();
+    if (c->has_metrics && c->rounding) { /* an outside engine's check (SPEC.md section 10) */
+        jset(mj, "rounding", json_string(c->rounding));
+        jset(mj, "beyond_terms", json_integer(c->beyond_terms));
+    }
+    jset(o, "metrics", mj);
     jset(o, "errors", c->has_errors ? errors_json(&c->errs) : json_null());
     jset(o, "defect", jstr(c->defect));
     jset(o, "injected", json_boolean(c->injected));

@@ -363,6 +363,14 @@ void dsv4_run_ext_numerics(dsv4_case_result *c, const dsv4_compare_metrics *m, c
         dsv4_h_error_profile(c, a, b, &T, 1, H);
 }
 
+void dsv4_run_ext_outside(dsv4_case_result *c, const char *rounding, int64_t beyond_terms)
+{
+    if (!c)
+        return;
+    c->rounding = rounding;
+    c->beyond_terms = beyond_terms;
+}
+
 void dsv4_run_ext_finish(dsv4_case_result *c, double seconds)
 {
     if (!c)

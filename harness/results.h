@@ -31,6 +31,8 @@ struct dsv4_case_result {
     dsv4_check_rec checks[DSV4_CHECK_COUNT];
     bool has_metrics;
     dsv4_compare_metrics m;
+    const char *rounding;  /* outside-engine checks: the profile (a static name), else NULL */
+    int64_t beyond_terms;  /* with rounding: elements beyond the section 10 bound with S */
     dsv4_case_memory mem;
     /* what the case was */
     char *preset;

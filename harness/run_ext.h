@@ -28,6 +28,9 @@ void dsv4_run_ext_check(dsv4_case_result *c, unsigned check_bit, dsv4_result r, 
    error profile that `run` keeps. */
 void dsv4_run_ext_numerics(dsv4_case_result *c, const dsv4_compare_metrics *m, const uint16_t *a, const uint16_t *b,
                            int64_t T, int64_t H);
+/* Records an outside-engine check's rounding profile and its beyond count with S (SPEC.md section 10;
+   report.json's numerics "rounding" and "beyond_terms", report.html's numerics line). */
+void dsv4_run_ext_outside(dsv4_case_result *c, const char *rounding, int64_t beyond_terms);
 
 /* The case's status from its checks (error > fail > pass > skip) and its time. */
 void dsv4_run_ext_finish(dsv4_case_result *c, double seconds);

@@ -378,9 +378,13 @@ START_TEST(export_layout_and_case_json)
     snprintf(p, sizeof p, "%s/engines.topp/case.json", cases_dir);
     ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
     ck_assert_ptr_nonnull(strstr(buf, "\"format\": \"dsv4moe-engine-case\""));
-    ck_assert_ptr_nonnull(strstr(buf, "\"version\": 1"));
+    ck_assert_ptr_nonnull(strstr(buf, "\"version\": 2"));
     ck_assert_ptr_nonnull(strstr(buf, "\"top_p\": 0.6"));
-    ck_assert_ptr_nonnull(strstr(buf, "\"rule\": \"exact-quant\""));
+    ck_assert_ptr_nonnull(strstr(buf, "\"rule\": \"outside\""));
+    ck_assert_ptr_nonnull(strstr(buf, "\"terms_scale\": 0.00390625"));
+    ck_assert_ptr_nonnull(strstr(buf, "\"bf16_ops\": \"expected.bf16_ops.safetensors\""));
+    ck_assert_ptr_nonnull(strstr(buf, "\"fp32\": \"expected.fp32.safetensors\""));
+    ck_assert_ptr_nonnull(strstr(buf, "\"engine_key\": \"engine_rounding\""));
     ck_assert_ptr_nonnull(strstr(buf, "\"pruned_slots\""));
     snprintf(p, sizeof p, "%s/engines.two-ranks.rank1/case.json", cases_dir);
     ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
@@ -389,8 +393,9 @@ START_TEST(export_layout_and_case_json)
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "%s %s/tests/tools/st_check.py %s/engines.two-ranks.rank1/input.safetensors --expect x:BF16:9,256 "
-             "--expect input_ids:I32:9 && %s %s/tests/tools/st_check.py %s/engines.topp/expected.safetensors "
-             "--expect y:BF16:32,256 --expect topk_ids:I32:32,4 --expect topk_weights:F32:32,4",
+             "--expect input_ids:I32:9 && for p in '' .bf16_ops .fp32; do %s %s/tests/tools/st_check.py "
+             "%s/engines.topp/expected$p.safetensors --expect y:BF16:32,256 --expect topk_ids:I32:32,4 "
+             "--expect topk_weights:F32:32,4 --expect y_terms:F32:32,256 || exit 1; done",
              py(), src(), cases_dir, py(), src(), cases_dir);
     ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
     /* the stacked layout: HF's key names with the model. prefix, bf16 */
@@ -403,6 +408,27 @@ START_TEST(export_layout_and_case_json)
     ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "model.layers.0.mlp.experts.gate_up_proj"));
     ck_assert_ptr_nonnull(strstr(out_buf, "model.layers.0.mlp.gate.tid2eid"));
+    /* --rounding: spec always, the others as listed */
+    char d3[512];
+    tu_path(d3, sizeof d3, "eng_cases_fp32");
+    snprintf(args, sizeof args, "export %s/scenarios/engines.yaml --dir %s --filter topp-bf16 --rounding fp32", src(),
+             d3);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    snprintf(p, sizeof p, "%s/engines.topp-bf16/expected.fp32.safetensors", d3);
+    ck_assert(tu_file_exists(p));
+    snprintf(p, sizeof p, "%s/engines.topp-bf16/expected.bf16_ops.safetensors", d3);
+    ck_assert(!tu_file_exists(p));
+    snprintf(p, sizeof p, "%s/engines.topp-bf16/case.json", d3);
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_ptr_null(strstr(buf, "bf16_ops\""));
+    ck_assert_ptr_nonnull(strstr(buf, "\"spec\": \"expected.safetensors\""));
+    static const char *const bad_lists[] = {"fp16", "spec,", ",fp32", ""};
+    for (size_t k = 0; k < sizeof bad_lists / sizeof bad_lists[0]; k++) {
+        snprintf(args, sizeof args, "export %s/scenarios/engines.yaml --dir %s --rounding '%s'", src(), d3,
+                 bad_lists[k]);
+        ck_assert_int_eq(run_cli(args), 2);
+        ck_assert_msg(strstr(out_buf, "option --rounding"), "%s: %.3000s", bad_lists[k], out_buf);
+    }
     ck_assert_int_eq(run_cli("export --dir /tmp/x"), 2);
     snprintf(args, sizeof args, "export %s/scenarios/engines.yaml --dir %s --layout folded", src(), d2);
     ck_assert_int_eq(run_cli(args), 2);
@@ -445,37 +471,45 @@ START_TEST(clean_engine_passes_check)
 }
 END_TEST
 
-/* The defect table: each defect patched into the engine fails check on the cases that can show it. */
+/* The defect table, in every rounding profile of SPEC.md section 10: each defect patched into an
+   engine that rounds at that profile and sums its experts in bf16 fails check (the engine declaring
+   its profile in engine_rounding) on the cases that can show it. The weight point is a defect on
+   layers whose activation quantization has power-of-two (ue8m0) scales: under act_quant fp32 the
+   scale follows h w, so in the fp32 profile the point changes y by rounding only (quant=1 there). */
 static const struct {
     const char *defect;
-    const char *must_fail[4]; /* case ids that must fail */
+    const char *must_fail[5]; /* case ids that must fail */
     int min_fail;
 } DEFECTS[] = {
     {"routed_clamp_dropped", {"quant=0,layer=1", "quant=2,layer=0", "topp", NULL}, 9},
     {"shared_clamp_dropped", {"quant=0,layer=1", "quant=2,layer=1", "two-ranks rank 0", NULL}, 9},
-    {"weight_point_swapped", {"quant=0,layer=1", "quant=1,layer=0", "topp:", NULL}, 6},
+    {"weight_point_swapped", {"quant=0,layer=0", "quant=0,layer=1", "topp:", "two-ranks rank 0", NULL}, 5},
     {"topp_slot_as_expert0", {"topp:", "topp-bf16", NULL}, 2},
 };
+#define N_DEFECTS (int)(sizeof DEFECTS / sizeof DEFECTS[0])
 
 START_TEST(each_defect_fails_check)
 {
     export_once();
-    int i = _i;
-    char name[64], opts[128];
-    snprintf(name, sizeof name, "eng_out_%s", DEFECTS[i].defect);
-    snprintf(opts, sizeof opts, "--defect %s", DEFECTS[i].defect);
+    int i = _i % N_DEFECTS;
+    const char *rnd = dsv4_rounding_name((dsv4_rounding)(_i / N_DEFECTS));
+    char name[96], opts[160];
+    snprintf(name, sizeof name, "eng_out_%s_%s", DEFECTS[i].defect, rnd);
+    snprintf(opts, sizeof opts, "--defect %s --rounding %s --bf16-sums", DEFECTS[i].defect, rnd);
     int rc = engine_then_check(name, opts, "");
-    ck_assert_msg(rc == 1, "%s: exit %d: %.3000s", DEFECTS[i].defect, rc, out_buf);
+    ck_assert_msg(rc == 1, "%s %s: exit %d: %.3000s", DEFECTS[i].defect, rnd, rc, out_buf);
     int fails = count_of(out_buf, "\nFAIL ") + (strncmp(out_buf, "FAIL ", 5) == 0);
-    ck_assert_msg(fails >= DEFECTS[i].min_fail, "%s: %d failing cases: %.3000s", DEFECTS[i].defect, fails, out_buf);
+    ck_assert_msg(fails >= DEFECTS[i].min_fail, "%s %s: %d failing cases: %.3000s", DEFECTS[i].defect, rnd, fails,
+                  out_buf);
+    ck_assert_msg(count_of(out_buf, "from the output's engine_rounding") == 11, "%.3000s", out_buf);
     for (int k = 0; DEFECTS[i].must_fail[k]; k++) {
         char needle[128];
         snprintf(needle, sizeof needle, "FAIL  engines/%s", DEFECTS[i].must_fail[k]);
-        ck_assert_msg(strstr(out_buf, needle), "%s: case %s not failed: %.3000s", DEFECTS[i].defect,
+        ck_assert_msg(strstr(out_buf, needle), "%s %s: case %s not failed: %.3000s", DEFECTS[i].defect, rnd,
                       DEFECTS[i].must_fail[k], out_buf);
     }
     /* y alone catches the top-p defect too (the slot computed as expert 0 changes y) */
-    if (!strcmp(DEFECTS[i].defect, "topp_slot_as_expert0")) {
+    if (!strcmp(DEFECTS[i].defect, "topp_slot_as_expert0") && _i < N_DEFECTS) {
         rc = engine_then_check("eng_out_topp_yonly", "--defect topp_slot_as_expert0 --no-routing", "");
         ck_assert_msg(rc == 1 && strstr(out_buf, "FAIL  engines/topp:"), "%.3000s", out_buf);
     }
@@ -487,6 +521,77 @@ START_TEST(each_defect_fails_check)
     ck_assert_int_eq(run_sh(cmd), 1);
     int pyfails = count_of(out_buf, "\nFAIL ") + (strncmp(out_buf, "FAIL ", 5) == 0);
     ck_assert_msg(pyfails == fails, "python %d vs check %d failing: %.3000s", pyfails, fails, out_buf);
+}
+END_TEST
+
+/* SPEC.md section 10: an engine at each rounding profile, summing its experts in bf16, passes every
+   case against the reference at its own profile (named by engine_rounding or by --rounding); held
+   to another profile's reference the same outputs fail on the quantized layers (so the profile is
+   shown to matter) and still pass on the bf16 ones. */
+START_TEST(each_profile_passes_its_own_reference)
+{
+    export_once();
+    const char *rnd = dsv4_rounding_name((dsv4_rounding)_i), *other = _i ? "spec" : "fp32";
+    char name[64], opts[128], copts[64];
+    snprintf(name, sizeof name, "eng_out_clean_%s", rnd);
+    snprintf(opts, sizeof opts, "--rounding %s --bf16-sums", rnd);
+    ck_assert_msg(engine_then_check(name, opts, "") == 0, "%s: %.3000s", rnd, out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "11 cases: 11 passed, 0 failed, 0 errors"));
+    char want[96];
+    snprintf(want, sizeof want, "rounding %s from the output's engine_rounding", rnd);
+    ck_assert_msg(count_of(out_buf, want) == 11, "%.3000s", out_buf);
+    /* the bf16 sums put elements beyond atol + rtol |b| that the S term absorbs */
+    ck_assert_msg(count_of(out_buf, "beyond 0 with S") == 11 && count_of(out_buf, "beyond 0 with S, 0 without") < 11,
+                  "%.3000s", out_buf);
+    char p[128], buf[1 << 16];
+    snprintf(p, sizeof p, "%s-report/report.json", name);
+    char rp[1400];
+    tu_path(rp, sizeof rp, p);
+    ck_assert(tu_read_file(rp, buf, sizeof buf) > 0);
+    snprintf(want, sizeof want, "\"rounding\": \"%s\"", rnd);
+    ck_assert_ptr_nonnull(strstr(buf, want));
+    ck_assert_ptr_nonnull(strstr(buf, "\"beyond_terms\": 0"));
+    /* undeclared: --rounding names the profile; held to another, the quantized layers fail */
+    snprintf(name, sizeof name, "eng_out_undeclared_%s", rnd);
+    snprintf(opts, sizeof opts, "--rounding %s --bf16-sums --no-declare", rnd);
+    snprintf(copts, sizeof copts, "--rounding %s", rnd);
+    ck_assert_msg(engine_then_check(name, opts, copts) == 0, "%s: %.3000s", rnd, out_buf);
+    snprintf(copts, sizeof copts, "--rounding %s", other);
+    ck_assert_msg(engine_then_check(name, opts, copts) == 1, "%s: %.3000s", rnd, out_buf);
+    static const char *const quantized[] = {"quant=0,layer=0", "quant=0,layer=1", "quant=1,layer=0", "quant=1,layer=1",
+                                            "topp:", "two-ranks rank 0"};
+    for (size_t k = 0; k < sizeof quantized / sizeof quantized[0]; k++) {
+        char needle[96];
+        snprintf(needle, sizeof needle, "FAIL  engines/%s", quantized[k]);
+        ck_assert_msg(strstr(out_buf, needle), "%s held to %s: %s passed: %.3000s", rnd, other, quantized[k],
+                      out_buf);
+    }
+    ck_assert_msg(strstr(out_buf, "pass  engines/quant=2,layer=0") && strstr(out_buf, "pass  engines/topp-bf16"),
+                  "%.3000s", out_buf);
+    /* the Python helper gives the same verdicts on the same outputs */
+    char out[600], cmd[4096];
+    tu_path(out, sizeof out, name);
+    int fails = count_of(out_buf, "\nFAIL ") + (strncmp(out_buf, "FAIL ", 5) == 0);
+    snprintf(cmd, sizeof cmd, "PYTHONPATH=%s/python %s -m dsv4moe.testing %s --outputs %s --rounding %s", src(), py(),
+             cases_dir, out, other);
+    ck_assert_int_eq(run_sh(cmd), 1);
+    int pyfails = count_of(out_buf, "\nFAIL ") + (strncmp(out_buf, "FAIL ", 5) == 0);
+    ck_assert_msg(pyfails == fails, "python %d vs check %d failing: %.3000s", pyfails, fails, out_buf);
+    /* diff --rule outside on one dump: within against its own profile's expected outputs (their y_terms
+       the S), outside against another's, and no S to be had is bad input */
+    char args[4096], exp[700];
+    const char *one = "engines.quant=0,layer=1";
+    snprintf(exp, sizeof exp, "%s/%s/expected%s%s.safetensors", cases_dir, one, _i ? "." : "", _i ? rnd : "");
+    snprintf(args, sizeof args, "diff %s/%s/output.safetensors %s --rule outside", out, one, exp);
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "beyond_with_S 0"));
+    snprintf(args, sizeof args, "diff %s/%s/output.safetensors %s/%s/expected%s%s.safetensors --rule outside --terms %s",
+             out, one, cases_dir, one, _i ? "" : ".", _i ? "" : "fp32", exp);
+    ck_assert_msg(run_cli(args) == 1, "%.3000s", out_buf);
+    snprintf(args, sizeof args, "diff %s/%s/output.safetensors %s/%s/output.safetensors --rule outside", out, one, out,
+             one);
+    ck_assert_msg(run_cli(args) == 2, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "give --terms FILE"));
 }
 END_TEST
 
@@ -529,7 +634,12 @@ START_TEST(check_bad_outputs_exit_2)
     /* malformed case folders: a newer format version, a config value out of range, not JSON */
     static const struct {
         const char *sed, *msg;
-    } broken[] = {{"s/\"version\": 1/\"version\": 7/", "\"version\" must be an integer in [1, 1]"},
+    } broken[] = {{"s/\"version\": 2/\"version\": 7/", "\"version\" must be 2"},
+                  {"s/\"version\": 2/\"version\": 1/", "exported before the rounding profiles"},
+                  {"s|\"bf16_ops\": \"expected.bf16_ops.safetensors\"|\"bf16_ops\": \"../x\"|",
+                   "files.expected_by_rounding.bf16_ops must be a file name in the case folder"},
+                  {"s/\"fp32\": \"expected.fp32.safetensors\"/\"fp16\": \"expected.fp32.safetensors\"/",
+                   "'fp16' is not a rounding profile"},
                   {"s/\"n_activated\": 4/\"n_activated\": 99/", "n_activated"},
                   {"s/{/[/", "case.json"}};
     for (size_t k = 0; k < sizeof broken / sizeof broken[0]; k++) {
@@ -543,6 +653,50 @@ START_TEST(check_bad_outputs_exit_2)
         ck_assert_msg(strstr(out_buf, broken[k].msg), "%zu: %.3000s", k, out_buf);
         ck_assert_ptr_nonnull(strstr(out_buf, "engines.topp/case.json"));
     }
+    /* rounding profiles (SPEC.md section 10): an unknown --rounding; a profile file missing, its y_terms of
+       the wrong shape or negative; an output naming no known profile; a profile the case lacks */
+    snprintf(args, sizeof args, "check %s --outputs %s --rounding bf16", cases_dir, out);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "--rounding: 'bf16' is not a rounding profile (spec, bf16_ops, fp32)"));
+    char cd[640], big[16384];
+    snprintf(cd, sizeof cd, "%s-cases-prof", out);
+    snprintf(big, sizeof big,
+             "rm -rf %s && mkdir -p %s && cp -r %s/engines.quant=0,layer=0 %s/engines.quant=0,layer=1 "
+             "%s/engines.quant=1,layer=0 %s/engines.quant=1,layer=1 %s/ && rm %s/engines.quant=0,layer=0/expected.fp32.safetensors && "
+             "PYTHONPATH=%s/python %s -c \"\n"
+             "import numpy as np\n"
+             "from dsv4moe import testing as t\n"
+             "for name, terms in (('quant=0,layer=1', np.zeros((32, 255), np.float32)),\n"
+             "                    ('quant=1,layer=0', -np.ones((32, 256), np.float32))):\n"
+             "    p = '%s/engines.' + name + '/expected.fp32.safetensors'\n"
+             "    r = t.read_safetensors(p)\n"
+             "    r.pop('__metadata__')\n"
+             "    r['y_terms'] = ('F32', terms)\n"
+             "    t.write_safetensors(p, r)\n"
+             "for name in ('quant=0,layer=0', 'quant=0,layer=1', 'quant=1,layer=0', 'quant=1,layer=1'):\n"
+             "    p = '%s/engines.' + name + '/output.safetensors'\n"
+             "    r = t.read_safetensors(p)\n"
+             "    r.pop('__metadata__', None)\n"
+             "    t.write_safetensors(p, r, {'engine_rounding': 'fp16'} if name == 'quant=1,layer=1' else None)\n"
+             "\"",
+             cd, cd, cases_dir, cases_dir, cases_dir, cases_dir, cd, cd, src(), py(), cd, out);
+    ck_assert_msg(run_sh(big) == 0, "%.3000s", out_buf);
+    snprintf(args, sizeof args, "check %s --outputs %s --report %s-r --rounding fp32", cd, out, out);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_msg(strstr(out_buf, "engines.quant=0,layer=0/expected.fp32.safetensors") &&
+                      strstr(out_buf, "y_terms must be F32 [32, 256] (SPEC.md section 10.2); found F32 [32, 255]") &&
+                      strstr(out_buf, "y_terms[0, 0] is -1 where y is finite") &&
+                      strstr(out_buf, "metadata engine_rounding 'fp16' is not a rounding profile"),
+                  "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "0 passed, 0 failed, 4 errors"));
+    snprintf(big, sizeof big,
+             "rm %s/engines.quant=0,layer=0/case.json && sed -i 's|\"fp32\": \"expected.fp32.safetensors\"|\"bf16_ops\": "
+             "\"expected.bf16_ops.safetensors\"|' %s/engines.quant=0,layer=1/case.json",
+             cd, cd);
+    ck_assert_msg(run_sh(big) == 0, "%.3000s", out_buf);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_msg(strstr(out_buf, "the case was exported without rounding fp32 (it has: spec bf16_ops)"), "%.3000s",
+                  out_buf);
 }
 END_TEST
 
@@ -933,7 +1087,8 @@ Suite *engines_suite(void)
     tcase_add_test(tc, diff_nan_shapes_and_sentinels);
     tcase_add_test(tc, export_layout_and_case_json);
     tcase_add_test(tc, clean_engine_passes_check);
-    tcase_add_loop_test(tc, each_defect_fails_check, 0, (int)(sizeof DEFECTS / sizeof DEFECTS[0]));
+    tcase_add_loop_test(tc, each_defect_fails_check, 0, N_DEFECTS * DSV4_ROUNDING_COUNT);
+    tcase_add_loop_test(tc, each_profile_passes_its_own_reference, 0, DSV4_ROUNDING_COUNT);
     tcase_add_test(tc, check_bad_outputs_exit_2);
     tcase_add_test(tc, python_helper_unit_tests);
     tcase_add_test(tc, python_package_installs_and_runs);

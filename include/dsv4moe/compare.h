@@ -59,7 +59,7 @@ DSV4_API double dsv4_float_value(dsv4_dtype dtype, const void *p, int64_t i);
 DSV4_API bool dsv4_compare_dtype_ok(dsv4_dtype dtype);
 
 /*
- * The tolerance rules of SPEC.md section 9, one place for `run`, `diff` and `check`
+ * The tolerance rules of SPEC.md sections 9 and 10, one place for `run`, `diff` and `check`
  * (docs/scenarios.md, "Tolerance rules"). Every rule first requires finite_ok: a NaN or Inf
  * where the reference is finite, a non-finite reference value that a does not repeat as the
  * same infinity, or any NaN pair, fails.
@@ -67,17 +67,26 @@ DSV4_API bool dsv4_compare_dtype_ok(dsv4_dtype dtype);
 typedef enum dsv4_tolerance {
     /* gemm = exact on bf16 formats (the project's own backends): deepgemm_diff < 1e-4, ulp_p99 <= 1 */
     DSV4_TOL_EXACT_BF16 = 0,
-    /* gemm = exact on fp8/fp4 formats, and outside engines on every format: deepgemm_diff < 1e-3,
+    /* gemm = exact on fp8/fp4 formats (the project's own backends): deepgemm_diff < 1e-3,
        at most 0.5 % of the elements (at least 1) beyond atol = rtol = 0.035,
        max |a-b| <= 0.035 + 0.1 rms(reference) */
     DSV4_TOL_EXACT_QUANT = 1,
     /* gemm = fp8 (FP8 tensor-core accumulation): deepgemm_diff < 1e-3, at most 2 % beyond,
        max |a-b| <= 0.035 + 0.2 rms(reference) */
-    DSV4_TOL_FP8_MMA = 2
+    DSV4_TOL_FP8_MMA = 2,
+    /* outside engines (SPEC.md section 10), against the reference at the engine's rounding
+       profile: deepgemm_diff < 1e-3 and at most 0.5 % of the elements (at least 1) beyond
+       atol + rtol |b| + 2^-8 S (S the reference's y_terms; dsv4_compare_beyond_terms) */
+    DSV4_TOL_OUTSIDE = 3,
+    /* the same for an outside engine that accumulates on FP8 tensor cores: at most 2 % beyond */
+    DSV4_TOL_OUTSIDE_FP8 = 4
 } dsv4_tolerance;
-#define DSV4_TOL_COUNT 3
+#define DSV4_TOL_COUNT 5
 
-/* "exact-bf16", "exact-quant", "fp8-mma"; "?" otherwise. */
+/* The factor of S in the outside rules' bound (SPEC.md section 10.2). */
+#define DSV4_COMPARE_TERMS_SCALE 0.00390625 /* 2^-8 */
+
+/* "exact-bf16", "exact-quant", "fp8-mma", "outside", "outside-fp8-mma"; "?" otherwise. */
 DSV4_API const char *dsv4_tolerance_name(dsv4_tolerance t);
 /* Parses one of those names; false when unknown. */
 DSV4_API bool dsv4_tolerance_parse(const char *name, dsv4_tolerance *out);
@@ -86,9 +95,23 @@ DSV4_API const char *dsv4_tolerance_describe(dsv4_tolerance t);
 
 /*
  * Applies rule t to metrics m: true within it. On false, `why` (when given) says which bound
- * broke, with the figures. An empty comparison (n == 0) is within every rule.
+ * broke, with the figures. An empty comparison (n == 0) is within every rule. The outside rules
+ * count m->tol_violations here (S = 0: stricter than section 10); dsv4_compare_within_beyond
+ * gives them the count with S.
  */
 DSV4_API bool dsv4_compare_within(dsv4_tolerance t, const dsv4_compare_metrics *m, char *why, size_t size);
+
+/*
+ * SPEC.md section 10.2: the elements, finite in both a (candidate) and b (reference), with
+ * |a_i - b_i| > atol + rtol |b_i| + 2^-8 terms_i; a, b bf16 [n], terms F32 [n] (the reference's
+ * y_terms; NULL counts with S = 0, which is m.tol_violations). 0 when n <= 0 or a or b is NULL.
+ */
+DSV4_API int64_t dsv4_compare_beyond_terms(const uint16_t *a, const uint16_t *b, const float *terms, int64_t n);
+
+/* dsv4_compare_within where the outside rules judge `beyond` (dsv4_compare_beyond_terms) in place
+   of m->tol_violations; the other rules ignore it. */
+DSV4_API bool dsv4_compare_within_beyond(dsv4_tolerance t, const dsv4_compare_metrics *m, int64_t beyond, char *why,
+                                         size_t size);
 
 /* ---------------- routing (topk_ids / topk_weights) ---------------- */
 

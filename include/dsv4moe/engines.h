@@ -2,10 +2,11 @@
  * dsv4moe: verifying another engine's MoE layer (docs/engines.md).
  *
  * dsv4_export_scenario() writes the cases of a scenario matrix as self-contained folders
- * (the layer's checkpoint, the input, the reference's outputs and case.json); an engine runs
- * each case and writes output.safetensors; dsv4_check_engine() holds those outputs against
- * the reference with the outside-engine tolerance of SPEC.md section 9 and returns results
- * that the report writers of dsv4moe/run.h take (report.json, junit.xml, report.html).
+ * (the layer's checkpoint, the input, the reference's outputs at each rounding profile of
+ * SPEC.md section 10 with their y_terms, and case.json); an engine runs each case and writes
+ * output.safetensors; dsv4_check_engine() holds those outputs against the reference at the
+ * engine's rounding profile by the outside-engine rule of section 10 and returns results that
+ * the report writers of dsv4moe/run.h take (report.json, junit.xml, report.html).
  */
 #ifndef DSV4MOE_ENGINES_H
 #define DSV4MOE_ENGINES_H
@@ -15,6 +16,7 @@
 #include <stdint.h>
 #include "api.h"
 #include "compare.h"
+#include "ref.h"
 #include "run.h"
 #include "safetensors.h"
 #include "scenario.h"
@@ -24,8 +26,9 @@
 extern "C" {
 #endif
 
-/* The version of the exported folder format (case.json "version"); docs/engines.md. */
-#define DSV4_ENGINE_FORMAT_VERSION 1
+/* The version of the exported folder format (case.json "version"); docs/engines.md. Version 2
+   added the rounding profiles' expected files and y_terms; check reads version 2 only. */
+#define DSV4_ENGINE_FORMAT_VERSION 2
 
 typedef struct dsv4_export_options {
     uint32_t struct_size; /* sizeof(dsv4_export_options), set by init */
@@ -34,15 +37,20 @@ typedef struct dsv4_export_options {
                              the reference quantizes it at load as the case's formats say) */
     int threads;          /* the reference's threads (>= 1; the outputs do not depend on it); default 2 */
     const char *filter;   /* only cases whose name contains this substring; NULL: all */
+    unsigned roundings;   /* the rounding profiles whose expected outputs are written, a mask of
+                             1u << dsv4_rounding; spec's are always written (expected.safetensors).
+                             0 (default): all three */
 } dsv4_export_options;
 
-/* split layout, 2 threads, no filter. NULL is a no-op. */
+/* split layout, 2 threads, no filter, every rounding profile. NULL is a no-op. */
 DSV4_API void dsv4_export_options_init(dsv4_export_options *opt);
 
 /*
  * Writes every world-1 case of scn, and each rank of its multi-rank cases, that expects a pass
  * and whose config validates, as dir/<case-id>/ (created; an existing case folder is
- * overwritten file by file, each file atomically). *written (may be NULL) gets the number of
+ * overwritten file by file, each file atomically): model.safetensors, input.safetensors,
+ * expected.safetensors (the spec profile) and expected.<profile>.safetensors for the other
+ * profiles asked for (each: y, topk_ids, topk_weights, y_terms), case.json naming them. *written (may be NULL) gets the number of
  * folders written. Cases that expect a refusal or whose config is invalid are left out and
  * counted in *left_out (may be NULL).
  */
@@ -58,28 +66,34 @@ DSV4_API void dsv4_export_case_id(const char *case_name, int rank, char *buf, si
 typedef struct dsv4_check_options {
     uint32_t struct_size;   /* sizeof(dsv4_check_options), set by init */
     dsv4_sentinel sentinel; /* how the engine marks a pruned slot in topk_ids (default E) */
-    bool fp8_mma;           /* the engine accumulates on FP8 tensor cores: SPEC.md section 9's fp8-mode
-                               bounds (DSV4_TOL_FP8_MMA) in place of the exact mode's (DSV4_TOL_EXACT_QUANT) */
+    bool fp8_mma;           /* the engine accumulates on FP8 tensor cores: DSV4_TOL_OUTSIDE_FP8 (2 % beyond)
+                               in place of DSV4_TOL_OUTSIDE (0.5 %) */
     int n_map;              /* tensor names of the engine: map_from[i] is read as map_to[i] ("y", "topk_ids",
                                "topk_weights") */
     const char *map_from[DSV4_CHECK_MAP_MAX];
     const char *map_to[DSV4_CHECK_MAP_MAX];
+    dsv4_rounding rounding; /* the engine's rounding profile (SPEC.md section 10) where its output does not
+                               name one in the metadata key "engine_rounding" (which wins); default spec */
 } dsv4_check_options;
 
-/* sentinel E, exact-mode bounds, no name map. NULL is a no-op. */
+/* sentinel E, rule outside, no name map, rounding spec. NULL is a no-op. */
 DSV4_API void dsv4_check_options_init(dsv4_check_options *opt);
 
 /*
  * Checks an engine's outputs: for every case folder of cases_dir (a folder holding case.json),
  * outputs_dir/<case-id>/output.safetensors must hold y ([T, H], any float dtype: rounded to bf16
  * when it is not bf16) and may hold topk_ids (I32/I64 [T, k]) and topk_weights ([T, k]). The
- * numerics check of each case passes when y is within the tolerance rule (DSV4_TOL_EXACT_QUANT
- * or, with fp8_mma, DSV4_TOL_FP8_MMA; ULP figures are reported, never judged) and, where the
- * engine gave them, its routing ids match as sets per token and its weights by expert id.
- * A case without an output, or with an unreadable or malformed one, is a case with status
+ * numerics check of each case holds y against the case's expected outputs at the engine's
+ * rounding profile (its output's "engine_rounding" metadata, else opt->rounding) by
+ * DSV4_TOL_OUTSIDE (with fp8_mma DSV4_TOL_OUTSIDE_FP8), the beyond count taking the profile's
+ * y_terms (ULP figures are reported, never judged), and, where the engine gave them, its
+ * routing ids must match as sets per token and its weights by expert id. A case without an
+ * output, with an unreadable or malformed one, an unknown engine_rounding, or a profile the case
+ * was not exported with (or whose file or y_terms is missing or malformed) is a case with status
  * error naming the file and the rule. On success *results holds one case per folder (sorted by
- * id); a cases_dir that cannot be read, or holds no case, or a case.json that is malformed, is an
- * error of the call (DSV4_ERR_IO / DSV4_ERR_FORMAT naming the file), *results then NULL.
+ * id); a cases_dir that cannot be read, or holds no case, or a case.json that is malformed or of
+ * another format version (version 1 folders predate y_terms: export them again), is an error of
+ * the call (DSV4_ERR_IO / DSV4_ERR_FORMAT naming the file), *results then NULL.
  */
 DSV4_API dsv4_status dsv4_check_engine(const char *cases_dir, const char *outputs_dir, const dsv4_check_options *opt,
                                        dsv4_run_results **results, dsv4_error *err);

@@ -11,18 +11,20 @@ An engine's own pytest suite parametrizes over an exported matrix in a few lines
     @pytest.mark.parametrize("case", testing.cases("exported"), ids=lambda c: c.id)
     def test_moe_layer(case):
         y, ids, w = my_engine(case.model_path, case.config, case.x, case.input_ids)
-        case.check(y, topk_ids=ids, topk_weights=w)   # raises CheckFailed with the verdict line
+        case.check(y, topk_ids=ids, topk_weights=w, rounding="bf16_ops")   # raises CheckFailed
 
-The rules are those of ``dsv4moe check`` (SPEC.md section 9 for outside engines, docs/scenarios.md
-"Tolerance rules"): y is rounded to bf16 when it is wider, then held to DeepGEMM diff < 1e-3, at most
-0.5 % of the elements beyond atol = rtol = 0.035 and max |a-b| <= 0.035 + 0.1 rms(reference)
-(``fp8=True``: at most 2 %, 0.2 rms); bf16 ULP figures are reported, not judged; a NaN or Inf where
-the reference is finite, a non-finite reference value not repeated as the same infinity, and any NaN
-pair fail. Routing ids are compared as sets per token (slot order free) in the engine's sentinel
-convention ("E", "-1" or "absent"); weights are matched by expert id within |a-b| <= 1e-6 + 1e-5 |b|.
+The rules are those of ``dsv4moe check`` (SPEC.md section 10, docs/scenarios.md "Tolerance rules"): y is
+rounded to bf16 when it is wider, then held to the reference computed at the engine's rounding profile
+(``rounding``: "spec", "bf16_ops" as eager PyTorch runs a bf16 model, or "fp32") by DeepGEMM diff < 1e-3
+and at most 0.5 % of the elements beyond atol + rtol |b| + 2^-8 S (atol = rtol = 0.035, S the case's
+y_terms; ``fp8=True``: at most 2 %); bf16 ULP figures are reported, not judged; a NaN or Inf where the
+reference is finite, a non-finite reference value not repeated as the same infinity, and any NaN pair
+fail. Routing ids are compared as sets per token (slot order free) in the engine's sentinel convention
+("E", "-1" or "absent"); weights are matched by expert id within |a-b| <= 1e-6 + 1e-5 |b|.
 
-``python3 -m dsv4moe.testing D --outputs O`` checks a folder of outputs as ``dsv4moe check`` does
-(exit 0 all pass, 1 some fail, 2 bad input).
+``python3 -m dsv4moe.testing D --outputs O [--rounding P]`` checks a folder of outputs as ``dsv4moe
+check`` does, honouring an output's ``engine_rounding`` metadata (exit 0 all pass, 1 some fail, 2 bad
+input).
 """
 
 import json
@@ -33,16 +35,21 @@ import sys
 import numpy as np
 
 FORMAT = "dsv4moe-engine-case"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+ROUNDINGS = ("spec", "bf16_ops", "fp32")
 
 ATOL = 0.035
 RTOL = 0.035
+TERMS_SCALE = 2.0 ** -8
 WEIGHT_ATOL = 1e-6
 WEIGHT_RTOL = 1e-5
 RULES = {
-    # name: (deepgemm diff bound, share of elements beyond atol/rtol, rms factor of the max |a-b| bound)
-    "exact-quant": (1e-3, 0.005, 0.1),
-    "fp8-mma": (1e-3, 0.02, 0.2),
+    # name: (deepgemm diff bound, share of elements beyond, rms factor of the max |a-b| bound (None: no
+    # such bound), whether the beyond bound has the 2^-8 S term)
+    "exact-quant": (1e-3, 0.005, 0.1, False),
+    "fp8-mma": (1e-3, 0.02, 0.2, False),
+    "outside": (1e-3, 0.005, None, True),
+    "outside-fp8-mma": (1e-3, 0.02, None, True),
 }
 
 __all__ = ["Case", "CheckFailed", "Verdict", "cases", "compare", "compare_routing", "read_safetensors",
@@ -167,11 +174,15 @@ class Verdict:
         return self.ok
 
 
-def compare(a_bits, b_bits, rule="exact-quant"):
+def compare(a_bits, b_bits, rule="outside", terms=None):
     """SPEC.md section 7 metrics of bf16 arrays a (candidate) and b (reference) and the verdict of a rule
-    of docs/scenarios.md ("exact-quant" or "fp8-mma"). Returns (ok, why, metrics dict)."""
+    of docs/scenarios.md ("outside", "outside-fp8-mma", "exact-quant" or "fp8-mma"); terms: the reference's
+    y_terms (float32, same size), the S of the outside rules' bound (None: S = 0). Returns (ok, why, metrics
+    dict); metrics["beyond_terms"] counts the elements beyond with S, metrics["tol_violations"] without."""
     a_bits = np.asarray(a_bits, dtype=np.uint16).ravel()
     b_bits = np.asarray(b_bits, dtype=np.uint16).ravel()
+    if rule not in RULES:
+        raise ValueError("rule %r is not one of %s" % (rule, ", ".join(RULES)))
     x = from_bf16_bits(a_bits).astype(np.float64)
     y = from_bf16_bits(b_bits).astype(np.float64)
     fy, fx = np.isfinite(y), np.isfinite(x)
@@ -187,6 +198,9 @@ def compare(a_bits, b_bits, rule="exact-quant"):
     m["max_abs"] = float(d.max()) if d.size else 0.0
     m["deepgemm_diff"] = 1.0 - 2.0 * sab / (saa + sbb) if saa + sbb > 0 else 0.0
     m["tol_violations"] = int((d > ATOL + RTOL * np.abs(ya)).sum())
+    s = np.zeros_like(ya) if terms is None else \
+        np.asarray(terms, dtype=np.float32).ravel()[both].astype(np.float64)
+    m["beyond_terms"] = int((d > ATOL + RTOL * np.abs(ya) + TERMS_SCALE * s).sum())
     na, ma = _ordered_mag(a_bits[both])
     nb, mb = _ordered_mag(b_bits[both])
     ulp = np.minimum(np.where(na == nb, np.abs(ma - mb), ma + mb), 65535)
@@ -198,13 +212,19 @@ def compare(a_bits, b_bits, rule="exact-quant"):
                        "repeated as the same infinity" % (m["bad_nonfinite"], m["ref_nonfinite_bad"])), m
     if m["n"] == 0:
         return True, "", m
-    bound, share, rmsf = RULES[rule]
+    bound, share, rmsf, with_terms = RULES[rule]
     allowed = max(1, int(share * m["n"]))
-    worst = ATOL + rmsf * m["rms_ref"]
-    ok = m["deepgemm_diff"] < bound and m["tol_violations"] <= allowed and m["max_abs"] <= worst
-    why = "" if ok else ("%s tolerance broken: diff %.3g (< %g), %d beyond atol/rtol (at most %d), max |a-b| %.3g "
-                         "(at most %.3g)" % (rule, m["deepgemm_diff"], bound, m["tol_violations"], allowed,
-                                             m["max_abs"], worst))
+    beyond = m["beyond_terms"] if with_terms else m["tol_violations"]
+    worst = ATOL + rmsf * m["rms_ref"] if rmsf is not None else float("inf")
+    ok = m["deepgemm_diff"] < bound and beyond <= allowed and m["max_abs"] <= worst
+    if ok:
+        why = ""
+    elif with_terms:
+        why = ("%s tolerance broken: diff %.3g (< %g), %d beyond with S (at most %d; %d without)"
+               % (rule, m["deepgemm_diff"], bound, beyond, allowed, m["tol_violations"]))
+    else:
+        why = ("%s tolerance broken: diff %.3g (< %g), %d beyond atol/rtol (at most %d), max |a-b| %.3g "
+               "(at most %.3g)" % (rule, m["deepgemm_diff"], bound, beyond, allowed, m["max_abs"], worst))
     return ok, why, m
 
 
@@ -280,9 +300,19 @@ class Case:
                 self.meta = json.load(f)
         except (OSError, ValueError) as e:
             raise CaseError("%s: %s" % (path, e)) from None
-        if self.meta.get("format") != FORMAT or not isinstance(self.meta.get("version"), int) \
-                or not 1 <= self.meta["version"] <= FORMAT_VERSION:
-            raise CaseError("%s: not a %s folder of version 1..%d" % (path, FORMAT, FORMAT_VERSION))
+        if self.meta.get("format") != FORMAT or not isinstance(self.meta.get("version"), int):
+            raise CaseError("%s: not a %s folder" % (path, FORMAT))
+        if self.meta["version"] != FORMAT_VERSION:
+            raise CaseError("%s: version %d; this helper reads version %d (version 2 added each rounding profile's "
+                            "expected file with y_terms, SPEC.md section 10: export the cases again)"
+                            % (path, self.meta["version"], FORMAT_VERSION))
+        by = self.meta.get("files", {}).get("expected_by_rounding")
+        if not isinstance(by, dict) or "spec" not in by or any(
+                k not in ROUNDINGS or not isinstance(v, str) or not v or v.startswith(".") or "/" in v
+                for k, v in by.items()):
+            raise CaseError("%s: files.expected_by_rounding must map rounding profiles (spec, bf16_ops, fp32; spec "
+                            "at least) to file names in the case folder" % path)
+        self.roundings = dict(by)
         self.id = self.meta["case"]
         self.name = self.meta.get("name", self.id)
         self.config = dict(self.meta["config"])
@@ -290,7 +320,8 @@ class Case:
         self.tokens = int(self.meta["tokens"])
         self.layout = self.meta.get("layout", "split")
         self.model_path = os.path.join(folder, self.meta["files"]["model"])
-        self._input = self._expected = None
+        self._input = None
+        self._expected = {}
 
     def __repr__(self):
         return "Case(%r)" % self.id
@@ -323,40 +354,72 @@ class Case:
 
     @property
     def expected(self):
-        """{"y": float32 [T, H], "y_bits": uint16, "topk_ids": int32 [T, K] (E pruned), "topk_weights": float32}."""
-        if self._expected is None:
-            t = read_safetensors(os.path.join(self.dir, self.meta["files"]["expected"]))
-            self._expected = {"y_bits": t["y"][1], "y": from_bf16_bits(t["y"][1]), "topk_ids": t["topk_ids"][1],
-                              "topk_weights": t["topk_weights"][1]}
-        return self._expected
+        """The spec profile's expected_at("spec")."""
+        return self.expected_at("spec")
+
+    def expected_at(self, rounding):
+        """The reference at a rounding profile: {"y": float32 [T, H], "y_bits": uint16, "topk_ids": int32 [T, K]
+        (E pruned), "topk_weights": float32, "y_terms": float32 [T, H]}. CaseError when the case was not
+        exported with that profile or its file does not fit the case."""
+        if rounding not in ROUNDINGS:
+            raise CaseError("%s: '%s' is not a rounding profile (spec, bf16_ops, fp32)" % (self.id, rounding))
+        if rounding not in self.roundings:
+            raise CaseError("%s: the case was exported without rounding %s (it has: %s); export with --rounding "
+                            "naming it" % (self.id, rounding, " ".join(r for r in ROUNDINGS if r in self.roundings)))
+        if rounding not in self._expected:
+            path = os.path.join(self.dir, self.roundings[rounding])
+            t = read_safetensors(path)
+            T, H = self.tokens, int(self.config["dim"])
+            if "y" not in t or t["y"][0] != "BF16" or t["y"][1].shape != (T, H) or "topk_ids" not in t \
+                    or "topk_weights" not in t:
+                raise CaseError("%s: not the y BF16 [%d, %d], topk_ids and topk_weights of the case" % (path, T, H))
+            if "y_terms" not in t or t["y_terms"][0] != "F32" or t["y_terms"][1].shape != (T, H):
+                raise CaseError("%s: y_terms must be F32 [%d, %d] (SPEC.md section 10.2); found %s" % (
+                    path, T, H, "%s %s" % (t["y_terms"][0], list(t["y_terms"][1].shape)) if "y_terms" in t
+                    else "absent"))
+            yv, terms = from_bf16_bits(t["y"][1]), t["y_terms"][1]
+            bad = ~(terms >= 0) & np.isfinite(yv)
+            if bad.any():
+                i, j = np.argwhere(bad)[0]
+                raise CaseError("%s: y_terms[%d, %d] is %g where y is finite; a term bound is >= 0"
+                                % (path, i, j, terms[i, j]))
+            self._expected[rounding] = {"y_bits": t["y"][1], "y": yv, "topk_ids": t["topk_ids"][1],
+                                        "topk_weights": t["topk_weights"][1], "y_terms": terms}
+        return self._expected[rounding]
 
     def weights(self):
         """The layer's checkpoint {key: (dtype, array)} (BF16 and F8 as raw bits)."""
         return read_safetensors(self.model_path)
 
-    def check(self, y, topk_ids=None, topk_weights=None, sentinel="E", fp8=False, raise_on_failure=True):
-        """Holds an engine's output against the reference. y: [T, H] (bf16 bits as uint16, or any float
-        array/tensor, rounded to bf16). Returns the Verdict; raises CheckFailed when it fails (unless
-        raise_on_failure is False) and CaseError when the output does not fit the case."""
+    def check(self, y, topk_ids=None, topk_weights=None, sentinel="E", fp8=False, raise_on_failure=True,
+              rounding="spec", declared=False):
+        """Holds an engine's output against the reference at the engine's rounding profile (SPEC.md section
+        10: "spec", "bf16_ops" or "fp32"). y: [T, H] (bf16 bits as uint16, or any float array/tensor, rounded
+        to bf16). Returns the Verdict; raises CheckFailed when it fails (unless raise_on_failure is False) and
+        CaseError when the output does not fit the case or the case has no such profile. `declared` only
+        words the verdict (the profile came from the output's engine_rounding)."""
         T, H = self.tokens, int(self.config["dim"])
+        exp = self.expected_at(rounding)
         ya = _np(y)
         if ya is None or ya.ndim != 2 or ya.shape != (T, H):
             raise CaseError("%s: y has shape %s; the case needs [%d, %d]"
                             % (self.id, None if ya is None else ya.shape, T, H))
         bits = ya if ya.dtype == np.uint16 else to_bf16_bits(ya)
-        rule = "fp8-mma" if fp8 else "exact-quant"
-        ok, why, m = compare(bits, self.expected["y_bits"], rule)
-        line = ("y n %d max_abs %.4g diff %.3g ulp p50/p99/max %d/%d/%d tol_viol %d bad_nonfinite %d"
-                % (m["n"], m["max_abs"], m["deepgemm_diff"], m["ulp_p50"], m["ulp_p99"], m["ulp_max"],
-                   m["tol_violations"], m["bad_nonfinite"]))
+        rule = "outside-fp8-mma" if fp8 else "outside"
+        ok, why, m = compare(bits, exp["y_bits"], rule, exp["y_terms"])
+        line = ("y beyond %d with S, %d without; n %d max_abs %.4g diff %.3g ulp p50/p99/max %d/%d/%d "
+                "bad_nonfinite %d" % (m["beyond_terms"], m["tol_violations"], m["n"], m["max_abs"],
+                                      m["deepgemm_diff"], m["ulp_p50"], m["ulp_p99"], m["ulp_max"],
+                                      m["bad_nonfinite"]))
         rok, rwhy, rsum = True, "", "routing not given"
         if topk_weights is not None and topk_ids is None:
             raise CaseError("%s: topk_weights without topk_ids (weights are matched by expert id)" % self.id)
         if topk_ids is not None:
-            rok, rwhy, rsum = compare_routing(_np(topk_ids), _np(topk_weights), self.expected["topk_ids"],
-                                              self.expected["topk_weights"], int(self.config["n_routed_experts"]),
-                                              sentinel)
-        verdict = "%s %s (rule %s): %s; routing: %s" % ("pass" if ok and rok else "FAIL", self.id, rule, line, rsum)
+            rok, rwhy, rsum = compare_routing(_np(topk_ids), _np(topk_weights), exp["topk_ids"],
+                                              exp["topk_weights"], int(self.config["n_routed_experts"]), sentinel)
+        verdict = "%s %s (rule %s, rounding %s%s): %s; routing: %s" % (
+            "pass" if ok and rok else "FAIL", self.id, rule, rounding,
+            " from the output's engine_rounding" if declared else "", line, rsum)
         if not (ok and rok):
             verdict += "; " + "; ".join(w for w in (why, rwhy) if w)
         v = Verdict(ok and rok, verdict, m, rsum)
@@ -364,8 +427,11 @@ class Case:
             raise CheckFailed(verdict)
         return v
 
-    def write_output(self, outputs_dir, y, topk_ids=None, topk_weights=None, engine=None):
-        """Writes outputs_dir/<id>/output.safetensors for `dsv4moe check` (y as bf16 unless it is float32)."""
+    def write_output(self, outputs_dir, y, topk_ids=None, topk_weights=None, engine=None, rounding=None):
+        """Writes outputs_dir/<id>/output.safetensors for `dsv4moe check` (y as bf16 unless it is float32);
+        rounding (a profile name) is recorded as the metadata engine_rounding, which check honours."""
+        if rounding is not None and rounding not in ROUNDINGS:
+            raise ValueError("rounding %r is not one of %s" % (rounding, ", ".join(ROUNDINGS)))
         folder = os.path.join(outputs_dir, self.id)
         os.makedirs(folder, exist_ok=True)
         ya = _np(y)
@@ -374,7 +440,12 @@ class Case:
             t["topk_ids"] = ("I32", _np(topk_ids).astype(np.int32))
         if topk_weights is not None:
             t["topk_weights"] = ("F32", _np(topk_weights).astype(np.float32))
-        write_safetensors(os.path.join(folder, "output.safetensors"), t, {"engine": engine} if engine else None)
+        meta = {}
+        if engine:
+            meta["engine"] = engine
+        if rounding:
+            meta["engine_rounding"] = rounding
+        write_safetensors(os.path.join(folder, "output.safetensors"), t, meta or None)
 
 
 def cases(folder, where=None):
@@ -402,6 +473,8 @@ def _main(argv):
     ap.add_argument("--outputs", required=True)
     ap.add_argument("--sentinel", default="E", choices=["E", "-1", "absent"])
     ap.add_argument("--fp8", action="store_true")
+    ap.add_argument("--rounding", default="spec", choices=ROUNDINGS,
+                    help="the engine's rounding profile where an output has no engine_rounding metadata")
     a = ap.parse_args(argv)
     worst = 0
     try:
@@ -420,7 +493,12 @@ def _main(argv):
             y = t["y"][1] if t["y"][0] == "BF16" else t["y"][1].astype(np.float32)
             ids = t["topk_ids"][1] if "topk_ids" in t else None
             w = t["topk_weights"][1].astype(np.float32) if "topk_weights" in t else None
-            v = c.check(y, ids, w, sentinel=a.sentinel, fp8=a.fp8, raise_on_failure=False)
+            declared = t.get("__metadata__", (None, {}))[1].get("engine_rounding")
+            if declared is not None and declared not in ROUNDINGS:
+                raise CaseError("%s: metadata engine_rounding '%s' is not a rounding profile (spec, bf16_ops, fp32)"
+                                % (path, declared))
+            v = c.check(y, ids, w, sentinel=a.sentinel, fp8=a.fp8, raise_on_failure=False,
+                        rounding=declared or a.rounding, declared=declared is not None)
         except CaseError as e:
             print("ERROR %s: %s" % (c.id, e))
             worst = 2

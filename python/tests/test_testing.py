@@ -24,13 +24,17 @@ def make_case(root, cid="c0", tokens=T):
     w = np.where(ids == E, 0, rng.uniform(0.1, 1, (tokens, K))).astype(np.float32)
     t.write_safetensors(os.path.join(folder, "input.safetensors"),
                         {"x": ("BF16", t.to_bf16_bits(x)), "input_ids": ("I32", np.arange(tokens, dtype=np.int32))})
-    t.write_safetensors(os.path.join(folder, "expected.safetensors"),
-                        {"y": ("BF16", t.to_bf16_bits(y)), "topk_ids": ("I32", ids), "topk_weights": ("F32", w)},
-                        {"n_routed_experts": E})
+    terms = (np.abs(y) + 4.0).astype(np.float32)  # S: the magnitudes summed (here 4 more than |y|)
+    for name, yp in (("expected.safetensors", y), ("expected.bf16_ops.safetensors", y + np.float32(0.5))):
+        t.write_safetensors(os.path.join(folder, name),
+                            {"y": ("BF16", t.to_bf16_bits(yp)), "topk_ids": ("I32", ids), "topk_weights": ("F32", w),
+                             "y_terms": ("F32", terms)}, {"n_routed_experts": E})
     t.write_safetensors(os.path.join(folder, "model.safetensors"), {"w": ("F32", np.zeros(2, np.float32))})
-    meta = {"format": "dsv4moe-engine-case", "version": 1, "case": cid, "name": "hand/" + cid, "layer": 1,
+    meta = {"format": "dsv4moe-engine-case", "version": 2, "case": cid, "name": "hand/" + cid, "layer": 1,
             "tokens": tokens, "layout": "split",
-            "files": {"model": "model.safetensors", "input": "input.safetensors", "expected": "expected.safetensors"},
+            "files": {"model": "model.safetensors", "input": "input.safetensors", "expected": "expected.safetensors",
+                      "expected_by_rounding": {"spec": "expected.safetensors",
+                                               "bf16_ops": "expected.bf16_ops.safetensors"}},
             "config": {"dim": H, "n_routed_experts": E, "n_activated": K, "shared_clamp": True, "top_p": 0.6},
             "checks": ["numerics", "routing"]}
     with open(os.path.join(folder, "case.json"), "w") as f:
@@ -82,8 +86,76 @@ class TestingHelper(unittest.TestCase):
         y[0, :] += 1.0  # one whole row off: 16 of 96 elements beyond atol/rtol
         with self.assertRaises(t.CheckFailed) as cm:
             self.case.check(y)
-        self.assertIn("exact-quant tolerance broken", str(cm.exception))
+        self.assertIn("outside tolerance broken", str(cm.exception))
+        self.assertIn("rounding spec", str(cm.exception))
         self.assertFalse(self.case.check(y, fp8=True, raise_on_failure=False).ok)  # 16 > 2 % of 96 too
+
+    def test_terms_and_rounding_profiles(self):
+        e = self.case.expected
+        # 0.038 off everywhere: beyond atol + rtol |b| where |b| < 0.086, within 2^-8 S (S >= 4 adds 0.0156)
+        y = t.from_bf16_bits(e["y_bits"]).astype(np.float64) + 0.038
+        v = self.case.check(y, raise_on_failure=False)
+        self.assertGreater(v.metrics["tol_violations"], 1)
+        self.assertEqual(v.metrics["beyond_terms"], 0)
+        self.assertTrue(v.ok, v.line)
+        self.assertIn("beyond 0 with S, %d without" % v.metrics["tol_violations"], v.line)
+        ok, _, _ = t.compare(t.to_bf16_bits(y), e["y_bits"], "outside")  # S = 0: the plain count judges
+        self.assertFalse(ok)
+        # the bf16_ops profile's expected output (0.5 above spec's): an engine at that profile
+        b = self.case.expected_at("bf16_ops")
+        self.assertTrue(self.case.check(b["y"], rounding="bf16_ops").ok)
+        self.assertFalse(self.case.check(b["y"], raise_on_failure=False).ok)  # held to spec
+        self.assertFalse(self.case.check(e["y"], rounding="bf16_ops", raise_on_failure=False).ok)
+        with self.assertRaises(t.CaseError) as cm:
+            self.case.check(e["y"], rounding="fp32")  # not exported
+        self.assertIn("exported without rounding fp32 (it has: spec bf16_ops)", str(cm.exception))
+        with self.assertRaises(t.CaseError):
+            self.case.check(e["y"], rounding="bf16")
+        # an output that names its profile is held to it by the command line
+        out = os.path.join(self.root, "out-r")
+        self.case.write_output(out, b["y_bits"], engine="hand", rounding="bf16_ops")
+        t.cases(self.root)[1].write_output(out, np.zeros((0, H), np.float32))
+        self.assertEqual(t._main([self.root, "--outputs", out]), 0)
+        self.case.write_output(out, b["y_bits"], engine="hand")
+        self.assertEqual(t._main([self.root, "--outputs", out]), 1)
+        self.assertEqual(t._main([self.root, "--outputs", out, "--rounding", "bf16_ops"]), 0)
+        with self.assertRaises(ValueError):
+            self.case.write_output(out, b["y_bits"], rounding="fp16")
+
+    def test_malformed_profiles(self):
+        folder = os.path.join(self.root, "c0")
+        # y_terms of the wrong shape, then negative where y is finite
+        p = os.path.join(folder, "expected.bf16_ops.safetensors")
+        r = t.read_safetensors(p)
+        r.pop("__metadata__")
+        good = dict(r)
+        r["y_terms"] = ("F32", np.zeros((T, H + 1), np.float32))
+        t.write_safetensors(p, r)
+        with self.assertRaises(t.CaseError) as cm:
+            t.cases(self.root)[0].check(np.zeros((T, H), np.float32), rounding="bf16_ops")
+        self.assertIn("y_terms must be F32 [%d, %d]" % (T, H), str(cm.exception))
+        r["y_terms"] = ("F32", -np.ones((T, H), np.float32))
+        t.write_safetensors(p, r)
+        with self.assertRaises(t.CaseError) as cm:
+            t.cases(self.root)[0].check(np.zeros((T, H), np.float32), rounding="bf16_ops")
+        self.assertIn("a term bound is >= 0", str(cm.exception))
+        t.write_safetensors(p, good)
+        # a version 1 folder, a profile map naming a path outside the folder
+        cj = os.path.join(folder, "case.json")
+        with open(cj) as f:
+            meta = json.load(f)
+        for change, needle in ((("version", 1), "export the cases again"),
+                               (("files", dict(meta["files"], expected_by_rounding={"spec": "../x"})),
+                                "expected_by_rounding")):
+            m2 = dict(meta)
+            m2[change[0]] = change[1]
+            with open(cj, "w") as f:
+                json.dump(m2, f)
+            with self.assertRaises(t.CaseError) as cm:
+                t.cases(self.root)
+            self.assertIn(needle, str(cm.exception))
+        with open(cj, "w") as f:
+            json.dump(meta, f)
 
     def test_nan_rules(self):
         e = self.case.expected

@@ -234,17 +234,19 @@ DEFAULTS = dict(dim="4096", moe_inter_dim="2048", n_routed_experts="256", n_acti
 DEFECTS = ("routed_clamp_dropped", "shared_clamp_dropped", "weight_point_swapped", "topp_slot_as_expert0")
 
 
-def forward(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec"):
+def forward(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec", bf16_sums=False):
     """The layer on x (fp32 holding bf16 values) [T, H]; cfg maps SPEC.md section 8 keys to strings.
     Returns (y as bf16 values in fp32 [T, H], topk_ids int64 [T, K] with E for pruned slots,
     topk_weights fp32 [T, K])."""
-    y, idx, w, _ = forward_terms(cfg, st, x, ids_in, defect, verbose, rounding)
+    y, idx, w, _ = forward_terms(cfg, st, x, ids_in, defect, verbose, rounding, bf16_sums)
     return y, idx, w
 
 
-def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec"):
+def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec", bf16_sums=False):
     """forward in a rounding profile, also returning y_terms fp32 [T, H]: |shared output| + the sum of
-    |weighted expert outputs| (SPEC.md 10.2), the expert terms summed first in ascending expert id."""
+    |weighted expert outputs| (SPEC.md 10.2), the expert terms summed first in ascending expert id.
+    bf16_sums: y rounded to bf16 after every expert's addition (an engine that sums in bf16; the
+    rounding SPEC.md 10.2's S term absorbs)."""
     assert defect is None or defect in DEFECTS, defect
     H = int(cfg["dim"]); E = int(cfg["n_routed_experts"])
     K = int(cfg["n_activated"]); layer = int(cfg["layer"]); nh = int(cfg["n_hash_layers"])
@@ -380,7 +382,11 @@ def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec
             if rounding == "bf16_ops":
                 o = bf16(o)
         # rows are distinct (one slot per expert per token), except where a defect repeats expert 0
-        np.add.at(y, rows, o)
+        if bf16_sums:
+            for r_, o_ in zip(rows, o):
+                y[r_] = bf16(y[r_] + o_)
+        else:
+            np.add.at(y, rows, o)
         np.add.at(terms, rows, np.abs(o))
     if n_shared:
         q = p + "shared_experts."
@@ -389,7 +395,7 @@ def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec
         W2, f2 = load_weight(st, q + "w2")
         o = ffn(x, W1, W3, W2, f1, f2, aq, L, shared_clamp and defect != "shared_clamp_dropped", None, wp,
                 rounding)
-        y = (y + o).astype(F32)
+        y = bf16(y + o) if bf16_sums else (y + o).astype(F32)
         terms = (terms + np.abs(o)).astype(F32)
     return bf16(y), idx, w, terms
 

@@ -4,9 +4,11 @@ NumPy layer of indep_ref.py (written from SPEC.md, no code shared with ref/) run
 folders, optionally with one defect patched in.
 
 usage: numpy_engine.py CASES OUTPUTS [--defect NAME] [--no-routing] [--sentinel E|-1]
-                       [--slot-order reversed] [--weights-f64] [--check]
-Writes OUTPUTS/<case-id>/output.safetensors (y BF16, topk_ids I32, topk_weights F32). With --check,
-also holds each output against its case with dsv4moe.testing (exit 1 when some case fails).
+                       [--slot-order reversed] [--rounding spec|bf16_ops|fp32] [--no-declare] [--check]
+Writes OUTPUTS/<case-id>/output.safetensors (y BF16, topk_ids I32, topk_weights F32). --rounding runs
+the layer at that rounding profile of SPEC.md section 10 (an engine that rounds like eager PyTorch on a
+bf16 model, or one in fp32) and records it as the metadata engine_rounding unless --no-declare. With
+--check, also holds each output against its case with dsv4moe.testing (exit 1 when some case fails).
 """
 import argparse
 import os
@@ -31,6 +33,10 @@ def main():
     ap.add_argument("--sentinel", default="E", choices=["E", "-1"])
     ap.add_argument("--slot-order", default="ref", choices=["ref", "reversed"],
                     help="reversed: every token's slots in the opposite order (an engine's freedom)")
+    ap.add_argument("--rounding", default="spec", choices=indep_ref.ROUNDINGS)
+    ap.add_argument("--no-declare", action="store_true", help="leave engine_rounding out of the metadata")
+    ap.add_argument("--bf16-sums", action="store_true",
+                    help="sum the experts' outputs in bf16 (the rounding SPEC.md 10.2's S term absorbs)")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     worst = 0
@@ -42,7 +48,7 @@ def main():
         cfg.update(case.config_strings())
         st = indep_ref.read_st(case.model_path)
         y, ids, w = indep_ref.forward(cfg, st, case.x.astype(np.float32), case.input_ids.astype(np.int64),
-                                      defect=a.defect)
+                                      defect=a.defect, rounding=a.rounding, bf16_sums=a.bf16_sums)
         E = int(cfg["n_routed_experts"])
         if a.sentinel == "-1":
             ids = np.where(ids == E, -1, ids)
@@ -50,9 +56,11 @@ def main():
             ids, w = ids[:, ::-1], w[:, ::-1]
         bits = testing.to_bf16_bits(y)
         kw = {} if a.no_routing else {"topk_ids": ids, "topk_weights": w}
-        case.write_output(a.outputs, bits, engine="numpy-indep" + ("+" + a.defect if a.defect else ""), **kw)
+        name = "numpy-indep" + ("-" + a.rounding if a.rounding != "spec" else "") + \
+            ("-bf16sums" if a.bf16_sums else "") + ("+" + a.defect if a.defect else "")
+        case.write_output(a.outputs, bits, engine=name, rounding=None if a.no_declare else a.rounding, **kw)
         if a.check:
-            v = case.check(bits, sentinel=a.sentinel, raise_on_failure=False, **kw)
+            v = case.check(bits, sentinel=a.sentinel, raise_on_failure=False, rounding=a.rounding, **kw)
             print(v.line)
             worst = max(worst, 0 if v.ok else 1)
     return worst
