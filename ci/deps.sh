@@ -4,7 +4,7 @@
 set -e
 # The device machine (ci/device-env.sh) has no network: its packages are unpacked into a prefix.
 [ "${DSV4_NO_DEPS:-0}" = 1 ] && exit 0
-PKGS="build-essential pkg-config libyaml-dev check libsubunit-dev libopenblas-dev lcov libjansson-dev python3 python3-numpy python3-pip python3-setuptools valgrind"
+PKGS="build-essential pkg-config libyaml-dev check libsubunit-dev libopenblas-dev lcov libjansson-dev python3 python3-numpy python3-pip python3-setuptools python3-venv python3-pytest valgrind"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

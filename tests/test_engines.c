@@ -711,44 +711,92 @@ START_TEST(python_helper_unit_tests)
 }
 END_TEST
 
-/* The Python package installs from a clean copy of python/ (pip, no compiler, no network) into a
-   target folder, and its tests run from there: dsv4moe.Layer on the ref and cpu backends against
-   `dsv4moe ref` on NumPy inputs (python/tests/test_layer.py), with this build's library. */
-START_TEST(python_package_installs_and_runs)
+/* An engine's CI in two lines (docs/engines.md): `pip install ./python` into a clean virtual
+   environment builds the library and the CLI with the Makefile (here: the release build, already
+   made, so make has nothing to do) and installs both (the CLI on the venv's PATH, the library found
+   by the package with no environment variable); `pytest --dsv4moe-cases D --dsv4moe-engine M:F`
+   then runs one test per exported case, the verdict line as the failure message. The package's own
+   tests run from the install too. Without the build's Debian packages the install fails with the
+   apt-get line that fixes it. The venv sees Debian's numpy and pytest (--system-site-packages: no
+   network). Release build only: the sanitizer and coverage builds would run the same make and pip
+   on the same folders side by side. */
+START_TEST(pip_install_then_pytest)
 {
 #ifdef __SANITIZE_ADDRESS__
-    printf("python package: skipped in a sanitizer build (its library cannot load into the interpreter)\n");
+    printf("pip + pytest: skipped in a sanitizer build (its library cannot load into the interpreter)\n");
     return;
 #endif
-    const char *cli = getenv("DSV4MOE_CLI");
-    ck_assert_ptr_nonnull(cli);
-    char build[600], dir[600], cmd[16384];
-    snprintf(cmd, sizeof cmd, "%s -c 'import setuptools, pip'", py()); /* this order: pip first imports the stdlib distutils and Debian's setuptools hack then asserts */
-    if (run_sh(cmd) != 0) { /* ci/deps.sh installs both (python3-pip, python3-setuptools) */
-        printf("python package: skipped, %s has no pip or setuptools: %.200s\n", py(), out_buf);
+    const char *cov = getenv("DSV4MOE_TEST_COVERAGE");
+    if (cov && !strcmp(cov, "1")) {
+        printf("pip + pytest: skipped in the coverage build (the release build runs it)\n");
         return;
     }
-    snprintf(build, sizeof build, "%s", cli);
-    char *slash = strrchr(build, '/');
-    ck_assert_ptr_nonnull(slash);
-    *slash = 0;
-    tu_path(dir, sizeof dir, "pypkg");
+    const char *cli = getenv("DSV4MOE_CLI");
+    ck_assert_ptr_nonnull(cli);
+    char dir[600], cmd[16384];
+    tu_path(dir, sizeof dir, "pipvenv");
+    /* the install, the CLI and the library from it */
     snprintf(cmd, sizeof cmd,
-             "rm -rf %s && mkdir -p %s/t && cp -r %s/python %s/src && rm -rf %s/src/build %s/src/*.egg-info && "
-             "%s -m pip install --quiet --no-deps --no-build-isolation --no-index --target %s/site %s/src 2>&1 && "
-             "cp -r %s/python/tests %s/t/ && cd %s/t && PYTHONPATH=%s/site DSV4MOE_BUILD=%s DSV4MOE_CLI=%s "
-             "%s -m unittest discover -v -s tests -t . -p 'test_[lh]*.py' 2>&1 && "
-             "%s -c \"import sys; sys.path.insert(0, '%s/site'); import dsv4moe; print('from', dsv4moe.__file__)\"",
-             dir, dir, src(), dir, dir, dir, py(), dir, dir, src(), dir, dir, dir, build, cli, py(), py(), dir);
-    int rc = run_sh(cmd);
-    ck_assert_msg(rc == 0, "%.3000s", out_buf);
+             "unset DSV4MOE_BUILD DSV4MOE_LIB; rm -rf %s && %s -m venv --system-site-packages %s/venv && cd %s && "
+             "%s/venv/bin/pip install --no-build-isolation --no-index %s/python 2>&1 && "
+             "%s/venv/bin/dsv4moe export %s/scenarios/engines.yaml --dir %s/cases && "
+             "%s/venv/bin/python -c 'from dsv4moe import _lib; print(\"library\", _lib.lib_path())'",
+             dir, py(), dir, dir, dir, src(), dir, src(), dir, dir);
+    ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "Successfully installed dsv4moe-0.1.0"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "11 case folders"));
+    char want[800];
+    snprintf(want, sizeof want, "library %s/venv/lib/", dir);
+    ck_assert_msg(strstr(out_buf, want) && strstr(out_buf, "/site-packages/dsv4moe/_native/libdsv4moe.so.0"),
+                  "%.3000s", out_buf);
+    /* the plugin: engine functions of tests/tools/pytest_engine.py */
+    static const struct {
+        const char *engine, *opts, *want;
+        int rc;
+    } runs[] = {
+        {"clean", "", "11 passed", 0},
+        {"bf16_ops", "", "11 passed", 0},                  /* its result names its profile */
+        {"fp32", "", "11 passed", 0},                      /* the function's dsv4moe_rounding */
+        {"y_only", "--dsv4moe-sentinel -1", "11 passed", 0},
+        {"clean", "--dsv4moe-rounding fp32", "7 failed, 4 passed", 1},
+        {"routed_clamp_dropped", "", "10 failed, 1 passed", 1},
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        snprintf(cmd, sizeof cmd,
+                 "mkdir -p %s/w && cd %s/w && PYTHONPATH=%s/tests/tools %s/venv/bin/python -m pytest -p "
+                 "no:cacheprovider --dsv4moe-cases %s/cases --dsv4moe-engine pytest_engine:%s %s 2>&1",
+                 dir, dir, src(), dir, dir, runs[k].engine, runs[k].opts);
+        int rc = run_sh(cmd);
+        ck_assert_msg(rc == runs[k].rc && strstr(out_buf, runs[k].want), "%s %s: exit %d: %.3000s", runs[k].engine,
+                      runs[k].opts, rc, out_buf);
+    }
+    /* the failure message is the verdict line */
+    ck_assert_msg(strstr(out_buf, "FAIL engines.quant=0,layer=0 (rule outside, rounding spec): y beyond"), "%.3000s",
+                  out_buf);
+    snprintf(cmd, sizeof cmd,
+             "cd %s && %s/venv/bin/python -m pytest -p no:cacheprovider --dsv4moe-cases %s/cases --dsv4moe-engine "
+             "nosuch:fn 2>&1",
+             dir, dir, dir);
+    ck_assert_int_ne(run_sh(cmd), 0);
+    ck_assert_msg(strstr(out_buf, "--dsv4moe-engine nosuch:fn: cannot import nosuch"), "%.3000s", out_buf);
+    /* the package's tests from the install (no DSV4MOE_BUILD: the package finds its library) */
+    snprintf(cmd, sizeof cmd,
+             "unset DSV4MOE_BUILD DSV4MOE_LIB; mkdir -p %s/t && cp -r %s/python/tests %s/t/ && cd %s/t && "
+             "DSV4MOE_CLI=%s %s/venv/bin/python -m "
+             "unittest discover -v -s tests -t . -p 'test_[lh]*.py' 2>&1",
+             dir, src(), dir, dir, cli, dir);
+    ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "test_cpu_bit_identical"));
-    ck_assert_ptr_nonnull(strstr(out_buf, "test_mapped_config_matches_ref"));
     ck_assert_ptr_nonnull(strstr(out_buf, "test_held_checkpoint_matches_ref"));
     ck_assert_msg(strstr(out_buf, "skipped") == NULL, "%.3000s", out_buf);
-    char want[700];
-    snprintf(want, sizeof want, "from %s/site/dsv4moe/__init__.py", dir);
-    ck_assert_msg(strstr(out_buf, want) != NULL, "%.3000s", out_buf);
+    /* no build packages: one apt-get line (a compiler that sees no system header stands in) */
+    snprintf(cmd, sizeof cmd,
+             "%s -m venv --system-site-packages %s/venv2 && cd %s && CC='cc -nostdinc' %s/venv2/bin/pip install "
+             "--no-build-isolation --no-index %s/python 2>&1",
+             py(), dir, dir, dir, src());
+    ck_assert_int_ne(run_sh(cmd), 0);
+    ck_assert_msg(strstr(out_buf, "sudo apt-get install -y libjansson-dev libyaml-dev libopenblas-dev"), "%.3000s",
+                  out_buf);
 }
 END_TEST
 
@@ -1091,7 +1139,7 @@ Suite *engines_suite(void)
     tcase_add_loop_test(tc, each_profile_passes_its_own_reference, 0, DSV4_ROUNDING_COUNT);
     tcase_add_test(tc, check_bad_outputs_exit_2);
     tcase_add_test(tc, python_helper_unit_tests);
-    tcase_add_test(tc, python_package_installs_and_runs);
+    tcase_add_test(tc, pip_install_then_pytest);
     tcase_add_test(tc, symmetry_jsonl_from_the_communicator);
     tcase_add_test(tc, run_writes_traces_symmetry_reads);
     tcase_add_test(tc, symmetry_flight_recorder_dumps);

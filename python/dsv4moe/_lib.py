@@ -1,7 +1,8 @@
 """The shared library through ctypes (include/dsv4moe/*.h). Internal: dsv4moe.Layer is the API.
 
 The library is found, in order, at ``$DSV4MOE_LIB`` (a file), under ``$DSV4MOE_BUILD`` (a build
-folder), in the repository's ``build/cuda/`` then ``build/`` when the package runs from a checkout,
+folder), in the package's own ``_native/`` (where ``pip install ./python`` puts the library it
+builds), in the repository's ``build/cuda/`` then ``build/`` when the package runs from a checkout,
 and by the system's loader (an installed ``libdsv4moe.so.0``). Nothing is loaded until a Layer is
 made, so ``import dsv4moe`` and ``dsv4moe.testing`` work without the library.
 
@@ -105,7 +106,9 @@ def _candidates():
     build = os.environ.get("DSV4MOE_BUILD")
     if build:
         out += [os.path.join(build, "cuda", "libdsv4moe.so"), os.path.join(build, "libdsv4moe.so")]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.dirname(os.path.abspath(__file__))
+    out += [os.path.join(here, "_native", "libdsv4moe.so.0")]
+    root = os.path.dirname(os.path.dirname(here))
     out += [os.path.join(root, "build", "cuda", "libdsv4moe.so"), os.path.join(root, "build", "libdsv4moe.so")]
     found = ctypes.util.find_library("dsv4moe")
     out += [found] if found else []
