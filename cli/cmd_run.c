@@ -53,7 +53,7 @@ static void on_progress(void *user, size_t done, size_t total, const dsv4_case_r
     double el = cli_now() - p->t0;
     double left = d ? el / (double)d * (double)(p->total - d) : 0;
     char esc[1024];
-    const char *name = cli_esc(dsv4_case_name(last), esc, sizeof esc);
+    const char *name = cli_esc(dsv4_case_title(last), esc, sizeof esc);
     size_t nl = strlen(name);
     fprintf(stderr, "\r\033[K[%zu/%zu] %s  %.0f s left  %s%s", d, p->total, dsv4_result_name(dsv4_case_status(last)),
             left, nl > 60 ? "..." : "", nl > 60 ? name + nl - 57 : name);
@@ -225,7 +225,10 @@ int cmd_run(int argc, char **argv)
 #endif
         /* Names and details come from the scenario file: control characters are escaped. */
         char esc[4096];
-        printf("\n%s %s\n", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", cli_esc(dsv4_case_name(c), esc, sizeof esc));
+        printf("\n%s %s", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", cli_esc(dsv4_case_title(c), esc, sizeof esc));
+        if (strcmp(dsv4_case_title(c), dsv4_case_name(c))) /* the id --filter takes */
+            printf("  [%s]", cli_esc(dsv4_case_name(c), esc, sizeof esc));
+        printf("\n");
         for (int b = 0; b < DSV4_CHECK_COUNT; b++) {
             const char *detail;
             dsv4_result r = dsv4_case_check(c, 1u << b, &detail);

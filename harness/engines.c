@@ -184,6 +184,11 @@ static dsv4_status write_case_json(const char *path, const char *id, const expor
         (json_int_t)s->routed_g_clamped, "routed_u_clamped", (json_int_t)s->routed_u_clamped, "shared_g_clamped",
         (json_int_t)s->shared_g_clamped, "shared_u_clamped", (json_int_t)s->shared_u_clamped, "nonfinite_rows",
         (json_int_t)s->nonfinite_rows);
+    if (root) { /* the case by what it sets: the scenario's title, with the rank */
+        char title[1200];
+        snprintf(title, sizeof title, "%s%s", sc->title ? sc->title : sc->name, name + strlen(sc->name));
+        json_object_set_new(root, "title", json_string(title));
+    }
     json_t *files = root ? files_json(export_profiles(e->o->roundings)) : NULL;
     if (!root || !files || json_object_update(root, files)) {
         json_decref(root);
@@ -429,7 +434,7 @@ static dsv4_status list_cases(const char *dir, char ***names, size_t *n, dsv4_er
 
 typedef struct {
     json_t *root;
-    const char *name, *scn_name, *scn_file;
+    const char *name, *title, *scn_name, *scn_file;
     dsv4_config cfg;
     int64_t T;
     uint64_t seed;
@@ -490,6 +495,7 @@ static dsv4_status read_case(const char *path, case_desc *cd, dsv4_error *err)
     cd->T = json_integer_value(tok);
     cd->seed = json_is_integer(seed) ? (uint64_t)json_integer_value(seed) : 0;
     cd->name = json_string_value(json_object_get(r, "name"));
+    cd->title = json_string_value(json_object_get(r, "title"));
     cd->scn_name = json_string_value(json_object_get(scn, "name"));
     cd->scn_file = json_string_value(json_object_get(scn, "file"));
     if (!cd->name)
@@ -818,6 +824,7 @@ dsv4_status dsv4_check_engine(const char *cases_dir, const char *outputs_dir, co
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, "check", "out of memory");
             break;
         }
+        dsv4_run_ext_title(c, cd.title);
         check_case(cases_dir, outputs_dir, names[i], &cd, opt, c);
         dsv4_run_ext_finish(c, now_s() - t0);
         json_decref(cd.root);

@@ -337,16 +337,26 @@ static void mx_count(mx_table *t, const char *scen, const char *axis, size_t ale
     c->bad[c->nbad++] = idx;
 }
 
-/* A product case's name is "<scenario>/<axis>=<value>,<axis>=<value>..." (a value may be a
-   bracketed list with commas); any other case counts under the axis "case". */
+/* A product case's title is "<scenario>/<axis>: <value>; <axis>: <value>..." (each value by what
+   it sets); a case without one is read from its name, "<scenario>/<axis>=<value>,<axis>=<value>..."
+   (a value may be a bracketed list with commas); any other case counts under the axis "case". */
 static void mx_add_case(mx_table *t, const dsv4_case_result *c, size_t idx)
 {
-    const char *name = dsv4_case_name(c), *scen = dsv4_case_scenario(c);
+    const char *name = c->title ? c->title : dsv4_case_name(c), *scen = dsv4_case_scenario(c);
     size_t sl = strlen(scen);
     const char *rest = !strncmp(name, scen, sl) && name[sl] == '/' ? name + sl + 1 : name;
     dsv4_result r = dsv4_case_status(c);
     bool pairs = false;
-    for (const char *p = rest; *p;) {
+    for (const char *p = rest; c->title && *p;) {
+        const char *e = strstr(p, "; "), *colon;
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if ((colon = strstr(p, ": ")) && colon < p + len) {
+            mx_count(t, scen, p, (size_t)(colon - p), colon + 2, (size_t)(p + len - colon - 2), r, idx);
+            pairs = true;
+        }
+        p = e ? e + 2 : p + len;
+    }
+    for (const char *p = rest; !c->title && *p;) {
         const char *e = p;
         int depth = 0;
         while (*e && (depth > 0 || *e != ',')) {
@@ -461,7 +471,7 @@ static bool matrix_section(dsv4_strbuf *b, const dsv4_run_results *R)
         if (c->injected || (r != DSV4_RESULT_FAIL && r != DSV4_RESULT_ERROR))
             continue;
         dsv4_sb_printf(b, "<li><a href=\"#case-%zu\">%zu</a> <span class=\"name\">", i, i);
-        hb_esc(b, dsv4_case_name(c));
+        hb_esc(b, dsv4_case_title(c));
         dsv4_sb_printf(b, "</span> <span class=\"st %s\">%s</span>:", status_class(r), dsv4_result_name(r));
         for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
             const char *d;
@@ -481,7 +491,7 @@ static const char CSS[] =
     "th{background:#f3f3f3;text-align:left}.pass{background:#d8f0d8}.fail{background:#f6c9c9}"
     ".skip{background:#eee;color:#777}.error{background:#f6ddb0}.st{font-weight:bold;text-transform:uppercase}"
     ".ck{font-size:11px;white-space:nowrap;cursor:help}.name{font-family:monospace;max-width:340px;"
-    "word-break:break-all}.num{text-align:right}.metrics{font-family:monospace;font-size:11px}"
+    "overflow-wrap:anywhere}.num{text-align:right}.metrics{font-family:monospace;font-size:11px}"
     "svg text{font:10px sans-serif}svg .v,svg .l{text-anchor:middle}svg .ml{text-anchor:end}"
     ".det{font-family:monospace;font-size:11px;white-space:pre-wrap;max-width:900px}"
     ".sym td.tr{font-family:monospace;background:#fff3f3}.note{font-size:11px;color:#555}"
@@ -533,7 +543,12 @@ dsv4_status dsv4_report_html_stage(const dsv4_run_results *R, const char *path, 
         if (bad != (pass == 0))
             continue;
         dsv4_sb_printf(&b, "<tr id=\"case-%zu\"><td class=\"num\">%zu</td><td class=\"name\">", i, i);
-        hb_esc(&b, dsv4_case_name(c));
+        hb_esc(&b, dsv4_case_title(c));
+        if (c->title) { /* the id: what --filter and the export folders use */
+            dsv4_sb_str(&b, "<br><span class=\"note\">");
+            hb_esc(&b, c->name);
+            dsv4_sb_str(&b, "</span>");
+        }
         if (c->defect) { /* the fault build's --faults runs only */
             dsv4_sb_printf(&b, " <span class=\"%s\">", c->injected ? "inj" : "note");
             dsv4_sb_str(&b, c->injected ? "injected " : "catches ");

@@ -138,6 +138,7 @@ static json_t *case_json(const dsv4_run_results *R, const dsv4_case_result *c)
 {
     json_t *o = json_object();
     jset(o, "name", jstr(c->name));
+    jset(o, "title", jstr(dsv4_case_title(c)));
     jset(o, "scenario", jstr(c->scn_name));
     jset(o, "file", jstr(c->scn_path));
     jset(o, "index", json_integer((json_int_t)c->index));

@@ -50,10 +50,15 @@ static void junit_case(dsv4_strbuf *b, const dsv4_case_result *c)
     dsv4_sb_printf(b, "    <testcase classname=\"");
     sb_xml(b, c->scn_name);
     dsv4_sb_printf(b, "\" name=\"");
-    sb_xml(b, c->name);
+    sb_xml(b, dsv4_case_title(c)); /* what the case sets (dsv4_case_title) */
     dsv4_sb_printf(b, "\" file=\"");
     sb_xml(b, c->scn_path);
     dsv4_sb_printf(b, "\" line=\"%d\" time=\"%.3f\">\n", c->line, c->seconds);
+    if (c->title) { /* the case's id (its name: --filter, export folders) beside the title */
+        dsv4_sb_str(b, "      <properties><property name=\"case\" value=\"");
+        sb_xml(b, c->name);
+        dsv4_sb_str(b, "\"/></properties>\n");
+    }
     if (c->status == DSV4_RESULT_FAIL || c->status == DSV4_RESULT_ERROR) {
         dsv4_result want = c->status;
         const char *elem = want == DSV4_RESULT_FAIL ? "failure" : "error";

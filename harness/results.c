@@ -79,6 +79,7 @@ void dsv4_h_case_free(dsv4_case_result *c)
     if (!c)
         return;
     free(c->name);
+    free(c->title);
     free(c->scn_name);
     free(c->scn_path);
     free(c->axis_index);
@@ -146,6 +147,15 @@ dsv4_run_summary dsv4_h_summary(const dsv4_run_results *R, const dsv4_scenario *
 dsv4_run_summary dsv4_run_summarize(const dsv4_run_results *r) { return dsv4_h_summary(r, NULL, SIZE_MAX); }
 
 const char *dsv4_case_name(const dsv4_case_result *c) { return c ? c->name : NULL; }
+const char *dsv4_case_title(const dsv4_case_result *c) { return !c ? NULL : c->title ? c->title : c->name; }
+
+void dsv4_run_ext_title(dsv4_case_result *c, const char *title)
+{
+    if (c && title && strcmp(title, c->name ? c->name : "")) {
+        free(c->title);
+        c->title = dsv4_h_strdup(title);
+    }
+}
 dsv4_result dsv4_case_status(const dsv4_case_result *c) { return c ? c->status : DSV4_RESULT_ERROR; }
 double dsv4_case_seconds(const dsv4_case_result *c) { return c ? c->seconds : 0; }
 size_t dsv4_case_index(const dsv4_case_result *c) { return c ? c->index : 0; }

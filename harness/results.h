@@ -20,6 +20,7 @@ typedef struct {
 
 struct dsv4_case_result {
     char *name;
+    char *title; /* dsv4_scenario_case.title (or case.json's "title"); NULL: the name */
     char *scn_name, *scn_path; /* the scenario's name and path */
     size_t scn;                /* index into results->scns */
     size_t index;              /* in its scenario */

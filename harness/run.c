@@ -12,6 +12,7 @@
 #include "case.h"
 #include "err.h"
 #include "results.h"
+#include "run_ext.h"
 
 void dsv4_run_options_init(dsv4_run_options *opt)
 {
@@ -75,6 +76,7 @@ static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, si
     if (!c)
         return NULL;
     c->name = dsv4_h_strdup(sc->name);
+    dsv4_run_ext_title(c, sc->title);
     c->scn_name = dsv4_h_strdup(dsv4_scenario_name(scn));
     c->scn_path = dsv4_h_strdup(dsv4_scenario_path(scn));
     c->scn = scn_index;

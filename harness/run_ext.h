@@ -18,6 +18,8 @@ dsv4_case_result *dsv4_run_ext_case(dsv4_run_results *R, size_t scn, size_t inde
                                     const dsv4_config *cfg, int n_ranks, const int64_t *tokens, uint64_t seed,
                                     const char *ran_on);
 
+/* The case's title (dsv4_case_title) where it differs from its name; NULL keeps it. */
+void dsv4_run_ext_title(dsv4_case_result *c, const char *title);
 /* Names what produced the case's outputs (report.json "ran_on"); NULL keeps the current name. */
 void dsv4_run_ext_ran_on(dsv4_case_result *c, const char *ran_on);
 

@@ -136,6 +136,7 @@ struct dsv4_scenario {
 static void case_free(dsv4_scenario_case *k)
 {
     free((void *)k->name);
+    free((void *)k->title);
     free((void *)k->config_error);
     free((void *)k->tokens);
     free((void *)k->replay);
@@ -328,6 +329,60 @@ index:
     dsv4_sb_str(b, num);
 }
 
+/* Text of a title, with ';' (the title's separator of axes) shown as ','. */
+static void title_text(dsv4_strbuf *b, const char *s)
+{
+    for (; *s; s++)
+        dsv4_sb_printf(b, "%c", *s == ';' ? ',' : *s);
+}
+
+/* An axis value by what it sets: a scalar as written; a list as [a,b]; a mapping by its `label:`,
+   else "key value" for each pair (nested mappings flattened), joined by ", ". */
+static void title_value(ctx *c, dsv4_strbuf *b, const yaml_node_t *v, int depth)
+{
+    if (!v || depth > 4) {
+        dsv4_sb_str(b, "...");
+        return;
+    }
+    if (v->type == YAML_SCALAR_NODE) {
+        title_text(b, sval(v));
+        return;
+    }
+    if (v->type == YAML_SEQUENCE_NODE) {
+        dsv4_sb_str(b, "[");
+        for (size_t i = 0; i < ITEMS(v); i++) {
+            if (i)
+                dsv4_sb_str(b, ",");
+            title_value(c, b, get(c, v->data.sequence.items.start[i]), depth + 1);
+        }
+        dsv4_sb_str(b, "]");
+        return;
+    }
+    if (PAIRS(v) == 0) {
+        dsv4_sb_str(b, "defaults");
+        return;
+    }
+    for (size_t i = 0; i < PAIRS(v); i++) {
+        yaml_node_t *k = get(c, v->data.mapping.pairs.start[i].key);
+        if (depth == 0 && k && !strcmp(sval(k), "label")) {
+            title_value(c, b, get(c, v->data.mapping.pairs.start[i].value), depth + 1);
+            return;
+        }
+    }
+    for (size_t i = 0; i < PAIRS(v); i++) {
+        yaml_node_t *k = get(c, v->data.mapping.pairs.start[i].key), *x = get(c, v->data.mapping.pairs.start[i].value);
+        if (i)
+            dsv4_sb_str(b, ", ");
+        if (x && x->type == YAML_MAPPING_NODE) {
+            title_value(c, b, x, depth + 1);
+            continue;
+        }
+        title_text(b, k ? sval(k) : "?");
+        dsv4_sb_str(b, " ");
+        title_value(c, b, x, depth + 1);
+    }
+}
+
 /* ---------------- loading ---------------- */
 
 typedef struct {
@@ -340,14 +395,45 @@ typedef struct {
     yaml_node_t *name, *defaults, *axes, *axes_key, *cases, *exclude, *max_cases;
 } top;
 
+/* An axis value's `label:` (how reports show the value; it sets nothing): a string of 1 to LABEL_TEXT_MAX
+   characters. */
+static dsv4_status check_label(ctx *c, const yaml_node_t *x, const char *what)
+{
+    dsv4_status st = dsv4_sp_want(c, x, YAML_SCALAR_NODE, "label");
+    size_t n = st ? 0 : strlen(sval(x));
+    if (!st && (n == 0 || n > LABEL_TEXT_MAX))
+        st = dsv4_sp_fail(c, DSV4_ERR_FORMAT, x->start_mark, "%s: label: expected 1 to %d characters", what,
+                          LABEL_TEXT_MAX);
+    return st;
+}
+
+/* One axis value. A mapping value may carry a `label:`: on a merged axis beside its fields, on the
+   config, topology and budget axes beside their keys (applied as config.KEY and so on). */
 static dsv4_status apply_axis_value(ctx *c, draft *d, const axis *a, const yaml_node_t *v)
 {
-    if (a->merge) {
-        char what[96];
-        snprintf(what, sizeof what, "axis '%.64s' value", a->name);
-        return dsv4_sp_apply_map(c, d, v, what, false);
+    bool section = !strcmp(a->name, "config") || !strcmp(a->name, "topology") || !strcmp(a->name, "budget");
+    if (!a->merge && !(section && v->type == YAML_MAPPING_NODE))
+        return dsv4_sp_apply_field(c, d, a->name, a->key, v, false);
+    char what[96];
+    snprintf(what, sizeof what, "axis '%.64s' value", a->name);
+    dsv4_status st;
+    if (dsv4_sp_is_null(v))
+        return DSV4_OK;
+    if ((st = dsv4_sp_check_mapping(c, v, what)))
+        return st;
+    for (size_t i = 0; i < PAIRS(v); i++) {
+        yaml_node_t *k = get(c, v->data.mapping.pairs.start[i].key), *x = get(c, v->data.mapping.pairs.start[i].value);
+        char path[160];
+        if (!strcmp(sval(k), "label"))
+            st = check_label(c, x, what);
+        else if (section && (size_t)snprintf(path, sizeof path, "%s.%s", a->name, sval(k)) < sizeof path)
+            st = dsv4_sp_apply_field(c, d, path, k, x, false);
+        else
+            st = dsv4_sp_apply_field(c, d, sval(k), k, x, false);
+        if (st)
+            return st;
     }
-    return dsv4_sp_apply_field(c, d, a->name, a->key, v, false);
+    return DSV4_OK;
 }
 
 static dsv4_status apply_exclusion(ctx *c, draft *d, const yaml_node_t *m, const axis *axes, size_t n_axes,
@@ -476,7 +562,7 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
     draft *base = malloc(sizeof *base), *d = malloc(sizeof *d), *x = malloc(sizeof *x);
     axis axes[MAX_AXES];
     size_t n_axes = 0, *idx = NULL;
-    dsv4_strbuf nb = {0};
+    dsv4_strbuf nb = {0}, tb = {0}; /* a case's name, its title */
     if (!base || !d || !x) {
         st = dsv4_sp_nomem(c);
         goto out;
@@ -609,7 +695,9 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
     for (uint64_t p = 0; p < product; p++) {
         *d = *base;
         nb.n = 0;
+        tb.n = 0;
         dsv4_sb_str(&nb, s->name);
+        dsv4_sb_str(&tb, s->name);
         for (size_t a = 0; a < n_axes; a++) {
             yaml_node_t *v = get(c, axes[a].seq->data.sequence.items.start[idx[a]]);
             if ((st = apply_axis_value(c, d, &axes[a], v)))
@@ -618,8 +706,12 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
             dsv4_sb_str(&nb, axes[a].name);
             dsv4_sb_str(&nb, "=");
             label(c, &nb, v, idx[a]);
+            dsv4_sb_str(&tb, a ? "; " : "/");
+            title_text(&tb, axes[a].name);
+            dsv4_sb_str(&tb, ": ");
+            title_value(c, &tb, v, 0);
         }
-        if (nb.oom) {
+        if (nb.oom || tb.oom) {
             st = dsv4_sp_nomem(c);
             goto out;
         }
@@ -638,6 +730,10 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
             dsv4_scenario_case *k = &s->cases[s->n_cases++];
             if ((st = finalize(c, d, nb.s, axes_mark, k, &s->fault[k - s->cases])))
                 goto out;
+            if (!(k->title = strdup(tb.s))) {
+                st = dsv4_sp_nomem(c);
+                goto out;
+            }
             int *ai = malloc(n_axes * sizeof *ai + 1);
             if (!ai) {
                 st = dsv4_sp_nomem(c);
@@ -690,10 +786,15 @@ static dsv4_status expand(ctx *c, yaml_node_t *root, dsv4_scenario *s)
         if ((st = finalize(c, d, nb.s, m->start_mark, k, &s->fault[k - s->cases])))
             goto out;
         k->explicit_index = (int)i;
+        if (!(k->title = strdup(nb.s))) {
+            st = dsv4_sp_nomem(c);
+            goto out;
+        }
     }
     st = DSV4_OK;
 out:
     free(nb.s);
+    free(tb.s);
     free(idx);
     free(base);
     free(d);

@@ -23,6 +23,8 @@
 #define REGEX_MAX 512
 #define CASE_NAME_MAX 128
 #define LABEL_MAX 64
+/* The most characters of an axis value's `label:` (its text in titles). */
+#define LABEL_TEXT_MAX 80
 
 #define PAIRS(n) (size_t)((n)->data.mapping.pairs.top - (n)->data.mapping.pairs.start)
 #define ITEMS(n) (size_t)((n)->data.sequence.items.top - (n)->data.sequence.items.start)

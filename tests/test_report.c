@@ -182,7 +182,7 @@ START_TEST(html_matrix_summary)
     ck_assert_ptr_nonnull(mx);
     ck_assert_ptr_nonnull(cases);
     ck_assert(mx < cases);
-    const char *row_fail = strstr(mx, "<tr class=\"fail\"><td>expect</td><td class=\"name\">1</td><td class=\"num\">2</td>"
+    const char *row_fail = strstr(mx, "<tr class=\"fail\"><td>expect</td><td class=\"name\">refused zzz</td><td class=\"num\">2</td>"
                                       "<td class=\"num\">0</td><td class=\"num\">2</td><td class=\"num\">0</td>"
                                       "<td class=\"num\">0</td><td><a href=\"#case-1\">1</a> <a href=\"#case-3\">3</a></td></tr>");
     const char *row_pass = strstr(mx, "<tr class=\"pass\"><td>expect</td><td class=\"name\">pass</td><td class=\"num\">2</td>"
@@ -194,7 +194,7 @@ START_TEST(html_matrix_summary)
     ck_assert(row_fail < row_pass); /* failures first */
     const char *failing = strstr(h, "<h2 id=\"failing\">Failing cases (2)</h2>");
     ck_assert_ptr_nonnull(failing);
-    ck_assert_ptr_nonnull(strstr(failing, "<li><a href=\"#case-1\">1</a> <span class=\"name\">mx/tokens=3,expect=1</span>"));
+    ck_assert_ptr_nonnull(strstr(failing, "<li><a href=\"#case-1\">1</a> <span class=\"name\">mx/tokens: 3; expect: refused zzz</span>"));
     /* the case table: the failing cases 1 and 3 before case 0; passing panels folded */
     const char *c0 = strstr(cases, "<tr id=\"case-0\">"), *c1 = strstr(cases, "<tr id=\"case-1\">"),
                *c3 = strstr(cases, "<tr id=\"case-3\">");
@@ -223,6 +223,50 @@ START_TEST(html_matrix_grouped)
                *l1 = strstr(mx, "<td>layer</td><td class=\"name\">1</td>");
     ck_assert_msg(t3 && t5 && l0 && l1, "matrix rows missing");
     ck_assert_msg(t3 < t5 && t5 < l0 && l0 < l1, "rows not grouped by axis in the scenario's order");
+}
+END_TEST
+
+/* Axis values by what they set (their titles) in report.html's matrix and case rows, JUnit's case
+   names (the id as a property), report.json and run's summary (with the id) */
+START_TEST(titles_in_reports)
+{
+    static const char yaml[] = "name: tl\n"
+                               "defaults: {preset: tiny, layer: 1, topology: {backend: cpu}, checks: [numerics, refusal]}\n"
+                               "axes:\n"
+                               "  quant:\n"
+                               "    - {label: \"routed fp8, shared fp8\", routed_format: fp8, shared_format: fp8}\n"
+                               "    - {routed_format: bf16, shared_format: bf16, act_quant: none}\n"
+                               "  expect: [pass, {refused: zzz}]\n";
+    static char h[1 << 20];
+    html_of(yaml, "report_titles", 4, h, sizeof h);
+    const char *mx = strstr(h, "<h2 id=\"matrix\">");
+    ck_assert_ptr_nonnull(mx);
+    ck_assert_ptr_nonnull(strstr(mx, "<td>quant</td><td class=\"name\">routed fp8, shared fp8</td>"));
+    ck_assert_ptr_nonnull(
+        strstr(mx, "<td>quant</td><td class=\"name\">routed_format bf16, shared_format bf16, act_quant none</td>"));
+    ck_assert_ptr_null(strstr(mx, "<td class=\"name\">0</td>"));
+    ck_assert_ptr_nonnull(strstr(h, "tl/quant: routed fp8, shared fp8; expect: pass<br><span class=\"note\">"
+                                    "tl/quant=0,expect=pass</span>"));
+    const char *cli = getenv("DSV4MOE_CLI");
+    if (!cli)
+        return; /* not run through make test */
+    char f[512], dir[512], args[2048], p[600];
+    static char out[1 << 16];
+    tu_path(f, sizeof f, "report_titles.yaml");
+    tu_path(dir, sizeof dir, "report_titles_run");
+    ck_assert_int_eq(tu_write_file(f, yaml, strlen(yaml)), 0);
+    snprintf(args, sizeof args, "run %s --report %s --cache %s", f, dir, cache_dir());
+    ck_assert_int_eq(tu_run_cli(args, "report_titles.txt", out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "FAIL tl/quant: routed fp8, shared fp8; expect: refused zzz  [tl/quant=0,expect=1]"), "%s",
+                  out);
+    snprintf(p, sizeof p, "%s/junit.xml", dir);
+    ck_assert_int_gt(tu_read_file(p, out, sizeof out), 0);
+    ck_assert_msg(strstr(out, "name=\"tl/quant: routed fp8, shared fp8; expect: pass\"") &&
+                      strstr(out, "<property name=\"case\" value=\"tl/quant=0,expect=pass\"/>"),
+                  "%s", out);
+    snprintf(p, sizeof p, "%s/report.json", dir);
+    ck_assert_int_gt(tu_read_file(p, out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "\"title\": \"tl/quant: routed fp8, shared fp8; expect: pass\""));
 }
 END_TEST
 
@@ -266,6 +310,7 @@ Suite *report_suite(void)
     tcase_set_timeout(t, 300);
     tcase_add_test(t, error_profiles);
     tcase_add_test(t, progress_only_on_a_terminal);
+    tcase_add_test(t, titles_in_reports);
     tcase_add_test(t, html_matrix_summary);
     tcase_add_test(t, html_matrix_grouped);
     suite_add_tcase(s, t);

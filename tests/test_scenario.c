@@ -194,6 +194,57 @@ START_TEST(dotted_paths_bare_keys_and_mapping_axes)
 }
 END_TEST
 
+/* Titles: each axis value by what it sets (a label, else its pairs), names unchanged (the ids). */
+START_TEST(titles_show_what_values_set)
+{
+    dsv4_scenario *s = load_ok("name: lab\n"
+                               "defaults: {preset: mini, layer: 1}\n"
+                               "axes:\n"
+                               "  quant:\n"
+                               "    - {label: \"routed fp4, shared fp8\", routed_format: fp4, shared_format: fp8}\n"
+                               "    - {routed_format: fp8, shared_format: fp8, config: {weight_scale: fp32}}\n"
+                               "    - {}\n"
+                               "  topology:\n"
+                               "    - {label: one rank, world: 1}\n"
+                               "    - {world: 2, dp: 2, ep: 2}\n"
+                               "  tokens: [[3], [4]]\n"
+                               "  sw:\n"
+                               "    - {label: \"a;b\", swiglu_limit: 0}\n"
+                               "cases:\n"
+                               "  - {name: lone, tokens: [2]}\n");
+    ck_assert_uint_eq(dsv4_scenario_count(s), 13);
+    const dsv4_scenario_case *k = by_name(s, "lab/quant=0,topology=0,tokens=[3],sw=0");
+    ck_assert_str_eq(k->title, "lab/quant: routed fp4, shared fp8; topology: one rank; tokens: [3]; sw: a,b");
+    ck_assert(k->config.swiglu_limit == 0.0f); /* the label sets nothing, the rest of the value does */
+    k = by_name(s, "lab/quant=1,topology=1,tokens=[4],sw=0");
+    ck_assert_str_eq(k->title, "lab/quant: routed_format fp8, shared_format fp8, weight_scale fp32; topology: world 2, "
+                               "dp 2, ep 2; tokens: [4]; sw: a,b");
+    ck_assert_int_eq(k->topology.world_size, 2);
+    ck_assert_int_eq(k->config.weight_scale, DSV4_SCALE_FP32);
+    k = by_name(s, "lab/quant=2,topology=0,tokens=[3],sw=0");
+    ck_assert_str_eq(k->title, "lab/quant: defaults; topology: one rank; tokens: [3]; sw: a,b");
+    ck_assert_str_eq(by_name(s, "lab/lone")->title, "lab/lone");
+    dsv4_scenario_free(s);
+    /* a label is a string of 1 to 80 characters; only an axis value may carry one */
+    static const char *const bad[] = {
+        "name: b\ndefaults: {layer: 1}\naxes:\n  q:\n    - {label: \"\", swiglu_limit: 0}\n",
+        "name: b\ndefaults: {layer: 1}\naxes:\n  q:\n    - {label: [x], swiglu_limit: 0}\n",
+        "name: b\ndefaults: {layer: 1}\naxes:\n  q:\n    - {label: "
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx, swiglu_limit: 0}\n",
+        "name: b\ndefaults: {layer: 1, label: x}\n",
+        "name: b\ndefaults: {layer: 1}\ncases:\n  - {label: x}\n",
+        "name: b\ndefaults: {layer: 1}\naxes:\n  config:\n    - {label: x, nokey: 1}\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dsv4_scenario *sb = NULL;
+        dsv4_error e;
+        ck_assert_msg(dsv4_scenario_load_string(bad[i], "bad.yaml", &sb, &e) == DSV4_ERR_FORMAT, "%zu", i);
+        ck_assert_msg(strstr(e.message, "bad.yaml:") != NULL, "%zu: %s", i, e.message);
+        ck_assert_msg(i > 2 || strstr(e.message, "label"), "%zu: %s", i, e.message);
+    }
+}
+END_TEST
+
 START_TEST(anchors_and_aliases)
 {
     dsv4_scenario *s = load_ok("name: a\n"
@@ -405,6 +456,7 @@ Suite *scenario_suite(void)
     tcase_add_test(tc, per_rank_tokens_and_replay);
     tcase_add_test(tc, dotted_paths_bare_keys_and_mapping_axes);
     tcase_add_test(tc, anchors_and_aliases);
+    tcase_add_test(tc, titles_show_what_values_set);
     tcase_add_test(tc, product_refused_before_allocation);
     tcase_add_loop_test(tc, malformed_inputs, 0, (int)(sizeof bad_cases / sizeof bad_cases[0]));
     tcase_add_test(tc, alias_bomb);

@@ -91,6 +91,9 @@ typedef struct dsv4_run_summary {
 DSV4_API dsv4_run_summary dsv4_run_summarize(const dsv4_run_results *results);
 
 DSV4_API const char *dsv4_case_name(const dsv4_case_result *c);
+/* What the case is for people (dsv4_scenario_case.title: axis values by what they set); the name
+   when it has none. Reports and JUnit show it; the name is the case's id. */
+DSV4_API const char *dsv4_case_title(const dsv4_case_result *c);
 DSV4_API const char *dsv4_case_scenario(const dsv4_case_result *c); /* the scenario's `name` */
 DSV4_API const char *dsv4_case_file(const dsv4_case_result *c);     /* its path */
 DSV4_API dsv4_result dsv4_case_status(const dsv4_case_result *c);

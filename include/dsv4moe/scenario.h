@@ -96,6 +96,11 @@ typedef struct dsv4_scenario_case {
     int explicit_index;     /* index in `cases`, or -1 for a case of the axes product */
     const int *axis_index;  /* [n_axes of the scenario] value index per axis (product cases), else NULL */
     dsv4_scenario_checkpoint checkpoint;
+    /* What the case is, for people: "<file name>/<axis>: <value>; <axis>: <value>..." with each
+       value shown by what it sets (a mapping value by its `label:`, else its pairs as "key value,
+       ..."; never ';'); the name itself for explicit cases. Reports and JUnit show it; the name
+       stays the case's id (export folders, --filter). */
+    const char *title;
 } dsv4_scenario_case;
 
 typedef struct dsv4_scenario dsv4_scenario;

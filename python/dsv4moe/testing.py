@@ -315,6 +315,7 @@ class Case:
         self.roundings = dict(by)
         self.id = self.meta["case"]
         self.name = self.meta.get("name", self.id)
+        self.title = self.meta.get("title", self.name)  # the case by what its axis values set
         self.config = dict(self.meta["config"])
         self.layer = int(self.meta["layer"])
         self.tokens = int(self.meta["tokens"])
