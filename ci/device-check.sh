@@ -27,8 +27,15 @@
 #   nccl           tests/nccl/device-run.sh: the NCCL communicator's one-GPU tests and a world of every GPU
 #   sanitizer      compute-sanitizer memcheck on the test program's "small" Tcase (CK_RUN_CASE=small,
 #                  CK_FORK=no; DSV4_SANITIZER_ARGS adds arguments)
-#   hf-engine      ci/hf_engine_check.py: HF transformers' DeepseekV4SparseMoeBlock on exported bf16
-#                  cases through dsv4moe check, clean and with each defect patched in (docs/engines.md)
+#   hf-engine, hf-engine-bf16
+#                  ci/hf_engine_check.py: HF transformers' DeepseekV4SparseMoeBlock on exported bf16
+#                  cases through dsv4moe check, clean and with each defect patched in (docs/engines.md),
+#                  the block in float32 (held to the fp32 rounding profile) and in bfloat16 (bf16_ops)
+#   torch-engine, torch-engine-fp8
+#                  ci/torch_engine_check.py: a plain-PyTorch engine with quantized activations (e4m3,
+#                  1x128 ue8m0 scales) on exported fp8 and fp4 cases, clean and with the weight-point
+#                  and clamp defects; its GEMMs on the dequantized values, then (fp8) through
+#                  torch._scaled_mm blockwise on FP8 tensor cores
 #   flight-recorder ci/record_flight_recorder.py: a real NCCL flight-recorder dump (world of one) and
 #                  divergent copies through dsv4moe symmetry
 #   embed          ci/embed_check.py: the Python package in torch on the CUDA library (issue 20): the
@@ -253,10 +260,20 @@ mkdir -p "$WORK/engines"
 if $PY -c 'import torch, transformers' 2>/dev/null; then
     step hf-engine 240 "PYTHONUNBUFFERED=1 $PY ci/hf_engine_check.py --cli build/dsv4moe --work $WORK/hf-engine \
         --json $WORK/engines/hf_engine.json"
+    step hf-engine-bf16 240 "PYTHONUNBUFFERED=1 $PY ci/hf_engine_check.py --cli build/dsv4moe --dtype bfloat16 \
+        --work $WORK/hf-engine-bf16 --json $WORK/engines/hf_engine_bf16.json"
     step flight-recorder 90 "$PY ci/record_flight_recorder.py $WORK/engines/flight-recorder --cli build/dsv4moe"
 else
     absent hf-engine "no torch or transformers for $PY"
     absent flight-recorder "no torch for $PY"
+fi
+if $PY -c 'import torch' 2>/dev/null; then
+    step torch-engine 180 "PYTHONUNBUFFERED=1 $PY ci/torch_engine_check.py --cli build/dsv4moe --work $WORK/torch-engine \
+        --json $WORK/engines/torch_engine.json"
+    step torch-engine-fp8 180 "PYTHONUNBUFFERED=1 $PY ci/torch_engine_check.py --cli build/dsv4moe --gemm fp8 \
+        --work $WORK/torch-engine-fp8 --json $WORK/engines/torch_engine_fp8.json"
+else
+    absent torch-engine "no torch for $PY"
 fi
 
 # ---- embedding (issue 20, docs/embedding.md): the Python package over build/cuda/libdsv4moe.so in
@@ -283,6 +300,9 @@ find "$WORK/gpu" -name report.html -size +8M -delete 2>/dev/null
 [ -d "$WORK/gpu" ] && tar -czf "$OUT/gpu-report.tar.gz" -C "$WORK" gpu 2>/dev/null
 # the HF table (JSON) and the flight-recorder dumps, with the HF check reports
 cp -r "$WORK/hf-engine"/report-* "$WORK/engines/" 2>/dev/null
+for d in hf-engine-bf16 torch-engine torch-engine-fp8; do
+    mkdir -p "$WORK/engines/$d" && cp -r "$WORK/$d"/report-* "$WORK/engines/$d/" 2>/dev/null
+done
 [ -n "$(ls -A "$WORK/engines" 2>/dev/null)" ] && tar -czf "$OUT/engines.tar.gz" -C "$WORK" engines 2>/dev/null
 
 # ---- the short table, last ----
