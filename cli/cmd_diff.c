@@ -1,3 +1,4 @@
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,12 +121,19 @@ static int diff_routing(const dsv4_st_file *fa, const dsv4_st_file *fb, bool wit
     if (E < 0) {
         const char *meta = dsv4_st_metadata(fb, "n_routed_experts");
         char *end = NULL;
+        errno = 0;
         E = meta ? strtoll(meta, &end, 10) : -1;
-        if (!meta || *end || E < 1) {
+        if (!meta) {
             fprintf(stderr,
                     "dsv4moe diff: comparing topk_ids needs n_routed_experts (the pruned-slot sentinel): %s has no "
                     "metadata n_routed_experts; give --experts E\n",
                     dsv4_st_path(fb));
+            return 2;
+        }
+        if (end == meta || *end || errno == ERANGE || E < 1 || E > (1 << 20)) { /* --experts' range, no saturation */
+            fprintf(stderr,
+                    "dsv4moe diff: %s: metadata n_routed_experts '%.40s' is not an integer in [1, %d]; give --experts E\n",
+                    dsv4_st_path(fb), meta, 1 << 20);
             return 2;
         }
     }

@@ -472,73 +472,13 @@ dsv4_status dsv4_config_get(const dsv4_config *cfg, const char *key, char *buf, 
 /* Largest config file read: a config is a few dozen lines; this bounds what a wrong path costs. */
 #define CONFIG_FILE_MAX (1 << 20)
 
-/* Reads the whole regular file (at most CONFIG_FILE_MAX bytes) into a new buffer. */
-static dsv4_status read_config_bytes(const char *path, char **out, size_t *len, dsv4_error *err)
-{
-    /* O_NONBLOCK: a FIFO must not hang the open before fstat refuses it. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open: %s", strerror(errno));
-    struct stat sb;
-    dsv4_status st = DSV4_OK;
-    char *buf = NULL;
-    size_t n = 0;
-    if (fstat(fd, &sb) != 0) {
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot stat: %s", strerror(errno));
-        goto done;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        /* /dev/zero would be read forever, a FIFO would block. */
-        st = dsv4_seterr(err, DSV4_ERR_IO, path, "is %s; a config file must be a regular file",
-                         dsv4_file_kind(sb.st_mode));
-        goto done;
-    }
-    if (sb.st_size > CONFIG_FILE_MAX) {
-        st = dsv4_seterr(err, DSV4_ERR_FORMAT, path, "is %lld bytes; a config file is at most %d bytes",
-                         (long long)sb.st_size, CONFIG_FILE_MAX);
-        goto done;
-    }
-    size_t cap = (size_t)sb.st_size + 1; /* one more than expected, to see a file that grew */
-    if (!(buf = malloc(cap + 1))) {
-        st = dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-        goto done;
-    }
-    for (;;) {
-        if (n == cap) { /* it grew since fstat */
-            st = dsv4_seterr(err, DSV4_ERR_IO, path, "changed while being read (%lld bytes at open)",
-                             (long long)sb.st_size);
-            goto done;
-        }
-        ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            st = dsv4_seterr(err, DSV4_ERR_IO, path, "read error: %s", strerror(errno));
-            goto done;
-        }
-        if (r == 0)
-            break;
-        n += (size_t)r;
-    }
-done:
-    close(fd);
-    if (st) {
-        free(buf);
-        return st;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return DSV4_OK;
-}
-
 dsv4_status dsv4_config_load_file(dsv4_config *cfg, const char *path, dsv4_error *err)
 {
     if (!cfg || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "config", "config and path must not be NULL");
     char *text = NULL;
     size_t tlen = 0;
-    dsv4_status st = read_config_bytes(path, &text, &tlen, err);
+    dsv4_status st = dsv4_read_small_file(path, CONFIG_FILE_MAX, "a config file", &text, &tlen, err);
     if (st)
         return st;
     dsv4_config c = *cfg;

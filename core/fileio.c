@@ -310,3 +310,63 @@ dsv4_status dsv4_write_file_atomic(const char *path, const char *data, size_t le
         st = dsv4_out_commit(&o, err);
     return st;
 }
+
+dsv4_status dsv4_read_small_file(const char *path, size_t max, const char *what, char **out, size_t *len,
+                                 dsv4_error *err)
+{
+    /* O_NONBLOCK: a FIFO must not hang the open before fstat refuses it. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open: %s", strerror(errno));
+    struct stat sb;
+    dsv4_status st = DSV4_OK;
+    char *buf = NULL;
+    size_t n = 0;
+    if (fstat(fd, &sb) != 0) {
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "cannot stat: %s", strerror(errno));
+        goto done;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        /* /dev/zero would be read forever, a FIFO would block. */
+        st = dsv4_seterr(err, DSV4_ERR_IO, path, "is %s; %s must be a regular file", dsv4_file_kind(sb.st_mode),
+                         what);
+        goto done;
+    }
+    if ((uint64_t)sb.st_size > (uint64_t)max) {
+        st = dsv4_seterr(err, DSV4_ERR_FORMAT, path, "is %lld bytes; %s is at most %zu bytes", (long long)sb.st_size,
+                         what, max);
+        goto done;
+    }
+    size_t cap = (size_t)sb.st_size + 1; /* one more than expected, to see a file that grew */
+    if (!(buf = malloc(cap + 1))) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
+        goto done;
+    }
+    for (;;) {
+        if (n == cap) { /* it grew since fstat */
+            st = dsv4_seterr(err, DSV4_ERR_IO, path, "changed while being read (%lld bytes at open)",
+                             (long long)sb.st_size);
+            goto done;
+        }
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            st = dsv4_seterr(err, DSV4_ERR_IO, path, "read error: %s", strerror(errno));
+            goto done;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+done:
+    close(fd);
+    if (st) {
+        free(buf);
+        return st;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return DSV4_OK;
+}

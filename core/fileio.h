@@ -53,6 +53,14 @@ dsv4_status dsv4_write_file_atomic(const char *path, const char *data, size_t le
  */
 dsv4_status dsv4_out_check_dest(const char *path, mode_t *mode, dsv4_error *err);
 
+/* Reads the whole of a small regular file into a new NUL-terminated buffer (*out, freed by the
+   caller; *len its bytes): anything but a regular file (a FIFO would block, /dev/zero never end;
+   opened O_NONBLOCK, checked by fstat), a file over `max` bytes or one that grows while read is
+   an error naming the path and `what` ("a config file", "a case.json"). The bounded reader of the
+   library's small inputs: config files, case.json, collective traces. */
+dsv4_status dsv4_read_small_file(const char *path, size_t max, const char *what, char **out, size_t *len,
+                                 dsv4_error *err);
+
 /* "a folder", "a character device", "a FIFO", ... for messages. */
 const char *dsv4_file_kind(mode_t mode);
 

@@ -25,6 +25,8 @@
 #include "dsv4moe/ref.h"
 
 #define CASE_FORMAT "dsv4moe-engine-case"
+/* A case.json is a few KiB; the cap bounds what a wrong path or a hostile file costs. */
+#define CASE_JSON_MAX (1 << 20)
 
 void dsv4_export_options_init(dsv4_export_options *opt)
 {
@@ -466,6 +468,13 @@ static dsv4_status read_profiles(const char *path, json_t *files, case_desc *cd,
     }
     if (!cd->expected[DSV4_ROUNDING_SPEC])
         return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "files.expected_by_rounding has no spec profile");
+    static const char *const named[] = {"model", "input"};
+    for (int i = 0; i < 2; i++) {
+        const char *f = json_string_value(json_object_get(files, named[i]));
+        if (!f || !f[0] || f[0] == '.' || strchr(f, '/'))
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, path,
+                               "files.%s must be a file name in the case folder (no '/', not hidden)", named[i]);
+    }
     return DSV4_OK;
 }
 
@@ -474,7 +483,13 @@ static dsv4_status read_case(const char *path, case_desc *cd, dsv4_error *err)
 {
     json_error_t je;
     memset(cd, 0, sizeof *cd);
-    cd->root = json_load_file(path, 0, &je);
+    char *text = NULL;
+    size_t len = 0;
+    dsv4_status rst = dsv4_read_small_file(path, CASE_JSON_MAX, "a case.json", &text, &len, err);
+    if (rst)
+        return rst;
+    cd->root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     if (!cd->root)
         return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "line %d: %s", je.line, je.text);
     json_t *r = cd->root, *fmt = json_object_get(r, "format"), *ver = json_object_get(r, "version");

@@ -690,13 +690,81 @@ START_TEST(check_bad_outputs_exit_2)
                   "%.3000s", out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "0 passed, 0 failed, 4 errors"));
     snprintf(big, sizeof big,
-             "rm %s/engines.quant=0,layer=0/case.json && sed -i 's|\"fp32\": \"expected.fp32.safetensors\"|\"bf16_ops\": "
-             "\"expected.bf16_ops.safetensors\"|' %s/engines.quant=0,layer=1/case.json",
-             cd, cd);
+             "rm %s/engines.quant=0,layer=0/case.json && %s -c \"import json; p = '%s/engines.quant=0,layer=1/case.json'; "
+             "d = json.load(open(p)); del d['files']['expected_by_rounding']['fp32']; json.dump(d, open(p, 'w'))\"",
+             cd, py(), cd);
     ck_assert_msg(run_sh(big) == 0, "%.3000s", out_buf);
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_msg(strstr(out_buf, "the case was exported without rounding fp32 (it has: spec bf16_ops)"), "%.3000s",
                   out_buf);
+}
+END_TEST
+
+/* The Python helper gives check's exit status on malformed outputs and case folders (issue of the
+   third reliability round): every variant of tests/tools/hostile_outputs.py (a duplicate tensor
+   name, a header without data_offsets, a header that is a list, length 0, truncated, overlapping
+   or gapped data, an integer y, float ids, a metadata number, a negative or overflowing shape, a
+   FIFO, a link to /dev/zero) and every malformed case.json below is exit 2 from both, in bounded
+   time, without a traceback. */
+START_TEST(check_and_helper_agree_on_hostile_input)
+{
+    export_once();
+    char dir[600], cmd[8192];
+    tu_path(dir, sizeof dir, "hostile_io");
+    snprintf(cmd, sizeof cmd,
+             "rm -rf %s && mkdir -p %s/cases && cp -r %s/engines.topp %s/cases/ && %s %s/tests/tools/numpy_engine.py "
+             "%s/cases %s/valid >/dev/null && %s %s/tests/tools/hostile_outputs.py %s/valid/engines.topp/output.safetensors "
+             "engines.topp %s/bad",
+             dir, dir, cases_dir, dir, py(), src(), dir, dir, py(), src(), dir, dir);
+    ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
+    char variants[1024];
+    size_t vl = strlen(out_buf);
+    ck_assert_uint_lt(vl, sizeof variants);
+    memcpy(variants, out_buf, vl + 1);
+    ck_assert_msg(count_of(variants, " ") >= 12, "%s", variants);
+    int n = 0;
+    for (char *v = strtok(variants, " \n"); v; v = strtok(NULL, " \n"), n++) {
+        char args[2048];
+        snprintf(args, sizeof args, "check %s/cases --outputs %s/bad/%s --report %s/r", dir, dir, v, dir);
+        ck_assert_msg(run_cli(args) == 2, "check on %s: %.2000s", v, out_buf);
+        snprintf(cmd, sizeof cmd, "cd %s && timeout 60 env PYTHONPATH=%s/python %s -m dsv4moe.testing %s/cases --outputs %s/bad/%s",
+                 dir, src(), py(), dir, dir, v);
+        int rc = run_sh(cmd);
+        ck_assert_msg(rc == 2 && !strstr(out_buf, "Traceback"), "helper on %s: exit %d: %.2000s", v, rc, out_buf);
+    }
+    ck_assert_int_ge(n, 13);
+    /* diff: a metadata n_routed_experts beyond --experts' range is bad input, not saturated */
+    snprintf(cmd, sizeof cmd,
+             "%s -c \"import sys; sys.path.insert(0, '%s/python'); from dsv4moe import testing as t; "
+             "r = t.read_safetensors('%s/cases/engines.topp/expected.safetensors'); r.pop('__metadata__'); "
+             "t.write_safetensors('%s/e-big.safetensors', r, {'n_routed_experts': '99999999999999999999'})\"",
+             py(), src(), dir, dir);
+    ck_assert_msg(run_sh(cmd) == 0, "%.2000s", out_buf);
+    char dargs[2048];
+    snprintf(dargs, sizeof dargs, "diff %s/valid/engines.topp/output.safetensors %s/e-big.safetensors", dir, dir);
+    ck_assert_int_eq(run_cli(dargs), 2);
+    ck_assert_msg(strstr(out_buf, "n_routed_experts '99999999999999999999' is not an integer in [1, 1048576]"), "%.2000s",
+                  out_buf);
+    /* malformed case.json: no config, a list, duplicate keys, a model path outside the folder, tokens < 0 */
+    static const char *const sed[] = {"s/\"config\": {/\"konfig\": {/", "1s/^/[/; $s/$/]/",
+                                      "s/\"tokens\": 32/\"tokens\": 32, \"tokens\": 32/",
+                                      "s|\"model\": \"model.safetensors\"|\"model\": \"../x\"|",
+                                      "s/\"tokens\": 32/\"tokens\": -32/"};
+    for (size_t k = 0; k < sizeof sed / sizeof sed[0]; k++) {
+        snprintf(cmd, sizeof cmd,
+                 "rm -rf %s/c2 && cp -r %s/cases %s/c2 && sed -i '%s' %s/c2/engines.topp/case.json && "
+                 "! cmp -s %s/c2/engines.topp/case.json %s/cases/engines.topp/case.json",
+                 dir, dir, dir, sed[k], dir, dir, dir);
+        ck_assert_msg(run_sh(cmd) == 0, "%zu: %.2000s", k, out_buf);
+        char args[2048];
+        snprintf(args, sizeof args, "check %s/c2 --outputs %s/valid --report %s/r", dir, dir, dir);
+        ck_assert_msg(run_cli(args) == 2, "check, case.json %zu: %.2000s", k, out_buf);
+        snprintf(cmd, sizeof cmd, "cd %s && timeout 60 env PYTHONPATH=%s/python %s -m dsv4moe.testing %s/c2 --outputs %s/valid",
+                 dir, src(), py(), dir, dir);
+        int rc = run_sh(cmd);
+        ck_assert_msg(rc == 2 && !strstr(out_buf, "Traceback"), "helper, case.json %zu: exit %d: %.2000s", k, rc,
+                      out_buf);
+    }
 }
 END_TEST
 
@@ -1139,6 +1207,7 @@ Suite *engines_suite(void)
     tcase_add_loop_test(tc, each_profile_passes_its_own_reference, 0, DSV4_ROUNDING_COUNT);
     tcase_add_test(tc, check_bad_outputs_exit_2);
     tcase_add_test(tc, python_helper_unit_tests);
+    tcase_add_test(tc, check_and_helper_agree_on_hostile_input);
     tcase_add_test(tc, pip_install_then_pytest);
     tcase_add_test(tc, symmetry_jsonl_from_the_communicator);
     tcase_add_test(tc, run_writes_traces_symmetry_reads);

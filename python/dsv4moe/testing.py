@@ -71,38 +71,105 @@ _NP = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I1
        "U16": "<u2", "U32": "<u4", "U64": "<u8"}
 
 
+MAX_HEADER = 100 * 1024 * 1024  # include/dsv4moe/safetensors.h DSV4_ST_MAX_HEADER
+MAX_CASE_JSON = 1 << 20          # a case.json is a few KiB; the cap keeps a hostile one from filling memory
+MAX_DIMS = 8                     # DSV4_MAX_DIMS
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError("duplicate key %r" % k)
+        out[k] = v
+    return out
+
+
+def _uint(v):
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 64
+
+
+def _plain_name(v):
+    """A file name inside a case folder: a non-empty string, no '/', not hidden."""
+    return isinstance(v, str) and bool(v) and not v.startswith(".") and "/" not in v and "\0" not in v
+
+
 def read_safetensors(path):
     """{name: (dtype string, numpy array)}; BF16 and F8 tensors come as their raw bits (uint16 / uint8),
-    the metadata under the key "__metadata__" as (None, dict)."""
+    the metadata under the key "__metadata__" as (None, dict). The rules of the C reader that `dsv4moe
+    check` uses (core/safetensors.c): a regular file; a header of at most 100 MiB that is a JSON object
+    without duplicate keys; __metadata__ an object of strings; every entry an object with a known
+    dtype, a shape of at most 8 integers >= 0 and data_offsets [begin, end] spanning exactly the
+    tensor's bytes; the tensors tiling the data section without gap or overlap. Anything else is
+    CaseError naming the file and the rule (never another exception, a hang or a partial read)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise CaseError("%s: cannot stat: %s" % (path, e.strerror)) from None
+    import stat as _stat
+    if not _stat.S_ISREG(st.st_mode):
+        raise CaseError("%s: not a regular file" % path)
     try:
         with open(path, "rb") as f:
-            buf = f.read()
+            head = f.read(8)
+            if len(head) < 8:
+                raise CaseError("%s: shorter than the 8-byte header length" % path)
+            (n,) = struct.unpack("<Q", head)
+            if n == 0 or n > MAX_HEADER:
+                raise CaseError("%s: header length %d is 0 or exceeds the limit of %d bytes" % (path, n, MAX_HEADER))
+            if n > st.st_size - 8:
+                raise CaseError("%s: header length %d beyond the file" % (path, n))
+            buf = head + f.read(st.st_size - 8)
     except OSError as e:
-        raise CaseError("%s: %s" % (path, e.strerror)) from None
-    if len(buf) < 8:
-        raise CaseError("%s: shorter than the 8-byte header length" % path)
-    (n,) = struct.unpack("<Q", buf[:8])
-    if n > len(buf) - 8:
-        raise CaseError("%s: header length %d beyond the file" % (path, n))
+        raise CaseError("%s: cannot read: %s" % (path, e.strerror)) from None
+    if len(buf) != st.st_size:
+        raise CaseError("%s: the file changed while it was read" % path)
     try:
-        hdr = json.loads(buf[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+        hdr = json.loads(buf[8:8 + n].decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CaseError("%s: malformed header (%s)" % (path, e)) from None
+    if not isinstance(hdr, dict):
+        raise CaseError("%s: the header is %s, not a JSON object" % (path, type(hdr).__name__))
     base = 8 + n
-    out = {}
+    data_size = len(buf) - base
+    out, spans = {}, []
     for k, v in hdr.items():
         if k == "__metadata__":
+            if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+                raise CaseError("%s: __metadata__ is not an object of strings" % path)
             out[k] = (None, dict(v))
             continue
-        dt = v.get("dtype")
-        if dt not in _NP:
-            raise CaseError("%s: tensor %s has dtype %r" % (path, k, dt))
-        a, b = v["data_offsets"]
-        shape = tuple(int(d) for d in v["shape"])
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        if not (0 <= a <= b <= len(buf) - base) or b - a != count * np.dtype(_NP[dt]).itemsize:
-            raise CaseError("%s: tensor %s: data offsets [%d, %d) do not fit its shape %s" % (path, k, a, b, shape))
-        out[k] = (dt, np.frombuffer(buf, dtype=_NP[dt], count=count, offset=base + a).reshape(shape))
+        where = "%s: tensor %r" % (path, k)
+        if not k:
+            raise CaseError("%s: a tensor has an empty name" % path)
+        if not isinstance(v, dict) or not all(x in v for x in ("dtype", "shape", "data_offsets")):
+            raise CaseError("%s: not an object with dtype, shape and data_offsets" % where)
+        dt, shape, offs = v["dtype"], v["shape"], v["data_offsets"]
+        if not isinstance(dt, str) or dt not in _NP:
+            raise CaseError("%s: dtype %r is not one this reader takes" % (where, dt))
+        if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_uint(d) for d in shape):
+            raise CaseError("%s: shape %r is not a list of at most %d integers >= 0" % (where, shape, MAX_DIMS))
+        if not isinstance(offs, list) or len(offs) != 2 or not all(_uint(o) for o in offs) or offs[0] > offs[1]:
+            raise CaseError("%s: data_offsets %r is not [begin, end] with 0 <= begin <= end" % (where, offs))
+        count = 1
+        for d in shape:
+            count *= d
+        nbytes = count * np.dtype(_NP[dt]).itemsize
+        if nbytes >= 2 ** 63 or offs[1] - offs[0] != nbytes:
+            raise CaseError("%s: data offsets [%d, %d) do not fit its shape %s" % (where, offs[0], offs[1], shape))
+        if offs[1] > data_size:
+            raise CaseError("%s: data offsets [%d, %d) run past the %d-byte data section (truncated?)"
+                            % (where, offs[0], offs[1], data_size))
+        spans.append((offs[0], offs[1], k))
+        out[k] = (dt, np.frombuffer(buf, dtype=_NP[dt], count=count, offset=base + offs[0]).reshape(tuple(shape)))
+    pos = 0
+    for b, e, k in sorted(spans):
+        if b != pos:
+            raise CaseError("%s: tensor %r at [%d, %d) %s" % (path, k, b, e, "overlaps another" if b < pos else
+                                                               "leaves a gap before it (tensors must be contiguous)"))
+        pos = e
+    if pos != data_size:
+        raise CaseError("%s: bytes [%d, %d) of the data section belong to no tensor" % (path, pos, data_size))
     return out
 
 
@@ -129,6 +196,38 @@ def write_safetensors(path, tensors, metadata=None):
 
 
 # --------------------------------------------------------------------------- numbers
+
+FLOATS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def _floats(t):
+    """A float tensor of read_safetensors (dtype, raw array) as float32 values."""
+    dt, a = t
+    if dt == "BF16":
+        return from_bf16_bits(a)
+    if dt in ("F8_E4M3", "F8_E5M2"):
+        return _FP8[dt][a]
+    return a.astype(np.float32)
+
+
+def _fp8_table(exp_bits, man_bits, bias, fn):
+    out = np.zeros(256, np.float32)
+    for c in range(256):
+        s = -1.0 if c & 0x80 else 1.0
+        e, m = (c >> man_bits) & ((1 << exp_bits) - 1), c & ((1 << man_bits) - 1)
+        if fn and e == (1 << exp_bits) - 1 and m == (1 << man_bits) - 1:
+            out[c] = np.nan
+        elif not fn and e == (1 << exp_bits) - 1:
+            out[c] = s * np.inf if m == 0 else np.nan
+        elif e == 0:
+            out[c] = s * m * 2.0 ** (1 - bias - man_bits)
+        else:
+            out[c] = s * (1 + m / 2.0 ** man_bits) * 2.0 ** (e - bias)
+    return out
+
+
+_FP8 = {"F8_E4M3": _fp8_table(4, 3, 7, True), "F8_E5M2": _fp8_table(5, 2, 15, False)}
+
 
 def _np(a):
     """A numpy array from an array, a list, or a torch tensor (without importing torch)."""
@@ -295,32 +394,54 @@ class Case:
     def __init__(self, folder):
         self.dir = folder
         path = os.path.join(folder, "case.json")
+        import stat as _stat
         try:
-            with open(path) as f:
-                self.meta = json.load(f)
-        except (OSError, ValueError) as e:
+            st = os.stat(path)
+            if not _stat.S_ISREG(st.st_mode):
+                raise CaseError("%s: not a regular file" % path)
+            if st.st_size > MAX_CASE_JSON:
+                raise CaseError("%s: %d bytes, over the limit of %d" % (path, st.st_size, MAX_CASE_JSON))
+            with open(path, "rb") as f:
+                self.meta = json.loads(f.read(MAX_CASE_JSON + 1).decode("utf-8"), object_pairs_hook=_no_duplicates)
+        except CaseError:
+            raise
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
             raise CaseError("%s: %s" % (path, e)) from None
-        if self.meta.get("format") != FORMAT or not isinstance(self.meta.get("version"), int):
+        m = self.meta
+        if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("version"), int):
             raise CaseError("%s: not a %s folder" % (path, FORMAT))
-        if self.meta["version"] != FORMAT_VERSION:
+        if m["version"] != FORMAT_VERSION:
             raise CaseError("%s: version %d; this helper reads version %d (version 2 added each rounding profile's "
                             "expected file with y_terms, SPEC.md section 10: export the cases again)"
-                            % (path, self.meta["version"], FORMAT_VERSION))
-        by = self.meta.get("files", {}).get("expected_by_rounding")
+                            % (path, m["version"], FORMAT_VERSION))
+        files = m.get("files")
+        by = files.get("expected_by_rounding") if isinstance(files, dict) else None
         if not isinstance(by, dict) or "spec" not in by or any(
-                k not in ROUNDINGS or not isinstance(v, str) or not v or v.startswith(".") or "/" in v
-                for k, v in by.items()):
+                k not in ROUNDINGS or not _plain_name(v) for k, v in by.items()):
             raise CaseError("%s: files.expected_by_rounding must map rounding profiles (spec, bf16_ops, fp32; spec "
                             "at least) to file names in the case folder" % path)
+        for key in ("model", "input"):
+            if not _plain_name(files.get(key)):
+                raise CaseError("%s: files.%s must be a file name in the case folder" % (path, key))
+        if not isinstance(m.get("case"), str) or not m["case"]:
+            raise CaseError("%s: no \"case\" id" % path)
+        if not isinstance(m.get("config"), dict) or not all(
+                isinstance(v, (int, float, str, bool)) for v in m["config"].values()):
+            raise CaseError("%s: needs a \"config\" object of numbers, booleans and strings" % path)
+        for key in ("layer", "tokens"):
+            if not _uint(m.get(key)) or m[key] >= 2 ** 31:
+                raise CaseError("%s: \"%s\" must be an integer >= 0" % (path, key))
+        if not _uint(m["config"].get("dim")) or not _uint(m["config"].get("n_routed_experts")):
+            raise CaseError("%s: config needs dim and n_routed_experts" % path)
         self.roundings = dict(by)
-        self.id = self.meta["case"]
-        self.name = self.meta.get("name", self.id)
-        self.title = self.meta.get("title", self.name)  # the case by what its axis values set
-        self.config = dict(self.meta["config"])
-        self.layer = int(self.meta["layer"])
-        self.tokens = int(self.meta["tokens"])
-        self.layout = self.meta.get("layout", "split")
-        self.model_path = os.path.join(folder, self.meta["files"]["model"])
+        self.id = m["case"]
+        self.name = m.get("name", self.id) if isinstance(m.get("name"), str) else self.id
+        self.title = m.get("title") if isinstance(m.get("title"), str) else self.name
+        self.config = dict(m["config"])
+        self.layer = m["layer"]
+        self.tokens = m["tokens"]
+        self.layout = m.get("layout", "split")
+        self.model_path = os.path.join(folder, files["model"])
         self._input = None
         self._expected = {}
 
@@ -336,7 +457,14 @@ class Case:
 
     def _load_input(self):
         if self._input is None:
-            self._input = read_safetensors(os.path.join(self.dir, self.meta["files"]["input"]))
+            path = os.path.join(self.dir, self.meta["files"]["input"])
+            t = read_safetensors(path)
+            H = int(self.config["dim"])
+            if "x" not in t or t["x"][0] != "BF16" or t["x"][1].shape != (self.tokens, H) or \
+                    "input_ids" not in t or t["input_ids"][0] != "I32" or t["input_ids"][1].shape != (self.tokens,):
+                raise CaseError("%s: not the x BF16 [%d, %d] and input_ids I32 [%d] of the case"
+                                % (path, self.tokens, H, self.tokens))
+            self._input = t
         return self._input
 
     @property
@@ -491,16 +619,20 @@ def _main(argv):
             t = read_safetensors(path)
             if "y" not in t:
                 raise CaseError("%s has no tensor y" % path)
-            y = t["y"][1] if t["y"][0] == "BF16" else t["y"][1].astype(np.float32)
+            if t["y"][0] not in FLOATS or ("topk_weights" in t and t["topk_weights"][0] not in FLOATS):
+                raise CaseError("%s: y and topk_weights must be float tensors (%s)" % (path, ", ".join(FLOATS)))
+            if "topk_ids" in t and t["topk_ids"][0] not in ("I32", "I64"):
+                raise CaseError("%s: topk_ids must be I32 or I64" % path)
+            y = t["y"][1] if t["y"][0] == "BF16" else _floats(t["y"])
             ids = t["topk_ids"][1] if "topk_ids" in t else None
-            w = t["topk_weights"][1].astype(np.float32) if "topk_weights" in t else None
+            w = _floats(t["topk_weights"]) if "topk_weights" in t else None
             declared = t.get("__metadata__", (None, {}))[1].get("engine_rounding")
             if declared is not None and declared not in ROUNDINGS:
                 raise CaseError("%s: metadata engine_rounding '%s' is not a rounding profile (spec, bf16_ops, fp32)"
                                 % (path, declared))
             v = c.check(y, ids, w, sentinel=a.sentinel, fp8=a.fp8, raise_on_failure=False,
                         rounding=declared or a.rounding, declared=declared is not None)
-        except CaseError as e:
+        except (CaseError, ValueError, TypeError, KeyError, IndexError, OSError) as e:  # bad input: exit 2
             print("ERROR %s: %s" % (c.id, e))
             worst = 2
             continue
