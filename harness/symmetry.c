@@ -3,6 +3,7 @@
  * flight-recorder JSON dump, read into one form, and the per-group comparison across ranks.
  */
 #include <ctype.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,10 @@
 #include "dsv4moe/symmetry.h"
 
 #define TRACE_FORMAT "dsv4moe-trace"
+/* A world of more ranks than any job runs is a malformed header, not a trace. */
+#define TRACE_WORLD_MAX (1 << 20)
+/* The largest trace read (a flight-recorder dump of a long job is tens of MB). */
+#define TRACE_FILE_MAX ((size_t)512 << 20)
 
 typedef struct {
     char group[64];
@@ -37,6 +42,7 @@ typedef struct {
 struct dsv4_trace {
     dsv4_trace_format fmt;
     int rank;
+    int world; /* the JSONL header's world, -1 when not given (flight-recorder dumps) */
     char path[1024];
     tentry *e;
     size_t n, cap;
@@ -100,19 +106,23 @@ static dsv4_status load_jsonl(dsv4_trace *t, const char *text, dsv4_error *err)
             }
             if (!header) {
                 json_t *f = json_object_get(o, "format"), *v = json_object_get(o, "version"),
-                       *r = json_object_get(o, "rank");
+                       *r = json_object_get(o, "rank"), *w = json_object_get(o, "world");
                 bool ok = json_is_string(f) && !strcmp(json_string_value(f), TRACE_FORMAT) && json_is_integer(v) &&
                           json_integer_value(v) >= 1 && json_integer_value(v) <= DSV4_TRACE_FORMAT_VERSION &&
-                          json_is_integer(r) && json_integer_value(r) >= 0;
-                if (ok)
+                          json_is_integer(r) && json_integer_value(r) >= 0 && json_integer_value(r) < TRACE_WORLD_MAX &&
+                          (!w || (json_is_integer(w) && json_integer_value(w) >= 1 &&
+                                  json_integer_value(w) <= TRACE_WORLD_MAX && json_integer_value(r) < json_integer_value(w)));
+                if (ok) {
                     t->rank = (int)json_integer_value(r);
-                else
+                    t->world = w ? (int)json_integer_value(w) : -1;
+                } else {
                     json_decref(o);
+                }
                 if (!ok)
                     return dsv4_seterr(err, DSV4_ERR_FORMAT, t->path,
                                        "line %d: the header must be {\"format\": \"%s\", \"version\": 1..%d, \"rank\": "
-                                       ">= 0, ...}",
-                                       line, TRACE_FORMAT, DSV4_TRACE_FORMAT_VERSION);
+                                       "0 <= rank < world, \"world\": 1..%d, ...}",
+                                       line, TRACE_FORMAT, DSV4_TRACE_FORMAT_VERSION, TRACE_WORLD_MAX);
                 header = true;
             } else {
                 json_t *seq = json_object_get(o, "seq"), *g = json_object_get(o, "group"), *op = json_object_get(o, "op"),
@@ -230,14 +240,34 @@ static dsv4_status load_flight(dsv4_trace *t, json_t *root, dsv4_error *err)
         }
         json_t *sz;
         uint64_t total = 0;
+        bool sizes_ok = true;
         json_array_foreach(sizes, k, sz)
         {
             uint64_t prod = 1;
             size_t q;
             json_t *dim;
-            json_array_foreach(sz, q, dim) prod *= json_is_integer(dim) ? (uint64_t)json_integer_value(dim) : 0;
+            sizes_ok = sizes_ok && json_is_array(sz);
+            json_array_foreach(sz, q, dim)
+            {
+                /* integers >= 0, and no product or sum past 64 bits: a wrap would equal another rank's 0 */
+                json_int_t dv = json_is_integer(dim) ? json_integer_value(dim) : -1;
+                if (dv < 0 || (dv && prod > UINT64_MAX / (uint64_t)dv)) {
+                    sizes_ok = false;
+                    break;
+                }
+                prod *= (uint64_t)dv;
+            }
+            if (!sizes_ok || total > UINT64_MAX - prod) {
+                sizes_ok = false;
+                break;
+            }
             total += prod;
         }
+        if (!sizes_ok)
+            return dsv4_seterr(err, DSV4_ERR_FORMAT, t->path,
+                               "entry %zu: input_sizes must be lists of integers >= 0 whose products and sum fit 64 "
+                               "bits",
+                               i);
         te->count = total;
         te->count_matters = count_must_agree(te->op);
     }
@@ -264,31 +294,12 @@ dsv4_status dsv4_trace_load(const char *path, int fallback_rank, dsv4_trace **ou
     if (!path || !out)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "trace", "path and out must not be NULL");
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return dsv4_seterr(err, DSV4_ERR_IO, path, "cannot open the trace");
     char *text = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        char *nt = dsv4_grow(text, &cap, len + 65536 + 1, 1, 131072);
-        if (!nt) {
-            free(text);
-            fclose(f);
-            return dsv4_seterr(err, DSV4_ERR_NOMEM, path, "out of memory");
-        }
-        text = nt;
-        size_t got = fread(text + len, 1, 65536, f);
-        len += got;
-        if (got < 65536)
-            break;
-    }
-    bool rerr = ferror(f) != 0;
-    fclose(f);
-    if (rerr) {
-        free(text);
-        return dsv4_seterr(err, DSV4_ERR_IO, path, "read error");
-    }
-    text[len] = '\0';
+    size_t len = 0;
+    /* a regular file of bounded size: /dev/zero or a FIFO named as a trace is refused, not read */
+    dsv4_status rst = dsv4_read_small_file(path, TRACE_FILE_MAX, "a collective trace", &text, &len, err);
+    if (rst)
+        return rst;
     dsv4_trace *t = calloc(1, sizeof *t);
     if (!t) {
         free(text);
@@ -296,6 +307,7 @@ dsv4_status dsv4_trace_load(const char *path, int fallback_rank, dsv4_trace **ou
     }
     copy_str(t->path, sizeof t->path, path);
     t->rank = -1;
+    t->world = -1;
     dsv4_status st;
     /* A whole-file JSON object with "entries" or "pg_config" is a flight-recorder dump; else JSONL. */
     json_error_t je;
@@ -399,6 +411,15 @@ dsv4_status dsv4_trace_symmetry(const dsv4_trace *const *traces, size_t n, dsv4_
         maxn = t[i]->n > maxn ? t[i]->n : maxn;
     }
     qsort(t, n, sizeof *t, by_rank);
+    for (size_t i = 0; i < n; i++) /* one world for the comparison, every rank inside it */
+        if (t[i]->world >= 0 && (t[i]->world != t[0]->world || (size_t)t[i]->world < n)) {
+            dsv4_status st = dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "symmetry",
+                                         "%s says world %d, %s world %d, for %zu traces: the traces of one step share "
+                                         "one world at least as large as their number",
+                                         t[0]->path, t[0]->world, t[i]->path, t[i]->world, n);
+            free(t);
+            return st;
+        }
     for (size_t i = 1; i < n; i++)
         if (t[i]->rank == t[i - 1]->rank) {
             dsv4_status st = dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "symmetry", "%s and %s are both rank %d",

@@ -645,8 +645,10 @@ START_TEST(check_bad_outputs_exit_2)
     for (size_t k = 0; k < sizeof broken / sizeof broken[0]; k++) {
         char cd[640];
         snprintf(cd, sizeof cd, "%s-cases-%zu", out, k);
-        snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s/engines.topp %s/ && sed -i '%s' %s/engines.topp/case.json",
-                 cd, cd, cases_dir, cd, broken[k].sed, cd);
+        snprintf(cmd, sizeof cmd,
+                 "rm -rf %s && mkdir -p %s && cp -r %s/engines.topp %s/ && sed -i '%s' %s/engines.topp/case.json && "
+                 "%s %s/tests/tools/seal_cases.py %s",
+                 cd, cd, cases_dir, cd, broken[k].sed, cd, py(), src(), cd);
         ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
         snprintf(args, sizeof args, "check %s --outputs %s", cd, out);
         ck_assert_int_eq(run_cli(args), 2);
@@ -681,6 +683,8 @@ START_TEST(check_bad_outputs_exit_2)
              "\"",
              cd, cd, cases_dir, cases_dir, cases_dir, cases_dir, cd, cd, src(), py(), cd, out);
     ck_assert_msg(run_sh(big) == 0, "%.3000s", out_buf);
+    snprintf(big, sizeof big, "%s %s/tests/tools/seal_cases.py %s", py(), src(), cd);
+    ck_assert_msg(run_sh(big) == 0, "%.3000s", out_buf);
     snprintf(args, sizeof args, "check %s --outputs %s --report %s-r --rounding fp32", cd, out, out);
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_msg(strstr(out_buf, "engines.quant=0,layer=0/expected.fp32.safetensors") &&
@@ -691,8 +695,9 @@ START_TEST(check_bad_outputs_exit_2)
     ck_assert_ptr_nonnull(strstr(out_buf, "0 passed, 0 failed, 4 errors"));
     snprintf(big, sizeof big,
              "rm %s/engines.quant=0,layer=0/case.json && %s -c \"import json; p = '%s/engines.quant=0,layer=1/case.json'; "
-             "d = json.load(open(p)); del d['files']['expected_by_rounding']['fp32']; json.dump(d, open(p, 'w'))\"",
-             cd, py(), cd);
+             "d = json.load(open(p)); del d['files']['expected_by_rounding']['fp32']; json.dump(d, open(p, 'w'))\" && "
+             "%s %s/tests/tools/seal_cases.py %s",
+             cd, py(), cd, py(), src(), cd);
     ck_assert_msg(run_sh(big) == 0, "%.3000s", out_buf);
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_msg(strstr(out_buf, "the case was exported without rounding fp32 (it has: spec bf16_ops)"), "%.3000s",
@@ -712,10 +717,10 @@ START_TEST(check_and_helper_agree_on_hostile_input)
     char dir[600], cmd[8192];
     tu_path(dir, sizeof dir, "hostile_io");
     snprintf(cmd, sizeof cmd,
-             "rm -rf %s && mkdir -p %s/cases && cp -r %s/engines.topp %s/cases/ && %s %s/tests/tools/numpy_engine.py "
-             "%s/cases %s/valid >/dev/null && %s %s/tests/tools/hostile_outputs.py %s/valid/engines.topp/output.safetensors "
-             "engines.topp %s/bad",
-             dir, dir, cases_dir, dir, py(), src(), dir, dir, py(), src(), dir, dir);
+             "rm -rf %s && mkdir -p %s/cases && cp -r %s/engines.topp %s/cases/ && %s %s/tests/tools/seal_cases.py "
+             "%s/cases && %s %s/tests/tools/numpy_engine.py %s/cases %s/valid >/dev/null && %s "
+             "%s/tests/tools/hostile_outputs.py %s/valid/engines.topp/output.safetensors engines.topp %s/bad",
+             dir, dir, cases_dir, dir, py(), src(), dir, py(), src(), dir, dir, py(), src(), dir, dir);
     ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
     char variants[1024];
     size_t vl = strlen(out_buf);
@@ -753,8 +758,9 @@ START_TEST(check_and_helper_agree_on_hostile_input)
     for (size_t k = 0; k < sizeof sed / sizeof sed[0]; k++) {
         snprintf(cmd, sizeof cmd,
                  "rm -rf %s/c2 && cp -r %s/cases %s/c2 && sed -i '%s' %s/c2/engines.topp/case.json && "
-                 "! cmp -s %s/c2/engines.topp/case.json %s/cases/engines.topp/case.json",
-                 dir, dir, dir, sed[k], dir, dir, dir);
+                 "! cmp -s %s/c2/engines.topp/case.json %s/cases/engines.topp/case.json && "
+                 "%s %s/tests/tools/seal_cases.py %s/c2",
+                 dir, dir, dir, sed[k], dir, dir, dir, py(), src(), dir);
         ck_assert_msg(run_sh(cmd) == 0, "%zu: %.2000s", k, out_buf);
         char args[2048];
         snprintf(args, sizeof args, "check %s/c2 --outputs %s/valid --report %s/r", dir, dir, dir);
@@ -765,6 +771,100 @@ START_TEST(check_and_helper_agree_on_hostile_input)
         ck_assert_msg(rc == 2 && !strstr(out_buf, "Traceback"), "helper, case.json %zu: exit %d: %.2000s", k, rc,
                       out_buf);
     }
+}
+END_TEST
+
+/* Export writes nothing outside its folder and leaves either a complete, sealed export or none that
+   check takes: case ids are checked before anything is written (two names that sanitize to one id,
+   an id too long for a folder name), a link in a case's place is refused and not followed, each
+   case is renamed into place complete, and the manifest is written last; check (and the Python
+   helper) refuse a folder without it, with a case added or missing, or a file altered. */
+START_TEST(export_is_atomic_and_sealed)
+{
+    char dir[600], cmd[8192], args[4096], yaml[700];
+    tu_path(dir, sizeof dir, "export_atomic");
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/elsewhere %s/d", dir, dir, dir);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    /* collisions and length, before anything is written */
+    static const char *const bad[] = {
+        "name: col\ndefaults: {preset: mini, layer: 1, tokens: [4]}\ncases:\n  - {name: a b}\n  - {name: a_b}\n",
+        "name: col\ndefaults: {preset: mini, layer: 1, tokens: [4]}\naxes:\n"
+        "  route_scale: [1.5000000000000000000000000000000000000000000000000000000000]\n"
+        "  swiglu_limit: [10.000000000000000000000000000000000000000000000000000000000]\n"
+        "  norm_eps: [0.0000000000000000000000000000000000000000000000000000000000000]\n"
+        "  top_p: [1.0000000000000000000000000000000000000000000000000000000000000]\n"};
+    static const char *const why[] = {"is also the id of case 'col/a b'", "a case folder's name is at most 200"};
+    for (size_t k = 0; k < 2; k++) {
+        snprintf(yaml, sizeof yaml, "%s/bad%zu.yaml", dir, k);
+        ck_assert_int_eq(tu_write_file(yaml, bad[k], strlen(bad[k])), 0);
+        snprintf(args, sizeof args, "export %s --dir %s/d", yaml, dir);
+        ck_assert_int_eq(run_cli(args), 2);
+        ck_assert_msg(strstr(out_buf, why[k]), "%zu: %.2000s", k, out_buf);
+        snprintf(cmd, sizeof cmd, "test -z \"$(ls -A %s/d)\"", dir);
+        ck_assert_msg(run_sh(cmd) == 0, "%zu: something was written", k);
+    }
+    /* a link planted where a case goes: refused, nothing written through it */
+    snprintf(cmd, sizeof cmd, "ln -s %s/elsewhere %s/d/engines.topp", dir, dir);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "export %s/scenarios/engines.yaml --dir %s/d", src(), dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_msg(strstr(out_buf, "engines.topp: is a symbolic link: an export refuses to write through or over it"),
+                  "%.2000s", out_buf);
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A %s/elsewhere)\" && test -z \"$(ls -A %s/d | grep -v engines.topp)\"",
+             dir, dir);
+    ck_assert_msg(run_sh(cmd) == 0, "written through the link or beside it");
+    /* an export stopped part-way (a file-size limit) leaves no manifest: check refuses the folder */
+    snprintf(cmd, sizeof cmd, "rm -f %s/d/engines.topp && ulimit -f 4096 && %s export %s/scenarios/engines.yaml --dir %s/d "
+             ">%s/x.txt 2>&1; echo $? > %s/rc.txt",
+             dir, getenv("DSV4MOE_CLI"), src(), dir, dir, dir);
+    run_sh(cmd);
+    snprintf(cmd, sizeof cmd, "test \"$(cat %s/rc.txt)\" = 2 && test ! -e %s/d/manifest.json && "
+             "test -z \"$(ls -A %s/d | grep '^\\.')\"", dir, dir, dir);
+    ck_assert_msg(run_sh(cmd) == 0, "a stopped export: exit 2, no manifest, no staging folder left");
+    snprintf(cmd, sizeof cmd, "test -d '%s/d/engines.quant=0,layer=0'", dir); /* it stopped part-way */
+    ck_assert_msg(run_sh(cmd) == 0, "the limit stopped the export before its first case");
+    snprintf(args, sizeof args, "check %s/d --outputs %s/d", dir, dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_msg(strstr(out_buf, "no manifest: not a complete export"), "%.2000s", out_buf);
+    /* a complete export; then a case added, a case removed, a file altered: each refused */
+    snprintf(args, sizeof args, "export %s/scenarios/engines.yaml --dir %s/d", src(), dir);
+    ck_assert_msg(run_cli(args) == 0, "%.2000s", out_buf);
+    snprintf(cmd, sizeof cmd, "rm -rf %s/out && %s %s/tests/tools/numpy_engine.py %s/d %s/out >/dev/null", dir, py(), src(),
+             dir, dir);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "check %s/d --outputs %s/out --report %s/r", dir, dir, dir);
+    ck_assert_msg(run_cli(args) == 0, "%.2000s", out_buf);
+    static const struct {
+        const char *sh, *undo, *msg;
+    } probes[] = {
+        {"cp -r D/engines.topp D/engines.extra", "rm -rf D/engines.extra", "'engines.extra' is not in the manifest"},
+        {"mv D/engines.empty D/.gone", "mv D/.gone D/engines.empty", "case 'engines.empty' of the manifest is missing"},
+        {"cp D/engines.topp/expected.fp32.safetensors D/keep && printf x >> D/engines.topp/expected.fp32.safetensors",
+         "mv D/keep D/engines.topp/expected.fp32.safetensors", "expected.fp32.safetensors: differs from the export's"},
+    };
+    for (size_t k = 0; k < sizeof probes / sizeof probes[0]; k++) {
+        char sh[1024], d[700];
+        snprintf(d, sizeof d, "%s/d", dir);
+        size_t o = 0;
+        for (const char *p = probes[k].sh; *p && o + 700 < sizeof sh; p++)
+            o += (size_t)snprintf(sh + o, sizeof sh - o, "%s", *p == 'D' && p[1] == '/' ? d : (char[]){*p, 0});
+        ck_assert_int_eq(run_sh(sh), 0);
+        ck_assert_int_eq(run_cli(args), 2);
+        ck_assert_msg(strstr(out_buf, probes[k].msg), "%zu: %.2000s", k, out_buf);
+        snprintf(cmd, sizeof cmd, "cd %s && PYTHONPATH=%s/python %s -m dsv4moe.testing %s/d --outputs %s/out", dir, src(),
+                 py(), dir, dir);
+        ck_assert_msg(run_sh(cmd) == 2, "helper %zu: %.2000s", k, out_buf);
+        o = 0;
+        for (const char *p = probes[k].undo; *p && o + 700 < sizeof sh; p++)
+            o += (size_t)snprintf(sh + o, sizeof sh - o, "%s", *p == 'D' && p[1] == '/' ? d : (char[]){*p, 0});
+        ck_assert_int_eq(run_sh(sh), 0);
+    }
+    ck_assert_msg(run_cli(args) == 0, "%.2000s", out_buf);
+    /* exporting again over a complete export replaces it case by case and seals it again */
+    snprintf(args, sizeof args, "export %s/scenarios/engines.yaml --dir %s/d --filter topp", src(), dir);
+    ck_assert_msg(run_cli(args) == 0, "%.2000s", out_buf);
+    snprintf(args, sizeof args, "check %s/d --outputs %s/out --report %s/r", dir, dir, dir);
+    ck_assert_msg(run_cli(args) == 0, "%.2000s", out_buf);
 }
 END_TEST
 
@@ -979,7 +1079,7 @@ START_TEST(symmetry_flight_recorder_dumps)
 {
     /* tests/data/nccl_trace_rank_0.json: a world-of-one dump in the format of torch's
        _dump_nccl_trace_json (FlightRecorder dump_json); its copies play the other ranks. */
-    char d[512], cmd[4096], args[4096];
+    char d[512], cmd[8192], args[4096];
     tu_path(d, sizeof d, "fr");
     snprintf(cmd, sizeof cmd,
              "rm -rf %s && mkdir -p %s && cp %s/tests/data/nccl_trace_rank_0.json %s/ && "
@@ -1021,6 +1121,34 @@ START_TEST(symmetry_flight_recorder_dumps)
     snprintf(args, sizeof args, "symmetry %s/nccl_trace_rank_0.json %s/r5.jsonl", d, d);
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "format"));
+    /* hostile traces (third reliability round): input_sizes with a non-integer dimension, or a product
+       past 64 bits (both had counted as 0 and matched [[0]]); headers of different worlds, a rank past
+       its world; /dev/zero and a FIFO named as a trace (refused, not read) */
+    snprintf(cmd, sizeof cmd,
+             "sed 's/\\[\\[1024,4096\\]\\]/[[\"x\",4096]]/' %s/tests/data/nccl_trace_rank_0.json > %s/str_rank_5.json && "
+             "sed 's/\\[\\[1024,4096\\]\\]/[[4294967296,4294967296]]/' %s/tests/data/nccl_trace_rank_0.json > "
+             "%s/wrap_rank_6.json && "
+             "printf '{\"format\":\"dsv4moe-trace\",\"version\":1,\"rank\":0,\"world\":2}\\n' > %s/w2.jsonl && "
+             "printf '{\"format\":\"dsv4moe-trace\",\"version\":1,\"rank\":1,\"world\":4}\\n' > %s/w4.jsonl && "
+             "printf '{\"format\":\"dsv4moe-trace\",\"version\":1,\"rank\":2,\"world\":2}\\n' > %s/r2w2.jsonl && "
+             "ln -sf /dev/zero %s/zero.jsonl && rm -f %s/fifo.jsonl && mkfifo %s/fifo.jsonl",
+             src(), d, src(), d, d, d, d, d, d, d);
+    ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
+    static const struct {
+        const char *a, *b, *msg;
+    } hostile[] = {
+        {"nccl_trace_rank_0.json", "str_rank_5.json", "input_sizes must be lists of integers >= 0"},
+        {"nccl_trace_rank_0.json", "wrap_rank_6.json", "fit 64 bits"},
+        {"w2.jsonl", "w4.jsonl", "says world 2"},
+        {"w2.jsonl", "r2w2.jsonl", "0 <= rank < world"},
+        {"w2.jsonl", "zero.jsonl", "must be a regular file"},
+        {"w2.jsonl", "fifo.jsonl", "must be a regular file"},
+    };
+    for (size_t k = 0; k < sizeof hostile / sizeof hostile[0]; k++) {
+        snprintf(args, sizeof args, "symmetry %s/%s %s/%s", d, hostile[k].a, d, hostile[k].b);
+        ck_assert_msg(run_cli(args) == 2, "%zu: %.3000s", k, out_buf);
+        ck_assert_msg(strstr(out_buf, hostile[k].msg), "%zu: %.3000s", k, out_buf);
+    }
 }
 END_TEST
 
@@ -1208,6 +1336,7 @@ Suite *engines_suite(void)
     tcase_add_test(tc, check_bad_outputs_exit_2);
     tcase_add_test(tc, python_helper_unit_tests);
     tcase_add_test(tc, check_and_helper_agree_on_hostile_input);
+    tcase_add_test(tc, export_is_atomic_and_sealed);
     tcase_add_test(tc, pip_install_then_pytest);
     tcase_add_test(tc, symmetry_jsonl_from_the_communicator);
     tcase_add_test(tc, run_writes_traces_symmetry_reads);

@@ -577,20 +577,100 @@ class Case:
         write_safetensors(os.path.join(folder, "output.safetensors"), t, meta or None)
 
 
+MANIFEST = "manifest.json"
+MAX_MANIFEST = 64 << 20
+
+
+def _crc32(path):
+    """(bytes, crc32) of a regular file, not following a link (harness/manifest.c's CRC-32 is zlib's)."""
+    import stat as _stat
+    import zlib
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        raise CaseError("%s: cannot open: %s" % (path, e.strerror)) from None
+    with os.fdopen(fd, "rb") as f:
+        if not _stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise CaseError("%s: not a regular file" % path)
+        crc, n = 0, 0
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                return n, crc
+            crc, n = zlib.crc32(chunk, crc), n + len(chunk)
+
+
+def verify_manifest(folder, ids):
+    """The export's manifest (docs/engines.md) against the case folders `ids` of `folder`, as `dsv4moe check`
+    holds it: present, well-formed, listing exactly these folders, every listed file of its size and
+    CRC-32 (the model: its size). CaseError naming what is missing, extra or different."""
+    import stat as _stat
+    path = os.path.join(folder, MANIFEST)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        raise CaseError("%s: no manifest: not a complete export (an export writes it last, and one that stopped "
+                        "part-way leaves none); export the cases again" % path) from None
+    if not _stat.S_ISREG(st.st_mode) or st.st_size > MAX_MANIFEST:
+        raise CaseError("%s: not a regular file of at most %d bytes" % (path, MAX_MANIFEST))
+    try:
+        with open(path, "rb") as f:
+            m = json.loads(f.read().decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise CaseError("%s: %s" % (path, e)) from None
+    if not isinstance(m, dict) or m.get("format") != "dsv4moe-engine-export" or m.get("version") != 1 or \
+            not isinstance(m.get("cases"), dict):
+        raise CaseError("%s: not a dsv4moe-engine-export manifest of version 1 with an object \"cases\"" % path)
+    for i in ids:
+        if i not in m["cases"]:
+            raise CaseError("%s: case folder '%s' is not in the manifest (added after the export?)" % (path, i))
+    for cid, files in m["cases"].items():
+        if cid not in ids:
+            raise CaseError("%s: case '%s' of the manifest is missing from %s" % (path, cid, folder))
+        if not isinstance(files, dict):
+            raise CaseError("%s: case '%s': not an object of files" % (path, cid))
+        for name, f in files.items():
+            if not _plain_name(name) or not isinstance(f, dict) or not _uint(f.get("bytes")) or \
+                    ("crc32" in f and not isinstance(f["crc32"], str)):
+                raise CaseError("%s: case '%s': entry '%s' is not a file name with bytes" % (path, cid, name))
+            fp = os.path.join(folder, cid, name)
+            if "crc32" in f:
+                size, crc = _crc32(fp)
+                ok = size == f["bytes"] and "%08x" % crc == f["crc32"]
+            else:
+                try:
+                    size = os.lstat(fp).st_size
+                except OSError as e:
+                    raise CaseError("%s: cannot stat: %s" % (fp, e.strerror)) from None
+                ok = size == f["bytes"]
+            if not ok:
+                raise CaseError("%s: differs from the export's manifest: altered since the export" % fp)
+
+
 def cases(folder, where=None):
-    """The case folders of an export (sorted by id) as Case objects; `where(case)` filters."""
+    """The case folders of an export (sorted by id) as Case objects; `where(case)` filters. The export's
+    manifest is verified first (verify_manifest), as `dsv4moe check` does."""
+    import stat as _stat
     try:
         names = sorted(os.listdir(folder))
     except OSError as e:
         raise CaseError("%s: %s" % (folder, e.strerror)) from None
-    out = []
+    ids = []
     for n in names:
-        if not n.startswith(".") and os.path.isfile(os.path.join(folder, n, "case.json")):
-            c = Case(os.path.join(folder, n))
-            if where is None or where(c):
-                out.append(c)
-    if not out and where is None:
+        try:
+            st = os.lstat(os.path.join(folder, n, "case.json"))
+        except OSError:
+            continue
+        if not n.startswith(".") and _stat.S_ISREG(st.st_mode):
+            ids.append(n)
+    if not ids:
         raise CaseError("%s: no case folder (dsv4moe export writes them)" % folder)
+    verify_manifest(folder, ids)
+    out = []
+    for n in ids:
+        c = Case(os.path.join(folder, n))
+        if where is None or where(c):
+            out.append(c)
     return out
 
 

@@ -39,7 +39,26 @@ def make_case(root, cid="c0", tokens=T):
             "checks": ["numerics", "routing"]}
     with open(os.path.join(folder, "case.json"), "w") as f:
         json.dump(meta, f)
+    seal(root)
     return folder
+
+
+def seal(root):
+    """The export's manifest of the hand-made case folders (as dsv4moe export writes it last)."""
+    import zlib
+    cases = {}
+    for cid in sorted(os.listdir(root)):
+        d = os.path.join(root, cid)
+        if not os.path.isfile(os.path.join(d, "case.json")):
+            continue
+        files = {}
+        for name in sorted(os.listdir(d)):
+            with open(os.path.join(d, name), "rb") as f:
+                data = f.read()
+            files[name] = {"bytes": len(data), "crc32": "%08x" % zlib.crc32(data)}
+        cases[cid] = files
+    with open(os.path.join(root, "manifest.json"), "w") as f:
+        json.dump({"format": "dsv4moe-engine-export", "version": 1, "cases": cases}, f)
 
 
 class TestingHelper(unittest.TestCase):
@@ -131,15 +150,18 @@ class TestingHelper(unittest.TestCase):
         good = dict(r)
         r["y_terms"] = ("F32", np.zeros((T, H + 1), np.float32))
         t.write_safetensors(p, r)
+        seal(self.root)
         with self.assertRaises(t.CaseError) as cm:
             t.cases(self.root)[0].check(np.zeros((T, H), np.float32), rounding="bf16_ops")
         self.assertIn("y_terms must be F32 [%d, %d]" % (T, H), str(cm.exception))
         r["y_terms"] = ("F32", -np.ones((T, H), np.float32))
         t.write_safetensors(p, r)
+        seal(self.root)
         with self.assertRaises(t.CaseError) as cm:
             t.cases(self.root)[0].check(np.zeros((T, H), np.float32), rounding="bf16_ops")
         self.assertIn("a term bound is >= 0", str(cm.exception))
         t.write_safetensors(p, good)
+        seal(self.root)
         # a version 1 folder, a profile map naming a path outside the folder
         cj = os.path.join(folder, "case.json")
         with open(cj) as f:
@@ -151,11 +173,38 @@ class TestingHelper(unittest.TestCase):
             m2[change[0]] = change[1]
             with open(cj, "w") as f:
                 json.dump(m2, f)
+            seal(self.root)
             with self.assertRaises(t.CaseError) as cm:
                 t.cases(self.root)
             self.assertIn(needle, str(cm.exception))
         with open(cj, "w") as f:
             json.dump(meta, f)
+        seal(self.root)
+
+    def test_manifest_holds_the_export(self):
+        # a case folder added, a file altered, the manifest missing: CaseError before any verdict
+        extra = os.path.join(self.root, "zz")
+        make_case(self.root, "zz")
+        t.cases(self.root)  # sealed again by make_case
+        with open(os.path.join(self.root, "manifest.json")) as f:
+            m = json.load(f)
+        del m["cases"]["zz"]
+        with open(os.path.join(self.root, "manifest.json"), "w") as f:
+            json.dump(m, f)
+        with self.assertRaises(t.CaseError) as cm:
+            t.cases(self.root)
+        self.assertIn("'zz' is not in the manifest", str(cm.exception))
+        shutil.rmtree(extra)
+        seal(self.root)
+        with open(os.path.join(self.root, "c0", "expected.safetensors"), "ab") as f:
+            f.write(b"x")
+        with self.assertRaises(t.CaseError) as cm:
+            t.cases(self.root)
+        self.assertIn("differs from the export's manifest", str(cm.exception))
+        os.unlink(os.path.join(self.root, "manifest.json"))
+        with self.assertRaises(t.CaseError) as cm:
+            t.cases(self.root)
+        self.assertIn("no manifest", str(cm.exception))
 
     def test_nan_rules(self):
         e = self.case.expected
