@@ -389,7 +389,7 @@ static dsv4_status plan_ids(const dsv4_scenario *scn, const char *dir, const dsv
                                  full, strlen(full), CASE_ID_MAX);
                 break;
             }
-            snprintf(q->id, sizeof q->id, "%s", full);
+            memcpy(q->id, full, strlen(full) + 1); /* at most CASE_ID_MAX + 1 bytes: checked above */
             for (size_t j = 0; j < k && !st; j++)
                 if (!strcmp(p[j].id, q->id))
                     st = dsv4_seterr(err, DSV4_ERR_FORMAT, sc->name,

@@ -319,10 +319,10 @@ def compare(a_bits, b_bits, rule="outside", terms=None):
     if ok:
         why = ""
     elif with_terms:
-        why = ("%s tolerance broken: diff %.3g (< %g), %d beyond with S (at most %d; %d without)"
+        why = ("%s tolerance broken: diff %.3g (must be < %g), %d beyond with S (at most %d; %d without)"
                % (rule, m["deepgemm_diff"], bound, beyond, allowed, m["tol_violations"]))
     else:
-        why = ("%s tolerance broken: diff %.3g (< %g), %d beyond atol/rtol (at most %d), max |a-b| %.3g "
+        why = ("%s tolerance broken: diff %.3g (must be < %g), %d beyond atol/rtol (at most %d), max |a-b| %.3g "
                "(at most %.3g)" % (rule, m["deepgemm_diff"], bound, beyond, allowed, m["max_abs"], worst))
     return ok, why, m
 
