@@ -398,22 +398,22 @@ ci-build: deps
 # under build/fuzz; `make fuzz-replay` (run by every test-run) feeds the kept
 # corpus and every crash reproducer to the same LLVMFuzzerTestOneInput through
 # tests/fuzz/driver.c, built with $(CC), so CI needs no clang to replay.
-FUZZ_TARGETS := scenario safetensors index config trace
+FUZZ_TARGETS := scenario safetensors index config trace manifest
 FUZZ_CC ?= clang
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 REPLAY_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz-replay/replay_%)
-# The parsers under test live in core/, scenarios/ (and fast/plan for its defaults), the trace reader in
-# harness/symmetry.c (with the names of fast/comm/comm.c); linking only those keeps
+# The parsers under test live in core/, scenarios/ (and fast/plan for its defaults), the trace and manifest
+# readers in harness/symmetry.c and harness/manifest.c (with the names of fast/comm/comm.c); linking only those keeps
 # the fuzz build independent of backend code (fast/cpu uses GCC-only builtins).
-FUZZ_LIB_OBJS := $(filter $(BUILD)/core/% $(BUILD)/scenarios/% $(BUILD)/fast/plan/% $(BUILD)/harness/symmetry.o $(BUILD)/fast/comm/comm.o,$(LIB_OBJS))
+FUZZ_LIB_OBJS := $(filter $(BUILD)/core/% $(BUILD)/scenarios/% $(BUILD)/fast/plan/% $(BUILD)/harness/symmetry.o $(BUILD)/harness/manifest.o $(BUILD)/fast/comm/comm.o,$(LIB_OBJS))
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(LDLIBS_ALL)
+	$(CC) $(CPPFLAGS_ALL) -Iharness $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(LDLIBS_ALL)
 
 $(BUILD)/fuzz-replay/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/fuzz/driver.c $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -o $@ $< tests/fuzz/driver.c $(LIB_A) $(LDLIBS_ALL)
+	$(CC) $(CPPFLAGS_ALL) -Iharness $(CFLAGS_ALL) -o $@ $< tests/fuzz/driver.c $(LIB_A) $(LDLIBS_ALL)
 
 fuzz:
 	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=$(FUZZ_CC) OPT="-O1" \

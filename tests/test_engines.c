@@ -803,6 +803,19 @@ START_TEST(export_is_atomic_and_sealed)
         snprintf(cmd, sizeof cmd, "test -z \"$(ls -A %s/d)\"", dir);
         ck_assert_msg(run_sh(cmd) == 0, "%zu: something was written", k);
     }
+    /* the same across the files of one call: refused before anything is written */
+    static const char s1[] = "name: s\ndefaults: {preset: mini, layer: 1, tokens: [4]}\ncases:\n  - {name: a b}\n",
+                      s2[] = "name: s\ndefaults: {preset: mini, layer: 1, tokens: [4]}\ncases:\n  - {name: a_b}\n";
+    char y1[700], y2[700];
+    snprintf(y1, sizeof y1, "%s/s1.yaml", dir);
+    snprintf(y2, sizeof y2, "%s/s2.yaml", dir);
+    ck_assert_int_eq(tu_write_file(y1, s1, strlen(s1)), 0);
+    ck_assert_int_eq(tu_write_file(y2, s2, strlen(s2)), 0);
+    snprintf(args, sizeof args, "export %s %s --dir %s/d", y1, y2, dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_msg(strstr(out_buf, "case 's/a_b' has the case id 's.a_b' of case 's/a b'"), "%.2000s", out_buf);
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A %s/d)\"", dir);
+    ck_assert_msg(run_sh(cmd) == 0, "two files: something was written");
     /* a link planted where a case goes: refused, nothing written through it */
     snprintf(cmd, sizeof cmd, "ln -s %s/elsewhere %s/d/engines.topp", dir, dir);
     ck_assert_int_eq(run_sh(cmd), 0);
