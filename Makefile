@@ -398,7 +398,7 @@ ci-build: deps
 # under build/fuzz; `make fuzz-replay` (run by every test-run) feeds the kept
 # corpus and every crash reproducer to the same LLVMFuzzerTestOneInput through
 # tests/fuzz/driver.c, built with $(CC), so CI needs no clang to replay.
-FUZZ_TARGETS := scenario safetensors index config trace manifest
+FUZZ_TARGETS := scenario safetensors index config trace manifest casejson
 FUZZ_CC ?= clang
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 REPLAY_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz-replay/replay_%)

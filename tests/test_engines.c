@@ -705,9 +705,9 @@ START_TEST(check_bad_outputs_exit_2)
 }
 END_TEST
 
-/* The Python helper gives check's exit status on malformed outputs and case folders (issue of the
-   third reliability round): every variant of tests/tools/hostile_outputs.py (a duplicate tensor
-   name, a header without data_offsets, a header that is a list, length 0, truncated, overlapping
+/* The Python helper gives check's exit status on malformed outputs and case folders (one of the
+   hostile-input classes of docs/reliability.md): every variant of tests/tools/hostile_outputs.py (a
+   duplicate tensor name, a header without data_offsets, a header that is a list, length 0, truncated, overlapping
    or gapped data, an integer y, float ids, a metadata number, a negative or overflowing shape, a
    FIFO, a link to /dev/zero) and every malformed case.json below is exit 2 from both, in bounded
    time, without a traceback. */
@@ -1134,7 +1134,7 @@ START_TEST(symmetry_flight_recorder_dumps)
     snprintf(args, sizeof args, "symmetry %s/nccl_trace_rank_0.json %s/r5.jsonl", d, d);
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "format"));
-    /* hostile traces (third reliability round): input_sizes with a non-integer dimension, or a product
+    /* hostile traces (docs/reliability.md): input_sizes with a non-integer dimension, or a product
        past 64 bits (both had counted as 0 and matched [[0]]); headers of different worlds, a rank past
        its world; /dev/zero and a FIFO named as a trace (refused, not read) */
     snprintf(cmd, sizeof cmd,
