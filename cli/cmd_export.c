@@ -31,46 +31,6 @@ static const char EXPORT_HELP[] =
     "                    spec is always written)\n\n"
     "exit status: 0 written, 2 bad input (a scenario file, an option, a folder that cannot be written)\n";
 
-/* The case folders of every file of the call must be distinct: the library checks the cases of one
-   scenario; two files whose cases sanitize to one id would otherwise write one folder twice. */
-static int ids_unique(dsv4_scenario *const *scns, int n, char **argv, const char *filter)
-{
-    size_t cap = 0, k = 0;
-    struct {
-        char id[512];
-        const char *name;
-        int file;
-    } *seen = NULL;
-    int rc = EXIT_OK;
-    for (int f = 0; f < n && !rc; f++)
-        for (size_t i = 0; i < dsv4_scenario_count(scns[f]) && !rc; i++) {
-            const dsv4_scenario_case *sc = dsv4_scenario_get(scns[f], i);
-            if ((filter && !strstr(sc->name, filter)) || sc->expect != DSV4_EXPECT_PASS || sc->config_status)
-                continue;
-            for (int r = 0; r < sc->n_ranks && !rc; r++) {
-                if (k == cap) {
-                    cap = cap ? 2 * cap : 64;
-                    void *ns = realloc(seen, cap * sizeof *seen);
-                    if (!ns) {
-                        rc = cli_failf("export", "out of memory");
-                        break;
-                    }
-                    seen = ns;
-                }
-                dsv4_export_case_id(sc->name, sc->n_ranks == 1 ? -1 : r, seen[k].id, sizeof seen[k].id);
-                seen[k].name = sc->name;
-                seen[k].file = f;
-                for (size_t j = 0; j < k && !rc; j++)
-                    if (seen[j].file != f && !strcmp(seen[j].id, seen[k].id))
-                        rc = cli_failf("export", "%s: case '%s' has the case id '%s' of case '%s' of %s: rename one",
-                                       argv[1 + f], sc->name, seen[k].id, seen[j].name, argv[1 + seen[j].file]);
-                k++;
-            }
-        }
-    free(seen);
-    return rc;
-}
-
 int cmd_export(int argc, char **argv)
 {
     const char *cmd = "export", *dir = NULL, *filter = NULL;
@@ -105,9 +65,12 @@ int cmd_export(int argc, char **argv)
     int rc = cli_load_scenarios(&args, &scns);
     if (rc)
         return rc;
-    if ((rc = ids_unique(scns, args.nops, argv, filter))) {
+    /* the case folders of every file of the call, distinct, before the first file is exported */
+    dsv4_error cerr;
+    dsv4_error_clear(&cerr);
+    if (dsv4_export_check_ids((const dsv4_scenario *const *)scns, (size_t)args.nops, dir, &eo, &cerr)) {
         cli_free_scenarios(scns, args.nops);
-        return rc;
+        return cli_fail(cmd, &cerr);
     }
     size_t total = 0, skipped = 0;
     for (int f = 0; f < args.nops && rc == EXIT_OK; f++) {

@@ -2,7 +2,6 @@
  * Verifying another engine's MoE layer (dsv4moe/engines.h, docs/engines.md): exported case
  * folders and the check of an engine's outputs against them.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>

@@ -415,32 +415,75 @@ static dsv4_status plan_ids(const dsv4_scenario *scn, const char *dir, const dsv
     return DSV4_OK;
 }
 
+/* The caller's options (NULL: the defaults) checked and copied into *o. */
+static dsv4_status export_options(const dsv4_export_options *opt, dsv4_export_options *o, dsv4_error *err)
+{
+    dsv4_export_options_init(o);
+    /* the size before `roundings` (callers built against format version 1) still works */
+    if (opt && opt->struct_size != sizeof *opt && opt->struct_size != offsetof(dsv4_export_options, roundings))
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "options struct_size %u unknown (expected %zu)",
+                           opt->struct_size, sizeof *opt);
+    if (opt)
+        memcpy(o, opt, opt->struct_size);
+    if (o->roundings >> DSV4_ROUNDING_COUNT)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "roundings mask 0x%x names no profile past bit %d",
+                           o->roundings, DSV4_ROUNDING_COUNT - 1);
+    if (o->layout != DSV4_LAYOUT_SPLIT && o->layout != DSV4_LAYOUT_STACKED)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "layout %d is not split or stacked", (int)o->layout);
+    if (o->threads < 1 || o->threads > 256)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "threads %d is outside [1, 256]", o->threads);
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_export_check_ids(const dsv4_scenario *const *scns, size_t n, const char *dir,
+                                  const dsv4_export_options *opt, dsv4_error *err)
+{
+    dsv4_export_options o;
+    dsv4_status st = export_options(opt, &o, err);
+    if (st)
+        return st;
+    if (!scns || !dir || !dir[0])
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "scenarios and folder must be given");
+    planned **plan = calloc(n + 1, sizeof *plan);
+    size_t *np = calloc(n + 1, sizeof *np), nl;
+    if (!plan || !np)
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, "export", "out of memory");
+    for (size_t f = 0; f < n && !st; f++) {
+        if (!scns[f])
+            st = dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "scenario %zu is NULL", f);
+        else
+            st = plan_ids(scns[f], dir, &o, &plan[f], &np[f], &nl, err); /* within the file, and dir */
+        for (size_t g = 0; g < f && !st; g++) /* against every earlier file */
+            for (size_t a = 0; a < np[f] && !st; a++)
+                for (size_t b = 0; b < np[g] && !st; b++)
+                    if (!strcmp(plan[f][a].id, plan[g][b].id))
+                        st = dsv4_seterr(err, DSV4_ERR_FORMAT, dsv4_scenario_path(scns[f]),
+                                         "case '%s' has the case id '%s' of case '%s' of %s: rename one",
+                                         dsv4_scenario_get(scns[f], plan[f][a].i)->name, plan[f][a].id,
+                                         dsv4_scenario_get(scns[g], plan[g][b].i)->name, dsv4_scenario_path(scns[g]));
+    }
+    for (size_t f = 0; plan && f < n; f++)
+        free(plan[f]);
+    free(plan);
+    free(np);
+    return st;
+}
+
 dsv4_status dsv4_export_scenario(const dsv4_scenario *scn, const char *dir, const dsv4_export_options *opt,
                                  size_t *written, size_t *left_out, dsv4_error *err)
 {
     dsv4_export_options o;
-    dsv4_export_options_init(&o);
     if (written)
         *written = 0;
     if (left_out)
         *left_out = 0;
     if (!scn || !dir || !dir[0])
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "scenario and folder must be given");
-    /* the size before `roundings` (callers built against format version 1) still works */
-    if (opt && opt->struct_size != sizeof *opt && opt->struct_size != offsetof(dsv4_export_options, roundings))
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "options struct_size %u unknown (expected %zu)",
-                           opt->struct_size, sizeof *opt);
-    if (opt)
-        memcpy(&o, opt, opt->struct_size);
+    dsv4_status st = export_options(opt, &o, err);
+    if (st)
+        return st;
     opt = &o;
-    if (opt->roundings >> DSV4_ROUNDING_COUNT)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "roundings mask 0x%x names no profile past bit %d",
-                           opt->roundings, DSV4_ROUNDING_COUNT - 1);
-    if (opt->layout != DSV4_LAYOUT_SPLIT && opt->layout != DSV4_LAYOUT_STACKED)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "layout %d is not split or stacked", (int)opt->layout);
-    if (opt->threads < 1 || opt->threads > 256)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "threads %d is outside [1, 256]", opt->threads);
-    dsv4_status st = dsv4_run_ext_mkdir_p(dir, err);
+    st = dsv4_run_ext_mkdir_p(dir, err);
     if (st)
         return st;
     planned *plan = NULL;

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,15 +30,23 @@ const char *dsv4_h_expected_file(dsv4_rounding r)
     return (unsigned)r < DSV4_ROUNDING_COUNT ? names[r] : NULL;
 }
 
-uint32_t dsv4_h_crc32(uint32_t crc, const void *data, size_t n)
+static uint32_t crc_table[256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void)
 {
-    uint32_t table[256]; /* built per call (2 K steps, next to a 64 KiB chunk): no shared state */
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++)
             c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        table[i] = c;
+        crc_table[i] = c;
     }
+}
+
+uint32_t dsv4_h_crc32(uint32_t crc, const void *data, size_t n)
+{
+    pthread_once(&crc_once, crc_init); /* built once, whichever thread comes first */
+    const uint32_t *table = crc_table;
     const unsigned char *p = data;
     crc = ~crc;
     for (size_t i = 0; i < n; i++)

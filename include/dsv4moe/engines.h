@@ -57,6 +57,15 @@ DSV4_API void dsv4_export_options_init(dsv4_export_options *opt);
 DSV4_API dsv4_status dsv4_export_scenario(const dsv4_scenario *scn, const char *dir, const dsv4_export_options *opt,
                                           size_t *written, size_t *left_out, dsv4_error *err);
 
+/*
+ * Checks, before anything is written, that the scenarios exported together into dir (as
+ * dsv4_export_scenario would, one after the other) give every case a distinct case id: within a
+ * scenario and across them, each id at most 200 characters, and no link or non-folder in a
+ * case's place under dir. DSV4_ERR_FORMAT names both cases of a collision; nothing is written.
+ */
+DSV4_API dsv4_status dsv4_export_check_ids(const dsv4_scenario *const *scns, size_t n, const char *dir,
+                                           const dsv4_export_options *opt, dsv4_error *err);
+
 /* The folder name of a case (rank -1 for a world-1 case): the case name with '/' as "." and every
    character other than [A-Za-z0-9._=,+-] as '_', then ".rank<r>" for a rank. */
 DSV4_API void dsv4_export_case_id(const char *case_name, int rank, char *buf, size_t size);

@@ -29,6 +29,7 @@ input).
 
 import json
 import os
+import stat as _stat
 import struct
 import sys
 
@@ -106,7 +107,6 @@ def read_safetensors(path):
         st = os.stat(path)
     except OSError as e:
         raise CaseError("%s: cannot stat: %s" % (path, e.strerror)) from None
-    import stat as _stat
     if not _stat.S_ISREG(st.st_mode):
         raise CaseError("%s: not a regular file" % path)
     try:
@@ -394,7 +394,6 @@ class Case:
     def __init__(self, folder):
         self.dir = folder
         path = os.path.join(folder, "case.json")
-        import stat as _stat
         try:
             st = os.stat(path)
             if not _stat.S_ISREG(st.st_mode):
@@ -583,7 +582,6 @@ MAX_MANIFEST = 64 << 20
 
 def _crc32(path):
     """(bytes, crc32) of a regular file, not following a link (harness/manifest.c's CRC-32 is zlib's)."""
-    import stat as _stat
     import zlib
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
@@ -604,7 +602,6 @@ def verify_manifest(folder, ids):
     """The export's manifest (docs/engines.md) against the case folders `ids` of `folder`, as `dsv4moe check`
     holds it: present, well-formed, listing exactly these folders, every listed file of its size and
     CRC-32 (the model: its size). CaseError naming what is missing, extra or different."""
-    import stat as _stat
     path = os.path.join(folder, MANIFEST)
     try:
         st = os.lstat(path)
@@ -650,7 +647,6 @@ def verify_manifest(folder, ids):
 def cases(folder, where=None):
     """The case folders of an export (sorted by id) as Case objects; `where(case)` filters. The export's
     manifest is verified first (verify_manifest), as `dsv4moe check` does."""
-    import stat as _stat
     try:
         names = sorted(os.listdir(folder))
     except OSError as e:
