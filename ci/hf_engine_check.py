@@ -26,6 +26,7 @@ caught (the weight-point row is reported, see docs/engines.md: on bf16 layers th
 by rounding only), 1 otherwise, 2 when the engine cannot be set up (no transformers, no block).
 """
 import argparse
+import copy
 import inspect
 import json
 import os
@@ -148,14 +149,18 @@ def load_block(m, cfg_cls, case, device):
     return block.to(device).eval(), extra
 
 
-def prune_top_p(case, x, weights, indices, extra, defect):
-    """SPEC.md section 3 on the router's outputs (numpy, fp32 in the reference's order)."""
+def prune_top_p(case, x, weights, indices, extra, defect, decide=None):
+    """SPEC.md section 3 on the router's outputs (numpy, fp32 in the reference's order). decide: the
+    fp32 router's weights of the same slots, when the block runs in bfloat16: the keep decision is made
+    on them (SPEC.md section 3 prunes on fp32 scores; a bf16-rounded weight moves the cumulative
+    threshold) and applied, with the renormalization, to the block's own weights."""
     c = case.config
     top_p = float(c["top_p"])
     E = int(c["n_routed_experts"])
     if top_p >= 1.0 or case.layer < int(c["n_hash_layers"]):
         return weights, indices
     w = weights.astype(np.float32).copy()
+    wd = w if decide is None else decide.astype(np.float32)
     idx = indices.astype(np.int64).copy()
     T, K = idx.shape
     pred = c["top_p_predictor"]
@@ -169,7 +174,7 @@ def prune_top_p(case, x, weights, indices, extra, defect):
     min_keep = int(c["top_p_min_keep"])
     renorm = bool(c["top_p_renorm"])
     for t in range(T):
-        cj = (w[t] * nrm[t, idx[t]]).astype(np.float32)
+        cj = (wd[t] * nrm[t, idx[t]]).astype(np.float32)
         order = sorted(range(K), key=lambda j: (-float(cj[j]), int(idx[t, j])))
         total = np.float32(0)
         for j in order:
@@ -242,10 +247,30 @@ def run_case(m, cfg_cls, case, device, defect, out_dir):
     gate_forward = block.gate.forward
     x_np = case.x.astype(np.float32)
 
+    gate32 = None
+    if DTYPE != "float32" and float(case.config["top_p"]) < 1.0:
+        gate32 = copy.deepcopy(block.gate).float()
+
     def gate(*args, **kw):
         logits, weights, indices = gate_forward(*args, **kw)
+        decide = None
+        if gate32 is not None:
+            up = [a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+            _, w32, i32 = gate32(*up, **{k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v)
+                                          for k, v in kw.items()})
+            i32, w32 = i32.detach().cpu().numpy(), w32.detach().float().cpu().numpy()
+            ib = indices.detach().cpu().numpy()
+            # the fp32 router's weight of each of the block's slots, matched by expert id (topk's slot
+            # order is free); a token where the two chose other experts keeps the block's own weights
+            decide = weights.detach().float().cpu().numpy().copy()
+            for t_ in range(ib.shape[0]):
+                by_id = dict(zip(i32[t_].tolist(), w32[t_].tolist()))
+                if sorted(by_id) == sorted(ib[t_].tolist()):
+                    decide[t_] = [by_id[e] for e in ib[t_].tolist()]
+                else:
+                    captured["decide_mismatch"] = True
         w, idx = prune_top_p(case, x_np, weights.detach().float().cpu().numpy(),
-                             indices.detach().cpu().numpy(), extra, defect)
+                             indices.detach().cpu().numpy(), extra, defect, decide)
         captured["w"], captured["idx"] = w, idx
         # HF's experts index one_hot(num_experts) by the ids: a pruned slot's sentinel E would be out
         # of range (the device asserts), so the block gets the slot's own expert with weight 0,
@@ -269,6 +294,19 @@ def run_case(m, cfg_cls, case, device, defect, out_dir):
                 y = block(x) if not block.is_hash else block(x, ids)
     # the block's rounding profile (SPEC.md section 10): eager PyTorch in bfloat16 rounds every
     # elementwise result, in float32 none before the final bf16
+    if defect is None and case.tokens:
+        # how far the block's own router weights lie from the reference's, matched by expert id
+        exp = case.expected
+        ei, ew = exp["topk_ids"], exp["topk_weights"]
+        rel = 0.0
+        for t_ in range(ei.shape[0]):
+            ref = {int(e): float(v) for e, v in zip(ei[t_], ew[t_])}
+            for e, v in zip(captured["idx"][t_], captured["w"][t_]):
+                if int(e) in ref and ref[int(e)] != 0:
+                    rel = max(rel, abs(float(v) - ref[int(e)]) / abs(ref[int(e)]))
+        print("hf-engine: %s: router weights within %.3g relative of the reference's%s" % (
+            case.id, rel, "; the fp32 router chose other slots, the block's own weights decided top-p"
+            if captured.get("decide_mismatch") else ""))
     case.write_output(out_dir, y[0].float().cpu().numpy(), captured["idx"], captured["w"],
                       engine="hf-transformers" + ("+" + defect if defect else ""),
                       rounding="fp32" if DTYPE == "float32" else "bf16_ops")

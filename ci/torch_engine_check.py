@@ -70,7 +70,11 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3
 class Engine:
     def __init__(self, torch, device, gemm):
         self.t, self.dev, self.gemm = torch, device, gemm
-        self.scaled_mm_ok = None  # decided on first use with --gemm fp8
+        self.layout = None  # the scale layouts this torch accepted, kept while they hold
+        self.mm_fp8 = self.mm_fallback = 0  # fp8-weight GEMMs through _scaled_mm / dequantized
+        self.mm_fp8_split = 0  # of mm_fp8's, those run per 128 output columns
+        self.refusals = set()
+        self.refused_shapes = set()  # (M, N, K) of the GEMMs no layout ran
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
@@ -116,27 +120,84 @@ class Engine:
         M, K = x.shape
         return (q.float().view(M, K // 128, 128) * s.unsqueeze(-1)).view(M, K).to(self.t.bfloat16)
 
-    def linear(self, x, w):
-        """bf16(x . W^T) for bf16 x: the quantize-dequantize GEMM, or FP8 _scaled_mm with blockwise scales."""
+    def scale_layouts(self, s, ws):
+        """The (scale_a, scale_b) layouts torch versions have asked of blockwise _scaled_mm: 1x128
+        activation scales [M, K/128] outer-dim-major (stride(0) == 1) or row-major; 128x128 weight
+        scales [K/128, N/128] as the transposed view, contiguous, with rows or columns padded to 4, or
+        [N/128, K/128] as stored."""
+        t = self.t
+        a_forms = [s.t().contiguous().t(), s.contiguous()]
+        b = ws.t()
+        kb, nb = b.shape
+        pad = t.zeros((kb, (nb + 3) // 4 * 4), dtype=b.dtype, device=b.device)
+        pad[:, :nb] = b
+        padt = t.zeros((nb, (kb + 3) // 4 * 4), dtype=b.dtype, device=b.device)
+        padt[:, :kb] = b.t()
+        b_forms = [b, b.contiguous(), b.t().contiguous().t(), pad[:, :nb], padt.t()[:kb], ws.contiguous()]
+        return [(i, j, a, bb) for i, a in enumerate(a_forms) for j, bb in enumerate(b_forms)]
+
+    def linear(self, x, w, split=False):
+        """bf16(x . W^T) for bf16 x: the quantize-dequantize GEMM, or FP8 _scaled_mm with blockwise scales.
+        Every _scaled_mm product is held to the dequantized one (relative Frobenius difference < 1e-2: a
+        scale read in the wrong layout is off by whole factors); the first layout that this torch accepts
+        and that holds is kept; a product refused whole is tried per 128 output columns, and one no layout
+        gets right is the dequantized GEMM, counted. split: a column block of such a product (None when
+        refused)."""
         t = self.t
         wb, wq, ws = w
+        ref = None
         if self.gemm == "fp8" and wq is not None and x.shape[0] > 0:
             q, s = self.act_quant(x)
-            if self.scaled_mm_ok is not False:
+            M, K = q.shape
+            wqk, wsk = wq, ws
+            if K == 128:
+                # cuBLASLt's blockwise form refuses a single K block: one more block of zero codes
+                # (scale 1) on both operands adds exactly nothing
+                q = t.cat([q, t.zeros_like(q)], 1)
+                s = t.cat([s, t.ones_like(s)], 1)
+                wqk = t.cat([wq, t.zeros_like(wq)], 1)
+                wsk = t.cat([ws, t.ones_like(ws)], 1)
+            forms = []
+            for pad in (1, 16, 128):  # rows padded with zeros (scale 1) to a multiple of pad
+                Mp = -(-M // pad) * pad
+                qp, sp = q, s
+                if Mp != M:
+                    qp = t.cat([q, t.zeros((Mp - M, q.shape[1]), dtype=q.dtype, device=q.device)])
+                    sp = t.cat([s, t.ones((Mp - M, s.shape[1]), dtype=s.dtype, device=s.device)])
+                forms += [((pad,) + f[:2], qp, f[2], f[3]) for f in self.scale_layouts(sp, wsk)]
+            if self.layout is not None:
+                forms.sort(key=lambda f: f[0] != self.layout)
+            for key, qp, sa, sb in forms:
                 try:
-                    out = t._scaled_mm(q, wq.t(), scale_a=s, scale_b=ws.t(), out_dtype=t.bfloat16)
-                    if self.scaled_mm_ok is None:
-                        ref = t.nn.functional.linear(self.qdq(x), wb).float()
-                        rel = ((out.float() - ref).norm() / ref.norm().clamp(min=1e-30)).item()
-                        self.scaled_mm_ok = rel < 1e-2
-                        print("torch-engine: _scaled_mm blockwise 1x128 x 128x128: relative difference to the "
-                              "dequantized product %.2e: %s" % (rel, "used" if self.scaled_mm_ok else "NOT used"))
-                    if self.scaled_mm_ok:
-                        return out
+                    out = t._scaled_mm(qp, wqk.t(), scale_a=sa, scale_b=sb, out_dtype=t.bfloat16)[:M]
                 except RuntimeError as e:
-                    self.scaled_mm_ok = False
-                    print("torch-engine: _scaled_mm blockwise refused (%s): the dequantized GEMM instead" % str(e)[:200])
-        return t.nn.functional.linear(self.qdq(x), wb)
+                    self.refusals.add(str(e).splitlines()[0][:120])
+                    continue
+                if ref is None:
+                    ref = t.nn.functional.linear(self.qdq(x), wb)
+                rf = ref.float()
+                rel = ((out.float() - rf).norm() / rf.norm().clamp(min=1e-30)).item()
+                if rel < 1e-2:
+                    if self.layout != key:
+                        print("torch-engine: _scaled_mm blockwise 1x128 x 128x128, rows padded to %d, scale layouts "
+                              "%d, %d (M %d N %d K %d: relative difference to the dequantized product %.1e)"
+                              % (key + (M, wq.shape[0], wq.shape[1], rel)))
+                    self.layout = key
+                    self.mm_fp8 += not split
+                    return out
+            if wq.shape[0] > 128 and not split:
+                # cuBLASLt (torch 2.11, CUDA 13) finds no algorithm for some N > 128 blockwise products that
+                # it runs per 128 output columns: the columns are independent, so the halves are the product
+                parts = [self.linear(x, (wb[n:n + 128], wq[n:n + 128], ws[n // 128:n // 128 + 1]), split=True)
+                         for n in range(0, wq.shape[0], 128)]
+                if all(p_ is not None for p_ in parts):
+                    self.mm_fp8_split += 1
+                    return t.cat(parts, 1)
+            if split:
+                return None  # the caller falls back for the whole product
+            self.mm_fallback += 1
+            self.refused_shapes.add((M, wq.shape[0], wq.shape[1]))
+        return ref if ref is not None else t.nn.functional.linear(self.qdq(x), wb)
 
     # ---- the layer ----
     def ffn(self, x, W, L, clamp, w, wp, defect):
@@ -227,7 +288,12 @@ def main():
             bits = y.view(torch.int16).cpu().numpy().view(np.uint16)
             case.write_output(out, bits, idx.cpu().numpy(), w.float().cpu().numpy(),
                               engine="torch-%s%s" % (a.gemm, "+" + defect if defect else ""), rounding="bf16_ops")
-        fp8 = ["--fp8"] if a.gemm == "fp8" and eng.scaled_mm_ok else []
+        fp8 = ["--fp8"] if eng.mm_fp8 + eng.mm_fp8_split > 0 else []
+        if a.gemm == "fp8" and defect is None:
+            print("torch-engine: fp8-weight GEMMs: %d on _scaled_mm (%d of them per 128 output columns), "
+                  "%d dequantized%s" % (eng.mm_fp8 + eng.mm_fp8_split, eng.mm_fp8_split, eng.mm_fallback, (" (M, N, K %s refused: %s)" % (
+                    sorted(eng.refused_shapes)[:12], "; ".join(sorted(eng.refusals))))
+                if eng.refusals and eng.mm_fallback else ""))
         r = subprocess.run([a.cli, "check", cases_dir, "--outputs", out, "--report",
                             os.path.join(a.work, "report-" + (defect or "clean"))] + fp8,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -251,7 +317,9 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"torch": torch.__version__, "device": device, "gemm": a.gemm,
-                       "scaled_mm_used": bool(eng.scaled_mm_ok), "rows": rows}, f, indent=1)
+                       "scaled_mm_gemms": eng.mm_fp8 + eng.mm_fp8_split,
+                       "scaled_mm_split": eng.mm_fp8_split,
+                       "dequantized_gemms": eng.mm_fallback, "scale_layouts": eng.layout, "rows": rows}, f, indent=1)
     return 0 if ok else 1
 
 

@@ -87,14 +87,14 @@ static json_t *config_json(const dsv4_config *cfg)
 static json_t *tolerance_json(void)
 {
     json_t *t = json_pack(
-        "{s:s, s:s, s:f, s:f, s:f, s:f, s:s, s:f, s:s, s:{s:s, s:f, s:f}, s:{s:s, s:s, s:f, s:f}}", "rule",
+        "{s:s, s:s, s:f, s:f, s:f, s:f, s:s, s:f, s:s, s:{s:s, s:f, s:f}, s:{s:s, s:s, s:f, s:f, s:f}}", "rule",
         dsv4_tolerance_name(DSV4_TOL_OUTSIDE), "words", dsv4_tolerance_describe(DSV4_TOL_OUTSIDE),
         "deepgemm_diff_below", 1e-3, "atol", DSV4_COMPARE_ATOL, "rtol", DSV4_COMPARE_RTOL, "terms_scale",
         DSV4_COMPARE_TERMS_SCALE, "beyond", "|a - b| > atol + rtol |b| + terms_scale y_terms", "beyond_share_max", 0.005,
         "ulp", "reported, not judged (bf16 ULPs of y)", "fp8_mma", "rule", dsv4_tolerance_name(DSV4_TOL_OUTSIDE_FP8),
         "deepgemm_diff_below", 1e-3, "beyond_share_max", 0.02, "routing", "ids",
         "kept experts compared as sets per token", "reference_sentinel", "E", "weights_atol", DSV4_ROUTING_WEIGHT_ATOL,
-        "weights_rtol", DSV4_ROUTING_WEIGHT_RTOL);
+        "weights_rtol", DSV4_ROUTING_WEIGHT_RTOL, "weights_rtol_bf16_ops", DSV4_ROUTING_WEIGHT_RTOL_BF16);
     return t;
 }
 

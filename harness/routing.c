@@ -90,9 +90,18 @@ static void set_words(char *buf, size_t size, const slot *s, int64_t n)
 bool dsv4_compare_routing(int64_t T, int64_t E, int64_t ka, const int64_t *ids_a, const double *w_a, dsv4_sentinel sa,
                           int64_t kb, const int64_t *ids_b, const double *w_b, dsv4_routing_metrics *m)
 {
-    if (!m || T < 0 || (T > 0 && (ka < 1 || kb < 1 || !ids_a || !ids_b)) || (!w_a) != (!w_b))
+    return dsv4_compare_routing_rtol(T, E, ka, ids_a, w_a, sa, kb, ids_b, w_b, DSV4_ROUTING_WEIGHT_RTOL, m);
+}
+
+bool dsv4_compare_routing_rtol(int64_t T, int64_t E, int64_t ka, const int64_t *ids_a, const double *w_a,
+                               dsv4_sentinel sa, int64_t kb, const int64_t *ids_b, const double *w_b,
+                               double weights_rtol, dsv4_routing_metrics *m)
+{
+    if (!m || T < 0 || (T > 0 && (ka < 1 || kb < 1 || !ids_a || !ids_b)) || (!w_a) != (!w_b) ||
+        !(weights_rtol >= DSV4_ROUTING_WEIGHT_RTOL && weights_rtol < 1))
         return false;
     memset(m, 0, sizeof *m);
+    m->weights_rtol = weights_rtol;
     m->tokens = T;
     m->first_bad_token = -1;
     m->first_bad_weight_token = -1;
@@ -138,7 +147,7 @@ bool dsv4_compare_routing(int64_t T, int64_t E, int64_t ka, const int64_t *ids_a
             double d = fabs(sa_[i].w - sb[i].w);
             m->weights_n++;
             bool ok = isfinite(sa_[i].w) && isfinite(sb[i].w) &&
-                      d <= DSV4_ROUTING_WEIGHT_ATOL + DSV4_ROUTING_WEIGHT_RTOL * fabs(sb[i].w);
+                      d <= DSV4_ROUTING_WEIGHT_ATOL + weights_rtol * fabs(sb[i].w);
             if (isfinite(d) && d > m->weights_max_abs)
                 m->weights_max_abs = d;
             if (!ok) {
@@ -183,7 +192,7 @@ bool dsv4_routing_within(const dsv4_routing_metrics *m, char *why, size_t size)
     if (m->weights_bad) {
         snprintf(why, size,
                  "topk_weights: %lld of %lld matched by expert id beyond |a-b| <= %g + %g |b|; first: %s",
-                 (long long)m->weights_bad, (long long)m->weights_n, DSV4_ROUTING_WEIGHT_ATOL, DSV4_ROUTING_WEIGHT_RTOL,
+                 (long long)m->weights_bad, (long long)m->weights_n, DSV4_ROUTING_WEIGHT_ATOL, m->weights_rtol,
                  m->first_bad_weight);
         return false;
     }
@@ -260,6 +269,13 @@ bool dsv4_compare_routing_tensors(int64_t E, const dsv4_tensor_info *ids_a, cons
                                   dsv4_sentinel sa, const dsv4_tensor_info *ids_b, const dsv4_tensor_info *w_b,
                                   dsv4_routing_metrics *m, char *msg, size_t size)
 {
+    return dsv4_compare_routing_tensors_rtol(E, ids_a, w_a, sa, ids_b, w_b, DSV4_ROUTING_WEIGHT_RTOL, m, msg, size);
+}
+
+bool dsv4_compare_routing_tensors_rtol(int64_t E, const dsv4_tensor_info *ids_a, const dsv4_tensor_info *w_a,
+                                       dsv4_sentinel sa, const dsv4_tensor_info *ids_b, const dsv4_tensor_info *w_b,
+                                       double weights_rtol, dsv4_routing_metrics *m, char *msg, size_t size)
+{
     char dummy[8];
     if (!msg || !size) {
         msg = dummy;
@@ -289,9 +305,12 @@ bool dsv4_compare_routing_tensors(int64_t E, const dsv4_tensor_info *ids_a, cons
     int64_t *ia = ids_of(ids_a), *ib = ids_of(ids_b);
     double *wa = w_a ? weights_of(w_a) : NULL, *wb = w_b ? weights_of(w_b) : NULL;
     bool ok = ia && ib && (!w_a || (wa && wb)) &&
-              dsv4_compare_routing(ids_a->shape[0], E, ids_a->shape[1], ia, wa, sa, ids_b->shape[1], ib, wb, m);
+              dsv4_compare_routing_rtol(ids_a->shape[0], E, ids_a->shape[1], ia, wa, sa, ids_b->shape[1], ib, wb,
+                                        weights_rtol, m);
     if (!ok)
-        snprintf(msg, size, "routing comparison: out of memory");
+        snprintf(msg, size, weights_rtol >= DSV4_ROUTING_WEIGHT_RTOL && weights_rtol < 1
+                                ? "routing comparison: out of memory"
+                                : "routing comparison: the weights' rtol must be in [1e-5, 1)");
     free(ia);
     free(ib);
     free(wa);

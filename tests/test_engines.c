@@ -199,6 +199,24 @@ START_TEST(routing_as_sets_with_sentinels)
     ck_assert(dsv4_compare_routing(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w, &m));
     ck_assert(!dsv4_routing_within(&m, why, sizeof why));
     ck_assert_ptr_nonnull(strstr(why, "expert 4"));
+    /* a router run in bf16 (an engine at bf16_ops): 1.4 % off passes at DSV4_ROUTING_WEIGHT_RTOL_BF16 and
+       fails at the default; 4 % off (beyond 2^-5) fails at both; the rtol is named in the verdict */
+    a_w[3] = 0.3 * (1 + 0.014);
+    ck_assert(dsv4_compare_routing(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w, &m));
+    ck_assert(!dsv4_routing_within(&m, why, sizeof why));
+    ck_assert(dsv4_compare_routing_rtol(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w,
+                                        DSV4_ROUTING_WEIGHT_RTOL_BF16, &m));
+    ck_assert_msg(dsv4_routing_within(&m, why, sizeof why), "%s", why);
+    ck_assert(m.weights_rtol == DSV4_ROUTING_WEIGHT_RTOL_BF16);
+    a_w[3] = 0.3 * (1 + 0.04);
+    ck_assert(dsv4_compare_routing_rtol(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w,
+                                        DSV4_ROUTING_WEIGHT_RTOL_BF16, &m));
+    ck_assert(!dsv4_routing_within(&m, why, sizeof why));
+    ck_assert_ptr_nonnull(strstr(why, "0.03125 |b|"));
+    /* an rtol below the default, of 1 or more, or NaN is a bad argument */
+    ck_assert(!dsv4_compare_routing_rtol(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w, 1e-6, &m));
+    ck_assert(!dsv4_compare_routing_rtol(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w, 1.0, &m));
+    ck_assert(!dsv4_compare_routing_rtol(T, E, K, a_ids, a_w, DSV4_SENTINEL_MINUS1, K, ref_ids, ref_w, NAN, &m));
     a_w[3] = 0.3;
     /* a pruned slot with a weight */
     a_w[1] = 0.1;
@@ -382,6 +400,7 @@ START_TEST(export_layout_and_case_json)
     ck_assert_ptr_nonnull(strstr(buf, "\"top_p\": 0.6"));
     ck_assert_ptr_nonnull(strstr(buf, "\"rule\": \"outside\""));
     ck_assert_ptr_nonnull(strstr(buf, "\"terms_scale\": 0.00390625"));
+    ck_assert_ptr_nonnull(strstr(buf, "\"weights_rtol_bf16_ops\": 0.03125"));
     ck_assert_ptr_nonnull(strstr(buf, "\"bf16_ops\": \"expected.bf16_ops.safetensors\""));
     ck_assert_ptr_nonnull(strstr(buf, "\"fp32\": \"expected.fp32.safetensors\""));
     ck_assert_ptr_nonnull(strstr(buf, "\"engine_key\": \"engine_rounding\""));
@@ -420,7 +439,7 @@ START_TEST(export_layout_and_case_json)
     ck_assert(!tu_file_exists(p));
     snprintf(p, sizeof p, "%s/engines.topp-bf16/case.json", d3);
     ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
-    ck_assert_ptr_null(strstr(buf, "bf16_ops\""));
+    ck_assert_ptr_null(strstr(buf, "\"bf16_ops\": "));
     ck_assert_ptr_nonnull(strstr(buf, "\"spec\": \"expected.safetensors\""));
     static const char *const bad_lists[] = {"fp16", "spec,", ",fp32", ""};
     for (size_t k = 0; k < sizeof bad_lists / sizeof bad_lists[0]; k++) {
@@ -521,6 +540,34 @@ START_TEST(each_defect_fails_check)
     ck_assert_int_eq(run_sh(cmd), 1);
     int pyfails = count_of(out_buf, "\nFAIL ") + (strncmp(out_buf, "FAIL ", 5) == 0);
     ck_assert_msg(pyfails == fails, "python %d vs check %d failing: %.3000s", pyfails, fails, out_buf);
+}
+END_TEST
+
+/* An engine at bf16_ops runs its router in bf16 too: its weights are held to 2^-5 |b|
+   (DSV4_ROUTING_WEIGHT_RTOL_BF16), an engine at fp32 to 1e-5 |b|; CLI and Python helper agree. */
+START_TEST(bf16_router_weights_at_bf16_ops)
+{
+    export_once();
+    static const struct {
+        const char *name, *opts, *want;
+        int rc;
+    } runs[] = {
+        {"eng_out_wbf16", "--rounding bf16_ops --bf16-sums --weights-off 0.014", "11 passed", 0},
+        {"eng_out_wfp32", "--rounding fp32 --bf16-sums --weights-off 0.014", "+ 1e-05 |b|; first", 1},
+        {"eng_out_wbf16_far", "--rounding bf16_ops --bf16-sums --weights-off 0.04", "+ 0.03125 |b|; first", 1},
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        ck_assert_msg(engine_then_check(runs[k].name, runs[k].opts, "") == runs[k].rc, "%s: %.3000s", runs[k].opts,
+                      out_buf);
+        ck_assert_msg(strstr(out_buf, runs[k].want), "%s: %.3000s", runs[k].opts, out_buf);
+        char out[600], cmd[4096];
+        tu_path(out, sizeof out, runs[k].name);
+        snprintf(cmd, sizeof cmd, "PYTHONPATH=%s/python %s -m dsv4moe.testing %s --outputs %s", src(), py(),
+                 cases_dir, out);
+        ck_assert_msg(run_sh(cmd) == runs[k].rc, "python on %s: %.3000s", runs[k].opts, out_buf);
+        if (runs[k].rc)
+            ck_assert_msg(strstr(out_buf, runs[k].want), "python on %s: %.3000s", runs[k].opts, out_buf);
+    }
 }
 END_TEST
 
@@ -1346,6 +1393,7 @@ Suite *engines_suite(void)
     tcase_add_test(tc, clean_engine_passes_check);
     tcase_add_loop_test(tc, each_defect_fails_check, 0, N_DEFECTS * DSV4_ROUNDING_COUNT);
     tcase_add_loop_test(tc, each_profile_passes_its_own_reference, 0, DSV4_ROUNDING_COUNT);
+    tcase_add_test(tc, bf16_router_weights_at_bf16_ops);
     tcase_add_test(tc, check_bad_outputs_exit_2);
     tcase_add_test(tc, python_helper_unit_tests);
     tcase_add_test(tc, check_and_helper_agree_on_hostile_input);

@@ -133,6 +133,15 @@ DSV4_API bool dsv4_sentinel_parse(const char *name, dsv4_sentinel *out);
    fp64 normalisation or another summation order passes; a bf16-rounded weight does not). */
 #define DSV4_ROUTING_WEIGHT_ATOL 1e-6
 #define DSV4_ROUTING_WEIGHT_RTOL 1e-5
+/* The weights' rtol for an engine at the bf16_ops rounding profile (SPEC.md section 10: every elementwise
+   result rounded to bf16, as eager PyTorch runs a bf16 model). Such an engine runs its router in bf16 too:
+   the logits, the scores, their sum, the quotient and the route_scale product each rounded to bf16 put a
+   weight up to about 6 bf16 roundings (2^-9 each) off, more where the score function's slope magnifies
+   the logit's rounding. 2^-5: HF transformers 5.17's block in bfloat16 measured 1.15 %, an emulation
+   of its router over 32 mini cases (hash and non-hash layers) 1.38 %; wrong weights (route_scale
+   or the normalization dropped, another score function) are off by more. The
+   ids are still compared exactly (routing is the same in every profile). */
+#define DSV4_ROUTING_WEIGHT_RTOL_BF16 0.03125
 
 typedef struct dsv4_routing_metrics {
     int64_t tokens;
@@ -146,6 +155,7 @@ typedef struct dsv4_routing_metrics {
     double weights_max_abs;  /* max |a - b| over matched weights */
     int64_t first_bad_weight_token; /* -1 when none */
     char first_bad_weight[160];
+    double weights_rtol;     /* the rtol the weights were held to */
 } dsv4_routing_metrics;
 
 /*
@@ -158,6 +168,11 @@ typedef struct dsv4_routing_metrics {
 DSV4_API bool dsv4_compare_routing(int64_t T, int64_t E, int64_t ka, const int64_t *ids_a, const double *w_a,
                                    dsv4_sentinel sa, int64_t kb, const int64_t *ids_b, const double *w_b,
                                    dsv4_routing_metrics *m);
+/* The same with the weights held to |a - b| <= DSV4_ROUTING_WEIGHT_ATOL + weights_rtol |b| (weights_rtol
+   finite, >= DSV4_ROUTING_WEIGHT_RTOL and < 1; false otherwise). */
+DSV4_API bool dsv4_compare_routing_rtol(int64_t T, int64_t E, int64_t ka, const int64_t *ids_a, const double *w_a,
+                                        dsv4_sentinel sa, int64_t kb, const int64_t *ids_b, const double *w_b,
+                                        double weights_rtol, dsv4_routing_metrics *m);
 
 /* Ids identical as sets on every token, no malformed entry, every compared weight within tolerance. */
 DSV4_API bool dsv4_routing_within(const dsv4_routing_metrics *m, char *why, size_t size);
@@ -171,6 +186,11 @@ DSV4_API bool dsv4_routing_within(const dsv4_routing_metrics *m, char *why, size
 DSV4_API bool dsv4_compare_routing_tensors(int64_t E, const dsv4_tensor_info *ids_a, const dsv4_tensor_info *w_a,
                                            dsv4_sentinel sa, const dsv4_tensor_info *ids_b, const dsv4_tensor_info *w_b,
                                            dsv4_routing_metrics *m, char *msg, size_t size);
+/* The same with the weights' rtol given (as dsv4_compare_routing_rtol). */
+DSV4_API bool dsv4_compare_routing_tensors_rtol(int64_t E, const dsv4_tensor_info *ids_a,
+                                                const dsv4_tensor_info *w_a, dsv4_sentinel sa,
+                                                const dsv4_tensor_info *ids_b, const dsv4_tensor_info *w_b,
+                                                double weights_rtol, dsv4_routing_metrics *m, char *msg, size_t size);
 
 /* "[d0, d1, ...]" of a tensor into buf. */
 DSV4_API void dsv4_tensor_shape_str(const dsv4_tensor_info *t, char *buf, size_t size);

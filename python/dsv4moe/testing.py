@@ -20,7 +20,8 @@ and at most 0.5 % of the elements beyond atol + rtol |b| + 2^-8 S (atol = rtol =
 y_terms; ``fp8=True``: at most 2 %); bf16 ULP figures are reported, not judged; a NaN or Inf where the
 reference is finite, a non-finite reference value not repeated as the same infinity, and any NaN pair
 fail. Routing ids are compared as sets per token (slot order free) in the engine's sentinel convention
-("E", "-1" or "absent"); weights are matched by expert id within |a-b| <= 1e-6 + 1e-5 |b|.
+("E", "-1" or "absent"); weights are matched by expert id within |a-b| <= 1e-6 + 1e-5 |b| (2^-5 |b| for an
+engine at bf16_ops, whose router runs in bf16 too).
 
 ``python3 -m dsv4moe.testing D --outputs O [--rounding P]`` checks a folder of outputs as ``dsv4moe
 check`` does, honouring an output's ``engine_rounding`` metadata (exit 0 all pass, 1 some fail, 2 bad
@@ -44,6 +45,8 @@ RTOL = 0.035
 TERMS_SCALE = 2.0 ** -8
 WEIGHT_ATOL = 1e-6
 WEIGHT_RTOL = 1e-5
+# an engine at bf16_ops runs its router in bf16 too (include/dsv4moe/compare.h, DSV4_ROUTING_WEIGHT_RTOL_BF16)
+WEIGHT_RTOL_BF16 = 0.03125
 RULES = {
     # name: (deepgemm diff bound, share of elements beyond, rms factor of the max |a-b| bound (None: no
     # such bound), whether the beyond bound has the 2^-8 S term)
@@ -343,8 +346,11 @@ def _kept(ids, w, E, sentinel):
     return sorted(kept), bad, nz
 
 
-def compare_routing(ids, weights, ref_ids, ref_weights, E, sentinel="E"):
-    """Routing of a candidate against the reference (sentinel E). Returns (ok, why, summary)."""
+def compare_routing(ids, weights, ref_ids, ref_weights, E, sentinel="E", rtol=WEIGHT_RTOL):
+    """Routing of a candidate against the reference (sentinel E), the weights within WEIGHT_ATOL + rtol |b|
+    (WEIGHT_RTOL_BF16 for an engine at bf16_ops). Returns (ok, why, summary)."""
+    if not (WEIGHT_RTOL <= rtol < 1):
+        raise CaseError("the weights' rtol must be in [1e-5, 1), not %r" % (rtol,))
     ids = np.asarray(ids).astype(np.int64)
     ref_ids = np.asarray(ref_ids).astype(np.int64)
     if ids.ndim != 2 or ids.shape[0] != ref_ids.shape[0]:
@@ -371,7 +377,7 @@ def compare_routing(ids, weights, ref_ids, ref_weights, E, sentinel="E"):
         wbad += nza
         for (i, wa), (_, wb) in zip(a, b):
             wn += 1
-            if not (np.isfinite(wa) and np.isfinite(wb) and abs(wa - wb) <= WEIGHT_ATOL + WEIGHT_RTOL * abs(wb)):
+            if not (np.isfinite(wa) and np.isfinite(wb) and abs(wa - wb) <= WEIGHT_ATOL + rtol * abs(wb)):
                 wbad += 1
                 if not firstw:
                     firstw = "token %d expert %d: weight %.9g vs the reference's %.9g" % (t, i, wa, wb)
@@ -382,7 +388,7 @@ def compare_routing(ids, weights, ref_ids, ref_weights, E, sentinel="E"):
         return False, "topk_ids differ as sets on %d tokens; first: %s" % (bad_tokens, first), summary
     if wbad:
         return False, "topk_weights: %d beyond |a-b| <= %g + %g |b|; first: %s" % (
-            wbad, WEIGHT_ATOL, WEIGHT_RTOL, firstw or "a pruned slot with a non-zero weight"), summary
+            wbad, WEIGHT_ATOL, rtol, firstw or "a pruned slot with a non-zero weight"), summary
     return True, "", summary
 
 
@@ -544,7 +550,8 @@ class Case:
             raise CaseError("%s: topk_weights without topk_ids (weights are matched by expert id)" % self.id)
         if topk_ids is not None:
             rok, rwhy, rsum = compare_routing(_np(topk_ids), _np(topk_weights), exp["topk_ids"],
-                                              exp["topk_weights"], int(self.config["n_routed_experts"]), sentinel)
+                                              exp["topk_weights"], int(self.config["n_routed_experts"]), sentinel,
+                                              WEIGHT_RTOL_BF16 if rounding == "bf16_ops" else WEIGHT_RTOL)
         verdict = "%s %s (rule %s, rounding %s%s): %s; routing: %s" % (
             "pass" if ok and rok else "FAIL", self.id, rule, rounding,
             " from the output's engine_rounding" if declared else "", line, rsum)

@@ -37,6 +37,8 @@ def main():
     ap.add_argument("--no-declare", action="store_true", help="leave engine_rounding out of the metadata")
     ap.add_argument("--bf16-sums", action="store_true",
                     help="sum the experts' outputs in bf16 (the rounding SPEC.md 10.2's S term absorbs)")
+    ap.add_argument("--weights-off", type=float, default=0.0,
+                    help="the router weights this much relative off (a router run in bf16: up to about 1.4 %%)")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     worst = 0
@@ -50,6 +52,7 @@ def main():
         y, ids, w = indep_ref.forward(cfg, st, case.x.astype(np.float32), case.input_ids.astype(np.int64),
                                       defect=a.defect, rounding=a.rounding, bf16_sums=a.bf16_sums)
         E = int(cfg["n_routed_experts"])
+        w = (w.astype(np.float64) * (1.0 + a.weights_off)).astype(np.float32) if a.weights_off else w
         if a.sentinel == "-1":
             ids = np.where(ids == E, -1, ids)
         if a.slot_order == "reversed":
