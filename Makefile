@@ -65,7 +65,7 @@ LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test line-limit release-clean test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay
+.PHONY: all run test line-limit release-clean test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay example doc-test
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -129,16 +129,28 @@ $(BUILD)/examples/example.c: include/dsv4moe/dsv4moe.h
 $(EXAMPLE_BIN): $(BUILD)/examples/example.c $(LIB_SO)
 	$(CC) -Iinclude $(CFLAGS_ALL) -o $@ $< -L$(BUILD) -ldsv4moe -Wl,-rpath,$(abspath $(BUILD)) -lm
 
+# `make example` builds it alone (the README's embedded use); doc-test runs the README's and docs'
+# blocks marked runnable (ci/doc-test.sh) against this build.
+example: deps
+	@$(MAKE) --no-print-directory $(EXAMPLE_BIN)
+
+doc-test: deps
+	@$(MAKE) --no-print-directory all $(EXAMPLE_BIN)
+	@PYTHON=$(PYTHON) sh ci/doc-test.sh
+
 # Runs the suite of this build variant; tests find the CLI and data through the environment.
 # test-suites is the Check program alone (CK_RUN_SUITE / DSV4MOE_EXCLUDE_SUITE select suites).
 test-run: test-suites
 	@$(MAKE) --no-print-directory fuzz-replay
 
 # (the shared library too: the Python package's tests load this build's, DSV4MOE_BUILD)
+# The backend table's metric rows go to $(BUILD)/tests/rows.txt, not into the runner's output.
 test-suites: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(LIB_SO)
+	@rm -f $(BUILD)/tests/rows.txt
 	DSV4MOE_CLI=$(abspath $(CLI)) DSV4MOE_TMP=$(abspath $(BUILD)/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
 	  DSV4MOE_PYTHON=$(PYTHON) DSV4MOE_EXAMPLE=$(abspath $(EXAMPLE_BIN)) DSV4MOE_TEST_COVERAGE=$(DSV4MOE_TEST_COVERAGE) \
-	  CK_DEFAULT_TIMEOUT=600 $(TEST_BIN)
+	  DSV4MOE_TEST_ROWS=$(abspath $(BUILD)/tests/rows.txt) CK_DEFAULT_TIMEOUT=600 $(TEST_BIN)
+	@echo "metric rows of the backend table: $(BUILD)/tests/rows.txt"
 
 test: deps
 	@$(MAKE) --no-print-directory line-limit

@@ -58,6 +58,9 @@ typedef struct cli_args {
 bool cli_next_arg(cli_args *it, const char **opt, const char **val);
 /* Builds and validates the config; returns EXIT_OK or prints and returns EXIT_BAD_INPUT. */
 int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg);
+/* Where a config's dim came from and how to get another, for shape errors: "dim 4096 comes from the
+   preset v4-flash, the default; the preset mini has dim 256: give --preset mini (or --set dim=256)". */
+void cli_dim_hint(const cli_config_opts *o, const dsv4_config *cfg, int64_t want_dim, char *buf, size_t n);
 extern const char CLI_CONFIG_HELP[];
 
 /* Parses a whole decimal integer in [lo, hi]; prints and returns -1 on error. */

@@ -261,6 +261,7 @@ int cmd_diff(int argc, char **argv)
         worst = r > worst ? r : worst;
         compared += route_w ? 2 : 1;
     }
+    int rows = compared - (routing && route_w && worst < 2); /* topk_ids and topk_weights share one row */
     if (!compared && worst < 2) {
         fprintf(stderr, "dsv4moe diff: %s and %s have no tensor in common\n", pa, pb);
         worst = 2;
@@ -270,7 +271,8 @@ int cmd_diff(int argc, char **argv)
     dsv4_st_close(tf);
     free(terms);
     if (worst < 2)
-        printf("dsv4moe diff: %d tensor%s compared (rule %s): %s\n", compared, compared == 1 ? "" : "s",
+        printf("dsv4moe diff: %d tensor%s compared in %d row%s%s (rule %s): %s\n", compared, compared == 1 ? "" : "s",
+               rows, rows == 1 ? "" : "s", rows < compared ? ", topk_ids and topk_weights in one routing row" : "",
                dsv4_tolerance_name(o.rule), worst ? "outside tolerance" : "within tolerance");
     return worst;
 }

@@ -87,8 +87,15 @@ int cmd_ref(int argc, char **argv)
     const dsv4_tensor_info *tx = dsv4_st_find(in, "x"), *ti = dsv4_st_find(in, "input_ids");
     char found[160];
     if (!tx || tx->dtype != DSV4_DTYPE_BF16 || tx->ndim != 2 || tx->shape[1] != cfg.dim) {
-        cli_failf(cmd, "%s: tensor 'x' must exist as BF16 [T, dim = %lld]; found %s", ipath, (long long)cfg.dim,
-                  cli_tensor_desc(tx, found, sizeof found));
+        char hint[300] = "";
+        if (tx && tx->ndim == 2 && tx->shape[1] != cfg.dim) {
+            hint[0] = ' ';
+            hint[1] = '(';
+            cli_dim_hint(&co, &cfg, tx->shape[1], hint + 2, sizeof hint - 3);
+            strcat(hint, ")");
+        }
+        cli_failf(cmd, "%s: tensor 'x' must exist as BF16 [T, dim = %lld]; found %s%s", ipath, (long long)cfg.dim,
+                  cli_tensor_desc(tx, found, sizeof found), hint);
         goto done;
     }
     int64_t T = tx->shape[0], H = cfg.dim, K = cfg.n_activated;

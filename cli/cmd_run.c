@@ -17,7 +17,7 @@
 
 static const char RUN_HELP[] =
     "usage: dsv4moe run FILE.yaml... [--report DIR] [--cache DIR] [--backend ref|cpu|cuda]\n"
-    "                   [--filter SUBSTRING] [--threads N] [--traces DIR] [--faults]\n\n"
+    "                   [--filter SUBSTRING] [--threads N] [--traces DIR] [--strict | --no-strict] [--faults]\n\n"
     "Expands each scenario file into its cases (docs/scenarios.md), runs every case's checks\n"
     "(numerics, determinism, symmetry, memory, empty, clamp_exercised, refusal) and writes\n"
     "DIR/report.json, DIR/junit.xml and DIR/report.html. Prints a summary and the details of\n"
@@ -34,8 +34,15 @@ static const char RUN_HELP[] =
     "                       build/faults/dsv4moe): every case with a `fault` key runs clean\n"
     "                       and with the test hook its file's `faults` mapping names set; prints the detection\n"
     "                       table; exit 0 only if every defect is caught and every clean run passes\n"
+    "  --strict             a skipped case (a check it asked for could not run here, e.g. no CUDA device)\n"
+    "                       fails the run, its reason printed; the default when the environment variable\n"
+    "                       CI is set (not 0 or false); --no-strict turns it off\n"
     "  On a terminal, a progress line on stderr shows the case count and the time left.\n\n"
-    "exit status: 0 every case passed (or skipped), 1 a case failed, 2 bad input\n";
+    "A case passes only if every check it asked for ran (or does not apply to it) and one could fail. A\n"
+    "case on the ref backend at world 1 holds the reference to itself: its numerics is self-compared,\n"
+    "counted apart and never a pass (a case without topology.backend runs the cpu backend).\n\n"
+    "exit status: 0 no case failed (skipped and self-compared cases are counted, not failures; under\n"
+    "--strict a skipped case fails), 1 a case failed, 2 bad input\n";
 
 typedef struct {
     bool tty;
@@ -97,9 +104,12 @@ int cmd_run(int argc, char **argv)
 #ifdef DSV4_FAULTS
     bool faults = false;
 #endif
+    /* --strict (a skipped case fails the run) is the default where the CI variable says so */
+    const char *ci = getenv("CI");
+    bool strict = ci && ci[0] && strcmp(ci, "0") && strcmp(ci, "false");
     static const char *const opts[] = {"--report", "--cache", "--backend", "--filter", "--threads", "--traces", NULL};
     cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = RUN_HELP, .value_opts = opts,
-                     .flags = (const char *const[]){"--faults", NULL}, .positional = true};
+                     .flags = (const char *const[]){"--faults", "--strict", "--no-strict", NULL}, .positional = true};
     const char *a, *v;
     while (cli_next_arg(&args, &a, &v)) {
         if (!strcmp(a, "--faults")) {
@@ -109,7 +119,11 @@ int cmd_run(int argc, char **argv)
 #else
             faults = true;
 #endif
-        } else if (!strcmp(a, "--report"))
+        } else if (!strcmp(a, "--strict"))
+            strict = true;
+        else if (!strcmp(a, "--no-strict"))
+            strict = false;
+        else if (!strcmp(a, "--report"))
             report = v;
         else if (!strcmp(a, "--cache"))
             cache = v;
@@ -131,6 +145,12 @@ int cmd_run(int argc, char **argv)
             if (!dsv4_backend_available((dsv4_backend_kind)backend))
                 return cli_failf(cmd, "option --backend: '%s' is not part of this build (available: %s)", v,
                                  dsv4_backends_available());
+            /* ... and so would one this build holds that this machine cannot run (cuda without a device) */
+            dsv4_backend_info info;
+            if (dsv4_backend_info_of((dsv4_backend_kind)backend, &info, NULL) == DSV4_OK && !info.available)
+                return cli_failf(cmd, "option --backend: '%s' is built but cannot run on this machine (%s); run on a "
+                                      "machine with a CUDA device, or use --backend cpu",
+                                 v, info.why);
         } else if (cli_parse_i64(cmd, a, v, 1, 256, &threads))
             return EXIT_BAD_INPUT;
     }
@@ -212,12 +232,14 @@ int cmd_run(int argc, char **argv)
     }
 
     dsv4_run_summary s = dsv4_run_summarize(res);
-    printf("dsv4moe run: %zu cases: %zu passed, %zu failed, %zu skipped, %zu errors in %.1f s\n", s.cases, s.passed,
-           s.failed, s.skipped, s.errors, wall);
+    printf("dsv4moe run: %zu cases: %zu passed, %zu failed, %zu skipped, %zu self-compared, %zu errors in %.1f s\n",
+           s.cases, s.passed, s.failed, s.skipped, s.self_compared, s.errors, wall);
+    if (s.self_compared)
+        printf("  (self-compared: the ref backend at world 1 held to the reference, which is itself; not a pass)\n");
     for (size_t i = 0; i < dsv4_run_count(res); i++) {
         const dsv4_case_result *c = dsv4_run_get(res, i);
         dsv4_result st = dsv4_case_status(c);
-        if (st != DSV4_RESULT_FAIL && st != DSV4_RESULT_ERROR)
+        if (st != DSV4_RESULT_FAIL && st != DSV4_RESULT_ERROR && !(strict && st == DSV4_RESULT_SKIP))
             continue;
 #ifdef DSV4_FAULTS
         if (dsv4_case_injected(c))
@@ -225,20 +247,24 @@ int cmd_run(int argc, char **argv)
 #endif
         /* Names and details come from the scenario file: control characters are escaped. */
         char esc[4096];
-        printf("\n%s %s", st == DSV4_RESULT_FAIL ? "FAIL" : "ERROR", cli_esc(dsv4_case_title(c), esc, sizeof esc));
+        printf("\n%s %s",
+               st == DSV4_RESULT_FAIL ? "FAIL" : st == DSV4_RESULT_SKIP ? "SKIPPED (a failure under --strict)" : "ERROR",
+               cli_esc(dsv4_case_title(c), esc, sizeof esc));
         if (strcmp(dsv4_case_title(c), dsv4_case_name(c))) /* the id --filter takes */
             printf("  [%s]", cli_esc(dsv4_case_name(c), esc, sizeof esc));
         printf("\n");
         for (int b = 0; b < DSV4_CHECK_COUNT; b++) {
             const char *detail;
             dsv4_result r = dsv4_case_check(c, 1u << b, &detail);
-            if (r == DSV4_RESULT_FAIL || r == DSV4_RESULT_ERROR)
+            if (r == DSV4_RESULT_FAIL || r == DSV4_RESULT_ERROR ||
+                (st == DSV4_RESULT_SKIP && r == DSV4_RESULT_SKIP && strcmp(detail, "not requested") &&
+                 strncmp(detail, "not applicable", 14)))
                 printf("  %-16s %s: %s\n", dsv4_check_name(1u << b), dsv4_result_name(r),
                        cli_esc(detail, esc, sizeof esc));
         }
     }
     printf("\nreports: %s, %s, %s\n", jpath, xpath, hpath);
-    rc = s.failed || s.errors ? EXIT_CHECK_FAILED : EXIT_OK;
+    rc = s.failed || s.errors || (strict && s.skipped) ? EXIT_CHECK_FAILED : EXIT_OK;
 #ifdef DSV4_FAULTS
     if (faults)
         rc = print_detection_table(res);

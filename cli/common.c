@@ -234,6 +234,29 @@ int cli_config_build(const char *cmd, const cli_config_opts *o, dsv4_config *cfg
     return EXIT_OK;
 }
 
+void cli_dim_hint(const cli_config_opts *o, const dsv4_config *cfg, int64_t want_dim, char *buf, size_t n)
+{
+    const char *preset = o->preset ? o->preset : "v4-flash";
+    bool own = o->config_file || o->nsets;
+    int len = snprintf(buf, n, "dim %lld comes from %s%s%s", (long long)cfg->dim,
+                       own ? "the config (--config, --set)" : "the preset ", own ? "" : preset,
+                       own || o->preset ? "" : ", the default");
+    const char *match = NULL;
+    for (const char *const *p = dsv4_config_preset_names(); *p && !match; p++) {
+        dsv4_config c;
+        if (dsv4_config_preset(*p, &c, NULL) == DSV4_OK && c.dim == want_dim)
+            match = *p;
+    }
+    if (len < 0 || (size_t)len >= n)
+        return;
+    if (match)
+        snprintf(buf + len, n - (size_t)len, "; the preset %s has dim %lld: give --preset %s (or --set dim=%lld)",
+                 match, (long long)want_dim, match, (long long)want_dim);
+    else
+        snprintf(buf + len, n - (size_t)len, "; give --preset P (dsv4moe help presets) or --set dim=%lld",
+                 (long long)want_dim);
+}
+
 void cli_print_skipped(const char *cmd, const dsv4_checkpoint *ck)
 {
     for (size_t i = 0; i < dsv4_checkpoint_skipped_count(ck); i++) {

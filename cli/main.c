@@ -13,10 +13,10 @@ static int cmd_pending(const char *name, const char *what, int argc, char **argv
 {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: dsv4moe %s ...\n\n%s\n\nThis subcommand is not part of this build yet.\n", name, what);
+            printf("usage: dsv4moe %s ...\n\n%s\n\nThis subcommand is not part of the command line.\n", name, what);
             return EXIT_OK;
         }
-    fprintf(stderr, "dsv4moe %s: not part of this build yet (%s)\n", name, what);
+    fprintf(stderr, "dsv4moe %s: not part of the command line: %s\n", name, what);
     return EXIT_BAD_INPUT;
 }
 
@@ -26,7 +26,14 @@ typedef struct {
     int (*fn)(int, char **);
 } command;
 
-static int cmd_bench(int c, char **v) { return cmd_pending("bench", "time the backends against the reference", c, v); }
+static int cmd_bench(int c, char **v)
+{
+    return cmd_pending("bench",
+                       "the benchmarks are programs of their own: `make bench` times the CPU backend against the "
+                       "reference, `make bench-cuda` (on a GPU machine) the CUDA backend against its ceilings and "
+                       "peers (docs/cuda-bench.md)",
+                       c, v);
+}
 
 static const command commands[] = {
     {"gen", "write a deterministic synthetic layer and its input", cmd_gen},

@@ -26,6 +26,18 @@ static void stop(dsv4_h_case *k, dsv4_result r, const char *fmt, ...)
     k->rest_set = true;
 }
 
+/* The stop of a check that could have run on another machine or build: the case is skipped, not passed. */
+static void stop_unrun(dsv4_h_case *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void stop_unrun(dsv4_h_case *k, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->rest_detail, sizeof k->rest_detail, fmt, ap);
+    va_end(ap);
+    k->rest = DSV4_RESULT_SKIP;
+    k->rest_set = k->rest_unrun = true;
+}
+
 /* Slice offsets: tp ranks of one block share their block's slice. */
 static void slice_offsets(const dsv4_topology *t, const int64_t *tokens, int n, int64_t *off)
 {
@@ -236,8 +248,8 @@ static void run_one(dsv4_h_case *k, dsv4_case_result *c, dsv4_error *e)
             /* The plan's half of memory holds without a device; the measured peak needs CUDA. */
             k->cuda_missing = true;
             snprintf(k->cuda_why, sizeof k->cuda_why, "%s", info.why);
-            stop(k, DSV4_RESULT_SKIP, "%s",
-                 info.built ? "skipped: no CUDA device on this machine" : "skipped: no CUDA in this build");
+            stop_unrun(k, "%s",
+                       info.built ? "skipped: no CUDA device on this machine" : "skipped: no CUDA in this build");
             return;
         }
         /* Any other backend missing here: the reference stands in, and says so. */
@@ -249,6 +261,8 @@ static void run_one(dsv4_h_case *k, dsv4_case_result *c, dsv4_error *e)
         }
     }
     k->gemm = dsv4_plan_gemm(plan);
+    /* The ref backend on the reference's own checkpoint is the reference: numerics could not fail. */
+    k->self_compared = !k->ckb && (plan == k->fallback_plan || k->topo.backend == DSV4_BACKEND_REF);
     dsv4_status st = dsv4_backend_create(plan, k->ckb ? k->ckb : k->ck, k->o->threads, &k->be, e);
     if (st) {
         char msg[DSV4_H_MSG_MAX];
@@ -306,8 +320,7 @@ static void write_traces(dsv4_h_case *k, const dsv4_case_result *c)
 static void run_ranks(dsv4_h_case *k, dsv4_case_result *c, dsv4_error *e)
 {
     if (k->world > DSV4_COMM_MAX_RANKS) {
-        stop(k, DSV4_RESULT_SKIP, "not run: world %d above the %d ranks the simulator holds", k->world,
-             DSV4_COMM_MAX_RANKS);
+        stop_unrun(k, "skipped: world %d above the %d ranks the simulator holds", k->world, DSV4_COMM_MAX_RANKS);
         return;
     }
     dsv4_dist_options_init(&k->dopt);

@@ -52,6 +52,7 @@ typedef struct {
     dsv4_h_stage stage;
     /* the stop: what the checks the build did not reach report (rest_set false: nothing) */
     bool rest_set;
+    bool rest_unrun; /* the checks could not run here (no CUDA device, ...): the case is skipped, not passed */
     dsv4_result rest;
     char rest_detail[DSV4_H_MSG_MAX];
     /* verdicts the stopping stage decided itself (a loader or backend under test failing) */
@@ -83,6 +84,8 @@ typedef struct {
     char cuda_why[160];       /* why (the memory check's planned half still holds) */
     dsv4_backend *be;         /* one rank */
     dsv4_plan *fallback_plan; /* one rank, a backend missing here: the reference's plan */
+    bool self_compared;       /* one rank on the reference's own code with the reference's checkpoint: numerics
+                                 has nothing between its two sides */
     dsv4_gemm_mode gemm;      /* the gemm mode of the plan that ran (one rank) */
     dsv4_backend_stats bs;    /* one rank: the backend's counters */
     char be_name[64];         /* one rank: the backend's name; several: the computing backend's */

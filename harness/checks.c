@@ -299,6 +299,11 @@ static void check_numerics(dsv4_h_case *k, dsv4_case_result *c)
             set(c, bit, DSV4_RESULT_PASS, "nothing to compare (0 tokens)%s", k->note);
         else if (cmp_oom)
             set(c, bit, DSV4_RESULT_ERROR, "comparison failed (out of memory)");
+        else if (k->self_compared && within_tolerance(k->cfg, k->gemm, &c->m, why, sizeof why))
+            set(c, bit, DSV4_RESULT_SELF,
+                "self-compared: the %s backend at world 1 is the reference's own code on its own checkpoint, so "
+                "nothing lies between the two sides%s (give the case topology.backend cpu or cuda): %s",
+                k->be_name, k->note, line);
         else if (within_tolerance(k->cfg, k->gemm, &c->m, why, sizeof why))
             set(c, bit, DSV4_RESULT_PASS, "%s vs ref%s: %s", k->be_name, k->note, line);
         else
@@ -454,7 +459,7 @@ void dsv4_h_case_check(dsv4_h_case *k, dsv4_case_result *c)
     if (k->stop_empty[0])
         set(c, DSV4_CHECK_EMPTY, k->stop_empty_result, "%s", k->stop_empty);
     if (k->rest_set)
-        dsv4_h_set_rest(c, k->rest, k->rest_detail);
+        dsv4_h_set_rest(c, k->rest, k->rest_detail, k->rest_unrun);
     if (c->mem.available == UINT64_MAX)
         c->mem.available = 0;
     dsv4_h_finish_status(c);

@@ -260,7 +260,11 @@ static bool symmetry_table(dsv4_strbuf *b, const char *d)
 
 static const char *status_class(dsv4_result r)
 {
-    return r == DSV4_RESULT_PASS ? "pass" : r == DSV4_RESULT_FAIL ? "fail" : r == DSV4_RESULT_SKIP ? "skip" : "error";
+    return r == DSV4_RESULT_PASS   ? "pass"
+           : r == DSV4_RESULT_FAIL ? "fail"
+           : r == DSV4_RESULT_SKIP ? "skip"
+           : r == DSV4_RESULT_SELF ? "self"
+                                   : "error";
 }
 
 /* ---------------- the matrix summary ---------------- */
@@ -271,7 +275,7 @@ typedef struct {
     char *axis, *value;
     size_t axis_order; /* the first appearance of its axis: a scenario's rows stay grouped by axis */
     size_t order;      /* first appearance: the matrix keeps the scenario's axis and value order */
-    size_t n[4];  /* pass, fail, skip, error (dsv4_result order) */
+    size_t n[5];  /* pass, fail, skip, error, self-compared (dsv4_result order) */
     size_t *bad;  /* indices of the failed and errored cases */
     size_t nbad, capbad;
 } mx_cell;
@@ -436,7 +440,7 @@ static bool matrix_section(dsv4_strbuf *b, const dsv4_run_results *R)
         dsv4_sb_str(b, "<h3>");
         hb_esc(b, scen);
         dsv4_sb_str(b, "</h3>\n<table class=\"mx\"><tr><th>axis</th><th>value</th><th>cases</th><th>passed</th>"
-                      "<th>failed</th><th>errors</th><th>skipped</th><th>failing cases</th></tr>\n");
+                      "<th>failed</th><th>errors</th><th>skipped</th><th>self-compared</th><th>failing cases</th></tr>\n");
         for (size_t j = i; j < t.n; j++) {
             const mx_cell *m = &t.c[j];
             if (strcmp(m->scen, scen))
@@ -447,9 +451,10 @@ static bool matrix_section(dsv4_strbuf *b, const dsv4_run_results *R)
             dsv4_sb_str(b, "</td><td class=\"name\">");
             hb_esc(b, m->value);
             dsv4_sb_printf(b, "</td><td class=\"num\">%zu</td><td class=\"num\">%zu</td><td class=\"num\">%zu</td>"
-                              "<td class=\"num\">%zu</td><td class=\"num\">%zu</td><td>",
-                           m->n[0] + m->n[1] + m->n[2] + m->n[3], m->n[DSV4_RESULT_PASS], m->n[DSV4_RESULT_FAIL],
-                           m->n[DSV4_RESULT_ERROR], m->n[DSV4_RESULT_SKIP]);
+                              "<td class=\"num\">%zu</td><td class=\"num\">%zu</td><td class=\"num\">%zu</td><td>",
+                           m->n[0] + m->n[1] + m->n[2] + m->n[3] + m->n[4], m->n[DSV4_RESULT_PASS],
+                           m->n[DSV4_RESULT_FAIL], m->n[DSV4_RESULT_ERROR], m->n[DSV4_RESULT_SKIP],
+                           m->n[DSV4_RESULT_SELF]);
             for (size_t k = 0; k < m->nbad && k < 40; k++)
                 dsv4_sb_printf(b, "%s<a href=\"#case-%zu\">%zu</a>", k ? " " : "", m->bad[k], m->bad[k]);
             if (m->nbad > 40)
@@ -489,7 +494,7 @@ static const char CSS[] =
     "body{font:13px/1.35 system-ui,sans-serif;margin:16px;color:#222}h1{font-size:20px}h2{font-size:16px}"
     "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}"
     "th{background:#f3f3f3;text-align:left}.pass{background:#d8f0d8}.fail{background:#f6c9c9}"
-    ".skip{background:#eee;color:#777}.error{background:#f6ddb0}.st{font-weight:bold;text-transform:uppercase}"
+    ".skip{background:#eee;color:#777}.self{background:#fff3c4;color:#7a5b00}.error{background:#f6ddb0}.st{font-weight:bold;text-transform:uppercase}"
     ".ck{font-size:11px;white-space:nowrap;cursor:help}.name{font-family:monospace;max-width:340px;"
     "overflow-wrap:anywhere}.num{text-align:right}.metrics{font-family:monospace;font-size:11px}"
     "svg text{font:10px sans-serif}svg .v,svg .l{text-anchor:middle}svg .ml{text-anchor:end}"
@@ -516,12 +521,17 @@ dsv4_status dsv4_report_html_stage(const dsv4_run_results *R, const char *path, 
     dsv4_sb_printf(&b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>dsv4moe report</title>"
                   "<style>%s</style></head><body>\n<h1>dsv4moe run report</h1>\n", CSS);
     dsv4_sb_printf(&b, "<table class=\"summary\"><tr><th>cases</th><th>passed</th><th>failed</th><th>skipped</th>"
-                  "<th>errors</th><th>time (s)</th><th>version</th></tr>\n<tr><td class=\"num\" id=\"s-cases\">%zu</td>"
-                  "<td class=\"num pass\" id=\"s-passed\">%zu</td><td class=\"num%s\" id=\"s-failed\">%zu</td>"
-                  "<td class=\"num\" id=\"s-skipped\">%zu</td><td class=\"num%s\" id=\"s-errors\">%zu</td>"
-                  "<td class=\"num\">%.2f</td><td>%s</td></tr></table>\n",
-              s.cases, s.passed, s.failed ? " fail" : "", s.failed, s.skipped, s.errors ? " error" : "", s.errors,
-              s.seconds, DSV4_VERSION);
+                  "<th>self-compared</th><th>errors</th><th>time (s)</th><th>version</th></tr>\n<tr><td class=\"num\" "
+                  "id=\"s-cases\">%zu</td><td class=\"num pass\" id=\"s-passed\">%zu</td><td class=\"num%s\" "
+                  "id=\"s-failed\">%zu</td><td class=\"num%s\" id=\"s-skipped\">%zu</td><td class=\"num%s\" "
+                  "id=\"s-self\">%zu</td><td class=\"num%s\" id=\"s-errors\">%zu</td><td class=\"num\">%.2f</td>"
+                  "<td>%s</td></tr></table>\n",
+              s.cases, s.passed, s.failed ? " fail" : "", s.failed, s.skipped ? " skip" : "", s.skipped,
+              s.self_compared ? " self" : "", s.self_compared, s.errors ? " error" : "", s.errors, s.seconds,
+              DSV4_VERSION);
+    if (s.self_compared)
+        dsv4_sb_str(&b, "<p class=\"note\">Self-compared: cases on the ref backend at world 1, whose numerics held "
+                        "the reference to itself and could not fail; not passes.</p>\n");
     if (!matrix_section(&b, R))
         b.oom = true; /* dsv4_sb_write_file reports it */
 #ifdef DSV4_FAULTS

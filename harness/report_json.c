@@ -244,6 +244,7 @@ dsv4_status dsv4_report_json_stage(const dsv4_run_results *R, const dsv4_scenari
     jset(sum, "passed", json_integer((json_int_t)s.passed));
     jset(sum, "failed", json_integer((json_int_t)s.failed));
     jset(sum, "skipped", json_integer((json_int_t)s.skipped));
+    jset(sum, "self_compared", json_integer((json_int_t)s.self_compared));
     jset(sum, "errors", json_integer((json_int_t)s.errors));
     jset(sum, "seconds", jreal(s.seconds));
     jset(root, "summary", sum);

@@ -21,6 +21,7 @@ const char *dsv4_result_name(dsv4_result r)
     case DSV4_RESULT_FAIL: return "fail";
     case DSV4_RESULT_SKIP: return "skip";
     case DSV4_RESULT_ERROR: return "error";
+    case DSV4_RESULT_SELF: return "self-compared";
     }
     return "?";
 }
@@ -67,11 +68,13 @@ void dsv4_h_set_check(dsv4_case_result *c, unsigned bit, dsv4_result r, const ch
 
 bool dsv4_h_check_set(const dsv4_case_result *c, unsigned bit) { return c->checks[bit_index(bit)].detail != NULL; }
 
-void dsv4_h_set_rest(dsv4_case_result *c, dsv4_result r, const char *detail)
+void dsv4_h_set_rest(dsv4_case_result *c, dsv4_result r, const char *detail, bool unrun)
 {
     for (int i = 0; i < DSV4_CHECK_COUNT; i++)
-        if ((c->requested & (1u << i)) && !c->checks[i].detail)
+        if ((c->requested & (1u << i)) && !c->checks[i].detail) {
             dsv4_h_set_check(c, 1u << i, r, "%s", detail);
+            c->checks[i].unrun = unrun && r == DSV4_RESULT_SKIP;
+        }
 }
 
 void dsv4_h_case_free(dsv4_case_result *c)
@@ -139,6 +142,7 @@ dsv4_run_summary dsv4_h_summary(const dsv4_run_results *R, const dsv4_scenario *
         case DSV4_RESULT_FAIL: s.failed++; break;
         case DSV4_RESULT_SKIP: s.skipped++; break;
         case DSV4_RESULT_ERROR: s.errors++; break;
+        case DSV4_RESULT_SELF: s.self_compared++; break;
         }
     }
     return s;
@@ -154,6 +158,7 @@ void dsv4_run_ext_title(dsv4_case_result *c, const char *title)
     if (c && title && strcmp(title, c->name ? c->name : "")) {
         free(c->title);
         c->title = dsv4_h_strdup(title);
+        c->lost_detail |= !c->title; /* a title lost to memory must not read as the case's name */
     }
 }
 dsv4_result dsv4_case_status(const dsv4_case_result *c) { return c ? c->status : DSV4_RESULT_ERROR; }
@@ -255,16 +260,21 @@ void dsv4_h_error_profile(dsv4_case_result *c, const uint16_t *a, const uint16_t
 
 void dsv4_h_finish_status(dsv4_case_result *c)
 {
-    bool any_pass = false, any_fail = false, any_error = false;
+    /* A case passes only if every check it asked for ran (or does not apply) and one could fail. */
+    bool any_pass = false, any_fail = false, any_error = false, any_unrun = false, any_self = false;
     for (int i = 0; i < DSV4_CHECK_COUNT; i++) {
         if (!c->checks[i].detail)
             continue;
         any_pass |= c->checks[i].r == DSV4_RESULT_PASS;
         any_fail |= c->checks[i].r == DSV4_RESULT_FAIL;
         any_error |= c->checks[i].r == DSV4_RESULT_ERROR;
+        any_self |= c->checks[i].r == DSV4_RESULT_SELF;
+        any_unrun |= c->checks[i].r == DSV4_RESULT_SKIP && c->checks[i].unrun;
     }
     c->status = any_error || c->lost_detail ? DSV4_RESULT_ERROR
                 : any_fail ? DSV4_RESULT_FAIL
+                : any_unrun ? DSV4_RESULT_SKIP
+                : any_self ? DSV4_RESULT_SELF
                 : any_pass ? DSV4_RESULT_PASS
                            : DSV4_RESULT_SKIP;
 }

@@ -16,6 +16,8 @@
 typedef struct {
     dsv4_result r;
     char *detail; /* NULL: the check was not decided (not reported) */
+    bool unrun;   /* a skip because the check could not run here (no CUDA device, ...), not because it does
+                     not apply: the case is then skipped, never passed */
 } dsv4_check_rec;
 
 struct dsv4_case_result {
@@ -52,7 +54,7 @@ struct dsv4_case_result {
     bool injected;         /* this run had the defect injected */
     size_t twin;           /* index of the clean / injected twin in the results, SIZE_MAX for none */
     char *caught_by;       /* injected runs: the first failing check and its detail */
-    bool lost_detail; /* a check's detail (or the backend name) could not be allocated: an error, not a pass */
+    bool lost_detail; /* a check's detail (or the backend name, the title) could not be allocated: an error, not a pass */
 };
 
 typedef struct {
@@ -101,7 +103,8 @@ void dsv4_h_set_check(dsv4_case_result *c, unsigned bit, dsv4_result r, const ch
 /* Whether the check has been decided. */
 bool dsv4_h_check_set(const dsv4_case_result *c, unsigned bit);
 /* Every requested check not yet decided gets `r` with the detail. */
-void dsv4_h_set_rest(dsv4_case_result *c, dsv4_result r, const char *detail);
+/* Every requested check not decided yet gets r and detail; unrun marks them as checks that could not run. */
+void dsv4_h_set_rest(dsv4_case_result *c, dsv4_result r, const char *detail, bool unrun);
 /* The case's status from its checks: error (or a lost detail) > fail > pass > skip. */
 void dsv4_h_finish_status(dsv4_case_result *c);
 

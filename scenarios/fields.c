@@ -151,6 +151,9 @@ void dsv4_sp_draft_init(draft *d)
         if (!strcmp(*p, "mini"))
             d->preset = *p;
     dsv4_topology_init(&d->topo);
+    /* A case without topology.backend runs the production CPU backend: the planner's default (ref)
+       would compare the reference with itself at world 1. */
+    d->topo.backend = DSV4_BACKEND_CPU;
     dsv4_budget_init(&d->budget);
     d->n_tokens = 1;
     d->tokens[0] = 16;

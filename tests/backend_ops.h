@@ -13,6 +13,7 @@
 
 #include <check.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,12 +85,29 @@ static const bo_case bo_cases[] = {
    duplicates are skipped: "mini T=1100" still runs the lone-large-group path; the other
    T = 1100 cases repeat it with another kernel table or activation format (fast/cpu is reported,
    not gated, and each costs seconds under gcov). */
+/* A metric row: appended to $DSV4MOE_TEST_ROWS when set (make test: build/tests/rows.txt, so the
+   runner's output stays the runner's), else printed (test_cuda: ci/cuda-test.sh reads its rows). */
+static inline void bo_row(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline void bo_row(const char *fmt, ...)
+{
+    const char *path = getenv("DSV4MOE_TEST_ROWS");
+    FILE *f = path && *path ? fopen(path, "a") : stdout;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f ? f : stdout, fmt, ap);
+    va_end(ap);
+    if (f && f != stdout)
+        fclose(f);
+    else
+        fflush(stdout);
+}
+
 static inline bool bo_skipped_under_coverage(const bo_case *k)
 {
     const char *v = getenv("DSV4MOE_TEST_COVERAGE");
     if (!v || strcmp(v, "1") || k->tokens < 1000 || !strcmp(k->name, "mini T=1100"))
         return false;
-    printf("backend_ops %-26s skipped under coverage (a duplicate of mini T=1100)\n", k->name);
+    bo_row("backend_ops %-26s skipped under coverage (a duplicate of mini T=1100)\n", k->name);
     return true;
 }
 
@@ -373,7 +391,7 @@ static inline void bo_compare(const bo_ref *r, const bo_backend *be, bo_extra_fn
     for (int64_t t = 0; t < T; t++)
         kept_diff += got.kept[t] != ref.kept[t];
     uint64_t fw = (uint64_t)be->forwards;
-    printf("backend_ops %-5s %-12s %-26s T %4lld: %s; ids differ %lld; kept differ %lld; max |dw| %.3g; "
+    bo_row("backend_ops %-5s %-12s %-26s T %4lld: %s; ids differ %lld; kept differ %lld; max |dw| %.3g; "
            "clamp routed g/u %llu/%llu (ref %llu/%llu) shared %llu/%llu; launches %llu skips %llu replays %llu; "
            "workspace peak %llu planned %llu step %llu allocated %llu device %llu; repeat %s\n",
            dsv4_backend_kind_name(be->kind), got.kernels, k->name, (long long)T, line, (long long)id_diff,

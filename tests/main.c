@@ -26,6 +26,9 @@ static bool excluded(const char *name)
 
 int main(void)
 {
+    /* `dsv4moe run` is strict where CI is set: the suites run the CLI alike on every machine, and a
+       test about strictness sets CI itself */
+    unsetenv("CI");
     SRunner *sr = srunner_create(NULL);
 #define SUITE(name)                                                                                                    \
     if (!excluded(#name))                                                                                              \

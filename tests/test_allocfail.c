@@ -323,7 +323,7 @@ typedef struct wf_result {
     const char *step;    /* where it stopped */
     char message[DSV4_ERROR_MESSAGE_MAX];
     int case_errors;     /* cases recorded as DSV4_RESULT_ERROR */
-    int case_pass;
+    int case_pass;       /* cases that passed or were self-compared (no check failed) */
     bool written[4]; /* which report writers succeeded; [3]: dsv4_report_write_all */
 } wf_result;
 
@@ -403,7 +403,7 @@ static wf_result workflow(void)
     for (size_t i = 0; i < dsv4_run_count(res); i++) {
         dsv4_result cs = dsv4_case_status(dsv4_run_get(res, i));
         r.case_errors += cs == DSV4_RESULT_ERROR;
-        r.case_pass += cs == DSV4_RESULT_PASS;
+        r.case_pass += cs == DSV4_RESULT_PASS || cs == DSV4_RESULT_SELF;
     }
     snprintf(rp, sizeof rp, "%s/reports/%s", af_root, report_names[0]);
     STEP("report json", dsv4_report_json(res, scn, rp, &e));

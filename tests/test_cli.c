@@ -49,6 +49,9 @@ START_TEST(help_for_every_command)
     ck_assert_int_eq(run_cli("frobnicate"), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "unknown command 'frobnicate'"));
     ck_assert_int_eq(run_cli("ref"), 2);
+    /* bench is not a command: it names the make targets that are */
+    ck_assert_int_eq(run_cli("bench"), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "`make bench`"));
 }
 END_TEST
 
@@ -186,6 +189,13 @@ START_TEST(ref_writes_outputs_and_rejects_bad_input)
              dir, dir, dir);
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "layers.2.ffn.gate.weight"));
+    /* No --preset: the shape error names where dim came from and the preset that fits the file. */
+    snprintf(args, sizeof args, "ref --layer 0 --weights %s/model.safetensors --input %s/input.safetensors --out %s/y5.st",
+             dir, dir, dir);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_msg(strstr(out_buf, "dim 4096 comes from the preset v4-flash, the default; the preset mini has dim "
+                                  "256: give --preset mini"),
+                  "%s", out_buf);
     ck_assert_int_eq(run_cli("ref --preset mini --layer 0"), 2);
     /* diff: a dump against itself, against a different quantization, and bad input. */
     snprintf(args, sizeof args,

@@ -184,7 +184,8 @@ START_TEST(html_matrix_summary)
     ck_assert(mx < cases);
     const char *row_fail = strstr(mx, "<tr class=\"fail\"><td>expect</td><td class=\"name\">refused zzz</td><td class=\"num\">2</td>"
                                       "<td class=\"num\">0</td><td class=\"num\">2</td><td class=\"num\">0</td>"
-                                      "<td class=\"num\">0</td><td><a href=\"#case-1\">1</a> <a href=\"#case-3\">3</a></td></tr>");
+                                      "<td class=\"num\">0</td><td class=\"num\">0</td><td><a href=\"#case-1\">1</a> "
+                                      "<a href=\"#case-3\">3</a></td></tr>");
     const char *row_pass = strstr(mx, "<tr class=\"pass\"><td>expect</td><td class=\"name\">pass</td><td class=\"num\">2</td>"
                                       "<td class=\"num\">2</td><td class=\"num\">0</td>");
     const char *row_tok = strstr(mx, "<td>tokens</td><td class=\"name\">3</td><td class=\"num\">2</td><td class=\"num\">1</td>"

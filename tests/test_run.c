@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsv4moe/backend.h"
 #include "dsv4moe/run.h"
 #include "dsv4moe/scenario.h"
 #include "scenutil.h"
@@ -64,23 +65,29 @@ static dsv4_run_results *run_all_pass(const dsv4_scenario *s, int backend)
     return r;
 }
 
-/* Every case of ci.yaml passes with each check run or skipped by its rule. */
-static void check_ci_results(const dsv4_run_results *r)
+/* Every case of ci.yaml passes with each check run or skipped by its rule; on ref (self), the
+   one-rank cases' numerics held the reference to itself: self-compared, never a pass. */
+static void check_ci_results(const dsv4_run_results *r, bool self)
 {
     for (size_t i = 0; i < dsv4_run_count(r); i++) {
         const dsv4_case_result *c = dsv4_run_get(r, i);
         const char *n = dsv4_case_name(c), *d;
         for (int b = 0; b < DSV4_CHECK_COUNT; b++) {
             dsv4_result x = dsv4_case_check(c, 1u << b, &d);
-            ck_assert_msg(x == DSV4_RESULT_PASS || x == DSV4_RESULT_SKIP, "%s: %s %s: %s", n,
-                          dsv4_check_name(1u << b), dsv4_result_name(x), d);
+            ck_assert_msg(x == DSV4_RESULT_PASS || x == DSV4_RESULT_SKIP ||
+                              (self && x == DSV4_RESULT_SELF && (1u << b) == DSV4_CHECK_NUMERICS),
+                          "%s: %s %s: %s", n, dsv4_check_name(1u << b), dsv4_result_name(x), d);
         }
         bool product = strstr(n, "tokens=") != NULL;
         if (!product)
             continue;
         bool world2 = strstr(n, "topology=1") != NULL, empty = strstr(n, "tokens=[0]") != NULL;
         bool one = strstr(n, "tokens=[1]") != NULL;
-        expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, NULL);
+        bool selfc = self && !world2 && !empty;
+        expect_check(c, DSV4_CHECK_NUMERICS, selfc ? DSV4_RESULT_SELF : DSV4_RESULT_PASS,
+                     selfc ? "self-compared" : NULL);
+        ck_assert_msg(dsv4_case_status(c) == (selfc ? DSV4_RESULT_SELF : DSV4_RESULT_PASS), "%s is %s", n,
+                      dsv4_result_name(dsv4_case_status(c)));
         expect_check(c, DSV4_CHECK_DETERMINISM, DSV4_RESULT_PASS, "hash");
         expect_check(c, DSV4_CHECK_SYMMETRY, world2 ? DSV4_RESULT_PASS : DSV4_RESULT_SKIP, NULL);
         expect_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS, NULL);
@@ -101,8 +108,14 @@ static void check_ci_results(const dsv4_run_results *r)
 START_TEST(ci_passes_on_ref)
 {
     dsv4_scenario *s = tu_scenario_file("scenarios/ci.yaml");
-    dsv4_run_results *r = run_all_pass(s, DSV4_BACKEND_REF);
-    check_ci_results(r);
+    dsv4_run_results *r = run(s, DSV4_BACKEND_REF);
+    dsv4_run_summary sum = dsv4_run_summarize(r);
+    if (sum.passed + sum.self_compared != sum.cases)
+        dump_failures(r);
+    ck_assert_uint_eq(sum.errors + sum.failed + sum.skipped, 0);
+    ck_assert_uint_eq(sum.passed + sum.self_compared, sum.cases);
+    ck_assert_uint_gt(sum.self_compared, 0);
+    check_ci_results(r, true);
     dsv4_run_results_free(r);
     dsv4_scenario_free(s);
 }
@@ -113,7 +126,7 @@ START_TEST(ci_on_cpu)
 {
     dsv4_scenario *s = tu_scenario_file("scenarios/ci.yaml");
     dsv4_run_results *r = run_all_pass(s, DSV4_BACKEND_CPU);
-    check_ci_results(r);
+    check_ci_results(r, false);
     dsv4_run_results_free(r);
     dsv4_scenario_free(s);
 }
@@ -169,7 +182,7 @@ static const struct {
     dsv4_result want;
     const char *needle;
 } CHECKS_EXPECTED[] = {
-    {"/all-checks", STATUS, DSV4_RESULT_PASS, NULL},
+    {"/all-checks", STATUS, DSV4_RESULT_PASS, NULL}, /* on ref: self-compared (check_cases) */
     {"/all-checks", DSV4_CHECK_REFUSAL, DSV4_RESULT_PASS, "accepted"},
     {"/all-checks", DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_PASS, "clamped"},
     {"/all-checks", DSV4_CHECK_SYMMETRY, DSV4_RESULT_SKIP, "one rank"},
@@ -191,7 +204,7 @@ static const struct {
     {"/clamp-off", DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_SKIP, "swiglu_limit 0"},
     {"/clamp-one-token", STATUS, DSV4_RESULT_SKIP, NULL},
     {"/clamp-one-token", DSV4_CHECK_CLAMP_EXERCISED, DSV4_RESULT_SKIP, "not applicable (T < 8"},
-    {"/cuda-one-rank", STATUS, DSV4_RESULT_PASS, NULL},
+    {"/cuda-one-rank", STATUS, DSV4_RESULT_SKIP, NULL}, /* numerics could not run: skipped, never passed */
     {"/cuda-one-rank", DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "no CUDA in this build"},
     {"/cuda-one-rank", DSV4_CHECK_DETERMINISM, DSV4_RESULT_PASS, NULL},
     {"/cuda-only", STATUS, DSV4_RESULT_SKIP, NULL},
@@ -208,16 +221,23 @@ static const struct {
     {"/nothing-needed", STATUS, DSV4_RESULT_PASS, NULL},
 };
 
-static void check_cases(const dsv4_run_results *r)
+/* On ref (self) a one-rank case whose numerics compared tokens held the reference to itself. */
+static void check_cases(const dsv4_run_results *r, bool self)
 {
     for (size_t i = 0; i < sizeof CHECKS_EXPECTED / sizeof CHECKS_EXPECTED[0]; i++) {
         const dsv4_case_result *c = tu_case_find(r, CHECKS_EXPECTED[i].c);
+        dsv4_result want = CHECKS_EXPECTED[i].want;
+        if (self && (!strcmp(CHECKS_EXPECTED[i].c, "/all-checks") || !strcmp(CHECKS_EXPECTED[i].c, "/clamp-off")) &&
+            (CHECKS_EXPECTED[i].check == STATUS || CHECKS_EXPECTED[i].check == DSV4_CHECK_NUMERICS))
+            want = DSV4_RESULT_SELF;
         if (CHECKS_EXPECTED[i].check == STATUS)
-            ck_assert_msg(dsv4_case_status(c) == CHECKS_EXPECTED[i].want, "%s is %s", dsv4_case_name(c),
+            ck_assert_msg(dsv4_case_status(c) == want, "%s is %s", dsv4_case_name(c),
                           dsv4_result_name(dsv4_case_status(c)));
         else
-            expect_check(c, CHECKS_EXPECTED[i].check, CHECKS_EXPECTED[i].want, CHECKS_EXPECTED[i].needle);
+            expect_check(c, CHECKS_EXPECTED[i].check, want, CHECKS_EXPECTED[i].needle);
     }
+    if (self)
+        expect_check(tu_case_find(r, "/all-checks"), DSV4_CHECK_NUMERICS, DSV4_RESULT_SELF, "topology.backend cpu");
 }
 
 START_TEST(checks_pass_fail_and_skip_by_their_rules)
@@ -225,7 +245,7 @@ START_TEST(checks_pass_fail_and_skip_by_their_rules)
     dsv4_scenario *s = tu_scenario_text(CHECKS_YAML, "checks.yaml");
     for (int b = 0; b < 2; b++) {
         dsv4_run_results *r = run(s, b == 0 ? DSV4_BACKEND_REF : DSV4_BACKEND_CPU);
-        check_cases(r);
+        check_cases(r, b == 0);
         dsv4_run_results_free(r);
     }
     dsv4_scenario_free(s);
@@ -269,7 +289,7 @@ START_TEST(reports_hold_every_case)
 {
     /* A case name with XML specials, to check the escaping. */
     static const char yaml[] = "name: rep\n"
-                               "defaults: {preset: mini, layer: 1, topology: {backend: ref}, tokens: [8]}\n"
+                               "defaults: {preset: mini, layer: 1, topology: {backend: cpu}, tokens: [8]}\n"
                                "axes:\n"
                                "  tokens: [[0], [8]]\n"
                                "cases:\n"
@@ -347,7 +367,7 @@ static void html_escaped(const char *s, char *out, size_t n)
 START_TEST(html_report)
 {
     static const char yaml[] = "name: html\n"
-                               "defaults: {preset: mini, layer: 1, topology: {backend: ref}, tokens: [8]}\n"
+                               "defaults: {preset: mini, layer: 1, topology: {backend: cpu}, tokens: [8]}\n"
                                "axes:\n"
                                "  tokens: [[0], [8]]\n"
                                "cases:\n"
@@ -471,6 +491,93 @@ START_TEST(cli_exit_statuses)
 }
 END_TEST
 
+/* What ran, as it ran: a case without topology.backend runs the cpu backend (its numerics a real
+   comparison); the ref backend at world 1 is self-compared (counted apart, never a pass, in the
+   summary, report.json and JUnit); a case whose numerics could not run (cuda in this build) is
+   skipped, not passed, and --strict (the default where CI is set) makes that skip a failure that
+   names the reason; --backend cuda where it cannot run is refused before any case runs. */
+START_TEST(verdicts_say_what_ran)
+{
+    static const char yaml[] = "name: what-ran\n"
+                               "defaults: {preset: mini, layer: 1, tokens: [16], seed: 3, checks: [numerics, memory]}\n"
+                               "cases:\n"
+                               "  - {name: default-backend}\n"
+                               "  - {name: on-ref, topology: {backend: ref}}\n"
+                               "  - {name: on-ref-two-ranks, topology: {world: 2, dp: 2, ep: 2, backend: ref}, tokens: [8, 8]}\n"
+                               "  - {name: on-cuda, topology: {backend: cuda}}\n";
+    dsv4_scenario *s = tu_scenario_text(yaml, "what-ran.yaml");
+    dsv4_run_results *r = run(s, -1);
+    const dsv4_case_result *c = tu_case_find(r, "/default-backend");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_PASS);
+    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_PASS, "cpu");
+    c = tu_case_find(r, "/on-ref");
+    ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_SELF);
+    expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_SELF, "self-compared");
+    expect_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_PASS, NULL);
+    /* two ranks of ref: the distributed composition against the one-process reference is a comparison */
+    ck_assert_int_eq(dsv4_case_status(tu_case_find(r, "/on-ref-two-ranks")), DSV4_RESULT_PASS);
+    c = tu_case_find(r, "/on-cuda");
+    bool cuda_here = dsv4_backend_available(DSV4_BACKEND_CUDA);
+    if (!cuda_here) {
+        ck_assert_int_eq(dsv4_case_status(c), DSV4_RESULT_SKIP);
+        expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_SKIP, "no CUDA");
+    }
+    dsv4_run_summary sum = dsv4_run_summarize(r);
+    ck_assert_uint_eq(sum.self_compared, 1);
+    ck_assert_uint_eq(sum.passed, cuda_here ? 3 : 2);
+    ck_assert_uint_eq(sum.skipped, cuda_here ? 0 : 1);
+    /* report.json and JUnit count them as they are */
+    char dir[512], p[700], buf[1 << 16];
+    tu_path(dir, sizeof dir, "what_ran_reports");
+    snprintf(p, sizeof p, "mkdir -p %s", dir);
+    ck_assert_int_eq(system(p), 0);
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_report_write_all(r, dir, &e), DSV4_OK);
+    snprintf(p, sizeof p, "%s/report.json", dir);
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_ptr_nonnull(strstr(buf, "\"self_compared\": 1"));
+    ck_assert_ptr_nonnull(strstr(buf, "\"status\": \"self-compared\""));
+    snprintf(p, sizeof p, "%s/junit.xml", dir);
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_ptr_nonnull(strstr(buf, "<skipped message=\"self-compared: "));
+    snprintf(p, sizeof p, "%s/report.html", dir);
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_ptr_nonnull(strstr(buf, "id=\"s-self\">1<"));
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+
+    /* the CLI: summary counts, --strict, CI, and --backend cuda where it cannot run */
+    char out[16384], args[2048], f[512];
+    tu_path(f, sizeof f, "what_ran.yaml");
+    ck_assert_int_eq(tu_write_file(f, yaml, strlen(yaml)), 0);
+    unsetenv("CI");
+    snprintf(args, sizeof args, "run %s --report %s --cache %s", f, dir, cache_dir());
+    int rc = tu_run_cli(args, "what_ran0.txt", out, sizeof out);
+    if (rc == -2)
+        return; /* not run through make test */
+    ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
+    if (cuda_here)
+        return;
+    ck_assert_msg(strstr(out, "4 cases: 2 passed, 0 failed, 1 skipped, 1 self-compared, 0 errors"), "%s", out);
+    ck_assert_ptr_null(strstr(out, "SKIPPED"));
+    snprintf(args, sizeof args, "run %s --report %s --cache %s --strict", f, dir, cache_dir());
+    rc = tu_run_cli(args, "what_ran1.txt", out, sizeof out);
+    ck_assert_msg(rc == 1, "rc %d: %s", rc, out);
+    ck_assert_msg(strstr(out, "SKIPPED (a failure under --strict) what-ran/on-cuda") &&
+                      strstr(out, "numerics         skip: skipped: no CUDA in this build"),
+                  "%s", out);
+    setenv("CI", "true", 1);
+    snprintf(args, sizeof args, "run %s --report %s --cache %s", f, dir, cache_dir());
+    ck_assert_int_eq(tu_run_cli(args, "what_ran2.txt", out, sizeof out), 1);
+    snprintf(args, sizeof args, "run %s --report %s --cache %s --no-strict", f, dir, cache_dir());
+    ck_assert_int_eq(tu_run_cli(args, "what_ran3.txt", out, sizeof out), 0);
+    unsetenv("CI");
+    snprintf(args, sizeof args, "run %s --report %s --cache %s --backend cuda", f, dir, cache_dir());
+    rc = tu_run_cli(args, "what_ran4.txt", out, sizeof out);
+    ck_assert_msg(rc == 2 && strstr(out, "--backend: 'cuda'"), "rc %d: %s", rc, out);
+}
+END_TEST
+
 /* A trace asked for and not written (options.trace_dir under a regular file) is the symmetry check's
    error, whatever the traces themselves say; the other checks keep their verdicts. */
 START_TEST(unwritable_traces_are_a_symmetry_error)
@@ -513,6 +620,7 @@ Suite *run_suite(void)
     tcase_add_test(t, reports_hold_every_case);
     tcase_add_test(t, html_report);
     tcase_add_test(t, cli_exit_statuses);
+    tcase_add_test(t, verdicts_say_what_ran);
     tcase_add_test(t, unwritable_traces_are_a_symmetry_error);
     suite_add_tcase(s, t);
     return s;

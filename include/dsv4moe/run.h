@@ -32,11 +32,15 @@ extern "C" {
 typedef enum dsv4_result {
     DSV4_RESULT_PASS = 0,
     DSV4_RESULT_FAIL = 1,
-    DSV4_RESULT_SKIP = 2,
-    DSV4_RESULT_ERROR = 3 /* the case could not be run (data generation, I/O, a backend that would not start) */
+    DSV4_RESULT_SKIP = 2,  /* a check: not requested, not applicable, or it could not run here; a case:
+                              some check it asked for could not run (no CUDA device, ...) and none failed */
+    DSV4_RESULT_ERROR = 3, /* the case could not be run (data generation, I/O, a backend that would not start) */
+    DSV4_RESULT_SELF = 4   /* numerics compared the reference with itself (the ref backend at world 1: nothing
+                              between the two sides, so it could not fail); a case whose numerics is self-
+                              compared and whose other checks pass. Never a pass. */
 } dsv4_result;
 
-/* "pass", "fail", "skip", "error"; "?" otherwise. */
+/* "pass", "fail", "skip", "error", "self-compared"; "?" otherwise. */
 DSV4_API const char *dsv4_result_name(dsv4_result r);
 
 typedef struct dsv4_case_result dsv4_case_result;
@@ -87,6 +91,7 @@ DSV4_API const dsv4_case_result *dsv4_run_get(const dsv4_run_results *results, s
 typedef struct dsv4_run_summary {
     size_t cases, passed, failed, skipped, errors;
     double seconds;
+    size_t self_compared; /* cases with status DSV4_RESULT_SELF */
 } dsv4_run_summary;
 DSV4_API dsv4_run_summary dsv4_run_summarize(const dsv4_run_results *results);
 
