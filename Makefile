@@ -1,8 +1,9 @@
 # dsv4moe build. Objects go under $(BUILD) (build/ by default); variants
 # (asan, coverage) use their own folders so they never mix with the release.
 #
-#   make / make all     library (shared + static), CLI
-#   make run            build, generate a small layer, run the CLI on it (out/)
+#   make / make all     library (shared + static), CLI (with as many jobs as cores, unless -j is given)
+#   make run            build, run scenarios/default.yaml (reports in out/)
+#   make doc-test       the runnable blocks of README.md and docs/*.md
 #   make test           the line limit, then build and run the Check suite and the CLI tests
 #   make test-asan      the same under AddressSanitizer + UBSan
 #   make cuda           the CUDA variant under build/cuda (library, CLI, device tests); no GPU needed
@@ -13,6 +14,11 @@
 #   make coverage       gcov/lcov report under out/coverage/
 #   make install        PREFIX=/usr/local: libs with soname, headers, dsv4moe.pc
 #   make clean
+
+# Parallel by default: as many jobs as the machine has cores, unless the command line gives -j.
+ifeq ($(filter -j% j%,$(MAKEFLAGS))$(filter -j%,$(MFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 
 VERSION_MAJOR := 0
 VERSION_MINOR := 1
@@ -358,7 +364,7 @@ BENCH_CPU_BIN := $(BUILD)/bench/bench_cpu
 $(BENCH_CPU_BIN): $(BUILD)/bench/bench_cpu.o $(LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
 
-# The issue-7 device benchmark: ceilings (copy bandwidth, cuBLASLt FP8/bf16 GEMMs) built with nvcc
+# The device benchmark: ceilings (copy bandwidth, cuBLASLt FP8/bf16 GEMMs) built with nvcc
 # directly, and bench_cuda through the public API against this library (ci/device-check.sh relinks
 # it against build/cuda/libdsv4moe.a when the CUDA build exists). Runs on the GPU machine only.
 BENCH_CUDA_BIN := $(BUILD)/bench/bench_cuda

@@ -1,5 +1,5 @@
 /*
- * bench/ceilings.cu: the two hardware ceilings of issue 7, measured on the device in the same call
+ * bench/ceilings.cu: the two hardware ceilings, measured on the device in the same call
  * as the benchmark they normalise.
  *
  *   copy   device-to-device cudaMemcpyAsync of a few GiB; GB/s counts bytes read + bytes written;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The HF transformers peer of issue 15 (item 6a): transformers' own `DeepseekV4SparseMoeBlock` run the
+"""The HF transformers peer: transformers' own `DeepseekV4SparseMoeBlock` run the
 way a user runs it, timed per T with CUDA events, eager and replayed from a CUDA graph.
 
 What runs: `transformers.models.deepseek_v4.modeling_deepseek_v4.DeepseekV4SparseMoeBlock` (transformers

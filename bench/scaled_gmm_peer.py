@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GEMM-only peer of issue 15 (item 6c): torch's own FP8 grouped GEMM, `torch._scaled_grouped_mm`
+"""The GEMM-only peer: torch's own FP8 grouped GEMM, `torch._scaled_grouped_mm`
 (e4m3 x e4m3, rowwise scales: one fp32 scale per activation row and one per weight row (output
 column) of each expert, bf16 out), on the routed experts' two grouped GEMMs of v4-flash per T:
 

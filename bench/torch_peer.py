@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of issue 7: one DSV4 MoE layer (SPEC.md, v4-flash shapes) written the way a
+"""The PyTorch peer: one DSV4 MoE layer (SPEC.md, v4-flash shapes) written the way a
 serving engine in plain PyTorch would write it, timed per T with CUDA events.
 
 What it computes (SPEC.md sections 2, 4, 5; shapes of core/config.c set_flash: H 4096, I 2048,

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The one device-machine run of issue 7: build, tests, the CUDA checks and the benchmark, in one call.
+# The device machine's run in one call: build, tests, the CUDA checks, the engines and the benchmarks.
 #
 #   usage (on the GPU machine, from the repository root):  . ci/device-env.sh && sh ci/device-check.sh
 #
@@ -38,7 +38,7 @@
 #                  torch._scaled_mm blockwise on FP8 tensor cores
 #   flight-recorder ci/record_flight_recorder.py: a real NCCL flight-recorder dump (world of one) and
 #                  divergent copies through dsv4moe symmetry
-#   embed          ci/embed_check.py: the Python package in torch on the CUDA library (issue 20): the
+#   embed          ci/embed_check.py: the Python package in torch on the CUDA library: the
 #                  layer captured in torch.cuda.graph between torch ops, two layers on one caller
 #                  workspace, a bad id latched and polled, HF's block patched (bf16 vs the fp32 block,
 #                  fp4/fp8 vs dsv4moe ref; hf_ckpt: a block holding fp4/fp8 checkpoint tensors patched
@@ -56,7 +56,7 @@
 # the same machine: the table then shows them as they were).
 #
 # Output: at most 8 files under $OUT (the device tool brings back only that many): summary.txt,
-# results.json (steps, the table's numbers per T and mode, issue 15's targets), bench_cuda.json (the
+# results.json (steps, the table's numbers per T and mode, the targets), bench_cuda.json (the
 # fp8 mode's when there are two), logs.tar.gz (every step's log), gpu-report.tar.gz (the scenario
 # report), bench.tar.gz (every JSON the steps wrote: ceilings.json, torch_peer.json, both modes'
 # bench_cuda_*.json, hf_peer.json, gmm_peer.json, the A/B and profile runs'), engines.tar.gz
@@ -165,7 +165,7 @@ elif [ -x "$BENCH" ]; then
 else
     absent bench-cuda "$BENCH not built"
 fi
-# the peers of issue 15: HF's own block (bf16, grouped_mm, CUDA graph) and torch's FP8 grouped GEMM alone
+# the peers: HF's own block (bf16, grouped_mm, CUDA graph) and torch's FP8 grouped GEMM alone
 step hf-peer 200 "PYTHONUNBUFFERED=1 $PY bench/hf_peer.py --json $WORK/bench/hf_peer.json ${DSV4_PEER_ARGS:-}"
 step gmm-peer 120 "PYTHONUNBUFFERED=1 $PY bench/scaled_gmm_peer.py --json $WORK/bench/gmm_peer.json ${DSV4_PEER_ARGS:-}"
 
@@ -276,7 +276,7 @@ else
     absent torch-engine "no torch for $PY"
 fi
 
-# ---- embedding (issue 20, docs/embedding.md): the Python package over build/cuda/libdsv4moe.so in
+# ---- embedding (docs/embedding.md): the Python package over build/cuda/libdsv4moe.so in
 # torch: graph capture between torch ops, a shared caller workspace, a latched bad id, HF's block
 # patched (bf16 and fp4/fp8) and timed next to the unpatched one; embed.json goes into engines.tar.gz ----
 if [ -f build/cuda/libdsv4moe.so ] && [ -x build/cuda/dsv4moe ] && \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The short table that ci/device-check.sh prints last, and its results.json (issue 15, item 6).
+"""The short table that ci/device-check.sh prints last, and its results.json.
 
 Reads, from the bench folder of one device-check call (every file optional; what is missing shows as "-"):
   ceilings.json                  bench/ceilings.cu: copy GB/s, FP8 block-scaled GEMM TFLOP/s, ...
@@ -12,9 +12,10 @@ Reads, from the bench folder of one device-check call (every file optional; what
 and the steps table (steps.tsv: name, status, seconds, note). Prints the steps, the ceilings, and per T:
 dsv4moe ms in each mode (the best configuration of that T: graph on/off, host/device/stream io), the share of
 the copy and FP8 ceilings of the lead mode (fp8 when it ran, else the only one), each peer's ms, and
-peer ms / dsv4moe ms (> 1: dsv4moe faster), then issue 15's targets. Writes results.json beside.
+peer ms / dsv4moe ms (> 1: dsv4moe faster), then the targets of bench/targets.json (--targets FILE), each met,
+NOT met, or not run (no T of its range timed, or its peer missing). Writes results.json beside.
 
-usage: device-table.py --steps STEPS.tsv --bench DIR --out DIR [--seconds N]
+usage: device-table.py --steps STEPS.tsv --bench DIR --out DIR [--seconds N] [--targets FILE]
 """
 import argparse
 import json
@@ -40,6 +41,41 @@ def num(v):
 def fmt(v, f="{:.3f}", width=0):
     s = f.format(v) if num(v) is not None else "-"
     return s.rjust(width) if width else s
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_targets(path):
+    """bench/targets.json's list (name, what, tokens_min, tokens_max, metric, and one of max, min, above)."""
+    t = load(path)
+    out = []
+    for x in (t or {}).get("targets", []):
+        if isinstance(x, dict) and all(k in x for k in ("name", "what", "tokens_min", "tokens_max", "metric")):
+            out.append(x)
+    return out
+
+
+def metric_of(row, lead, metric):
+    """A row's value of a targets.json metric on the lead mode, or None where it was not measured."""
+    if metric == "ms":
+        return row.get(f"{lead}_ms")
+    if metric in ("share_of_copy", "share_of_fp8"):
+        return row.get(f"{lead}_{metric}")
+    if metric in ("x_torch", "x_hf", "x_gmm"):
+        return row.get(metric)
+    if metric == "x_peers":
+        xs = [row.get(k) for k in ("x_torch", "x_hf", "x_gmm") if row.get(k) is not None]
+        return min(xs) if xs else None
+    return None
+
+
+def holds(t, v):
+    if "max" in t:
+        return v <= t["max"]
+    if "min" in t:
+        return v >= t["min"]
+    return v > t.get("above", 0)
 
 
 def read_steps(path):
@@ -100,9 +136,11 @@ def main():
     ap.add_argument("--bench", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seconds", type=int, default=0)
+    ap.add_argument("--targets", default=os.path.join(HERE, "..", "bench", "targets.json"))
     args = ap.parse_args()
 
     steps = read_steps(args.steps)
+    targets_def = read_targets(args.targets)
     ce = load(os.path.join(args.bench, "ceilings.json"))
     tp = load(os.path.join(args.bench, "torch_peer.json"))
     hf = load(os.path.join(args.bench, "hf_peer.json"))
@@ -162,54 +200,27 @@ def main():
         row["gmm_share_of_fp8"] = num(g.get("tflops")) / fp8_ceiling if g and num(g.get("tflops")) and fp8_ceiling else None
         for p in ("torch", "hf", "gmm"):
             row[f"x_{p}"] = row[f"{p}_ms"] / ours if ours and row[f"{p}_ms"] else None
-        # issue 15's targets, on the lead mode
+        # the targets of bench/targets.json that cover this T, on the lead mode
         tg = []
-        if ours:
-            copy, fp8 = row.get(f"{lead}_share_of_copy"), row.get(f"{lead}_share_of_fp8")
-            if 32 <= t <= 256:
-                tg.append("copy " + ("ok" if copy is not None and copy >= 0.70 else "MISS"))
-            if t == 1:
-                tg.append("<=50us " + ("ok" if ours <= 0.050 else "MISS"))
-            if t == 16384:
-                tg.append("fp8 " + ("ok" if fp8 is not None and fp8 >= 0.50 else "MISS"))
-            if t in (4096, 16384):
-                tg.append("2xHF " + ("n/a" if row["x_hf"] is None else "ok" if row["x_hf"] >= 2.0 else "MISS"))
-            slower = [p for p in ("torch", "hf") if row[f"x_{p}"] is not None and row[f"x_{p}"] <= 1.0]
-            if row["x_torch"] is None and row["x_hf"] is None:
-                tg.append("peers n/a")
-            else:
-                tg.append("peers " + ("ok" if not slower else "MISS(" + ",".join(slower) + ")"))
-            if row["x_gmm"] is not None:
-                tg.append("gmm " + ("ok" if row["x_gmm"] > 1.0 else "MISS"))
+        for tgt in targets_def if ours else []:
+            if tgt["tokens_min"] <= t <= tgt["tokens_max"]:
+                v = metric_of(row, lead, tgt["metric"])
+                tg.append(tgt["name"] + " " + ("n/a" if v is None else "ok" if holds(tgt, v) else "MISS"))
         row["targets"] = " ".join(tg)
         table.append(row)
 
-    def target(pred_rows, pred):
-        """True / False over the rows the target covers, None when none of them was timed."""
-        rs = [r for r in table if pred_rows(r) and lead and r.get(f"{lead}_ms")]
-        return None if not rs else all(pred(r) for r in rs)
-
-    L = lead or "-"
-    targets = {
-        "mode": lead,
-        "T16384_fp8_share_ge_50pct": target(lambda r: r["tokens"] == 16384,
-                                            lambda r: (r.get(f"{L}_share_of_fp8") or 0) >= 0.50),
-        "T16384_T4096_2x_faster_than_hf": target(lambda r: r["tokens"] in (4096, 16384) and r["x_hf"] is not None,
-                                                 lambda r: r["x_hf"] >= 2.0),
-        "T32_256_copy_share_ge_70pct": target(lambda r: 32 <= r["tokens"] <= 256,
-                                              lambda r: (r.get(f"{L}_share_of_copy") or 0) >= 0.70),
-        "T1_le_50us": target(lambda r: r["tokens"] == 1, lambda r: r[f"{L}_ms"] <= 0.050),
-        "faster_than_torch_and_hf_every_T": target(lambda r: r["x_torch"] is not None or r["x_hf"] is not None,
-                                                   lambda r: all(x is None or x > 1.0 for x in (r["x_torch"], r["x_hf"]))),
-        "faster_than_gemm_only_scaled_grouped_mm_every_T": target(lambda r: r["x_gmm"] is not None,
-                                                                  lambda r: r["x_gmm"] > 1.0),
-    }
+    targets = {"mode": lead}
+    for t in targets_def:
+        vs = [metric_of(r, lead, t["metric"]) for r in table
+              if lead and r.get(f"{lead}_ms") and t["tokens_min"] <= r["tokens"] <= t["tokens_max"]]
+        vs = [v for v in vs if v is not None]
+        targets[t["name"]] = None if not vs else all(holds(t, v) for v in vs)
 
     if table:
         mcols = list(modes) or ["cuda"]
         head = f"{'T':>6} " + " ".join(f"{m + ' ms':>9}" for m in mcols)
         head += f" {'cfg':>8} {'%copy':>6} {'%fp8':>6} {'torch ms':>9} {'HF ms':>9} {'gmm ms':>9} {'gmm%fp8':>7}"
-        head += f" {'x torch':>7} {'x HF':>6} {'x gmm':>6}  targets (issue 15, {lead or 'no cuda run'})"
+        head += f" {'x torch':>7} {'x HF':>6} {'x gmm':>6}  targets ({lead or 'no cuda run'} mode)"
         print(head)
         for r in table:
             line = f"{r['tokens']:6d} " + " ".join(fmt(r.get(f"{m}_ms"), "{:.4f}", 9) for m in mcols)
@@ -227,13 +238,9 @@ def main():
               f"FP8 {fmt(fp8_ceiling, '{:.0f}')} TFLOP/s); HF ms g = CUDA-graph replay, e = eager; gmm = "
               f"torch._scaled_grouped_mm on the routed GEMMs only; x P = P ms / dsv4moe ms ({lead or '-'} mode; > 1: dsv4moe faster)")
         word = {True: "met", False: "NOT met", None: "not run"}
-        print("targets (issue 15, {} mode): T=16384 >= 50% FP8: {}; T=4096/16384 >= 2x HF: {}; T 32..256 >= 70% copy: {}; "
-              "T=1 <= 50 us: {}; faster than torch and HF at every T: {}; faster than the GEMM-only "
-              "scaled_grouped_mm at every T: {}".format(
-                  lead or "-", *[word[targets[k]] for k in (
-                      "T16384_fp8_share_ge_50pct", "T16384_T4096_2x_faster_than_hf", "T32_256_copy_share_ge_70pct",
-                      "T1_le_50us", "faster_than_torch_and_hf_every_T",
-                      "faster_than_gemm_only_scaled_grouped_mm_every_T")]))
+        print("targets ({} mode, {}):".format(lead or "-", os.path.relpath(args.targets)))
+        for t in targets_def:
+            print("  {:<22} {:<8} {}".format(t["name"], word[targets[t["name"]]], t["what"]))
     else:
         print("nothing timed: no dsv4moe or peer times in this call")
 
@@ -253,7 +260,8 @@ def main():
                        for m, i in cinfo.items()},
         "cuda_best_ms": {str(t): r["median_ms"] for t, r in modes.get(lead, {}).items()} if lead else {},
         "targets": (cinfo.get(lead) or next(iter(cinfo.values()), {})).get("targets_issue7"),
-        "targets_issue15": targets,
+        "targets_met": targets,
+        "targets_file": os.path.relpath(args.targets),
         "table": table,
     }
     with open(os.path.join(args.out, "results.json"), "w") as f:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The device checks of issue 20 (docs/embedding.md): the fast path embedded through the Python
+"""The device checks of the embedded fast path (docs/embedding.md): the fast path embedded through the Python
 package (dsv4moe.Layer, the torch op torch.ops.dsv4moe.moe, dsv4moe.hf.patch) on one GPU.
 
 usage: embed_check.py --cli build/cuda/dsv4moe --lib build/cuda/libdsv4moe.so --work DIR --json PATH

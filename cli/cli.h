@@ -86,6 +86,18 @@ int cli_mkdir_p(const char *path);
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 /* Seconds on the monotonic clock (durations of the commands' steps). */
 double cli_now(void);
+/* A progress line on stderr for long work (a large layer's generation, an export), only on a
+   terminal and unless quiet: "\r<what>: 42 % of 3.4 GB, 31 s left", at most five times a second;
+   cli_progress_end clears it. cli_progress_bytes fits dsv4_gen_options.progress. */
+typedef struct cli_progress {
+    bool on;
+    const char *what;
+    double t0, last;
+} cli_progress;
+void cli_progress_start(cli_progress *p, const char *what, bool quiet);
+void cli_progress_bytes(void *user, uint64_t done, uint64_t total);
+void cli_progress_count(cli_progress *p, size_t done, size_t total, const char *item);
+void cli_progress_end(cli_progress *p);
 
 /* Prints, one line each to stderr, the folder entries the checkpoint left out and why. */
 void cli_print_skipped(const char *cmd, const dsv4_checkpoint *ck);

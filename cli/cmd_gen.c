@@ -11,7 +11,7 @@
 
 static const char GEN_HELP[] =
     "usage: dsv4moe gen [--preset P | --config FILE] --layer N [--set KEY=VALUE ...]\n"
-    "                   [--tokens T] [--seed S] [--threads N] [--layout split|stacked] [--model-prefix]\n"
+    "                   [--tokens T] [--seed S] [--threads N] [--layout split|stacked] [--model-prefix] [--quiet]\n"
     "                   [--out DIR | --weights FILE --input FILE] [--probe-tokens N] [--probe-experts N]\n\n"
     "Writes a deterministic synthetic layer in the real checkpoint layout and an input\n"
     "file (x BF16 [T, H], input_ids I32 [T]), then measures how often the SwiGLU clamp\n"
@@ -26,7 +26,8 @@ static const char GEN_HELP[] =
     "  --weights FILE       where to write the weights (with --input)\n"
     "  --input FILE         where to write the input\n"
     "  --probe-tokens N     tokens of the clamp probe (default 16; 0 skips the probe)\n"
-    "  --probe-experts N    experts of the clamp probe (default 8)\n";
+    "  --probe-experts N    experts of the clamp probe (default 8)\n"
+    "  --quiet              no progress line (shown on a terminal while the weights are written)\n";
 
 static int mkdirs(const char *dir)
 {
@@ -53,10 +54,13 @@ int cmd_gen(int argc, char **argv)
     const char *out_dir = NULL, *wpath = NULL, *ipath = NULL;
     static const char *const value_opts[] = {"--tokens", "--seed", "--threads", "--layout", "--out", "--weights", "--input", "--probe-tokens", "--probe-experts", NULL};
     cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = GEN_HELP, .value_opts = value_opts,
-                     .flags = (const char *const[]){"--model-prefix", NULL}};
+                     .flags = (const char *const[]){"--model-prefix", "--quiet", NULL}};
+    bool quiet = false;
     const char *a, *val;
     while (cli_next_arg(&args, &a, &val)) {
-        if (!strcmp(a, "--model-prefix")) {
+        if (!strcmp(a, "--quiet")) {
+            quiet = true;
+        } else if (!strcmp(a, "--model-prefix")) {
             opt.model_prefix = true;
         } else if (!strcmp(a, "--tokens")) {
             if (cli_parse_i64(cmd, a, val, 0, 1 << 24, &tokens))
@@ -124,7 +128,13 @@ int cmd_gen(int argc, char **argv)
            (long long)cfg.n_activated, dsv4_weight_format_name(cfg.routed_format),
            dsv4_weight_format_name(cfg.shared_format), (unsigned long long)opt.seed, opt.threads);
     double t0 = cli_now();
-    if (dsv4_gen_weights(&cfg, &opt, wpath, &err))
+    cli_progress prog;
+    cli_progress_start(&prog, "dsv4moe gen: weights", quiet);
+    opt.progress = cli_progress_bytes;
+    opt.progress_user = &prog;
+    dsv4_status gst = dsv4_gen_weights(&cfg, &opt, wpath, &err);
+    cli_progress_end(&prog);
+    if (gst)
         return cli_fail(cmd, &err);
     double t1 = cli_now();
     if (dsv4_gen_input(&cfg, &opt, tokens, ipath, &err))

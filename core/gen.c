@@ -1,5 +1,6 @@
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,7 @@ typedef struct {
     uint8_t *pending_scale;
     uint64_t pending_bytes;
     float *mat; /* fp32 scratch of the largest matrix */
+    uint64_t total, done; /* the layer's data bytes, those written: the progress callback's */
 } gen_ctx;
 
 static dsv4_status push(gen_ctx *g, tkind k, int64_t e, dsv4_proj p, dsv4_error *err)
@@ -179,8 +181,8 @@ static void put_uniform(uint8_t *buf, uint64_t k, int64_t n, float lo, float spa
         put_f32(buf, i, lo + span * dsv4_rng_uniform(k, (uint64_t)i));
 }
 
-static dsv4_status fill_tensor(void *user, size_t index, const char *name, void *vbuf, uint64_t nbytes,
-                               dsv4_error *err)
+static dsv4_status fill_tensor_data(void *user, size_t index, const char *name, void *vbuf, uint64_t nbytes,
+                                    dsv4_error *err)
 {
     gen_ctx *g = user;
     const dsv4_config *c = g->c;
@@ -300,6 +302,18 @@ static dsv4_status fill_tensor(void *user, size_t index, const char *name, void 
     return DSV4_OK;
 }
 
+/* One tensor, then the progress callback (when the caller gave one). */
+static dsv4_status fill_tensor(void *user, size_t index, const char *name, void *vbuf, uint64_t nbytes,
+                               dsv4_error *err)
+{
+    gen_ctx *g = user;
+    dsv4_status st = fill_tensor_data(user, index, name, vbuf, nbytes, err);
+    g->done += nbytes;
+    if (!st && g->o->struct_size == sizeof *g->o && g->o->progress)
+        g->o->progress(g->o->progress_user, g->done, g->total);
+    return st;
+}
+
 static const char *const proj_split[] = {"w1", "w3", "w2"};
 static const char *const proj_stacked[] = {"gate", "up", "down"};
 
@@ -307,6 +321,10 @@ static dsv4_status declare(dsv4_st_writer *w, gen_ctx *g, tkind kind, int64_t e,
                            dsv4_dtype dt, int ndim, int64_t d0, int64_t d1, int64_t d2, dsv4_error *err)
 {
     int64_t shape[3] = {d0, d1, d2};
+    uint64_t bytes = dsv4_dtype_size(dt);
+    for (int i = 0; i < ndim; i++)
+        bytes *= (uint64_t)shape[i];
+    g->total += bytes;
     dsv4_status st = dsv4_st_writer_add(w, name, dt, ndim, shape, NULL, err);
     return st ? st : push(g, kind, e, p, err);
 }
@@ -396,7 +414,8 @@ static dsv4_status check_opts(const dsv4_config *cfg, const dsv4_gen_options *op
 {
     if (!cfg || !opt || !path)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "gen", "config, options and path must not be NULL");
-    if (opt->struct_size != sizeof *opt)
+    /* the size before `progress` (callers built without it) still works, without progress */
+    if (opt->struct_size != sizeof *opt && opt->struct_size != offsetof(dsv4_gen_options, progress))
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "gen options",
                            "struct_size %u is not %zu (initialise with dsv4_gen_options_init)", opt->struct_size,
                            sizeof *opt);

@@ -512,6 +512,151 @@ dsv4_status dsv4_report_html(const dsv4_run_results *R, const char *path, dsv4_e
     return st ? st : dsv4_out_commit(&o, err);
 }
 
+/* "peak X of Y planned" for a planned case; false when it has no plan. */
+static bool mem_summary(const dsv4_case_memory *mem, char *buf, size_t n)
+{
+    if (!mem->available && !mem->planned_max)
+        return false;
+    char pk[32], pl[32];
+    human_bytes(mem->peak, pk, sizeof pk);
+    human_bytes(mem->planned_max, pl, sizeof pl);
+    snprintf(buf, n, "peak %s of %s planned", mem->measured ? pk : "not measured", pl);
+    return true;
+}
+
+/* The case's name cell: its title, its id when the title differs, and a fault run's defect. */
+static void case_name_cell(dsv4_strbuf *b, const dsv4_case_result *c, size_t i)
+{
+    dsv4_sb_printf(b, "<tr id=\"case-%zu\"><td class=\"num\">%zu</td><td class=\"name\">", i, i);
+    hb_esc(b, dsv4_case_title(c));
+    if (c->title) { /* the id: what --filter and the export folders use */
+        dsv4_sb_str(b, "<br><span class=\"note\">");
+        hb_esc(b, c->name);
+        dsv4_sb_str(b, "</span>");
+    }
+    if (c->defect) { /* the fault build's --faults runs only */
+        dsv4_sb_printf(b, " <span class=\"%s\">", c->injected ? "inj" : "note");
+        dsv4_sb_str(b, c->injected ? "injected " : "catches ");
+        hb_esc(b, c->defect);
+        dsv4_sb_str(b, "</span>");
+    }
+}
+
+/* A failing or errored case in full: every check with its detail on hover, the error profile and the
+   memory bars open, and the failing checks' details in rows of their own. */
+static void case_row_full(dsv4_strbuf *b, const dsv4_case_result *c, size_t i)
+{
+    dsv4_result st = dsv4_case_status(c);
+    case_name_cell(b, c, i);
+    dsv4_sb_printf(b, "</td><td class=\"st %s\">%s</td><td>", status_class(st), dsv4_result_name(st));
+    for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
+        const char *d;
+        dsv4_result r = dsv4_case_check(c, 1u << k, &d);
+        if (r == DSV4_RESULT_SKIP && !strcmp(d, "not requested"))
+            continue;
+        dsv4_sb_printf(b, "<div class=\"ck %s\" title=\"", status_class(r));
+        hb_esc(b, d);
+        dsv4_sb_printf(b, "\">%s: %s</div>", dsv4_check_name(1u << k), dsv4_result_name(r));
+    }
+    dsv4_sb_printf(b, "</td><td class=\"num\">%.3f</td><td>", dsv4_case_seconds(c));
+    dsv4_compare_metrics m;
+    if (dsv4_case_metrics(c, &m)) {
+        dsv4_sb_printf(b, "<details open><summary>ulp p99 %u, max %u; diff %.3g</summary>", m.ulp_p99, m.ulp_max,
+                       m.deepgemm_diff);
+        svg_ulp(b, &m);
+        dsv4_sb_printf(b, "<div class=\"metrics\">n %lld, max_abs %.3g, max_rel %.3g<br>nmse %.3g, diff %.3g, rms %.3g"
+                          "<br>ulp&ne;0 %lld, beyond tol %lld, non-finite %lld</div>",
+                       (long long)m.n, m.max_abs, m.max_rel, m.nmse, m.deepgemm_diff, m.rms_ref,
+                       (long long)m.ulp_nonzero, (long long)m.tol_violations, (long long)m.bad_nonfinite);
+        if (c->rounding) /* an outside engine's check: both counts side by side (SPEC.md section 10) */
+            dsv4_sb_printf(b, "<div class=\"metrics\">rounding %s: beyond %lld with S, %lld without</div>",
+                           c->rounding, (long long)c->beyond_terms, (long long)m.tol_violations);
+        dsv4_case_errors E;
+        if (dsv4_case_errors_of(c, &E)) {
+            svg_errors(b, &E);
+            svg_worst(b, &E);
+        }
+        dsv4_sb_str(b, "</details>");
+    } else {
+        dsv4_sb_str(b, "<span class=\"note\">nothing compared</span>");
+    }
+    dsv4_sb_str(b, "</td><td>");
+    dsv4_case_memory mem = dsv4_case_memory_of(c);
+    char ms[96];
+    if (mem_summary(&mem, ms, sizeof ms)) {
+        dsv4_sb_printf(b, "<details open><summary>%s</summary>", ms);
+        svg_mem(b, &mem);
+        dsv4_sb_str(b, "</details>");
+    } else {
+        dsv4_sb_str(b, "<span class=\"note\">no plan</span>");
+    }
+    dsv4_sb_str(b, "</td></tr>\n");
+    /* The details of the failing checks, in a row of their own (visible without hovering). */
+    for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
+        const char *d;
+        dsv4_result r = dsv4_case_check(c, 1u << k, &d);
+        if (r != DSV4_RESULT_FAIL && r != DSV4_RESULT_ERROR)
+            continue;
+        dsv4_sb_printf(b, "<tr><td></td><td colspan=\"6\" class=\"%s\"><b>%s %s</b>", status_class(r),
+                       dsv4_check_name(1u << k), dsv4_result_name(r));
+        if (!((1u << k) == DSV4_CHECK_SYMMETRY && symmetry_table(b, d))) {
+            dsv4_sb_str(b, "<div class=\"det\">");
+            hb_esc(b, d);
+            dsv4_sb_str(b, "</div>");
+        }
+        dsv4_sb_str(b, "</td></tr>\n");
+    }
+}
+
+/* Any other case in one line: its id on hover, the checks that passed counted and the others named
+   (a skip's or a self-comparison's reason shown, as it says what did not run), the numerics and
+   memory summaries. */
+static void case_row_line(dsv4_strbuf *b, const dsv4_case_result *c, size_t i)
+{
+    dsv4_result st = dsv4_case_status(c);
+    dsv4_sb_printf(b, "<tr id=\"case-%zu\"><td class=\"num\">%zu</td><td class=\"name\"", i, i);
+    if (c->title) { /* the id (what --filter and the export folders use) on hover */
+        dsv4_sb_str(b, " title=\"");
+        hb_esc(b, c->name);
+        dsv4_sb_str(b, "\"");
+    }
+    dsv4_sb_str(b, ">");
+    hb_esc(b, dsv4_case_title(c));
+    dsv4_sb_printf(b, "</td><td class=\"st %s\">%s</td><td>", status_class(st), dsv4_result_name(st));
+    int passed = 0, asked = 0;
+    for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
+        const char *d;
+        dsv4_result r = dsv4_case_check(c, 1u << k, &d);
+        asked += !(r == DSV4_RESULT_SKIP && !strcmp(d, "not requested"));
+        passed += r == DSV4_RESULT_PASS;
+    }
+    dsv4_sb_printf(b, "%d of %d pass", passed, asked);
+    for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
+        const char *d;
+        dsv4_result r = dsv4_case_check(c, 1u << k, &d);
+        if (r == DSV4_RESULT_PASS || (r == DSV4_RESULT_SKIP && !strcmp(d, "not requested")))
+            continue;
+        bool na = r == DSV4_RESULT_SKIP && !strncmp(d, "not applicable", 14);
+        dsv4_sb_printf(b, "; <span class=\"%s\">%s %s</span>", status_class(r), dsv4_check_name(1u << k),
+                       na ? "n/a" : dsv4_result_name(r));
+        if (!na) {
+            dsv4_sb_str(b, " <span class=\"note\">(");
+            hb_esc(b, d);
+            dsv4_sb_str(b, ")</span>");
+        }
+    }
+    dsv4_sb_printf(b, "</td><td class=\"num\">%.3f</td><td>", dsv4_case_seconds(c));
+    dsv4_compare_metrics m;
+    if (dsv4_case_metrics(c, &m))
+        dsv4_sb_printf(b, "ulp p99 %u, max %u; diff %.3g", m.ulp_p99, m.ulp_max, m.deepgemm_diff);
+    dsv4_sb_str(b, "</td><td>");
+    dsv4_case_memory mem = dsv4_case_memory_of(c);
+    char ms[96];
+    if (mem_summary(&mem, ms, sizeof ms))
+        dsv4_sb_str(b, ms);
+    dsv4_sb_str(b, "</td></tr>\n");
+}
+
 dsv4_status dsv4_report_html_stage(const dsv4_run_results *R, const char *path, dsv4_outfile *o, dsv4_error *err)
 {
     if (!R || !path)
@@ -542,92 +687,38 @@ dsv4_status dsv4_report_html_stage(const dsv4_run_results *R, const char *path, 
                "|a-b| by decade over every compared element, log count; then the worst elements (index in all "
                "ranks' outputs, rank, token, column, both values, |a-b|). Memory bars: log scale from 1 KiB. Runs "
                "marked <span class=\"inj\">injected</span> had a defect of the review injected (fault build) and "
-               "are not counted in the summary.</p>\n<table class=\"cases\"><tr><th>#</th>"
-               "<th>case</th><th>status</th><th>checks</th><th>time (s)</th><th>numerics</th><th>memory</th></tr>\n");
-    /* Failed and errored cases first; every case keeps its index (the anchor case-<index>). */
-    for (int pass = 0; pass < 2; pass++)
+               "are not counted in the summary.</p>\n");
+    /* Failed and errored cases first, in full; the others after them as one line each, folded (their
+       checks' details are in report.json: the page stays small for a whole matrix). Every case keeps
+       its index (the anchor case-<index>). */
+    size_t n_rest = 0;
     for (size_t i = 0; i < dsv4_run_count(R); i++) {
-        const dsv4_case_result *c = dsv4_run_get(R, i);
-        dsv4_result st = dsv4_case_status(c);
-        bool bad = st == DSV4_RESULT_FAIL || st == DSV4_RESULT_ERROR;
-        if (bad != (pass == 0))
-            continue;
-        dsv4_sb_printf(&b, "<tr id=\"case-%zu\"><td class=\"num\">%zu</td><td class=\"name\">", i, i);
-        hb_esc(&b, dsv4_case_title(c));
-        if (c->title) { /* the id: what --filter and the export folders use */
-            dsv4_sb_str(&b, "<br><span class=\"note\">");
-            hb_esc(&b, c->name);
-            dsv4_sb_str(&b, "</span>");
-        }
-        if (c->defect) { /* the fault build's --faults runs only */
-            dsv4_sb_printf(&b, " <span class=\"%s\">", c->injected ? "inj" : "note");
-            dsv4_sb_str(&b, c->injected ? "injected " : "catches ");
-            hb_esc(&b, c->defect);
-            dsv4_sb_str(&b, "</span>");
-        }
-        dsv4_sb_printf(&b, "</td><td class=\"st %s\">%s</td><td>", status_class(st), dsv4_result_name(st));
-        for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
-            const char *d;
-            dsv4_result r = dsv4_case_check(c, 1u << k, &d);
-            if (r == DSV4_RESULT_SKIP && !strcmp(d, "not requested"))
-                continue;
-            dsv4_sb_printf(&b, "<div class=\"ck %s\" title=\"", status_class(r));
-            hb_esc(&b, d);
-            dsv4_sb_printf(&b, "\">%s: %s</div>", dsv4_check_name(1u << k), dsv4_result_name(r));
-        }
-        dsv4_sb_printf(&b, "</td><td class=\"num\">%.3f</td><td>", dsv4_case_seconds(c));
-        dsv4_compare_metrics m;
-        if (dsv4_case_metrics(c, &m)) {
-            /* details on demand: open for a failing case, one summary line otherwise */
-            dsv4_sb_printf(&b, "<details%s><summary>ulp p99 %u, max %u; diff %.3g</summary>", bad ? " open" : "",
-                           m.ulp_p99, m.ulp_max, m.deepgemm_diff);
-            svg_ulp(&b, &m);
-            dsv4_sb_printf(&b, "<div class=\"metrics\">n %lld, max_abs %.3g, max_rel %.3g<br>nmse %.3g, diff %.3g, rms %.3g"
-                          "<br>ulp&ne;0 %lld, beyond tol %lld, non-finite %lld</div>",
-                      (long long)m.n, m.max_abs, m.max_rel, m.nmse, m.deepgemm_diff, m.rms_ref,
-                      (long long)m.ulp_nonzero, (long long)m.tol_violations, (long long)m.bad_nonfinite);
-            if (c->rounding) /* an outside engine's check: both counts side by side (SPEC.md section 10) */
-                dsv4_sb_printf(&b, "<div class=\"metrics\">rounding %s: beyond %lld with S, %lld without</div>",
-                               c->rounding, (long long)c->beyond_terms, (long long)m.tol_violations);
-            dsv4_case_errors E;
-            if (dsv4_case_errors_of(c, &E)) {
-                svg_errors(&b, &E);
-                svg_worst(&b, &E);
-            }
-            dsv4_sb_str(&b, "</details>");
-        } else {
-            dsv4_sb_str(&b, "<span class=\"note\">nothing compared</span>");
-        }
-        dsv4_sb_str(&b, "</td><td>");
-        dsv4_case_memory mem = dsv4_case_memory_of(c);
-        if (mem.available || mem.planned_max) {
-            char pk[32], pl[32];
-            human_bytes(mem.peak, pk, sizeof pk);
-            human_bytes(mem.planned_max, pl, sizeof pl);
-            dsv4_sb_printf(&b, "<details%s><summary>peak %s of %s planned</summary>", bad ? " open" : "",
-                           mem.measured ? pk : "not measured", pl);
-            svg_mem(&b, &mem);
-            dsv4_sb_str(&b, "</details>");
-        }
-        else
-            dsv4_sb_str(&b, "<span class=\"note\">no plan</span>");
-        dsv4_sb_str(&b, "</td></tr>\n");
-        /* The details of the failing checks, in a row of their own (visible without hovering). */
-        for (int k = 0; k < DSV4_CHECK_COUNT; k++) {
-            const char *d;
-            dsv4_result r = dsv4_case_check(c, 1u << k, &d);
-            if (r != DSV4_RESULT_FAIL && r != DSV4_RESULT_ERROR)
-                continue;
-            dsv4_sb_printf(&b, "<tr><td></td><td colspan=\"6\" class=\"%s\"><b>%s %s</b>", status_class(r),
-                      dsv4_check_name(1u << k), dsv4_result_name(r));
-            if (!((1u << k) == DSV4_CHECK_SYMMETRY && symmetry_table(&b, d))) {
-                dsv4_sb_str(&b, "<div class=\"det\">");
-                hb_esc(&b, d);
-                dsv4_sb_str(&b, "</div>");
-            }
-            dsv4_sb_str(&b, "</td></tr>\n");
-        }
+        dsv4_result st = dsv4_case_status(dsv4_run_get(R, i));
+        n_rest += st != DSV4_RESULT_FAIL && st != DSV4_RESULT_ERROR;
     }
-    dsv4_sb_str(&b, "</table>\n</body></html>\n");
+    if (n_rest < dsv4_run_count(R)) {
+        dsv4_sb_str(&b, "<table class=\"cases\"><tr><th>#</th><th>case</th><th>status</th><th>checks</th>"
+                        "<th>time (s)</th><th>numerics</th><th>memory</th></tr>\n");
+        for (size_t i = 0; i < dsv4_run_count(R); i++) {
+            dsv4_result st = dsv4_case_status(dsv4_run_get(R, i));
+            if (st == DSV4_RESULT_FAIL || st == DSV4_RESULT_ERROR)
+                case_row_full(&b, dsv4_run_get(R, i), i);
+        }
+        dsv4_sb_str(&b, "</table>\n");
+    }
+    if (n_rest) {
+        dsv4_sb_printf(&b, "<details class=\"rest\"><summary>%zu cases passed, self-compared or skipped (one line "
+                           "each; every check's detail is in report.json)</summary>\n<table class=\"cases\"><tr>"
+                           "<th>#</th><th>case</th><th>status</th><th>checks</th><th>time (s)</th><th>numerics</th>"
+                           "<th>memory</th></tr>\n",
+                       n_rest);
+        for (size_t i = 0; i < dsv4_run_count(R); i++) {
+            dsv4_result st = dsv4_case_status(dsv4_run_get(R, i));
+            if (st != DSV4_RESULT_FAIL && st != DSV4_RESULT_ERROR)
+                case_row_line(&b, dsv4_run_get(R, i), i);
+        }
+        dsv4_sb_str(&b, "</table></details>\n");
+    }
+    dsv4_sb_str(&b, "</body></html>\n");
     return dsv4_sb_stage(&b, path, o, err);
 }

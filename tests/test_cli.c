@@ -1,5 +1,6 @@
 /* The dsv4moe binary as a user runs it: exit statuses and messages. */
 #include <check.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,32 @@ START_TEST(help_for_every_command)
     /* bench is not a command: it names the make targets that are */
     ck_assert_int_eq(run_cli("bench"), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "`make bench`"));
+}
+END_TEST
+
+/* gen's progress line: on a terminal (script(1) gives one), not into a pipe, not with --quiet. */
+START_TEST(gen_progress_on_a_terminal_only)
+{
+    const char *cli = getenv("DSV4MOE_CLI");
+    if (!cli || access("/usr/bin/script", X_OK) != 0)
+        return;
+    char dir[512], log[600], cmd[2048], out[8192];
+    tu_path(dir, sizeof dir, "cli_gen_progress");
+    tu_path(log, sizeof log, "cli_gen_progress.txt");
+    static const char *const quiet[] = {"", " --quiet"};
+    for (int q = 0; q < 2; q++) {
+        snprintf(cmd, sizeof cmd,
+                 "/usr/bin/script -qec '%s gen --preset mini --set n_routed_experts=64 --layer 1 --out %s%s' /dev/null "
+                 ">%s 2>&1 </dev/null",
+                 cli, dir, quiet[q], log);
+        ck_assert_int_eq(system(cmd), 0);
+        ck_assert_int_ge(tu_read_file(log, out, sizeof out), 0);
+        ck_assert_msg((strstr(out, "dsv4moe gen: weights: 100 % of ") != NULL) == (q == 0), "%s", out);
+    }
+    char args[1024];
+    snprintf(args, sizeof args, "gen --preset mini --layer 1 --out %s", dir);
+    ck_assert_int_eq(run_cli(args), 0);
+    ck_assert_ptr_null(strstr(out_buf, "weights: 100 %"));
 }
 END_TEST
 
@@ -314,6 +341,7 @@ Suite *cli_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, help_for_every_command);
     tcase_add_test(tc, gen_then_inspect_then_independent_parser);
+    tcase_add_test(tc, gen_progress_on_a_terminal_only);
     tcase_add_test(tc, corrupt_files_exit_2_naming_file);
     tcase_add_test(tc, bad_options_exit_2);
     tcase_add_test(tc, ref_writes_outputs_and_rejects_bad_input);

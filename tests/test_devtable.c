@@ -1,6 +1,6 @@
 /* ci/device-table.py, the table that ci/device-check.sh prints last: run on hand-written bench JSONs,
  * its results.json and its text checked (which mode leads, best configuration per T, ratios to each
- * peer, ceiling shares, issue 15's targets, peers that did not run). */
+ * peer, ceiling shares, the targets, peers that did not run). */
 #include <check.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -115,22 +115,31 @@ START_TEST(two_modes_and_three_peers)
     ck_assert_double_eq_tol(get_num(big, "gmm_share_of_fp8"), 0.8, 1e-12);
     ck_assert_double_eq_tol(get_num(big, "fp8_share_of_fp8"), 0.6, 1e-12);
     ck_assert_str_eq(json_string_value(json_object_get(big, "hf_mode")), "eager");
-    ck_assert_str_eq(json_string_value(json_object_get(big, "targets")), "fp8 ok 2xHF ok peers ok gmm MISS");
-    ck_assert_str_eq(json_string_value(json_object_get(row_of(r, 4096), "targets")), "2xHF MISS peers ok");
+    /* the targets of bench/targets.json that cover each T, on the fp8 mode */
+    ck_assert_str_eq(json_string_value(json_object_get(big, "targets")),
+                     "prefill_fp8_rate MISS prefill_vs_gemm_only MISS prefill_vs_hf MISS"); /* 0.6, 0.8x, 2.4x */
+    ck_assert_str_eq(json_string_value(json_object_get(row_of(r, 4096), "targets")),
+                     "prefill_vs_gemm_only n/a prefill_vs_hf MISS"); /* no GEMM-only time there; 1.5x HF */
+    ck_assert_str_eq(json_string_value(json_object_get(row_of(r, 1), "targets")), "decode_latency ok decode_vs_peers ok");
 
-    json_t *tg = json_object_get(r, "targets_issue15");
+    json_t *tg = json_object_get(r, "targets_met");
     ck_assert_str_eq(json_string_value(json_object_get(tg, "mode")), "fp8");
-    ck_assert(json_is_true(json_object_get(tg, "T16384_fp8_share_ge_50pct")));
-    ck_assert(json_is_false(json_object_get(tg, "T16384_T4096_2x_faster_than_hf"))); /* 3.0 / 2.0 at T = 4096 */
-    ck_assert(json_is_true(json_object_get(tg, "T1_le_50us")));
-    ck_assert(json_is_true(json_object_get(tg, "faster_than_torch_and_hf_every_T")));
-    ck_assert(json_is_false(json_object_get(tg, "faster_than_gemm_only_scaled_grouped_mm_every_T")));
-    ck_assert(json_is_null(json_object_get(tg, "T32_256_copy_share_ge_70pct"))); /* no T in [32, 256] */
+    ck_assert(json_is_true(json_object_get(tg, "decode_latency"))); /* 35 us, the stream row */
+    ck_assert(json_is_null(json_object_get(tg, "decode_bandwidth"))); /* no T in [8, 256] */
+    ck_assert(json_is_true(json_object_get(tg, "decode_vs_peers")));
+    ck_assert(json_is_false(json_object_get(tg, "prefill_fp8_rate")));
+    ck_assert(json_is_false(json_object_get(tg, "prefill_vs_gemm_only")));
+    ck_assert(json_is_false(json_object_get(tg, "prefill_vs_hf")));
+    ck_assert_msg(strstr(json_string_value(json_object_get(r, "targets_file")), "targets.json"), "targets_file");
 
     /* the text: both modes' columns, the HF mode letter, the verdicts */
     ck_assert_msg(strstr(out_buf, "exact ms") && strstr(out_buf, "fp8 ms"), "%s", out_buf);
     ck_assert_msg(strstr(out_buf, "12.0000e"), "%s", out_buf);
-    ck_assert_msg(strstr(out_buf, "T=4096/16384 >= 2x HF: NOT met"), "%s", out_buf);
+    char line[128];
+    snprintf(line, sizeof line, "  %-22s %-8s T = 4096 and 16384 at 2.5x HF's block", "prefill_vs_hf", "NOT met");
+    ck_assert_msg(strstr(out_buf, line), "%s", out_buf);
+    snprintf(line, sizeof line, "  %-22s %-8s T 8 to 256", "decode_bandwidth", "not run");
+    ck_assert_msg(strstr(out_buf, line), "%s", out_buf);
     ck_assert_msg(strstr(out_buf, "hf-peer"), "%s", out_buf);
     json_decref(r);
 }
@@ -154,10 +163,10 @@ START_TEST(modes_from_rows_and_peers_that_did_not_run)
     ck_assert_double_eq_tol(get_num(row, "fp8_ms"), 0.5, 1e-12);
     ck_assert_double_eq_tol(get_num(row, "x_torch"), 0.8, 1e-12);
     ck_assert(json_is_null(json_object_get(row, "x_hf")));
-    ck_assert_str_eq(json_string_value(json_object_get(row, "targets")), "copy ok peers MISS(torch)");
-    json_t *tg = json_object_get(r, "targets_issue15");
-    ck_assert(json_is_true(json_object_get(tg, "T32_256_copy_share_ge_70pct")));
-    ck_assert(json_is_false(json_object_get(tg, "faster_than_torch_and_hf_every_T")));
+    ck_assert_str_eq(json_string_value(json_object_get(row, "targets")), "decode_bandwidth ok decode_vs_peers MISS");
+    json_t *tg = json_object_get(r, "targets_met");
+    ck_assert(json_is_true(json_object_get(tg, "decode_bandwidth"))); /* 0.8 of copy: the bound itself */
+    ck_assert(json_is_false(json_object_get(tg, "decode_vs_peers"))); /* the torch peer is faster */
     ck_assert(json_is_false(json_object_get(json_object_get(r, "hf_peer"), "available")));
     ck_assert_msg(strstr(out_buf, "HF peer: not timed (transformers has no DeepseekV4 MoE block here)"), "%s", out_buf);
     ck_assert_msg(strstr(out_buf, "scaled_grouped_mm peer: not timed (did not run)"), "%s", out_buf);

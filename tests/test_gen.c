@@ -1,5 +1,6 @@
 #include <check.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +130,62 @@ START_TEST(output_independent_of_threads)
         free(da);
         free(db);
     }
+}
+END_TEST
+
+/* The progress callback: called once per tensor with bytes done and the layer's data bytes, the
+   last call at done == total == the file's data size; the same file as without it; a caller that
+   passes the struct size from before the callback is accepted (and gets none). */
+typedef struct {
+    int calls;
+    uint64_t last_done, total;
+    bool monotonic;
+} prog_seen;
+
+static void on_progress(void *user, uint64_t done, uint64_t total)
+{
+    prog_seen *p = user;
+    p->monotonic &= done > p->last_done && (p->total == 0 || p->total == total);
+    p->calls++;
+    p->last_done = done;
+    p->total = total;
+}
+
+START_TEST(progress_reports_every_tensor)
+{
+    dsv4_config c = preset_at("mini", 1);
+    char a[512], b[512];
+    tu_path(a, sizeof a, "gen_prog.safetensors");
+    tu_path(b, sizeof b, "gen_prog_old.safetensors");
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    prog_seen seen = {0, 0, 0, true};
+    o.progress = on_progress;
+    o.progress_user = &seen;
+    dsv4_error e;
+    ck_assert_msg(dsv4_gen_weights(&c, &o, a, &e) == DSV4_OK, "%s", e.message);
+    dsv4_st_file *f = NULL;
+    ck_assert_int_eq(dsv4_st_open(a, &f, &e), DSV4_OK);
+    ck_assert_int_eq(seen.calls, (int)dsv4_st_count(f));
+    ck_assert(seen.monotonic);
+    ck_assert_uint_eq(seen.last_done, seen.total);
+    uint64_t data = 0;
+    for (size_t i = 0; i < dsv4_st_count(f); i++)
+        data += dsv4_st_tensor(f, i)->nbytes;
+    ck_assert_uint_eq(seen.total, data);
+    dsv4_st_close(f);
+    /* the size before the callback: accepted, no calls, the same bytes */
+    dsv4_gen_options old;
+    dsv4_gen_options_init(&old);
+    old.struct_size = (uint32_t)offsetof(dsv4_gen_options, progress);
+    seen.calls = 0;
+    ck_assert_msg(dsv4_gen_weights(&c, &old, b, &e) == DSV4_OK, "%s", e.message);
+    ck_assert_int_eq(seen.calls, 0);
+    size_t na = 0, nb = 0;
+    unsigned char *da = tu_slurp(a, &na), *db = tu_slurp(b, &nb);
+    ck_assert(da && db && na == nb && !memcmp(da, db, na));
+    free(da);
+    free(db);
 }
 END_TEST
 
@@ -332,6 +389,7 @@ Suite *gen_suite(void)
     tcase_add_test(tc, split_layout_keys_dtypes_shapes);
     tcase_add_test(tc, hash_layer_tid2eid_distinct_in_range);
     tcase_add_test(tc, output_independent_of_threads);
+    tcase_add_test(tc, progress_reports_every_tensor);
     tcase_add_test(tc, stacked_and_split_hold_the_same_layer);
     tcase_add_test(tc, routing_not_degenerate);
     tcase_add_test(tc, clamp_exercised_by_default_presets);

@@ -33,7 +33,9 @@ static const char YAML[] = "name: prof\n"
                            "  - {name: ep2, topology: {world: 2, dp: 2, ep: 2, backend: ref}, tokens: [5, 3]}\n"
                            "  - {name: tp2, routed_format: bf16, shared_format: bf16, act_quant: none,\n"
                            "     topology: {world: 2, tp: 2, dp: 1, ep: 1, backend: ref}, tokens: [9]}\n"
-                           "  - {name: empty, tokens: [0]}\n";
+                           "  - {name: empty, tokens: [0]}\n"
+                           "  - {name: fails, routed_format: fp8, shared_format: fp8, weight_scale: fp32, act_quant: fp32,\n"
+                           "     swiglu_limit: 100000, seed: 13, tokens: [64], checks: [numerics, clamp_exercised]}\n";
 
 static void check_profile(const dsv4_case_result *c, int64_t H, int world)
 {
@@ -118,7 +120,7 @@ START_TEST(error_profiles)
             ck_assert(json_real_value(json_object_get(w0, "diff")) > 0);
         }
     }
-    ck_assert_int_eq(with, 3);
+    ck_assert_int_eq(with, 4);
     json_decref(root);
 
     /* report.html: two histograms per compared case, the worst elements as SVG */
@@ -134,10 +136,16 @@ START_TEST(error_profiles)
         na++;
     for (const char *p = html; (p = strstr(p, "<svg class=\"worst\"")); p++)
         nw++;
-    ck_assert_int_eq(nh, 3);
-    ck_assert_int_eq(na, 3);
-    ck_assert_int_ge(nw, 1);
-    ck_assert_ptr_nonnull(strstr(html, "no element differs")); /* ep2 */
+    /* the failing case in full (two histograms, the worst elements); the passing ones one line each,
+       their profiles in report.json (above) */
+    ck_assert_int_eq(nh, 1);
+    ck_assert_int_eq(na, 1);
+    ck_assert_int_eq(nw, 1);
+    ck_assert_ptr_nonnull(strstr(html, "<svg class=\"mem\""));
+    int nl = 0;
+    for (const char *p = html; (p = strstr(p, "</td><td>ulp p99 ")); p++)
+        nl++;
+    ck_assert_int_eq(nl, 3);
     ck_assert_ptr_null(strstr(html, "<script"));
     dsv4_run_results_free(r);
     dsv4_scenario_free(s);
@@ -200,7 +208,12 @@ START_TEST(html_matrix_summary)
     const char *c0 = strstr(cases, "<tr id=\"case-0\">"), *c1 = strstr(cases, "<tr id=\"case-1\">"),
                *c3 = strstr(cases, "<tr id=\"case-3\">");
     ck_assert(c0 && c1 && c3 && c1 < c3 && c3 < c0);
-    ck_assert_ptr_nonnull(strstr(c0, "<details><summary>ulp p99 0, max 0; diff 0</summary>"));
+    /* a failing case in full, a passing one in one line after the table */
+    ck_assert_ptr_nonnull(strstr(c1, "<div class=\"ck fail\" title=\"expected a refusal matching /zzz/"));
+    const char *rest = strstr(h, "<details class=\"rest\"><summary>3 cases passed, self-compared or skipped");
+    ck_assert(rest && rest < c0);
+    ck_assert_ptr_nonnull(strstr(c0, "</td><td>ulp p99 0, max 0; diff 0</td>"));
+    ck_assert_ptr_null(strstr(c0, "<svg"));
     ck_assert_ptr_null(strstr(h, "<script"));
 }
 END_TEST
@@ -246,8 +259,8 @@ START_TEST(titles_in_reports)
     ck_assert_ptr_nonnull(
         strstr(mx, "<td>quant</td><td class=\"name\">routed_format bf16, shared_format bf16, act_quant none</td>"));
     ck_assert_ptr_null(strstr(mx, "<td class=\"name\">0</td>"));
-    ck_assert_ptr_nonnull(strstr(h, "tl/quant: routed fp8, shared fp8; expect: pass<br><span class=\"note\">"
-                                    "tl/quant=0,expect=pass</span>"));
+    ck_assert_ptr_nonnull(strstr(h, "title=\"tl/quant=0,expect=pass\">tl/quant: routed fp8, shared fp8; expect: "
+                                    "pass</td>"));
     const char *cli = getenv("DSV4MOE_CLI");
     if (!cli)
         return; /* not run through make test */

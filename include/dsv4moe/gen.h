@@ -33,6 +33,11 @@ typedef struct dsv4_gen_options {
     int threads;          /* worker threads; the output does not depend on it */
     dsv4_layout layout;   /* DSV4_LAYOUT_SPLIT (default) or DSV4_LAYOUT_STACKED (bf16) */
     bool model_prefix;    /* stacked only: keys start with "model." */
+    /* Called by dsv4_gen_weights after each tensor with the bytes written and the layer's total (a
+       v4-flash layer is 3.4 GB and takes a minute: the CLI's progress line). NULL: none. A caller
+       built before these two fields passes their offset as struct_size and gets none. */
+    void (*progress)(void *user, uint64_t done, uint64_t total);
+    void *progress_user;
 } dsv4_gen_options;
 
 /* seed 1, 1 thread, split layout. NULL is a no-op. */
