@@ -15,9 +15,13 @@
 #   make install        PREFIX=/usr/local: libs with soname, headers, dsv4moe.pc
 #   make clean
 
-# Parallel by default: as many jobs as the machine has cores, unless the command line gives -j.
-ifeq ($(filter -j% j%,$(MAKEFLAGS))$(filter -j%,$(MFLAGS)),)
+# Parallel by default: as many jobs as the machine has cores, unless the command line gives -j (make
+# 4.3 does not show the command line's -j in MAKEFLAGS while it reads the makefile, so the top-level
+# make reads its own arguments; sub-makes share its job server).
+ifeq ($(MAKELEVEL),0)
+ifeq ($(filter -j% --jobs%,$(shell ps -o args= -p $$PPID 2>/dev/null)),)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 endif
 
 VERSION_MAJOR := 0
@@ -63,7 +67,7 @@ CLI_SRCS := $(wildcard cli/*.c)
 CLI_OBJS := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o
-CUDA_SRCS := $(wildcard fast/cuda/*.cu)
+CUDA_SRCS := $(wildcard fast/cuda/*.cu) $(wildcard fast/cuda/gemm_fp8/*.cu)
 
 SONAME := libdsv4moe.so.$(VERSION_MAJOR)
 LIB_A := $(BUILD)/libdsv4moe.a
@@ -225,14 +229,16 @@ $(CUDA_BUILD)/fast/cuda/%.o: fast/cuda/%.cu $(wildcard fast/cuda/*.cuh) $(wildca
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # The fp8 mode's grouped GEMM is CUTLASS 4.2 (header-only; ci/cutlass.sh puts the pinned wheel's
-# headers under CUTLASS_DIR, docs/dependencies.md). Only this object includes it; NDEBUG keeps
+# headers under CUTLASS_DIR, docs/dependencies.md). Only fast/cuda/gemm_fp8/ includes it; NDEBUG keeps
 # CUTLASS's device asserts out, which would otherwise serialize its wgmma pipeline (ptxas C7510).
 CUTLASS_DIR ?= build/cutlass-4.2.0.0
 CUTLASS_STAMP := $(CUTLASS_DIR)/include/cutlass/util/packed_stride.hpp
 $(CUTLASS_STAMP):
 	sh ci/cutlass.sh $(CUTLASS_DIR)
 
-$(CUDA_BUILD)/fast/cuda/gemm_fp8.o: fast/cuda/gemm_fp8.cu fast/cuda/gemm_fp8.h $(CUTLASS_STAMP)
+# Its two configurations (weight scales 1x128 and 128x128) are one translation unit each, built side by side.
+$(CUDA_BUILD)/fast/cuda/gemm_fp8/%.o: fast/cuda/gemm_fp8/%.cu $(wildcard fast/cuda/gemm_fp8/*.cuh) \
+    $(wildcard fast/cuda/gemm_fp8/*.h) fast/cuda/gemm_fp8.h $(CUTLASS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -DNDEBUG -isystem $(CUTLASS_DIR)/include --expt-relaxed-constexpr -c $< -o $@
 

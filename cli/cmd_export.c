@@ -9,7 +9,7 @@
 
 static const char EXPORT_HELP[] =
     "usage: dsv4moe export FILE.yaml... --dir D [--layout split|stacked] [--filter SUBSTRING] [--threads N]\n"
-    "                      [--rounding LIST]\n\n"
+    "                      [--rounding LIST] [--quiet]\n\n"
     "Writes every world-1 case of the scenario files, and each rank of their multi-rank cases, that\n"
     "expects a pass, as a folder D/<case-id>/ (docs/engines.md, format version 2):\n"
     "  model.safetensors     the layer's checkpoint in the chosen layout with the real key names\n"
@@ -28,8 +28,15 @@ static const char EXPORT_HELP[] =
     "  --filter S        only cases whose name contains S\n"
     "  --threads N       the reference's threads (default 2; the outputs do not depend on it)\n"
     "  --rounding LIST   the profiles to write, comma-separated: spec, bf16_ops, fp32 (default all three;\n"
-    "                    spec is always written)\n\n"
+    "                    spec is always written)\n"
+    "  --quiet           no progress line (shown on a terminal: the folders written and the time left)\n\n"
     "exit status: 0 written, 2 bad input (a scenario file, an option, a folder that cannot be written)\n";
+
+/* The progress line: folders of the current file, its case id. */
+static void on_progress(void *user, size_t done, size_t total, const char *case_id)
+{
+    cli_progress_count(user, done, total, case_id);
+}
 
 int cmd_export(int argc, char **argv)
 {
@@ -39,10 +46,13 @@ int cmd_export(int argc, char **argv)
     int64_t threads = 2;
     static const char *const opts[] = {"--dir", "--layout", "--filter", "--threads", "--rounding", NULL};
     cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .help = EXPORT_HELP, .value_opts = opts,
-                     .positional = true};
+                     .flags = (const char *const[]){"--quiet", NULL}, .positional = true};
     const char *a, *v;
+    bool quiet = false;
     while (cli_next_arg(&args, &a, &v)) {
-        if (!strcmp(a, "--dir"))
+        if (!strcmp(a, "--quiet"))
+            quiet = true;
+        else if (!strcmp(a, "--dir"))
             dir = v;
         else if (!strcmp(a, "--filter"))
             filter = v;
@@ -73,6 +83,10 @@ int cmd_export(int argc, char **argv)
         return cli_fail(cmd, &cerr);
     }
     size_t total = 0, skipped = 0;
+    cli_progress prog;
+    cli_progress_start(&prog, "dsv4moe export", quiet);
+    eo.progress = on_progress;
+    eo.progress_user = &prog;
     for (int f = 0; f < args.nops && rc == EXIT_OK; f++) {
         dsv4_error err;
         dsv4_error_clear(&err);
@@ -80,6 +94,7 @@ int cmd_export(int argc, char **argv)
         dsv4_status st = dsv4_export_scenario(scns[f], dir, &eo, &w, &l, &err);
         total += w;
         skipped += l;
+        cli_progress_end(&prog);
         if (st) {
             fprintf(stderr, "dsv4moe export: %s: %s\n", argv[1 + f], err.message); /* the operands */
             rc = EXIT_BAD_INPUT;

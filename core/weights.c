@@ -181,6 +181,20 @@ static dsv4_status matrix_stacked(const dsv4_checkpoint *ck, const dsv4_config *
     return DSV4_OK;
 }
 
+/* A shape mismatch names the config values that set the expected shapes (a file made for another
+   preset is the usual cause). */
+static dsv4_status shape_hint(const dsv4_config *c, dsv4_status st, dsv4_error *err)
+{
+    if (st == DSV4_ERR_SHAPE && err && c) {
+        size_t len = strlen(err->message);
+        snprintf(err->message + len, sizeof err->message - len,
+                 "; the config sets dim %lld, moe_inter_dim %lld, n_routed_experts %lld (its preset or --set; the "
+                 "file's own shapes: dsv4moe inspect)",
+                 (long long)c->dim, (long long)c->moe_inter_dim, (long long)c->n_routed_experts);
+    }
+    return st;
+}
+
 static dsv4_status weights_matrix(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert, dsv4_proj proj,
                                   bool load, dsv4_matrix_view *out, dsv4_error *err)
 {
@@ -208,7 +222,7 @@ static dsv4_status weights_matrix(const dsv4_checkpoint *ck, const dsv4_config *
     }
     if (st == DSV4_OK)
         *out = m;
-    return st;
+    return shape_hint(c, st, err);
 }
 
 dsv4_status dsv4_weights_matrix(const dsv4_checkpoint *ck, const dsv4_config *c, int64_t expert, dsv4_proj proj,
@@ -223,8 +237,17 @@ dsv4_status dsv4_weights_matrix_view(const dsv4_checkpoint *ck, const dsv4_confi
     return weights_matrix(ck, c, expert, proj, false, out, err);
 }
 
+static dsv4_status weights_router(const dsv4_checkpoint *ck, const dsv4_config *c, dsv4_router_view *out,
+                                  dsv4_error *err);
+
 dsv4_status dsv4_weights_router(const dsv4_checkpoint *ck, const dsv4_config *c, dsv4_router_view *out,
                                 dsv4_error *err)
+{
+    return shape_hint(c, weights_router(ck, c, out, err), err);
+}
+
+static dsv4_status weights_router(const dsv4_checkpoint *ck, const dsv4_config *c, dsv4_router_view *out,
+                                  dsv4_error *err)
 {
     if (!ck || !c || !out)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "weights", "checkpoint, config and output must not be NULL");

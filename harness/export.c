@@ -419,8 +419,9 @@ static dsv4_status plan_ids(const dsv4_scenario *scn, const char *dir, const dsv
 static dsv4_status export_options(const dsv4_export_options *opt, dsv4_export_options *o, dsv4_error *err)
 {
     dsv4_export_options_init(o);
-    /* the size before `roundings` (callers built against format version 1) still works */
-    if (opt && opt->struct_size != sizeof *opt && opt->struct_size != offsetof(dsv4_export_options, roundings))
+    /* the sizes before `roundings` (callers built against format version 1) and before `progress` still work */
+    if (opt && opt->struct_size != sizeof *opt && opt->struct_size != offsetof(dsv4_export_options, roundings) &&
+        opt->struct_size != offsetof(dsv4_export_options, progress))
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "export", "options struct_size %u unknown (expected %zu)",
                            opt->struct_size, sizeof *opt);
     if (opt)
@@ -537,6 +538,8 @@ dsv4_status dsv4_export_scenario(const dsv4_scenario *scn, const char *dir, cons
             if (!st && !first_model[0]) /* the ranks of a case share the layer: linked to the first one placed */
                 snprintf(first_model, sizeof first_model, "%s/%s/model.safetensors", dir, plan[a].id);
             nw += !st;
+            if (!st && o.progress)
+                o.progress(o.progress_user, nw, np, plan[a].id);
         }
         dsv4_st_close(pool);
         unlink(pool_path);

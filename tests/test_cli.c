@@ -56,7 +56,8 @@ START_TEST(help_for_every_command)
 }
 END_TEST
 
-/* gen's progress line: on a terminal (script(1) gives one), not into a pipe, not with --quiet. */
+/* gen's and export's progress lines: on a terminal (script(1) gives one), not into a pipe, not with
+   --quiet. */
 START_TEST(gen_progress_on_a_terminal_only)
 {
     const char *cli = getenv("DSV4MOE_CLI");
@@ -79,6 +80,15 @@ START_TEST(gen_progress_on_a_terminal_only)
     snprintf(args, sizeof args, "gen --preset mini --layer 1 --out %s", dir);
     ck_assert_int_eq(run_cli(args), 0);
     ck_assert_ptr_null(strstr(out_buf, "weights: 100 %"));
+    /* export's line: the folders of the file and the case id */
+    const char *src = getenv("DSV4MOE_SRC");
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/script -qec '%s export %s/scenarios/engines.yaml --filter topp-bf16 --dir %s-cases' /dev/null "
+             ">%s 2>&1 </dev/null",
+             cli, src ? src : ".", dir, log);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_ge(tu_read_file(log, out, sizeof out), 0);
+    ck_assert_msg(strstr(out, "dsv4moe export: 1 of 1, ") && strstr(out, "engines.topp-bf16"), "%s", out);
 }
 END_TEST
 
@@ -208,6 +218,7 @@ START_TEST(ref_writes_outputs_and_rejects_bad_input)
              dir, dir, dir);
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "layers.0.ffn.experts.0.w1.weight"));
+    ck_assert_msg(strstr(out_buf, "the config sets dim 256, moe_inter_dim 256, n_routed_experts 16"), "%s", out_buf);
     snprintf(args, sizeof args, "%s/y2.safetensors", dir);
     ck_assert(!tu_file_exists(args));
     /* The wrong layer id: its keys are not in the file. */

@@ -40,6 +40,11 @@ typedef struct dsv4_export_options {
     unsigned roundings;   /* the rounding profiles whose expected outputs are written, a mask of
                              1u << dsv4_rounding; spec's are always written (expected.safetensors).
                              0 (default): all three */
+    /* Called after each case folder is placed with the folders done, the scenario's total and the
+       case id (a long export's progress line). NULL: none. A caller built before these two fields
+       passes their offset as struct_size and gets none. */
+    void (*progress)(void *user, size_t done, size_t total, const char *case_id);
+    void *progress_user;
 } dsv4_export_options;
 
 /* split layout, 2 threads, no filter, every rounding profile. NULL is a no-op. */
