@@ -13,7 +13,7 @@
 static const char REF_HELP[] =
     "usage: dsv4moe ref --weights W.safetensors|DIR --input X.safetensors --layer N\n"
     "                   [--preset P | --config FILE] [--set KEY=VALUE ...] --out Y.safetensors\n"
-    "                   [--threads N] [--rounding spec|bf16_ops|fp32]\n\n"
+    "                   [--threads N] [--rounding spec|bf16_ops|fp32] [--quiet]\n\n"
     "Runs the deterministic reference of one MoE layer (SPEC.md) and writes y (BF16 [T, H]),\n"
     "topk_ids (I32 [T, K], pruned slots hold E), topk_weights (F32 [T, K]) and y_terms (F32\n"
     "[T, H]: |shared output| + sum of |weighted expert outputs|, SPEC.md section 10). The output\n"
@@ -26,7 +26,9 @@ static const char REF_HELP[] =
     "  --rounding P         where the expected output rounds before an activation quantization\n"
     "                       (SPEC.md section 10): spec (default, section 4 as written), bf16_ops\n"
     "                       (every elementwise result in bf16, as eager PyTorch on a bf16 model)\n"
-    "                       or fp32 (g, u, h and o in fp32); recorded as metadata 'rounding'\n";
+    "                       or fp32 (g, u, h and o in fp32); recorded as metadata 'rounding'\n"
+    "  --quiet              no progress line (on a terminal the tokens are run in slices and counted;\n"
+    "                       every token's outputs depend on its own row only, so the bytes are the same)\n";
 
 int cmd_ref(int argc, char **argv)
 {
@@ -37,10 +39,14 @@ int cmd_ref(int argc, char **argv)
     int64_t threads = ncpu > 0 ? (ncpu > 64 ? 64 : ncpu) : 1;
     static const char *const value_opts[] = {"--weights", "--input", "--out", "--threads", "--rounding", NULL};
     dsv4_rounding rounding = DSV4_ROUNDING_SPEC;
-    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = REF_HELP, .value_opts = value_opts};
+    cli_args args = {.cmd = cmd, .argc = argc, .argv = argv, .co = &co, .help = REF_HELP, .value_opts = value_opts,
+                     .flags = (const char *const[]){"--quiet", NULL}};
+    bool quiet = false;
     const char *a, *val;
     while (cli_next_arg(&args, &a, &val)) {
-        if (!strcmp(a, "--weights"))
+        if (!strcmp(a, "--quiet"))
+            quiet = true;
+        else if (!strcmp(a, "--weights"))
             wpath = val;
         else if (!strcmp(a, "--input"))
             ipath = val;
@@ -127,10 +133,31 @@ int cmd_ref(int argc, char **argv)
     }
     double t1 = cli_now();
     dsv4_ref_output out = {.y = y, .topk_ids = topk, .topk_weights = topw};
-    if (dsv4_ref_forward_terms(ref, T, x, ti ? ids : NULL, &out, terms, &err)) {
-        cli_fail(cmd, &err);
-        goto done;
+    /* On a terminal the tokens go in slices, counted on the progress line; the statistics add up. */
+    cli_progress prog;
+    cli_progress_start(&prog, "dsv4moe ref: tokens", quiet);
+    int64_t slice = prog.on ? (T + 49) / 50 : T;
+    slice = slice < 1 ? 1 : slice;
+    memset(&out.stats, 0, sizeof out.stats);
+    for (int64_t t0s = 0; t0s < T || (T == 0 && t0s == 0); t0s += slice) {
+        int64_t n = T - t0s < slice ? T - t0s : slice;
+        dsv4_ref_output part = {.y = y + t0s * H, .topk_ids = topk + t0s * K, .topk_weights = topw + t0s * K};
+        if (dsv4_ref_forward_terms(ref, n, x + t0s * H, ti ? ids + t0s : NULL, &part, terms + t0s * H, &err)) {
+            cli_progress_end(&prog);
+            cli_fail(cmd, &err);
+            goto done;
+        }
+        dsv4_ref_stats *sa = &out.stats, *sb = &part.stats;
+        sa->tokens += sb->tokens, sa->nonfinite_rows += sb->nonfinite_rows, sa->kept_slots += sb->kept_slots;
+        sa->pruned_slots += sb->pruned_slots, sa->routed_values += sb->routed_values;
+        sa->routed_g_clamped += sb->routed_g_clamped, sa->routed_u_clamped += sb->routed_u_clamped;
+        sa->shared_values += sb->shared_values, sa->shared_g_clamped += sb->shared_g_clamped;
+        sa->shared_u_clamped += sb->shared_u_clamped;
+        cli_progress_count(&prog, (size_t)(t0s + n), (size_t)T, NULL);
+        if (T == 0)
+            break;
     }
+    cli_progress_end(&prog);
     double t2 = cli_now();
     int64_t sy[2] = {T, H}, sk[2] = {T, K};
     char hash[32];

@@ -56,14 +56,14 @@ START_TEST(help_for_every_command)
 }
 END_TEST
 
-/* gen's and export's progress lines: on a terminal (script(1) gives one), not into a pipe, not with
-   --quiet. */
+/* gen's, export's and ref's progress lines: on a terminal (script(1) gives one), not into a pipe,
+   not with --quiet. */
 START_TEST(gen_progress_on_a_terminal_only)
 {
     const char *cli = getenv("DSV4MOE_CLI");
     if (!cli || access("/usr/bin/script", X_OK) != 0)
         return;
-    char dir[512], log[600], cmd[2048], out[8192];
+    char dir[512], log[600], cmd[4096], out[8192];
     tu_path(dir, sizeof dir, "cli_gen_progress");
     tu_path(log, sizeof log, "cli_gen_progress.txt");
     static const char *const quiet[] = {"", " --quiet"};
@@ -76,7 +76,7 @@ START_TEST(gen_progress_on_a_terminal_only)
         ck_assert_int_ge(tu_read_file(log, out, sizeof out), 0);
         ck_assert_msg((strstr(out, "dsv4moe gen: weights: 100 % of ") != NULL) == (q == 0), "%s", out);
     }
-    char args[1024];
+    char args[2048];
     snprintf(args, sizeof args, "gen --preset mini --layer 1 --out %s", dir);
     ck_assert_int_eq(run_cli(args), 0);
     ck_assert_ptr_null(strstr(out_buf, "weights: 100 %"));
@@ -89,6 +89,27 @@ START_TEST(gen_progress_on_a_terminal_only)
     ck_assert_int_eq(system(cmd), 0);
     ck_assert_int_ge(tu_read_file(log, out, sizeof out), 0);
     ck_assert_msg(strstr(out, "dsv4moe export: 1 of 1, ") && strstr(out, "engines.topp-bf16"), "%s", out);
+    /* ref's: on a terminal the tokens run in slices; the same bytes and statistics as in one call */
+    snprintf(args, sizeof args, "gen --preset mini-topp --layer 2 --tokens 200 --out %s-ref", dir);
+    ck_assert_int_eq(run_cli(args), 0);
+    snprintf(args, sizeof args,
+             "ref --preset mini-topp --layer 2 --weights %s-ref/model.safetensors --input %s-ref/input.safetensors "
+             "--out %s-ref/y1.safetensors",
+             dir, dir, dir);
+    ck_assert_int_eq(run_cli(args), 0);
+    char stats[512];
+    const char *rt = strstr(out_buf, "  routing: ");
+    ck_assert_ptr_nonnull(rt);
+    snprintf(stats, sizeof stats, "%.*s", (int)strcspn(rt, "\n"), rt);
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/script -qec '%s ref --preset mini-topp --layer 2 --weights %s-ref/model.safetensors --input "
+             "%s-ref/input.safetensors --out %s-ref/y2.safetensors' /dev/null >%s 2>&1 </dev/null",
+             cli, dir, dir, dir, log);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_ge(tu_read_file(log, out, sizeof out), 0);
+    ck_assert_msg(strstr(out, "dsv4moe ref: tokens: 200 of 200") && strstr(out, stats), "%s\n%s", stats, out);
+    snprintf(cmd, sizeof cmd, "cmp %s-ref/y1.safetensors %s-ref/y2.safetensors", dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
