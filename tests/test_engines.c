@@ -505,6 +505,14 @@ static const struct {
     {"shared_clamp_dropped", {"quant=0,layer=1", "quant=2,layer=1", "two-ranks rank 0", NULL}, 9},
     {"weight_point_swapped", {"quant=0,layer=0", "quant=0,layer=1", "topp:", "two-ranks rank 0", NULL}, 5},
     {"topp_slot_as_expert0", {"topp:", "topp-bf16", NULL}, 2},
+    /* the field's reports (docs/engines.md names each one's source) */
+    {"weights_not_normalized", {"quant=0,layer=0", "quant=1,layer=1", "two-ranks rank 1", NULL}, 10},
+    {"bias_in_weights", {"quant=0,layer=1", "topp:", "two-ranks rank 0", NULL}, 7},
+    {"route_scale_twice", {"quant=0,layer=0", "quant=2,layer=1", "topp-bf16", NULL}, 10},
+    {"route_scale_on_shared", {"quant=1,layer=0", "quant=2,layer=1", "two-ranks rank 1", NULL}, 10},
+    {"hash_without_ids", {"quant=0,layer=0", "quant=1,layer=0", "quant=2,layer=0", NULL}, 3},
+    {"hash_uniform_weights", {"quant=0,layer=0", "quant=1,layer=0", "quant=2,layer=0", NULL}, 3},
+    {"topp_renorm_switched", {"topp:", "topp-bf16", NULL}, 2},
 };
 #define N_DEFECTS (int)(sizeof DEFECTS / sizeof DEFECTS[0])
 

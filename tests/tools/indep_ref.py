@@ -231,7 +231,10 @@ DEFAULTS = dict(dim="4096", moe_inter_dim="2048", n_routed_experts="256", n_acti
                 shared_format="fp8", weight_scale="ue8m0", act_quant="ue8m0")
 
 # Defects an engine may carry (the CI test's engine patches each in; docs/engines.md):
-DEFECTS = ("routed_clamp_dropped", "shared_clamp_dropped", "weight_point_swapped", "topp_slot_as_expert0")
+# The defects the engine can have (docs/engines.md's detection table names each one's public report).
+DEFECTS = ("routed_clamp_dropped", "shared_clamp_dropped", "weight_point_swapped", "topp_slot_as_expert0",
+           "weights_not_normalized", "bias_in_weights", "route_scale_twice", "route_scale_on_shared",
+           "hash_without_ids", "hash_uniform_weights", "topp_renorm_switched")
 
 
 def forward(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec", bf16_sums=False):
@@ -257,6 +260,8 @@ def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec
     min_keep = int(cfg["top_p_min_keep"]); pred = cfg["top_p_predictor"]
     wp = cfg["weight_point"]; aq = cfg["act_quant"]; eps = F32(float(cfg["norm_eps"]))
     n_shared = int(cfg["n_shared_experts"])
+    if defect == "topp_renorm_switched":  # kept weights rescaled where the contract says not, or the reverse
+        renorm = not renorm
     if defect == "weight_point_swapped":
         wp = "after_w2" if wp == "before_w2" else "before_w2"
     assert layer >= 0
@@ -299,7 +304,8 @@ def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec
         V = tid.shape[0]
         if np.any(ids_in < 0) or np.any(ids_in >= V):
             raise SystemExit("input id out of range")
-        idx = tid[ids_in].astype(np.int64)
+        # the defect: hash routing without the input ids (every token routed as input id 0)
+        idx = tid[np.zeros_like(ids_in) if defect == "hash_without_ids" else ids_in].astype(np.int64)
         if np.any(idx < 0) or np.any(idx >= E):
             raise SystemExit("tid2eid entry out of range")
     else:
@@ -309,12 +315,18 @@ def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec
             order = sorted(range(E), key=lambda e: (-float(b[t, e]), e))
             idx[t] = order[:K]
     w = np.take_along_axis(s, idx, axis=1).astype(F32)
-    if score != "softmax":
+    if defect == "bias_in_weights" and not hash_layer:  # the selection bias kept in the weights
+        w = (w + bias[idx]).astype(F32)
+    if score != "softmax" and defect != "weights_not_normalized":
         tot = np.zeros(T, dtype=F32)
         for j in range(K):
             tot = (tot + w[:, j]).astype(F32)
         w = (w / (tot + eps)[:, None]).astype(F32)
     w = (w * route_scale).astype(F32)
+    if defect == "route_scale_twice":
+        w = (w * route_scale).astype(F32)
+    if defect == "hash_uniform_weights" and hash_layer:  # every kept expert of a hash layer at route_scale / K
+        w = np.full_like(w, route_scale / F32(K))
     bad = ~np.all(np.isfinite(logits), axis=1)
     for t in np.nonzero(bad)[0]:
         idx[t] = np.arange(K)
@@ -395,6 +407,10 @@ def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec
         W2, f2 = load_weight(st, q + "w2")
         o = ffn(x, W1, W3, W2, f1, f2, aq, L, shared_clamp and defect != "shared_clamp_dropped", None, wp,
                 rounding)
+        if defect == "route_scale_on_shared":  # the shared expert scaled as a routed one
+            o = (o * route_scale).astype(F32)
+            if rounding == "bf16_ops":
+                o = bf16(o)
         y = bf16(y + o) if bf16_sums else (y + o).astype(F32)
         terms = (terms + np.abs(o)).astype(F32)
     return bf16(y), idx, w, terms
