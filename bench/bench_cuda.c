@@ -87,7 +87,15 @@ static int load_targets(const char *path, target *t, int max)
     return n;
 }
 
-/* A row's value of the target's metric; NAN where bench_cuda does not measure it (the peers' but torch's). */
+/* Whether bench_cuda measures the target's metric itself (else the device table judges it). */
+static bool target_here(const target *g)
+{
+    return !strcmp(g->metric, "ms") || !strcmp(g->metric, "share_of_copy") || !strcmp(g->metric, "share_of_fp8") ||
+           !strcmp(g->metric, "x_torch");
+}
+
+/* A row's value of the target's metric; NAN where bench_cuda does not measure it (target_here) or
+   the row has no value for it (no ceilings, no torch peer time). */
 static double target_metric(const target *g, double ms, double bw_share, double fp8_share, double speedup)
 {
     return !strcmp(g->metric, "ms")              ? ms
@@ -768,11 +776,11 @@ int main(int argc, char **argv)
                 if (r.ok) {
                     size_t tl = 0;
                     for (int g = 0; g < ntg && tl < sizeof tg; g++) {
-                        if (T < tgs[g].tmin || T > tgs[g].tmax)
-                            continue;
+                        if (T < tgs[g].tmin || T > tgs[g].tmax || !target_here(&tgs[g]))
+                            continue; /* not this T's, or judged with the peers by ci/device-table.py */
                         double v = target_metric(&tgs[g], r.ms, r.bw_share, r.fp8_share, r.speedup);
                         if (isnan(v) && strcmp(tgs[g].metric, "x_torch"))
-                            continue; /* judged with the peers by ci/device-table.py */
+                            continue; /* not measured in this call (no ceilings) */
                         tl += (size_t)snprintf(tg + tl, sizeof tg - tl, "%s%s %s", tl ? " " : "", tgs[g].name,
                                                !isfinite(v)              ? "n/a"
                                                : target_holds(&tgs[g], v) ? "ok"
@@ -829,8 +837,7 @@ int main(int argc, char **argv)
     if (!ntg)
         printf("  none read from %s\n", targets_path);
     for (int g = 0; g < ntg; g++) {
-        int seen = 0, met = 1, peers = strcmp(tgs[g].metric, "ms") && strcmp(tgs[g].metric, "share_of_copy") &&
-                                     strcmp(tgs[g].metric, "share_of_fp8") && strcmp(tgs[g].metric, "x_torch");
+        int seen = 0, met = 1, peers = !target_here(&tgs[g]);
         for (int ti = 0; ti < nT && !peers; ti++) {
             if (Ts[ti] < tgs[g].tmin || Ts[ti] > tgs[g].tmax)
                 continue;

@@ -120,21 +120,27 @@ class Engine:
         M, K = x.shape
         return (q.float().view(M, K // 128, 128) * s.unsqueeze(-1)).view(M, K).to(self.t.bfloat16)
 
-    def scale_layouts(self, s, ws):
+    # (rows padded to a multiple of, activation-scale layout, weight-scale layout), in the order tried
+    LAYOUTS = [(pad, i, j) for pad in (1, 16, 128) for i in range(2) for j in range(6)]
+
+    def scale_form(self, s, ws, i, j):
         """The (scale_a, scale_b) layouts torch versions have asked of blockwise _scaled_mm: 1x128
-        activation scales [M, K/128] outer-dim-major (stride(0) == 1) or row-major; 128x128 weight
-        scales [K/128, N/128] as the transposed view, contiguous, with rows or columns padded to 4, or
-        [N/128, K/128] as stored."""
+        activation scales [M, K/128] outer-dim-major (stride(0) == 1, i = 0) or row-major (1); 128x128
+        weight scales [K/128, N/128] as the transposed view (j = 0), contiguous (1), outer-dim-major
+        (2), with rows (3) or columns (4) padded to 4, or [N/128, K/128] as stored (5)."""
         t = self.t
-        a_forms = [s.t().contiguous().t(), s.contiguous()]
+        sa = s.t().contiguous().t() if i == 0 else s.contiguous()
         b = ws.t()
         kb, nb = b.shape
-        pad = t.zeros((kb, (nb + 3) // 4 * 4), dtype=b.dtype, device=b.device)
-        pad[:, :nb] = b
-        padt = t.zeros((nb, (kb + 3) // 4 * 4), dtype=b.dtype, device=b.device)
-        padt[:, :kb] = b.t()
-        b_forms = [b, b.contiguous(), b.t().contiguous().t(), pad[:, :nb], padt.t()[:kb], ws.contiguous()]
-        return [(i, j, a, bb) for i, a in enumerate(a_forms) for j, bb in enumerate(b_forms)]
+        if j == 3:
+            pad = t.zeros((kb, (nb + 3) // 4 * 4), dtype=b.dtype, device=b.device)
+            pad[:, :nb] = b
+            return sa, pad[:, :nb]
+        if j == 4:
+            padt = t.zeros((nb, (kb + 3) // 4 * 4), dtype=b.dtype, device=b.device)
+            padt[:, :kb] = b.t()
+            return sa, padt.t()[:kb]
+        return sa, (b, b.contiguous(), b.t().contiguous().t(), None, None, ws.contiguous())[j]
 
     def linear(self, x, w, split=False):
         """bf16(x . W^T) for bf16 x: the quantize-dequantize GEMM, or FP8 _scaled_mm with blockwise scales.
@@ -157,17 +163,16 @@ class Engine:
                 s = t.cat([s, t.ones_like(s)], 1)
                 wqk = t.cat([wq, t.zeros_like(wq)], 1)
                 wsk = t.cat([ws, t.ones_like(ws)], 1)
-            forms = []
-            for pad in (1, 16, 128):  # rows padded with zeros (scale 1) to a multiple of pad
-                Mp = -(-M // pad) * pad
-                qp, sp = q, s
-                if Mp != M:
-                    qp = t.cat([q, t.zeros((Mp - M, q.shape[1]), dtype=q.dtype, device=q.device)])
-                    sp = t.cat([s, t.ones((Mp - M, s.shape[1]), dtype=s.dtype, device=s.device)])
-                forms += [((pad,) + f[:2], qp, f[2], f[3]) for f in self.scale_layouts(sp, wsk)]
-            if self.layout is not None:
-                forms.sort(key=lambda f: f[0] != self.layout)
-            for key, qp, sa, sb in forms:
+            padded = {}  # rows padded with zeros (scale 1) to a multiple of pad, made when first tried
+            for key in sorted(self.LAYOUTS, key=lambda k: k != self.layout):  # the one that held first
+                pad, i, j = key
+                if pad not in padded:
+                    Mp = -(-M // pad) * pad
+                    padded[pad] = (q, s) if Mp == M else (
+                        t.cat([q, t.zeros((Mp - M, q.shape[1]), dtype=q.dtype, device=q.device)]),
+                        t.cat([s, t.ones((Mp - M, s.shape[1]), dtype=s.dtype, device=s.device)]))
+                qp, sp = padded[pad]
+                sa, sb = self.scale_form(sp, wsk, i, j)
                 try:
                     out = t._scaled_mm(qp, wqk.t(), scale_a=sa, scale_b=sb, out_dtype=t.bfloat16)[:M]
                 except RuntimeError as e:

@@ -317,39 +317,38 @@ void cli_progress_start(cli_progress *p, const char *what, bool quiet)
     p->t0 = p->last = cli_now();
 }
 
-/* "N s left" from the share done so far (nothing until 2 % is done: too early to say). */
-static void progress_left(const cli_progress *p, double share, char *buf, size_t n)
+/* Whether to draw now (on, something to count, five times a second, always the last) and, if so,
+   "N s left" from the share done so far (nothing until 2 % is done: too early to say). */
+static bool progress_due(cli_progress *p, uint64_t done, uint64_t total, char *left, size_t n)
 {
-    double el = cli_now() - p->t0;
+    double now = cli_now();
+    if (!p->on || !total || (now - p->last < 0.2 && done < total))
+        return false;
+    p->last = now;
+    double share = (double)done / (double)total;
     if (share < 0.02)
-        snprintf(buf, n, "estimating");
+        snprintf(left, n, "estimating");
     else
-        snprintf(buf, n, "%.0f s left", el / share * (1 - share));
+        snprintf(left, n, "%.0f s left", (now - p->t0) / share * (1 - share));
+    return true;
 }
 
 void cli_progress_bytes(void *user, uint64_t done, uint64_t total)
 {
     cli_progress *p = user;
-    double now = cli_now();
-    if (!p->on || !total || (now - p->last < 0.2 && done < total))
-        return;
-    p->last = now;
     char left[48];
-    double share = (double)done / (double)total;
-    progress_left(p, share, left, sizeof left);
-    fprintf(stderr, "\r\033[K%s: %.0f %% of %.1f %s, %s", p->what, 100 * share, total >= 1e9 ? total / 1e9 : total / 1e6,
-            total >= 1e9 ? "GB" : "MB", left);
+    if (!progress_due(p, done, total, left, sizeof left))
+        return;
+    fprintf(stderr, "\r\033[K%s: %.0f %% of %.1f %s, %s", p->what, 100.0 * (double)done / (double)total,
+            total >= 1e9 ? total / 1e9 : total / 1e6, total >= 1e9 ? "GB" : "MB", left);
     fflush(stderr);
 }
 
 void cli_progress_count(cli_progress *p, size_t done, size_t total, const char *item)
 {
-    double now = cli_now();
-    if (!p->on || !total || (now - p->last < 0.2 && done < total))
-        return;
-    p->last = now;
     char left[48];
-    progress_left(p, (double)done / (double)total, left, sizeof left);
+    if (!progress_due(p, done, total, left, sizeof left))
+        return;
     fprintf(stderr, "\r\033[K%s: %zu of %zu, %s%s%.60s", p->what, done, total, left, item ? "  " : "", item ? item : "");
     fflush(stderr);
 }
