@@ -118,8 +118,9 @@ def ue8m0(b):
     return np.where(b == 255, np.nan, v)
 
 
-def act_quant(x, mode):
-    """x: fp32 [T, K]. Returns the fp32 values the GEMM sees."""
+def act_quant(x, mode, granularity="block"):
+    """x: fp32 [T, K]. Returns the fp32 values the GEMM sees. granularity: the contract's 1x128 blocks
+    ("block"), or a defect's one scale per token ("token") or per tensor ("tensor")."""
     if mode == "none":
         return x
     T, K = x.shape
@@ -127,6 +128,10 @@ def act_quant(x, mode):
     for g0 in range(0, K, 128):
         blk = x[:, g0:g0 + 128].astype(F32)
         amax = np.maximum(np.max(np.abs(blk), axis=1), F32(1e-4)).astype(F32)
+        if granularity == "token":
+            amax = np.maximum(np.max(np.abs(x), axis=1), F32(1e-4)).astype(F32)
+        elif granularity == "tensor":
+            amax = np.full_like(amax, max(float(np.max(np.abs(x))) if x.size else 0.0, 1e-4)).astype(F32)
         if mode == "ue8m0":
             a64 = amax.astype(np.float64)
             _, e = np.frexp(a64 / 448.0)
@@ -159,14 +164,22 @@ def dot(xa, W):
 # --------------------------------------------------------------------------- weights
 
 
-def load_weight(st, key):
-    """Returns (fp32 dequantized [N, K], format)."""
+def load_weight(st, key, defect=None, odd_expert=None):
+    """Returns (fp32 dequantized [N, K], format). The defects: ue8m0_byte_as_value reads every ue8m0
+    scale byte as its value (120.0 instead of 2^-7); ue8m0_bias_off_one_expert decodes the scales of
+    the expert whose key prefix is odd_expert with bias 126 (twice the scale)."""
+    def scale(b):
+        if defect == "ue8m0_byte_as_value":
+            return np.asarray(b, dtype=np.float64)
+        if defect == "ue8m0_bias_off_one_expert" and odd_expert and key.startswith(odd_expert):
+            return ue8m0(np.asarray(b, dtype=np.int64) + 1)
+        return ue8m0(b)
     dt, q = st[key + ".weight"]
     if dt == "BF16":
         return q.astype(F32), "bf16"
     if dt == "F8_E4M3":
         sdt, s = st[key + ".scale"]
-        sv = ue8m0(s).astype(F32) if sdt == "F8_E8M0" else s.astype(F32)
+        sv = scale(s).astype(F32) if sdt == "F8_E8M0" else s.astype(F32)
         N, K = q.shape
         S = np.repeat(np.repeat(sv, 128, axis=0), 128, axis=1)[:N, :K]
         W = (E4M3[q].astype(F32) * S).astype(F32)
@@ -180,7 +193,7 @@ def load_weight(st, key):
         codes = np.empty((N, K2 * 2), dtype=np.uint8)
         codes[:, 0::2] = lo
         codes[:, 1::2] = hi
-        S = np.repeat(ue8m0(s), 32, axis=1)
+        S = np.repeat(scale(s), 32, axis=1)
         W = (E2M1[codes] * S).astype(F32)
         return W, "fp4"
     raise SystemExit("unexpected dtype %s for %s" % (dt, key))
@@ -191,34 +204,38 @@ def load_weight(st, key):
 
 def exp32(v):
     """fp32 exp computed in double and rounded once."""
-    return np.exp(np.asarray(v, dtype=np.float64)).astype(F32)
+    with np.errstate(over="ignore"):  # a defect may drive g far out: exp saturates to inf, as in fp32
+        return np.exp(np.asarray(v, dtype=np.float64)).astype(F32)
 
 
 ROUNDINGS = ("spec", "bf16_ops", "fp32")
 
 
-def ffn(xin, W1, W3, W2, fmt13, fmt2, aq, L, clamp, w=None, weight_point="before_w2", rounding="spec"):
+def ffn(xin, W1, W3, W2, fmt13, fmt2, aq, L, clamp, w=None, weight_point="before_w2", rounding="spec",
+        defect=None):
     """xin fp32 (bf16 values) [n, H]. Returns o [n, H] before the router weight for after_w2, or
     with it folded in for before_w2: bf16 values, or fp32 ones in the fp32 profile (SPEC.md 10.1:
     spec rounds g, u, h and o; bf16_ops also silu(g), silu(g) u and h w; fp32 none of them)."""
     assert rounding in ROUNDINGS, rounding
     keep32 = rounding == "fp32"
     ops = (lambda v: bf16(v)) if rounding == "bf16_ops" else (lambda v: v)
-    xq = act_quant(xin, aq if fmt13 != "bf16" else "none")
+    gran = {"act_scale_per_token": "token", "act_scale_per_tensor": "tensor"}.get(defect, "block")
+    xq = act_quant(xin, aq if fmt13 != "bf16" else "none", gran)
     g = dot(xq, W1)
     u = dot(xq, W3)
     if not keep32:
         g, u = bf16(g), bf16(u)
     if clamp and L > 0:
         Lf = F32(L)
-        u = np.clip(u, -Lf, Lf).astype(F32)
-        g = np.minimum(g, Lf).astype(F32)
+        # the contract: up clamped on both sides, gate from above only; the defects swap one of them
+        u = (np.minimum(u, Lf) if defect == "clamp_up_one_side" else np.clip(u, -Lf, Lf)).astype(F32)
+        g = (np.clip(g, -Lf, Lf) if defect == "clamp_gate_both_sides" else np.minimum(g, Lf)).astype(F32)
     silu = ops((g / (F32(1.0) + exp32(-g))).astype(F32))
     h = ops((silu * u).astype(F32))
     if w is not None and weight_point == "before_w2":
         h = (h * w[:, None]).astype(F32)
     hb = h if keep32 else bf16(h)
-    hq = act_quant(hb, aq if fmt2 != "bf16" else "none")
+    hq = act_quant(hb, aq if fmt2 != "bf16" else "none", gran)
     o = dot(hq, W2)
     return o if keep32 else bf16(o)
 
@@ -230,11 +247,12 @@ DEFAULTS = dict(dim="4096", moe_inter_dim="2048", n_routed_experts="256", n_acti
                 top_p_renorm="false", top_p_predictor="none", routed_format="fp4",
                 shared_format="fp8", weight_scale="ue8m0", act_quant="ue8m0")
 
-# Defects an engine may carry (the CI test's engine patches each in; docs/engines.md):
 # The defects the engine can have (docs/engines.md's detection table names each one's public report).
 DEFECTS = ("routed_clamp_dropped", "shared_clamp_dropped", "weight_point_swapped", "topp_slot_as_expert0",
            "weights_not_normalized", "bias_in_weights", "route_scale_twice", "route_scale_on_shared",
-           "hash_without_ids", "hash_uniform_weights", "topp_renorm_switched")
+           "hash_without_ids", "hash_uniform_weights", "topp_renorm_switched", "clamp_gate_both_sides",
+           "clamp_up_one_side", "tid2eid_through_bf16", "ue8m0_byte_as_value", "ue8m0_bias_off_one_expert",
+           "act_scale_per_token", "act_scale_per_tensor")
 
 
 def forward(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec", bf16_sums=False):
@@ -306,7 +324,9 @@ def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec
             raise SystemExit("input id out of range")
         # the defect: hash routing without the input ids (every token routed as input id 0)
         idx = tid[np.zeros_like(ids_in) if defect == "hash_without_ids" else ids_in].astype(np.int64)
-        if np.any(idx < 0) or np.any(idx >= E):
+        if defect == "tid2eid_through_bf16":  # the table cast to bf16: 383 becomes 384, an id past the
+            idx = np.minimum(bf16(idx.astype(F32)).astype(np.int64), E)  # last one skipped as a pruned slot
+        if np.any(idx < 0) or np.any(idx > E) or (defect != "tid2eid_through_bf16" and np.any(idx == E)):
             raise SystemExit("tid2eid entry out of range")
     else:
         bias = st[p + "gate.bias"][1].astype(F32)
@@ -314,7 +334,7 @@ def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec
         for t in range(T):
             order = sorted(range(E), key=lambda e: (-float(b[t, e]), e))
             idx[t] = order[:K]
-    w = np.take_along_axis(s, idx, axis=1).astype(F32)
+    w = np.take_along_axis(s, np.minimum(idx, E - 1), axis=1).astype(F32)
     if defect == "bias_in_weights" and not hash_layer:  # the selection bias kept in the weights
         w = (w + bias[idx]).astype(F32)
     if score != "softmax" and defect != "weights_not_normalized":
@@ -384,11 +404,12 @@ def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec
         if len(rows) == 0:
             continue
         q = p + "experts.%d." % e
-        W1, f1 = load_weight(st, q + "w1")
-        W3, _ = load_weight(st, q + "w3")
-        W2, f2 = load_weight(st, q + "w2")
+        odd = p + "experts.%d." % (E - 1)  # the one expert ue8m0_bias_off_one_expert decodes wrongly
+        W1, f1 = load_weight(st, q + "w1", defect, odd)
+        W3, _ = load_weight(st, q + "w3", defect, odd)
+        W2, f2 = load_weight(st, q + "w2", defect, odd)
         we = w[rows, slots].astype(F32)
-        o = ffn(x[rows], W1, W3, W2, f1, f2, aq, L, defect != "routed_clamp_dropped", we, wp, rounding)
+        o = ffn(x[rows], W1, W3, W2, f1, f2, aq, L, defect != "routed_clamp_dropped", we, wp, rounding, defect)
         if wp == "after_w2":
             o = (we[:, None] * o).astype(F32)
             if rounding == "bf16_ops":
@@ -402,11 +423,11 @@ def forward_terms(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec
         np.add.at(terms, rows, np.abs(o))
     if n_shared:
         q = p + "shared_experts."
-        W1, f1 = load_weight(st, q + "w1")
-        W3, _ = load_weight(st, q + "w3")
-        W2, f2 = load_weight(st, q + "w2")
+        W1, f1 = load_weight(st, q + "w1", defect)
+        W3, _ = load_weight(st, q + "w3", defect)
+        W2, f2 = load_weight(st, q + "w2", defect)
         o = ffn(x, W1, W3, W2, f1, f2, aq, L, shared_clamp and defect != "shared_clamp_dropped", None, wp,
-                rounding)
+                rounding, defect)
         if defect == "route_scale_on_shared":  # the shared expert scaled as a routed one
             o = (o * route_scale).astype(F32)
             if rounding == "bf16_ops":
