@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "dsv4moe/config.h"
+#include "dsv4moe/engines.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/scenario.h"
 
@@ -80,6 +81,10 @@ int cli_parse_roundings(const char *cmd, const char *s, unsigned *mask);
    else EXIT_OK. */
 int cli_load_scenarios(const cli_args *args, dsv4_scenario ***out);
 void cli_free_scenarios(dsv4_scenario **scns, int n);
+/* check --catalogue (cli/check_catalogue.c): the engine command run clean and with each class of
+   the catalogue in each profile of the mask, checked with opt; prints the table. An exit status. */
+int cli_check_catalogue(const char *dir, const char *engine, const char *report, const dsv4_check_options *opt,
+                        unsigned profiles);
 /* mkdir -p: the folder and its parents; 0 on success, -1 with errno set otherwise. */
 int cli_mkdir_p(const char *path);
 /* Takes the value of option argv[*i]; prints and returns NULL when missing. */

@@ -16,6 +16,7 @@
 
 #include "err.h"
 #include "grow.h"
+#include "diagnose.h"
 #include "engines_int.h"
 #include "fileio.h"
 #include "run_ext.h"
@@ -378,10 +379,30 @@ static void check_case(const char *cases_dir, const char *outputs_dir, const cha
     snprintf(head, sizeof head, "%s vs ref (rule %s, rounding %s%s): y beyond %lld with S, %lld without",
              engine ? engine : "engine", dsv4_tolerance_name(rule), dsv4_rounding_name(rnd),
              declared ? " from the output's engine_rounding" : "", (long long)beyond, (long long)m.tol_violations);
+    char likely[768] = "";
+    if (!(ok && rok) && !o->no_diagnose) {
+        int32_t *ids_ref = malloc((size_t)ie->nbytes + 4);
+        if (ids_ref && ie->dtype == DSV4_DTYPE_I32 && ie->numel == (uint64_t)(T * cd->cfg.n_activated)) {
+            memcpy(ids_ref, ie->data, (size_t)ie->nbytes);
+            char cdir[2100];
+            snprintf(cdir, sizeof cdir, "%s/%s", cases_dir, id);
+            dsv4_h_failure f = {.case_dir = cdir, .cfg = &cd->cfg, .T = T, .rounding = rnd, .rule = rule, .y = ya,
+                                .y_ref = yb, .terms_ref = terms, .ids_ref = ids_ref, .ids = io, .routing_ok = rok,
+                                .weights = wo, .sentinel = o->sentinel,
+                                .weights_rtol = rnd == DSV4_ROUNDING_BF16_OPS ? DSV4_ROUTING_WEIGHT_RTOL_BF16
+                                                                              : DSV4_ROUTING_WEIGHT_RTOL,
+                                .beyond = beyond};
+            char d[700];
+            dsv4_h_diagnose(&f, d, sizeof d);
+            snprintf(likely, sizeof likely, "; %s", d);
+        }
+        free(ids_ref);
+    }
     if (ok && rok)
         snprintf(msg, sizeof msg, "%s; y %s; %s", head, T ? line : "nothing compared (0 tokens)", rline);
     else
-        snprintf(msg, sizeof msg, "%s; %s%s%s; y %s; %s", head, why, why[0] && rwhy[0] ? "; " : "", rwhy, line, rline);
+        snprintf(msg, sizeof msg, "%s; %s%s%s; y %s; %s%s", head, why, why[0] && rwhy[0] ? "; " : "", rwhy, line, rline,
+                 likely);
     dsv4_run_ext_check(c, NUM, ok && rok ? DSV4_RESULT_PASS : DSV4_RESULT_FAIL, msg);
 done:
     free(ya);
@@ -400,7 +421,8 @@ dsv4_status dsv4_check_engine(const char *cases_dir, const char *outputs_dir, co
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "check", "cases folder, outputs folder and results are needed");
     *results = NULL;
     /* the size before `rounding` (callers built against format version 1: rounding spec) still works */
-    if (opt && opt->struct_size != sizeof *opt && opt->struct_size != offsetof(dsv4_check_options, rounding))
+    if (opt && opt->struct_size != sizeof *opt && opt->struct_size != offsetof(dsv4_check_options, rounding) &&
+        opt->struct_size != offsetof(dsv4_check_options, no_diagnose))
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "check", "options struct_size %u unknown (expected %zu)",
                            opt->struct_size, sizeof *opt);
     if (opt)

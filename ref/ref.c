@@ -29,6 +29,7 @@ struct dsv4_ref {
     dsv4_config cfg;
     int threads;
     dsv4_rounding rounding; /* of dsv4_ref_forward (SPEC.md section 10) */
+    unsigned alt;           /* dsv4_ref_alternate bits; 0: the contract */
     const dsv4_checkpoint *ck;
     pthread_mutex_t read_mu; /* guards the `read` flags: forwards may run on several threads */
     bool mu_init;
@@ -189,6 +190,41 @@ typedef struct {
     atomic_int failed;   /* a worker could not allocate its scratch */
 } route_job;
 
+/* DSV4_ALT_HASH_FIRST_ID, _HASH_IDS_BF16: a hash token's ids into out [K]. An id past E-1 (a bf16
+   rounding up) is gathered at E-1 by route_select and marked in past[k]: the caller makes it E. */
+static const int32_t *alternate_hash_ids(const dsv4_ref *r, int32_t in_id, int32_t *out, bool *past)
+{
+    int64_t K = r->cfg.n_activated, E = r->cfg.n_routed_experts;
+    const int32_t *row = r->rt.tid2eid + (int64_t)((r->alt & DSV4_ALT_HASH_FIRST_ID) ? 0 : in_id) * K;
+    for (int64_t k = 0; k < K; k++) {
+        int64_t v = (r->alt & DSV4_ALT_HASH_IDS_BF16) ? (int64_t)dsv4_round_bf16((float)row[k]) : row[k];
+        past[k] = v >= E;
+        out[k] = (int32_t)(past[k] ? E - 1 : v);
+    }
+    return out;
+}
+
+/* The weight alternates, after route_select. */
+static void alternate_weights(const dsv4_ref *r, bool hash, const float *s, const int32_t *ids, float *w)
+{
+    const dsv4_config *c = &r->cfg;
+    int64_t K = c->n_activated;
+    bool bias = !hash && (r->alt & DSV4_ALT_BIAS_IN_WEIGHTS) && r->rt.bias;
+    if ((r->alt & DSV4_ALT_WEIGHTS_UNNORMALIZED) || bias) {
+        float sum = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            w[k] = s[ids[k]] + (bias ? r->rt.bias[ids[k]] : 0.0f);
+            sum += w[k];
+        }
+        bool norm = c->score_func != DSV4_SCORE_SOFTMAX && !(r->alt & DSV4_ALT_WEIGHTS_UNNORMALIZED);
+        for (int64_t k = 0; k < K; k++)
+            w[k] = (norm ? w[k] / (sum + c->norm_eps) : w[k]) * c->route_scale;
+    }
+    if (hash && (r->alt & DSV4_ALT_HASH_UNIFORM))
+        for (int64_t k = 0; k < K; k++)
+            w[k] = c->route_scale / (float)K;
+}
+
 static void route_tokens(void *p, int64_t b, int64_t e)
 {
     route_job *j = p;
@@ -215,7 +251,18 @@ static void route_tokens(void *p, int64_t b, int64_t e)
         }
         if (finite) {
             dsv4_ref_scores(c, l, s);
-            dsv4_route_select(c, s, r->rt.bias, hash ? r->rt.tid2eid + (int64_t)j->in_ids[t] * K : NULL, ids, w);
+            const int32_t *hid = hash ? r->rt.tid2eid + (int64_t)j->in_ids[t] * K : NULL;
+            int32_t alt_ids[K > 0 ? K : 1];
+            bool past[K > 0 ? K : 1];
+            memset(past, 0, sizeof past);
+            if (hash && r->alt)
+                hid = alternate_hash_ids(r, j->in_ids[t], alt_ids, past);
+            dsv4_route_select(c, s, r->rt.bias, hid, ids, w);
+            if (r->alt)
+                alternate_weights(r, hash, s, ids, w);
+            for (int64_t k = 0; k < K; k++)
+                if (past[k])
+                    ids[k] = (int32_t)E;
             /* Finite logits so negative that every selected score underflows to 0 give 0/0
                weights: such a row takes the fallback too rather than poisoning its output. */
             for (int64_t k = 0; k < K; k++)
@@ -244,7 +291,14 @@ static void route_tokens(void *p, int64_t b, int64_t e)
                 } else
                     norms[k] = 1.0f;
             }
+            float w0[K > 0 ? K : 1];
+            memcpy(w0, w, (size_t)K * sizeof *w);
             kept = dsv4_route_top_p(c, ids, w, norms);
+            for (int64_t k = 0; k < K && (r->alt & DSV4_ALT_PRUNED_AS_EXPERT0); k++)
+                if (ids[k] == (int32_t)E) {
+                    ids[k] = 0;
+                    w[k] = w0[k];
+                }
         }
         if (j->kept)
             j->kept[t] = kept;
@@ -277,6 +331,7 @@ typedef struct {
     dsv4_rounding rnd;
     const matrix *m;         /* w1, w3, w2 */
     bool clamp;
+    unsigned alt;            /* the handle's dsv4_ref_alternate bits */
     const float *xq;         /* [n, H] activations as this FFN's GEMMs see them */
     const float *tw;         /* router weight per row (NULL: weight 1, shared) */
     int64_t n, i0, ni;
@@ -311,8 +366,14 @@ static void up_value(ffn_job *j, int64_t q, int64_t i, float gd, float ud, uint6
     bool fp32 = j->rnd == DSV4_ROUNDING_FP32, ops = j->rnd == DSV4_ROUNDING_BF16_OPS;
     float g = fp32 ? gd : dsv4_round_bf16(gd);
     float u = fp32 ? ud : dsv4_round_bf16(ud);
-    if (j->clamp && L > 0.0f)
+    if (j->clamp && L > 0.0f && !(j->alt & (DSV4_ALT_GATE_CLAMP_BOTH_SIDES | DSV4_ALT_UP_CLAMP_ONE_SIDE)))
         dsv4_swiglu_clamp(&g, &u, L, gc, uc);
+    else if (j->clamp && L > 0.0f) { /* the clamp of another form; not counted */
+        g = g > L ? L : g;
+        g = (j->alt & DSV4_ALT_GATE_CLAMP_BOTH_SIDES) && g < -L ? -L : g;
+        u = u > L ? L : u;
+        u = !(j->alt & DSV4_ALT_UP_CLAMP_ONE_SIDE) && u < -L ? -L : u;
+    }
     float s = dsv4_ref_siluf(g);
     if (ops)
         s = dsv4_round_bf16(s);
@@ -414,6 +475,32 @@ static void block_rows(const float *x, int64_t n, int64_t k, double *xt)
         dsv4_ref_block_tokens(x, n, k, t0, xt + t0 * k);
 }
 
+/* The activation quantization of n rows of k values in place: per 1 x 128 block (SPEC.md), or with
+   DSV4_ALT_ACT_SCALE_PER_TOKEN / _PER_TENSOR every block of a row quantized with the scale of the
+   row's (or all n rows') amax. */
+static void act_quant_rows(unsigned alt, float *x, int64_t n, int64_t k, dsv4_act_quant mode)
+{
+    bool tensor = alt & DSV4_ALT_ACT_SCALE_PER_TENSOR, token = alt & DSV4_ALT_ACT_SCALE_PER_TOKEN;
+    if (!tensor && !token) {
+        for (int64_t q = 0; q < n; q++)
+            dsv4_act_quant_row(x + q * k, k, mode, x + q * k, NULL, NULL);
+        return;
+    }
+    float tmax = 0.0f;
+    for (int64_t i = 0; i < n * k && tensor; i++)
+        tmax = fabsf(x[i]) > tmax ? fabsf(x[i]) : tmax; /* NaN compares false: not taken */
+    for (int64_t q = 0; q < n; q++) {
+        float amax = tmax;
+        for (int64_t i = 0; i < k && !tensor; i++)
+            amax = fabsf(x[q * k + i]) > amax ? fabsf(x[q * k + i]) : amax;
+        amax = amax < DSV4_AMAX_FLOOR ? DSV4_AMAX_FLOOR : amax;
+        float s = mode == DSV4_ACT_QUANT_UE8M0 ? dsv4_ue8m0_to_f32(dsv4_ue8m0_scale_for(amax, DSV4_E4M3_MAX))
+                                               : amax / DSV4_E4M3_MAX;
+        for (int64_t i = 0; i < k; i++)
+            x[q * k + i] = dsv4_e4m3_to_f32(dsv4_f32_to_e4m3(x[q * k + i] / s)) * s;
+    }
+}
+
 dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, dsv4_rounding rnd, int64_t expert, int64_t n,
                                  const float *x, const float *w, int64_t i0, int64_t ni, float *out, uint64_t *gclamped,
                                  uint64_t *uclamped, dsv4_error *err)
@@ -449,9 +536,10 @@ dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, dsv4_rounding r
         goto nomem;
     memcpy(xq, x, (size_t)(n * H) * sizeof *xq);
     if (quant)
-        for (int64_t q = 0; q < n; q++)
-            dsv4_act_quant_row(xq + q * H, H, c->act_quant, xq + q * H, NULL, NULL);
-    ffn_job j = {.c = c, .rnd = rnd, .m = shared ? r->shared : &r->experts[3 * expert], .clamp = shared ? c->shared_clamp : true,
+        act_quant_rows(r->alt, xq, n, H, c->act_quant);
+    bool clamp = shared ? c->shared_clamp && !(r->alt & DSV4_ALT_SHARED_CLAMP_OFF)
+                        : !(r->alt & DSV4_ALT_ROUTED_CLAMP_OFF);
+    ffn_job j = {.c = c, .rnd = rnd, .m = shared ? r->shared : &r->experts[3 * expert], .clamp = clamp, .alt = r->alt,
                  .xq = xq, .tw = w, .n = n, .i0 = i0, .ni = ni, .h = h, .out = out, .xt = xt, .ht = ht,
                  .gclamp = gcl, .uclamp = ucl};
     atomic_init(&j.nomem, false);
@@ -465,8 +553,7 @@ dsv4_status dsv4_ref_ffn_partial(const dsv4_ref *r, int threads, dsv4_rounding r
         *uclamped += ucl[k];
     }
     if (quant) /* the down projection's activations; i0 is 128-aligned so the groups are the row's */
-        for (int64_t q = 0; q < n; q++)
-            dsv4_act_quant_row(h + q * ni, ni, c->act_quant, h + q * ni, NULL, NULL);
+        act_quant_rows(r->alt, h, n, ni, c->act_quant);
     if (tiled)
         block_rows(h, n, ni, ht);
     dsv4_parallel_for(threads, H, ROWS_PER_CHUNK, ffn_down, &j);
@@ -585,6 +672,8 @@ dsv4_status dsv4_ref_forward_terms(dsv4_ref *r, int64_t T, const uint16_t *x, co
             goto done;
         if (rnd != DSV4_ROUNDING_FP32)
             dsv4_ref_round_rows(o, (int64_t)TH);
+        for (size_t i = 0; i < TH && (r->alt & DSV4_ALT_SHARED_ROUTE_SCALED); i++)
+            o[i] = rnd == DSV4_ROUNDING_BF16_OPS ? dsv4_round_bf16(o[i] * c->route_scale) : o[i] * c->route_scale;
         stats.shared_values = (uint64_t)(T * I);
         for (size_t i = 0; i < TH; i++) {
             y[i] += o[i];
@@ -758,3 +847,14 @@ dsv4_status dsv4_ref_set_rounding(dsv4_ref *r, dsv4_rounding v, dsv4_error *err)
 }
 
 dsv4_rounding dsv4_ref_rounding(const dsv4_ref *r) { return r ? r->rounding : DSV4_ROUNDING_SPEC; }
+
+dsv4_status dsv4_ref_set_alternates(dsv4_ref *r, unsigned alt, dsv4_error *err)
+{
+    if (!r)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "alternates", "handle must not be NULL");
+    if (alt & ~DSV4_ALT_ALL)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "alternates", "bits 0x%x are not dsv4_ref_alternate values",
+                           alt & ~DSV4_ALT_ALL);
+    r->alt = alt;
+    return DSV4_OK;
+}

@@ -537,10 +537,19 @@ START_TEST(each_defect_fails_check)
     ck_assert_msg(fails >= DEFECTS[i].min_fail, "%s %s: %d failing cases: %.3000s", DEFECTS[i].defect, rnd, fails,
                   out_buf);
     ck_assert_msg(count_of(out_buf, "from the output's engine_rounding") == 13, "%.3000s", out_buf);
+    /* check names the class on every failing case (the reference computed each known-wrong way,
+       harness/diagnose.c) */
+    char likely[96];
+    snprintf(likely, sizeof likely, "likely %s: ", DEFECTS[i].defect);
+    ck_assert_msg(count_of(out_buf, likely) == fails, "%s %s: %d failing, %d named: %.3000s", DEFECTS[i].defect, rnd,
+                  fails, count_of(out_buf, likely), out_buf);
     for (int k = 0; DEFECTS[i].must_fail[k]; k++) {
         char needle[128];
         snprintf(needle, sizeof needle, "FAIL  engines/%s", DEFECTS[i].must_fail[k]);
-        ck_assert_msg(strstr(out_buf, needle), "%s %s: case %s not failed: %.3000s", DEFECTS[i].defect, rnd,
+        const char *at = strstr(out_buf, needle), *eol = at ? strchr(at, '\n') : NULL, *named = at ? strstr(at, likely) : NULL;
+        ck_assert_msg(at, "%s %s: case %s not failed: %.3000s", DEFECTS[i].defect, rnd, DEFECTS[i].must_fail[k],
+                      out_buf);
+        ck_assert_msg(named && (!eol || named < eol), "%s %s: case %s not named: %.3000s", DEFECTS[i].defect, rnd,
                       DEFECTS[i].must_fail[k], out_buf);
     }
     /* y alone catches the top-p defect too (the slot computed as expert 0 changes y) */
@@ -631,6 +640,12 @@ START_TEST(each_profile_passes_its_own_reference)
     }
     ck_assert_msg(strstr(out_buf, "pass  engines/quant=2,layer=0") && strstr(out_buf, "pass  engines/topp-bf16"),
                   "%.3000s", out_buf);
+    /* check names the cause: the output passes at the engine's own profile */
+    char named[96];
+    snprintf(named, sizeof named, "passes against the reference at rounding %s", rnd);
+    int nfail = count_of(out_buf, "\nFAIL ") + (strncmp(out_buf, "FAIL ", 5) == 0);
+    ck_assert_msg(count_of(out_buf, "likely rounding_profile: ") == nfail && count_of(out_buf, named) == nfail,
+                  "%.3000s", out_buf);
     /* the Python helper gives the same verdicts on the same outputs */
     char out[600], cmd[4096];
     tu_path(out, sizeof out, name);
@@ -655,6 +670,80 @@ START_TEST(each_profile_passes_its_own_reference)
              one);
     ck_assert_msg(run_cli(args) == 2, "%.3000s", out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "give --terms FILE"));
+}
+END_TEST
+
+/* check --catalogue: the independent engine run clean and with each class of the catalogue
+   (spec profile here; every profile in each_defect_fails_check), each class caught and named on
+   every failing case, the table written; and its bad uses. */
+START_TEST(catalogue_table)
+{
+    export_once();
+    char rep[600], args[4096], p[700], buf[16384], cmd[4096];
+    tu_path(rep, sizeof rep, "eng_catalogue");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", rep);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args,
+             "check %s --catalogue --rounding spec --report %s --engine '%s %s/tests/tools/numpy_engine.py {cases} "
+             "{outputs} --defect {class} --rounding {rounding} --bf16-sums'",
+             cases_dir, rep, py(), src());
+    ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "| none (the engine as it is) |  | 13 of 13 pass |"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "every class caught and named in every profile"));
+    size_t n = dsv4_check_class_count();
+    ck_assert_uint_ge(n, 19);
+    for (size_t i = 0; i < n; i++) {
+        const dsv4_check_class *k = dsv4_check_class_at(i);
+        char row[160];
+        snprintf(row, sizeof row, "| %s | %s | caught ", k->name, k->source);
+        const char *at = strstr(out_buf, row);
+        ck_assert_msg(!k->computed || at, "%s: %.3000s", k->name, out_buf);
+        ck_assert_msg(k->computed || !at, "%s is not injected: %.3000s", k->name, out_buf);
+        if (!at)
+            continue;
+        unsigned caught, cases, named;
+        ck_assert_int_eq(sscanf(at + strlen(row), "%u of %u, named %u", &caught, &cases, &named), 3);
+        ck_assert_msg(caught >= 1 && caught == named && cases == 13, "%s: %.200s", k->name, at);
+    }
+    ck_assert_ptr_null(dsv4_check_class_at(n));
+    snprintf(p, sizeof p, "%s/catalogue.md", rep);
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_ptr_nonnull(strstr(buf, "| routed_clamp_dropped | vLLM 41935 | caught 12 of 13, named 12; first "));
+    /* bad uses: exit 2, nothing judged */
+    static const struct {
+        const char *opts, *want;
+    } bad[] = {
+        {"--catalogue", "--catalogue needs --engine CMD"},
+        {"--catalogue --engine true --outputs x", "no --outputs"},
+        {"--engine true --outputs x", "--engine is an option of --catalogue"},
+        {"--catalogue --engine true --rounding spec,fp16", "'fp16' is not a rounding profile"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(args, sizeof args, "check %s --report %s %s", cases_dir, rep, bad[k].opts);
+        ck_assert_int_eq(run_cli(args), 2);
+        ck_assert_msg(strstr(out_buf, bad[k].want), "%s: %.3000s", bad[k].opts, out_buf);
+    }
+    /* an engine that fails: the run is not made, its log named */
+    snprintf(args, sizeof args, "check %s --catalogue --rounding fp32 --report %s --engine 'echo broken; exit 3'",
+             cases_dir, rep);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "not run: the engine exited 3 (its output: "));
+    ck_assert_ptr_nonnull(strstr(out_buf, "some run could not be made"));
+    /* an engine that writes nothing passes no case; a catalogue folder not made by the command is kept */
+    snprintf(args, sizeof args, "check %s --catalogue --rounding fp32 --report %s --engine true", cases_dir, rep);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "not judged: 13 of 13 cases in error (engines/"));
+    snprintf(cmd, sizeof cmd, "mkdir -p %s-mine/catalogue && touch %s-mine/catalogue/keep", rep, rep);
+    ck_assert_int_eq(run_sh(cmd), 0);
+    snprintf(args, sizeof args, "check %s --catalogue --report %s-mine --engine true", cases_dir, rep);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "was not made by check --catalogue"));
+    snprintf(p, sizeof p, "%s-mine/catalogue/keep", rep);
+    ck_assert(tu_file_exists(p));
+    /* --no-diagnose: the verdict ends at the numbers */
+    ck_assert_int_eq(engine_then_check("eng_out_nodiag", "--defect routed_clamp_dropped", "--no-diagnose"), 1);
+    ck_assert_ptr_null(strstr(out_buf, "likely "));
+    ck_assert_ptr_null(strstr(out_buf, "no known class"));
 }
 END_TEST
 
@@ -1410,6 +1499,7 @@ Suite *engines_suite(void)
     tcase_add_loop_test(tc, each_defect_fails_check, 0, N_DEFECTS * DSV4_ROUNDING_COUNT);
     tcase_add_loop_test(tc, each_profile_passes_its_own_reference, 0, DSV4_ROUNDING_COUNT);
     tcase_add_test(tc, bf16_router_weights_at_bf16_ops);
+    tcase_add_test(tc, catalogue_table);
     tcase_add_test(tc, check_bad_outputs_exit_2);
     tcase_add_test(tc, python_helper_unit_tests);
     tcase_add_test(tc, check_and_helper_agree_on_hostile_input);

@@ -248,6 +248,9 @@ static dsv4_checkpoint *toy_open(const toy *t, const char *name)
     return ck;
 }
 
+/* The alternates (dsv4_ref_set_alternates) the toy runs set; 0: the contract. */
+static unsigned toy_alt;
+
 /* Runs the toy layer on T tokens in a rounding profile; y as floats into yf, y_terms into terms
    (may be NULL). */
 static dsv4_status toy_run_rounded(const toy *t, const char *name, dsv4_rounding rnd, int T, const float *x,
@@ -259,6 +262,8 @@ static dsv4_status toy_run_rounded(const toy *t, const char *name, dsv4_rounding
     dsv4_status st = dsv4_ref_create(&t->c, ck, 2, &r, e);
     if (!st)
         st = dsv4_ref_set_rounding(r, rnd, e);
+    if (!st)
+        st = dsv4_ref_set_alternates(r, toy_alt, e);
     if (st) {
         dsv4_ref_free(r);
         dsv4_checkpoint_close(ck);
@@ -344,6 +349,47 @@ START_TEST(clamp_at_and_beyond_limit)
     ck_assert(y[0] == bf(bf(dsv4_ref_siluf(12.0f) * -15.0f)));
     ck_assert(y[0] < -14.9f);
     ck_assert_uint_eq(s.routed_g_clamped + s.routed_u_clamped, 0);
+}
+END_TEST
+
+/* The clamp's alternates (dsv4moe/ref.h) by hand: row 0 has g = -12, u = -15 and row 1 g = 12,
+   u = 5 at L = 10; each alternate moves exactly the values its form treats otherwise. */
+START_TEST(clamp_alternates_by_hand)
+{
+    toy t = toy_one_expert();
+    toy_expert(&t, 1, -12.0f, 12.0f, -15.0f, 5.0f, W2_ID);
+    t.c.swiglu_limit = 10.0f;
+    static const struct {
+        unsigned alt;
+        float g0, u0, g1;
+    } runs[] = {
+        {0, -12.0f, -10.0f, 10.0f},
+        {DSV4_ALT_GATE_CLAMP_BOTH_SIDES, -10.0f, -10.0f, 10.0f},
+        {DSV4_ALT_UP_CLAMP_ONE_SIDE, -12.0f, -15.0f, 10.0f},
+        {DSV4_ALT_ROUTED_CLAMP_OFF, -12.0f, -15.0f, 12.0f},
+        {DSV4_ALT_SHARED_CLAMP_OFF, -12.0f, -10.0f, 10.0f}, /* no shared expert: the contract */
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        float x[4] = {1, 0, 0, 0}, y[4];
+        dsv4_error e;
+        toy_alt = runs[k].alt;
+        dsv4_status st = toy_run(&t, "toy_alt.safetensors", 1, x, NULL, y, NULL, NULL, NULL, &e);
+        toy_alt = 0;
+        ck_assert_msg(st == DSV4_OK, "%s", e.message);
+        ck_assert_msg(y[0] == bf(bf(dsv4_ref_siluf(runs[k].g0) * runs[k].u0)), "alt 0x%x: y0 %a", runs[k].alt,
+                      (double)y[0]);
+        ck_assert_msg(y[1] == bf(bf(dsv4_ref_siluf(runs[k].g1) * 5.0f)), "alt 0x%x: y1 %a", runs[k].alt, (double)y[1]);
+    }
+    dsv4_error e;
+    ck_assert_int_eq(dsv4_ref_set_alternates(NULL, 0, &e), DSV4_ERR_INVALID_ARG);
+    dsv4_checkpoint *ck = toy_open(&t, "toy_alt_bad.safetensors");
+    dsv4_ref *ref;
+    ck_assert_int_eq(dsv4_ref_create(&t.c, ck, 1, &ref, &e), DSV4_OK);
+    ck_assert_int_eq(dsv4_ref_set_alternates(ref, 1u << 20, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(e.message, "0x100000"));
+    ck_assert_int_eq(dsv4_ref_set_alternates(ref, DSV4_ALT_ALL, &e), DSV4_OK);
+    dsv4_ref_free(ref);
+    dsv4_checkpoint_close(ck);
 }
 END_TEST
 
@@ -1055,6 +1101,7 @@ Suite *ref_suite(void)
     tcase_add_test(tc, select_ties_bias_and_normalisation);
     tcase_add_test(tc, top_p_worked_examples);
     tcase_add_test(tc, clamp_at_and_beyond_limit);
+    tcase_add_test(tc, clamp_alternates_by_hand);
     tcase_add_test(tc, shared_clamp_on_and_off);
     tcase_add_test(tc, weight_point_both_ways);
     tcase_add_test(tc, rounding_profiles_by_hand);

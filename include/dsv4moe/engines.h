@@ -88,6 +88,9 @@ typedef struct dsv4_check_options {
     const char *map_to[DSV4_CHECK_MAP_MAX];
     dsv4_rounding rounding; /* the engine's rounding profile (SPEC.md section 10) where its output does not
                                name one in the metadata key "engine_rounding" (which wins); default spec */
+    bool no_diagnose;       /* leave out the likely class of a failing case (its verdict line then ends at the
+                               numbers): naming it runs the case's layer again once per class of the catalogue
+                               (docs/engines.md), the reference's alternates of dsv4moe/ref.h */
 } dsv4_check_options;
 
 /* sentinel E, rule outside, no name map, rounding spec. NULL is a no-op. */
@@ -108,9 +111,30 @@ DSV4_API void dsv4_check_options_init(dsv4_check_options *opt);
  * id); a cases_dir that cannot be read, or holds no case, or a case.json that is malformed or of
  * another format version (version 1 folders predate y_terms: export them again), is an error of
  * the call (DSV4_ERR_IO / DSV4_ERR_FORMAT naming the file), *results then NULL.
+ *
+ * A failing case's verdict ends with the class it likely is, "likely NAME: what (where reported);
+ * how it was seen", or "no known class fits" (unless opt->no_diagnose): the case's layer is
+ * computed again in each known-wrong way of the catalogue below (dsv4_ref_set_alternates, or a
+ * config change) and the output held to each with the same rule; the first it passes is named.
+ * Two classes are seen in the output's pattern instead: scales read as values (most elements more
+ * than 8 times the contract's) and one expert decoded wrong (every token with an element beyond
+ * routed to one expert, at least half of its tokens).
  */
 DSV4_API dsv4_status dsv4_check_engine(const char *cases_dir, const char *outputs_dir, const dsv4_check_options *opt,
                                        dsv4_run_results **results, dsv4_error *err);
+
+/* One class of the catalogue: a way engines have computed the layer wrongly. */
+typedef struct dsv4_check_class {
+    const char *name;   /* the name verdicts give ("routed_clamp_dropped", ...) */
+    const char *what;   /* one line */
+    const char *source; /* where it was reported (an engine's issue number, SPEC.md section) */
+    bool computed;      /* a wrong computation (an engine can carry it; `check --catalogue` runs each), not a
+                           wrong declaration (rounding_profile: the engine rounds at another profile) */
+} dsv4_check_class;
+
+/* The catalogue, in the order check tries it: the count, and class i (NULL past the end). */
+DSV4_API size_t dsv4_check_class_count(void);
+DSV4_API const dsv4_check_class *dsv4_check_class_at(size_t i);
 
 #ifdef __cplusplus
 }

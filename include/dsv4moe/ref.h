@@ -148,6 +148,35 @@ DSV4_API dsv4_status dsv4_ref_forward_terms(dsv4_ref *ref, int64_t tokens, const
                                             const int32_t *input_ids, dsv4_ref_output *out, float *y_terms,
                                             dsv4_error *err);
 
+/*
+ * Alternate models: the layer computed the way a known-wrong engine computes it, one bit per way
+ * (docs/engines.md's catalogue names where each was reported). `dsv4moe check` holds a failing
+ * engine's output to each to name the likely cause; no expected output is ever computed with one.
+ * They apply to the handle's forwards (and to the stages' routing and FFNs); 0 (after create) is
+ * SPEC.md as written.
+ */
+typedef enum dsv4_ref_alternate {
+    DSV4_ALT_ROUTED_CLAMP_OFF = 1u << 0,      /* routed experts' g and u not clamped */
+    DSV4_ALT_SHARED_CLAMP_OFF = 1u << 1,      /* the shared expert's not clamped */
+    DSV4_ALT_GATE_CLAMP_BOTH_SIDES = 1u << 2, /* g clamped to [-L, L] (the contract: from above) */
+    DSV4_ALT_UP_CLAMP_ONE_SIDE = 1u << 3,     /* u clamped from above only (the contract: both sides) */
+    DSV4_ALT_ACT_SCALE_PER_TOKEN = 1u << 4,   /* one activation scale per row of an FFN's input */
+    DSV4_ALT_ACT_SCALE_PER_TENSOR = 1u << 5,  /* one for all the rows one FFN runs */
+    DSV4_ALT_SHARED_ROUTE_SCALED = 1u << 6,   /* the shared expert's output times route_scale */
+    DSV4_ALT_WEIGHTS_UNNORMALIZED = 1u << 7,  /* weights the selected scores times route_scale */
+    DSV4_ALT_BIAS_IN_WEIGHTS = 1u << 8,       /* weights from score + bias (normalised) */
+    DSV4_ALT_HASH_FIRST_ID = 1u << 9,         /* hash layers: every token routed as input id 0 */
+    DSV4_ALT_HASH_UNIFORM = 1u << 10,         /* hash layers: every weight route_scale / K */
+    DSV4_ALT_HASH_IDS_BF16 = 1u << 11,        /* tid2eid entries rounded to bf16; an id past E-1 is the
+                                                 sentinel E, its expert not run */
+    DSV4_ALT_PRUNED_AS_EXPERT0 = 1u << 12,    /* top-p: a pruned slot computed as expert 0, weight kept */
+} dsv4_ref_alternate;
+#define DSV4_ALT_ALL ((1u << 13) - 1)
+
+/* Sets the handle's alternates (an OR of dsv4_ref_alternate; bits outside DSV4_ALT_ALL are
+   DSV4_ERR_INVALID_ARG). Not while a forward runs on the handle. */
+DSV4_API dsv4_status dsv4_ref_set_alternates(dsv4_ref *ref, unsigned alternates, dsv4_error *err);
+
 /* FNV-1a 64 of y, then topk_ids, then topk_weights (those given), as raw bytes. */
 DSV4_API uint64_t dsv4_ref_hash(const dsv4_config *cfg, int64_t tokens, const dsv4_ref_output *out);
 

@@ -28,7 +28,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("cases")
     ap.add_argument("outputs")
-    ap.add_argument("--defect", choices=indep_ref.DEFECTS)
+    ap.add_argument("--defect", choices=indep_ref.DEFECTS + ("none",), help="none: the engine clean")
     ap.add_argument("--no-routing", action="store_true", help="write y only")
     ap.add_argument("--sentinel", default="E", choices=["E", "-1"])
     ap.add_argument("--slot-order", default="ref", choices=["ref", "reversed"],
@@ -41,6 +41,7 @@ def main():
                     help="the router weights this much relative off (a router run in bf16: up to about 1.4 %%)")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
+    a.defect = None if a.defect == "none" else a.defect
     worst = 0
     for case in testing.cases(a.cases):
         if case.layout != "split":
