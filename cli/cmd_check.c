@@ -147,11 +147,14 @@ int cmd_check(int argc, char **argv)
             const dsv4_case_result *c = dsv4_run_get(res, i);
             const char *detail;
             dsv4_case_check(c, DSV4_CHECK_NUMERICS, &detail);
+            const char *mem = "";
+            bool has_mem = dsv4_case_check(c, DSV4_CHECK_MEMORY, &mem) != DSV4_RESULT_SKIP;
             dsv4_result r = dsv4_case_status(c);
-            printf("%-5s %s: %s\n", r == DSV4_RESULT_PASS ? "pass" : r == DSV4_RESULT_FAIL ? "FAIL" : "ERROR",
-                   dsv4_case_name(c), detail);
+            printf("%-5s %s: %s%s%s\n", r == DSV4_RESULT_PASS ? "pass" : r == DSV4_RESULT_FAIL ? "FAIL" : "ERROR",
+                   dsv4_case_name(c), detail, has_mem ? "; " : "", has_mem ? mem : "");
             if (r == DSV4_RESULT_ERROR)
-                fprintf(stderr, "dsv4moe check: %s: %s\n", dsv4_case_name(c), detail);
+                fprintf(stderr, "dsv4moe check: %s: %s%s%s\n", dsv4_case_name(c), detail, has_mem ? "; " : "",
+                        has_mem ? mem : "");
         }
         printf("dsv4moe check: %zu cases: %zu passed, %zu failed, %zu errors\nreports: %s, %s, %s\n", s.cases,
                s.passed, s.failed, s.errors, jpath, xpath, hpath);

@@ -12,7 +12,7 @@
 #include "diagnose.h"
 #include "dsv4moe/formats.h"
 
-typedef enum { BY_PROFILE, BY_ALT, BY_WEIGHT_POINT, BY_ROUTE_SCALE_TWICE, BY_RENORM, BY_MAGNITUDE, BY_ONE_EXPERT } how;
+typedef enum { BY_MEMORY, BY_PROFILE, BY_ALT, BY_WEIGHT_POINT, BY_ROUTE_SCALE_TWICE, BY_RENORM, BY_MAGNITUDE, BY_ONE_EXPERT } how;
 typedef enum {
     ON_ANY, ON_HASH, ON_HASH_WIDE, ON_TOPP, ON_NOT_HASH, ON_NORMALISED, ON_CLAMP, ON_SHARED_CLAMP, ON_SHARED,
     ON_ACT_QUANT, ON_UE8M0
@@ -59,6 +59,8 @@ static const struct {
      BY_ALT, DSV4_ALT_ACT_SCALE_PER_TENSOR, ON_ACT_QUANT},
     {{"ue8m0_byte_as_value", "ue8m0 scale bytes taken as values (120.0 instead of 2^-7)", "vLLM 43416", true},
      BY_MAGNITUDE, 0, ON_UE8M0},
+    {{DSV4_H_MEMORY_CLASS, "the workspace sized on the wrong dimension (9x too large)",
+      "aiconfigurator 1055, FlashInfer 4916", true}, BY_MEMORY, 0, ON_ANY},
     {{"ue8m0_bias_off_one_expert", "one expert's weights decoded wrong (a ue8m0 exponent bias off by one)",
       "vLLM 51946", true}, BY_ONE_EXPERT, 0, ON_ANY},
 };
@@ -260,6 +262,8 @@ void dsv4_h_diagnose(const dsv4_h_failure *f, char *out, size_t size)
         if (!applies(CAT[i].on, f->cfg))
             continue;
         char seen[256];
+        if (CAT[i].by == BY_MEMORY) /* named by the memory check, not from y */
+            continue;
         if (CAT[i].by == BY_MAGNITUDE) {
             if (magnitude_fits(f)) {
                 say(out, size, i, "most elements are more than 8 times the contract's");

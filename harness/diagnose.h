@@ -15,6 +15,9 @@
 #include "dsv4moe/ref.h"
 #include "dsv4moe/safetensors.h"
 
+/* The class a memory verdict over its bound names (check's memory check, harness/engines.c). */
+#define DSV4_H_MEMORY_CLASS "workspace_wrong_dim"
+
 /* What check saw of a failing case, for dsv4_h_diagnose. */
 typedef struct dsv4_h_failure {
     const char *case_dir;          /* holds model.safetensors and input.safetensors */

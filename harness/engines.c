@@ -66,7 +66,27 @@ typedef struct {
     int64_t T;
     uint64_t seed;
     const char *expected[DSV4_ROUNDING_COUNT]; /* file names in the folder; NULL: not exported */
+    int64_t ws_bound;                          /* memory.workspace_bound_bytes; -1: none */
+    double ws_factor;                          /* memory.factor */
 } case_desc;
+
+/* case.json's optional "memory": {"workspace_bound_bytes": N >= 0 or null, "factor": F >= 1}. */
+static dsv4_status read_memory(const char *path, json_t *m, case_desc *cd, dsv4_error *err)
+{
+    cd->ws_bound = -1;
+    cd->ws_factor = DSV4_WORKSPACE_FACTOR;
+    if (!m)
+        return DSV4_OK;
+    json_t *b = json_object_get(m, "workspace_bound_bytes"), *f = json_object_get(m, "factor");
+    if (!json_is_object(m) || !(json_is_null(b) || (json_is_integer(b) && json_integer_value(b) >= 0)) ||
+        !json_is_number(f) || !(json_number_value(f) >= 1.0 && json_number_value(f) <= 1e6))
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, path,
+                           "\"memory\" must be {\"workspace_bound_bytes\": an integer >= 0 or null, \"factor\": a "
+                           "number in [1, 1e6]}");
+    cd->ws_bound = json_is_integer(b) ? (int64_t)json_integer_value(b) : -1;
+    cd->ws_factor = json_number_value(f);
+    return DSV4_OK;
+}
 
 /* case.json's files.expected_by_rounding: known profiles, plain file names in the folder. */
 static dsv4_status read_profiles(const char *path, json_t *files, case_desc *cd, dsv4_error *err)
@@ -143,6 +163,8 @@ static dsv4_status read_case(const char *path, case_desc *cd, dsv4_error *err)
     if (!cd->name)
         return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "no \"case\" name");
     dsv4_status pst = read_profiles(path, json_object_get(r, "files"), cd, err);
+    if (!pst)
+        pst = read_memory(path, json_object_get(r, "memory"), cd, err);
     if (pst)
         return pst;
     dsv4_config_init(&cd->cfg);
@@ -275,6 +297,51 @@ static bool engine_profile(const dsv4_st_file *fo, const char *out_path, const c
     return false;
 }
 
+/* n bytes as "4.6 MiB" (or "812 B"). */
+static const char *human_bytes(double n, char *buf, size_t size)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (n >= 1024.0 && u < 4)
+        n /= 1024.0, u++;
+    snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", n, unit[u]);
+    return buf;
+}
+
+/* The memory check of a case whose output reports its peak workspace (metadata peak_workspace_bytes,
+   DSV4_WORKSPACE_FACTOR): none without the case's bound. */
+static void memory_check(dsv4_case_result *c, const case_desc *cd, const dsv4_check_options *o, const char *out_path,
+                         const char *pw)
+{
+    char msg[1400], a[32], b[32];
+    const char *p = pw;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    errno = 0;
+    unsigned long long v = p != pw && !*p && p - pw <= 19 ? strtoull(pw, NULL, 10) : 0;
+    if (p == pw || *p || p - pw > 19 || errno) {
+        snprintf(msg, sizeof msg, "%.1200s: metadata peak_workspace_bytes '%.40s' is not a decimal byte count (at most "
+                                  "19 digits)", out_path, pw);
+        dsv4_run_ext_check(c, DSV4_CHECK_MEMORY, DSV4_RESULT_ERROR, msg);
+        return;
+    }
+    if (cd->ws_bound < 0)
+        return;
+    double bound = (double)cd->ws_bound, ratio = bound > 0 ? (double)v / bound : (v ? INFINITY : 0.0);
+    bool ok = (double)v <= cd->ws_factor * bound;
+    size_t len = (size_t)snprintf(msg, sizeof msg,
+                                  "memory: peak workspace %s (%llu bytes), %.2fx the contract's bound %s (%lld bytes: the "
+                                  "planner's for %lld tokens on this rank); %s %gx",
+                                  human_bytes((double)v, a, sizeof a), v, ratio, human_bytes(bound, b, sizeof b),
+                                  (long long)cd->ws_bound, (long long)cd->T, ok ? "within" : "over", cd->ws_factor);
+    for (size_t i = 0; !ok && !o->no_diagnose && i < dsv4_check_class_count() && len < sizeof msg; i++) {
+        const dsv4_check_class *k = dsv4_check_class_at(i);
+        if (!strcmp(k->name, DSV4_H_MEMORY_CLASS))
+            snprintf(msg + len, sizeof msg - len, "; likely %s: %s (%s)", k->name, k->what, k->source);
+    }
+    dsv4_run_ext_check(c, DSV4_CHECK_MEMORY, ok ? DSV4_RESULT_PASS : DSV4_RESULT_FAIL, msg);
+}
+
 /* Checks one case; fills c's numerics check. */
 static void check_case(const char *cases_dir, const char *outputs_dir, const char *id, const case_desc *cd,
                        const dsv4_check_options *o, dsv4_case_result *c)
@@ -404,6 +471,9 @@ static void check_case(const char *cases_dir, const char *outputs_dir, const cha
         snprintf(msg, sizeof msg, "%s; %s%s%s; y %s; %s%s", head, why, why[0] && rwhy[0] ? "; " : "", rwhy, line, rline,
                  likely);
     dsv4_run_ext_check(c, NUM, ok && rok ? DSV4_RESULT_PASS : DSV4_RESULT_FAIL, msg);
+    const char *pw = dsv4_st_metadata(fo, "peak_workspace_bytes");
+    if (pw)
+        memory_check(c, cd, o, out_path, pw);
 done:
     free(ya);
     free(yb);

@@ -22,6 +22,7 @@
 #include "dsv4moe/engines.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
+#include "dsv4moe/plan.h"
 #include "dsv4moe/ref.h"
 
 void dsv4_export_options_init(dsv4_export_options *opt)
@@ -134,6 +135,23 @@ typedef struct {
     int64_t T, off;
 } export_case;
 
+/* The contract's workspace bound of the case (DSV4_WORKSPACE_FACTOR in dsv4moe/engines.h): the
+   planner's figure for one eager step of this rank's tokens on the CUDA backend, with the scenario's
+   topology and budget; -1 when the planner refuses that topology (the case then has no bound). */
+static int64_t workspace_bound(const export_case *e)
+{
+    dsv4_topology t = e->sc->topology;
+    t.rank = e->rank >= 0 ? e->rank : 0;
+    t.backend = DSV4_BACKEND_CUDA;
+    t.cuda_graph = false;
+    dsv4_plan *p = NULL;
+    if (dsv4_plan_create(&e->sc->config, &t, &e->sc->budget, &p, NULL))
+        return -1;
+    uint64_t b = dsv4_plan_workspace_bytes(p, e->T, false);
+    dsv4_plan_free(p);
+    return b > (uint64_t)INT64_MAX ? -1 : (int64_t)b;
+}
+
 /* Writes the case.json of one folder. */
 static dsv4_status write_case_json(const char *path, const char *id, const export_case *e, const dsv4_ref_output *out,
                                    uint64_t hash, json_t *hashes, dsv4_error *err)
@@ -162,6 +180,16 @@ static dsv4_status write_case_json(const char *path, const char *id, const expor
         char title[1200];
         snprintf(title, sizeof title, "%s%s", sc->title ? sc->title : sc->name, name + strlen(sc->name));
         json_object_set_new(root, "title", json_string(title));
+    }
+    int64_t wb = workspace_bound(e);
+    json_t *mem = json_pack("{s:o, s:f, s:s}", "workspace_bound_bytes", wb >= 0 ? json_integer(wb) : json_null(),
+                            "factor", DSV4_WORKSPACE_FACTOR, "planned_as",
+                            "the planner's workspace of one eager step of these tokens on this rank, CUDA backend");
+    if (root && (!mem || json_object_set_new(root, "memory", mem))) {
+        json_decref(root);
+        root = NULL;
+    } else if (!root) {
+        json_decref(mem);
     }
     json_t *files = root ? files_json(export_profiles(e->o->roundings)) : NULL;
     if (!root || !files || json_object_update(root, files)) {

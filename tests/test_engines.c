@@ -520,6 +520,7 @@ static const struct {
     {"ue8m0_bias_off_one_expert", {"quant=0,layer=1", "small-limit", "topp:", NULL}, 6},
     {"act_scale_per_token", {"quant=1,layer=0", "quant=1,layer=1", NULL}, 2}, /* fp32 activation scales */
     {"act_scale_per_tensor", {"quant=1,layer=0", "quant=1,layer=1", NULL}, 2},
+    {"workspace_wrong_dim", {"quant=0,layer=0", "hash-384", "two-ranks rank 1", NULL}, 12}, /* the memory check */
 };
 #define N_DEFECTS (int)(sizeof DEFECTS / sizeof DEFECTS[0])
 
@@ -747,6 +748,45 @@ START_TEST(catalogue_table)
 }
 END_TEST
 
+/* The memory verdict: the engine's peak_workspace_bytes held to case.json's bound times its factor,
+   both numbers named; a malformed report or bound is bad input (check and the Python helper). */
+START_TEST(memory_verdict)
+{
+    export_once();
+    ck_assert_int_eq(engine_then_check("eng_out_mem", "", ""), 0);
+    ck_assert_msg(count_of(out_buf, "memory: peak workspace ") == 13 && !strstr(out_buf, "x; over"), "%.3000s",
+                  out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "the planner's for 32 tokens on this rank); within 2x"));
+    ck_assert_int_eq(engine_then_check("eng_out_mem9", "--defect workspace_wrong_dim", ""), 1);
+    ck_assert_msg(count_of(out_buf, "; over 2x; likely workspace_wrong_dim: the workspace sized on the wrong "
+                                    "dimension (9x too large) (aiconfigurator 1055, FlashInfer 4916)") == 12,
+                  "%.3000s", out_buf);
+    ck_assert_ptr_nonnull(strstr(out_buf, "pass  engines/empty"));
+    /* without the report no memory check is made */
+    ck_assert_int_eq(engine_then_check("eng_out_mem0", "--defect workspace_wrong_dim --no-workspace", ""), 0);
+    ck_assert_ptr_null(strstr(out_buf, "memory:"));
+    /* a report that is not a byte count, a bound that is not one: exit 2, named */
+    char out[600], cmd[8192], args[4096];
+    tu_path(out, sizeof out, "eng_out_mem");
+    snprintf(cmd, sizeof cmd,
+             "PYTHONPATH=%s/python %s -c \"\n"
+             "from dsv4moe import testing as t\n"
+             "p = '%s/engines.topp/output.safetensors'\n"
+             "r = t.read_safetensors(p)\n"
+             "meta = r.pop('__metadata__')[1]\n"
+             "meta['peak_workspace_bytes'] = '12e6'\n"
+             "t.write_safetensors(p, r, meta)\n\"",
+             src(), py(), out);
+    ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
+    snprintf(args, sizeof args, "check %s --outputs %s --report %s-r2", cases_dir, out, out);
+    ck_assert_int_eq(run_cli(args), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "metadata peak_workspace_bytes '12e6' is not a decimal byte count"));
+    snprintf(cmd, sizeof cmd, "PYTHONPATH=%s/python %s -m dsv4moe.testing %s --outputs %s", src(), py(), cases_dir, out);
+    ck_assert_int_eq(run_sh(cmd), 2);
+    ck_assert_ptr_nonnull(strstr(out_buf, "peak_workspace_bytes '12e6' is not a decimal byte count"));
+}
+END_TEST
+
 START_TEST(check_bad_outputs_exit_2)
 {
     export_once();
@@ -793,6 +833,8 @@ START_TEST(check_bad_outputs_exit_2)
                   {"s/\"fp32\": \"expected.fp32.safetensors\"/\"fp16\": \"expected.fp32.safetensors\"/",
                    "'fp16' is not a rounding profile"},
                   {"s/\"n_activated\": 4/\"n_activated\": 99/", "n_activated"},
+                  {"s/\"factor\": 2.0/\"factor\": 0.5/", "\"memory\" must be {\"workspace_bound_bytes\""},
+                  {"s/\"workspace_bound_bytes\": [0-9]*/\"workspace_bound_bytes\": -3/", "\"memory\" must be"},
                   {"s/{/[/", "case.json"}};
     for (size_t k = 0; k < sizeof broken / sizeof broken[0]; k++) {
         char cd[640];
@@ -1500,6 +1542,7 @@ Suite *engines_suite(void)
     tcase_add_loop_test(tc, each_profile_passes_its_own_reference, 0, DSV4_ROUNDING_COUNT);
     tcase_add_test(tc, bf16_router_weights_at_bf16_ops);
     tcase_add_test(tc, catalogue_table);
+    tcase_add_test(tc, memory_verdict);
     tcase_add_test(tc, check_bad_outputs_exit_2);
     tcase_add_test(tc, python_helper_unit_tests);
     tcase_add_test(tc, check_and_helper_agree_on_hostile_input);

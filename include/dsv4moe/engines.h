@@ -123,6 +123,16 @@ DSV4_API void dsv4_check_options_init(dsv4_check_options *opt);
 DSV4_API dsv4_status dsv4_check_engine(const char *cases_dir, const char *outputs_dir, const dsv4_check_options *opt,
                                        dsv4_run_results **results, dsv4_error *err);
 
+/*
+ * Memory verdicts (docs/engines.md, "Memory"): an output may carry the engine's peak workspace for
+ * the case as the metadata key "peak_workspace_bytes" (a decimal byte count). Each case.json
+ * carries the contract's bound, memory.workspace_bound_bytes: the planner's figure for one eager
+ * step of the case's tokens on this rank (dsv4_plan_workspace_bytes of the CUDA backend, the
+ * scenario's topology and budget). An engine over DSV4_WORKSPACE_FACTOR times the bound fails the
+ * case's memory check, the verdict naming both numbers; without the key no memory check is made.
+ */
+#define DSV4_WORKSPACE_FACTOR 2.0
+
 /* One class of the catalogue: a way engines have computed the layer wrongly. */
 typedef struct dsv4_check_class {
     const char *name;   /* the name verdicts give ("routed_clamp_dropped", ...) */

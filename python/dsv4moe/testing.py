@@ -526,12 +526,14 @@ class Case:
         return read_safetensors(self.model_path)
 
     def check(self, y, topk_ids=None, topk_weights=None, sentinel="E", fp8=False, raise_on_failure=True,
-              rounding="spec", declared=False):
+              rounding="spec", declared=False, peak_workspace_bytes=None):
         """Holds an engine's output against the reference at the engine's rounding profile (SPEC.md section
         10: "spec", "bf16_ops" or "fp32"). y: [T, H] (bf16 bits as uint16, or any float array/tensor, rounded
         to bf16). Returns the Verdict; raises CheckFailed when it fails (unless raise_on_failure is False) and
         CaseError when the output does not fit the case or the case has no such profile. `declared` only
-        words the verdict (the profile came from the output's engine_rounding)."""
+        words the verdict (the profile came from the output's engine_rounding). peak_workspace_bytes, the
+        engine's peak workspace for the case, is held to the case's memory bound as check does: over its
+        factor times memory.workspace_bound_bytes fails."""
         T, H = self.tokens, int(self.config["dim"])
         exp = self.expected_at(rounding)
         ya = _np(y)
@@ -555,16 +557,37 @@ class Case:
         verdict = "%s %s (rule %s, rounding %s%s): %s; routing: %s" % (
             "pass" if ok and rok else "FAIL", self.id, rule, rounding,
             " from the output's engine_rounding" if declared else "", line, rsum)
+        mok, mline = self._memory(peak_workspace_bytes)
+        verdict = verdict.replace("pass ", "FAIL ", 1) if not mok and verdict.startswith("pass ") else verdict
         if not (ok and rok):
             verdict += "; " + "; ".join(w for w in (why, rwhy) if w)
-        v = Verdict(ok and rok, verdict, m, rsum)
+        if mline:
+            verdict += "; " + mline
+        v = Verdict(ok and rok and mok, verdict, m, rsum)
         if not v.ok and raise_on_failure:
             raise CheckFailed(verdict)
         return v
 
-    def write_output(self, outputs_dir, y, topk_ids=None, topk_weights=None, engine=None, rounding=None):
+    def _memory(self, peak):
+        """(ok, line) of the memory verdict: ok and "" without a report or without the case's bound."""
+        mem = self.meta.get("memory")
+        if peak is None or not isinstance(mem, dict) or mem.get("workspace_bound_bytes") is None:
+            return True, ""
+        bound, factor = mem["workspace_bound_bytes"], mem.get("factor", 2.0)
+        if not _uint(bound) or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor <= 1e6:
+            raise CaseError("%s: \"memory\" must be {\"workspace_bound_bytes\": an integer >= 0 or null, "
+                            "\"factor\": a number in [1, 1e6]}" % self.id)
+        if not _uint(peak):
+            raise CaseError("%s: peak_workspace_bytes %r is not a byte count" % (self.id, peak))
+        ok = peak <= factor * bound
+        return ok, "memory: peak workspace %d bytes, %.2fx the contract's bound %d bytes; %s %gx" % (
+            peak, peak / bound if bound else float("inf") if peak else 0.0, bound, "within" if ok else "over", factor)
+
+    def write_output(self, outputs_dir, y, topk_ids=None, topk_weights=None, engine=None, rounding=None,
+                     peak_workspace_bytes=None):
         """Writes outputs_dir/<id>/output.safetensors for `dsv4moe check` (y as bf16 unless it is float32);
-        rounding (a profile name) is recorded as the metadata engine_rounding, which check honours."""
+        rounding (a profile name) is recorded as the metadata engine_rounding, which check honours, and
+        peak_workspace_bytes (the engine's peak workspace for the case) as the metadata of that name."""
         if rounding is not None and rounding not in ROUNDINGS:
             raise ValueError("rounding %r is not one of %s" % (rounding, ", ".join(ROUNDINGS)))
         folder = os.path.join(outputs_dir, self.id)
@@ -580,6 +603,10 @@ class Case:
             meta["engine"] = engine
         if rounding:
             meta["engine_rounding"] = rounding
+        if peak_workspace_bytes is not None:
+            if not _uint(peak_workspace_bytes):
+                raise ValueError("peak_workspace_bytes %r is not a byte count" % (peak_workspace_bytes,))
+            meta["peak_workspace_bytes"] = str(int(peak_workspace_bytes))
         write_safetensors(os.path.join(folder, "output.safetensors"), t, meta or None)
 
 
@@ -713,8 +740,12 @@ def _main(argv):
             if declared is not None and declared not in ROUNDINGS:
                 raise CaseError("%s: metadata engine_rounding '%s' is not a rounding profile (spec, bf16_ops, fp32)"
                                 % (path, declared))
+            pw = t.get("__metadata__", (None, {}))[1].get("peak_workspace_bytes")
+            if pw is not None and (not pw.isdigit() or not pw.isascii() or len(pw) > 19):
+                raise CaseError("%s: metadata peak_workspace_bytes '%s' is not a decimal byte count" % (path, pw[:40]))
             v = c.check(y, ids, w, sentinel=a.sentinel, fp8=a.fp8, raise_on_failure=False,
-                        rounding=declared or a.rounding, declared=declared is not None)
+                        rounding=declared or a.rounding, declared=declared is not None,
+                        peak_workspace_bytes=None if pw is None else int(pw))
         except (CaseError, ValueError, TypeError, KeyError, IndexError, OSError) as e:  # bad input: exit 2
             print("ERROR %s: %s" % (c.id, e))
             worst = 2

@@ -24,11 +24,32 @@ import indep_ref  # noqa: E402
 from dsv4moe import testing  # noqa: E402
 
 
+# Defects of the engine rather than of the layer's arithmetic.
+ENGINE_DEFECTS = ("workspace_wrong_dim",)
+
+
+def workspace_bytes(cfg, ids, T, defect):
+    """The peak workspace this engine reports: what it would allocate as a grouped-GEMM engine, each
+    expert's token rows padded to 128 (the shared expert's T rows too), a row holding H fp8 activations
+    with an fp32 scale per 128, I bf16 intermediates and H bf16 outputs, plus y in fp32. The defect
+    workspace_wrong_dim sizes it on the wrong dimension, 9 times too large (aiconfigurator 1055,
+    FlashInfer 4916)."""
+    H, I, E = int(cfg["dim"]), int(cfg["moe_inter_dim"]), int(cfg["n_routed_experts"])
+    kept = ids[(ids >= 0) & (ids < E)].ravel()
+    counts = np.bincount(kept, minlength=E) if kept.size else np.zeros(E, dtype=np.int64)
+    rows = int(np.sum((counts + 127) // 128 * 128))
+    if int(cfg["n_shared_experts"]) and T:
+        rows += (T + 127) // 128 * 128
+    size = rows * (H + 4 * ((H + 127) // 128) + 2 * I + 2 * H) + T * H * 4
+    return size * 9 if defect == "workspace_wrong_dim" else size
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("cases")
     ap.add_argument("outputs")
-    ap.add_argument("--defect", choices=indep_ref.DEFECTS + ("none",), help="none: the engine clean")
+    ap.add_argument("--defect", choices=indep_ref.DEFECTS + ENGINE_DEFECTS + ("none",), help="none: the engine clean")
+    ap.add_argument("--no-workspace", action="store_true", help="leave peak_workspace_bytes out of the metadata")
     ap.add_argument("--no-routing", action="store_true", help="write y only")
     ap.add_argument("--sentinel", default="E", choices=["E", "-1"])
     ap.add_argument("--slot-order", default="ref", choices=["ref", "reversed"],
@@ -50,8 +71,10 @@ def main():
         cfg = dict(indep_ref.DEFAULTS)
         cfg.update(case.config_strings())
         st = indep_ref.read_st(case.model_path)
+        layer_defect = a.defect if a.defect in indep_ref.DEFECTS else None
         y, ids, w = indep_ref.forward(cfg, st, case.x.astype(np.float32), case.input_ids.astype(np.int64),
-                                      defect=a.defect, rounding=a.rounding, bf16_sums=a.bf16_sums)
+                                      defect=layer_defect, rounding=a.rounding, bf16_sums=a.bf16_sums)
+        ws = None if a.no_workspace else workspace_bytes(cfg, ids, case.tokens, a.defect)
         E = int(cfg["n_routed_experts"])
         w = (w.astype(np.float64) * (1.0 + a.weights_off)).astype(np.float32) if a.weights_off else w
         if a.sentinel == "-1":
@@ -62,9 +85,11 @@ def main():
         kw = {} if a.no_routing else {"topk_ids": ids, "topk_weights": w}
         name = "numpy-indep" + ("-" + a.rounding if a.rounding != "spec" else "") + \
             ("-bf16sums" if a.bf16_sums else "") + ("+" + a.defect if a.defect else "")
-        case.write_output(a.outputs, bits, engine=name, rounding=None if a.no_declare else a.rounding, **kw)
+        case.write_output(a.outputs, bits, engine=name, rounding=None if a.no_declare else a.rounding,
+                          peak_workspace_bytes=ws, **kw)
         if a.check:
-            v = case.check(bits, sentinel=a.sentinel, raise_on_failure=False, rounding=a.rounding, **kw)
+            v = case.check(bits, sentinel=a.sentinel, raise_on_failure=False, rounding=a.rounding,
+                           peak_workspace_bytes=ws, **kw)
             print(v.line)
             worst = max(worst, 0 if v.ok else 1)
     return worst
