@@ -12,7 +12,7 @@
 #include "diagnose.h"
 #include "dsv4moe/formats.h"
 
-typedef enum { BY_MEMORY, BY_PROFILE, BY_ALT, BY_WEIGHT_POINT, BY_ROUTE_SCALE_TWICE, BY_RENORM, BY_MAGNITUDE, BY_ONE_EXPERT } how;
+typedef enum { BY_PADDING, BY_MEMORY, BY_PROFILE, BY_ALT, BY_WEIGHT_POINT, BY_ROUTE_SCALE_TWICE, BY_RENORM, BY_MAGNITUDE, BY_ONE_EXPERT } how;
 typedef enum {
     ON_ANY, ON_HASH, ON_HASH_WIDE, ON_TOPP, ON_NOT_HASH, ON_NORMALISED, ON_CLAMP, ON_SHARED_CLAMP, ON_SHARED,
     ON_ACT_QUANT, ON_UE8M0
@@ -24,6 +24,8 @@ static const struct {
     unsigned alt;
     where on;
 } CAT[] = {
+    {{"padding_leaks", "padded rows leaking into valid rows (the tokens' inputs are finite; the NaN came from "
+                       "the padding)", "vLLM 51593", true}, BY_PADDING, 0, ON_ANY},
     {{"rounding_profile", "the engine rounds at another profile than the one it is held to (declare it in "
                           "engine_rounding)", "SPEC.md section 10", false}, BY_PROFILE, 0, ON_ANY},
     {{"tid2eid_through_bf16", "the hash table's expert ids rounded through bf16 (383 read as 384)",
@@ -264,6 +266,15 @@ void dsv4_h_diagnose(const dsv4_h_failure *f, char *out, size_t size)
         char seen[256];
         if (CAT[i].by == BY_MEMORY) /* named by the memory check, not from y */
             continue;
+        if (CAT[i].by == BY_PADDING) {
+            if (f->padded && f->bad_nonfinite > 0) {
+                snprintf(seen, sizeof seen, "%lld elements of the tokens' rows are not finite where the contract's "
+                                            "are", (long long)f->bad_nonfinite);
+                say(out, size, i, seen);
+                break;
+            }
+            continue;
+        }
         if (CAT[i].by == BY_MAGNITUDE) {
             if (magnitude_fits(f)) {
                 say(out, size, i, "most elements are more than 8 times the contract's");

@@ -31,6 +31,8 @@ typedef struct dsv4_h_failure {
     const int32_t *ids_ref;        /* the contract's topk_ids [T, K] (sentinel E) */
     const dsv4_tensor_info *ids;   /* the engine's routing, or NULL */
     bool routing_ok;               /* it matched the contract's (or was not given) */
+    bool padded;                   /* the case ran inside a bucket with hostile (NaN) padding */
+    int64_t bad_nonfinite;         /* the engine's non-finite elements where the contract's are finite */
     const dsv4_tensor_info *weights;
     dsv4_sentinel sentinel;
     double weights_rtol;

@@ -66,6 +66,7 @@ typedef struct {
     int64_t T;
     uint64_t seed;
     const char *expected[DSV4_ROUNDING_COUNT]; /* file names in the folder; NULL: not exported */
+    int64_t bucket;                            /* padded.bucket; 0: not a padded case */
     int64_t ws_bound;                          /* memory.workspace_bound_bytes; -1: none */
     double ws_factor;                          /* memory.factor */
 } case_desc;
@@ -147,9 +148,18 @@ static dsv4_status read_case(const char *path, case_desc *cd, dsv4_error *err)
                            "\"version\" 1: exported before the rounding profiles (SPEC.md section 10); version %d "
                            "adds each profile's expected file with y_terms, which check needs: export the cases again",
                            DSV4_ENGINE_FORMAT_VERSION);
-    if (!json_is_integer(ver) || json_integer_value(ver) != DSV4_ENGINE_FORMAT_VERSION)
-        return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "\"version\" must be %d (this tool's format version)",
-                           DSV4_ENGINE_FORMAT_VERSION);
+    if (!json_is_integer(ver) || json_integer_value(ver) < 2 || json_integer_value(ver) > DSV4_ENGINE_FORMAT_VERSION)
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "\"version\" must be 2 or %d (the format versions this tool "
+                           "reads)", DSV4_ENGINE_FORMAT_VERSION);
+    json_t *pad = json_object_get(r, "padded"), *pb = json_object_get(pad, "bucket");
+    cd->bucket = 0;
+    if (pad && (json_integer_value(ver) < 3 || !json_is_object(pad) || !json_is_integer(pb) ||
+                !json_is_integer(tok) || json_integer_value(pb) <= json_integer_value(tok) ||
+                json_integer_value(pb) > DSV4_REF_MAX_TOKENS))
+        return dsv4_seterr(err, DSV4_ERR_FORMAT, path,
+                           "\"padded\" must be {\"bucket\": B, ...} with B above \"tokens\" (version 3 on)");
+    if (pad)
+        cd->bucket = json_integer_value(pb);
     if (!json_is_object(cfg) || !json_is_integer(tok) || json_integer_value(tok) < 0)
         return dsv4_seterr(err, DSV4_ERR_FORMAT, path, "needs a \"config\" object and \"tokens\" >= 0");
     cd->T = json_integer_value(tok);
@@ -396,6 +406,17 @@ static void check_case(const char *cases_dir, const char *outputs_dir, const cha
         dsv4_run_ext_check(c, NUM, DSV4_RESULT_ERROR, msg);
         goto done;
     }
+    /* a padded case: the engine may give the whole bucket; the first T rows are the tokens' */
+    dsv4_tensor_info rows[3];
+    const dsv4_tensor_info **given[3] = {&yo, &io, &wo};
+    for (int k = 0; k < 3 && cd->bucket; k++)
+        if (*given[k] && (*given[k])->ndim == 2 && (*given[k])->shape[0] == cd->bucket) {
+            rows[k] = **given[k];
+            rows[k].shape[0] = T;
+            rows[k].numel = (uint64_t)T * (uint64_t)rows[k].shape[1];
+            rows[k].nbytes = (*given[k])->nbytes / (uint64_t)cd->bucket * (uint64_t)T;
+            *given[k] = &rows[k];
+        }
     if (yo->ndim != 2 || yo->shape[0] != T || yo->shape[1] != H || !dsv4_compare_dtype_ok(yo->dtype)) {
         char s[96];
         dsv4_tensor_shape_str(yo, s, sizeof s);
@@ -455,6 +476,7 @@ static void check_case(const char *cases_dir, const char *outputs_dir, const cha
             snprintf(cdir, sizeof cdir, "%s/%s", cases_dir, id);
             dsv4_h_failure f = {.case_dir = cdir, .cfg = &cd->cfg, .T = T, .rounding = rnd, .rule = rule, .y = ya,
                                 .y_ref = yb, .terms_ref = terms, .ids_ref = ids_ref, .ids = io, .routing_ok = rok,
+                                .padded = cd->bucket > 0, .bad_nonfinite = m.bad_nonfinite,
                                 .weights = wo, .sentinel = o->sentinel,
                                 .weights_rtol = rnd == DSV4_ROUNDING_BF16_OPS ? DSV4_ROUTING_WEIGHT_RTOL_BF16
                                                                               : DSV4_ROUTING_WEIGHT_RTOL,

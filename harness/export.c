@@ -136,7 +136,7 @@ typedef struct {
 } export_case;
 
 /* The contract's workspace bound of the case (DSV4_WORKSPACE_FACTOR in dsv4moe/engines.h): the
-   planner's figure for one eager step of this rank's tokens on the CUDA backend, with the scenario's
+   planner's figure for one eager step of this rank's tokens (a padded case's bucket) on the CUDA backend, with the scenario's
    topology and budget; -1 when the planner refuses that topology (the case then has no bound). */
 static int64_t workspace_bound(const export_case *e)
 {
@@ -147,7 +147,7 @@ static int64_t workspace_bound(const export_case *e)
     dsv4_plan *p = NULL;
     if (dsv4_plan_create(&e->sc->config, &t, &e->sc->budget, &p, NULL))
         return -1;
-    uint64_t b = dsv4_plan_workspace_bytes(p, e->T, false);
+    uint64_t b = dsv4_plan_workspace_bytes(p, e->sc->pad_to ? e->sc->pad_to : e->T, false);
     dsv4_plan_free(p);
     return b > (uint64_t)INT64_MAX ? -1 : (int64_t)b;
 }
@@ -185,6 +185,13 @@ static dsv4_status write_case_json(const char *path, const char *id, const expor
     json_t *mem = json_pack("{s:o, s:f, s:s}", "workspace_bound_bytes", wb >= 0 ? json_integer(wb) : json_null(),
                             "factor", DSV4_WORKSPACE_FACTOR, "planned_as",
                             "the planner's workspace of one eager step of these tokens on this rank, CUDA backend");
+    if (root && e->sc->pad_to &&
+        json_object_set_new(root, "padded",
+                            json_pack("{s:I, s:s, s:s, s:s}", "bucket", (json_int_t)e->sc->pad_to, "x",
+                                      "x_padded: x, then NaN (bf16 0x7FC0) in every padding row", "input_ids",
+                                      "input_ids_padded: input_ids, then vocab_size and -1 alternating",
+                                      "judged", "the first tokens rows of an output of the bucket's rows")))
+        json_decref(root), root = NULL;
     if (root && (!mem || json_object_set_new(root, "memory", mem))) {
         json_decref(root);
         root = NULL;
@@ -248,6 +255,8 @@ static dsv4_status export_one(const char *dir, const export_case *e, const dsv4_
     dsv4_checkpoint *ck = NULL;
     dsv4_ref *ref = NULL;
     dsv4_st_writer *wr = NULL;
+    uint16_t *xp = NULL;
+    int32_t *ip = NULL;
     json_t *hashes = json_object();
     if (!x || !y || !ids || !topk || !w || !terms || !hashes) {
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, id, "out of memory for %lld tokens", (long long)T);
@@ -256,9 +265,23 @@ static dsv4_status export_one(const char *dir, const export_case *e, const dsv4_
     memcpy(x, (const uint16_t *)tx->data + e->off * H, (size_t)(T * H) * 2);
     memcpy(ids, (const int32_t *)ti->data + e->off, (size_t)T * 4);
     int64_t sx[2] = {T, H}, si[1] = {T}, sk[2] = {T, K};
+    /* a padded case: the tokens inside a bucket of B rows, the rest hostile padding (NaN x; input ids
+       V and -1, alternating: both out of range) */
+    int64_t B = e->sc->pad_to, sxp[2] = {B, H}, sip[1] = {B};
+    if (B && (!(xp = malloc((size_t)(B * H) * 2)) || !(ip = malloc((size_t)B * 4)))) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, id, "out of memory for a bucket of %lld rows", (long long)B);
+        goto done;
+    }
+    for (int64_t r = 0; r < B; r++) {
+        for (int64_t h = 0; h < H; h++)
+            xp[r * H + h] = r < T ? x[r * H + h] : (uint16_t)0x7FC0;
+        ip[r] = r < T ? ids[r] : (r - T) % 2 ? -1 : (int32_t)cfg->vocab_size;
+    }
     snprintf(path, sizeof path, "%s/input.safetensors", folder);
     if ((st = dsv4_st_writer_create(&wr, err)) || (st = dsv4_st_writer_add(wr, "x", DSV4_DTYPE_BF16, 2, sx, x, err)) ||
         (st = dsv4_st_writer_add(wr, "input_ids", DSV4_DTYPE_I32, 1, si, ids, err)) ||
+        (B && (st = dsv4_st_writer_add(wr, "x_padded", DSV4_DTYPE_BF16, 2, sxp, xp, err))) ||
+        (B && (st = dsv4_st_writer_add(wr, "input_ids_padded", DSV4_DTYPE_I32, 1, sip, ip, err))) ||
         (st = dsv4_st_writer_write(wr, path, NULL, NULL, err)))
         goto done;
     dsv4_st_writer_free(wr);
@@ -310,7 +333,7 @@ done:
     dsv4_st_writer_free(wr);
     dsv4_ref_free(ref);
     dsv4_checkpoint_close(ck);
-    free(x), free(y), free(ids), free(topk), free(w), free(terms);
+    free(x), free(y), free(ids), free(topk), free(w), free(terms), free(xp), free(ip);
     return st;
 }
 

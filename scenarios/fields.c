@@ -15,6 +15,7 @@
 #include <strings.h>
 #include <yaml.h>
 
+#include "dsv4moe/ref.h"
 #include "dsv4moe/scenario.h"
 #include "err.h"
 
@@ -102,7 +103,8 @@ static dsv4_status get_enum(ctx *c, const yaml_node_t *n, const char *what, cons
 /* ---------------- drafts ---------------- */
 
 static const char *const field_names[] = {"preset", "layer", "config", "topology", "budget",     "tokens", "replay",
-                                          "seed",   "checks", "expect", "name",     "checkpoint", "fault",  NULL};
+                                          "seed",   "checks", "expect", "name",     "checkpoint", "fault",
+                                          "pad_to", NULL};
 /* The defects of the review in shared/seed/ by finding number (7 is the desync of 3: it names f03). */
 const char *const dsv4_sp_review_ids[] = {"f01", "f02", "f03", "f04", "f05", "f06", "f08",
                                          "f09", "f10", "f11", "f12", "f13", "f14", NULL};
@@ -519,7 +521,7 @@ static dsv4_status unknown_field(ctx *c, const yaml_node_t *keynode, bool allow_
     dsv4_join_names(list, sizeof list, dsv4_config_keys());
     return dsv4_sp_fail(c, DSV4_ERR_FORMAT, keynode->start_mark,
                 "unknown key '%s' (allowed: preset, layer, config, topology, budget, tokens, replay, seed, checks, "
-                "expect, checkpoint, fault%s; a dotted path config.KEY, topology.KEY or budget.KEY; or a config key: %s)",
+                "expect, checkpoint, fault, pad_to%s; a dotted path config.KEY, topology.KEY or budget.KEY; or a config key: %s)",
                 dsv4_sp_shown(keynode, b, sizeof b), allow_name ? ", name" : "", list);
 }
 
@@ -615,6 +617,14 @@ dsv4_status dsv4_sp_apply_field(ctx *c, draft *d, const char *key, const yaml_no
         return set_checkpoint(c, d, v);
     case 12:
         return set_defect(c, d, v);
+    case 13: { /* the export's padded bucket (parse.c checks it against the tokens) */
+        int64_t bucket;
+        if ((st = dsv4_sp_get_int(c, v, "pad_to", 0, DSV4_REF_MAX_TOKENS, &bucket)))
+            return st;
+        d->pad_to = bucket;
+        d->pad_mark = v->start_mark;
+        return DSV4_OK;
+    }
     default:
         if (dsv4_sp_cfg_key_index(key) >= 0)
             return set_cfg(c, d, key, keynode, v);
@@ -657,7 +667,7 @@ static bool ranks_equal(const void *a, int na, const void *b, int nb, size_t siz
 bool dsv4_sp_draft_equal(const draft *a, const draft *b)
 {
     if (strcmp(a->preset, b->preset) || a->seed != b->seed || a->checks != b->checks || a->expect != b->expect ||
-        strcmp(a->regex, b->regex))
+        a->pad_to != b->pad_to || strcmp(a->regex, b->regex))
         return false;
     const dsv4_topology *s = &a->topo, *t = &b->topo;
     if (s->world_size != t->world_size || s->tp != t->tp || s->dp != t->dp || s->ep != t->ep || s->role != t->role ||

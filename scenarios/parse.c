@@ -227,6 +227,13 @@ static dsv4_status finalize(ctx *c, const draft *d, const char *name, yaml_mark_
         rp[i] = d->replay[d->n_replay == 1 ? 0 : i];
     }
     k->seed = d->seed;
+    for (int i = 0; i < w && d->pad_to; i++)
+        if (d->pad_to <= tk[i])
+            return dsv4_sp_fail(c, DSV4_ERR_CONFIG, d->pad_mark,
+                                "case %s: pad_to %lld must exceed the tokens of every rank (rank %d has %lld): the "
+                                "bucket holds the tokens and at least one padding row",
+                                name, (long long)d->pad_to, i, (long long)tk[i]);
+    k->pad_to = d->pad_to;
     *fault = d->defect;
     k->checkpoint = d->ckpt;
     k->checks = d->checks;

@@ -80,6 +80,8 @@ typedef struct {
     bool replay[DSV4_SCENARIO_MAX_WORLD];
     yaml_mark_t replay_mark;
     uint64_t seed;
+    int64_t pad_to;        /* 0: none */
+    yaml_mark_t pad_mark;
     unsigned checks;
     dsv4_expect expect;
     char regex[REGEX_MAX];

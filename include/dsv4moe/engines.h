@@ -27,8 +27,9 @@ extern "C" {
 #endif
 
 /* The version of the exported folder format (case.json "version"); docs/engines.md. Version 2
-   added the rounding profiles' expected files and y_terms; check reads version 2 only. */
-#define DSV4_ENGINE_FORMAT_VERSION 2
+   added the rounding profiles' expected files and y_terms; version 3 the padded cases (case.json
+   "padded", input.safetensors' x_padded and input_ids_padded). check reads versions 2 and 3. */
+#define DSV4_ENGINE_FORMAT_VERSION 3
 
 typedef struct dsv4_export_options {
     uint32_t struct_size; /* sizeof(dsv4_export_options), set by init */

@@ -101,6 +101,10 @@ typedef struct dsv4_scenario_case {
        ..."; never ';'); the name itself for explicit cases. Reports and JUnit show it; the name
        stays the case's id (export folders, --filter). */
     const char *title;
+    /* `pad_to: B` (export only; 0: none): the case folder also holds its input inside a bucket of B
+       rows, the rows past the tokens hostile padding (docs/engines.md, "Padded cases"); B exceeds
+       every rank's tokens. */
+    int64_t pad_to;
 } dsv4_scenario_case;
 
 typedef struct dsv4_scenario dsv4_scenario;

@@ -37,7 +37,7 @@ import sys
 import numpy as np
 
 FORMAT = "dsv4moe-engine-case"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # the version export writes; 2 (no padded cases) is read as well
 ROUNDINGS = ("spec", "bf16_ops", "fp32")
 
 ATOL = 0.035
@@ -415,10 +415,14 @@ class Case:
         m = self.meta
         if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("version"), int):
             raise CaseError("%s: not a %s folder" % (path, FORMAT))
-        if m["version"] != FORMAT_VERSION:
-            raise CaseError("%s: version %d; this helper reads version %d (version 2 added each rounding profile's "
-                            "expected file with y_terms, SPEC.md section 10: export the cases again)"
+        if m["version"] not in (2, FORMAT_VERSION):
+            raise CaseError("%s: version %d; this helper reads versions 2 and %d (version 2 added each rounding "
+                            "profile's expected file with y_terms, SPEC.md section 10: export the cases again)"
                             % (path, m["version"], FORMAT_VERSION))
+        pad = m.get("padded")
+        if pad is not None and (m["version"] < 3 or not isinstance(pad, dict) or not _uint(pad.get("bucket"))
+                                or not _uint(m.get("tokens")) or pad["bucket"] <= m["tokens"]):
+            raise CaseError('%s: "padded" must be {"bucket": B, ...} with B above "tokens" (version 3 on)' % path)
         files = m.get("files")
         by = files.get("expected_by_rounding") if isinstance(files, dict) else None
         if not isinstance(by, dict) or "spec" not in by or any(
@@ -445,6 +449,7 @@ class Case:
         self.config = dict(m["config"])
         self.layer = m["layer"]
         self.tokens = m["tokens"]
+        self.bucket = pad["bucket"] if pad is not None else None  # a padded case's rows (docs/engines.md)
         self.layout = m.get("layout", "split")
         self.model_path = os.path.join(folder, files["model"])
         self._input = None
@@ -469,6 +474,12 @@ class Case:
                     "input_ids" not in t or t["input_ids"][0] != "I32" or t["input_ids"][1].shape != (self.tokens,):
                 raise CaseError("%s: not the x BF16 [%d, %d] and input_ids I32 [%d] of the case"
                                 % (path, self.tokens, H, self.tokens))
+            B = self.bucket
+            if B is not None and ("x_padded" not in t or t["x_padded"][0] != "BF16" or t["x_padded"][1].shape != (B, H)
+                                  or "input_ids_padded" not in t or t["input_ids_padded"][0] != "I32"
+                                  or t["input_ids_padded"][1].shape != (B,)):
+                raise CaseError("%s: a padded case needs x_padded BF16 [%d, %d] and input_ids_padded I32 [%d]"
+                                % (path, B, H, B))
             self._input = t
         return self._input
 
@@ -485,6 +496,16 @@ class Case:
     @property
     def input_ids(self):
         return self._load_input()["input_ids"][1]
+
+    @property
+    def x_padded(self):
+        """A padded case's input in its bucket, float32 [bucket, H]: x, then NaN rows (None when not padded)."""
+        return None if self.bucket is None else from_bf16_bits(self._load_input()["x_padded"][1])
+
+    @property
+    def input_ids_padded(self):
+        """A padded case's input ids in its bucket [bucket]: input_ids, then vocab_size and -1 alternating."""
+        return None if self.bucket is None else self._load_input()["input_ids_padded"][1]
 
     @property
     def expected(self):
@@ -537,6 +558,9 @@ class Case:
         T, H = self.tokens, int(self.config["dim"])
         exp = self.expected_at(rounding)
         ya = _np(y)
+        if self.bucket is not None:  # an output of the whole bucket: the tokens' rows are judged
+            cut = lambda a: a[:T] if a is not None and a.ndim == 2 and a.shape[0] == self.bucket else a
+            ya, topk_ids, topk_weights = cut(ya), cut(_np(topk_ids)), cut(_np(topk_weights))
         if ya is None or ya.ndim != 2 or ya.shape != (T, H):
             raise CaseError("%s: y has shape %s; the case needs [%d, %d]"
                             % (self.id, None if ya is None else ya.shape, T, H))

@@ -131,7 +131,9 @@ def act_quant(x, mode, granularity="block"):
         if granularity == "token":
             amax = np.maximum(np.max(np.abs(x), axis=1), F32(1e-4)).astype(F32)
         elif granularity == "tensor":
-            amax = np.full_like(amax, max(float(np.max(np.abs(x))) if x.size else 0.0, 1e-4)).astype(F32)
+            # over every row the call runs (NaN ones skipped, as a fmaxf reduction skips them)
+            amax = np.full_like(amax, max(float(np.nanmax(np.abs(x))) if np.isfinite(x).any() else 0.0, 1e-4)
+                                ).astype(F32)
         if mode == "ue8m0":
             a64 = amax.astype(np.float64)
             _, e = np.frexp(a64 / 448.0)

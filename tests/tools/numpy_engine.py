@@ -25,7 +25,7 @@ from dsv4moe import testing  # noqa: E402
 
 
 # Defects of the engine rather than of the layer's arithmetic.
-ENGINE_DEFECTS = ("workspace_wrong_dim",)
+ENGINE_DEFECTS = ("workspace_wrong_dim", "padding_leaks")
 
 
 def workspace_bytes(cfg, ids, T, defect):
@@ -72,9 +72,21 @@ def main():
         cfg.update(case.config_strings())
         st = indep_ref.read_st(case.model_path)
         layer_defect = a.defect if a.defect in indep_ref.DEFECTS else None
-        y, ids, w = indep_ref.forward(cfg, st, case.x.astype(np.float32), case.input_ids.astype(np.int64),
-                                      defect=layer_defect, rounding=a.rounding, bf16_sums=a.bf16_sums)
-        ws = None if a.no_workspace else workspace_bytes(cfg, ids, case.tokens, a.defect)
+        x, in_ids = case.x.astype(np.float32), case.input_ids.astype(np.int64)
+        if case.bucket is not None:  # a padded case: the whole bucket in one batch, the padding's ids masked
+            x, in_ids = case.x_padded.astype(np.float32), case.input_ids_padded.astype(np.int64)
+            V = int(cfg.get("vocab_size", 0)) or int(in_ids[:case.tokens].max(initial=0)) + 1
+            safe = np.where((in_ids >= 0) & (in_ids < V), in_ids, 0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            y, ids, w = indep_ref.forward(cfg, st, x, safe if case.bucket is not None else in_ids,
+                                          defect=layer_defect, rounding=a.rounding, bf16_sums=a.bf16_sums)
+        if a.defect == "padding_leaks" and case.bucket is not None:
+            # a padding row whose id is -1 used as an index: its output lands on the last row of the
+            # tokens (vLLM 51593 read the padding slot as UINT_MAX)
+            for r in range(case.tokens, case.bucket):
+                if in_ids[r] == -1 and case.tokens:
+                    y[case.tokens - 1] = indep_ref.bf16(y[case.tokens - 1] + y[r])
+        ws = None if a.no_workspace else workspace_bytes(cfg, ids, len(x), a.defect)
         E = int(cfg["n_routed_experts"])
         w = (w.astype(np.float64) * (1.0 + a.weights_off)).astype(np.float32) if a.weights_off else w
         if a.sentinel == "-1":
