@@ -15,7 +15,7 @@
 typedef enum { BY_PADDING, BY_MEMORY, BY_PROFILE, BY_ALT, BY_WEIGHT_POINT, BY_ROUTE_SCALE_TWICE, BY_RENORM, BY_MAGNITUDE, BY_ONE_EXPERT } how;
 typedef enum {
     ON_ANY, ON_HASH, ON_HASH_WIDE, ON_TOPP, ON_NOT_HASH, ON_NORMALISED, ON_CLAMP, ON_SHARED_CLAMP, ON_SHARED,
-    ON_ACT_QUANT, ON_UE8M0
+    ON_ACT_QUANT, ON_UE8M0, ON_FP4_TP
 } where;
 
 static const struct {
@@ -59,6 +59,9 @@ static const struct {
      BY_ALT, DSV4_ALT_ACT_SCALE_PER_TOKEN, ON_ACT_QUANT},
     {{"act_scale_per_tensor", "one activation scale per tensor instead of per 1 x 128 block", "FP8 ports", true},
      BY_ALT, DSV4_ALT_ACT_SCALE_PER_TENSOR, ON_ACT_QUANT},
+    {{"fp4_scales_misaligned_tp", "fp4 scale blocks misaligned under tensor parallelism (the second shard "
+                                  "reading the first's)", "vLLM 47528", true}, BY_ALT, DSV4_ALT_TP2_FP4_SCALES,
+     ON_FP4_TP},
     {{"ue8m0_byte_as_value", "ue8m0 scale bytes taken as values (120.0 instead of 2^-7)", "vLLM 43416", true},
      BY_MAGNITUDE, 0, ON_UE8M0},
     {{DSV4_H_MEMORY_CLASS, "the workspace sized on the wrong dimension (9x too large)",
@@ -71,6 +74,16 @@ static const struct {
 size_t dsv4_check_class_count(void) { return N_CAT; }
 
 const dsv4_check_class *dsv4_check_class_at(size_t i) { return i < N_CAT ? &CAT[i].c : NULL; }
+
+/* Class i changes the routing (ids or weights): given the engine's routing, it can fit only where
+   that routing differs from the contract's, and the others only where it does not. */
+static bool routes(size_t i)
+{
+    const unsigned routing_alts = DSV4_ALT_HASH_IDS_BF16 | DSV4_ALT_HASH_FIRST_ID | DSV4_ALT_HASH_UNIFORM |
+                                  DSV4_ALT_PRUNED_AS_EXPERT0 | DSV4_ALT_WEIGHTS_UNNORMALIZED | DSV4_ALT_BIAS_IN_WEIGHTS;
+    return CAT[i].by == BY_ROUTE_SCALE_TWICE || CAT[i].by == BY_RENORM ||
+           (CAT[i].by == BY_ALT && (CAT[i].alt & routing_alts));
+}
 
 static bool applies(where on, const dsv4_config *c)
 {
@@ -89,6 +102,7 @@ static bool applies(where on, const dsv4_config *c)
     case ON_ACT_QUANT:
         return c->act_quant != DSV4_ACT_QUANT_NONE &&
                (c->routed_format != DSV4_FORMAT_BF16 || c->shared_format != DSV4_FORMAT_BF16);
+    case ON_FP4_TP: return c->routed_format == DSV4_FORMAT_FP4 && c->moe_inter_dim % 64 == 0;
     case ON_UE8M0: return c->routed_format == DSV4_FORMAT_FP4 || c->shared_format == DSV4_FORMAT_FP4 || fp8_ue8m0;
     default: return true;
     }
@@ -293,6 +307,8 @@ void dsv4_h_diagnose(const dsv4_h_failure *f, char *out, size_t size)
             continue;
         }
         int64_t beyond = 0;
+        if (f->ids && routes(i) == f->routing_ok) /* cannot fit: skipped (each try is a forward) */
+            continue;
         if (CAT[i].by == BY_PROFILE) {
             int found = -1;
             for (int p = 0; p < DSV4_ROUNDING_COUNT && found < 0; p++)

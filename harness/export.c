@@ -192,6 +192,13 @@ static dsv4_status write_case_json(const char *path, const char *id, const expor
                                       "input_ids_padded: input_ids, then vocab_size and -1 alternating",
                                       "judged", "the first tokens rows of an output of the bucket's rows")))
         json_decref(root), root = NULL;
+    /* the topology the case's rank belongs to: an engine runs a tp > 1 case with that many tensor-parallel
+       ranks (every rank of a tp group has the same tokens and the whole layer's output) */
+    const dsv4_topology *tp = &e->sc->topology;
+    if (root && json_object_set_new(root, "topology",
+                                    json_pack("{s:i, s:i, s:i, s:i}", "world", tp->world_size, "tp", tp->tp, "dp",
+                                              tp->dp, "ep", tp->ep)))
+        json_decref(root), root = NULL;
     if (root && (!mem || json_object_set_new(root, "memory", mem))) {
         json_decref(root);
         root = NULL;

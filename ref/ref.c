@@ -20,6 +20,7 @@ typedef struct {
     dsv4_matrix_view v;
     uint8_t *owned_q, *owned_s;
     bool read; /* the view's bytes have been read from the checkpoint */
+    uint8_t *alt_s; /* DSV4_ALT_TP2_FP4_SCALES: the scales as the second shard misreads them */
 } matrix;
 
 /* Every matrix of the layer is checked at creation (dsv4_weights_matrix_view), but its bytes
@@ -89,6 +90,23 @@ static dsv4_status bind_matrix(dsv4_ref *r, const dsv4_checkpoint *ck, int64_t e
     return DSV4_OK;
 }
 
+/* DSV4_ALT_TP2_FP4_SCALES on an fp4 matrix ([n, k/32] ue8m0 scales): the intermediate dimension
+   split over two tensor-parallel shards, the second reading the first's scale blocks, rows of w1
+   and w3 (proj 0, 1: n = I) or columns of w2 (proj 2: k = I). */
+static dsv4_status misalign_scales(matrix *m, int p, dsv4_error *err)
+{
+    int64_t n = m->v.n, kb = m->v.k / 32;
+    if (!(m->alt_s = malloc((size_t)(n * kb))))
+        return dsv4_seterr(err, DSV4_ERR_NOMEM, m->v.key, "out of memory for the alternate scales");
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < kb; c++) {
+            int64_t sr = p < 2 && r >= n / 2 ? r - n / 2 : r, sc = p == 2 && c >= kb / 2 ? c - kb / 2 : c;
+            m->alt_s[r * kb + c] = m->v.scales[sr * kb + sc];
+        }
+    m->v.scales = m->alt_s;
+    return DSV4_OK;
+}
+
 /* Reads the three matrices of `expert` on its first use. */
 static dsv4_status read_expert(const dsv4_ref *r, int64_t expert, dsv4_error *err)
 {
@@ -96,13 +114,16 @@ static dsv4_status read_expert(const dsv4_ref *r, int64_t expert, dsv4_error *er
     dsv4_status st = DSV4_OK;
     pthread_mutex_lock((pthread_mutex_t *)&r->read_mu);
     for (int p = 0; p < 3 && !st; p++) {
-        if (ms[p].read)
-            continue;
-        dsv4_matrix_view v;
-        if (!(st = dsv4_weights_matrix(r->ck, &r->cfg, expert, (dsv4_proj)p, &v, err))) {
-            ms[p].v = v;
-            ms[p].read = true;
+        if (!ms[p].read) {
+            dsv4_matrix_view v;
+            if (!(st = dsv4_weights_matrix(r->ck, &r->cfg, expert, (dsv4_proj)p, &v, err))) {
+                ms[p].v = v;
+                ms[p].read = true;
+            }
         }
+        if (!st && (r->alt & DSV4_ALT_TP2_FP4_SCALES) && expert != DSV4_SHARED_EXPERT && !ms[p].alt_s &&
+            ms[p].v.format == DSV4_FORMAT_FP4)
+            st = misalign_scales(&ms[p], p, err);
     }
     pthread_mutex_unlock((pthread_mutex_t *)&r->read_mu);
     return st;
@@ -116,6 +137,7 @@ void dsv4_ref_free(dsv4_ref *r)
         for (int64_t i = 0; i < 3 * r->cfg.n_routed_experts; i++) {
             free(r->experts[i].owned_q);
             free(r->experts[i].owned_s);
+            free(r->experts[i].alt_s);
         }
         free(r->experts);
     }

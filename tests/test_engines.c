@@ -372,7 +372,7 @@ static void export_once(void)
     tu_path(cases_dir, sizeof cases_dir, "eng_cases");
     snprintf(args, sizeof args, "export %s/scenarios/engines.yaml --dir %s", src(), cases_dir);
     ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
-    ck_assert_ptr_nonnull(strstr(out_buf, "14 case folders"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "16 case folders"));
     done = true;
 }
 
@@ -459,11 +459,11 @@ START_TEST(clean_engine_passes_check)
     export_once();
     int rc = engine_then_check("eng_out_clean", "", "");
     ck_assert_msg(rc == 0, "%.3000s", out_buf);
-    ck_assert_ptr_nonnull(strstr(out_buf, "14 cases: 14 passed, 0 failed, 0 errors"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "16 cases: 16 passed, 0 failed, 0 errors"));
     char p[700], buf[4096];
     tu_path(p, sizeof p, "eng_out_clean-report/junit.xml");
     ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
-    ck_assert_ptr_nonnull(strstr(buf, "tests=\"14\" failures=\"0\" errors=\"0\""));
+    ck_assert_ptr_nonnull(strstr(buf, "tests=\"16\" failures=\"0\" errors=\"0\""));
     tu_path(p, sizeof p, "eng_out_clean-report/report.json");
     ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
     ck_assert_ptr_nonnull(strstr(buf, "\"ran_on\": \"numpy-indep\""));
@@ -520,8 +520,9 @@ static const struct {
     {"ue8m0_bias_off_one_expert", {"quant=0,layer=1", "small-limit", "topp:", NULL}, 6},
     {"act_scale_per_token", {"quant=1,layer=0", "quant=1,layer=1", NULL}, 2}, /* fp32 activation scales */
     {"act_scale_per_tensor", {"quant=1,layer=0", "quant=1,layer=1", NULL}, 2},
-    {"workspace_wrong_dim", {"quant=0,layer=0", "hash-384", "two-ranks rank 1", NULL}, 13}, /* the memory check */
+    {"workspace_wrong_dim", {"quant=0,layer=0", "hash-384", "two-ranks rank 1", NULL}, 15}, /* the memory check */
     {"padding_leaks", {"padded", NULL}, 1}, /* a padding row's output on the last token's row */
+    {"fp4_scales_misaligned_tp", {"tp2 rank 0", "tp2 rank 1", NULL}, 2}, /* tensor-parallel cases only */
 };
 #define N_DEFECTS (int)(sizeof DEFECTS / sizeof DEFECTS[0])
 
@@ -552,7 +553,7 @@ START_TEST(each_defect_fails_check)
     int fails = count_of(out_buf, "\nFAIL ") + (strncmp(out_buf, "FAIL ", 5) == 0);
     ck_assert_msg(fails >= DEFECTS[i].min_fail, "%s %s: %d failing cases: %.3000s", DEFECTS[i].defect, rnd, fails,
                   out_buf);
-    ck_assert_msg(count_of(out_buf, "from the output's engine_rounding") == 14, "%.3000s", out_buf);
+    ck_assert_msg(count_of(out_buf, "from the output's engine_rounding") == 16, "%.3000s", out_buf);
     /* check names the class on every failing case (the reference computed each known-wrong way,
        harness/diagnose.c) */
     char likely[96];
@@ -593,7 +594,7 @@ START_TEST(bf16_router_weights_at_bf16_ops)
         const char *name, *opts, *want;
         int rc;
     } runs[] = {
-        {"eng_out_wbf16", "--rounding bf16_ops --bf16-sums --weights-off 0.014", "14 passed", 0},
+        {"eng_out_wbf16", "--rounding bf16_ops --bf16-sums --weights-off 0.014", "16 passed", 0},
         {"eng_out_wfp32", "--rounding fp32 --bf16-sums --weights-off 0.014", "+ 1e-05 |b|; first", 1},
         {"eng_out_wbf16_far", "--rounding bf16_ops --bf16-sums --weights-off 0.04", "+ 0.03125 |b|; first", 1},
     };
@@ -624,12 +625,12 @@ START_TEST(each_profile_passes_its_own_reference)
     snprintf(name, sizeof name, "eng_out_clean_%s", rnd);
     snprintf(opts, sizeof opts, "--rounding %s --bf16-sums", rnd);
     ck_assert_msg(engine_then_check(name, opts, "") == 0, "%s: %.3000s", rnd, out_buf);
-    ck_assert_ptr_nonnull(strstr(out_buf, "14 cases: 14 passed, 0 failed, 0 errors"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "16 cases: 16 passed, 0 failed, 0 errors"));
     char want[96];
     snprintf(want, sizeof want, "rounding %s from the output's engine_rounding", rnd);
-    ck_assert_msg(count_of(out_buf, want) == 14, "%.3000s", out_buf);
+    ck_assert_msg(count_of(out_buf, want) == 16, "%.3000s", out_buf);
     /* the bf16 sums put elements beyond atol + rtol |b| that the S term absorbs */
-    ck_assert_msg(count_of(out_buf, "beyond 0 with S") == 14 && count_of(out_buf, "beyond 0 with S, 0 without") < 14,
+    ck_assert_msg(count_of(out_buf, "beyond 0 with S") == 16 && count_of(out_buf, "beyond 0 with S, 0 without") < 16,
                   "%.3000s", out_buf);
     char p[128], buf[1 << 16];
     snprintf(p, sizeof p, "%s-report/report.json", name);
@@ -706,7 +707,7 @@ START_TEST(catalogue_table)
                  "{outputs} --defect {class} --rounding {rounding} --bf16-sums'",
                  cases_dir, rep, py(), src());
         ck_assert_msg(run_cli(args) == 0, "%.3000s", out_buf);
-        ck_assert_ptr_nonnull(strstr(out_buf, "| none (the engine as it is) |  | 14 of 14 pass |"));
+        ck_assert_ptr_nonnull(strstr(out_buf, "| none (the engine as it is) |  | 16 of 16 pass |"));
         ck_assert_ptr_nonnull(strstr(out_buf, "every class caught and named in every profile"));
         size_t n = dsv4_check_class_count();
         ck_assert_uint_ge(n, 19);
@@ -721,12 +722,12 @@ START_TEST(catalogue_table)
                 continue;
             unsigned caught, cases, named;
             ck_assert_int_eq(sscanf(at + strlen(row), "%u of %u, named %u", &caught, &cases, &named), 3);
-            ck_assert_msg(caught >= 1 && caught == named && cases == 14, "%s: %.200s", k->name, at);
+            ck_assert_msg(caught >= 1 && caught == named && cases == 16, "%s: %.200s", k->name, at);
         }
         ck_assert_ptr_null(dsv4_check_class_at(n));
         snprintf(p, sizeof p, "%s/catalogue.md", rep);
         ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
-        ck_assert_ptr_nonnull(strstr(buf, "| routed_clamp_dropped | vLLM 41935 | caught 13 of 14, named 13; first "));
+        ck_assert_ptr_nonnull(strstr(buf, "| routed_clamp_dropped | vLLM 41935 | caught 15 of 16, named 15; first "));
     }
     /* bad uses: exit 2, nothing judged */
     static const struct {
@@ -751,7 +752,7 @@ START_TEST(catalogue_table)
     /* an engine that writes nothing passes no case; a catalogue folder not made by the command is kept */
     snprintf(args, sizeof args, "check %s --catalogue --rounding fp32 --report %s --engine true", cases_dir, rep);
     ck_assert_int_eq(run_cli(args), 2);
-    ck_assert_ptr_nonnull(strstr(out_buf, "not judged: 14 of 14 cases in error (engines/"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "not judged: 16 of 16 cases in error (engines/"));
     snprintf(cmd, sizeof cmd, "mkdir -p %s-mine/catalogue && touch %s-mine/catalogue/keep", rep, rep);
     ck_assert_int_eq(run_sh(cmd), 0);
     snprintf(args, sizeof args, "check %s --catalogue --report %s-mine --engine true", cases_dir, rep);
@@ -772,12 +773,12 @@ START_TEST(memory_verdict)
 {
     export_once();
     ck_assert_int_eq(engine_then_check("eng_out_mem", "", ""), 0);
-    ck_assert_msg(count_of(out_buf, "memory: peak workspace ") == 14 && !strstr(out_buf, "x; over"), "%.3000s",
+    ck_assert_msg(count_of(out_buf, "memory: peak workspace ") == 16 && !strstr(out_buf, "x; over"), "%.3000s",
                   out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "the planner's for 32 tokens on this rank); within 2x"));
     ck_assert_int_eq(engine_then_check("eng_out_mem9", "--defect workspace_wrong_dim", ""), 1);
     ck_assert_msg(count_of(out_buf, "; over 2x; likely workspace_wrong_dim: the workspace sized on the wrong "
-                                    "dimension (9x too large) (aiconfigurator 1055, FlashInfer 4916)") == 13,
+                                    "dimension (9x too large) (aiconfigurator 1055, FlashInfer 4916)") == 15,
                   "%.3000s", out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "pass  engines/empty"));
     /* without the report no memory check is made */
@@ -883,7 +884,7 @@ START_TEST(check_bad_outputs_exit_2)
     snprintf(args, sizeof args, "check %s --outputs %s --report %s-r", cases_dir, out, out);
     ck_assert_int_eq(run_cli(args), 2);
     ck_assert_ptr_nonnull(strstr(out_buf, "engines.topp/output.safetensors does not exist"));
-    ck_assert_ptr_nonnull(strstr(out_buf, "13 passed, 0 failed, 1 errors"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "15 passed, 0 failed, 1 errors"));
     /* a truncated output, and one whose y has another name (readable with --map) */
     snprintf(cmd, sizeof cmd,
              "mkdir -p %s/engines.topp && head -c 100 %s/engines.empty/output.safetensors > "
@@ -1203,7 +1204,7 @@ START_TEST(pip_install_then_pytest)
              dir, py(), dir, dir, dir, src(), dir, src(), dir, dir);
     ck_assert_msg(run_sh(cmd) == 0, "%.3000s", out_buf);
     ck_assert_ptr_nonnull(strstr(out_buf, "Successfully installed dsv4moe-0.1.0"));
-    ck_assert_ptr_nonnull(strstr(out_buf, "14 case folders"));
+    ck_assert_ptr_nonnull(strstr(out_buf, "16 case folders"));
     char want[800];
     snprintf(want, sizeof want, "library %s/venv/lib/", dir);
     ck_assert_msg(strstr(out_buf, want) && strstr(out_buf, "/site-packages/dsv4moe/_native/libdsv4moe.so.0"),
@@ -1213,12 +1214,12 @@ START_TEST(pip_install_then_pytest)
         const char *engine, *opts, *want;
         int rc;
     } runs[] = {
-        {"clean", "", "14 passed", 0},
-        {"bf16_ops", "", "14 passed", 0},                  /* its result names its profile */
-        {"fp32", "", "14 passed", 0},                      /* the function's dsv4moe_rounding */
-        {"y_only", "--dsv4moe-sentinel -1", "14 passed", 0},
-        {"clean", "--dsv4moe-rounding fp32", "9 failed, 5 passed", 1},
-        {"routed_clamp_dropped", "", "13 failed, 1 passed", 1},
+        {"clean", "", "16 passed", 0},
+        {"bf16_ops", "", "16 passed", 0},                  /* its result names its profile */
+        {"fp32", "", "16 passed", 0},                      /* the function's dsv4moe_rounding */
+        {"y_only", "--dsv4moe-sentinel -1", "16 passed", 0},
+        {"clean", "--dsv4moe-rounding fp32", "11 failed, 5 passed", 1},
+        {"routed_clamp_dropped", "", "15 failed, 1 passed", 1},
     };
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
         snprintf(cmd, sizeof cmd,

@@ -116,10 +116,13 @@ DSV4_API void dsv4_check_options_init(dsv4_check_options *opt);
  * A failing case's verdict ends with the class it likely is, "likely NAME: what (where reported);
  * how it was seen", or "no known class fits" (unless opt->no_diagnose): the case's layer is
  * computed again in each known-wrong way of the catalogue below (dsv4_ref_set_alternates, or a
- * config change) and the output held to each with the same rule; the first it passes is named.
- * Two classes are seen in the output's pattern instead: scales read as values (most elements more
- * than 8 times the contract's) and one expert decoded wrong (every token with an element beyond
- * routed to one expert, at least half of its tokens).
+ * config change) and the output held to each with the same rule; the first it passes is named
+ * (given the engine's routing, the ways that change the routing are tried only where it differs
+ * from the contract's, the others only where it matches). Three classes are seen in the output's
+ * pattern instead: a padded case's tokens' rows not finite (padding_leaks), scales read as values
+ * (most elements more than 8 times the contract's) and one expert decoded wrong (every token with
+ * an element beyond routed to one expert, at least half of its tokens). A memory check over its
+ * bound names workspace_wrong_dim.
  */
 DSV4_API dsv4_status dsv4_check_engine(const char *cases_dir, const char *outputs_dir, const dsv4_check_options *opt,
                                        dsv4_run_results **results, dsv4_error *err);

@@ -170,8 +170,11 @@ typedef enum dsv4_ref_alternate {
     DSV4_ALT_HASH_IDS_BF16 = 1u << 11,        /* tid2eid entries rounded to bf16; an id past E-1 is the
                                                  sentinel E, its expert not run */
     DSV4_ALT_PRUNED_AS_EXPERT0 = 1u << 12,    /* top-p: a pruned slot computed as expert 0, weight kept */
+    DSV4_ALT_TP2_FP4_SCALES = 1u << 13,       /* fp4 routed experts split over two tensor-parallel shards
+                                                 of the intermediate dimension, the second reading the first's
+                                                 scale blocks (set before the handle's first forward) */
 } dsv4_ref_alternate;
-#define DSV4_ALT_ALL ((1u << 13) - 1)
+#define DSV4_ALT_ALL ((1u << 14) - 1)
 
 /* Sets the handle's alternates (an OR of dsv4_ref_alternate; bits outside DSV4_ALT_ALL are
    DSV4_ERR_INVALID_ARG). Not while a forward runs on the handle. */

@@ -169,8 +169,20 @@ def dot(xa, W):
 def load_weight(st, key, defect=None, odd_expert=None):
     """Returns (fp32 dequantized [N, K], format). The defects: ue8m0_byte_as_value reads every ue8m0
     scale byte as its value (120.0 instead of 2^-7); ue8m0_bias_off_one_expert decodes the scales of
-    the expert whose key prefix is odd_expert with bias 126 (twice the scale)."""
+    the expert whose key prefix is odd_expert with bias 126 (twice the scale); fp4_scales_misaligned_tp
+    gives the second half of a routed fp4 matrix's intermediate dimension the first half's scales."""
     def scale(b):
+        if defect == "fp4_scales_misaligned_tp" and dt == "I8" and ".experts." in key:
+            # two tensor-parallel shards of the intermediate dimension, the second reading the first's
+            # scale blocks: rows of w1 / w3, columns of w2 (vLLM 47528)
+            b = np.array(b)
+            if key.endswith("w2"):
+                h = b.shape[1] // 2
+                b[:, h:] = b[:, :h]
+            else:
+                h = b.shape[0] // 2
+                b[h:] = b[:h]
+            return ue8m0(b)
         if defect == "ue8m0_byte_as_value":
             return np.asarray(b, dtype=np.float64)
         if defect == "ue8m0_bias_off_one_expert" and odd_expert and key.startswith(odd_expert):
@@ -254,7 +266,7 @@ DEFECTS = ("routed_clamp_dropped", "shared_clamp_dropped", "weight_point_swapped
            "weights_not_normalized", "bias_in_weights", "route_scale_twice", "route_scale_on_shared",
            "hash_without_ids", "hash_uniform_weights", "topp_renorm_switched", "clamp_gate_both_sides",
            "clamp_up_one_side", "tid2eid_through_bf16", "ue8m0_byte_as_value", "ue8m0_bias_off_one_expert",
-           "act_scale_per_token", "act_scale_per_tensor")
+           "act_scale_per_token", "act_scale_per_tensor", "fp4_scales_misaligned_tp")
 
 
 def forward(cfg, st, x, ids_in, defect=None, verbose=False, rounding="spec", bf16_sums=False):
