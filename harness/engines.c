@@ -19,6 +19,7 @@
 #include "diagnose.h"
 #include "engines_int.h"
 #include "fileio.h"
+#include "results.h"
 #include "run_ext.h"
 #include "dsv4moe/engines.h"
 #include "dsv4moe/formats.h"
@@ -307,17 +308,6 @@ static bool engine_profile(const dsv4_st_file *fo, const char *out_path, const c
     return false;
 }
 
-/* n bytes as "4.6 MiB" (or "812 B"). */
-static const char *human_bytes(double n, char *buf, size_t size)
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (n >= 1024.0 && u < 4)
-        n /= 1024.0, u++;
-    snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", n, unit[u]);
-    return buf;
-}
-
 /* The memory check of a case whose output reports its peak workspace (metadata peak_workspace_bytes,
    DSV4_WORKSPACE_FACTOR): none without the case's bound. */
 static void memory_check(dsv4_case_result *c, const case_desc *cd, const dsv4_check_options *o, const char *out_path,
@@ -342,7 +332,8 @@ static void memory_check(dsv4_case_result *c, const case_desc *cd, const dsv4_ch
     size_t len = (size_t)snprintf(msg, sizeof msg,
                                   "memory: peak workspace %s (%llu bytes), %.2fx the contract's bound %s (%lld bytes: the "
                                   "planner's for %lld tokens on this rank); %s %gx",
-                                  human_bytes((double)v, a, sizeof a), v, ratio, human_bytes(bound, b, sizeof b),
+                                  dsv4_h_human_bytes(v, a, sizeof a), v, ratio,
+                                  dsv4_h_human_bytes((uint64_t)cd->ws_bound, b, sizeof b),
                                   (long long)cd->ws_bound, (long long)cd->T, ok ? "within" : "over", cd->ws_factor);
     for (size_t i = 0; !ok && !o->no_diagnose && i < dsv4_check_class_count() && len < sizeof msg; i++) {
         const dsv4_check_class *k = dsv4_check_class_at(i);

@@ -58,18 +58,6 @@ static void hb_esc_n(dsv4_strbuf *b, const char *s, size_t max)
 static void hb_esc(dsv4_strbuf *b, const char *s) { hb_esc_n(b, s, 0); }
 
 
-static void human_bytes(uint64_t v, char *buf, size_t n)
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double x = (double)v;
-    int u = 0;
-    while (x >= 1024 && u < 4) {
-        x /= 1024;
-        u++;
-    }
-    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", x, unit[u]);
-}
-
 /* ULP percentiles as vertical bars, height log2(1 + ulp) against the case's maximum. */
 static void svg_ulp(dsv4_strbuf *b, const dsv4_compare_metrics *m)
 {
@@ -221,7 +209,7 @@ static void svg_mem(dsv4_strbuf *b, const dsv4_case_memory *mem)
         if (na)
             snprintf(hb, sizeof hb, "not measured");
         else
-            human_bytes(v[i], hb, sizeof hb);
+            dsv4_h_human_bytes(v[i], hb, sizeof hb);
         dsv4_sb_printf(b, "<text x=\"%d\" y=\"%d\" class=\"ml\">%s</text>", bar_x - 4, y + 10, lab[i]);
         dsv4_sb_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#eee\"/>", bar_x, y + 1, bar_w, rh - 3);
         dsv4_sb_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>%s: %s (%llu bytes)"
@@ -518,8 +506,8 @@ static bool mem_summary(const dsv4_case_memory *mem, char *buf, size_t n)
     if (!mem->available && !mem->planned_max)
         return false;
     char pk[32], pl[32];
-    human_bytes(mem->peak, pk, sizeof pk);
-    human_bytes(mem->planned_max, pl, sizeof pl);
+    dsv4_h_human_bytes(mem->peak, pk, sizeof pk);
+    dsv4_h_human_bytes(mem->planned_max, pl, sizeof pl);
     snprintf(buf, n, "peak %s of %s planned", mem->measured ? pk : "not measured", pl);
     return true;
 }

@@ -400,3 +400,16 @@ void dsv4_run_ext_finish(dsv4_case_result *c, double seconds)
 }
 
 
+
+const char *dsv4_h_human_bytes(uint64_t v, char *buf, size_t n)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double x = (double)v;
+    int u = 0;
+    while (x >= 1024 && u < 4) {
+        x /= 1024;
+        u++;
+    }
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", x, unit[u]);
+    return buf;
+}

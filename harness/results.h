@@ -125,4 +125,7 @@ dsv4_run_summary dsv4_h_summary(const dsv4_run_results *R, const dsv4_scenario *
 /* Whether the case belongs to `scn` (NULL: every case does). */
 bool dsv4_h_case_in(const dsv4_case_result *c, const dsv4_scenario *scn);
 
+/* v bytes as "4.6 MiB" (one decimal from KiB on, "812 B" below): the reports' and check's wording. */
+const char *dsv4_h_human_bytes(uint64_t v, char *buf, size_t n);
+
 #endif
