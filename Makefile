@@ -242,13 +242,13 @@ $(CUDA_BUILD)/fast/cuda/gemm_fp8/%.o: fast/cuda/gemm_fp8/%.cu $(wildcard fast/cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -DNDEBUG -isystem $(CUTLASS_DIR)/include --expt-relaxed-constexpr -c $< -o $@
 
-# The backend interface and the registry (which lists the cuda entry) compiled -DDSV4_WITH_CUDA.
-CUDA_HOST_OBJS := $(CUDA_BUILD)/fast/backend/backend.o $(CUDA_BUILD)/fast/backend/registry.o
-$(CUDA_BUILD)/fast/backend/%.o: fast/backend/%.c
+# The CUDA backend's registration compiled -DDSV4_WITH_CUDA: it then names the backend's entry points.
+CUDA_HOST_OBJS := $(CUDA_BUILD)/fast/cuda/reg.o
+$(CUDA_BUILD)/fast/cuda/reg.o: fast/cuda/reg.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backend/registry.o,$(LIB_OBJS)) \
+$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/cuda/reg.o,$(LIB_OBJS)) \
   $(CUDA_HOST_OBJS) $(CUDA_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@
@@ -256,7 +256,7 @@ $(CUDA_LIB_A): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backen
 
 # The shared CUDA library, for programs that load it at run time (the Python package, python/).
 CUDA_LIB_SO := $(CUDA_BUILD)/libdsv4moe.so
-$(CUDA_LIB_SO): $(filter-out $(BUILD)/fast/backend/backend.o $(BUILD)/fast/backend/registry.o,$(LIB_OBJS)) \
+$(CUDA_LIB_SO): $(filter-out $(BUILD)/fast/cuda/reg.o,$(LIB_OBJS)) \
   $(CUDA_HOST_OBJS) $(CUDA_OBJS) libdsv4moe.map
 	$(CC) -shared -Wl,-soname,$(SONAME) $(SO_EXPORTS) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
@@ -292,7 +292,7 @@ CUDA_DEVSIM_TEST := $(CUDA_BUILD)/test_devsim
 
 $(CUDA_BUILD)/tests/cuda/test_devsim.o: tests/cuda/test_devsim.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CPPFLAGS_ALL) -Itests -Ifast -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(CUDA_DEVSIM_TEST): $(CUDA_BUILD)/tests/cuda/test_devsim.o $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)

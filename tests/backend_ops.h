@@ -25,6 +25,9 @@
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
 #include "testutil.h"
+#ifdef DSV4_WITH_CUDA
+#include "../bench/bench_util.h" /* the kernel variants the environment names */
+#endif
 
 #ifndef BO_GEN_THREADS
 #define BO_GEN_THREADS 2 /* threads generating the layers (test_cuda: the device machine's cores) */
@@ -275,7 +278,7 @@ static inline void bo_free(bo_out *r)
    machine without its device, answers DSV4_ERR_UNSUPPORTED / DSV4_ERR_DEVICE). */
 static inline bool bo_backend_available(dsv4_backend_kind kind)
 {
-    static int known[3] = {-1, -1, -1};
+    static int known[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
     if (known[kind] >= 0)
         return known[kind];
     bo_case k = {"probe", "tiny", 1, 1, 0, -1, -1, -1, 0, 0, 0, 0};
@@ -482,5 +485,83 @@ static inline void bo_cuda_extra(const bo_case *k, const dsv4_config *c, const b
                   k->name, (unsigned long long)got->stats.workspace_peak, (unsigned long long)got->planned_step);
 }
 #endif
+
+/* ---------------- the table on every backend ---------------- */
+
+
+/* ---------------- the table on every backend ---------------- */
+
+/* The cpu backend's memory model bounds what it really allocated (every shape of the table). */
+static inline void bo_cpu_extra(const bo_case *k, const dsv4_config *c, const bo_backend *be, const bo_out *ref,
+                      const bo_out *got)
+{
+    (void)c, (void)be, (void)ref;
+    ck_assert_msg(got->stats.workspace_peak <= got->stats.workspace_planned, "%s: workspace peak %llu > planned %llu",
+                  k->name, (unsigned long long)got->stats.workspace_peak,
+                  (unsigned long long)got->stats.workspace_planned);
+    if (k->tokens > 0)
+        ck_assert(got->stats.workspace_peak > 0);
+}
+
+/* How the table runs on a backend of this kind, and its own checks. */
+static inline bo_backend bo_backend_of(dsv4_backend_kind kind, bo_extra_fn *extra, char *spec, size_t n)
+{
+    bo_backend be = {kind, kind == DSV4_BACKEND_REF ? 3 : 2, DSV4_CPU_KERNELS_AUTO, 2, NULL};
+    *extra = kind == DSV4_BACKEND_CPU ? bo_cpu_extra : NULL;
+    spec[0] = 0;
+#ifdef DSV4_WITH_CUDA
+    if (kind == DSV4_BACKEND_CUDA) {
+        *extra = bo_cuda_extra;
+        be.cuda_kernels = bench_cuda_kernels_env(spec, n);
+    }
+#else
+    (void)n;
+#endif
+    return be;
+}
+
+/* Case i of the table on every backend the registry reports available (the cpu backend also on
+   the AVX2 table where the CPU has a better one); the number of backends it ran on (2 for a case
+   skipped under coverage), and in *names (when not NULL, 128 bytes) their names. */
+static inline int bo_every_backend(int i, char *names)
+{
+    const bo_case *k = &bo_cases[i];
+    if (names)
+        names[0] = 0;
+    if (bo_skipped_under_coverage(k))
+        return 2;
+    bo_ref r;
+    bo_ref_open(k, &r);
+    int ran = 0;
+    for (int b = 0; b < dsv4_backend_count(); b++) {
+        dsv4_backend_info info;
+        dsv4_error e;
+        ck_assert_int_eq(dsv4_backend_info_at(b, &info, &e), DSV4_OK);
+        if (info.built && !info.available) {
+            const char *req = getenv("DSV4MOE_CUDA_REQUIRED"); /* the device scripts: cuda must run */
+            ck_assert_msg(!(info.kind == DSV4_BACKEND_CUDA && req && req[0] == '1'),
+                          "DSV4MOE_CUDA_REQUIRED=1 but the cuda backend is not available: %s", info.why);
+            if (i == 0)
+                printf("backend_ops: the %s backend is built but not available here: %s\n", info.name, info.why);
+        }
+        if (!info.available || !bo_runs_on(k, info.kind))
+            continue;
+        bo_extra_fn extra;
+        char spec[256];
+        bo_backend be = bo_backend_of(info.kind, &extra, spec, sizeof spec);
+        bo_compare(&r, &be, extra);
+        ran++;
+        if (names)
+            snprintf(names + strlen(names), 128 - strlen(names), "%s%s", ran > 1 ? " " : "", info.name);
+        /* the AVX2 table where the CPU has a better one */
+        if (info.kind == DSV4_BACKEND_CPU && dsv4_cpu_kernels_available(DSV4_CPU_KERNELS_AVX2) &&
+            dsv4_cpu_kernels_available((dsv4_cpu_kernels)(DSV4_CPU_KERNELS_AVX2 + 1))) {
+            be.kernels = DSV4_CPU_KERNELS_AVX2;
+            bo_compare(&r, &be, extra);
+        }
+    }
+    bo_ref_close(&r);
+    return ran;
+}
 
 #endif

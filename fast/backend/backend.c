@@ -1,114 +1,13 @@
 /*
- * The backend interface (dsv4moe/backend.h): dispatch through the registry
- * (fast/backend/registry.c), and the "ref" implementation, a thin wrapper of
- * dsv4_ref with its stages (dsv4_ref_stage_*).
+ * The backend interface (dsv4moe/backend.h): options, creation through the backend's
+ * registration (fast/backend/registry.c) and dispatch through its vtable.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "dsv4moe/backend.h"
-#include "dsv4moe/ref.h"
-#include "backend_impl.h"
+#include "backend_reg.h"
 #include "err.h"
-
-/* ---------------- ref ---------------- */
-
-typedef struct {
-    dsv4_ref *ref;
-    dsv4_backend_stats stats;
-} ref_impl;
-
-static void add_clamps(dsv4_backend_stats *s, const dsv4_ref_stats *r)
-{
-    s->routed_g_clamped += r->routed_g_clamped;
-    s->routed_u_clamped += r->routed_u_clamped;
-    s->shared_g_clamped += r->shared_g_clamped;
-    s->shared_u_clamped += r->shared_u_clamped;
-}
-
-static dsv4_status ref_forward(void *p, int64_t T, const uint16_t *x, const int32_t *ids, dsv4_forward_out *out,
-                               dsv4_error *err)
-{
-    ref_impl *r = p;
-    dsv4_ref_output ro;
-    memset(&ro, 0, sizeof ro);
-    ro.y = out->y;
-    ro.topk_ids = out->topk_ids;
-    ro.topk_weights = out->topk_weights;
-    ro.kept_counts = out->kept_counts;
-    dsv4_status st = dsv4_ref_forward(r->ref, T, x, ids, &ro, err);
-    if (st)
-        return st;
-    r->stats.forwards++;
-    r->stats.tokens += (uint64_t)T;
-    /* launches and empty_skips stay 0: the reference does not report its groups. */
-    r->stats.nonfinite_rows += (uint64_t)ro.stats.nonfinite_rows;
-    add_clamps(&r->stats, &ro.stats);
-    return DSV4_OK;
-}
-
-static dsv4_status ref_route(void *p, int64_t n, const uint16_t *x, const int32_t *in_ids, int32_t *ids, float *w,
-                             int32_t *kept, dsv4_error *err)
-{
-    ref_impl *r = p;
-    dsv4_status st = dsv4_ref_stage_route(r->ref, n, x, in_ids, ids, w, kept, &r->stats.nonfinite_rows, err);
-    if (!st) {
-        r->stats.forwards++;
-        r->stats.tokens += (uint64_t)n;
-    }
-    return st;
-}
-
-static dsv4_status ref_experts(void *p, int64_t m, const uint16_t *x, const int32_t *expert, const float *w,
-                               int64_t i0, int64_t ni, float *out, dsv4_error *err)
-{
-    ref_impl *r = p;
-    dsv4_ref_stats rs;
-    memset(&rs, 0, sizeof rs);
-    dsv4_status st = dsv4_ref_stage_experts(r->ref, m, x, expert, w, i0, ni, out, &rs, err);
-    add_clamps(&r->stats, &rs);
-    return st;
-}
-
-static dsv4_status ref_combine(void *p, int64_t n, int64_t ns, const int32_t *tok, const float *w, const uint16_t *o,
-                               const uint16_t *shared, uint16_t *y, dsv4_error *err)
-{
-    return dsv4_ref_stage_combine(((ref_impl *)p)->ref, n, ns, tok, w, o, shared, y, err);
-}
-
-const dsv4_backend_stages dsv4_ref_backend_stages = {ref_route, ref_experts, ref_combine, NULL, NULL};
-
-static dsv4_backend_stats ref_stats(const void *p) { return ((const ref_impl *)p)->stats; }
-
-static void ref_free(void *p)
-{
-    ref_impl *r = p;
-    if (!r)
-        return;
-    dsv4_ref_free(r->ref);
-    free(r);
-}
-
-static const dsv4_backend_vtable ref_vtable = {"ref", ref_forward, ref_stats, ref_free, NULL, NULL, NULL};
-
-dsv4_status dsv4_ref_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck,
-                                    const dsv4_backend_options *opt, void **impl, const dsv4_backend_vtable **vt,
-                                    dsv4_error *err)
-{
-    int threads = opt->threads;
-    ref_impl *r = calloc(1, sizeof *r);
-    if (!r)
-        return dsv4_seterr(err, DSV4_ERR_NOMEM, "backend ref", "out of memory");
-    dsv4_status st = dsv4_ref_create(dsv4_plan_config(plan), ck, threads, &r->ref, err);
-    if (st) {
-        free(r);
-        return st;
-    }
-    r->stats.workspace_planned = dsv4_plan_workspace_max(plan);
-    *impl = r;
-    *vt = &ref_vtable;
-    return DSV4_OK;
-}
 
 /* ---------------- dispatch ---------------- */
 
@@ -121,14 +20,6 @@ void dsv4_backend_options_init(dsv4_backend_options *opt)
     opt->threads = 1;
     opt->cpu_kernels = DSV4_CPU_KERNELS_AUTO;
 }
-
-/* The registry knows what this build holds (registry.c); the text list follows the same flag. */
-#ifdef DSV4_WITH_CUDA
-#define DSV4_BACKENDS_BUILT "ref, cpu, cuda"
-#else
-#define DSV4_BACKENDS_BUILT "ref, cpu"
-#endif
-const char *dsv4_backends_available(void) { return DSV4_BACKENDS_BUILT; }
 
 bool dsv4_backend_available(dsv4_backend_kind kind)
 {
@@ -170,7 +61,7 @@ dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoin
     dsv4_status st = dsv4_backend_plan_supported(plan, err);
     if (st)
         return st;
-    const dsv4_backend_entry *ent = dsv4_backend_registry_find(topo->backend);
+    const dsv4_backend_reg *ent = dsv4_backend_registry_find(topo->backend);
     if (opt.cuda_kernels && opt.cuda_kernels[0] && topo->backend != DSV4_BACKEND_CUDA)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend options",
                            "cuda_kernels '%s' given to backend %s: kernel variants are for cuda only", opt.cuda_kernels,
@@ -190,9 +81,8 @@ dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoin
         return dsv4_seterr(err, DSV4_ERR_NOMEM, "backend", "out of memory");
     b->max_tokens = topo->max_tokens_per_rank;
     b->stages = ent->stages;
-    b->sharded = dsv4_plan_router(plan) != DSV4_ROUTER_LOCAL ||
-                 dsv4_plan_expert_count(plan) != dsv4_plan_config(plan)->n_routed_experts ||
-                 dsv4_plan_inter_count(plan) != dsv4_plan_config(plan)->moe_inter_dim;
+    b->reg = ent;
+    b->sharded = dsv4_plan_shard(plan)->sharded;
     if ((st = ent->create(plan, ckpt, &opt, &b->impl, &b->vt, err))) {
         free(b);
         return st;
@@ -220,8 +110,9 @@ const char *dsv4_backend_name(const dsv4_backend *b) { return b && b->vt ? b->vt
 
 const char *dsv4_backend_kernels(const dsv4_backend *b)
 {
-    if (b && b->vt && strcmp(b->vt->name, "cpu") == 0)
-        return dsv4_cpu_backend_kernels(b->impl);
+    dsv4_backend_proc fn = b && b->reg && b->reg->get_proc ? b->reg->get_proc("kernels") : NULL;
+    if (fn)
+        return ((dsv4_backend_kernels_fn)fn)(b->impl);
     return dsv4_backend_name(b);
 }
 
@@ -281,7 +172,7 @@ dsv4_status dsv4_backend_workspace_size(const dsv4_plan *plan, int64_t max_token
     if (max_tokens < 1)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend workspace_size", "max_tokens %lld is below 1",
                            (long long)max_tokens);
-    const dsv4_backend_entry *ent = dsv4_backend_registry_find(dsv4_plan_topology(plan)->backend);
+    const dsv4_backend_reg *ent = dsv4_backend_registry_find(dsv4_plan_topology(plan)->backend);
     if (!ent)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend workspace_size", "the plan names no known backend");
     if (!ent->create)

@@ -1,8 +1,8 @@
 /*
- * Internal: the backend vtable and the backend registry (ggml-backend / BLIS-context style).
- * Every implementation fills one dsv4_backend_vtable and an opaque handle and has one entry
- * in the registry (fast/backend/registry.c); the public functions of dsv4moe/backend.h only
- * dispatch. Not installed.
+ * Internal: the backend vtable and the stages (ggml-backend / BLIS-context style).
+ * Every implementation fills one dsv4_backend_vtable and an opaque handle and describes itself
+ * in one registration (fast/backend/backend_reg.h); the public functions of dsv4moe/backend.h
+ * only dispatch. Not installed.
  *
  * Stages. A backend that runs on a rank of a sharded plan implements the three optional stage
  * slots; the distributed driver (fast/dist) composes them around its collectives, and the
@@ -72,8 +72,8 @@ typedef struct dsv4_backend_device {
     void (*world_free)(void *world);
 } dsv4_backend_device;
 
-/* The stages (see the top of this file): a table next to the vtable, named by the registry
-   entry; NULL slots (or no table) mean the backend runs only unsharded single-rank plans. */
+/* The stages (see the top of this file): a table next to the vtable, named by the backend's
+   registration; NULL slots (or no table) mean the backend runs only unsharded single-rank plans. */
 typedef struct dsv4_backend_stages {
     /* Routes n tokens (0 <= n <= the plan's chunk): x bf16 [n, H], input_ids [n] on hash layers
        (checked by the caller). ids, w [n, K]; kept [n] may be NULL. */
@@ -99,78 +99,24 @@ typedef struct dsv4_backend_stages {
     dsv4_status (*graphs)(void *impl, bool capture, bool replay, int64_t *held, dsv4_error *err);
 } dsv4_backend_stages;
 
+struct dsv4_backend_reg;
+
 struct dsv4_backend {
+    const struct dsv4_backend_reg *reg; /* its registration (fast/backend/backend_reg.h) */
     const dsv4_backend_vtable *vt;
-    const dsv4_backend_stages *stages; /* the registry entry's, or NULL */
+    const dsv4_backend_stages *stages; /* the registration's, or NULL */
     void *impl;
     int64_t max_tokens; /* the plan's max_tokens_per_rank */
     bool sharded;       /* a rank of a sharded plan: stages only, no whole forward */
 };
 
-/* ---------------- the registry ---------------- */
-
-/* opt is complete (struct_size, threads and cpu_kernels checked by the caller). */
+/* Creates a backend's instance of the plan (fast/backend/backend_reg.h: a registration's create);
+   opt is complete (struct_size, threads and cpu_kernels checked by the caller). */
 typedef dsv4_status (*dsv4_backend_create_fn)(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
                                               const dsv4_backend_options *opt, void **impl,
                                               const dsv4_backend_vtable **vt, dsv4_error *err);
 
-typedef struct dsv4_backend_entry {
-    const char *name;
-    dsv4_backend_kind kind;
-    /* Built into this library; NULL create where it is not (cuda without `make cuda`). */
-    dsv4_backend_create_fn create;
-    /* Whether this machine can run it (a device present, ...); NULL: always. why gets the reason. */
-    bool (*available)(char *why, size_t n);
-    /* The backend's own workspace for a chunk of `tokens` tokens of a rank of `topo` (its shard
-       of experts and of moe_inter_dim follows from cfg and topo), everything it allocates per
-       forward or per stage call. NULL: the planner's executor layout model (docs/planner.md). */
-    uint64_t (*workspace_bytes)(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
-    /* The same for a rank of a world > 1 (the stages' workspace), where it differs from the
-       single rank's; NULL: workspace_bytes (or the executor layout model) for every world. */
-    uint64_t (*rank_workspace_bytes)(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
-    /* The stages, NULL where the backend has none. */
-    const dsv4_backend_stages *stages;
-    /* Whether the backend can execute the plan; why names what it cannot. NULL: every plan. */
-    bool (*supports)(const dsv4_plan *plan, char *why, size_t n);
-    /* dsv4_backend_workspace_size: the device workspace bytes of a backend of the plan for calls of
-       up to max_tokens tokens. NULL: 0 (a backend without a device). */
-    uint64_t (*device_workspace)(const dsv4_plan *plan, int64_t max_tokens);
-    /* dsv4_plan_weight_bytes: the device bytes of the weights a backend of the plan binds at
-       creation (the router's, and its shard's experts and inter range). NULL: 0 (a backend that
-       reads the checkpoint in host memory). */
-    uint64_t (*weight_bytes)(const dsv4_plan *plan);
-} dsv4_backend_entry;
-
-/* The entry of `kind`, NULL when the kind is unknown. */
-const dsv4_backend_entry *dsv4_backend_registry_find(dsv4_backend_kind kind);
-
 /* The stages of a created backend: NULL unless route, experts and combine are all set. */
 const dsv4_backend_stages *dsv4_backend_get_stages(const dsv4_backend *b);
-
-/* The CPU backend (fast/cpu/cpu.c): fills *impl and returns its vtable through *vt. */
-dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
-                                    const dsv4_backend_options *opt, void **impl, const dsv4_backend_vtable **vt,
-                                    dsv4_error *err);
-/* The name of the kernel table a CPU backend impl runs. */
-const char *dsv4_cpu_backend_kernels(const void *impl);
-
-/* The reference backend (fast/backend/backend.c). */
-dsv4_status dsv4_ref_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
-                                    const dsv4_backend_options *opt, void **impl, const dsv4_backend_vtable **vt,
-                                    dsv4_error *err);
-
-#ifdef DSV4_WITH_CUDA
-/* The CUDA backend (fast/cuda/cuda.cu, `make cuda` builds only). */
-dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
-                                     const dsv4_backend_options *opt, void **impl, const dsv4_backend_vtable **vt,
-                                     dsv4_error *err);
-bool dsv4_cuda_backend_available(char *why, size_t n);
-uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t max_tokens);
-/* The stages of a rank of a sharded plan (fast/cuda/stages.cu) and their workspace (cuda.cu). */
-extern const dsv4_backend_stages dsv4_cuda_backend_stages;
-uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
-bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n);
-uint64_t dsv4_cuda_weight_bytes(const dsv4_plan *plan);
-#endif
 
 #endif

@@ -165,4 +165,22 @@ typedef struct {
 void dsv4_cpu_logits_rows(void *p, int64_t lo, int64_t hi);
 void dsv4_cpu_logits_cols(void *p, int64_t lo, int64_t hi);
 
+/* ---------------- what the registration (fast/cpu/reg.c) lists ---------------- */
+
+struct dsv4_shard;
+struct dsv4_backend_vtable;
+struct dsv4_backend_stages;
+
+/* Creates an instance of the plan (cpu.c). */
+dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
+                                    const dsv4_backend_options *opt, void **impl,
+                                    const struct dsv4_backend_vtable **vt, dsv4_error *err);
+/* The name of the kernel table an instance runs (cpu.c). */
+const char *dsv4_cpu_backend_kernels(const void *impl);
+/* The stages of a rank of a sharded plan (stages.c). */
+extern const struct dsv4_backend_stages dsv4_cpu_backend_stages;
+/* The memory model: one chunk of `tokens` tokens of the shard (stages.c). */
+uint64_t dsv4_cpu_backend_workspace_bytes(const dsv4_config *cfg, const struct dsv4_shard *shard, int64_t tokens,
+                                          dsv4_executor_kind ex);
+
 #endif

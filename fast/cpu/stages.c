@@ -15,7 +15,7 @@
 #include "dsv4moe/alloc.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/weights.h"
-#include "../backend/backend_impl.h"
+#include "../backend/backend_reg.h"
 #include "cpu_impl.h"
 #include "err.h"
 #include "parallel.h"
@@ -236,8 +236,8 @@ static uint64_t groups_bytes(uint64_t rows, uint64_t largest, uint64_t rowb)
  * [Tc K, H]). Both: per worker a scratch of TILE_ROWS + SMALL_ROWS + 1 rows of max(H, I) fp32
  * values and the scalar path's decoded row.
  */
-uint64_t dsv4_cpu_backend_workspace_bytes(const dsv4_config *c, const dsv4_topology *topo, int64_t tokens);
-uint64_t dsv4_cpu_backend_workspace_bytes(const dsv4_config *c, const dsv4_topology *topo, int64_t tokens)
+uint64_t dsv4_cpu_backend_workspace_bytes(const dsv4_config *c, const dsv4_shard *topo, int64_t tokens,
+                                          dsv4_executor_kind ex)
 {
     uint64_t t = (uint64_t)(tokens > 0 ? tokens : 0), E = (uint64_t)c->n_routed_experts, K = (uint64_t)c->n_activated;
     uint64_t H = (uint64_t)c->dim, I = (uint64_t)c->moe_inter_dim, kmax = H > I ? H : I;
@@ -246,7 +246,7 @@ uint64_t dsv4_cpu_backend_workspace_bytes(const dsv4_config *c, const dsv4_topol
     uint64_t w = sat_mul(workers, sat_mul((uint64_t)(TILE_ROWS + SMALL_ROWS + 1), sat_mul(kmax, 4)));
     w = sat_add(w, sat_mul(workers, sat_mul(kmax, 4)));
     w = sat_add(w, sat_add(sat_mul(sat_mul(t, E), 4), sat_mul(2 * (E + 1), 8)));
-    if (topo->world_size <= 1) {
+    if (topo->world <= 1) {
         w = sat_add(w, sat_mul(sat_mul(4, t), sat_mul(H, 4)));
         w = sat_add(w, sat_mul(sat_mul(4, t), sat_mul(K, 4)));
         w = sat_add(w, sat_mul(t, 5));

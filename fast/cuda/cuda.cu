@@ -38,6 +38,7 @@ extern "C" {
 #include "dsv4moe/plan.h"
 #include "dsv4moe/weights.h"
 #include "../backend/backend_impl.h"
+#include "cuda_entry.h"
 #include "err.h"
 #include "parallel.h"
 #include "repack.h"
@@ -957,7 +958,7 @@ fail:
 
 #include "stage_access.cuh" /* the stages' access to a created backend (cuda_impl.h) */
 
-/* The registry's memory model of a rank of a sharded cuda plan (world > 1): the workspace of its
+/* The registration's memory model of a rank of a sharded cuda plan (world > 1): the workspace of its
    largest stage chunk, over the layouts creation may pick (gemm fp8 either way: the model gets
    the layer and topology, not the plan's resolved mode). A single rank keeps the planner's
    executor model (docs/planner.md). */
@@ -971,10 +972,9 @@ extern "C" uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, cons
                        topo->ep > 1 ? cfg->n_routed_experts / topo->ep : 0);
 }
 
-/* The registry's weight model: the device bytes a backend of the plan binds (upload.cuh). */
-extern "C" uint64_t dsv4_cuda_weight_bytes(const dsv4_plan *plan)
+/* The registration's weight model: the device bytes a backend of the shard binds (upload.cuh). */
+extern "C" uint64_t dsv4_cuda_weight_bytes(const dsv4_config *cfg, const dsv4_shard *shard)
 {
-    const Shard sh{dsv4_plan_config(plan), dsv4_plan_expert_first(plan), dsv4_plan_expert_count(plan),
-                   dsv4_plan_inter_first(plan), dsv4_plan_inter_count(plan)};
-    return shard_weight_bytes(sh, dsv4_plan_gemm(plan) == DSV4_GEMM_FP8);
+    const Shard sh{cfg, shard->e_first, shard->e_count, shard->i_first, shard->i_count};
+    return shard_weight_bytes(sh, shard->gemm == DSV4_GEMM_FP8);
 }

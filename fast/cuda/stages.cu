@@ -30,6 +30,7 @@ extern "C" {
 #include "dsv4moe/formats.h"
 #include "dsv4moe/weights.h"
 #include "../backend/backend_impl.h"
+#include "cuda_entry.h"
 #include "err.h"
 }
 #include "bits.h"

@@ -719,7 +719,7 @@ dsv4_status dsv4_dist_forward_on(const dsv4_config *cfg, const dsv4_checkpoint *
                                    r, topo->tp);
         }
     bool standin = opt->compute_backend >= 0 && opt->compute_backend != (int)topo->backend;
-    if (opt->compute_backend > (int)DSV4_BACKEND_CUDA)
+    if (opt->compute_backend >= dsv4_backend_count())
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "dist options", "compute_backend %d is not -1 or a backend kind",
                            opt->compute_backend);
     dsv4_config scfg = standin_config(cfg, standin);

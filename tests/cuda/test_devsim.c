@@ -25,6 +25,7 @@
 #include "testctl.h"
 #include "testutil.h"
 #include "tp_cases.h"
+#include "cuda/cuda_entry.h"
 
 static int have_gpu(void)
 {
@@ -745,11 +746,10 @@ START_TEST(cuda_ep_graph_replay_bit_identical)
 }
 END_TEST
 
-/* fast/cuda/cuda.cu: the registry's rank memory model and one chunk's layout (no device needed) */
-uint64_t dsv4_cuda_stage_workspace_bytes(const dsv4_config *cfg, const dsv4_topology *topo, int64_t tokens);
+/* fast/cuda/cuda.cu: one chunk's layout (no device needed); the registration's rank memory model
+   and supports are in cuda/cuda_entry.h */
 uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
 uint64_t dsv4_cuda_stage_chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts);
-bool dsv4_cuda_backend_supports(const dsv4_plan *plan, char *why, size_t n);
 
 /* Without a device: the registry lists cuda's stages; a rank of an ep plan is planned with the
    stages' memory model (at least every stage chunk: route and combine of its tokens, experts over
@@ -774,7 +774,7 @@ START_TEST(cuda_rank_model_host)
         dsv4_plan *p = NULL;
         ck_assert_msg(dsv4_plan_create(&c, &t, &b, &p, &e) == DSV4_OK, "%s", e.message);
         char why[200] = "";
-        ck_assert_msg(dsv4_cuda_backend_supports(p, why, sizeof why), "%s", why);
+        ck_assert_msg(dsv4_cuda_backend_supports(&c, dsv4_plan_shard(p), why, sizeof why), "%s", why);
         const int64_t tc = T < 128 ? T : 128, El = c.n_routed_experts / 4;
         const int64_t rows = 4 * tc * (El < c.n_activated ? El : c.n_activated);
         const uint64_t model = dsv4_cuda_stage_workspace_bytes(&c, &t, tc);
@@ -832,7 +832,7 @@ START_TEST(cuda_rank_model_host)
         dsv4_plan *p2 = NULL;
         ck_assert_msg(dsv4_plan_create(&c, &t2, &b, &p2, &e) == DSV4_OK, "%s", e.message);
         char why[200] = "";
-        ck_assert_int_eq(dsv4_cuda_backend_supports(p2, why, sizeof why), tp <= 4);
+        ck_assert_int_eq(dsv4_cuda_backend_supports(&c, dsv4_plan_shard(p2), why, sizeof why), tp <= 4);
         if (tp == 8)
             ck_assert_msg(strstr(why, "tp 8") != NULL, "%s", why);
         else

@@ -1,10 +1,11 @@
 /*
  * dsv4moe: the production planner (include/dsv4moe/plan.h, docs/planner.md).
  *
- * The planner knows no kernels. It checks the topology against the layer
- * config, picks a router and executors from the capability table below, and
- * sizes the chunking from the memory model so that no workspace grows with T
- * without a bound. Every refusal happens here, at creation, naming the fields.
+ * The planner knows no kernels and no backend by name. It checks the topology against the
+ * layer config and the backend's capabilities (its registration, fast/backend/backend_reg.h),
+ * picks a router and executors, sizes the chunking from the backend's memory model so that no
+ * workspace grows with T without a bound, and writes every figure into the plan's record
+ * (record.h). Every refusal happens here, at creation, naming the fields.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,32 +13,12 @@
 #include <string.h>
 
 #include "dsv4moe/plan.h"
-#include "../backend/backend_impl.h"
+#include "../backend/backend_reg.h"
+#include "memory.h"
+#include "record.h"
 #include "err.h"
 #include "strbuf.h"
 #include "testctl.h"
-
-/* ---------------------------------------------------------------------------
- * Capability data: which executor may run inside a captured CUDA graph
- * (static shapes, no host-side reads of device counts) on each SM.
- * Contiguous is never graph-safe: its per-expert group sizes are read on the
- * host to size the grouped GEMM.
- * ------------------------------------------------------------------------- */
-typedef struct sm_caps {
-    int sm;
-    bool masked_graph;       /* masked validated under graph capture (any ep) */
-    bool per_token_graph;    /* per_token graph-safe with ep 1 */
-    bool per_token_graph_ep; /* per_token graph-safe with ep > 1 */
-    const char *note;
-} sm_caps;
-
-static const sm_caps SM_CAPS[] = {
-    {90, true, false, false, "masked validated under capture"},
-    {100, false, true, false, "per_token graph-safe with ep 1 only; nothing validated with ep > 1"},
-    {103, false, true, false, "per_token graph-safe with ep 1 only; nothing validated with ep > 1"},
-    {120, false, true, true, "per_token graph-safe"},
-};
-#define N_SM_CAPS (sizeof SM_CAPS / sizeof SM_CAPS[0])
 
 /* Planner limits. */
 #define PLAN_MAX_WORLD 64
@@ -49,68 +30,6 @@ static const sm_caps SM_CAPS[] = {
 
 #define MIB (UINT64_C(1) << 20)
 #define GIB (UINT64_C(1) << 30)
-
-struct dsv4_plan {
-    dsv4_config cfg;
-    dsv4_topology topo;
-    dsv4_budget budget;
-    uint64_t available;
-    dsv4_router_kind router;
-    dsv4_executor_kind eager_exec;  /* eager steps (beyond the masked limit when masked is requested) */
-    bool eager_masked;              /* explicit masked: eager steps with T <= masked_limit use masked */
-    int64_t masked_limit;
-    dsv4_executor_kind graph_exec;  /* graph replays (cuda_graph only) */
-    int64_t chunk;
-    int64_t e_first, e_count;
-    int64_t i_first, i_count;
-    uint64_t row_bytes;
-    dsv4_gemm_mode gemm; /* resolved: exact or fp8 */
-    dsv4_strbuf explain; /* dsv4_plan_explain's text, a line an explainf */
-};
-
-/* ---------------------------------------------------------------------------
- * Names
- * ------------------------------------------------------------------------- */
-const char *dsv4_router_kind_name(dsv4_router_kind k)
-{
-    switch (k) {
-    case DSV4_ROUTER_LOCAL: return "local";
-    case DSV4_ROUTER_EP_ALL_TO_ALL: return "ep_all_to_all";
-    case DSV4_ROUTER_EP_LOW_LATENCY: return "ep_low_latency";
-    case DSV4_ROUTER_DP_ALL_GATHER: return "dp_all_gather";
-    }
-    return "unknown";
-}
-
-const char *dsv4_executor_kind_name(dsv4_executor_kind k)
-{
-    switch (k) {
-    case DSV4_EXEC_CONTIGUOUS: return "contiguous";
-    case DSV4_EXEC_MASKED: return "masked";
-    case DSV4_EXEC_PER_TOKEN: return "per_token";
-    }
-    return "unknown";
-}
-
-const char *dsv4_role_name(dsv4_role r)
-{
-    switch (r) {
-    case DSV4_ROLE_PREFILL: return "prefill";
-    case DSV4_ROLE_DECODE: return "decode";
-    case DSV4_ROLE_MIXED: return "mixed";
-    }
-    return "unknown";
-}
-
-const char *dsv4_backend_kind_name(dsv4_backend_kind b)
-{
-    switch (b) {
-    case DSV4_BACKEND_REF: return "ref";
-    case DSV4_BACKEND_CPU: return "cpu";
-    case DSV4_BACKEND_CUDA: return "cuda";
-    }
-    return "unknown";
-}
 
 static const char *dispatch_name(dsv4_dispatch_req d)
 {
@@ -132,61 +51,6 @@ static const char *executor_req_name(dsv4_executor_req e)
     case DSV4_EXECUTOR_PER_TOKEN: return "per_token";
     }
     return "unknown";
-}
-
-/* ---------------------------------------------------------------------------
- * Init and the budget
- * ------------------------------------------------------------------------- */
-void dsv4_topology_init(dsv4_topology *topo)
-{
-    if (!topo)
-        return;
-    memset(topo, 0, sizeof *topo);
-    topo->struct_size = (uint32_t)sizeof *topo;
-    topo->world_size = topo->tp = topo->dp = topo->ep = 1;
-    topo->rank = 0;
-    topo->role = DSV4_ROLE_PREFILL;
-    topo->backend = DSV4_BACKEND_REF;
-    topo->sm = 90;
-    topo->cuda_graph = false;
-    topo->n_buckets = 0;
-    topo->max_tokens_per_rank = 4096;
-    topo->chunk_tokens = 0;
-    topo->host_threads = 2;
-    topo->dispatch = DSV4_DISPATCH_AUTO;
-    topo->executor = DSV4_EXECUTOR_AUTO;
-}
-
-void dsv4_budget_init(dsv4_budget *budget)
-{
-    if (!budget)
-        return;
-    memset(budget, 0, sizeof *budget);
-    budget->struct_size = (uint32_t)sizeof *budget;
-    budget->device_bytes = 80 * GIB;
-    budget->reserve_mb = 1024;
-    budget->taken_bytes = 0;
-}
-
-static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
-static uint64_t sat_mul(uint64_t a, uint64_t b) { return a && b > UINT64_MAX / a ? UINT64_MAX : a * b; }
-
-/* The runtime reserve, as rtp-llm computes it: max(reserve_mb MiB, 2 GiB, 5 % of the device). */
-static uint64_t budget_reserve(const dsv4_budget *b)
-{
-    uint64_t r = sat_mul(b->reserve_mb, MIB);
-    if (r < 2 * GIB)
-        r = 2 * GIB;
-    uint64_t pct = b->device_bytes / 20;
-    return pct > r ? pct : r;
-}
-
-uint64_t dsv4_budget_available(const dsv4_budget *budget)
-{
-    if (!budget)
-        return 0;
-    uint64_t used = sat_add(budget->taken_bytes, budget_reserve(budget));
-    return budget->device_bytes > used ? budget->device_bytes - used : 0;
 }
 
 /* ---------------------------------------------------------------------------
@@ -217,175 +81,27 @@ static const char *fmt_bytes(char *buf, size_t n, uint64_t v)
     return buf;
 }
 
-/* ---------------------------------------------------------------------------
- * The memory model (docs/planner.md)
- *
- * a = 1 byte per activation element when activations are quantized before the
- * routed GEMMs (routed_format fp8/fp4 and act_quant != none), else 2 (bf16);
- * sc(n) = 4 * ceil(n / 128) bytes of fp32 group scales when quantized, else 0.
- *
- * Per executor row:  R = H*a + sc(H)          (input activation)
- *                      + 2*Il*2                (gate/up, bf16)
- *                      + Il*a + sc(Il)         (h, the down GEMM's input)
- *                      + H*2                   (expert output, bf16)
- * Per chunk of Tc tokens (the step's largest rank), with Tg the tokens that
- * reach this rank (Tc local, ep*Tc under EP, dp*Tc under DP all-gather) and
- * S the token-slots (Tc*K local, ep*Tc*min(K, E_local) under EP, dp*Tc*K
- * under DP):
- *   router   = Tc*E*4 + Tc*K*8                 (fp32 scores, int32 ids + fp32 weights)
- *   gather   = Tg*(H*a + sc(H)) + Tg*K*8       (DP all-gather only)
- *   meta     = S*8 + E_local*8                 (slot indices and weights, per-expert counts)
- *   rows     = contiguous: align128(S + min(E_local, S)*127) (each non-empty group pads to
- *              128 rows, at most 127 rows each, and at most min(E_local, S) groups are non-empty); masked: E_local*align128(Tg); per_token: 1
- *   exec     = rows * R
- *   combine  = (DP ? Tg : Tc) * H * 4          (fp32 accumulation / all_reduce buffer)
- *   comm     = 2*S*(H*a + sc(H)) + 2*S*H*2     (EP only: dispatch and combine send + receive)
- * Every step also holds the metadata collective: 64 bytes per world rank.
- * ------------------------------------------------------------------------- */
-static bool acts_quantized(const dsv4_config *c)
-{
-    return c->routed_format != DSV4_FORMAT_BF16 && c->act_quant != DSV4_ACT_QUANT_NONE;
-}
-
-static uint64_t act_bytes(const dsv4_config *c, int64_t n)
-{
-    uint64_t un = (uint64_t)n;
-    if (!acts_quantized(c))
-        return sat_mul(un, 2);
-    return sat_add(un, sat_mul(4, (un + 127) / 128));
-}
-
-static uint64_t align128(uint64_t v) { return v > UINT64_MAX - 127 ? UINT64_MAX : (v + 127) / 128 * 128; }
-
-static uint64_t row_bytes(const dsv4_config *c, int64_t il, dsv4_gemm_mode gemm)
-{
-    uint64_t H = (uint64_t)c->dim, I = (uint64_t)il;
-    uint64_t r = act_bytes(c, c->dim);
-    r = sat_add(r, sat_mul(I, 4));
-    r = sat_add(r, act_bytes(c, il));
-    r = sat_add(r, sat_mul(H, 2));
-    /* gemm fp8 (SPEC.md section 9): a grouped GEMM reads each group's activations as contiguous
-       rows and writes bf16 g|u before the epilogue: one more gathered activation row, 2I bf16
-       values and h's scales in a second layout */
-    if (gemm == DSV4_GEMM_FP8)
-        r = sat_add(sat_add(r, act_bytes(c, c->dim)), sat_add(sat_mul(I, 4), sat_mul((I + 127) / 128, 4)));
-    return r;
-}
-
-/* Tokens reaching this rank and token-slots for a chunk of tc tokens. */
-static void chunk_shape(const dsv4_plan *p, int64_t tc, uint64_t *tg, uint64_t *slots)
-{
-    uint64_t t = (uint64_t)tc, K = (uint64_t)p->cfg.n_activated, El = (uint64_t)p->e_count;
-    switch (p->router) {
-    case DSV4_ROUTER_EP_ALL_TO_ALL:
-    case DSV4_ROUTER_EP_LOW_LATENCY:
-        *tg = sat_mul((uint64_t)p->topo.ep, t);
-        *slots = sat_mul(*tg, K < El ? K : El);
-        break;
-    case DSV4_ROUTER_DP_ALL_GATHER:
-        *tg = sat_mul((uint64_t)p->topo.dp, t);
-        *slots = sat_mul(*tg, K);
-        break;
-    default:
-        *tg = t;
-        *slots = sat_mul(t, K);
-        break;
-    }
-}
-
-static uint64_t exec_rows(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
-{
-    uint64_t tg, s, El = (uint64_t)p->e_count;
-    chunk_shape(p, tc, &tg, &s);
-    switch (ex) {
-    case DSV4_EXEC_MASKED: return sat_mul(El, align128(tg));
-    case DSV4_EXEC_PER_TOKEN: return 1;
-    default: return align128(sat_add(s, sat_mul(El < s ? El : s, 127)));
-    }
-}
-
 /*
- * The distributed driver's own buffers for a chunk of tc tokens on a rank of a world > 1
- * (fast/dist/dist.c), next to the backend's workspace when the backend brings its own memory
- * model: ids, weights, slot records (24 bytes) and the slot order [Tc K]; the shared expert's
- * rows (fp32 and bf16) and ids; with ep > 1 the dispatch (bf16 rows, ids, weights out and in,
- * the received rows regrouped, their fp32 outputs and bf16 copies on the way back, the outputs
- * received), else the slots' bf16 rows and their fp32 outputs with the shared rows (the tp
- * all_reduce buffer) and bf16 copies. A rank receives at most ep Tc min(K, E_local) slots
- * (ep Tc K on hash layers, where a row may repeat an expert). 1 KiB covers the allocations'
- * padding. A backend whose rows live on a device (the registry's stages name a device: cuda)
- * also holds the chunk's token rows on the device, the slots' and received rows' orders, and
- * device copies of the exchanged expert ids and weights (12 bytes a slot each way), and 1 KiB
- * more of padding.
+ * The workspace of one chunk of tc tokens (tc > 0) with executor ex, by the backend's memory model
+ * (its registration's; the executor layout model for one that brings none), plus the multi-rank
+ * driver's buffers on a rank of several next to a backend's own model. 0 for tc <= 0.
  */
-static uint64_t driver_ws(const dsv4_plan *p, int64_t tc)
-{
-    const dsv4_config *c = &p->cfg;
-    uint64_t t = (uint64_t)tc, K = (uint64_t)c->n_activated, H = (uint64_t)c->dim, El = (uint64_t)p->e_count;
-    uint64_t ns = sat_mul(t, K);
-    uint64_t w = sat_add(1024, sat_mul(ns, 40));
-    const dsv4_backend_entry *be = dsv4_backend_registry_find(p->topo.backend);
-    if (be && be->stages && be->stages->device) {
-        uint64_t kc = dsv4_config_is_hash_layer(c) || K < El ? K : El;
-        uint64_t nr = p->topo.ep > 1 ? sat_mul(sat_mul((uint64_t)p->topo.ep, t), kc) : 0;
-        w = sat_add(w, sat_add(sat_add(1024, sat_mul(sat_mul(t, H), 2)), sat_mul(sat_add(ns, nr), 12)));
-    }
-    if (c->n_shared_experts > 0)
-        w = sat_add(w, sat_add(sat_mul(t, 4), sat_mul(sat_mul(t, H), 6)));
-    if (p->topo.ep > 1) {
-        uint64_t kc = dsv4_config_is_hash_layer(c) || K < El ? K : El;
-        uint64_t nr = sat_mul(sat_mul((uint64_t)p->topo.ep, t), kc);
-        w = sat_add(w, sat_mul(ns, sat_add(sat_mul(4, H), 8)));
-        return sat_add(w, sat_mul(nr, sat_add(sat_mul(10, H), 40)));
-    }
-    w = sat_add(w, sat_mul(ns, sat_add(sat_mul(8, H), 4)));
-    return sat_add(w, sat_mul(sat_mul(t, H), 4));
-}
-
-/* Workspace of one chunk of tc tokens (tc > 0) with executor ex; 0 for tc <= 0. */
 static uint64_t chunk_ws(const dsv4_plan *p, int64_t tc, dsv4_executor_kind ex)
 {
     if (tc <= 0)
         return 0;
-    /* A backend with its own memory model (the registry's): its workspace, plus the driver's
-       buffers on a rank of several. */
-    const dsv4_backend_entry *be = dsv4_backend_registry_find(p->topo.backend);
-    uint64_t (*model)(const dsv4_config *, const dsv4_topology *, int64_t) =
-        !be ? NULL : p->topo.world_size > 1 && be->rank_workspace_bytes ? be->rank_workspace_bytes : be->workspace_bytes;
-    if (model)
-        return sat_add(model(&p->cfg, &p->topo, tc), p->topo.world_size > 1 ? driver_ws(p, tc) : 0);
-    const dsv4_config *c = &p->cfg;
-    uint64_t t = (uint64_t)tc, E = (uint64_t)c->n_routed_experts, K = (uint64_t)c->n_activated;
-    uint64_t H = (uint64_t)c->dim, El = (uint64_t)p->e_count, tg, s;
-    chunk_shape(p, tc, &tg, &s);
-    uint64_t w = sat_add(sat_mul(sat_mul(t, E), 4), sat_mul(sat_mul(t, K), 8));
-    bool dp = p->router == DSV4_ROUTER_DP_ALL_GATHER;
-    bool ep = p->router == DSV4_ROUTER_EP_ALL_TO_ALL || p->router == DSV4_ROUTER_EP_LOW_LATENCY;
-    if (dp)
-        w = sat_add(w, sat_add(sat_mul(tg, act_bytes(c, c->dim)), sat_mul(sat_mul(tg, K), 8)));
-    w = sat_add(w, sat_add(sat_mul(s, 8), sat_mul(El, 8)));
-    w = sat_add(w, sat_mul(exec_rows(p, tc, ex), p->row_bytes));
-    w = sat_add(w, sat_mul(sat_mul(dp ? tg : t, H), 4));
-    if (ep) {
-        w = sat_add(w, sat_mul(sat_mul(2, s), act_bytes(c, c->dim)));
-        w = sat_add(w, sat_mul(sat_mul(sat_mul(2, s), H), 2));
-    }
+    const dsv4_backend_reg *be = p->backend_reg;
+    if (!be->workspace_bytes)
+        return dsv4_mem_layout_bytes(&p->cfg, &p->shard, tc, ex);
+    uint64_t w = be->workspace_bytes(&p->cfg, &p->shard, tc, ex);
+    if (p->topo.world_size > 1)
+        w = dsv4_sat_add(w, dsv4_mem_driver_bytes(&p->cfg, &p->shard, tc, be->caps.device_rows));
     return w;
 }
 
+static uint64_t align128(uint64_t v) { return v > UINT64_MAX - 127 ? UINT64_MAX : (v + 127) / 128 * 128; }
+
 static uint64_t step_meta(const dsv4_plan *p) { return PLAN_STEP_META_PER_RANK * (uint64_t)p->topo.world_size; }
-
-static int64_t largest_bucket(const dsv4_plan *p)
-{
-    return p->topo.cuda_graph && p->topo.n_buckets > 0 ? p->topo.buckets[p->topo.n_buckets - 1] : 0;
-}
-
-static dsv4_executor_kind eager_exec_at(const dsv4_plan *p, int64_t tokens)
-{
-    if (p->eager_masked && tokens <= p->masked_limit)
-        return DSV4_EXEC_MASKED;
-    return p->eager_exec;
-}
 
 /* The largest eager chunk workspace for a chunk size tc (monotone in tc). */
 static uint64_t eager_ws_max(const dsv4_plan *p, int64_t tc)
@@ -443,17 +159,33 @@ static bool fp8_gemm_eligible(const dsv4_config *c, const char **why)
     return false;
 }
 
-dsv4_gemm_mode dsv4_plan_gemm(const dsv4_plan *plan) { return plan ? plan->gemm : DSV4_GEMM_EXACT; }
-
-static const sm_caps *caps_of(int sm)
+/* The backend's graph capabilities on architecture sm; NULL where it does not run that sm. */
+static const dsv4_backend_sm *caps_of(const dsv4_backend_reg *be, int sm)
 {
-    for (size_t i = 0; i < N_SM_CAPS; i++)
-        if (SM_CAPS[i].sm == sm)
-            return &SM_CAPS[i];
+    for (int i = 0; i < be->caps.n_sms; i++)
+        if (be->caps.sms[i].sm == sm)
+            return &be->caps.sms[i];
     return NULL;
 }
 
-static bool per_token_graph_safe(const sm_caps *c, int ep)
+/* "90, 100, 103 or 120": the architectures a backend runs. */
+static void sm_list(const dsv4_backend_reg *be, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < be->caps.n_sms && len < n; i++) {
+        int w = snprintf(buf + len, n - len, "%s%d", !i ? "" : i == be->caps.n_sms - 1 ? " or " : ", ",
+                         be->caps.sms[i].sm);
+        if (w < 0)
+            break;
+        len += (size_t)w;
+    }
+}
+
+static bool has_fp8(const dsv4_backend_reg *r) { return r->caps.gemm_fp8; }
+static bool has_graphs(const dsv4_backend_reg *r) { return r->caps.graphs; }
+
+static bool per_token_graph_safe(const dsv4_backend_sm *c, int ep)
 {
     return c && (ep > 1 ? c->per_token_graph_ep : c->per_token_graph);
 }
@@ -481,7 +213,7 @@ static dsv4_status budget_words(const dsv4_budget *b, uint64_t avail, char *buf,
              "device_bytes) leaves %llu bytes (%s) available",
              (unsigned long long)b->device_bytes, fmt_bytes(d, sizeof d, b->device_bytes),
              (unsigned long long)b->taken_bytes, fmt_bytes(t, sizeof t, b->taken_bytes),
-             fmt_bytes(r, sizeof r, budget_reserve(b)), (unsigned long long)b->reserve_mb,
+             fmt_bytes(r, sizeof r, dsv4_budget_reserve(b)), (unsigned long long)b->reserve_mb,
              (unsigned long long)avail, fmt_bytes(a, sizeof a, avail));
     return DSV4_OK;
 }
@@ -490,13 +222,18 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
 {
     if ((unsigned)t->role > DSV4_ROLE_MIXED)
         return REFUSE("role %d is not prefill, decode or mixed", (int)t->role);
-    if ((unsigned)t->backend > DSV4_BACKEND_CUDA)
-        return REFUSE("backend %d is not ref, cpu or cuda", (int)t->backend);
+    const dsv4_backend_reg *be = dsv4_backend_registry_find(t->backend);
+    char names[128];
+    if (!be) {
+        dsv4_backend_names_with(NULL, " or ", names, sizeof names);
+        return REFUSE("backend %d is not %s", (int)t->backend, names);
+    }
     if (c->gemm == DSV4_GEMM_FP8) {
         const char *why = "";
-        if (t->backend != DSV4_BACKEND_CUDA)
-            return REFUSE("gemm fp8 needs backend cuda (FP8 tensor cores; backend is %s): set gemm exact or auto",
-                          dsv4_backend_kind_name(t->backend));
+        dsv4_backend_names_with(has_fp8, " or ", names, sizeof names);
+        if (!be->caps.gemm_fp8)
+            return REFUSE("gemm fp8 needs backend %s (FP8 tensor cores; backend is %s): set gemm exact or auto", names,
+                          be->name);
         if (!fp8_gemm_eligible(c, &why))
             return REFUSE("gemm fp8 needs fp8/fp4 weights with quantized activations and dims multiples of 128, "
                           "but %s: set gemm exact or auto", why);
@@ -544,11 +281,16 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
                       (long long)c->moe_inter_dim, t->tp, (long long)(c->moe_inter_dim / t->tp), (long long)align,
                       fp8 ? "fp8" : act_groups ? "activation quantization" : "fp4", tps);
     }
-    if (t->backend == DSV4_BACKEND_CUDA && !caps_of(t->sm))
-        return REFUSE("backend cuda needs sm 90, 100, 103 or 120 (sm is %d)", t->sm);
-    if (t->cuda_graph && t->backend != DSV4_BACKEND_CUDA)
-        return REFUSE("cuda_graph requires backend cuda (backend is %s): set cuda_graph off, or backend cuda",
-                      dsv4_backend_kind_name(t->backend));
+    if (be->caps.n_sms && !caps_of(be, t->sm)) {
+        char sms[64];
+        sm_list(be, sms, sizeof sms);
+        return REFUSE("backend %s needs sm %s (sm is %d)", be->name, sms, t->sm);
+    }
+    if (t->cuda_graph && !be->caps.graphs) {
+        dsv4_backend_names_with(has_graphs, " or ", names, sizeof names);
+        return REFUSE("cuda_graph requires backend %s (backend is %s): set cuda_graph off, or backend %s", names,
+                      be->name, names);
+    }
     if (t->host_threads < 0 || t->host_threads > 256)
         return REFUSE("host_threads %d is outside [0, 256]", t->host_threads);
     if (t->max_tokens_per_rank < 1 || t->max_tokens_per_rank > PLAN_MAX_TOKENS_PER_RANK)
@@ -599,7 +341,7 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
                       dsv4_role_name(t->role));
     /* Executors under graphs. */
     if (t->cuda_graph) {
-        const sm_caps *cap = caps_of(t->sm);
+        const dsv4_backend_sm *cap = caps_of(be, t->sm);
         if (t->executor == DSV4_EXECUTOR_CONTIGUOUS)
             return REFUSE("executor contiguous with cuda_graph on: contiguous is not graph-safe (its per-expert "
                           "group sizes are read on the host); use executor auto, or cuda_graph off");
@@ -624,6 +366,8 @@ static dsv4_status check_topology(const dsv4_config *c, const dsv4_topology *t, 
     return DSV4_OK;
 }
 
+static uint64_t workspace_max(const dsv4_plan *plan);
+
 static dsv4_status plan_budget(dsv4_plan *p, dsv4_error *err)
 {
     const dsv4_topology *t = &p->topo;
@@ -637,7 +381,7 @@ static dsv4_status plan_budget(dsv4_plan *p, dsv4_error *err)
         min_chunk = t->chunk_tokens;
     if (p->eager_masked && !t->cuda_graph)
         p->masked_limit = INT64_MAX; /* every eager chunk; the chunk is sized by masked */
-    uint64_t need_min = sat_add(sizing_ws(p, min_chunk), meta);
+    uint64_t need_min = dsv4_sat_add(sizing_ws(p, min_chunk), meta);
     if (need_min > avail)
         return REFUSE("budget too small: the smallest chunk (%lld tokens, executor %s) needs %llu bytes (%s) of "
                       "workspace but %s; what would work: lower taken_bytes or reserve_mb, a larger device_bytes, "
@@ -662,7 +406,7 @@ static dsv4_status plan_budget(dsv4_plan *p, dsv4_error *err)
         best = lo ? lo * PLAN_ALIGN : min_chunk;
     }
     if (t->chunk_tokens > 0) {
-        uint64_t need = sat_add(sizing_ws(p, t->chunk_tokens), meta);
+        uint64_t need = dsv4_sat_add(sizing_ws(p, t->chunk_tokens), meta);
         if (need > avail)
             return REFUSE("chunk_tokens %lld needs %llu bytes (%s) of workspace but %s; the largest chunk that fits "
                           "is %lld tokens: use chunk_tokens %lld (or 0 to let the planner choose), or a larger budget",
@@ -674,7 +418,7 @@ static dsv4_status plan_budget(dsv4_plan *p, dsv4_error *err)
     }
     if (p->eager_masked && !t->cuda_graph)
         p->masked_limit = p->chunk;
-    uint64_t ew = sat_add(sizing_ws(p, p->chunk), meta);
+    uint64_t ew = dsv4_sat_add(sizing_ws(p, p->chunk), meta);
     explainf(p, "chunking: %lld tokens per chunk (workspace %s of %s available; %s)", (long long)p->chunk,
              fmt_bytes(a, sizeof a, ew), fmt_bytes(b, sizeof b, avail),
              t->chunk_tokens > 0 ? "chunk_tokens as asked"
@@ -688,8 +432,8 @@ static dsv4_status plan_budget(dsv4_plan *p, dsv4_error *err)
 static dsv4_status plan_graph(dsv4_plan *p, dsv4_error *err)
 {
     const dsv4_topology *t = &p->topo;
-    const sm_caps *cap = caps_of(t->sm);
-    int64_t bmax = largest_bucket(p);
+    const dsv4_backend_sm *cap = caps_of(p->backend_reg, t->sm);
+    int64_t bmax = dsv4_plan_largest_bucket(p);
     uint64_t meta = step_meta(p), avail = p->available;
     uint64_t room = avail > meta ? avail - meta : 0;
     char words[512], a[32], r[32];
@@ -700,8 +444,8 @@ static dsv4_status plan_graph(dsv4_plan *p, dsv4_error *err)
                       (long long)bmax, (long long)p->chunk, t->chunk_tokens ? "" : " chosen for the budget",
                       (long long)p->chunk);
     uint64_t tg, s;
-    chunk_shape(p, bmax, &tg, &s);
-    uint64_t mw = sat_add(chunk_ws(p, bmax, DSV4_EXEC_MASKED), meta);
+    dsv4_mem_chunk_shape(&p->cfg, &p->shard, bmax, &tg, &s);
+    uint64_t mw = dsv4_sat_add(chunk_ws(p, bmax, DSV4_EXEC_MASKED), meta);
     bool masked_fits = mw <= avail;
     bool pt_safe = per_token_graph_safe(cap, t->ep);
     bool masked_ok = cap->masked_graph || (DSV4_TESTHOOK(MASKED_GRAPH_ON_SM10X) && t->sm / 10 == 10);
@@ -711,7 +455,7 @@ static dsv4_status plan_graph(dsv4_plan *p, dsv4_error *err)
             explainf(p,
                      "executor: masked for graph replays (bucket <= %lld tokens: %lld x %llu rows = %s fits; masked "
                      "is graph-validated on sm %d), %s for eager steps%s",
-                     (long long)bmax, (long long)p->e_count, (unsigned long long)align128(tg),
+                     (long long)bmax, (long long)p->shard.e_count, (unsigned long long)align128(tg),
                      fmt_bytes(a, sizeof a, mw), t->sm, dsv4_executor_kind_name(p->eager_exec),
                      p->eager_masked ? " beyond the largest bucket (masked up to it)" : "");
             return DSV4_OK;
@@ -729,7 +473,7 @@ static dsv4_status plan_graph(dsv4_plan *p, dsv4_error *err)
                           (long long)fit);
     }
     /* per_token: asked for, the only graph-safe executor, or the fallback when masked does not fit. */
-    uint64_t pw = sat_add(chunk_ws(p, bmax, DSV4_EXEC_PER_TOKEN), meta);
+    uint64_t pw = dsv4_sat_add(chunk_ws(p, bmax, DSV4_EXEC_PER_TOKEN), meta);
     if (pw > avail)
         return REFUSE("cuda_graph: the per_token executor at the largest bucket (buckets up to %lld tokens) needs "
                       "%llu bytes (%s) but %s; what would work: smaller buckets, a larger budget, or cuda_graph off",
@@ -781,26 +525,34 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
     p->available = dsv4_budget_available(budget);
     const dsv4_topology *t = &p->topo;
     int64_t E = cfg->n_routed_experts;
-    p->e_count = E / t->ep;
-    p->e_first = (int64_t)(t->rank % t->ep) * p->e_count;
-    p->i_count = cfg->moe_inter_dim / t->tp;
-    p->i_first = (int64_t)(t->rank % t->tp) * p->i_count;
-    const char *nofp8 = "backend is not cuda";
-    bool fp8 = t->backend == DSV4_BACKEND_CUDA && fp8_gemm_eligible(cfg, &nofp8);
-    p->gemm = cfg->gemm == DSV4_GEMM_AUTO ? (fp8 ? DSV4_GEMM_FP8 : DSV4_GEMM_EXACT) : cfg->gemm;
-    p->row_bytes = row_bytes(cfg, p->i_count, p->gemm);
+    p->shard.e_count = E / t->ep;
+    p->shard.e_first = (int64_t)(t->rank % t->ep) * p->shard.e_count;
+    p->shard.i_count = cfg->moe_inter_dim / t->tp;
+    p->shard.i_first = (int64_t)(t->rank % t->tp) * p->shard.i_count;
+    const dsv4_backend_reg *be = dsv4_backend_registry_find(t->backend);
+    p->backend_reg = be;
+    p->shard.world = t->world_size, p->shard.tp = t->tp, p->shard.dp = t->dp, p->shard.ep = t->ep;
+    p->shard.rank = t->rank;
+    p->shard.host_threads = t->host_threads > 0 ? t->host_threads : 1;
+    char fp8names[96], nofp8buf[128];
+    dsv4_backend_names_with(has_fp8, " or ", fp8names, sizeof fp8names);
+    snprintf(nofp8buf, sizeof nofp8buf, "backend is not %s", fp8names);
+    const char *nofp8 = nofp8buf;
+    bool fp8 = be->caps.gemm_fp8 && fp8_gemm_eligible(cfg, &nofp8);
+    p->shard.gemm = cfg->gemm == DSV4_GEMM_AUTO ? (fp8 ? DSV4_GEMM_FP8 : DSV4_GEMM_EXACT) : cfg->gemm;
+    uint64_t row_bytes = dsv4_mem_row_bytes(cfg, p->shard.i_count, p->shard.gemm);
 
     char a[32], b[32], c[32], d[32], smw[16] = "";
-    uint64_t reserve = budget_reserve(budget);
-    if (t->backend == DSV4_BACKEND_CUDA)
+    uint64_t reserve = dsv4_budget_reserve(budget);
+    if (be->caps.n_sms)
         snprintf(smw, sizeof smw, " sm %d", t->sm);
     bool ok = explainf(p, "topology: rank %d of world_size %d (tp %d x dp %d, ep %d), role %s, backend %s%s, "
                           "cuda_graph %s, max_tokens_per_rank %lld, dispatch %s, executor %s",
                        t->rank, t->world_size, t->tp, t->dp, t->ep, dsv4_role_name(t->role),
                        dsv4_backend_kind_name(t->backend), smw, t->cuda_graph ? "on" : "off",
                        (long long)t->max_tokens_per_rank, dispatch_name(t->dispatch), executor_req_name(t->executor));
-    ok = ok && explainf(p, "gemm: %s (%s)", dsv4_gemm_mode_name(p->gemm),
-                        p->gemm == DSV4_GEMM_FP8 ? (cfg->gemm == DSV4_GEMM_FP8 ? "as asked: e4m3 tensor cores, fp32 "
+    ok = ok && explainf(p, "gemm: %s (%s)", dsv4_gemm_mode_name(p->shard.gemm),
+                        p->shard.gemm == DSV4_GEMM_FP8 ? (cfg->gemm == DSV4_GEMM_FP8 ? "as asked: e4m3 tensor cores, fp32 "
                                                                                 "promotion every 128 of K"
                                                                               : "auto: e4m3 tensor cores on cuda, fp32 "
                                                                                 "promotion every 128 of K")
@@ -814,38 +566,40 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
 
     /* Router. */
     if (t->ep > 1) {
-        p->router = t->dispatch == DSV4_DISPATCH_LOW_LATENCY ? DSV4_ROUTER_EP_LOW_LATENCY : DSV4_ROUTER_EP_ALL_TO_ALL;
+        p->shard.router = t->dispatch == DSV4_DISPATCH_LOW_LATENCY ? DSV4_ROUTER_EP_LOW_LATENCY : DSV4_ROUTER_EP_ALL_TO_ALL;
         ok = ok && explainf(p, "router: %s (ep %d > 1: experts %lld..%lld of %lld on rank %d, ep rank %d%s)",
-                            dsv4_router_kind_name(p->router), t->ep, (long long)p->e_first,
-                            (long long)(p->e_first + p->e_count - 1), (long long)E, t->rank, t->rank % t->ep,
-                            p->router == DSV4_ROUTER_EP_LOW_LATENCY ? "; low_latency as asked, role decode"
+                            dsv4_router_kind_name(p->shard.router), t->ep, (long long)p->shard.e_first,
+                            (long long)(p->shard.e_first + p->shard.e_count - 1), (long long)E, t->rank, t->rank % t->ep,
+                            p->shard.router == DSV4_ROUTER_EP_LOW_LATENCY ? "; low_latency as asked, role decode"
                             : t->dispatch == DSV4_DISPATCH_AUTO     ? "; normal mode"
                                                                     : "; all_to_all as asked");
     } else if (t->dp > 1) {
-        p->router = DSV4_ROUTER_DP_ALL_GATHER;
+        p->shard.router = DSV4_ROUTER_DP_ALL_GATHER;
         ok = ok && explainf(p, "router: dp_all_gather (ep 1, dp %d > 1: tokens of the %d dp ranks gathered, all %lld "
                                "experts on every rank%s)",
                             t->dp, t->dp, (long long)E, t->tp > 1 ? ", moe_inter_dim over tp with an all_reduce" : "");
     } else {
-        p->router = DSV4_ROUTER_LOCAL;
+        p->shard.router = DSV4_ROUTER_LOCAL;
         ok = ok && explainf(p, "router: local (ep 1, dp 1: all %lld experts on this rank%s%s)", (long long)E,
                             t->tp > 1 ? ", moe_inter_dim over tp with an all_reduce" : "",
                             t->dispatch == DSV4_DISPATCH_ALL_GATHER ? "; all_gather over dp 1 is local" : "");
     }
     ok = ok && explainf(p, "experts: %lld..%lld of %lld (ep rank %d of %d); inter: %lld..%lld of %lld (tp rank %d of %d)",
-                        (long long)p->e_first, (long long)(p->e_first + p->e_count - 1), (long long)E, t->rank % t->ep,
-                        t->ep, (long long)p->i_first, (long long)(p->i_first + p->i_count - 1),
+                        (long long)p->shard.e_first, (long long)(p->shard.e_first + p->shard.e_count - 1), (long long)E, t->rank % t->ep,
+                        t->ep, (long long)p->shard.i_first, (long long)(p->shard.i_first + p->shard.i_count - 1),
                         (long long)cfg->moe_inter_dim, t->rank % t->tp, t->tp);
     ok = ok && explainf(p, "rows: %llu bytes per executor row (H %lld, Il %lld, %s activations)",
-                        (unsigned long long)p->row_bytes, (long long)cfg->dim, (long long)p->i_count,
-                        acts_quantized(cfg) ? "fp8 (1 byte + fp32 scale per 128)" : "bf16 (2 bytes)");
-    uint64_t wb = dsv4_plan_weight_bytes(p);
+                        (unsigned long long)row_bytes, (long long)cfg->dim, (long long)p->shard.i_count,
+                        dsv4_mem_acts_quantized(cfg) ? "fp8 (1 byte + fp32 scale per 128)" : "bf16 (2 bytes)");
+    p->shard.sharded = p->shard.router != DSV4_ROUTER_LOCAL || p->shard.e_count != E ||
+                       p->shard.i_count != cfg->moe_inter_dim;
+    uint64_t wb = p->weight_bytes = be->weight_bytes ? be->weight_bytes(cfg, &p->shard) : 0;
     if (wb)
         ok = ok && explainf(p, "weights: %s on this rank (backend %s: the router, experts %lld..%lld, inter %lld..%lld), "
                                "outside the workspace: count them in the budget's taken_bytes",
-                            fmt_bytes(a, sizeof a, wb), dsv4_backend_kind_name(t->backend), (long long)p->e_first,
-                            (long long)(p->e_first + p->e_count - 1), (long long)p->i_first,
-                            (long long)(p->i_first + p->i_count - 1));
+                            fmt_bytes(a, sizeof a, wb), dsv4_backend_kind_name(t->backend), (long long)p->shard.e_first,
+                            (long long)(p->shard.e_first + p->shard.e_count - 1), (long long)p->shard.i_first,
+                            (long long)(p->shard.i_first + p->shard.i_count - 1));
 
     /* Eager executor. */
     p->eager_exec = DSV4_EXEC_CONTIGUOUS;
@@ -853,7 +607,7 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
         p->eager_exec = DSV4_EXEC_PER_TOKEN;
     if (t->executor == DSV4_EXECUTOR_MASKED) {
         p->eager_masked = true;
-        p->masked_limit = largest_bucket(p);
+        p->masked_limit = dsv4_plan_largest_bucket(p);
     }
     if (DSV4_TESTHOOK(UNBOUNDED_MASKED_PREFILL) && t->cuda_graph && t->world_size == 1 && t->executor == DSV4_EXECUTOR_AUTO)
         p->eager_masked = true, p->masked_limit = INT64_MAX; /* test hook: eager prefill masked, no token bound */
@@ -869,19 +623,19 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
         if (t->executor == DSV4_EXECUTOR_MASKED)
             ok = explainf(p, "executor: masked for eager steps of at most one chunk (executor masked as asked; %lld "
                              "x align128(tokens) rows, sized into the chunk), contiguous beyond",
-                          (long long)p->e_count);
+                          (long long)p->shard.e_count);
         else
             ok = explainf(p, "executor: %s for eager steps (%s; no graph replays: cuda_graph off)",
                           dsv4_executor_kind_name(p->eager_exec),
                           t->executor == DSV4_EXECUTOR_AUTO ? "token-slots grouped per expert, rows bounded by the chunk"
                                                             : "as asked");
     }
-    uint64_t wmax = dsv4_plan_workspace_max(p);
+    uint64_t wmax = p->workspace_max = workspace_max(p);
     ok = ok && explainf(p, "workspace: at most %s of %s available (eager chunk %s%s%s)", fmt_bytes(a, sizeof a, wmax),
                         fmt_bytes(b, sizeof b, p->available),
-                        fmt_bytes(c, sizeof c, sat_add(eager_ws_max(p, p->chunk), step_meta(p))),
+                        fmt_bytes(c, sizeof c, dsv4_sat_add(eager_ws_max(p, p->chunk), step_meta(p))),
                         t->cuda_graph ? ", graph at the largest bucket " : "",
-                        t->cuda_graph ? fmt_bytes(d, sizeof d, sat_add(chunk_ws(p, largest_bucket(p), p->graph_exec),
+                        t->cuda_graph ? fmt_bytes(d, sizeof d, dsv4_sat_add(chunk_ws(p, dsv4_plan_largest_bucket(p), p->graph_exec),
                                                                        step_meta(p)))
                                       : "");
     ok = ok && explainf(p, "symmetry: every step first issues one %llu-byte metadata collective over the world (max "
@@ -901,49 +655,6 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
     return DSV4_OK;
 }
 
-void dsv4_plan_free(dsv4_plan *plan)
-{
-    if (!plan)
-        return;
-    free(plan->explain.s);
-    free(plan);
-}
-
-/* ---------------------------------------------------------------------------
- * Queries
- * ------------------------------------------------------------------------- */
-const dsv4_config *dsv4_plan_config(const dsv4_plan *plan) { return plan ? &plan->cfg : NULL; }
-const dsv4_topology *dsv4_plan_topology(const dsv4_plan *plan) { return plan ? &plan->topo : NULL; }
-dsv4_router_kind dsv4_plan_router(const dsv4_plan *plan) { return plan ? plan->router : DSV4_ROUTER_LOCAL; }
-int64_t dsv4_plan_chunk_tokens(const dsv4_plan *plan) { return plan ? plan->chunk : 0; }
-int64_t dsv4_plan_expert_first(const dsv4_plan *plan) { return plan ? plan->e_first : 0; }
-int64_t dsv4_plan_expert_count(const dsv4_plan *plan) { return plan ? plan->e_count : 0; }
-int64_t dsv4_plan_inter_first(const dsv4_plan *plan) { return plan ? plan->i_first : 0; }
-int64_t dsv4_plan_inter_count(const dsv4_plan *plan) { return plan ? plan->i_count : 0; }
-uint64_t dsv4_plan_budget_available(const dsv4_plan *plan) { return plan ? plan->available : 0; }
-const char *dsv4_plan_explain(const dsv4_plan *plan) { return plan && plan->explain.s ? plan->explain.s : ""; }
-
-int64_t dsv4_plan_chunks(const dsv4_plan *plan, int64_t max_tokens)
-{
-    if (!plan || max_tokens <= 0)
-        return 0;
-    return (max_tokens - 1) / plan->chunk + 1;
-}
-
-bool dsv4_plan_can_replay(const dsv4_plan *plan, int64_t max_tokens)
-{
-    return plan && plan->topo.cuda_graph && max_tokens >= 0 && max_tokens <= largest_bucket(plan);
-}
-
-dsv4_executor_kind dsv4_plan_executor(const dsv4_plan *plan, int64_t tokens, bool graph_replay)
-{
-    if (!plan)
-        return DSV4_EXEC_CONTIGUOUS;
-    if (graph_replay && dsv4_plan_can_replay(plan, tokens))
-        return plan->graph_exec;
-    return eager_exec_at(plan, tokens);
-}
-
 uint64_t dsv4_plan_workspace_bytes(const dsv4_plan *plan, int64_t tokens, bool graph_replay)
 {
     if (!plan)
@@ -951,28 +662,20 @@ uint64_t dsv4_plan_workspace_bytes(const dsv4_plan *plan, int64_t tokens, bool g
     if (tokens < 0)
         tokens = 0;
     uint64_t meta = step_meta(plan);
-    if (graph_replay && dsv4_plan_can_replay(plan, tokens)) {
-        int64_t b = largest_bucket(plan);
-        for (int i = 0; i < plan->topo.n_buckets; i++)
-            if (plan->topo.buckets[i] >= tokens) {
-                b = plan->topo.buckets[i];
-                break;
-            }
-        return sat_add(chunk_ws(plan, b, plan->graph_exec), meta);
-    }
+    if (graph_replay && dsv4_plan_can_replay(plan, tokens))
+        return dsv4_sat_add(chunk_ws(plan, dsv4_plan_bucket_for(plan, tokens), plan->graph_exec), meta);
     int64_t tc = tokens < plan->chunk ? tokens : plan->chunk;
-    return sat_add(chunk_ws(plan, tc, eager_exec_at(plan, tokens)), meta);
+    return dsv4_sat_add(chunk_ws(plan, tc, dsv4_plan_eager_exec_at(plan, tokens)), meta);
 }
 
-uint64_t dsv4_plan_workspace_max(const dsv4_plan *plan)
+/* The largest workspace over every step of the plan (the record's workspace_max). */
+static uint64_t workspace_max(const dsv4_plan *plan)
 {
-    if (!plan)
-        return 0;
     uint64_t w = eager_ws_max(plan, plan->chunk);
     if (plan->topo.cuda_graph) {
-        uint64_t g = chunk_ws(plan, largest_bucket(plan), plan->graph_exec);
+        uint64_t g = chunk_ws(plan, dsv4_plan_largest_bucket(plan), plan->graph_exec);
         if (g > w)
             w = g;
     }
-    return sat_add(w, step_meta(plan));
+    return dsv4_sat_add(w, step_meta(plan));
 }
