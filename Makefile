@@ -48,21 +48,31 @@ CPPFLAGS_ALL := -Iinclude -Icore -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4
 CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -fvisibility=hidden -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
 # The reference's numerics must not depend on the compiler fusing a*b+c.
 CFLAGS_REF := -ffp-contract=off
+# The production library (libdsv4moe) needs no libyaml; the harness (libdsv4moe_harness) and the
+# programs that link it do.
+LDLIBS_PROD := -ljansson -lopenblas -lm -pthread
 LDLIBS_ALL := -ljansson -lyaml -lopenblas -lm -pthread
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -pthread)
 
+# Two libraries: libdsv4moe (core, ref, fast: what a server links) and libdsv4moe_harness
+# (scenarios, harness, compare: the test rig). PROD_SRCS and HARN_SRCS; LIB_SRCS is both.
 FAULT_SRCS := core/testctl.c harness/fault_runs.c
-LIB_SRCS := $(filter-out $(FAULT_SRCS),$(wildcard core/*.c) $(wildcard ref/*.c) $(wildcard fast/*/*.c) \
-  $(wildcard fast/cpu/kernels/*.c) $(wildcard harness/*.c) $(wildcard scenarios/*.c))
+PROD_SRCS := $(filter-out $(FAULT_SRCS),$(wildcard core/*.c) $(wildcard ref/*.c) $(wildcard fast/*/*.c) \
+  $(wildcard fast/cpu/kernels/*.c))
+HARN_SRCS := $(filter-out $(FAULT_SRCS),$(wildcard harness/*.c) $(wildcard compare/*.c) $(wildcard scenarios/*.c))
 # ---- the fault build (make faults): test control (core/testctl.h) and the fault runs of harness/fault_runs.h ----
 # FAULTS=1 compiles every object with -DDSV4_FAULTS and adds FAULT_SRCS; only ever
 # with its own BUILD folder (build/faults), so the release library never holds a fault.
 ifeq ($(FAULTS),1)
 CPPFLAGS_ALL += -DDSV4_FAULTS -Iharness
-LIB_SRCS += $(FAULT_SRCS)
+PROD_SRCS += core/testctl.c
+HARN_SRCS += harness/fault_runs.c
 endif
 # ---- end of the fault build ----
-LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+LIB_SRCS := $(PROD_SRCS) $(HARN_SRCS)
+PROD_OBJS := $(PROD_SRCS:%.c=$(BUILD)/%.o)
+HARN_OBJS := $(HARN_SRCS:%.c=$(BUILD)/%.o)
+LIB_OBJS := $(PROD_OBJS) $(HARN_OBJS)
 CLI_SRCS := $(wildcard cli/*.c)
 CLI_OBJS := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
@@ -72,13 +82,18 @@ CUDA_SRCS := $(wildcard fast/cuda/*.cu) $(wildcard fast/cuda/gemm_fp8/*.cu)
 SONAME := libdsv4moe.so.$(VERSION_MAJOR)
 LIB_A := $(BUILD)/libdsv4moe.a
 LIB_SO := $(BUILD)/libdsv4moe.so.$(VERSION)
+HSONAME := libdsv4moe_harness.so.$(VERSION_MAJOR)
+HLIB_A := $(BUILD)/libdsv4moe_harness.a
+HLIB_SO := $(BUILD)/libdsv4moe_harness.so.$(VERSION)
+# What programs link: the harness's archive before the production one's.
+LIBS_A := $(HLIB_A) $(LIB_A)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
 .PHONY: all run test line-limit release-clean test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay example doc-test
 .DEFAULT_GOAL := all
 
-all: $(LIB_A) $(LIB_SO) $(CLI)
+all: $(LIB_A) $(LIB_SO) $(HLIB_A) $(HLIB_SO) $(CLI)
 
 deps:
 	@sh ci/deps.sh
@@ -94,7 +109,12 @@ $(BUILD)/%.o: %.c
 # core/route.c is the reference's selection and top-p, shared with the cpu backend: the reference's flags.
 $(BUILD)/core/route.o: CFLAGS_ALL += $(CFLAGS_REF)
 
-$(LIB_A): $(LIB_OBJS)
+$(LIB_A): $(PROD_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+$(HLIB_A): $(HARN_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@
 	ar rcs $@ $^
@@ -102,13 +122,31 @@ $(LIB_A): $(LIB_OBJS)
 # libdsv4moe.map: only dsv4_ symbols (the DSV4_API ones; the rest are hidden) leave the library.
 SO_EXPORTS := -Wl,--version-script=libdsv4moe.map
 
-$(LIB_SO): $(LIB_OBJS) libdsv4moe.map
-	$(CC) -shared -Wl,-soname,$(SONAME) $(SO_EXPORTS) $(CFLAGS_ALL) -o $@ $(LIB_OBJS) $(LDLIBS_ALL)
+$(LIB_SO): $(PROD_OBJS) libdsv4moe.map
+	$(CC) -shared -Wl,-soname,$(SONAME) $(SO_EXPORTS) $(CFLAGS_ALL) -o $@ $(PROD_OBJS) $(LDLIBS_PROD)
 	ln -sf libdsv4moe.so.$(VERSION) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $(BUILD)/libdsv4moe.so
 
-$(CLI): $(CLI_OBJS) $(LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJS) $(LIB_A) $(LDLIBS_ALL)
+# The harness's shared library links against libdsv4moe for the production API and holds its own
+# copy of the few core helpers it shares with it (error records, strings, file writes), which
+# libdsv4moe keeps hidden; it exports exactly the functions its headers declare with DSV4_API
+# (the export list is made from include/dsv4moe_harness/*.h) and leaves no symbol unresolved.
+HARN_SUPPORT_OBJS := $(BUILD)/core/status.o $(BUILD)/core/strbuf.o $(BUILD)/core/fileio.o
+ifeq ($(FAULTS),1)
+HARN_SUPPORT_OBJS += $(BUILD)/core/testctl.o
+endif
+$(BUILD)/libdsv4moe_harness.map: $(wildcard include/dsv4moe_harness/*.h)
+	@mkdir -p $(dir $@)
+	( echo '{ global:'; sed -n 's/.*DSV4_API[^(]*[ *]\([a-z_0-9]*\)(.*/  \1;/p' $^ | sort -u; echo 'local: *; };' ) > $@
+
+$(HLIB_SO): $(HARN_OBJS) $(HARN_SUPPORT_OBJS) $(LIB_SO) $(BUILD)/libdsv4moe_harness.map
+	$(CC) -shared -Wl,-soname,$(HSONAME) -Wl,--version-script=$(BUILD)/libdsv4moe_harness.map -Wl,--no-undefined \
+	  $(CFLAGS_ALL) -o $@ $(HARN_OBJS) $(HARN_SUPPORT_OBJS) -L$(BUILD) -ldsv4moe $(LDLIBS_ALL)
+	ln -sf libdsv4moe_harness.so.$(VERSION) $(BUILD)/$(HSONAME)
+	ln -sf $(HSONAME) $(BUILD)/libdsv4moe_harness.so
+
+$(CLI): $(CLI_OBJS) $(LIBS_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJS) $(LIBS_A) $(LDLIBS_ALL)
 
 # Each tests/test_NAME.c defines `Suite *NAME_suite(void)`; the list is generated.
 $(BUILD)/tests/suites.h: $(TEST_SRCS)
@@ -124,8 +162,8 @@ $(BUILD)/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -Itests -Iref -Ifast $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(TEST_BIN): $(TEST_OBJS) $(LIB_A)
-	$(CC) $(CFLAGS_ALL) $(ALLOCFAIL_WRAP) -o $@ $(TEST_OBJS) $(LIB_A) $(LDLIBS_ALL) $(CHECK_LIBS)
+$(TEST_BIN): $(TEST_OBJS) $(LIBS_A)
+	$(CC) $(CFLAGS_ALL) $(ALLOCFAIL_WRAP) -o $@ $(TEST_OBJS) $(LIBS_A) $(LDLIBS_ALL) $(CHECK_LIBS)
 
 # The umbrella header's example program: the lines between its EXAMPLE markers, built as a
 # user would (only -Iinclude, linked against the shared library: what it exports is enough), run
@@ -155,7 +193,7 @@ test-run: test-suites
 
 # (the shared library too: the Python package's tests load this build's, DSV4MOE_BUILD)
 # The backend table's metric rows go to $(BUILD)/tests/rows.txt, not into the runner's output.
-test-suites: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(LIB_SO)
+test-suites: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(LIB_SO) $(HLIB_SO)
 	@rm -f $(BUILD)/tests/rows.txt
 	DSV4MOE_CLI=$(abspath $(CLI)) DSV4MOE_TMP=$(abspath $(BUILD)/tests/tmp) DSV4MOE_SRC=$(CURDIR) \
 	  DSV4MOE_PYTHON=$(PYTHON) DSV4MOE_EXAMPLE=$(abspath $(EXAMPLE_BIN)) DSV4MOE_TEST_COVERAGE=$(DSV4MOE_TEST_COVERAGE) \
@@ -168,9 +206,11 @@ test: deps
 	@$(MAKE) --no-print-directory release-clean
 	@$(MAKE) --no-print-directory test-faults
 
-# The release library exports no test or fault symbol and no installed header mentions them.
-release-clean: $(LIB_SO)
+# The release libraries export no test or fault symbol and no installed header mentions them;
+# the production library holds nothing of the harness and needs no libyaml.
+release-clean: $(LIB_SO) $(HLIB_SO) $(LIB_A) $(HLIB_A)
 	@sh ci/release-clean.sh $(BUILD)/libdsv4moe.so
+	@sh ci/release-clean.sh $(BUILD)/libdsv4moe_harness.so $(HLIB_A) include/dsv4moe_harness
 
 # No library source file over 1000 lines (ci/line-limit.sh lists the offenders; also a phase of .ci/run).
 line-limit:
@@ -248,7 +288,7 @@ $(CUDA_BUILD)/fast/cuda/reg.o: fast/cuda/reg.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/cuda/reg.o,$(LIB_OBJS)) \
+$(CUDA_LIB_A): $(filter-out $(BUILD)/fast/cuda/reg.o,$(PROD_OBJS)) \
   $(CUDA_HOST_OBJS) $(CUDA_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@
@@ -256,17 +296,17 @@ $(CUDA_LIB_A): $(filter-out $(BUILD)/fast/cuda/reg.o,$(LIB_OBJS)) \
 
 # The shared CUDA library, for programs that load it at run time (the Python package, python/).
 CUDA_LIB_SO := $(CUDA_BUILD)/libdsv4moe.so
-$(CUDA_LIB_SO): $(filter-out $(BUILD)/fast/cuda/reg.o,$(LIB_OBJS)) \
+$(CUDA_LIB_SO): $(filter-out $(BUILD)/fast/cuda/reg.o,$(PROD_OBJS)) \
   $(CUDA_HOST_OBJS) $(CUDA_OBJS) libdsv4moe.map
-	$(CC) -shared -Wl,-soname,$(SONAME) $(SO_EXPORTS) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(LDLIBS_ALL) $(CUDA_LDLIBS)
+	$(CC) -shared -Wl,-soname,$(SONAME) $(SO_EXPORTS) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(LDLIBS_PROD) $(CUDA_LDLIBS)
 
 # docs/embedding.md's C example (docs/examples/embed.c), compiled and linked by `make cuda`.
 CUDA_EMBED_EXAMPLE := $(CUDA_BUILD)/embed_example
 $(CUDA_EMBED_EXAMPLE): docs/examples/embed.c $(CUDA_LIB_A)
-	$(CC) $(CPPFLAGS_ALL) -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
+	$(CC) $(CPPFLAGS_ALL) -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_PROD) $(CUDA_LDLIBS)
 
-$(CUDA_CLI): $(CLI_OBJS) $(CUDA_LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJS) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
+$(CUDA_CLI): $(CLI_OBJS) $(HLIB_A) $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJS) $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
 $(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
 	@mkdir -p $(dir $@)
@@ -284,8 +324,8 @@ $(CUDA_BUILD)/tests/cuda/e4m3_hw.o: tests/cuda/e4m3_hw.cu fast/cuda/kernels.cuh
 	$(NVCC) $(NVCCFLAGS) -Ifast/cuda -c $< -o $@
 
 $(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o \
-  $(CUDA_BUILD)/tests/cuda/e4m3_hw.o $(CUDA_LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
+  $(CUDA_BUILD)/tests/cuda/e4m3_hw.o $(HLIB_A) $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
 # The device sim communicator's device test (include/dsv4moe/comm_devsim.h): ep 2, 4, 8 on one GPU.
 CUDA_DEVSIM_TEST := $(CUDA_BUILD)/test_devsim
@@ -294,8 +334,8 @@ $(CUDA_BUILD)/tests/cuda/test_devsim.o: tests/cuda/test_devsim.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -Itests -Ifast -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_DEVSIM_TEST): $(CUDA_BUILD)/tests/cuda/test_devsim.o $(CUDA_LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
+$(CUDA_DEVSIM_TEST): $(CUDA_BUILD)/tests/cuda/test_devsim.o $(HLIB_A) $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
 # The benchmark's CUDA build: device-resident buffers through the CUDA runtime (dsv4_backend_forward_device).
 CUDA_BENCH := $(CUDA_BUILD)/bench_cuda
@@ -304,8 +344,8 @@ $(CUDA_BUILD)/bench/bench_cuda.o: bench/bench_cuda.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) -DDSV4_BENCH_CUDA_RT -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_BENCH): $(CUDA_BUILD)/bench/bench_cuda.o $(CUDA_LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
+$(CUDA_BENCH): $(CUDA_BUILD)/bench/bench_cuda.o $(HLIB_A) $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
 
 cuda: deps
 	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_LIB_SO) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_DEVSIM_TEST) $(CUDA_BENCH) \
@@ -346,8 +386,8 @@ $(NCCL_LIB_A): $(NCCL_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
-$(NCCL_TEST): $(BUILD)/nccl/tests/nccl/test_nccl.o $(NCCL_LIB_A) $(LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(NCCL_LIB_A) $(LIB_A) $(LDLIBS_ALL) $(NCCL_LDLIBS)
+$(NCCL_TEST): $(BUILD)/nccl/tests/nccl/test_nccl.o $(NCCL_LIB_A) $(LIBS_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(NCCL_LIB_A) $(LIBS_A) $(LDLIBS_ALL) $(NCCL_LDLIBS)
 
 nccl: $(NCCL_TEST)
 
@@ -362,13 +402,13 @@ $(BUILD)/bench/%.o: bench/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(BENCH_BIN): $(BUILD)/bench/bench_core.o $(LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
+$(BENCH_BIN): $(BUILD)/bench/bench_core.o $(LIBS_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS_A) $(LDLIBS_ALL)
 
 BENCH_CPU_BIN := $(BUILD)/bench/bench_cpu
 
-$(BENCH_CPU_BIN): $(BUILD)/bench/bench_cpu.o $(LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
+$(BENCH_CPU_BIN): $(BUILD)/bench/bench_cpu.o $(LIBS_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS_A) $(LDLIBS_ALL)
 
 # The device benchmark: ceilings (copy bandwidth, cuBLASLt FP8/bf16 GEMMs) built with nvcc
 # directly, and bench_cuda through the public API against this library (ci/device-check.sh relinks
@@ -376,8 +416,8 @@ $(BENCH_CPU_BIN): $(BUILD)/bench/bench_cpu.o $(LIB_A)
 BENCH_CUDA_BIN := $(BUILD)/bench/bench_cuda
 CEILINGS_BIN := $(BUILD)/bench/ceilings
 
-$(BENCH_CUDA_BIN): $(BUILD)/bench/bench_cuda.o $(LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB_A) $(LDLIBS_ALL)
+$(BENCH_CUDA_BIN): $(BUILD)/bench/bench_cuda.o $(LIBS_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS_A) $(LDLIBS_ALL)
 
 $(CEILINGS_BIN): bench/ceilings.cu
 	@mkdir -p $(dir $@)
@@ -427,17 +467,17 @@ FUZZ_CC ?= clang
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 REPLAY_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz-replay/replay_%)
 # The parsers under test live in core/, scenarios/ (and fast/plan for its defaults), the trace and manifest
-# readers in harness/symmetry.c and harness/manifest.c (with the names of fast/comm/comm.c); linking only those keeps
+# readers in compare/symmetry.c and compare/manifest.c (with the names of fast/comm/comm.c); linking only those keeps
 # the fuzz build independent of backend code (fast/cpu uses GCC-only builtins).
-FUZZ_LIB_OBJS := $(filter $(BUILD)/core/% $(BUILD)/scenarios/% $(BUILD)/fast/plan/% $(BUILD)/harness/symmetry.o $(BUILD)/harness/manifest.o $(BUILD)/fast/comm/comm.o,$(LIB_OBJS))
+FUZZ_LIB_OBJS := $(filter $(BUILD)/core/% $(BUILD)/scenarios/% $(BUILD)/fast/plan/% $(BUILD)/compare/symmetry.o $(BUILD)/compare/manifest.o $(BUILD)/fast/comm/comm.o,$(LIB_OBJS))
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Iharness $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(LDLIBS_ALL)
+	$(CC) $(CPPFLAGS_ALL) -Iharness -Icompare $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(LDLIBS_ALL)
 
-$(BUILD)/fuzz-replay/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/fuzz/driver.c $(LIB_A)
+$(BUILD)/fuzz-replay/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/fuzz/driver.c $(LIBS_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Iharness $(CFLAGS_ALL) -o $@ $< tests/fuzz/driver.c $(LIB_A) $(LDLIBS_ALL)
+	$(CC) $(CPPFLAGS_ALL) -Iharness -Icompare $(CFLAGS_ALL) -o $@ $< tests/fuzz/driver.c $(LIBS_A) $(LDLIBS_ALL)
 
 fuzz:
 	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=$(FUZZ_CC) OPT="-O1" \
@@ -447,7 +487,7 @@ fuzz:
 
 # Everything a variant's test-run needs, built without running anything (after REPLAY_BINS:
 # prerequisites are expanded where the rule is read).
-test-build: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(LIB_SO) $(REPLAY_BINS)
+test-build: $(TEST_BIN) $(CLI) $(EXAMPLE_BIN) $(LIB_SO) $(HLIB_SO) $(REPLAY_BINS)
 
 fuzz-replay: $(REPLAY_BINS)
 	@for t in $(FUZZ_TARGETS); do \
@@ -486,14 +526,20 @@ test-valgrind: deps
 	  --report $(BUILD)/valgrind/report --cache $(BUILD)/valgrind/cache
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/dsv4moe $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
-	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/dsv4moe $(DESTDIR)$(PREFIX)/include/dsv4moe_harness \
+	  $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 $(LIB_A) $(HLIB_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(LIB_SO) $(HLIB_SO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libdsv4moe.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libdsv4moe.so
+	ln -sf libdsv4moe_harness.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(HSONAME)
+	ln -sf $(HSONAME) $(DESTDIR)$(PREFIX)/lib/libdsv4moe_harness.so
 	install -m 644 include/dsv4moe/*.h $(DESTDIR)$(PREFIX)/include/dsv4moe/
+	install -m 644 include/dsv4moe_harness/*.h $(DESTDIR)$(PREFIX)/include/dsv4moe_harness/
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' dsv4moe.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dsv4moe.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' dsv4moe_harness.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dsv4moe_harness.pc
 
 clean:
 	rm -rf build $(OUT)

@@ -30,7 +30,7 @@
 #endif
 
 #include "dsv4moe/backend.h"
-#include "dsv4moe/compare.h"
+#include "dsv4moe_harness/compare.h"
 #include "dsv4moe/gen.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"

@@ -1,6 +1,6 @@
 #!/bin/sh
 # No library source file over LIMIT lines (default 1000): every C, CUDA and header file git tracks
-# under core/, ref/, fast/, harness/, scenarios/ and include/ (the library and its headers; tests,
+# under core/, ref/, fast/, harness/, compare/, scenarios/ and include/ (the libraries and their headers; tests,
 # benchmarks, the CLI and Python are not the library). Lists each offender with its line count and
 # exits 1 when there is one. Run by `make test` (target line-limit) and .ci/run.
 #
@@ -21,7 +21,7 @@ pending_issue() { # path -> the issue number, or nothing
 }
 
 bad=0
-over=$(git ls-files -- core ref fast harness scenarios include | grep -E '\.(c|h|cu|cuh)$' |
+over=$(git ls-files -- core ref fast harness compare scenarios include | grep -E '\.(c|h|cu|cuh)$' |
     while read -r f; do
         [ -f "$f" ] && printf '%s %s\n' "$(wc -l < "$f")" "$f"
     done | awk -v l="$limit" '$1 > l')

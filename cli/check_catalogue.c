@@ -1,6 +1,6 @@
 /*
  * dsv4moe check --catalogue: an engine that can carry each class of the catalogue
- * (dsv4moe/engines.h) run clean and with each, in each rounding profile, through check; the
+ * (dsv4moe_harness/engines.h) run clean and with each, in each rounding profile, through check; the
  * table of what was caught and named (docs/engines.md, "The detection table").
  */
 #define _XOPEN_SOURCE 700
@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 
 #include "cli.h"
-#include "dsv4moe/engines.h"
+#include "dsv4moe_harness/engines.h"
 
 /* The marker of a catalogue folder this command made, the only kind it clears. */
 #define MARKER ".dsv4moe-catalogue"

@@ -6,9 +6,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "dsv4moe/config.h"
-#include "dsv4moe/engines.h"
+#include "dsv4moe_harness/engines.h"
 #include "dsv4moe/safetensors.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/scenario.h"
 
 /* Exit statuses of every subcommand. */
 enum { EXIT_OK = 0, EXIT_CHECK_FAILED = 1, EXIT_BAD_INPUT = 2 };

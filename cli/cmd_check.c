@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "dsv4moe/engines.h"
+#include "dsv4moe_harness/engines.h"
 
 static const char CHECK_HELP[] =
     "usage: dsv4moe check D --outputs O [--report R] [--map NAME=y|topk_ids|topk_weights ...]\n"

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "dsv4moe/compare.h"
+#include "dsv4moe_harness/compare.h"
 #include "dsv4moe/safetensors.h"
 
 static const char DIFF_HELP[] =

@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "dsv4moe/engines.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/engines.h"
+#include "dsv4moe_harness/scenario.h"
 
 static const char EXPORT_HELP[] =
     "usage: dsv4moe export FILE.yaml... --dir D [--layout split|stacked] [--filter SUBSTRING] [--threads N]\n"

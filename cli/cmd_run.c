@@ -12,8 +12,8 @@
 #ifdef DSV4_FAULTS
 #include "fault_runs.h" /* the fault build only: not an installed header */
 #endif
-#include "dsv4moe/run.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/run.h"
+#include "dsv4moe_harness/scenario.h"
 
 static const char RUN_HELP[] =
     "usage: dsv4moe run FILE.yaml... [--report DIR] [--cache DIR] [--backend ref|cpu|cuda]\n"

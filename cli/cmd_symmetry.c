@@ -3,7 +3,7 @@
 #include <stdlib.h>
 
 #include "cli.h"
-#include "dsv4moe/symmetry.h"
+#include "dsv4moe_harness/symmetry.h"
 
 static const char SYMMETRY_HELP[] =
     "usage: dsv4moe symmetry TRACE TRACE...\n\n"

@@ -14,7 +14,7 @@ mkdir -p "$out"
 lcov --quiet --capture --directory "$build" --output-file "$out/all.info" $rc 2>&1 | grep -v 'redefined at' >&2 || true
 test -s "$out/all.info"
 # shellcheck disable=SC2086
-lcov --quiet --extract "$out/all.info" "$(pwd)/core/*" "$(pwd)/ref/*" "$(pwd)/fast/*" "$(pwd)/harness/*" \
+lcov --quiet --extract "$out/all.info" "$(pwd)/core/*" "$(pwd)/ref/*" "$(pwd)/fast/*" "$(pwd)/harness/*" "$(pwd)/compare/*" \
     "$(pwd)/scenarios/*" --output-file "$out/lib.info" $rc 2>/dev/null
 # shellcheck disable=SC2086
 genhtml --quiet --branch-coverage --output-directory "$out" "$out/lib.info" 2>/dev/null

@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "dsv4moe/safetensors.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/scenario.h"
 #include "dsv4moe/status.h"
 
 /* mkdir -p: creates the folder and its parents; an error names the one that failed. */

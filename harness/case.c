@@ -11,8 +11,8 @@
 #include "cache.h"
 #include "case.h"
 #include "run_ext.h"
-#include "dsv4moe/engines.h"
-#include "dsv4moe/symmetry.h"
+#include "dsv4moe_harness/engines.h"
+#include "dsv4moe_harness/symmetry.h"
 
 /* The stage stops here: every requested check it did not reach reports `r` with the detail. */
 static void stop(dsv4_h_case *k, dsv4_result r, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

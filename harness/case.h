@@ -19,7 +19,7 @@
 #include "dsv4moe/backend.h"
 #include "dsv4moe/dist.h"
 #include "dsv4moe/ref.h"
-#include "dsv4moe/run.h"
+#include "dsv4moe_harness/run.h"
 #include "results.h"
 
 /* The clamp must be seen once a case has this many tokens (see docs/scenarios.md). */

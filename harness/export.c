@@ -1,5 +1,5 @@
 /*
- * dsv4_export_scenario (dsv4moe/engines.h, docs/engines.md): the cases of a scenario matrix as
+ * dsv4_export_scenario (dsv4moe_harness/engines.h, docs/engines.md): the cases of a scenario matrix as
  * self-contained folders an outside engine runs, each built in the run's temporary folder and
  * renamed into place when complete, and the export's manifest written last.
  */
@@ -15,11 +15,11 @@
 
 #include <jansson.h>
 
-#include "engines_int.h"
+#include "../compare/engines_int.h"
 #include "err.h"
 #include "fileio.h"
 #include "run_ext.h"
-#include "dsv4moe/engines.h"
+#include "dsv4moe_harness/engines.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
 #include "dsv4moe/plan.h"
@@ -135,7 +135,7 @@ typedef struct {
     int64_t T, off;
 } export_case;
 
-/* The contract's workspace bound of the case (DSV4_WORKSPACE_FACTOR in dsv4moe/engines.h): the
+/* The contract's workspace bound of the case (DSV4_WORKSPACE_FACTOR in dsv4moe_harness/engines.h): the
    planner's figure for one eager step of this rank's tokens (a padded case's bucket) on the CUDA backend, with the scenario's
    topology and budget; -1 when the planner refuses that topology (the case then has no bound). */
 static int64_t workspace_bound(const export_case *e)

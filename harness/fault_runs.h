@@ -28,8 +28,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "dsv4moe/run.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/run.h"
+#include "dsv4moe_harness/scenario.h"
 
 /* The `fault` key of case i of the scenario ("f01".."f14", static), or NULL (none, or i out of
    range). */

@@ -1,5 +1,5 @@
 /*
- * report.html (dsv4moe/run.h): one self-contained page, inline CSS and
+ * report.html (dsv4moe_harness/run.h): one self-contained page, inline CSS and
  * inline SVG, no script and no external resource. A summary table, then the
  * matrix at a glance (per scenario, pass / fail counts per axis value, the
  * values with failures first, links to the failing cases) and the failing
@@ -26,7 +26,7 @@
 #include "fileio.h"
 #include "results.h"
 #include "reports.h"
-#include "dsv4moe/run.h"
+#include "dsv4moe_harness/run.h"
 #include "err.h"
 #include "grow.h"
 #ifdef DSV4_FAULTS

@@ -1,5 +1,5 @@
 /*
- * report.json (dsv4moe/run.h, docs/scenarios.md "report.json"): every case with its checks,
+ * report.json (dsv4moe_harness/run.h, docs/scenarios.md "report.json"): every case with its checks,
  * metrics, error profile and memory; the fault build adds the defect catalogue's table.
  */
 #include <math.h>

@@ -1,4 +1,4 @@
-/* junit.xml (dsv4moe/run.h): one testsuite per scenario, one testcase per case (injected runs left out). */
+/* junit.xml (dsv4moe_harness/run.h): one testsuite per scenario, one testcase per case (injected runs left out). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* dsv4_report_write_all (dsv4moe/run.h): the three reports of a result set, committed together. */
+/* dsv4_report_write_all (dsv4moe_harness/run.h): the three reports of a result set, committed together. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
 #ifndef DSV4MOE_HARNESS_REPORTS_H
 #define DSV4MOE_HARNESS_REPORTS_H
 
-#include "dsv4moe/run.h"
+#include "dsv4moe_harness/run.h"
 #include "strbuf.h" /* core/strbuf.h */
 
 /* The three reports, staged into *o for dsv4_report_write_all (harness/reports.c). */

@@ -1,5 +1,5 @@
 /*
- * The results of the scenario harness (dsv4moe/run.h): the case and result-set accessors, setting
+ * The results of the scenario harness (dsv4moe_harness/run.h): the case and result-set accessors, setting
  * checks, the error profile of a comparison, and results built outside the runner (run_ext.h,
  * `dsv4moe check`).
  */

@@ -1,5 +1,5 @@
 /*
- * Internal to the scenario harness: what a case result and a result set hold (dsv4moe/run.h's
+ * Internal to the scenario harness: what a case result and a result set hold (dsv4moe_harness/run.h's
  * opaque types), and the few operations the runner, the checks and the report writers share.
  * Not an installed header.
  */
@@ -10,8 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dsv4moe/run.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/run.h"
+#include "dsv4moe_harness/scenario.h"
 
 typedef struct {
     dsv4_result r;

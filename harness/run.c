@@ -1,5 +1,5 @@
 /*
- * The scenario runner (dsv4moe/run.h): every case of a scenario built once into its context
+ * The scenario runner (dsv4moe_harness/run.h): every case of a scenario built once into its context
  * (harness/case.c) and judged by the table of checks (harness/checks.c). The rules of each check
  * are in docs/scenarios.md ("Checks").
  */

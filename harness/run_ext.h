@@ -1,12 +1,12 @@
 /*
- * Results built outside the scenario runner (harness/engines.c: `dsv4moe check`), so an
+ * Results built outside the scenario runner (compare/engines.c: `dsv4moe check`), so an
  * outside engine's verdicts go through the same report writers as `run`'s (report.json,
  * junit.xml, report.html). Internal to the library: not an installed header.
  */
 #ifndef DSV4MOE_RUN_EXT_H
 #define DSV4MOE_RUN_EXT_H
 
-#include "dsv4moe/run.h"
+#include "dsv4moe_harness/run.h"
 
 /* Appends a scenario record (name, path) to *R (created when NULL); returns its index or SIZE_MAX
    (out of memory: *R unchanged when it existed, NULL when it did not). */

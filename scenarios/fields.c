@@ -16,7 +16,7 @@
 #include <yaml.h>
 
 #include "dsv4moe/ref.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/scenario.h"
 #include "err.h"
 
 #include "parse_int.h"

@@ -1,6 +1,6 @@
 /*
  * Scenario files: YAML (libyaml's document API) -> a flat list of resolved cases.
- * The schema is docs/scenarios.md; the public API is include/dsv4moe/scenario.h.
+ * The schema is docs/scenarios.md; the public API is include/dsv4moe_harness/scenario.h.
  *
  * A case is first built as a `draft` (a preset name, config overrides as text, a
  * topology, a budget, token and replay lists as written, ...), by applying the
@@ -20,7 +20,7 @@
 #include <strings.h>
 #include <yaml.h>
 
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/scenario.h"
 #include "err.h"
 #include "strbuf.h"
 

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <yaml.h>
 
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/scenario.h"
 #include "err.h"
 #include "strbuf.h" /* dsv4_join_names */
 

@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dsv4moe/run.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/run.h"
+#include "dsv4moe_harness/scenario.h"
 #include "testutil.h"
 
 /* The scenario file `rel` of the source tree (scenarios/ci.yaml, ...), loaded. */

@@ -35,9 +35,9 @@
 #include "dsv4moe/gen.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/ref.h"
-#include "dsv4moe/run.h"
+#include "dsv4moe_harness/run.h"
 #include "dsv4moe/safetensors.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/scenario.h"
 #include "testutil.h"
 
 Suite *allocfail_suite(void);

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "dsv4moe/backend.h"
-#include "dsv4moe/compare.h"
+#include "dsv4moe_harness/compare.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
 #include "dsv4moe/plan.h"

@@ -10,13 +10,13 @@
 
 #include "dsv4moe/backend.h"
 #include "dsv4moe/comm.h"
-#include "dsv4moe/compare.h"
-#include "dsv4moe/engines.h"
+#include "dsv4moe_harness/compare.h"
+#include "dsv4moe_harness/engines.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
-#include "dsv4moe/symmetry.h"
+#include "dsv4moe_harness/symmetry.h"
 #include "testutil.h"
 
 
@@ -555,7 +555,7 @@ START_TEST(each_defect_fails_check)
                   out_buf);
     ck_assert_msg(count_of(out_buf, "from the output's engine_rounding") == 16, "%.3000s", out_buf);
     /* check names the class on every failing case (the reference computed each known-wrong way,
-       harness/diagnose.c) */
+       compare/diagnose.c) */
     char likely[96];
     snprintf(likely, sizeof likely, "likely %s: ", DEFECTS[i].defect);
     ck_assert_msg(count_of(out_buf, likely) == fails, "%s %s: %d failing, %d named: %.3000s", DEFECTS[i].defect, rnd,

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dsv4moe/run.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/run.h"
+#include "dsv4moe_harness/scenario.h"
 #include "testctl.h"
 #ifdef DSV4_FAULTS
 #include "fault_runs.h"

@@ -17,7 +17,7 @@
 #include "dsv4moe/plan.h"
 #include "dsv4moe/ref.h"
 #include "dsv4moe/safetensors.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/scenario.h"
 #include "testutil.h"
 
 Suite *hostile_suite(void);

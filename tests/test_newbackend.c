@@ -11,7 +11,7 @@
 #include "backend/backend_reg.h"
 #include "backend_ops.h"
 #include "dsv4moe/ref.h"
-#include "dsv4moe/run.h"
+#include "dsv4moe_harness/run.h"
 #include "err.h"
 #include "scenutil.h"
 

@@ -16,7 +16,7 @@
 
 #include "dsv4moe/config.h"
 #include "dsv4moe/plan.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/scenario.h"
 #include "testutil.h"
 
 Suite *plangolden_suite(void);

@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "dsv4moe/formats.h"
-#include "dsv4moe/run.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/run.h"
+#include "dsv4moe_harness/scenario.h"
 #include "scenutil.h"
 
 Suite *report_suite(void);

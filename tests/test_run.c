@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "dsv4moe/backend.h"
-#include "dsv4moe/run.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/run.h"
+#include "dsv4moe_harness/scenario.h"
 #include "scenutil.h"
 
 Suite *run_suite(void);

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "dsv4moe/plan.h"
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/scenario.h"
 #include "scenutil.h"
 
 Suite *scenario_suite(void);

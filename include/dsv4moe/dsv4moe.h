@@ -1,5 +1,8 @@
 /*
- * dsv4moe.h: the whole public API of libdsv4moe in one include.
+ * dsv4moe.h: the whole public API of libdsv4moe, the production library, in one include. The
+ * test rig (scenario matrices, the runner and its reports, metrics, export/check of outside
+ * engines, symmetry of collective traces) is a second library, libdsv4moe_harness, with its
+ * headers in dsv4moe_harness/ (dsv4moe_harness/harness.h includes them all).
  *
  * libdsv4moe runs one DeepSeek-V4 MoE layer: router, routed experts and the shared expert
  * (SPEC.md). A bit-reproducible reference ("ref"), a production CPU backend ("cpu", OpenBLAS
@@ -132,11 +135,6 @@
 #include "backend.h"     /* backends: ref, cpu, cuda */
 #include "comm.h"        /* communicators */
 #include "dist.h"        /* the distributed driver */
-#include "compare.h"     /* metrics */
-#include "scenario.h"    /* scenario files */
-#include "run.h"         /* the scenario runner */
-#include "symmetry.h"    /* collective traces of real ranks: the symmetry check */
-#include "engines.h"     /* verifying another engine's MoE layer: exported cases, check */
 #include "files.h"       /* interrupted writes: their temporary files and the sweep of them */
 
 #endif

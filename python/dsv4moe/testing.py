@@ -45,7 +45,7 @@ RTOL = 0.035
 TERMS_SCALE = 2.0 ** -8
 WEIGHT_ATOL = 1e-6
 WEIGHT_RTOL = 1e-5
-# an engine at bf16_ops runs its router in bf16 too (include/dsv4moe/compare.h, DSV4_ROUTING_WEIGHT_RTOL_BF16)
+# an engine at bf16_ops runs its router in bf16 too (include/dsv4moe_harness/compare.h, DSV4_ROUTING_WEIGHT_RTOL_BF16)
 WEIGHT_RTOL_BF16 = 0.03125
 RULES = {
     # name: (deepgemm diff bound, share of elements beyond, rms factor of the max |a-b| bound (None: no
@@ -639,7 +639,7 @@ MAX_MANIFEST = 64 << 20
 
 
 def _crc32(path):
-    """(bytes, crc32) of a regular file, not following a link (harness/manifest.c's CRC-32 is zlib's)."""
+    """(bytes, crc32) of a regular file, not following a link (compare/manifest.c's CRC-32 is zlib's)."""
     import zlib
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))

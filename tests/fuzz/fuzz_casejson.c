@@ -1,5 +1,5 @@
 /*
- * Fuzz target: the case.json reader of `dsv4moe check` (harness/engines.c, through
+ * Fuzz target: the case.json reader of `dsv4moe check` (compare/engines.c, through
  * dsv4_check_engine). The input is written as the case.json of one case folder, sealed with the
  * export's manifest (dsv4_h_manifest_write), and checked against an empty outputs folder: the
  * call must succeed with one case in error or fail with a message, never crash or read without
@@ -7,7 +7,7 @@
  */
 #include "fuzz_common.h"
 
-#include "dsv4moe/engines.h"
+#include "dsv4moe_harness/engines.h"
 #include "engines_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -1,5 +1,5 @@
 /*
- * Fuzz target: the export manifest's reader (harness/manifest.c, dsv4_h_manifest_verify) against a
+ * Fuzz target: the export manifest's reader (compare/manifest.c, dsv4_h_manifest_verify) against a
  * fixed folder holding one case folder "c0" (case.json "{}", expected.safetensors "x"); the input
  * is the manifest.json. It must verify or fail with a message, never crash or run past its cap.
  */

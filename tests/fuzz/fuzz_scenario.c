@@ -1,7 +1,7 @@
 /* Fuzz target: the YAML scenario parser (scenarios/parse.c) from a memory buffer. */
 #include "fuzz_common.h"
 
-#include "dsv4moe/scenario.h"
+#include "dsv4moe_harness/scenario.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

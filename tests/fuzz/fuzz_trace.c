@@ -1,12 +1,12 @@
 /*
- * Fuzz target: the collective-trace reader (harness/symmetry.c, dsv4_trace_load): a JSONL trace
+ * Fuzz target: the collective-trace reader (compare/symmetry.c, dsv4_trace_load): a JSONL trace
  * of the project's communicators or a torch NCCL flight-recorder dump. The input is written to a
  * file and loaded; a loaded trace is held against itself under another rank (the comparison of
  * identical traces must say "the same"), and an error must carry a message.
  */
 #include "fuzz_common.h"
 
-#include "dsv4moe/symmetry.h"
+#include "dsv4moe_harness/symmetry.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -1,5 +1,5 @@
 /*
- * Routing-aware comparison of topk_ids / topk_weights (dsv4moe/compare.h): the kept experts
+ * Routing-aware comparison of topk_ids / topk_weights (dsv4moe_harness/compare.h): the kept experts
  * of a token as a multiset (an engine may order a token's slots any way it likes), pruned
  * top-p slots in the candidate's sentinel convention, weights matched by expert id.
  */
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dsv4moe/compare.h"
+#include "dsv4moe_harness/compare.h"
 
 const char *dsv4_sentinel_name(dsv4_sentinel s)
 {

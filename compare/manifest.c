@@ -1,5 +1,5 @@
 /*
- * The manifest of an export (harness/engines_int.h, docs/engines.md): written last by a complete
+ * The manifest of an export (compare/engines_int.h, docs/engines.md): written last by a complete
  * export, required and verified by check, so that an export stopped part-way, or a case folder
  * missing, added or altered since, is refused instead of checked.
  */

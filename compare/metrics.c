@@ -1,10 +1,10 @@
-/* Comparison metrics of SPEC.md section 7 (dsv4moe/compare.h). */
+/* Comparison metrics of SPEC.md section 7 (dsv4moe_harness/compare.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dsv4moe/compare.h"
+#include "dsv4moe_harness/compare.h"
 #include "dsv4moe/formats.h"
 
 /* One element as a double and as sign + magnitude of its bit pattern (the ordered integer whose

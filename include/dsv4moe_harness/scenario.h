@@ -20,11 +20,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "api.h"
-#include "config.h"
-#include "plan.h"
-#include "safetensors.h"
-#include "status.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/config.h"
+#include "dsv4moe/plan.h"
+#include "dsv4moe/safetensors.h"
+#include "dsv4moe/status.h"
 
 #ifdef __cplusplus
 extern "C" {

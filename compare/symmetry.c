@@ -1,5 +1,5 @@
 /*
- * Collective traces of real ranks (dsv4moe/symmetry.h): the project's JSONL trace and PyTorch's
+ * Collective traces of real ranks (dsv4moe_harness/symmetry.h): the project's JSONL trace and PyTorch's
  * flight-recorder JSON dump, read into one form, and the per-group comparison across ranks.
  */
 #include <ctype.h>
@@ -13,7 +13,7 @@
 #include "err.h"
 #include "grow.h"
 #include "fileio.h"
-#include "dsv4moe/symmetry.h"
+#include "dsv4moe_harness/symmetry.h"
 
 #define TRACE_FORMAT "dsv4moe-trace"
 /* A world of more ranks than any job runs is a malformed header, not a trace. */

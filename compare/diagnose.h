@@ -1,5 +1,5 @@
 /*
- * Internal to check (harness/engines.c): naming the known class a failing engine's output fits
+ * Internal to check (compare/engines.c): naming the known class a failing engine's output fits
  * (docs/engines.md, "Naming the likely class"). Not installed.
  */
 #ifndef DSV4MOE_HARNESS_DIAGNOSE_H
@@ -9,13 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dsv4moe/compare.h"
+#include "dsv4moe_harness/compare.h"
 #include "dsv4moe/config.h"
-#include "dsv4moe/engines.h"
+#include "dsv4moe_harness/engines.h"
 #include "dsv4moe/ref.h"
 #include "dsv4moe/safetensors.h"
 
-/* The class a memory verdict over its bound names (check's memory check, harness/engines.c). */
+/* The class a memory verdict over its bound names (check's memory check, compare/engines.c). */
 #define DSV4_H_MEMORY_CLASS "workspace_wrong_dim"
 
 /* What check saw of a failing case, for dsv4_h_diagnose. */

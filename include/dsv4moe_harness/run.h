@@ -1,6 +1,6 @@
 /*
  * dsv4moe: the scenario runner. Runs every case of an expanded scenario
- * (dsv4moe/scenario.h) through its checks and records the results, and
+ * (dsv4moe_harness/scenario.h) through its checks and records the results, and
  * writes them as report.json and junit.xml. The checks and their pass/skip
  * rules are documented in docs/scenarios.md ("Checks").
  *
@@ -19,11 +19,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "api.h"
+#include "dsv4moe/api.h"
 #include "compare.h"
-#include "plan.h"
+#include "dsv4moe/plan.h"
 #include "scenario.h"
-#include "status.h"
+#include "dsv4moe/status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,7 +59,7 @@ typedef struct dsv4_run_options {
     dsv4_run_progress_fn progress; /* may be NULL */
     void *progress_user;
     /* When set, every multi-rank case writes each rank's collective trace as the JSONL of
-       dsv4moe/symmetry.h to trace_dir/<case id>/rank<r>.jsonl (dsv4moe symmetry reads them;
+       dsv4moe_harness/symmetry.h to trace_dir/<case id>/rank<r>.jsonl (dsv4moe symmetry reads them;
        the case id as dsv4_export_case_id makes it). Default NULL. */
     const char *trace_dir;
 } dsv4_run_options;

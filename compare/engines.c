@@ -1,5 +1,5 @@
 /*
- * Verifying another engine's MoE layer (dsv4moe/engines.h, docs/engines.md): exported case
+ * Verifying another engine's MoE layer (dsv4moe_harness/engines.h, docs/engines.md): exported case
  * folders and the check of an engine's outputs against them.
  */
 #include <errno.h>
@@ -19,9 +19,9 @@
 #include "diagnose.h"
 #include "engines_int.h"
 #include "fileio.h"
-#include "results.h"
-#include "run_ext.h"
-#include "dsv4moe/engines.h"
+#include "../harness/results.h"
+#include "../harness/run_ext.h"
+#include "dsv4moe_harness/engines.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
 #include "dsv4moe/ref.h"

@@ -1,6 +1,6 @@
 /*
- * Internal to the outside-engine surfaces: export (harness/export.c), check (harness/engines.c)
- * and the export's manifest (harness/manifest.c). Not installed.
+ * Internal to the outside-engine surfaces: export (harness/export.c), check (compare/engines.c)
+ * and the export's manifest (compare/manifest.c). Not installed.
  */
 #ifndef DSV4MOE_HARNESS_ENGINES_INT_H
 #define DSV4MOE_HARNESS_ENGINES_INT_H

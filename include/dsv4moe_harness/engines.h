@@ -6,7 +6,7 @@
  * SPEC.md section 10 with their y_terms, and case.json); an engine runs each case and writes
  * output.safetensors; dsv4_check_engine() holds those outputs against the reference at the
  * engine's rounding profile by the outside-engine rule of section 10 and returns results that
- * the report writers of dsv4moe/run.h take (report.json, junit.xml, report.html).
+ * the report writers of dsv4moe_harness/run.h take (report.json, junit.xml, report.html).
  */
 #ifndef DSV4MOE_ENGINES_H
 #define DSV4MOE_ENGINES_H
@@ -14,13 +14,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "api.h"
+#include "dsv4moe/api.h"
 #include "compare.h"
-#include "ref.h"
+#include "dsv4moe/ref.h"
 #include "run.h"
-#include "safetensors.h"
+#include "dsv4moe/safetensors.h"
 #include "scenario.h"
-#include "status.h"
+#include "dsv4moe/status.h"
 
 #ifdef __cplusplus
 extern "C" {

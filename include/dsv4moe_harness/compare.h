@@ -9,9 +9,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "api.h"
-#include "dtype.h"
-#include "safetensors.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/dtype.h"
+#include "dsv4moe/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {

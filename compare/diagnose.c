@@ -1,5 +1,5 @@
 /*
- * Naming the likely class of a failing engine (harness/diagnose.h): the case's layer computed
+ * Naming the likely class of a failing engine (compare/diagnose.h): the case's layer computed
  * again with each known-wrong alternate of the reference (dsv4moe/ref.h) or config change, and
  * the engine's output held to each with the check's own rule; two classes are seen in the
  * output's pattern instead (magnitudes, one expert's tokens).
