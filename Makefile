@@ -310,13 +310,13 @@ $(CUDA_CLI): $(CLI_OBJS) $(HLIB_A) $(CUDA_LIB_A)
 
 $(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CPPFLAGS_ALL) -Itests -Ifast -DDSV4_WITH_CUDA -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 # The backend test table's suite (tests/test_backend_ops.c) with the cuda backend in its list,
 # linked into the device test program beside the cuda suite.
 $(CUDA_BUILD)/tests/test_backend_ops.o: tests/test_backend_ops.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CPPFLAGS_ALL) -Itests -Ifast -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 # The device half of test_cuda's e4m3 hardware-conversion test (the library's kernels.cuh).
 $(CUDA_BUILD)/tests/cuda/e4m3_hw.o: tests/cuda/e4m3_hw.cu fast/cuda/kernels.cuh
@@ -401,6 +401,9 @@ BENCH_BIN := $(BUILD)/bench/bench_core
 $(BUILD)/bench/%.o: bench/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+# bench_cpu names the cpu backend's kernel tables (fast/cpu/kernels/kernels.h, not installed).
+$(BUILD)/bench/bench_cpu.o: CPPFLAGS_ALL += -Ifast
 
 $(BENCH_BIN): $(BUILD)/bench/bench_core.o $(LIBS_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS_A) $(LDLIBS_ALL)

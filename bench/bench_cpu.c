@@ -12,7 +12,7 @@
  * output says so. Weights are generated once into argv[2] and reused.
  *
  * DSV4MOE_CPU_KERNELS=<table> (auto, ref, avx2, avx512, avx512-bf16, avx512-vbmi) runs the cpu
- * backend on that kernel table (dsv4_backend_options.cpu_kernels); the table that ran is printed
+ * backend on that kernel table (its parameter kernels=NAME, dsv4_backend_options.params); the table that ran is printed
  * and written to the JSON ("kernels"). On an AVX-512 machine, avx2 runs the kernels an
  * AVX2-only server would, at this machine's memory bandwidth and clock.
  */
@@ -36,6 +36,7 @@
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
 #include "bench_util.h"
+#include "cpu/kernels/kernels.h" /* the kernel tables its parameter names (not installed) */
 #include "parallel.h"
 
 void openblas_set_num_threads(int num_threads);
@@ -150,7 +151,9 @@ static dsv4_backend *make_backend(const layer_data *L, dsv4_backend_kind kind, d
     dsv4_backend_options bo;
     dsv4_backend_options_init(&bo);
     bo.threads = THREADS;
-    bo.cpu_kernels = kernels;
+    char params[48];
+    snprintf(params, sizeof params, "kernels=%s", dsv4_cpu_kernels_name(kernels));
+    bo.params = params;
     if (dsv4_plan_create(&L->cfg, &topo, &bud, plan, &e) || dsv4_backend_create_with(*plan, L->ck, &bo, &b, &e)) {
         fprintf(stderr, "bench_cpu: %s\n", e.message);
         return NULL;

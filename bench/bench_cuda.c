@@ -22,7 +22,7 @@
  *
  * usage: bench_cuda [--ceilings F] [--peer F] [--targets F] [--json F] [--dir WORKDIR] [--tokens 1,8,...]
  *                   [--threads N] [--quick] [--backend cuda|cpu] [--preset NAME] [--gemm auto|exact|fp8]
- *                   [--cuda-kernels LIST]  (dsv4_backend_options.cuda_kernels; default: DSV4MOE_CUDA_* of the environment)
+ *                   [--cuda-kernels LIST]  (dsv4_backend_options.params; default: DSV4MOE_CUDA_* of the environment)
  * (--backend cpu and --preset mini exercise the timing path on a machine without a GPU.)
  */
 #include <errno.h>
@@ -117,7 +117,7 @@ static dsv4_status create(const dsv4_plan *plan, const dsv4_checkpoint *ck, int 
     dsv4_backend_options opt;
     dsv4_backend_options_init(&opt);
     opt.threads = threads;
-    opt.cuda_kernels = kernels;
+    opt.params = kernels;
     return dsv4_backend_create_with(plan, ck, &opt, b, e);
 }
 

@@ -23,7 +23,7 @@ static inline uint64_t bench_view_bytes(const dsv4_matrix_view *v)
     return b;
 }
 
-/* The cuda backend's kernel variants (dsv4_backend_options.cuda_kernels) from the environment the
+/* The cuda backend's kernel variants (dsv4_backend_options.params) from the environment the
    device scripts and tests set: DSV4MOE_CUDA_KERNELS (the list as is), then DSV4MOE_CUDA_PATH=exact,
    DSV4MOE_CUDA_TILE=mma, DSV4MOE_CUDA_TILEH=<variant>, DSV4MOE_CUDA_MID=<variant> appended. The
    library reads no environment; the programs pass what they read. buf gets "" when none is set. */

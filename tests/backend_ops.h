@@ -24,6 +24,7 @@
 #include "dsv4moe/gen.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
+#include "cpu/kernels/kernels.h" /* the cpu backend's kernel tables, named in its params */
 #include "testutil.h"
 #ifdef DSV4_WITH_CUDA
 #include "../bench/bench_util.h" /* the kernel variants the environment names */
@@ -120,7 +121,7 @@ typedef struct {
     int threads;
     dsv4_cpu_kernels kernels; /* cpu: the kernel table (AUTO: the best this CPU runs) */
     int forwards;             /* forwards of the same input (>= 1); all must give the same bytes */
-    const char *cuda_kernels; /* cuda: the kernel variants (dsv4_backend_options.cuda_kernels; NULL: defaults) */
+    const char *cuda_kernels; /* cuda: the kernel variants (its params, docs/cuda.md; NULL: defaults) */
 } bo_backend;
 
 typedef struct {
@@ -215,9 +216,12 @@ static inline dsv4_status bo_create(const dsv4_plan *p, const dsv4_checkpoint *c
     dsv4_backend_options bo;
     dsv4_backend_options_init(&bo);
     bo.threads = be->threads;
-    bo.cpu_kernels = be->kernels;
-    if (be->kind == DSV4_BACKEND_CUDA)
-        bo.cuda_kernels = be->cuda_kernels;
+    char params[320] = "";
+    if (be->kind == DSV4_BACKEND_CPU && be->kernels != DSV4_CPU_KERNELS_AUTO)
+        snprintf(params, sizeof params, "kernels=%s", dsv4_cpu_kernels_name(be->kernels));
+    else if (be->kind == DSV4_BACKEND_CUDA && be->cuda_kernels)
+        snprintf(params, sizeof params, "%s", be->cuda_kernels);
+    bo.params = params;
     return dsv4_backend_create_with(p, ck, &bo, b, e);
 }
 

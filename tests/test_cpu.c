@@ -168,10 +168,26 @@ START_TEST(kernel_table_choice_errors)
     bo.struct_size = 4;
     ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &bo, &b, &e), DSV4_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(e.message, "struct_size"));
-    dsv4_backend_options_init(&bo);
-    bo.cpu_kernels = (dsv4_cpu_kernels)99;
+    /* dsv4moe 0.1's layout (cpu_kernels, cuda_kernels) is refused by name */
+    bo.struct_size = 40;
     ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &bo, &b, &e), DSV4_ERR_INVALID_ARG);
-    ck_assert_ptr_null(b);
+    ck_assert_msg(strstr(e.message, "dsv4moe 0.1") && strstr(e.message, "params"), "%s", e.message);
+    /* the backend's params: an unknown table, key or form is refused by name, none half-applied */
+    static const char *const badp[][2] = {{"kernels=sse9", "sse9"}, {"colour=red", "colour"},
+                                          {"kernels", "key=value"}, {"kernels=ref,fp8_cut=16", "fp8_cut"}};
+    for (size_t i = 0; i < sizeof badp / sizeof badp[0]; i++) {
+        dsv4_backend_options_init(&bo);
+        bo.params = badp[i][0];
+        ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &bo, &b, &e), DSV4_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(e.message, badp[i][1]) != NULL, "%s: %s", badp[i][0], e.message);
+        ck_assert_ptr_null(b);
+    }
+    dsv4_backend_options_init(&bo);
+    bo.params = "kernels=ref";
+    ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &bo, &b, &e), DSV4_OK);
+    ck_assert_str_eq(dsv4_backend_kernels(b), "ref");
+    dsv4_backend_free(b);
+    b = NULL;
     ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, NULL, &b, &e), DSV4_OK);
     ck_assert_str_ne(dsv4_backend_kernels(b), "auto");
     dsv4_backend_free(b);
@@ -389,13 +405,18 @@ START_TEST(embedding_calls_on_host_backends)
         ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &opt, &b, &e), DSV4_ERR_INVALID_ARG);
         ck_assert_msg(strstr(e.message, "without a workspace pointer") != NULL, "%s", e.message);
         opt.workspace_bytes = 0;
-        ck_assert_ptr_null(opt.cuda_kernels);
-        opt.cuda_kernels = "fp8_cut=16"; /* kernel variants are the cuda backend's */
-        ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &opt, &b, &e), DSV4_ERR_UNSUPPORTED);
-        ck_assert_msg(strstr(e.message, "fp8_cut=16") != NULL && strstr(e.message, "cuda only") != NULL, "%s",
-                      e.message);
+        ck_assert_ptr_null(opt.params);
+        opt.params = "fp8_cut=16"; /* the cuda backend's kernel variant: not a cpu key; ref takes none */
+        if (kinds[i] == DSV4_BACKEND_CPU) {
+            ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &opt, &b, &e), DSV4_ERR_INVALID_ARG);
+            ck_assert_msg(strstr(e.message, "fp8_cut") != NULL && strstr(e.message, "keys: kernels") != NULL, "%s",
+                          e.message);
+        } else {
+            ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &opt, &b, &e), DSV4_ERR_UNSUPPORTED);
+            ck_assert_msg(strstr(e.message, "takes no parameters") != NULL, "%s", e.message);
+        }
         ck_assert_ptr_null(b);
-        opt.cuda_kernels = ""; /* empty: the defaults, accepted everywhere */
+        opt.params = ""; /* empty: the defaults, accepted everywhere */
         ck_assert_int_eq(dsv4_backend_create_with(p, io.ck, &opt, &b, &e), DSV4_OK);
         dsv4_forward_out o = {y, NULL, NULL, NULL};
         ck_assert_int_eq(dsv4_backend_enqueue(b, NULL, 5, NULL, x, NULL, &o, &e), DSV4_ERR_UNSUPPORTED);

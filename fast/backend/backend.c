@@ -18,8 +18,18 @@ void dsv4_backend_options_init(dsv4_backend_options *opt)
     memset(opt, 0, sizeof *opt);
     opt->struct_size = (uint32_t)sizeof *opt;
     opt->threads = 1;
-    opt->cpu_kernels = DSV4_CPU_KERNELS_AUTO;
 }
+
+/* dsv4_backend_options as dsv4moe 0.1 laid it out (its kernel knobs, now the params string), so
+   that an old caller is refused by name rather than read wrong. */
+struct options_0_1 {
+    uint32_t struct_size;
+    int threads;
+    int cpu_kernels;
+    void *workspace;
+    uint64_t workspace_bytes;
+    const char *cuda_kernels;
+};
 
 bool dsv4_backend_available(dsv4_backend_kind kind)
 {
@@ -45,6 +55,12 @@ dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoin
     dsv4_backend_options opt;
     dsv4_backend_options_init(&opt);
     if (optp) {
+        if (optp->struct_size == sizeof(struct options_0_1) && optp->struct_size != sizeof opt)
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
+                               "struct_size %u is dsv4moe 0.1's dsv4_backend_options, with the fields cpu_kernels "
+                               "and cuda_kernels; they are the backend's params string now (docs/cpu.md, "
+                               "docs/cuda.md): rebuild against this header and fill it with "
+                               "dsv4_backend_options_init", (unsigned)optp->struct_size);
         if (optp->struct_size != sizeof opt)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
                                "struct_size %u is not %zu (initialise with dsv4_backend_options_init)",
@@ -54,18 +70,14 @@ dsv4_status dsv4_backend_create_with(const dsv4_plan *plan, const dsv4_checkpoin
     int threads = opt.threads;
     if (threads < 1 || threads > 256)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend", "threads %d is outside [1, 256]", threads);
-    if ((int)opt.cpu_kernels < DSV4_CPU_KERNELS_AUTO || (int)opt.cpu_kernels > DSV4_CPU_KERNELS_AVX512_VBMI)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                           "cpu_kernels %d is not a dsv4_cpu_kernels value", (int)opt.cpu_kernels);
     const dsv4_topology *topo = dsv4_plan_topology(plan);
     dsv4_status st = dsv4_backend_plan_supported(plan, err);
     if (st)
         return st;
     const dsv4_backend_reg *ent = dsv4_backend_registry_find(topo->backend);
-    if (opt.cuda_kernels && opt.cuda_kernels[0] && topo->backend != DSV4_BACKEND_CUDA)
+    if (opt.params && opt.params[0] && !ent->params)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend options",
-                           "cuda_kernels '%s' given to backend %s: kernel variants are for cuda only", opt.cuda_kernels,
-                           ent->name);
+                           "params '%s' given to backend %s, which takes no parameters", opt.params, ent->name);
     if (opt.workspace && !ent->device_workspace)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, "backend options",
                            "backend %s has no device: a caller workspace is for cuda only", ent->name);

@@ -111,7 +111,8 @@ struct dsv4_backend {
 };
 
 /* Creates a backend's instance of the plan (fast/backend/backend_reg.h: a registration's create);
-   opt is complete (struct_size, threads and cpu_kernels checked by the caller). */
+   opt is complete (struct_size and threads checked by the caller; params is the backend's to
+   parse, and empty unless its registration names keys). */
 typedef dsv4_status (*dsv4_backend_create_fn)(const dsv4_plan *plan, const dsv4_checkpoint *ckpt,
                                               const dsv4_backend_options *opt, void **impl,
                                               const dsv4_backend_vtable **vt, dsv4_error *err);

@@ -71,6 +71,9 @@ typedef struct dsv4_backend_reg {
     /* Extensions by name, NULL when the backend has none of that name (cast to the extension's
        type). "kernels": dsv4_backend_kernels_fn. */
     dsv4_backend_proc (*get_proc)(const char *name);
+    /* The keys of dsv4_backend_options.params it parses at creation, for people ("kernels"); NULL:
+       it takes none, and a non-empty list is refused before create. */
+    const char *params;
 } dsv4_backend_reg;
 
 typedef const dsv4_backend_reg *(*dsv4_backend_reg_fn)(void);

@@ -36,7 +36,7 @@
  * Files: this one orchestrates (chunks, conversions, counting sort, batches, statistics) and
  * creates/frees; router.c routes; ffn.c holds the GEMM regimes and the FFN of one group;
  * kernels/ the kernel table (kernels/kernels.h), chosen at creation from
- * dsv4_backend_options.cpu_kernels (AUTO: the best this CPU runs).
+ * the backend parameter kernels=NAME (dsv4_backend_options.params; auto: the best this CPU runs).
  *
  * Memory: every byte through two accounting allocators owned by the backend: `persist`
  * (router tensors, quantized-at-load weights of a bf16 stacked checkpoint) and `ws`
@@ -418,13 +418,44 @@ static dsv4_status bind(cpu_be *b, const dsv4_checkpoint *ck, int64_t e, int p, 
     return p == DSV4_PROJ_W2 ? shard_columns(b, m, err) : (shard_rows(b, m), DSV4_OK);
 }
 
+/* The backend's parameters (dsv4_backend_options.params, docs/cpu.md "Parameters"): kernels=NAME,
+   the kernel table (auto, ref, avx2, avx512, avx512-bf16, avx512-vbmi). */
+static dsv4_status parse_params(const char *params, dsv4_cpu_kernels *level, dsv4_error *err)
+{
+    *level = DSV4_CPU_KERNELS_AUTO;
+    for (const char *p = params; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', n);
+        if (!eq)
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend cpu params",
+                               "'%.*s' is not key=value (keys: kernels)", (int)n, p);
+        size_t kl = (size_t)(eq - p);
+        if (kl != 7 || strncmp(p, "kernels", 7))
+            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend cpu params", "unknown key '%.*s' (keys: kernels)",
+                               (int)kl, p);
+        char name[32];
+        size_t vl = n - kl - 1;
+        if (vl >= sizeof name)
+            vl = sizeof name - 1;
+        memcpy(name, eq + 1, vl);
+        name[vl] = '\0';
+        dsv4_status st = dsv4_cpu_kernels_from_name(name, level, err);
+        if (st)
+            return st;
+        p = end ? end + 1 : p + n;
+    }
+    return DSV4_OK;
+}
+
 dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, const dsv4_backend_options *opt,
                                     void **impl, const dsv4_backend_vtable **vt, dsv4_error *err)
 {
     const dsv4_config *cfg = dsv4_plan_config(plan); /* validated by the planner */
     const dsv4_cpu_kernels_table *kt = NULL;
+    dsv4_cpu_kernels level;
     dsv4_status st;
-    if ((st = dsv4_cpu_kernels_get(opt->cpu_kernels, &kt, err)))
+    if ((st = parse_params(opt->params, &level, err)) || (st = dsv4_cpu_kernels_get(level, &kt, err)))
         return st;
     int threads = opt->threads;
     cpu_be *b = calloc(1, sizeof *b);

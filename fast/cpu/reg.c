@@ -25,6 +25,7 @@ const dsv4_backend_reg *dsv4_cpu_backend_reg(void)
         .create = dsv4_cpu_backend_create,
         .stages = &dsv4_cpu_backend_stages,
         .get_proc = cpu_get_proc,
+        .params = "kernels",
     };
     return &reg;
 }

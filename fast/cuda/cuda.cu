@@ -141,9 +141,9 @@ struct CudaBe {
     uint64_t device_used = 0;
     /* the fp8 tensor-core path (mma.cuh): fragment-native weights, gate/up interleaved */
     bool fast = false;
-    bool tile16 = true; /* large groups on f16 wgmma (k_tileh); else mma.sync (k_tile): cuda_kernels tile=mma */
+    bool tile16 = true; /* large groups on f16 wgmma (k_tileh); else mma.sync (k_tile): params tile=mma */
     int big_rows = 128; /* rows of a large group's tile: the k_tileh variant's tokens, or 128 (k_tile) */
-    int big_var = 0, mid_var = 0; /* k_tileh variants (tileh_big, tileh_mid): cuda_kernels tileh= / mid= */
+    int big_var = 0, mid_var = 0; /* k_tileh variants (tileh_big, tileh_mid): params tileh= / mid= */
     int fp8_cut = DSV4C_FP8_CUT_ROWS; /* gemm fp8: groups above this many rows on the grouped FP8 GEMM */
     int dec_fill = DSV4C_DEC_FILL;    /* k_dec's K split: until its blocks reach this many per multiprocessor */
     bool pdl = true; /* the fp8 path's chain kernels with programmatic dependent launch (launch_pdl) */
@@ -164,7 +164,7 @@ struct CudaBe {
     float *s8mem[4] = {};
     uint8_t *ok8 = nullptr; /* device [E + 1] */
     int sfb_rows = 1;       /* rows per weight scale of the fp8 GEMM copies: 128 (blocks) or 1 */
-    bool fp8_rows = false;  /* cuda_kernels fp8_scales=rows: 1 even where blocks convert */
+    bool fp8_rows = false;  /* params fp8_scales=rows: 1 even where blocks convert */
     bool all_ok8 = true;
     Fp8Gemm *g8[2] = {};  /* gate/up, down */
     cudaEvent_t ev_fork = nullptr, ev_j2 = nullptr, ev_j3 = nullptr, ev_j4 = nullptr;
@@ -615,7 +615,7 @@ static uint64_t layouts_max(const dsv4_config *cfg, int fp8, int64_t n, bool bou
         for (int rep = 0; rep < 2; rep++)
             for (int t16 = 0; t16 < 1 + N_TILEH_BIG; t16++)
                 for (int g8 = fp8 == 1 ? 1 : 0; g8 <= (fp8 == 0 ? 0 : 1); g8++) {
-                    /* every kernel variant creation may be given (cuda_kernels): the large groups'
+                    /* every kernel variant creation may be given (params): the large groups'
                        tile width sets the tile list's capacity */
                     b->fast = f == 1;
                     b->repeats = rep == 1;
@@ -668,7 +668,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     if (st)
         return st;
     Kernels kv;
-    if ((st = parse_kernels(opt->cuda_kernels, &kv, err)) != DSV4_OK)
+    if ((st = parse_kernels(opt->params, &kv, err)) != DSV4_OK)
         return st;
     if (cfg->dim % 32 || inter % 32)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,

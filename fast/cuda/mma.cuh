@@ -44,7 +44,7 @@ namespace dsv4cuda {
    io): T 1024 2.98 -> 2.39 ms and T 4096 4.32 -> 3.72 ms against 64 (a 17..64-row group's f16 tile
    pass cost more than its 128-row FP8 tile); 16 is 0.1-0.15 ms faster still but puts more small
    groups on the FP8 sums: mini-fp8, T 100, 2.05 % of the outputs beyond atol = rtol = 0.035 (SPEC.md
-   section 9 allows 2 %; 32: 1.76 %). dsv4_backend_options.cuda_kernels fp8_cut=N sets another. */
+   section 9 allows 2 %; 32: 1.76 %). dsv4_backend_options.params fp8_cut=N sets another. */
 #ifndef DSV4C_FP8_CUT_ROWS
 #define DSV4C_FP8_CUT_ROWS 32
 #endif
@@ -252,7 +252,7 @@ template <int FMT> struct DecCfg {
 };
 
 /*
- * B staged in shared memory (cuda_kernels dec_b=smem; fp4 launches whose K is not split, ks 1,
+ * B staged in shared memory (params dec_b=smem; fp4 launches whose K is not split, ks 1,
  * other than the folded down projection, pipeline.cuh launch_dec): all eight warps of a block read the same activation rows at the same K block,
  * and from L1 each 4-byte B load of a warp touches one 128-byte line per token row (up to eight
  * per instruction, four instructions per k32 step and token tile), the same lines for every

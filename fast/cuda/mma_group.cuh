@@ -341,7 +341,7 @@ __global__ void k_count2(Group2Args a)
 
 /*
  * The router and, for a chunk whose slots k_count2 places itself (a.place), its grouping in one
- * launch (cuda_kernels route=fused, with k_logits_small before it): one block per token routes
+ * launch (params route=fused, with k_logits_small before it): one block per token routes
  * it (route_block), takes a ticket, and the block that takes the last one does k_count2's work
  * over the chunk's ids. The sums and the placement are k_count2's (no atomics in either); the
  * ticket counts blocks only, and k_logits_small, launched before whenever this kernel is, zeroes

@@ -138,7 +138,7 @@ template <typename T> T *at(const CudaBe *b, uint64_t off) { return (T *)(void *
 
 /*
  * Launches k on stream s, with the programmatic-dependent-launch attribute when b->pdl (the
- * default; cuda_kernels pdl=off launches plainly): the kernel may be scheduled while the one before
+ * default; params pdl=off launches plainly): the kernel may be scheduled while the one before
  * it on s runs, and waits in pdl_enter() (kernels.cuh), which k must call first. Used for the fp8
  * path's chain of short kernels, where each launch gap was 1-2 us of a decode step. A launch error
  * is left for the caller's cudaPeekAtLastError, as with <<< >>>.
@@ -474,7 +474,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     /* gemm fp8: a group above fp8_cut rows can exist in this chunk */
     const int64_t nmax = group_rows_max(b, L);
     const bool fp8 = b->fp8 && nmax > b->fp8_cut;
-    /* cuda_kernels combine=fold (the default): a full chunk (not a stage's) whose every group runs in
+    /* params combine=fold (the default): a full chunk (not a stage's) whose every group runs in
        k_dec sums y in the down projection's launch, the last block writing a tile of o combining it
        (fold_combine); only with a shared expert, whose k_dec runs for 1 .. FM_DEC_MAX live tokens,
        so every tile of o has a writer and some block always completes its count */
@@ -611,7 +611,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     ga.rowmap = at<int32_t>(b, L.rowmap), ga.slot_w = at<float>(b, L.slot_w);
     ga.slot_e = b->fp8 ? at<int32_t>(b, L.slot_e) : nullptr;
     ga.stats = stats, ga.E = E, ga.K = K, ga.small = b->small, ga.rows = (int)L.rows, ga.tile_m = DSV4C_BM;
-    /* cuda_kernels route=fused (the default): up to DSV4C_LOGITS_SMALL live tokens (read on the
+    /* params route=fused (the default): up to DSV4C_LOGITS_SMALL live tokens (read on the
        device, so a padded bucket sums its valid rows as the unpadded call does) take k_logits_small,
        which also quantizes x; more take the GEMM kernels (launched only for chunks that can hold
        more) and k_router quantizes. On the fp8 path a chunk whose slots k_count2 places in one block

@@ -48,6 +48,7 @@ const dsv4_backend_reg *dsv4_cuda_backend_reg(void)
         .stages = &dsv4_cuda_backend_stages,
         .device_workspace = dsv4_cuda_device_workspace,
 #endif
+        .params = "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b",
     };
     return &reg;
 }

@@ -328,7 +328,7 @@ __global__ void k_router(RouterArgs a)
 
 /* ---------------- router logits of small chunks ---------------- */
 
-#define DSV4C_LOGITS_SMALL 32 /* chunks of up to this many tokens: k_logits_small (cuda_kernels route=fused) */
+#define DSV4C_LOGITS_SMALL 32 /* chunks of up to this many tokens: k_logits_small (params route=fused) */
 #define LS_EPB 2              /* experts per block */
 #define LS_KQ 4               /* warps splitting H per expert */
 #define LS_MAXC 8             /* 16-byte gate pieces a lane holds at once */

@@ -2,7 +2,7 @@
  * Part of fast/cuda/cuda.cu's translation unit, included by it (inside its anonymous namespace, after
  * the forward and the vtable); not a header of its own. The weights at creation: matrix sizes and
  * views of the checkpoint, the exact path's upload, the kernel variants of
- * dsv4_backend_options.cuda_kernels (parse_kernels, set_kernels, want_fast), the fragment-native
+ * dsv4_backend_options.params (parse_kernels, set_kernels, want_fast), the fragment-native
  * repack (upload_fast) and the e4m3 conversion for the grouped FP8 GEMM (upload_fp8). Split out of
  * cuda.cu to keep files under 1000 lines; the code is unchanged.
  */
@@ -217,7 +217,7 @@ dsv4_status layer_fp4_scales(const CudaBe *b, const dsv4_checkpoint *ck, bool *u
     return DSV4_OK;
 }
 
-/* The kernel variants of dsv4_backend_options.cuda_kernels (backend.h); the defaults when empty. */
+/* The kernel variants of dsv4_backend_options.params (backend.h); the defaults when empty. */
 struct Kernels {
     bool exact_path = false, mma_tiles = false;
     int big_var = 0, mid_var = 0, fp8_cut = DSV4C_FP8_CUT_ROWS;
@@ -239,7 +239,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         const size_t n = end ? (size_t)(end - p) : strlen(p);
         if (!eq || eq >= p + n)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "cuda_kernels: '%.*s' is not key=value (keys: " KERNEL_KEYS ")", (int)n, p);
+                               "params: '%.*s' is not key=value (keys: " KERNEL_KEYS ")", (int)n, p);
         const size_t kl = (size_t)(eq - p), vl = n - kl - 1;
         const char *v = eq + 1;
         auto is = [&](const char *key) { return kl == strlen(key) && !strncmp(p, key, kl); };
@@ -273,10 +273,10 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             (cut ? k->fp8_cut : k->dec_fill) = (int)c;
         } else
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "cuda_kernels: unknown key '%.*s' (keys: " KERNEL_KEYS ")", (int)kl, p);
+                               "params: unknown key '%.*s' (keys: " KERNEL_KEYS ")", (int)kl, p);
         if (!ok)
             return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "cuda_kernels: '%.*s' is not a value of %.*s (path auto|exact, tile wgmma|mma, tileh "
+                               "params: '%.*s' is not a value of %.*s (path auto|exact, tile wgmma|mma, tileh "
                                "s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split, combine fold|kernel, dec_b l1|smem)",
                                (int)vl, v, (int)kl, p, FM_DEC_MAX, FM_MID_MAX);
         p = end ? end + 1 : p + n;

@@ -61,35 +61,12 @@ typedef struct dsv4_backend_stats {
                                      within dsv4_plan_weight_bytes */
 } dsv4_backend_stats;
 
-/*
- * The CPU backend's kernel tables, one per instruction-set level; each level includes the
- * ones below it. AUTO runs the best this CPU has; a lower level is for comparison (on an
- * AVX-512 machine, AVX2 runs the kernels an AVX2-only server would) and for tests, which run
- * every level the machine has. Outputs of different levels agree within the backend's
- * tolerance (SPEC.md 7); one level is deterministic run to run.
- */
-typedef enum dsv4_cpu_kernels {
-    DSV4_CPU_KERNELS_AUTO = 0,
-    DSV4_CPU_KERNELS_REF,          /* portable C */
-    DSV4_CPU_KERNELS_AVX2,         /* AVX2 + FMA + F16C */
-    DSV4_CPU_KERNELS_AVX512,       /* AVX-512 F, BW, VL */
-    DSV4_CPU_KERNELS_AVX512_BF16,  /* + AVX512-BF16 */
-    DSV4_CPU_KERNELS_AVX512_VBMI   /* + AVX512-VBMI */
-} dsv4_cpu_kernels;
-
-/* "auto", "ref", "avx2", "avx512", "avx512-bf16", "avx512-vbmi"; "unknown" outside the enum. */
-DSV4_API const char *dsv4_cpu_kernels_name(dsv4_cpu_kernels kernels);
-/* The level of a name above; DSV4_ERR_INVALID_ARG (naming the accepted names) otherwise. */
-DSV4_API dsv4_status dsv4_cpu_kernels_from_name(const char *name, dsv4_cpu_kernels *out, dsv4_error *err);
-/* Whether this CPU runs the level (AUTO and REF: always). */
-DSV4_API bool dsv4_cpu_kernels_available(dsv4_cpu_kernels kernels);
-
 /* Options of dsv4_backend_create_with; versioned: fill with dsv4_backend_options_init. */
 typedef struct dsv4_backend_options {
-    uint32_t struct_size;         /* sizeof(dsv4_backend_options), set by init */
-    int threads;                  /* worker threads, [1, 256]; init: 1 */
-    dsv4_cpu_kernels cpu_kernels; /* cpu backend: the kernel table; init: AUTO. A level this CPU
-                                     lacks is refused at creation (DSV4_ERR_UNSUPPORTED). */
+    uint32_t struct_size; /* sizeof(dsv4_backend_options), set by init. The layout of dsv4moe 0.1,
+                             with the fields cpu_kernels and cuda_kernels (now params), is refused by
+                             name (DSV4_ERR_INVALID_ARG). */
+    int threads;          /* worker threads, [1, 256]; init: 1 */
     /* cuda backend: a device workspace the caller owns (NULL, the init value: the backend
        allocates its own). At least dsv4_backend_workspace_size(plan, n) bytes for some n >= 1,
        256-byte aligned, on the backend's device; it must outlive the backend. The backend then
@@ -99,42 +76,13 @@ typedef struct dsv4_backend_options {
        non-NULL workspace (DSV4_ERR_UNSUPPORTED): they have no device. */
     void *workspace;
     uint64_t workspace_bytes;
-    /* cuda backend: kernel variants, for measurements and A/B runs (NULL or "", the init value:
-       the defaults, which every variant matches bit for bit unless it says otherwise). A
-       comma-separated list of key=value:
-         path=auto|exact     exact: the exact-mode kernels only (no fp8 fragment path; bit-faithful)
-         tile=wgmma|mma      large groups of the fragment path on k_tileh (wgmma) or k_tile (mma.sync)
-         tileh=s128|s64x2|p64|s64|p128   the k_tileh variant for large groups (docs/cuda.md)
-         mid=mma|p32|s32     the mid-size groups' kernel
-         fp8_cut=N           gemm fp8: groups of more than N rows (16 <= N <= 64; default 32) on the
-                             grouped FP8 GEMM (changes which groups take the fp8 sums)
-         fp8_scales=auto|rows  gemm fp8: the GEMM's weight scales per 128x128 block where the layer
-                             converts that way exactly (auto), or per row and 128 of K (rows; slower,
-                             the same outputs)
-         dec_fill=N          the decode kernel splits K over more warps until its launch has N
-                             blocks per multiprocessor (1 <= N <= 8; default 3; changes the order
-                             of its fp32 partial sums, deterministically)
-         pdl=on|off          the fp8 path's chain of kernels (logits, router, grouping, decode,
-                             quantization of h, combine, output copy) with programmatic dependent
-                             launch, each scheduled while the one before it finishes (on, the
-                             default), or plain launches (the same outputs bit for bit)
-         route=fused|split   fused (default): chunks of up to 32 live tokens compute the router
-                             logits as a GEMV that also quantizes x, and on the fp8 path a chunk
-                             of at most 1024 slots is grouped in the router's launch; split: the
-                             GEMM logits, the router and the grouping as three kernels at every
-                             size (the same routing; the logits' fp32 sum in another order, so a
-                             router weight may differ in its last bit)
-         combine=fold|kernel fold (default): a chunk whose every expert group has at most 16 rows
-                             (layers with a shared expert) sums its output in the down projection's launch (the block that
-                             writes a tile of o last combines it); kernel: a combine kernel after
-                             the down projection (the same outputs bit for bit)
-         dec_b=l1|smem       l1 (default): every warp of the decode kernel reads the group's
-                             activation rows through L1; smem: its fp4 launches that do not split K
-                             (other than a down projection with the combine folded in) stage them
-                             in shared memory, once per block (the same outputs bit for bit)
-       An unknown key or value is refused (DSV4_ERR_INVALID_ARG, naming it); ref and cpu refuse a
-       non-empty list (DSV4_ERR_UNSUPPORTED). The string is read at creation only. */
-    const char *cuda_kernels;
+    /* The backend's own parameters, for measurements and A/B runs: a comma-separated list of
+       key=value that the plan's backend parses at creation (NULL or "", the init value: its
+       defaults). Each backend documents its keys: cpu, docs/cpu.md ("Parameters": the kernel
+       table); cuda, docs/cuda.md ("Parameters": the kernel variants); ref takes none. An unknown
+       key or value is refused (DSV4_ERR_INVALID_ARG, naming it and the keys the backend takes); a
+       list given to a backend that takes no parameters is DSV4_ERR_UNSUPPORTED. */
+    const char *params;
 } dsv4_backend_options;
 
 DSV4_API void dsv4_backend_options_init(dsv4_backend_options *opt);
@@ -159,8 +107,9 @@ DSV4_API const char *dsv4_backends_available(void);
 /* NULL is a no-op. */
 DSV4_API void dsv4_backend_free(dsv4_backend *backend);
 DSV4_API const char *dsv4_backend_name(const dsv4_backend *backend);
-/* The kernels a backend runs: the cpu backend's table (dsv4_cpu_kernels_name of the level chosen,
-   never "auto"); the backend's name for the others. */
+/* The kernels a backend runs: the cpu backend's table ("ref", "avx2", "avx512", "avx512-bf16" or
+   "avx512-vbmi": the one its parameter kernels= chose, never "auto"); the backend's name for the
+   others. */
 DSV4_API const char *dsv4_backend_kernels(const dsv4_backend *backend);
 /* One forward of T tokens on this rank (T >= 0, at most the plan's max_tokens_per_rank). */
 DSV4_API dsv4_status dsv4_backend_forward(dsv4_backend *backend, int64_t tokens, const uint16_t *x,

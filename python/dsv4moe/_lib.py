@@ -55,8 +55,8 @@ class Budget(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    _fields_ = [("struct_size", c_u32), ("threads", c_int), ("cpu_kernels", c_int), ("workspace", c_void_p),
-                ("workspace_bytes", c_u64), ("cuda_kernels", ctypes.c_char_p)]
+    _fields_ = [("struct_size", c_u32), ("threads", c_int), ("workspace", c_void_p), ("workspace_bytes", c_u64),
+                ("params", ctypes.c_char_p)]
 
 
 class ForwardOut(ctypes.Structure):

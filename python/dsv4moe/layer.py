@@ -73,10 +73,11 @@ def _tensor_entry(name, v):
 
 class Layer:
     """One MoE layer on a backend; see the module's documentation. Not thread-safe: one caller at a
-    time per Layer (the C backend's rule, include/dsv4moe/backend.h)."""
+    time per Layer (the C backend's rule, include/dsv4moe/backend.h). params: the backend's own
+    parameters, e.g. "kernels=avx2" (cpu) or "path=exact" (cuda), as dsv4_backend_options.params."""
 
     def __init__(self, config, checkpoint, backend="cpu", *, threads=1, max_tokens=4096, chunk_tokens=0,
-                 cuda_graph=False, device_bytes=None, workspace=None, metadata=None):
+                 cuda_graph=False, device_bytes=None, workspace=None, metadata=None, params=None):
         L = _lib.lib()
         self._lib = L
         self._b = self._plan = self._ck = None
@@ -125,6 +126,9 @@ class Layer:
         opt = _lib.Options()
         L.dsv4_backend_options_init(ctypes.byref(opt))
         opt.threads = int(threads)
+        # the backend's own parameters (docs/cpu.md, docs/cuda.md "Parameters"), read at creation
+        params_b = params.encode() if params else None
+        opt.params = params_b
         self._workspace = workspace  # kept alive as long as the layer
         if workspace is not None:
             ptr, nbytes = workspace

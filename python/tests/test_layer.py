@@ -101,6 +101,14 @@ class LayerOnHostBackends(unittest.TestCase):
         self.assertIn("no_such_key", str(cm.exception))
         with self.assertRaises(dsv4moe.Error) as cm:
             dsv4moe.Layer("no-such-preset", w)
+        # the backend's own parameters (dsv4_backend_options.params): a key it lacks is refused by name
+        with self.assertRaises(dsv4moe.Error) as cm:
+            dsv4moe.Layer({"preset": "mini", "layer": 0}, w, backend="cpu", params="tileh=s64")
+        self.assertIn("tileh", str(cm.exception))
+        with dsv4moe.Layer({"preset": "mini", "layer": 0}, w, backend="cpu", params="kernels=ref") as m:
+            x = self._tensors(inp, "x")
+            ids = np.array(self._tensors(inp, "input_ids"), dtype=np.int32)
+            self.assertEqual(m(x, ids)[0].shape, x.shape)
         with dsv4moe.Layer({"preset": "mini", "layer": 0}, w, backend="cpu") as m:
             x = self._tensors(inp, "x")
             ids = np.array(self._tensors(inp, "input_ids"), dtype=np.int32)

@@ -293,7 +293,7 @@ START_TEST(fp8_scale_blocks_identical)
 }
 END_TEST
 
-/* Programmatic dependent launch (the default; cuda_kernels pdl=on) against plain launches: the
+/* Programmatic dependent launch (the default; params pdl=on) against plain launches: the
    same outputs, ids and clamp counts bit for bit, eager and replayed from a graph, on the decode
    chain (T 1 and 8), a gemm fp8 chunk (k_gather8, k_quant8), a large chunk counted and placed by
    slices (k_hist, k_place2) and the exact path. */
@@ -340,7 +340,7 @@ START_TEST(pdl_identical)
 }
 END_TEST
 
-/* Small chunks' router (cuda_kernels route=fused, the default: k_logits_small, which also quantizes
+/* Small chunks' router (params route=fused, the default: k_logits_small, which also quantizes
    x, and on the fp8 path k_router_count, the grouping in the router's launch) against the GEMM
    logits, k_router and k_count2 (route=split): the logits are the same fp32 sum in another order,
    so close, not identical; the same routing. Decode sizes on v4-flash (T 1, 8, 32; the hash layer
@@ -369,7 +369,7 @@ START_TEST(route_fused_close)
 }
 END_TEST
 
-/* The combine folded into the down projection (cuda_kernels combine=fold, the default, for chunks
+/* The combine folded into the down projection (params combine=fold, the default, for chunks
    whose every group runs in k_dec: the block that writes a tile of o last sums y there) against
    k_combine after it (combine=kernel): the same sums in the same order, so the same outputs, ids
    and clamp counters bit for bit. v4-flash T 1, 8 and 16 (the shared expert's decode on its own
@@ -384,7 +384,7 @@ START_TEST(combine_fold_identical)
 }
 END_TEST
 
-/* The decode kernel's B rows staged in shared memory (cuda_kernels dec_b=smem: fp4 launches whose
+/* The decode kernel's B rows staged in shared memory (params dec_b=smem: fp4 launches whose
    K is not split) against every warp reading them through L1 (dec_b=l1, the default): the same
    products in the same order, so the same outputs, ids and clamp counters bit for bit. The
    staging runs where a launch has enough groups not to split K: v4-flash with 32 experts at T 8,
@@ -765,7 +765,7 @@ START_TEST(shared_workspace)
                              {"dec_fill=0", "dec_fill"},   {"dec_fill=9", "dec_fill"},
                              {"pdl=maybe", "pdl"},         {"route=both", "route"},      {"combine=late", "combine"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
-        ko.cuda_kernels = badk[i][0];
+        ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
         ck_assert_msg(strstr(e.message, badk[i][1]) != NULL, "%s: %s", badk[i][0], e.message);
         ck_assert_ptr_null(bad);

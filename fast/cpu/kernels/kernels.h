@@ -10,7 +10,7 @@
  *   dsv4_cpu_kernels_get(level, &table, err)   the table of one level (DSV4_CPU_KERNELS_AUTO:
  *                                              the best this CPU has); DSV4_ERR_UNSUPPORTED
  *                                              when the CPU lacks an instruction the level needs.
- *   dsv4_cpu_kernels_available(level)          public (dsv4moe/backend.h): does this CPU run it.
+ *   dsv4_cpu_kernels_available(level)          does this CPU run it.
  *   dsv4_cpu_kernels_ref()                     the reference table (portable C).
  *
  * Levels nest: ref < avx2 (AVX2 + FMA + F16C) < avx512 (F, BW, VL) < avx512-bf16 (+ BF16)
@@ -38,6 +38,30 @@
 #include <stdint.h>
 
 #include "dsv4moe/backend.h"
+
+/*
+ * The CPU backend's kernel tables, one per instruction-set level (the backend's parameter
+ * kernels=NAME, docs/cpu.md); each level includes the ones below it. AUTO runs the best this CPU has; a lower level is for comparison (on an
+ * AVX-512 machine, AVX2 runs the kernels an AVX2-only server would) and for tests, which run
+ * every level the machine has. Outputs of different levels agree within the backend's
+ * tolerance (SPEC.md 7); one level is deterministic run to run.
+ */
+typedef enum dsv4_cpu_kernels {
+    DSV4_CPU_KERNELS_AUTO = 0,
+    DSV4_CPU_KERNELS_REF,          /* portable C */
+    DSV4_CPU_KERNELS_AVX2,         /* AVX2 + FMA + F16C */
+    DSV4_CPU_KERNELS_AVX512,       /* AVX-512 F, BW, VL */
+    DSV4_CPU_KERNELS_AVX512_BF16,  /* + AVX512-BF16 */
+    DSV4_CPU_KERNELS_AVX512_VBMI   /* + AVX512-VBMI */
+} dsv4_cpu_kernels;
+
+/* "auto", "ref", "avx2", "avx512", "avx512-bf16", "avx512-vbmi"; "unknown" outside the enum. */
+const char *dsv4_cpu_kernels_name(dsv4_cpu_kernels kernels);
+/* The level of a name above; DSV4_ERR_INVALID_ARG (naming the accepted names) otherwise. */
+dsv4_status dsv4_cpu_kernels_from_name(const char *name, dsv4_cpu_kernels *out, dsv4_error *err);
+/* Whether this CPU runs the level (AUTO and REF: always). */
+bool dsv4_cpu_kernels_available(dsv4_cpu_kernels kernels);
+
 #include "dsv4moe/formats.h"
 #include "dsv4moe/weights.h"
 #include "dsv4moe/status.h"
