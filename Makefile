@@ -42,7 +42,7 @@ OPT ?= -O2
 SANFLAGS ?=
 COVFLAGS ?=
 WARN := -Wall -Wextra -Werror -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
-CPPFLAGS_ALL := -Iinclude -Icore -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
+CPPFLAGS_ALL := -I. -Iinclude -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -DDSV4_VERSION=\"$(VERSION)\"
 # Hidden by default: the shared library exports only the functions include/dsv4moe/api.h's DSV4_API
 # marks (ci/release-clean.sh checks it); programs using internal symbols link the static archive.
 CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -fPIC -fvisibility=hidden -pthread $(SANFLAGS) $(COVFLAGS) $(CFLAGS)
@@ -64,7 +64,7 @@ HARN_SRCS := $(filter-out $(FAULT_SRCS),$(wildcard harness/*.c) $(wildcard compa
 # FAULTS=1 compiles every object with -DDSV4_FAULTS and adds FAULT_SRCS; only ever
 # with its own BUILD folder (build/faults), so the release library never holds a fault.
 ifeq ($(FAULTS),1)
-CPPFLAGS_ALL += -DDSV4_FAULTS -Iharness
+CPPFLAGS_ALL += -DDSV4_FAULTS
 PROD_SRCS += core/testctl.c
 HARN_SRCS += harness/fault_runs.c
 endif
@@ -160,7 +160,7 @@ $(BUILD)/tests/main.o: tests/main.c $(BUILD)/tests/suites.h
 
 $(BUILD)/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests -Iref -Ifast $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(TEST_BIN): $(TEST_OBJS) $(LIBS_A)
 	$(CC) $(CFLAGS_ALL) $(ALLOCFAIL_WRAP) -o $@ $(TEST_OBJS) $(LIBS_A) $(LDLIBS_ALL) $(CHECK_LIBS)
@@ -257,7 +257,7 @@ CUDA_LIB_A := $(CUDA_BUILD)/libdsv4moe.a
 CUDA_CLI := $(CUDA_BUILD)/dsv4moe
 CUDA_TEST := $(CUDA_BUILD)/test_cuda
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ -ldl -lrt
-NVCCFLAGS := -std=c++17 -O3 -Iinclude -Icore -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings \
+NVCCFLAGS := -std=c++17 -O3 -I. -Iinclude -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings \
   -Xcompiler -Wall,-Wextra,-Werror,-fPIC,-fvisibility=hidden $(NVCCEXTRA)
 
 ifeq ($(FAULTS),1)
@@ -310,18 +310,18 @@ $(CUDA_CLI): $(CLI_OBJS) $(HLIB_A) $(CUDA_LIB_A)
 
 $(CUDA_BUILD)/tests/cuda/test_cuda.o: tests/cuda/test_cuda.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests -Ifast -DDSV4_WITH_CUDA -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CPPFLAGS_ALL) -DDSV4_WITH_CUDA -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 # The backend test table's suite (tests/test_backend_ops.c) with the cuda backend in its list,
 # linked into the device test program beside the cuda suite.
 $(CUDA_BUILD)/tests/test_backend_ops.o: tests/test_backend_ops.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests -Ifast -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CPPFLAGS_ALL) -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 # The device half of test_cuda's e4m3 hardware-conversion test (the library's kernels.cuh).
 $(CUDA_BUILD)/tests/cuda/e4m3_hw.o: tests/cuda/e4m3_hw.cu fast/cuda/kernels.cuh
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Ifast/cuda -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o \
   $(CUDA_BUILD)/tests/cuda/e4m3_hw.o $(HLIB_A) $(CUDA_LIB_A)
@@ -332,7 +332,7 @@ CUDA_DEVSIM_TEST := $(CUDA_BUILD)/test_devsim
 
 $(CUDA_BUILD)/tests/cuda/test_devsim.o: tests/cuda/test_devsim.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests -Ifast -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CPPFLAGS_ALL) -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(CUDA_DEVSIM_TEST): $(CUDA_BUILD)/tests/cuda/test_devsim.o $(HLIB_A) $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
@@ -362,14 +362,14 @@ cuda-test: cuda
 CUDA_HOME ?= /usr/local/cuda
 NCCL_INC ?=
 NCCL_LIB ?= $(if $(wildcard $(CUDA_HOME)/lib64/libnccl.so),-lnccl,-l:libnccl.so.2)
-NCCL_CPPFLAGS := $(CPPFLAGS_ALL) -Ifast/comm -Ifast/comm/nccl -isystem $(CUDA_HOME)/include $(NCCL_INC)
+NCCL_CPPFLAGS := $(CPPFLAGS_ALL) -isystem $(CUDA_HOME)/include $(NCCL_INC)
 NCCL_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(NCCL_LIB) -lcudart -lstdc++ -lm -pthread -ldl -lrt
 NCCL_C_SRCS := $(wildcard fast/comm/nccl/*.c)
 NCCL_CU_SRCS := $(wildcard fast/comm/nccl/*.cu)
 NCCL_OBJS := $(NCCL_C_SRCS:%.c=$(BUILD)/nccl/%.o) $(NCCL_CU_SRCS:%.cu=$(BUILD)/nccl/%.o)
 NCCL_LIB_A := $(BUILD)/nccl/libdsv4moe_nccl.a
 NCCL_TEST := $(BUILD)/nccl/test_nccl
-NVCC_NCCL_FLAGS := -std=c++17 -O3 -Iinclude -Icore -Ifast/comm -Ifast/comm/nccl -gencode=arch=compute_90a,code=sm_90a \
+NVCC_NCCL_FLAGS := -std=c++17 -O3 -I. -Iinclude -gencode=arch=compute_90a,code=sm_90a \
   -Xcompiler -Wall,-Wextra,-Werror,-fPIC
 
 .PHONY: nccl test-nccl
@@ -401,9 +401,6 @@ BENCH_BIN := $(BUILD)/bench/bench_core
 $(BUILD)/bench/%.o: bench/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
-
-# bench_cpu names the cpu backend's kernel tables (fast/cpu/kernels/kernels.h, not installed).
-$(BUILD)/bench/bench_cpu.o: CPPFLAGS_ALL += -Ifast
 
 $(BENCH_BIN): $(BUILD)/bench/bench_core.o $(LIBS_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS_A) $(LDLIBS_ALL)
@@ -476,11 +473,11 @@ FUZZ_LIB_OBJS := $(filter $(BUILD)/core/% $(BUILD)/scenarios/% $(BUILD)/fast/pla
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Iharness -Icompare $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(LDLIBS_ALL)
+	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(LDLIBS_ALL)
 
 $(BUILD)/fuzz-replay/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/fuzz/driver.c $(LIBS_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Iharness -Icompare $(CFLAGS_ALL) -o $@ $< tests/fuzz/driver.c $(LIBS_A) $(LDLIBS_ALL)
+	$(CC) $(CPPFLAGS_ALL) $(CFLAGS_ALL) -o $@ $< tests/fuzz/driver.c $(LIBS_A) $(LDLIBS_ALL)
 
 fuzz:
 	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=$(FUZZ_CC) OPT="-O1" \

@@ -35,9 +35,9 @@
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
-#include "bench_util.h"
-#include "cpu/kernels/kernels.h" /* the kernel tables its parameter names (not installed) */
-#include "parallel.h"
+#include "bench/bench_util.h"
+#include "fast/cpu/kernels/kernels.h" /* the kernel tables its parameter names (not installed) */
+#include "core/parallel.h"
 
 void openblas_set_num_threads(int num_threads);
 

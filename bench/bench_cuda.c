@@ -44,7 +44,7 @@
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
-#include "bench_util.h"
+#include "bench/bench_util.h"
 
 #define MAX_T 16
 #define MAX_E 1024

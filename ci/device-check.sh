@@ -131,7 +131,7 @@ absent() {
 step build 150 "make -j$JOBS all && make -j$JOBS bench-cuda-build"
 step build-cuda 240 "make cuda"
 # what the tensor-core kernels compiled to (registers, spills, matrix instructions), for docs/cuda.md
-step sass 60 "nvcc -std=c++17 -O3 -Iinclude -Icore -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -c fast/cuda/cuda.cu \
+step sass 60 "nvcc -std=c++17 -O3 -I. -Iinclude -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -c fast/cuda/cuda.cu \
     -o $WORK/sass.o 2>&1 | grep -A2 -E 'k_dec|k_tile[^s]' ; cuobjdump -sass $WORK/sass.o | grep -oE '[A-Z]+MMA[.A-Z0-9_]*' | sort | uniq -c"
 
 BENCH=build/bench/bench_cuda

@@ -85,7 +85,7 @@ fi
 for h in "$hdir"/*.h; do
     n=${h##*/}
     case $n in "$umbrella" | comm_nccl.h | comm_devsim.h) continue ;; esac
-    if ! grep -q "^#include \"$n\"" "$hdir/$umbrella"; then
+    if ! grep -q "^#include \"${hdir#include/}/$n\"" "$hdir/$umbrella"; then
         echo "release-clean: $hdir/$umbrella does not include the installed header $n" >&2
         bad=1
     fi

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "dsv4moe_harness/engines.h"
 
 /* The marker of a catalogue folder this command made, the only kind it clears. */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "dsv4moe_harness/engines.h"
 
 static const char CHECK_HELP[] =

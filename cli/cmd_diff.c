@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "dsv4moe_harness/compare.h"
 #include "dsv4moe/safetensors.h"
 

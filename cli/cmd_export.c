@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "dsv4moe_harness/engines.h"
 #include "dsv4moe_harness/scenario.h"
 

@@ -1,7 +1,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/safetensors.h"
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "dsv4moe/plan.h"
 
 static const char PLAN_HELP[] =

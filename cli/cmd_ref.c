@@ -4,8 +4,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "fileio.h"
+#include "cli/cli.h"
+#include "core/fileio.h"
 #include "dsv4moe/ref.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"

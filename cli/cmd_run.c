@@ -7,10 +7,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "dsv4moe/backend.h"
 #ifdef DSV4_FAULTS
-#include "fault_runs.h" /* the fault build only: not an installed header */
+#include "harness/fault_runs.h" /* the fault build only: not an installed header */
 #endif
 #include "dsv4moe_harness/run.h"
 #include "dsv4moe_harness/scenario.h"

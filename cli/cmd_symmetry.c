@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "dsv4moe_harness/symmetry.h"
 
 static const char SYMMETRY_HELP[] =

@@ -7,8 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "err.h"
+#include "cli/cli.h"
+#include "core/err.h"
 #include "dsv4moe/ref.h"
 
 const char CLI_CONFIG_HELP[] =

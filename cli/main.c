@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "dsv4moe/config.h"
 #include "dsv4moe/files.h"
 

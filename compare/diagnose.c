@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "diagnose.h"
+#include "compare/diagnose.h"
 #include "dsv4moe/formats.h"
 
 typedef enum { BY_PADDING, BY_MEMORY, BY_PROFILE, BY_ALT, BY_WEIGHT_POINT, BY_ROUTE_SCALE_TWICE, BY_RENORM, BY_MAGNITUDE, BY_ONE_EXPERT } how;

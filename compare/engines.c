@@ -14,13 +14,13 @@
 
 #include <jansson.h>
 
-#include "err.h"
-#include "grow.h"
-#include "diagnose.h"
-#include "engines_int.h"
-#include "fileio.h"
-#include "../harness/results.h"
-#include "../harness/run_ext.h"
+#include "core/err.h"
+#include "core/grow.h"
+#include "compare/diagnose.h"
+#include "compare/engines_int.h"
+#include "core/fileio.h"
+#include "harness/results.h"
+#include "harness/run_ext.h"
 #include "dsv4moe_harness/engines.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"

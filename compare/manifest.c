@@ -16,9 +16,9 @@
 
 #include <jansson.h>
 
-#include "engines_int.h"
-#include "err.h"
-#include "fileio.h"
+#include "compare/engines_int.h"
+#include "core/err.h"
+#include "core/fileio.h"
 
 /* A manifest of tens of thousands of cases stays far below this. */
 #define MANIFEST_MAX (64u << 20)

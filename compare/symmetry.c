@@ -10,9 +10,9 @@
 
 #include <jansson.h>
 
-#include "err.h"
-#include "grow.h"
-#include "fileio.h"
+#include "core/err.h"
+#include "core/grow.h"
+#include "core/fileio.h"
 #include "dsv4moe_harness/symmetry.h"
 
 #define TRACE_FORMAT "dsv4moe-trace"

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "dsv4moe/alloc.h"
-#include "err.h"
+#include "core/err.h"
 
 struct dsv4_allocator {
     pthread_mutex_t mu;

@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "dsv4moe/config.h"
-#include "err.h"
-#include "fileio.h"
-#include "strbuf.h"
+#include "core/err.h"
+#include "core/fileio.h"
+#include "core/strbuf.h"
 
 /* Dims are bounded so that every product of two of them fits int64 with room to spare. */
 #define DIM_MAX (1 << 20)

@@ -26,8 +26,8 @@
 #include <unistd.h>
 
 #include "dsv4moe/files.h"
-#include "err.h"
-#include "fileio.h"
+#include "core/err.h"
+#include "core/fileio.h"
 
 /* ---------------- the registry of live temporaries ---------------- */
 

@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "dsv4moe/formats.h"
-#include "bits.h"
-#include "err.h"
+#include "core/bits.h"
+#include "core/err.h"
 
 #define F32_ABS_MASK 0x7FFFFFFFu
 #define F32_INF_BITS 0x7F800000u

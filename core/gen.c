@@ -9,9 +9,9 @@
 #include "dsv4moe/gen.h"
 #include "dsv4moe/rng.h"
 #include "dsv4moe/weights.h"
-#include "err.h"
-#include "grow.h"
-#include "parallel.h"
+#include "core/err.h"
+#include "core/grow.h"
+#include "core/parallel.h"
 
 void dsv4_gen_options_init(dsv4_gen_options *o)
 {

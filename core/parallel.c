@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "parallel.h"
+#include "core/parallel.h"
 
 #define MAX_THREADS 256
 #define SPIN_NS 100000 /* how long a worker or the caller spins before sleeping */

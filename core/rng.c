@@ -1,5 +1,5 @@
 #include "dsv4moe/rng.h"
-#include "hash.h"
+#include "core/hash.h"
 
 /* The splitmix64 finaliser: a bijection on 64 bits with full avalanche. */
 static uint64_t mix64(uint64_t z)

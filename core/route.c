@@ -5,7 +5,7 @@
  * fixed-form transcendentals, the cpu backend with libm). Compiled with -ffp-contract=off, as the
  * reference is (the Makefile's rule for this file), so its bits do not depend on the compiler.
  */
-#include "route.h"
+#include "core/route.h"
 
 /* a ranks before b: larger key, ties to the lower expert id. */
 static int before(float ka, int32_t ia, float kb, int32_t ib) { return ka > kb || (ka == kb && ia < ib); }

@@ -21,11 +21,11 @@
 #include <unistd.h>
 
 #include "dsv4moe/safetensors.h"
-#include "err.h"
-#include "grow.h"
-#include "hash.h"
-#include "fileio.h"
-#include "st_int.h"
+#include "core/err.h"
+#include "core/grow.h"
+#include "core/hash.h"
+#include "core/fileio.h"
+#include "core/st_int.h"
 
 /* ---------------- dtypes ---------------- */
 

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "dsv4moe/status.h"
-#include "err.h"
+#include "core/err.h"
 
 const char *dsv4_status_str(dsv4_status status)
 {

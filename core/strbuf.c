@@ -3,10 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "strbuf.h"
-#include "err.h"
-#include "grow.h"
-#include "fileio.h"
+#include "core/strbuf.h"
+#include "core/err.h"
+#include "core/grow.h"
+#include "core/fileio.h"
 
 void dsv4_sb_put(dsv4_strbuf *b, const char *s, size_t n)
 {

@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 #include "dsv4moe/status.h"
-#include "fileio.h"
+#include "core/fileio.h"
 
 /* Zero-initialise; s is NULL until the first append. After a failed allocation `oom` is set and
    later appends do nothing, so writers check once at the end. The owner frees s. */

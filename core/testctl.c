@@ -1,5 +1,5 @@
 /* Test control (core/testctl.h); only in the fault build (make faults). */
-#include "testctl.h"
+#include "core/testctl.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>

@@ -30,7 +30,7 @@ typedef enum dsv4_test_hook {
        parallelism instead of the dispatch (fast/plan/plan.c check_topology()) */
     DSV4_HOOK_REFUSE_SINGLE_RANK_ALL_GATHER,
     /* ranks that could replay a graph skip the step's metadata collective, a mask of ranks
-       (fast/dist/dist.c rank_main()) */
+       (fast/multirank/driver.c rank_main()) */
     DSV4_HOOK_SKIP_METADATA_COLLECTIVE,
     /* cuda_graph on sm 10x falls back to the masked executor, never validated under replay there
        (fast/plan/plan.c check_topology(), plan_graph()) */
@@ -45,13 +45,13 @@ typedef enum dsv4_test_hook {
     DSV4_HOOK_UNCHUNKED_PREFILL,
     /* the refusal of fp8 + ep > 1 + cuda_graph does not name cuda_graph (fast/plan/plan.c) */
     DSV4_HOOK_REFUSAL_OMITS_CUDA_GRAPH,
-    /* a step where every rank is empty still runs a zero-size chunk (fast/dist/dist.c rank_main()) */
+    /* a step where every rank is empty still runs a zero-size chunk (fast/multirank/driver.c rank_main()) */
     DSV4_HOOK_ZERO_SIZE_CHUNK,
     /* the router builds its sanitised ids, weights and mask on every forward, an empty one too
        (fast/cpu/cpu.c cpu_forward()) */
     DSV4_HOOK_ROUTER_WORK_ON_EMPTY,
     /* the top-p sentinel id (= n_routed_experts) reaches an executor unsanitised
-       (fast/dist/dist.c run_chunk()) */
+       (fast/multirank/driver.c run_chunk()) */
     DSV4_HOOK_KEEP_SENTINEL_IDS,
     /* eager prefill of a graph-enabled single rank enters the masked layout with no token bound
        (fast/plan/plan.c dsv4_plan_create()) */

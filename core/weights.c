@@ -4,8 +4,8 @@
 
 #include "dsv4moe/formats.h"
 #include "dsv4moe/weights.h"
-#include "err.h"
-#include "testctl.h"
+#include "core/err.h"
+#include "core/testctl.h"
 
 float dsv4_load_bf16(const uint8_t *p, int64_t i)
 {

@@ -38,7 +38,7 @@ lcov --quiet --extract "$out/lib.info" $pats --output-file "$out/gate.info" $rc 
 {
     echo "coverage of the library (lcov, $(date -u +%Y-%m-%dT%H:%MZ))"
     line "all of the library" "$out/lib.info"
-    for d in core ref fast/backend fast/plan fast/cpu fast/comm fast/dist harness scenarios; do
+    for d in core ref fast/backend fast/plan fast/cpu fast/comm fast/multirank harness scenarios; do
         # shellcheck disable=SC2086
         lcov --quiet --extract "$out/lib.info" "$(pwd)/$d/*" --output-file "$out/one.info" $rc 2>/dev/null &&
             line "  $d/" "$out/one.info"

@@ -8,11 +8,11 @@
 
 #include <jansson.h>
 
-#include "cache.h"
-#include "err.h"
-#include "fileio.h"
-#include "hash.h"
-#include "run_ext.h"
+#include "harness/cache.h"
+#include "core/err.h"
+#include "core/fileio.h"
+#include "core/hash.h"
+#include "harness/run_ext.h"
 #include "dsv4moe/gen.h"
 
 #define RUN_CACHE_VERSION "dsv4moe-cache-1"

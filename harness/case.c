@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
-#include "case.h"
-#include "run_ext.h"
+#include "harness/cache.h"
+#include "harness/case.h"
+#include "harness/run_ext.h"
 #include "dsv4moe_harness/engines.h"
 #include "dsv4moe_harness/symmetry.h"
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
+#include "harness/case.h"
 #include "dsv4moe/formats.h"
 
 #define set dsv4_h_set_check

@@ -15,10 +15,10 @@
 
 #include <jansson.h>
 
-#include "../compare/engines_int.h"
-#include "err.h"
-#include "fileio.h"
-#include "run_ext.h"
+#include "compare/engines_int.h"
+#include "core/err.h"
+#include "core/fileio.h"
+#include "harness/run_ext.h"
 #include "dsv4moe_harness/engines.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"

@@ -7,10 +7,10 @@
 
 #include <yaml.h>
 
-#include "err.h"
-#include "fault_runs.h"
-#include "results.h"
-#include "testctl.h"
+#include "core/err.h"
+#include "harness/fault_runs.h"
+#include "harness/results.h"
+#include "core/testctl.h"
 
 typedef struct {
     dsv4_fault_entry *e;

@@ -23,14 +23,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fileio.h"
-#include "results.h"
-#include "reports.h"
+#include "core/fileio.h"
+#include "harness/results.h"
+#include "harness/reports.h"
 #include "dsv4moe_harness/run.h"
-#include "err.h"
-#include "grow.h"
+#include "core/err.h"
+#include "core/grow.h"
 #ifdef DSV4_FAULTS
-#include "fault_runs.h"
+#include "harness/fault_runs.h"
 #endif
 
 /* Text or attribute value: & < > " ' escaped, newline kept as &#10;, other control characters dropped,

@@ -9,13 +9,13 @@
 
 #include <jansson.h>
 
-#include "err.h"
-#include "fileio.h"
-#include "results.h"
-#include "reports.h"
+#include "core/err.h"
+#include "core/fileio.h"
+#include "harness/results.h"
+#include "harness/reports.h"
 #include "dsv4moe/formats.h"
 #ifdef DSV4_FAULTS
-#include "fault_runs.h"
+#include "harness/fault_runs.h"
 #endif
 
 /* Every insertion into the report's JSON tree goes through jset / japp: jansson returns -1 when the

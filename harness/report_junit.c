@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "err.h"
-#include "results.h"
-#include "reports.h"
+#include "core/err.h"
+#include "harness/results.h"
+#include "harness/reports.h"
 
 /* XML text or attribute value: the five entities escaped, characters XML 1.0 forbids dropped
    (control characters other than tab, newline, carriage return; bytes of invalid UTF-8 become '?'). */

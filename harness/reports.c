@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "err.h"
-#include "fileio.h"
-#include "reports.h"
+#include "core/err.h"
+#include "core/fileio.h"
+#include "harness/reports.h"
 
 /* Joins dir and name into a new string; NULL when out of memory. */
 static char *dir_join(const char *dir, const char *name)

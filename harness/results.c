@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "dsv4moe/formats.h"
-#include "grow.h"
-#include "results.h"
-#include "run_ext.h"
+#include "core/grow.h"
+#include "harness/results.h"
+#include "harness/run_ext.h"
 
 const char *dsv4_result_name(dsv4_result r)
 {

@@ -8,11 +8,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache.h"
-#include "case.h"
-#include "err.h"
-#include "results.h"
-#include "run_ext.h"
+#include "harness/cache.h"
+#include "harness/case.h"
+#include "core/err.h"
+#include "harness/results.h"
+#include "harness/run_ext.h"
 
 void dsv4_run_options_init(dsv4_run_options *opt)
 {

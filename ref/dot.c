@@ -7,7 +7,7 @@
  */
 #include <string.h>
 
-#include "ref_internal.h"
+#include "ref/ref_internal.h"
 
 float dsv4_ref_dot(const float *a, const float *b, int64_t n)
 {

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "ref_internal.h"
+#include "ref/ref_internal.h"
 
 static const double LN2_HI = 6.93147180369123816490e-01; /* high bits of ln 2, exact times small ints */
 static const double LN2_LO = 1.90821492927058770002e-10;

@@ -9,11 +9,11 @@
 #include "dsv4moe/formats.h"
 #include "dsv4moe/ref.h"
 #include "dsv4moe/weights.h"
-#include "hash.h"
-#include "err.h"
-#include "parallel.h"
-#include "swiglu.h"
-#include "ref_internal.h"
+#include "core/hash.h"
+#include "core/err.h"
+#include "core/parallel.h"
+#include "core/swiglu.h"
+#include "ref/ref_internal.h"
 
 /* A matrix as the reference consumes it: a view into the checkpoint, or owned quantized bytes. */
 typedef struct {

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include "dsv4moe/config.h"
 #include "dsv4moe/ref.h"
-#include "route.h"
+#include "core/route.h"
 
 /* Deterministic transcendental functions: double-precision range reduction and
    polynomials of fixed form, rounded once to float. Same bits everywhere. */

@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ref_internal.h"
+#include "ref/ref_internal.h"
 
 void dsv4_ref_scores(const dsv4_config *c, const float *l, float *s)
 {

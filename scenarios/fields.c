@@ -17,9 +17,9 @@
 
 #include "dsv4moe/ref.h"
 #include "dsv4moe_harness/scenario.h"
-#include "err.h"
+#include "core/err.h"
 
-#include "parse_int.h"
+#include "scenarios/parse_int.h"
 
 /* ---------------- scalars ---------------- */
 

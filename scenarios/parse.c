@@ -21,12 +21,12 @@
 #include <yaml.h>
 
 #include "dsv4moe_harness/scenario.h"
-#include "err.h"
-#include "strbuf.h"
+#include "core/err.h"
+#include "core/strbuf.h"
 
-#include "parse_int.h"
+#include "scenarios/parse_int.h"
 #ifdef DSV4_FAULTS
-#include "fault_runs.h" /* dsv4_scenario_case_fault: the fault build only */
+#include "harness/fault_runs.h" /* dsv4_scenario_case_fault: the fault build only */
 #endif
 
 /* ---------------- context and errors ---------------- */

@@ -12,8 +12,8 @@
 #include <yaml.h>
 
 #include "dsv4moe_harness/scenario.h"
-#include "err.h"
-#include "strbuf.h" /* dsv4_join_names */
+#include "core/err.h"
+#include "core/strbuf.h" /* dsv4_join_names */
 
 #define MAX_FILE_BYTES (16u << 20)
 #define MAX_MAP_PAIRS 256

@@ -24,10 +24,10 @@
 #include "dsv4moe/gen.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
-#include "cpu/kernels/kernels.h" /* the cpu backend's kernel tables, named in its params */
-#include "testutil.h"
+#include "fast/cpu/kernels/kernels.h" /* the cpu backend's kernel tables, named in its params */
+#include "tests/testutil.h"
 #ifdef DSV4_WITH_CUDA
-#include "../bench/bench_util.h" /* the kernel variants the environment names */
+#include "bench/bench_util.h" /* the kernel variants the environment names */
 #endif
 
 #ifndef BO_GEN_THREADS

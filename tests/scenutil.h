@@ -9,7 +9,7 @@
 
 #include "dsv4moe_harness/run.h"
 #include "dsv4moe_harness/scenario.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 /* The scenario file `rel` of the source tree (scenarios/ci.yaml, ...), loaded. */
 static inline dsv4_scenario *tu_scenario_file(const char *rel)

@@ -38,7 +38,7 @@
 #include "dsv4moe_harness/run.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe_harness/scenario.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *allocfail_suite(void);
 

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backend_ops.h"
+#include "tests/backend_ops.h"
 
 Suite *backend_ops_suite(void);
 

@@ -7,7 +7,7 @@
 #include <sys/wait.h>
 
 #include "dsv4moe/config.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *cli_suite(void);
 

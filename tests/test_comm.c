@@ -10,7 +10,7 @@
 
 #include "dsv4moe/comm.h"
 #include "dsv4moe/formats.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *comm_suite(void);
 

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "dsv4moe/config.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *config_suite(void);
 

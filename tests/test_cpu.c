@@ -13,7 +13,7 @@
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 /* The registry: every kind listed, with what this build and machine hold. */
 START_TEST(registry_lists_backends)
@@ -49,12 +49,12 @@ END_TEST
 Suite *cpu_suite(void);
 
 /* The CPU backend's kernel tables and its fused regime on one matrix (internal headers). */
-#include "cpu/cpu_impl.h"
-#include "cpu/kernels/kernels.h"
+#include "fast/cpu/cpu_impl.h"
+#include "fast/cpu/kernels/kernels.h"
 
 /* The backend test table and its checker: the common cases run in tests/test_backend_ops.c on
    every backend; this suite keeps what is the cpu backend's own (its kernel tables). */
-#include "backend_ops.h"
+#include "tests/backend_ops.h"
 
 typedef bo_case cpu_case;
 typedef bo_out run_out;
@@ -475,7 +475,7 @@ START_TEST(refusals_name_backend_and_router)
     ck_assert_msg(strstr(e.message, "cuda") != NULL, "%s", e.message);
     ck_assert_ptr_null(b);
     dsv4_plan_free(p);
-    /* cpu with an expert-parallel router: a rank of it runs the stages (fast/dist), not a forward */
+    /* cpu with an expert-parallel router: a rank of it runs the stages (fast/multirank), not a forward */
     dsv4_topology_init(&topo);
     topo.backend = DSV4_BACKEND_CPU;
     topo.world_size = 2;

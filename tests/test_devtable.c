@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *devtable_suite(void);
 

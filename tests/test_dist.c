@@ -9,12 +9,12 @@
 #include "dsv4moe/dist.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
-#include "backend/backend_impl.h"
-#include "dist/dist_impl.h"
+#include "fast/backend/backend_impl.h"
+#include "fast/multirank/driver_impl.h"
 #include "dsv4moe/ref.h"
-#include "testctl.h"
-#include "testutil.h"
-#include "tp_cases.h"
+#include "core/testctl.h"
+#include "tests/testutil.h"
+#include "tests/tp_cases.h"
 
 Suite *dist_suite(void);
 

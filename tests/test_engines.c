@@ -17,7 +17,7 @@
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe_harness/symmetry.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 
 Suite *engines_suite(void);

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *example_suite(void);
 

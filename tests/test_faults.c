@@ -17,11 +17,11 @@
 
 #include "dsv4moe_harness/run.h"
 #include "dsv4moe_harness/scenario.h"
-#include "testctl.h"
+#include "core/testctl.h"
 #ifdef DSV4_FAULTS
-#include "fault_runs.h"
+#include "harness/fault_runs.h"
 #endif
-#include "scenutil.h"
+#include "tests/scenutil.h"
 
 Suite *faults_suite(void);
 

@@ -9,7 +9,7 @@
 #include "dsv4moe/gen.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *gen_suite(void);
 

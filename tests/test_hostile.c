@@ -18,7 +18,7 @@
 #include "dsv4moe/ref.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe_harness/scenario.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *hostile_suite(void);
 

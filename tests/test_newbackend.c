@@ -8,12 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend_reg.h"
-#include "backend_ops.h"
+#include "fast/backend/backend_reg.h"
+#include "tests/backend_ops.h"
 #include "dsv4moe/ref.h"
 #include "dsv4moe_harness/run.h"
-#include "err.h"
-#include "scenutil.h"
+#include "core/err.h"
+#include "tests/scenutil.h"
 
 Suite *newbackend_suite(void);
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel.h"
+#include "core/parallel.h"
 
 Suite *parallel_suite(void);
 

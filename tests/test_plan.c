@@ -9,7 +9,7 @@
 
 #include "dsv4moe/config.h"
 #include "dsv4moe/plan.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *plan_suite(void);
 

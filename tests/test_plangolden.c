@@ -17,7 +17,7 @@
 #include "dsv4moe/config.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe_harness/scenario.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *plangolden_suite(void);
 

@@ -10,9 +10,9 @@
 #include "dsv4moe/rng.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
-#include "hash.h"
-#include "ref_internal.h"
-#include "testutil.h"
+#include "core/hash.h"
+#include "ref/ref_internal.h"
+#include "tests/testutil.h"
 
 Suite *ref_suite(void);
 

@@ -28,8 +28,8 @@
 #include "dsv4moe/gen.h"
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
-#include "fileio.h"
-#include "testutil.h"
+#include "core/fileio.h"
+#include "tests/testutil.h"
 
 Suite *reliability_suite(void);
 

@@ -14,8 +14,8 @@
 
 #include "dsv4moe/formats.h"
 #include "dsv4moe/rng.h"
-#include "cuda/fragment.h"
-#include "cuda/repack.h"
+#include "fast/cuda/fragment.h"
+#include "fast/cuda/repack.h"
 
 Suite *repack_suite(void);
 

@@ -14,7 +14,7 @@
 #include "dsv4moe/formats.h"
 #include "dsv4moe_harness/run.h"
 #include "dsv4moe_harness/scenario.h"
-#include "scenutil.h"
+#include "tests/scenutil.h"
 
 Suite *report_suite(void);
 

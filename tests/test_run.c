@@ -8,7 +8,7 @@
 #include "dsv4moe/backend.h"
 #include "dsv4moe_harness/run.h"
 #include "dsv4moe_harness/scenario.h"
-#include "scenutil.h"
+#include "tests/scenutil.h"
 
 Suite *run_suite(void);
 

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "dsv4moe/safetensors.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 Suite *safetensors_suite(void);
 

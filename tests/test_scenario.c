@@ -6,7 +6,7 @@
 
 #include "dsv4moe/plan.h"
 #include "dsv4moe_harness/scenario.h"
-#include "scenutil.h"
+#include "tests/scenutil.h"
 
 Suite *scenario_suite(void);
 

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "dsv4moe/backend.h"
-#include "backend_reg.h"
-#include "err.h"
+#include "fast/backend/backend_reg.h"
+#include "core/err.h"
 
 /* ---------------- dispatch ---------------- */
 

@@ -5,7 +5,7 @@
  * only dispatch. Not installed.
  *
  * Stages. A backend that runs on a rank of a sharded plan implements the three optional stage
- * slots; the distributed driver (fast/dist) composes them around its collectives, and the
+ * slots; the distributed driver (fast/multirank) composes them around its collectives, and the
  * single-rank forward is the same composition without the exchange:
  *
  *   route    tokens -> top-K expert ids (pruned slots E) and router weights;
@@ -47,7 +47,7 @@ typedef struct dsv4_backend_vtable {
 } dsv4_backend_vtable;
 
 /*
- * Device residency of a backend's stages (cuda). With it, fast/dist keeps a rank's rows on the
+ * Device residency of a backend's stages (cuda). With it, fast/multirank keeps a rank's rows on the
  * backend's device: the token rows, the dispatched rows, the expert outputs and the metadata
  * travel as device buffers over the backend's device communicator (cuda: the device sim,
  * comm_devsim.h), and the stages get device pointers for the rows (x of route and experts, out

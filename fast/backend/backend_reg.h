@@ -16,8 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend_impl.h"
-#include "../plan/record.h"
+#include "fast/backend/backend_impl.h"
+#include "fast/plan/record.h"
 
 /* Graph capture on one architecture: which executors may run inside a captured graph (static
    shapes, no host reads of device counts). Contiguous never is: its group sizes are read on the

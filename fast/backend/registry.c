@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "dsv4moe/backend.h"
-#include "backend_reg.h"
-#include "err.h"
+#include "fast/backend/backend_reg.h"
+#include "core/err.h"
 
 /* In dsv4_backend_kind order. */
 static const dsv4_backend_reg_fn LIST[] = {dsv4_ref_backend_reg, dsv4_cpu_backend_reg, dsv4_cuda_backend_reg};

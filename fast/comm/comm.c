@@ -9,10 +9,10 @@
 #include <string.h>
 
 #include "dsv4moe/comm.h"
-#include "comm_impl.h"
-#include "err.h"
-#include "grow.h"
-#include "hash.h"
+#include "fast/comm/comm_impl.h"
+#include "core/err.h"
+#include "core/grow.h"
+#include "core/hash.h"
 
 const char *dsv4_group_name(dsv4_group group)
 {

@@ -31,8 +31,8 @@
 
 #include "dsv4moe/comm.h"
 #include "dsv4moe/formats.h"
-#include "comm_impl.h"
-#include "err.h"
+#include "fast/comm/comm_impl.h"
+#include "core/err.h"
 
 #define MSG_MAX DSV4_ERROR_MESSAGE_MAX
 

@@ -55,12 +55,12 @@
 #include "dsv4moe/formats.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/weights.h"
-#include "../backend/backend_reg.h"
-#include "cpu_impl.h"
-#include "err.h"
-#include "testctl.h"
-#include "kernels/kutil.h"
-#include "parallel.h"
+#include "fast/backend/backend_reg.h"
+#include "fast/cpu/cpu_impl.h"
+#include "core/err.h"
+#include "core/testctl.h"
+#include "fast/cpu/kernels/kutil.h"
+#include "core/parallel.h"
 
 /* OpenBLAS's own thread count (declared here: not every cblas.h has it). */
 void openblas_set_num_threads(int num_threads);

@@ -16,7 +16,7 @@
 #include "dsv4moe/backend.h"
 #include "dsv4moe/config.h"
 #include "dsv4moe/weights.h"
-#include "kernels/kernels.h"
+#include "fast/cpu/kernels/kernels.h"
 
 #define SMALL_ROWS 256   /* fp4 on the bf16 kernel, blocked kernels: fused in blocks of this many rows */
 #define FUSED_ROWS 16    /* other formats and kernels: fused up to this many rows, tiles above */

@@ -16,12 +16,12 @@
 #undef I /* complex.h through OpenBLAS's cblas.h */
 #endif
 
-#include "cpu_impl.h"
-#include "err.h"
-#include "testctl.h"
-#include "kernels/kutil.h"
-#include "parallel.h"
-#include "swiglu.h"
+#include "fast/cpu/cpu_impl.h"
+#include "core/err.h"
+#include "core/testctl.h"
+#include "fast/cpu/kernels/kutil.h"
+#include "core/parallel.h"
+#include "core/swiglu.h"
 
 /* ---------------- GEMM: C[n, na + nb] = X[n, k] . [A; B]^T ---------------- */
 

@@ -5,8 +5,8 @@
  */
 #include <string.h>
 
-#include "../backend/backend_reg.h"
-#include "cpu_impl.h"
+#include "fast/backend/backend_reg.h"
+#include "fast/cpu/cpu_impl.h"
 
 static dsv4_backend_proc cpu_get_proc(const char *name)
 {

@@ -10,9 +10,9 @@
 #undef I /* complex.h through OpenBLAS's cblas.h */
 #endif
 
-#include "cpu_impl.h"
-#include "kernels/kutil.h"
-#include "route.h" /* dsv4_route_select, dsv4_route_top_p (core) */
+#include "fast/cpu/cpu_impl.h"
+#include "fast/cpu/kernels/kutil.h"
+#include "core/route.h" /* dsv4_route_select, dsv4_route_top_p (core) */
 
 void dsv4_cpu_route(void *p, int64_t lo, int64_t hi)
 {

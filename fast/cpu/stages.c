@@ -15,10 +15,10 @@
 #include "dsv4moe/alloc.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/weights.h"
-#include "../backend/backend_reg.h"
-#include "cpu_impl.h"
-#include "err.h"
-#include "parallel.h"
+#include "fast/backend/backend_reg.h"
+#include "fast/cpu/cpu_impl.h"
+#include "core/err.h"
+#include "core/parallel.h"
 
 void openblas_set_num_threads(int num_threads);
 

@@ -37,26 +37,26 @@ extern "C" {
 #include "dsv4moe/formats.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/weights.h"
-#include "../backend/backend_impl.h"
-#include "cuda_entry.h"
-#include "err.h"
-#include "parallel.h"
-#include "repack.h"
+#include "fast/backend/backend_impl.h"
+#include "fast/cuda/cuda_entry.h"
+#include "core/err.h"
+#include "core/parallel.h"
+#include "fast/cuda/repack.h"
 }
 
-#include "kernels.cuh"
-#include "router.cuh"
-#include "exact_gemm.cuh"
-#include "swiglu_combine.cuh"
-#include "mma.cuh"
-#include "mma_tileh.cuh"
-#include "mma_group.cuh"
-#include "fp8path.cuh"
-#include "gemm_fp8.h"
-#include "cuda_impl.h"
+#include "fast/cuda/kernels.cuh"
+#include "fast/cuda/router.cuh"
+#include "fast/cuda/exact_gemm.cuh"
+#include "fast/cuda/swiglu_combine.cuh"
+#include "fast/cuda/mma.cuh"
+#include "fast/cuda/mma_tileh.cuh"
+#include "fast/cuda/mma_group.cuh"
+#include "fast/cuda/fp8path.cuh"
+#include "fast/cuda/gemm_fp8.h"
+#include "fast/cuda/cuda_impl.h"
 #ifdef DSV4_FAULTS
 extern "C" {
-#include "testctl.h"
+#include "core/testctl.h"
 }
 #endif
 
@@ -171,7 +171,7 @@ struct CudaBe {
     int nsm = 132;
 };
 
-#include "pipeline.cuh" /* layout, launchers, one chunk on the stream */
+#include "fast/cuda/pipeline.cuh" /* layout, launchers, one chunk on the stream */
 
 /* The device counters of a forward (ST_*, read back) into the backend's statistics. */
 void add_counters(CudaBe *b, const unsigned long long *h)
@@ -316,7 +316,7 @@ dsv4_status cuda_forward(void *p, int64_t T, const uint16_t *x, const int32_t *i
 {
     CudaBe *b = (CudaBe *)p;
     if (T == 0) {
-        /* nothing to launch; the plan's metadata collective is the caller's (fast/dist) */
+        /* nothing to launch; the plan's metadata collective is the caller's (fast/multirank) */
         b->stats.forwards++;
         return DSV4_OK;
     }
@@ -515,7 +515,7 @@ void cuda_free(void *p)
 const dsv4_backend_vtable cuda_vtable = {"cuda",      cuda_forward,    cuda_stats,     cuda_free,
                                          cuda_forward_device, cuda_enqueue, cuda_poll_error};
 
-#include "upload.cuh" /* the weights at creation, the kernel variants */
+#include "fast/cuda/upload.cuh" /* the weights at creation, the kernel variants */
 
 } // namespace
 
@@ -651,7 +651,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     const int threads = opt->threads;
     const dsv4_config *cfg = dsv4_plan_config(plan);
     const dsv4_topology *topo = dsv4_plan_topology(plan);
-    /* A rank of a sharded plan runs the stages (stages.cu) through fast/dist, in a workspace of its
+    /* A rank of a sharded plan runs the stages (stages.cu) through fast/multirank, in a workspace of its
        own (stage chunks outgrow the forward's), and binds only its shard: the weights of its expert
        range (ep) and of its inter range (tp: gate/up rows and down columns sliced at upload, the
        kernels running a layer of moe_inter_dim = the plan's inter count). */
@@ -956,7 +956,7 @@ fail:
     return st;
 }
 
-#include "stage_access.cuh" /* the stages' access to a created backend (cuda_impl.h) */
+#include "fast/cuda/stage_access.cuh" /* the stages' access to a created backend (cuda_impl.h) */
 
 /* The registration's memory model of a rank of a sharded cuda plan (world > 1): the workspace of its
    largest stage chunk, over the layouts creation may pick (gemm fp8 either way: the model gets

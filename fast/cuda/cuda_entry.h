@@ -10,8 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../backend/backend_impl.h"
-#include "../plan/record.h"
+#include "fast/backend/backend_impl.h"
+#include "fast/plan/record.h"
 
 #ifdef __cplusplus
 extern "C" {

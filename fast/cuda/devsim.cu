@@ -12,8 +12,8 @@
 #include "dsv4moe/comm_devsim.h"
 #include "dsv4moe/dtype.h"
 extern "C" {
-#include "../comm/comm_impl.h"
-#include "err.h"
+#include "fast/comm/comm_impl.h"
+#include "core/err.h"
 }
 
 namespace {

@@ -8,7 +8,7 @@
 #ifndef DSV4MOE_FAST_CUDA_EXACT_GEMM_CUH
 #define DSV4MOE_FAST_CUDA_EXACT_GEMM_CUH
 
-#include "kernels.cuh"
+#include "fast/cuda/kernels.cuh"
 
 namespace dsv4cuda {
 

@@ -26,11 +26,11 @@
  * - Rasterized along M (below), persistent grid of the device's SM count, problem shapes read on the device only (host
  *   shapes NULL): the launch does not depend on the routing, so it is captured in a graph.
  */
-#include "gemm_fp8.h"
+#include "fast/cuda/gemm_fp8.h"
 
 #include <new>
 
-#include "gemm_fp8/entries.h"
+#include "fast/cuda/gemm_fp8/entries.h"
 
 namespace dsv4cuda {
 

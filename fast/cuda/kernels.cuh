@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-#include "bits.h"
+#include "core/bits.h"
 
 namespace dsv4cuda {
 

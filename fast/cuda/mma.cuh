@@ -32,7 +32,7 @@
 #ifndef DSV4MOE_FAST_CUDA_MMA_CUH
 #define DSV4MOE_FAST_CUDA_MMA_CUH
 
-#include "fragment.h"
+#include "fast/cuda/fragment.h"
 
 namespace dsv4cuda {
 

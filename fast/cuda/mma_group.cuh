@@ -8,7 +8,7 @@
 #ifndef DSV4MOE_FAST_CUDA_MMA_GROUP_CUH
 #define DSV4MOE_FAST_CUDA_MMA_GROUP_CUH
 
-#include "mma.cuh"
+#include "fast/cuda/mma.cuh"
 
 namespace dsv4cuda {
 

@@ -6,7 +6,7 @@
 #ifndef DSV4MOE_FAST_CUDA_MMA_TILEH_CUH
 #define DSV4MOE_FAST_CUDA_MMA_TILEH_CUH
 
-#include "mma.cuh"
+#include "fast/cuda/mma.cuh"
 
 namespace dsv4cuda {
 

@@ -5,9 +5,9 @@
  * graph on each); a library built with `make cuda` (DSV4_WITH_CUDA) also holds it: creation, the
  * device query, its memory and weight models and its stages.
  */
-#include "../backend/backend_reg.h"
-#include "../plan/memory.h"
-#include "cuda_entry.h"
+#include "fast/backend/backend_reg.h"
+#include "fast/plan/memory.h"
+#include "fast/cuda/cuda_entry.h"
 
 /* Graph capture per architecture: masked validated under capture on sm 90; per_token graph-safe
    with ep 1 on sm 100 and 103 (nothing validated with ep > 1), on sm 120 with any ep. */

@@ -3,7 +3,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
-#include "cuda_entry.h"
+#include "fast/cuda/cuda_entry.h"
 
 extern "C" bool dsv4_cuda_backend_available(char *why, size_t n)
 {

@@ -2,12 +2,12 @@
  * Host repacking into the fragment-native layout (fast/cuda/fragment.h, repack.h). Pure byte
  * moves: the values the kernels see are exactly the checkpoint's.
  */
-#include "repack.h"
+#include "fast/cuda/repack.h"
 
 #include <string.h>
 
 #include "dsv4moe/formats.h"
-#include "fragment.h"
+#include "fast/cuda/fragment.h"
 
 int64_t dsv4_fn_tiles(int64_t n, int interleaved) { return interleaved ? n / 8 : n / 16; }
 

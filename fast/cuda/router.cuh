@@ -11,7 +11,7 @@
 #ifndef DSV4MOE_FAST_CUDA_ROUTER_CUH
 #define DSV4MOE_FAST_CUDA_ROUTER_CUH
 
-#include "kernels.cuh"
+#include "fast/cuda/kernels.cuh"
 
 namespace dsv4cuda {
 

@@ -1,6 +1,6 @@
 /*
  * The CUDA backend's stages (fast/backend/backend_impl.h) for a rank of a sharded plan, driven by
- * fast/dist. Each stage call is one chunk of the backend's own pipeline in its workspace
+ * fast/multirank. Each stage call is one chunk of the backend's own pipeline in its workspace
  * (cuda_impl.h), so every row is computed by the forward's kernels in the forward's regime:
  *
  *   route    the chunk's router (logits GEMM, k_router): ids, weights, kept;
@@ -29,12 +29,12 @@
 extern "C" {
 #include "dsv4moe/formats.h"
 #include "dsv4moe/weights.h"
-#include "../backend/backend_impl.h"
-#include "cuda_entry.h"
-#include "err.h"
+#include "fast/backend/backend_impl.h"
+#include "fast/cuda/cuda_entry.h"
+#include "core/err.h"
 }
-#include "bits.h"
-#include "cuda_impl.h"
+#include "core/bits.h"
+#include "fast/cuda/cuda_impl.h"
 
 using namespace dsv4cuda;
 

@@ -7,7 +7,7 @@
 #ifndef DSV4MOE_FAST_CUDA_SWIGLU_COMBINE_CUH
 #define DSV4MOE_FAST_CUDA_SWIGLU_COMBINE_CUH
 
-#include "kernels.cuh"
+#include "fast/cuda/kernels.cuh"
 
 namespace dsv4cuda {
 

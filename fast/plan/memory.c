@@ -2,7 +2,7 @@
  * The memory models the planner composes (fast/plan/memory.h, docs/planner.md): the executor
  * layout model and the multi-rank driver's buffers.
  */
-#include "memory.h"
+#include "fast/plan/memory.h"
 
 /* ---------------------------------------------------------------------------
  * The executor layout model (docs/planner.md)
@@ -93,7 +93,7 @@ static uint64_t exec_rows(const dsv4_config *c, const dsv4_shard *sh, int64_t tc
 
 /*
  * The distributed driver's own buffers for a chunk of tc tokens on a rank of a world > 1
- * (fast/dist/dist.c), next to the backend's workspace when the backend brings its own memory
+ * (fast/multirank/driver.c), next to the backend's workspace when the backend brings its own memory
  * model: ids, weights, slot records (24 bytes) and the slot order [Tc K]; the shared expert's
  * rows (fp32 and bf16) and ids; with ep > 1 the dispatch (bf16 rows, ids, weights out and in,
  * the received rows regrouped, their fp32 outputs and bf16 copies on the way back, the outputs

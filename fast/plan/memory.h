@@ -3,7 +3,7 @@
  * layout model is the workspace of a production layout of the layer (permuted or masked rows,
  * the router's buffers, the dispatch): the planner's model for backends that bring none of their
  * own (ref) and the one the CUDA backend's layouts stay within on a single rank. The driver's
- * buffers are what the multi-rank driver (fast/dist) holds next to a backend's stages on a rank
+ * buffers are what the multi-rank driver (fast/multirank) holds next to a backend's stages on a rank
  * of several. Both are pure functions of the layer and the rank's shard (fast/plan/record.h).
  */
 #ifndef DSV4MOE_FAST_PLAN_MEMORY_H
@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "dsv4moe/config.h"
-#include "record.h"
+#include "fast/plan/record.h"
 
 static inline uint64_t dsv4_sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 static inline uint64_t dsv4_sat_mul(uint64_t a, uint64_t b) { return a && b > UINT64_MAX / a ? UINT64_MAX : a * b; }

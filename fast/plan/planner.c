@@ -13,12 +13,12 @@
 #include <string.h>
 
 #include "dsv4moe/plan.h"
-#include "../backend/backend_reg.h"
-#include "memory.h"
-#include "record.h"
-#include "err.h"
-#include "strbuf.h"
-#include "testctl.h"
+#include "fast/backend/backend_reg.h"
+#include "fast/plan/memory.h"
+#include "fast/plan/record.h"
+#include "core/err.h"
+#include "core/strbuf.h"
+#include "core/testctl.h"
 
 /* Planner limits. */
 #define PLAN_MAX_WORLD 64

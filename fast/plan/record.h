@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "dsv4moe/plan.h"
-#include "strbuf.h"
+#include "core/strbuf.h"
 
 #ifdef __cplusplus
 extern "C" {

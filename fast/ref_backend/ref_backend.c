@@ -8,8 +8,8 @@
 
 #include "dsv4moe/backend.h"
 #include "dsv4moe/ref.h"
-#include "../backend/backend_reg.h"
-#include "err.h"
+#include "fast/backend/backend_reg.h"
+#include "core/err.h"
 
 typedef struct {
     dsv4_ref *ref;

@@ -9,8 +9,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "api.h"
-#include "status.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/status.h"
 
 #ifdef __cplusplus
 extern "C" {

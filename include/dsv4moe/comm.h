@@ -25,9 +25,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "api.h"
-#include "dtype.h"
-#include "status.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/dtype.h"
+#include "dsv4moe/status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -19,8 +19,8 @@
 #ifndef DSV4MOE_COMM_DEVSIM_H
 #define DSV4MOE_COMM_DEVSIM_H
 
-#include "api.h"
-#include "comm.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/comm.h"
 
 #ifdef __cplusplus
 extern "C" {

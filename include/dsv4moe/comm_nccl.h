@@ -51,9 +51,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "api.h"
-#include "comm.h"
-#include "status.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/comm.h"
+#include "dsv4moe/status.h"
 
 #ifdef __cplusplus
 extern "C" {

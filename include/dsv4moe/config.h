@@ -12,8 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
-#include "api.h"
-#include "status.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/status.h"
 
 #ifdef __cplusplus
 extern "C" {

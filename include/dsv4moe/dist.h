@@ -26,11 +26,11 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include "api.h"
-#include "comm.h"
-#include "config.h"
-#include "plan.h"
-#include "safetensors.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/comm.h"
+#include "dsv4moe/config.h"
+#include "dsv4moe/plan.h"
+#include "dsv4moe/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {

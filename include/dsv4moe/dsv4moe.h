@@ -120,21 +120,21 @@
 #ifndef DSV4MOE_DSV4MOE_H
 #define DSV4MOE_DSV4MOE_H
 
-#include "api.h"         /* DSV4_API: what the shared library exports */
-#include "status.h"      /* dsv4_status, dsv4_error */
-#include "dtype.h"       /* element types */
-#include "config.h"      /* dsv4_config: presets, validation */
-#include "rng.h"         /* the counter-based generator of the test data */
-#include "alloc.h"       /* accounting allocators */
-#include "safetensors.h" /* safetensors files, checkpoints */
-#include "formats.h"     /* fp4 / fp8 / bf16 conversions, act_quant */
-#include "weights.h"     /* weight views of a checkpoint */
-#include "gen.h"         /* generated layers and inputs */
-#include "ref.h"         /* the reference implementation */
-#include "plan.h"        /* the planner */
-#include "backend.h"     /* backends: ref, cpu, cuda */
-#include "comm.h"        /* communicators */
-#include "dist.h"        /* the distributed driver */
-#include "files.h"       /* interrupted writes: their temporary files and the sweep of them */
+#include "dsv4moe/api.h"         /* DSV4_API: what the shared library exports */
+#include "dsv4moe/status.h"      /* dsv4_status, dsv4_error */
+#include "dsv4moe/dtype.h"       /* element types */
+#include "dsv4moe/config.h"      /* dsv4_config: presets, validation */
+#include "dsv4moe/rng.h"         /* the counter-based generator of the test data */
+#include "dsv4moe/alloc.h"       /* accounting allocators */
+#include "dsv4moe/safetensors.h" /* safetensors files, checkpoints */
+#include "dsv4moe/formats.h"     /* fp4 / fp8 / bf16 conversions, act_quant */
+#include "dsv4moe/weights.h"     /* weight views of a checkpoint */
+#include "dsv4moe/gen.h"         /* generated layers and inputs */
+#include "dsv4moe/ref.h"         /* the reference implementation */
+#include "dsv4moe/plan.h"        /* the planner */
+#include "dsv4moe/backend.h"     /* backends: ref, cpu, cuda */
+#include "dsv4moe/comm.h"        /* communicators */
+#include "dsv4moe/dist.h"        /* the distributed driver */
+#include "dsv4moe/files.h"       /* interrupted writes: their temporary files and the sweep of them */
 
 #endif

@@ -3,8 +3,8 @@
 #define DSV4MOE_DTYPE_H
 
 #include <stddef.h>
-#include "api.h"
-#include "status.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/status.h"
 
 #ifdef __cplusplus
 extern "C" {

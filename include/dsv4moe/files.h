@@ -10,7 +10,7 @@
 #ifndef DSV4MOE_FILES_H
 #define DSV4MOE_FILES_H
 
-#include "api.h"
+#include "dsv4moe/api.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -10,9 +10,9 @@
 
 #include <stdint.h>
 #include <stddef.h>
-#include "api.h"
-#include "status.h"
-#include "config.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/status.h"
+#include "dsv4moe/config.h"
 
 #ifdef __cplusplus
 extern "C" {

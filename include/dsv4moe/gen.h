@@ -19,9 +19,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include "api.h"
-#include "config.h"
-#include "safetensors.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/config.h"
+#include "dsv4moe/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {

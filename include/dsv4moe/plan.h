@@ -16,9 +16,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include "api.h"
-#include "config.h"
-#include "status.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/config.h"
+#include "dsv4moe/status.h"
 
 #ifdef __cplusplus
 extern "C" {

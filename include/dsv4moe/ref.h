@@ -13,9 +13,9 @@
 #define DSV4MOE_REF_H
 
 #include <stdint.h>
-#include "api.h"
-#include "config.h"
-#include "safetensors.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/config.h"
+#include "dsv4moe/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -79,7 +79,7 @@ DSV4_API dsv4_status dsv4_ref_forward(dsv4_ref *ref, int64_t tokens, const uint1
 
 /*
  * The layer's stages, the pieces dsv4_ref_forward is composed of, for a run sharded over ranks
- * (fast/dist drives them through the ref backend's stage table): each value is computed with
+ * (fast/multirank drives them through the ref backend's stage table): each value is computed with
  * the forward's operations, so an expert-parallel run is bit-identical to one forward.
  *
  * dsv4_ref_stage_route: n tokens (x bf16 [n, H]; input_ids [n], required on hash layers and

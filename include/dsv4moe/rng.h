@@ -11,7 +11,7 @@
 #define DSV4MOE_RNG_H
 
 #include <stdint.h>
-#include "api.h"
+#include "dsv4moe/api.h"
 
 #ifdef __cplusplus
 extern "C" {

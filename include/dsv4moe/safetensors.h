@@ -15,9 +15,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "api.h"
-#include "dtype.h"
-#include "status.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/dtype.h"
+#include "dsv4moe/status.h"
 
 #ifdef __cplusplus
 extern "C" {

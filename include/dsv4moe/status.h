@@ -9,7 +9,7 @@
 #ifndef DSV4MOE_STATUS_H
 #define DSV4MOE_STATUS_H
 
-#include "api.h"
+#include "dsv4moe/api.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -11,10 +11,10 @@
 #define DSV4MOE_WEIGHTS_H
 
 #include <stdint.h>
-#include "api.h"
-#include "alloc.h"
-#include "config.h"
-#include "safetensors.h"
+#include "dsv4moe/api.h"
+#include "dsv4moe/alloc.h"
+#include "dsv4moe/config.h"
+#include "dsv4moe/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {

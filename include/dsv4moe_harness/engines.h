@@ -15,11 +15,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "dsv4moe/api.h"
-#include "compare.h"
+#include "dsv4moe_harness/compare.h"
 #include "dsv4moe/ref.h"
-#include "run.h"
+#include "dsv4moe_harness/run.h"
 #include "dsv4moe/safetensors.h"
-#include "scenario.h"
+#include "dsv4moe_harness/scenario.h"
 #include "dsv4moe/status.h"
 
 #ifdef __cplusplus

@@ -13,10 +13,10 @@
 #define DSV4MOE_HARNESS_HARNESS_H
 
 #include "dsv4moe/dsv4moe.h" /* the production API the harness runs */
-#include "compare.h"         /* metrics */
-#include "scenario.h"        /* scenario files */
-#include "run.h"             /* the scenario runner */
-#include "symmetry.h"        /* collective traces of real ranks: the symmetry check */
-#include "engines.h"         /* verifying another engine's MoE layer: exported cases, check */
+#include "dsv4moe_harness/compare.h"         /* metrics */
+#include "dsv4moe_harness/scenario.h"        /* scenario files */
+#include "dsv4moe_harness/run.h"             /* the scenario runner */
+#include "dsv4moe_harness/symmetry.h"        /* collective traces of real ranks: the symmetry check */
+#include "dsv4moe_harness/engines.h"         /* verifying another engine's MoE layer: exported cases, check */
 
 #endif

@@ -20,9 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "dsv4moe/api.h"
-#include "compare.h"
+#include "dsv4moe_harness/compare.h"
 #include "dsv4moe/plan.h"
-#include "scenario.h"
+#include "dsv4moe_harness/scenario.h"
 #include "dsv4moe/status.h"
 
 #ifdef __cplusplus

@@ -10,7 +10,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "kernels.cuh"
+#include "fast/cuda/kernels.cuh"
 
 namespace {
 

@@ -36,11 +36,11 @@
 #include "dsv4moe/gen.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe/safetensors.h"
-#include "testutil.h"
-#include "../../bench/bench_util.h"
+#include "tests/testutil.h"
+#include "bench/bench_util.h"
 
 #define BO_GEN_THREADS 16 /* the device machine's cores */
-#include "backend_ops.h"
+#include "tests/backend_ops.h"
 
 /* fast/cuda/cuda.cu */
 uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);

@@ -22,10 +22,10 @@
 #include "dsv4moe/dist.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
-#include "testctl.h"
-#include "testutil.h"
-#include "tp_cases.h"
-#include "cuda/cuda_entry.h"
+#include "core/testctl.h"
+#include "tests/testutil.h"
+#include "tests/tp_cases.h"
+#include "fast/cuda/cuda_entry.h"
 
 static int have_gpu(void)
 {
@@ -265,7 +265,7 @@ START_TEST(arguments)
 END_TEST
 
 
-/* ---------------- the cuda backend's stages on ranks of one GPU (fast/dist) ---------------- */
+/* ---------------- the cuda backend's stages on ranks of one GPU (fast/multirank) ---------------- */
 
 /* Whether the cuda backend starts here (a device of sm 90). */
 static int have_cuda_backend(void)

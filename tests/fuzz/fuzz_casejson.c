@@ -5,10 +5,10 @@
  * call must succeed with one case in error or fail with a message, never crash or read without
  * bound.
  */
-#include "fuzz_common.h"
+#include "tests/fuzz/fuzz_common.h"
 
 #include "dsv4moe_harness/engines.h"
-#include "engines_int.h"
+#include "compare/engines_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

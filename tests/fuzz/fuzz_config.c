@@ -4,7 +4,7 @@
  * into dsv4_config_set(key, value). Failed sets must leave the config
  * unchanged; after the lines the config is validated and every key read back.
  */
-#include "fuzz_common.h"
+#include "tests/fuzz/fuzz_common.h"
 
 #include "dsv4moe/config.h"
 

@@ -3,7 +3,7 @@
  * core/safetensors.c). The input is the index; the folder also holds two
  * small valid files, a.safetensors and b.safetensors, that it may name.
  */
-#include "fuzz_common.h"
+#include "tests/fuzz/fuzz_common.h"
 
 #include "dsv4moe/safetensors.h"
 

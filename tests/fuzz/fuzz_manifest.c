@@ -3,9 +3,9 @@
  * fixed folder holding one case folder "c0" (case.json "{}", expected.safetensors "x"); the input
  * is the manifest.json. It must verify or fail with a message, never crash or run past its cap.
  */
-#include "fuzz_common.h"
+#include "tests/fuzz/fuzz_common.h"
 
-#include "engines_int.h"
+#include "compare/engines_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

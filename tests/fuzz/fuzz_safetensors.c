@@ -1,5 +1,5 @@
 /* Fuzz target: the safetensors reader (core/safetensors.c), header and data, from a temporary file. */
-#include "fuzz_common.h"
+#include "tests/fuzz/fuzz_common.h"
 
 #include "dsv4moe/safetensors.h"
 

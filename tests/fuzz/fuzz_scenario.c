@@ -1,5 +1,5 @@
 /* Fuzz target: the YAML scenario parser (scenarios/parse.c) from a memory buffer. */
-#include "fuzz_common.h"
+#include "tests/fuzz/fuzz_common.h"
 
 #include "dsv4moe_harness/scenario.h"
 

@@ -4,7 +4,7 @@
  * file and loaded; a loaded trace is held against itself under another rank (the comparison of
  * identical traces must say "the same"), and an error must carry a message.
  */
-#include "fuzz_common.h"
+#include "tests/fuzz/fuzz_common.h"
 
 #include "dsv4moe_harness/symmetry.h"
 

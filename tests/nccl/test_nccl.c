@@ -29,8 +29,8 @@
 #include "dsv4moe/comm.h"
 #include "dsv4moe/comm_nccl.h"
 #include "dsv4moe/formats.h"
-#include "comm_impl.h"
-#include "nccl_internal.h"
+#include "fast/comm/comm_impl.h"
+#include "fast/comm/nccl/nccl_internal.h"
 
 static char g_detail[2048];
 

@@ -22,10 +22,10 @@
 #include <nccl.h>
 
 #include "dsv4moe/comm_nccl.h"
-#include "comm_impl.h"
-#include "err.h"
-#include "fileio.h"
-#include "nccl_internal.h"
+#include "fast/comm/comm_impl.h"
+#include "core/err.h"
+#include "core/fileio.h"
+#include "fast/comm/nccl/nccl_internal.h"
 
 #define MSG_MAX DSV4_ERROR_MESSAGE_MAX
 

@@ -17,8 +17,8 @@
 #include <cuda_runtime_api.h>
 
 #include "dsv4moe/comm_nccl.h"
-#include "err.h"
-#include "nccl_internal.h"
+#include "core/err.h"
+#include "fast/comm/nccl/nccl_internal.h"
 
 struct dsv4_nccl_ep {
     dsv4_comm *comm;

@@ -6,9 +6,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "bits.h"
+#include "core/bits.h"
 #include "dsv4moe/dtype.h"
-#include "nccl_internal.h"
+#include "fast/comm/nccl/nccl_internal.h"
 
 namespace {
 

@@ -8,8 +8,8 @@
  * more, at any group size (the table's dot_blocked). Loops over register arrays carry `#pragma GCC unroll`: without it
  * GCC kept the accumulators on the stack (a load and a store per FMA; measured 3.2x slower).
  */
-#include "kernels.h"
-#include "kutil.h"
+#include "fast/cpu/kernels/kernels.h"
+#include "fast/cpu/kernels/kutil.h"
 
 #if CPU_X86
 #include <immintrin.h>

@@ -2,11 +2,11 @@
  * The AVX-512 (F, BW, VL) kernels: register-blocked fp4 and fp8 decode-dot on fp32 activations,
  * and the SwiGLU epilogue row.
  */
-#include "kernels.h"
-#include "kutil.h"
+#include "fast/cpu/kernels/kernels.h"
+#include "fast/cpu/kernels/kutil.h"
 
 #if CPU_X86
-#include "avx512_common.h"
+#include "fast/cpu/kernels/avx512_common.h"
 
 /*
  * AVX-512 fp4 decode-dot: a 16-entry table permute turns nibble codes into fp32 directly

@@ -8,8 +8,8 @@
 
 #include <immintrin.h>
 
-#include "kernels.h"
-#include "kutil.h"
+#include "fast/cpu/kernels/kernels.h"
+#include "fast/cpu/kernels/kutil.h"
 
 enum { F_FP8 = 1, F_FP4 = 2 };
 

@@ -1,11 +1,11 @@
 /*
  * The AVX512-BF16 kernels: fp4 and fp8 decode-dot on activations that are exactly bf16.
  */
-#include "kernels.h"
-#include "kutil.h"
+#include "fast/cpu/kernels/kernels.h"
+#include "fast/cpu/kernels/kutil.h"
 
 #if CPU_X86
-#include "avx512_common.h"
+#include "fast/cpu/kernels/avx512_common.h"
 
 /*
  * fp4 decode-dot on AVX512-BF16 (vdpbf16ps), for activations that are exactly bf16 (the

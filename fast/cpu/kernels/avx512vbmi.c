@@ -1,11 +1,11 @@
 /*
  * The AVX512-VBMI kernel: the grouped-scale fp4 bf16 decode-dot for k % 128 == 0.
  */
-#include "kernels.h"
-#include "kutil.h"
+#include "fast/cpu/kernels/kernels.h"
+#include "fast/cpu/kernels/kutil.h"
 
 #if CPU_X86
-#include "avx512_common.h"
+#include "fast/cpu/kernels/avx512_common.h"
 
 /*
  * tilebf4: the fp4 bf16 kernel where k % 128 == 0 and the CPU has AVX512-VBMI (every group

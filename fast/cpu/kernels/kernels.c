@@ -6,9 +6,9 @@
  */
 #include <pthread.h>
 
-#include "kernels.h"
-#include "kutil.h"
-#include "err.h"
+#include "fast/cpu/kernels/kernels.h"
+#include "fast/cpu/kernels/kutil.h"
+#include "core/err.h"
 
 float dsv4_cpu_ue8m0_f32[256];
 uint16_t dsv4_cpu_e2m1_bf16[32];

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "bits.h"
+#include "core/bits.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/weights.h"
 

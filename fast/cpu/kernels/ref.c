@@ -3,8 +3,8 @@
  * decoded by the library's own dsv4_matrix_dequant_rows, so these kernels define the values
  * the vector ones must reproduce; the dot is one fixed-order four-sum per output.
  */
-#include "kernels.h"
-#include "kutil.h"
+#include "fast/cpu/kernels/kernels.h"
+#include "fast/cpu/kernels/kutil.h"
 
 /* C[q, j] = X[q, :] . W[r0 + j, :] for j < nr, q < n; tmp: k floats. */
 void dsv4_cpu_ref_dot(const dsv4_matrix_view *m, int64_t r0, int64_t nr, int64_t n, const float *X, int64_t ldx,

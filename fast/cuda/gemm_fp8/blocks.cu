@@ -1,7 +1,7 @@
 /* The fp8 mode's grouped GEMM with weight scales of 128x128 blocks (fp8 checkpoints; fp4 groups whose
    blocks convert exactly): gemm_fp8/op.cuh instantiated for SFN = 128. */
-#include "entries.h"
-#include "op.cuh"
+#include "fast/cuda/gemm_fp8/entries.h"
+#include "fast/cuda/gemm_fp8/op.cuh"
 
 namespace dsv4cuda {
 namespace {

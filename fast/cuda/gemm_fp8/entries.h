@@ -6,7 +6,7 @@
 #ifndef DSV4MOE_CUDA_GEMM_FP8_ENTRIES_H
 #define DSV4MOE_CUDA_GEMM_FP8_ENTRIES_H
 
-#include "../gemm_fp8.h"
+#include "fast/cuda/gemm_fp8.h"
 
 namespace dsv4cuda {
 

@@ -9,7 +9,7 @@
 #ifndef DSV4MOE_CUDA_GEMM_FP8_OP_CUH
 #define DSV4MOE_CUDA_GEMM_FP8_OP_CUH
 
-#include "../gemm_fp8.h"
+#include "fast/cuda/gemm_fp8.h"
 
 #include <new>
 

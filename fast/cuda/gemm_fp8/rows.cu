@@ -1,7 +1,7 @@
 /* The fp8 mode's grouped GEMM with weight scales of one row x 128 of K (the 1x128 conversion of fp4
    groups): gemm_fp8/op.cuh instantiated for SFN = 1. */
-#include "entries.h"
-#include "op.cuh"
+#include "fast/cuda/gemm_fp8/entries.h"
+#include "fast/cuda/gemm_fp8/op.cuh"
 
 namespace dsv4cuda {
 namespace {

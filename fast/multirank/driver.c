@@ -1,7 +1,8 @@
-/* The distributed driver over simulated ranks (see include/dsv4moe/dist.h): each rank composes
-   the stages of its plan's backend (fast/backend/backend_impl.h) around the collectives, over the
-   host sim communicator, or, for a backend whose rows live on a device (cuda), over its device
-   communicator with the rows as device buffers (run_chunk_dev). */
+/* The multi-rank driver (fast/multirank/; its API is include/dsv4moe/dist.h, dsv4_dist_*): one
+   step over simulated ranks, each rank composing the stages of its plan's backend
+   (fast/backend/backend_impl.h) around the collectives, over the host sim communicator, or, for a
+   backend whose rows live on a device (cuda), over its device communicator with the rows as device
+   buffers (run_chunk_dev). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,10 +13,10 @@
 #include "dsv4moe/formats.h"
 #include "dsv4moe/backend.h"
 #include "dsv4moe/weights.h"
-#include "../backend/backend_impl.h"
-#include "dist_impl.h"
-#include "err.h"
-#include "testctl.h"
+#include "fast/backend/backend_impl.h"
+#include "fast/multirank/driver_impl.h"
+#include "core/err.h"
+#include "core/testctl.h"
 
 void dsv4_dist_options_init(dsv4_dist_options *o)
 {
