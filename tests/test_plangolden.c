@@ -8,7 +8,6 @@
    CUDA skip it: their cuda plans carry the device layouts' memory model and weight bytes. */
 #include <check.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,53 +16,32 @@
 #include "dsv4moe/config.h"
 #include "dsv4moe/plan.h"
 #include "dsv4moe_harness/scenario.h"
+#include "core/fileio.h"
+#include "core/hash.h"
+#include "core/strbuf.h"
 #include "tests/testutil.h"
 
 Suite *plangolden_suite(void);
 
-typedef struct {
-    char *s;
-    size_t len, cap;
-} gbuf;
-
-static void gput(gbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void gput(gbuf *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    ck_assert_int_ge(n, 0);
-    if (b->len + (size_t)n + 1 > b->cap) {
-        b->cap = (b->len + (size_t)n + 1) * 2;
-        b->s = realloc(b->s, b->cap);
-        ck_assert_ptr_nonnull(b->s);
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
 /* One rank's plan: its figures, or the refusal. */
-static void put_plan(gbuf *b, const dsv4_config *cfg, const dsv4_topology *t, const dsv4_budget *bud)
+static void put_plan(dsv4_strbuf *b, const dsv4_config *cfg, const dsv4_topology *t, const dsv4_budget *bud)
 {
     dsv4_plan *p = NULL;
     dsv4_error e;
     dsv4_status st = dsv4_plan_create(cfg, t, bud, &p, &e);
     if (st) {
-        gput(b, "  refused (%s): %s\n", dsv4_status_str(st), e.message);
+        dsv4_sb_printf(b, "  refused (%s): %s\n", dsv4_status_str(st), e.message);
         return;
     }
-    gput(b, "%s", dsv4_plan_explain(p));
+    dsv4_sb_printf(b, "%s", dsv4_plan_explain(p));
     int64_t mx = t->max_tokens_per_rank, ch = dsv4_plan_chunk_tokens(p);
     const int64_t at[] = {0, 1, 7, ch, mx};
     for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
-        gput(b, "  T %" PRId64 ": eager %" PRIu64 " (%s, %" PRId64 " chunks), replay %" PRIu64 " (%s)\n", at[i],
+        dsv4_sb_printf(b, "  T %" PRId64 ": eager %" PRIu64 " (%s, %" PRId64 " chunks), replay %" PRIu64 " (%s)\n", at[i],
              dsv4_plan_workspace_bytes(p, at[i], false), dsv4_executor_kind_name(dsv4_plan_executor(p, at[i], false)),
              dsv4_plan_chunks(p, at[i]), dsv4_plan_workspace_bytes(p, at[i], true),
              dsv4_executor_kind_name(dsv4_plan_executor(p, at[i], true)));
-    gput(b, "  max %" PRIu64 " of %" PRIu64 ", weights %" PRIu64 ", gemm %s, router %s, experts %" PRId64 "+%" PRId64
+    dsv4_sb_printf(b, "  max %" PRIu64 " of %" PRIu64 ", weights %" PRIu64 ", gemm %s, router %s, experts %" PRId64 "+%" PRId64
             ", inter %" PRId64 "+%" PRId64 "\n",
          dsv4_plan_workspace_max(p), dsv4_plan_budget_available(p), dsv4_plan_weight_bytes(p),
          dsv4_gemm_mode_name(dsv4_plan_gemm(p)), dsv4_router_kind_name(dsv4_plan_router(p)),
@@ -72,27 +50,25 @@ static void put_plan(gbuf *b, const dsv4_config *cfg, const dsv4_topology *t, co
 }
 
 /* The whole text, for a reader of a failure (written next to the test's files). */
-static gbuf full;
+static dsv4_strbuf full;
 
 /* A block: its body's FNV-1a 64 after the head, or the body itself where it is a refusal (the
    messages are what the pin is for). The full text goes to `full`. */
-static void emit(gbuf *b, const char *head, gbuf *body)
+static void emit(dsv4_strbuf *b, const char *head, dsv4_strbuf *body)
 {
     const char *s = body->s ? body->s : "";
-    gput(&full, "%s\n%s", head, s);
+    dsv4_sb_printf(&full, "%s\n%s", head, s);
     if (!strncmp(s, "  refused", 9)) {
-        gput(b, "%s\n%s", head, s);
+        dsv4_sb_printf(b, "%s\n%s", head, s);
     } else {
-        uint64_t h = UINT64_C(1469598103934665603);
-        for (size_t i = 0; i < body->len; i++)
-            h = (h ^ (unsigned char)s[i]) * UINT64_C(1099511628211);
-        gput(b, "%s #%016" PRIx64 "\n", head, h);
+        uint64_t h = dsv4_fnv1a(DSV4_FNV_OFFSET, s, body->n);
+        dsv4_sb_printf(b, "%s #%016" PRIx64 "\n", head, h);
     }
     free(body->s);
-    *body = (gbuf){0};
+    *body = (dsv4_strbuf){0};
 }
 
-static void put_scenario(gbuf *b, const char *rel)
+static void put_scenario(dsv4_strbuf *b, const char *rel)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", tu_src_dir(), rel);
@@ -102,13 +78,13 @@ static void put_scenario(gbuf *b, const char *rel)
     for (size_t i = 0; i < dsv4_scenario_count(s); i++) {
         const dsv4_scenario_case *c = dsv4_scenario_get(s, i);
         if (c->config_status) {
-            gput(b, "== %s: config refused: %s\n", c->name, c->config_error);
+            dsv4_sb_printf(b, "== %s: config refused: %s\n", c->name, c->config_error);
             continue;
         }
         for (int r = 0; r < c->n_ranks; r++) {
             dsv4_topology t = c->topology;
             t.rank = r;
-            gbuf body = {0};
+            dsv4_strbuf body = {0};
             put_plan(&body, &c->config, &t, &c->budget);
             char head[512];
             snprintf(head, sizeof head, "== %s rank %d", c->name, r);
@@ -120,7 +96,7 @@ static void put_scenario(gbuf *b, const char *rel)
 
 /* The product: backends, sm, graphs, executors, dispatch, role, shardings and two budgets on a
    dense and a hash layer; a line per topology, the messages numbered once. */
-static void put_product(gbuf *b)
+static void put_product(dsv4_strbuf *b)
 {
     static const int shard[][4] = {{1, 1, 1, 1}, {2, 1, 2, 1}, {1, 2, 2, 2}, {2, 2, 4, 2}, {1, 4, 4, 4}, {3, 1, 3, 1},
                                    {1, 8, 8, 8}, {1, 2, 2, 1}}; /* tp, dp, world, ep */
@@ -139,7 +115,7 @@ static void put_product(gbuf *b)
                 for (size_t sm = 0; sm < sizeof sms / sizeof sms[0]; sm++) {
                     if (be != DSV4_BACKEND_CUDA && sm != 1)
                         continue;
-                    gbuf body = {0};
+                    dsv4_strbuf body = {0};
                     for (int g = 0; g < 2; g++)
                         for (int ex = 0; ex < 4; ex++)
                             for (int d = 0; d < 4; d++)
@@ -165,12 +141,12 @@ static void put_product(gbuf *b)
                                             if (bu)
                                                 bud.taken_bytes = bud.device_bytes - (UINT64_C(4) << 30) -
                                                                   (pr ? UINT64_C(20) << 20 : UINT64_C(600) << 20);
-                                            gput(&body, "%d %d %d %d %zu %d: ", g, ex, d, role, sh, bu);
+                                            dsv4_sb_printf(&body, "%d %d %d %d %zu %d: ", g, ex, d, role, sh, bu);
                                             dsv4_plan *p = NULL;
                                             dsv4_error e;
                                             dsv4_status st = dsv4_plan_create(&cfg, &t, &bud, &p, &e);
                                             if (!st) {
-                                                gput(&body, "chunk %" PRId64 " max %" PRIu64 " %s/%s\n",
+                                                dsv4_sb_printf(&body, "chunk %" PRId64 " max %" PRIu64 " %s/%s\n",
                                                      dsv4_plan_chunk_tokens(p), dsv4_plan_workspace_max(p),
                                                      dsv4_executor_kind_name(dsv4_plan_executor(p, 1, false)),
                                                      dsv4_executor_kind_name(dsv4_plan_executor(p, 1, true)));
@@ -184,7 +160,7 @@ static void put_product(gbuf *b)
                                                 ck_assert_int_lt(nmsg, MAXMSG);
                                                 msgs[nmsg++] = strdup(e.message);
                                             }
-                                            gput(&body, "%s #%d\n", dsv4_status_str(st), m);
+                                            dsv4_sb_printf(&body, "%s #%d\n", dsv4_status_str(st), m);
                                         }
                     char head[128];
                     snprintf(head, sizeof head, "## %s layer %" PRId64 " backend %s sm %d", presets[pr], layers[l],
@@ -192,19 +168,18 @@ static void put_product(gbuf *b)
                     emit(b, head, &body);
                 }
         }
-    gput(b, "## messages\n");
+    dsv4_sb_printf(b, "## messages\n");
     for (int m = 0; m < nmsg; m++) {
-        gput(b, "#%d %s\n", m, msgs[m]);
+        dsv4_sb_printf(b, "#%d %s\n", m, msgs[m]);
         free(msgs[m]);
     }
 }
 
-static void write_text(const char *path, const gbuf *t)
+static void write_text(const char *path, const dsv4_strbuf *t)
 {
-    FILE *f = fopen(path, "wb");
-    ck_assert_msg(f != NULL, "%s", path);
-    ck_assert_uint_eq(fwrite(t->s, 1, t->len, f), t->len);
-    ck_assert_int_eq(fclose(f), 0);
+    dsv4_error e;
+    ck_assert_msg(!t->oom, "out of memory building %s", path);
+    ck_assert_msg(dsv4_write_file_atomic(path, t->s, t->n, &e) == DSV4_OK, "%s", e.message);
 }
 
 START_TEST(outputs_and_refusals_unchanged)
@@ -212,11 +187,11 @@ START_TEST(outputs_and_refusals_unchanged)
 #ifdef DSV4_WITH_CUDA
     return;
 #endif
-    gbuf b = {0};
+    dsv4_strbuf b = {0};
     static const char *const files[] = {"scenarios/ci.yaml", "scenarios/default.yaml", "scenarios/engines.yaml",
                                         "scenarios/gpu.yaml", "scenarios/seed-review.yaml", "tests/smoke.yaml"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        gput(&b, "# %s\n", files[i]);
+        dsv4_sb_printf(&b, "# %s\n", files[i]);
         put_scenario(&b, files[i]);
     }
     put_product(&b);
@@ -231,26 +206,26 @@ START_TEST(outputs_and_refusals_unchanged)
     size_t glen = 0;
     unsigned char *gs = tu_slurp(path, &glen);
     ck_assert_msg(gs != NULL, "%s is missing (DSV4MOE_GOLDEN_WRITE=PATH writes it)", path);
-    gbuf g = {(char *)gs, glen, glen};
+    dsv4_strbuf g = {(char *)gs, glen, glen, false};
     /* The first line that differs, with its number. */
     size_t i = 0, line = 1, start = 0;
-    while (i < b.len && i < g.len && b.s[i] == g.s[i]) {
+    while (i < b.n && i < g.n && b.s[i] == g.s[i]) {
         if (b.s[i] == '\n')
             line++, start = i + 1;
         i++;
     }
-    if (i < b.len || i < g.len) {
+    if (i < b.n || i < g.n) {
         const char *ea = strchr(b.s + start, '\n'), *eg = g.s ? strchr(g.s + start, '\n') : NULL;
         ck_abort_msg("plan_golden.txt line %zu differs (every figure and message now: %s):\n  now:    %.*s\n"
                      "  pinned: %.*s", line, fullpath,
-                     (int)(ea ? ea - (b.s + start) : (ptrdiff_t)(b.len - start)), b.s + start,
-                     (int)(eg ? eg - (g.s + start) : (ptrdiff_t)(g.len > start ? g.len - start : 0)),
+                     (int)(ea ? ea - (b.s + start) : (ptrdiff_t)(b.n - start)), b.s + start,
+                     (int)(eg ? eg - (g.s + start) : (ptrdiff_t)(g.n > start ? g.n - start : 0)),
                      g.s ? g.s + start : "");
     }
     free(b.s);
     free(g.s);
     free(full.s);
-    full = (gbuf){0};
+    full = (dsv4_strbuf){0};
 }
 END_TEST
 

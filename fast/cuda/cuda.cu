@@ -656,17 +656,14 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
        range (ep) and of its inter range (tp: gate/up rows and down columns sliced at upload, the
        kernels running a layer of moe_inter_dim = the plan's inter count). */
     const int64_t inter = dsv4_plan_inter_count(plan);
-    const bool sharded = dsv4_plan_router(plan) != DSV4_ROUTER_LOCAL ||
-                         dsv4_plan_expert_count(plan) != cfg->n_routed_experts || inter != cfg->moe_inter_dim;
+    const bool sharded = dsv4_plan_shard(plan)->sharded;
     if (sharded && opt->workspace)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE,
                            "a rank of a sharded plan runs its stages in the backend's own workspace, not a caller's");
     if (topo->sm != 90)
         return dsv4_seterr(err, DSV4_ERR_UNSUPPORTED, WHERE, "sm %d: this build's kernels are for sm 90 (Hopper)",
                            topo->sm);
-    dsv4_status st = dsv4_config_validate(cfg, err);
-    if (st)
-        return st;
+    dsv4_status st; /* the config was validated by the planner */
     Kernels kv;
     if ((st = parse_kernels(opt->params, &kv, err)) != DSV4_OK)
         return st;

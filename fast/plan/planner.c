@@ -534,11 +534,14 @@ dsv4_status dsv4_plan_create(const dsv4_config *cfg, const dsv4_topology *topo, 
     p->shard.world = t->world_size, p->shard.tp = t->tp, p->shard.dp = t->dp, p->shard.ep = t->ep;
     p->shard.rank = t->rank;
     p->shard.host_threads = t->host_threads > 0 ? t->host_threads : 1;
-    char fp8names[96], nofp8buf[128];
-    dsv4_backend_names_with(has_fp8, " or ", fp8names, sizeof fp8names);
-    snprintf(nofp8buf, sizeof nofp8buf, "backend is not %s", fp8names);
+    char nofp8buf[128] = "";
     const char *nofp8 = nofp8buf;
     bool fp8 = be->caps.gemm_fp8 && fp8_gemm_eligible(cfg, &nofp8);
+    if (!be->caps.gemm_fp8) { /* the explanation names the backends that would run it */
+        char fp8names[96];
+        dsv4_backend_names_with(has_fp8, " or ", fp8names, sizeof fp8names);
+        snprintf(nofp8buf, sizeof nofp8buf, "backend is not %s", fp8names);
+    }
     p->shard.gemm = cfg->gemm == DSV4_GEMM_AUTO ? (fp8 ? DSV4_GEMM_FP8 : DSV4_GEMM_EXACT) : cfg->gemm;
     uint64_t row_bytes = dsv4_mem_row_bytes(cfg, p->shard.i_count, p->shard.gemm);
 
