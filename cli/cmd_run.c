@@ -132,20 +132,15 @@ int cmd_run(int argc, char **argv)
         else if (!strcmp(a, "--traces"))
             traces = v;
         else if (!strcmp(a, "--backend")) {
-            char names[128] = "";
-            size_t len = 0;
             backend = -1;
             for (int i = 0; i < dsv4_backend_count(); i++) {
                 dsv4_backend_info info;
                 dsv4_backend_info_at(i, &info, NULL);
                 if (!strcmp(v, info.name))
                     backend = i;
-                int w = snprintf(names + len, sizeof names - len, "%s%s",
-                                 !i ? "" : i == dsv4_backend_count() - 1 ? " or " : ", ", info.name);
-                len += w > 0 && (size_t)w < sizeof names - len ? (size_t)w : 0;
             }
             if (backend < 0)
-                return cli_failf(cmd, "option --backend: '%s' is not %s", v, names);
+                return cli_failf(cmd, "option --backend: '%s' is not %s", v, dsv4_backends_registered());
             /* Asking for a backend this build lacks would "pass" on the checks that need no
                backend; it is bad input, refused before any case runs. */
             if (!dsv4_backend_available((dsv4_backend_kind)backend))

@@ -131,18 +131,9 @@ dsv4_status dsv4_h_run_scenario(const dsv4_scenario *scn, const dsv4_run_options
                            opts->struct_size, sizeof(dsv4_run_options));
     if (opts->threads < 1 || opts->threads > 256)
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "threads %d is outside [1, 256]", opts->threads);
-    if (opts->backend < -1 || opts->backend >= dsv4_backend_count()) {
-        char names[128] = "";
-        size_t len = 0;
-        for (int i = 0; i < dsv4_backend_count() && len < sizeof names; i++) {
-            dsv4_backend_info info;
-            dsv4_backend_info_at(i, &info, NULL);
-            int w = snprintf(names + len, sizeof names - len, "%s%s",
-                             i == dsv4_backend_count() - 1 ? " or " : ", ", info.name);
-            len += w > 0 ? (size_t)w : 0;
-        }
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "backend %d is not -1%s", opts->backend, names);
-    }
+    if (opts->backend < -1 || opts->backend >= dsv4_backend_count())
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "backend %d is not -1 (each case's own) or the index of %s",
+                           opts->backend, dsv4_backends_registered());
     const char *cache = opts->cache_dir && opts->cache_dir[0] ? opts->cache_dir : "out/cache";
     dsv4_status st = dsv4_h_mkdir_p(cache, err);
     if (st)

@@ -172,8 +172,10 @@ START_TEST(registry_and_planner)
     t.backend = (dsv4_backend_kind)(rc_reg.kind + 1);
     ck_assert_int_eq(dsv4_plan_create(&c, &t, &b, &p, &e), DSV4_ERR_REFUSED);
     ck_assert_str_eq(e.message, "plan: backend 4 is not ref, cpu, cuda or refcopy");
+    ck_assert_str_eq(dsv4_backends_registered(), "ref, cpu, cuda or refcopy");
     drop_refcopy();
     ck_assert_int_eq(dsv4_backend_count(), before);
+    ck_assert_str_eq(dsv4_backends_registered(), "ref, cpu or cuda");
     ck_assert_ptr_null(strstr(dsv4_backends_available(), "refcopy"));
     ck_assert_int_eq(dsv4_backend_unregister(&rc_reg, &e), DSV4_ERR_INVALID_ARG);
 }

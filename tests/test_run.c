@@ -273,6 +273,11 @@ START_TEST(filter_and_appending_results)
     r = NULL;
     ck_assert_int_eq(dsv4_run_scenario(s, &o, &r, &e), DSV4_ERR_INVALID_ARG);
     ck_assert_ptr_null(r);
+    o.threads = 1;
+    o.backend = dsv4_backend_count();
+    ck_assert_int_eq(dsv4_run_scenario(s, &o, &r, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_str_eq(e.message, "run: backend 3 is not -1 (each case's own) or the index of ref, cpu or cuda");
+    ck_assert_ptr_null(r);
     dsv4_scenario_free(s);
 }
 END_TEST

@@ -94,15 +94,25 @@ void dsv4_backend_names_with(bool (*want)(const dsv4_backend_reg *), const char 
 
 static bool built(const dsv4_backend_reg *r) { return r->create != NULL; }
 
-/* The built backends' names, filled once (and again by dsv4_backend_register, which runs before
-   anything else). */
-static char built_names[128];
-static void fill_built(void) { dsv4_backend_names_with(built, ", ", built_names, sizeof built_names); }
+/* The built backends' names and every registered one's, filled once (and again by
+   dsv4_backend_register, which runs before anything else). */
+static char built_names[128], all_names[128];
+static void fill_built(void)
+{
+    dsv4_backend_names_with(built, ", ", built_names, sizeof built_names);
+    dsv4_backend_names_with(NULL, " or ", all_names, sizeof all_names);
+}
 
 const char *dsv4_backends_available(void)
 {
     pthread_once(&built_once, fill_built);
     return built_names;
+}
+
+const char *dsv4_backends_registered(void)
+{
+    pthread_once(&built_once, fill_built);
+    return all_names;
 }
 
 static bool has_stages(const dsv4_backend_reg *e)

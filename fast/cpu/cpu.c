@@ -42,7 +42,8 @@
  * (router tensors, quantized-at-load weights of a bf16 stacked checkpoint) and `ws`
  * (the workspace: chunk buffers, group buffers, tile scratch), kept between forwards
  * and grown only as needed; its peak is workspace_peak.
- */#include <math.h>
+ */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -56,6 +57,7 @@
 #include "dsv4moe/plan.h"
 #include "dsv4moe/weights.h"
 #include "fast/backend/backend_reg.h"
+#include "fast/backend/params.h"
 #include "fast/cpu/cpu_impl.h"
 #include "core/err.h"
 #include "core/testctl.h"
@@ -423,29 +425,20 @@ static dsv4_status bind(cpu_be *b, const dsv4_checkpoint *ck, int64_t e, int p, 
 static dsv4_status parse_params(const char *params, dsv4_cpu_kernels *level, dsv4_error *err)
 {
     *level = DSV4_CPU_KERNELS_AUTO;
-    for (const char *p = params; p && *p;) {
-        const char *end = strchr(p, ',');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        const char *eq = memchr(p, '=', n);
-        if (!eq)
-            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend cpu params",
-                               "'%.*s' is not key=value (keys: kernels)", (int)n, p);
-        size_t kl = (size_t)(eq - p);
-        if (kl != 7 || strncmp(p, "kernels", 7))
-            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend cpu params", "unknown key '%.*s' (keys: kernels)",
-                               (int)kl, p);
+    dsv4_param it;
+    int more;
+    while ((more = dsv4_params_next(&params, &it, "cpu", "kernels", err)) > 0) {
+        if (!dsv4_param_key_is(&it, "kernels"))
+            return dsv4_param_unknown_key(&it, "cpu", "kernels", err);
         char name[32];
-        size_t vl = n - kl - 1;
-        if (vl >= sizeof name)
-            vl = sizeof name - 1;
-        memcpy(name, eq + 1, vl);
+        size_t vl = it.val_len < sizeof name ? it.val_len : sizeof name - 1;
+        memcpy(name, it.val, vl);
         name[vl] = '\0';
         dsv4_status st = dsv4_cpu_kernels_from_name(name, level, err);
         if (st)
             return st;
-        p = end ? end + 1 : p + n;
     }
-    return DSV4_OK;
+    return more ? DSV4_ERR_INVALID_ARG : DSV4_OK;
 }
 
 dsv4_status dsv4_cpu_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck, const dsv4_backend_options *opt,

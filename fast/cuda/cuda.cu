@@ -38,6 +38,7 @@ extern "C" {
 #include "dsv4moe/plan.h"
 #include "dsv4moe/weights.h"
 #include "fast/backend/backend_impl.h"
+#include "fast/backend/params.h"
 #include "fast/cuda/cuda_entry.h"
 #include "core/err.h"
 #include "core/parallel.h"

@@ -234,16 +234,13 @@ struct Kernels {
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
     *k = Kernels();
-    for (const char *p = spec; p && *p;) {
-        const char *end = strchr(p, ','), *eq = strchr(p, '=');
-        const size_t n = end ? (size_t)(end - p) : strlen(p);
-        if (!eq || eq >= p + n)
-            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "params: '%.*s' is not key=value (keys: " KERNEL_KEYS ")", (int)n, p);
-        const size_t kl = (size_t)(eq - p), vl = n - kl - 1;
-        const char *v = eq + 1;
-        auto is = [&](const char *key) { return kl == strlen(key) && !strncmp(p, key, kl); };
-        auto val = [&](const char *s) { return vl == strlen(s) && !strncmp(v, s, vl); };
+    dsv4_param it;
+    int more;
+    while ((more = dsv4_params_next(&spec, &it, "cuda", KERNEL_KEYS, err)) > 0) {
+        const char *v = it.val;
+        const size_t vl = it.val_len;
+        auto is = [&](const char *key) { return dsv4_param_key_is(&it, key); };
+        auto val = [&](const char *s) { return dsv4_param_val_is(&it, s); };
         bool ok = true;
         if (is("path"))
             ok = val("exact") || val("auto"), k->exact_path = val("exact");
@@ -272,16 +269,18 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = vl > 0 && vl < sizeof buf && *e == 0 && c >= (cut ? FM_DEC_MAX : 1) && c <= (cut ? FM_MID_MAX : 8);
             (cut ? k->fp8_cut : k->dec_fill) = (int)c;
         } else
-            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "params: unknown key '%.*s' (keys: " KERNEL_KEYS ")", (int)kl, p);
-        if (!ok)
-            return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "backend options",
-                               "params: '%.*s' is not a value of %.*s (path auto|exact, tile wgmma|mma, tileh "
-                               "s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split, combine fold|kernel, dec_b l1|smem)",
-                               (int)vl, v, (int)kl, p, FM_DEC_MAX, FM_MID_MAX);
-        p = end ? end + 1 : p + n;
+            return dsv4_param_unknown_key(&it, "cuda", KERNEL_KEYS, err);
+        if (!ok) {
+            char allowed[320];
+            snprintf(allowed, sizeof allowed,
+                     "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
+                     "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split, combine fold|kernel, dec_b "
+                     "l1|smem",
+                     FM_DEC_MAX, FM_MID_MAX);
+            return dsv4_param_bad_value(&it, "cuda", allowed, err);
+        }
     }
-    return DSV4_OK;
+    return more ? DSV4_ERR_INVALID_ARG : DSV4_OK;
 }
 
 /* The kernel choice for large and mid-size groups. */

@@ -2,7 +2,7 @@
    step over simulated ranks, each rank composing the stages of its plan's backend
    (fast/backend/backend_impl.h) around the collectives, over the host sim communicator, or, for a
    backend whose rows live on a device (cuda), over its device communicator with the rows as device
-   buffers (run_chunk_dev). */
+   buffers; one step sequence (run_chunk) for both. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,19 +99,18 @@ static int cmp_slot_expert(const void *a, const void *b)
             goto done;                                                                                      \
     } while (0)
 
-/* The driver's buffers of one chunk, all through the rank's accounting allocator. */
+/* A chunk's slot bookkeeping, on the host through the rank's accounting allocator wherever its
+   rows live. */
 typedef struct {
     int32_t *ids, *tok, *ge, *sende, *recve, *shid;
-    int32_t *sidx, *gidx; /* rows on a device: the slots' tokens, the received rows' order */
-    float *w, *sw, *gw, *sendw, *recvw, *go, *shf;
+    float *w, *sw, *gw, *sendw, *recvw;
     slot *sl, *rs;
-    uint16_t *gx, *ob, *shb, *sendx, *recvx, *sendo;
 } chunk_bufs;
 
 static void release_bufs(dsv4_allocator *a, chunk_bufs *b)
 {
-    void *all[] = {b->ids, b->tok, b->ge, b->sende, b->recve, b->shid, b->sidx, b->gidx, b->w, b->sw, b->gw, b->sendw,
-                   b->recvw, b->go, b->shf, b->sl, b->rs, b->gx, b->ob, b->shb, b->sendx, b->recvx, b->sendo};
+    void *all[] = {b->ids, b->tok, b->ge, b->sende, b->recve, b->shid, b->w,
+                   b->sw,  b->gw,  b->sendw, b->recvw, b->sl,   b->rs};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         dsv4_release(a, all[i]);
     memset(b, 0, sizeof *b);
@@ -124,11 +123,127 @@ static void *zalloc(dsv4_allocator *a, uint64_t n, size_t size, bool *oom)
     return p;
 }
 
-static void round_bf16(const float *in, uint16_t *out, uint64_t n)
+/* ---------------- where a rank's rows live ----------------
+   A chunk's rows (token rows, dispatched rows, expert outputs, the shared rows) live on the host
+   (the rank's accounting allocator) or, where the backend has a device (rank_ctx.dev), on it. The
+   step sequence (run_chunk) is one; these helpers are the only places that tell the two apart. */
+
+#define ROW_BUFS 16
+
+/* The row buffers of one chunk (or of one exchange through the device), counted into the rank's
+   peaks: the accounting allocator's on the host, dev_peak on a device. */
+typedef struct {
+    void *p[ROW_BUFS];
+    size_t n[ROW_BUFS];
+    int k;
+} row_bufs;
+
+static void *rows_alloc(rank_ctx *rc, row_bufs *d, uint64_t count, size_t size, bool *oom)
 {
-    for (uint64_t i = 0; i < n; i++)
-        out[i] = dsv4_f32_to_bf16(in[i]);
+    size_t bytes = (size_t)(count + 1) * size;
+    void *p = d->k >= ROW_BUFS ? NULL : rc->dev ? rc->dev->alloc(rc->impl, bytes) : dsv4_alloc(rc->acct, bytes);
+    if (!p) {
+        *oom = true;
+        return NULL;
+    }
+    d->p[d->k] = p;
+    d->n[d->k++] = bytes;
+    if (rc->dev) {
+        rc->dev_cur += bytes;
+        rc->dev_peak = rc->dev_cur > rc->dev_peak ? rc->dev_cur : rc->dev_peak;
+    }
+    return p;
 }
+
+static void rows_release(rank_ctx *rc, row_bufs *d)
+{
+    for (int i = 0; i < d->k; i++) {
+        if (!rc->dev) {
+            dsv4_release(rc->acct, d->p[i]);
+            continue;
+        }
+        if (rc->dev->release)
+            rc->dev->release(rc->impl, d->p[i]);
+        rc->dev_cur -= d->n[i];
+    }
+    d->k = 0;
+}
+
+/* dst[i] = src[idx[i]] for i < n: bf16 rows of H; idx on the host. */
+static dsv4_status rows_gather(rank_ctx *rc, int64_t n, int64_t H, const uint16_t *src, const int32_t *idx,
+                               uint16_t *dst, dsv4_error *err)
+{
+    if (rc->dev)
+        return rc->dev->gather(rc->impl, n, H, src, idx, dst, err);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(dst + i * H, src + (int64_t)idx[i] * H, (size_t)H * sizeof *dst);
+    return DSV4_OK;
+}
+
+/* dst[idx ? idx[i] : i] = bf16(src[i]) for i < n: fp32 rows of H rounded to bf16. */
+static dsv4_status rows_round(rank_ctx *rc, int64_t n, int64_t H, const float *src, const int32_t *idx, uint16_t *dst,
+                              dsv4_error *err)
+{
+    if (rc->dev)
+        return rc->dev->round(rc->impl, n, H, src, idx, dst, err);
+    for (int64_t i = 0; i < n; i++) {
+        const float *s = src + i * H;
+        uint16_t *o = dst + (idx ? (int64_t)idx[i] : i) * H;
+        for (int64_t h = 0; h < H; h++)
+            o[h] = dsv4_f32_to_bf16(s[h]);
+    }
+    return DSV4_OK;
+}
+
+/* An all_to_allv over the ep group of small host arrays (counts, expert ids, weights): directly on
+   the host communicator; through device buffers on a device one (it moves only device memory). */
+static dsv4_status meta_all_to_allv(rank_ctx *rc, dsv4_dtype dt, const void *send, const uint64_t *sc, void *recv,
+                                    const uint64_t *rcn, const char *tag, dsv4_error *err)
+{
+    if (!rc->dev)
+        return dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, dt, send, sc, recv, rcn, tag, err);
+    int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
+    uint64_t ns = 0, nr = 0;
+    for (int j = 0; j < P; j++) {
+        ns += sc[j];
+        nr += rcn[j];
+    }
+    size_t sz = dsv4_dtype_size(dt);
+    row_bufs d = {0};
+    bool oom = false;
+    void *ds = rows_alloc(rc, &d, ns, sz, &oom), *dr = rows_alloc(rc, &d, nr, sz, &oom);
+    dsv4_status st = oom ? dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of device memory for '%s'", tag) : DSV4_OK;
+    if (!st)
+        st = rc->dev->copy(rc->impl, ds, send, (size_t)ns * sz, err);
+    if (!st)
+        st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, dt, ds, sc, dr, rcn, tag, err);
+    if (!st)
+        st = rc->dev->copy(rc->impl, recv, dr, (size_t)nr * sz, err);
+    rows_release(rc, &d);
+    return st;
+}
+
+/* The step's metadata all_gather over the world, through device buffers where the rows are on a device. */
+static dsv4_status step_meta(rank_ctx *rc, const int64_t meta[2], int64_t *all, int world, dsv4_error *err)
+{
+    if (!rc->dev)
+        return dsv4_comm_all_gather(rc->comm, DSV4_GROUP_WORLD, DSV4_DTYPE_I64, meta, 2, all, "step meta", err);
+    row_bufs d = {0};
+    bool oom = false;
+    void *dm = rows_alloc(rc, &d, 2, sizeof(int64_t), &oom);
+    void *da = rows_alloc(rc, &d, 2 * (uint64_t)world, sizeof(int64_t), &oom);
+    dsv4_status st = oom ? dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of device memory for the step meta") : DSV4_OK;
+    if (!st)
+        st = rc->dev->copy(rc->impl, dm, meta, 2 * sizeof(int64_t), err);
+    if (!st)
+        st = dsv4_comm_all_gather(rc->comm, DSV4_GROUP_WORLD, DSV4_DTYPE_I64, dm, 2, da, "step meta", err);
+    if (!st)
+        st = rc->dev->copy(rc->impl, all, da, (size_t)world * 2 * sizeof(int64_t), err);
+    rows_release(rc, &d);
+    return st;
+}
+
+/* ---------------- the step sequence of a chunk ---------------- */
 
 /* The kept slots of n routed tokens (b->ids, b->w) in b->sl sorted by (expert, token, slot), their
    tokens and weights in b->tok, b->sw; returns their count. The sentinel E is no expert and is
@@ -148,13 +263,13 @@ static int64_t kept_slots(const dsv4_config *c, int64_t n, chunk_bufs *b)
     return ns;
 }
 
-/* The shared expert's rows of the chunk on this rank (partial under tp), fp32 into b->shf. */
+/* The shared expert's rows of the chunk's n tokens (rows x) on this rank (partial under tp), fp32 into out. */
 static dsv4_status shared_rows(rank_ctx *rc, int64_t n, const uint16_t *x, int64_t i0, int64_t ni, chunk_bufs *b,
-                               dsv4_error *err)
+                               float *out, dsv4_error *err)
 {
     for (int64_t t = 0; t < n; t++)
         b->shid[t] = DSV4_SHARED_EXPERT;
-    return n ? rc->stage->experts(rc->impl, n, x, b->shid, NULL, i0, ni, b->shf, err) : DSV4_OK;
+    return n ? rc->stage->experts(rc->impl, n, x, b->shid, NULL, i0, ni, out, err) : DSV4_OK;
 }
 
 /* A chunk's routing buffers for nk = n K slots: ids, weights, slot records, their tokens and weights. */
@@ -251,6 +366,16 @@ static dsv4_status local_slots(const rank_ctx *rc, const chunk_bufs *b, int64_t 
     return DSV4_OK;
 }
 
+/*
+ * One chunk [c0, c0 + n) of the rank's tokens: route, (ep) dispatch, the rank's experts, (ep) the
+ * way back or (tp) the reduce, combine. The rows live where the rank's backend keeps them (the
+ * helpers above): on a device, the chunk's token rows are copied there once, route reads them
+ * there, the dispatched rows are gathered, exchanged, regrouped, computed, rounded and sent back
+ * as device buffers, and combine reads the outputs there and writes the rank's y. The slot
+ * bookkeeping stays on the host either way. The collectives, their order and tags are the same
+ * wherever the rows live, so are the fingerprint traces. A 0-row chunk computes nothing but joins
+ * every collective.
+ */
 static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *err)
 {
     const dsv4_config *c = rc->cfg;
@@ -258,24 +383,29 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
     int64_t H = c->dim, K = c->n_activated;
     int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
     dsv4_dist_rank *io = rc->io;
-    const uint16_t *x = io->x ? io->x + c0 * H : NULL;
     bool has_shared = c->n_shared_experts > 0, oom = false;
     dsv4_status st = DSV4_OK;
     dsv4_allocator *A = rc->acct;
     chunk_bufs b;
     memset(&b, 0, sizeof b);
-    int64_t nk = n * K;
-    slot_bufs(A, &b, (uint64_t)nk, &oom);
-    if (has_shared) {
-        b.shid = zalloc(A, (uint64_t)n, sizeof *b.shid, &oom);
-        b.shf = zalloc(A, (uint64_t)(n * H), sizeof *b.shf, &oom);
-        b.shb = zalloc(A, (uint64_t)(n * H), sizeof *b.shb, &oom);
-    }
+    row_bufs d = {0};
+    uint64_t uH = (uint64_t)H;
+    slot_bufs(A, &b, (uint64_t)(n * K), &oom);
+    b.shid = has_shared ? zalloc(A, (uint64_t)n, sizeof *b.shid, &oom) : NULL;
+    /* the chunk's token rows: the caller's on the host, a copy on a device */
+    const uint16_t *x = io->x ? io->x + c0 * H : NULL;
+    uint16_t *dx = rc->dev ? rows_alloc(rc, &d, (uint64_t)n * uH, sizeof *dx, &oom) : NULL;
+    uint16_t *ob = NULL, *shb = NULL; /* the slots' outputs and the shared rows, bf16, for combine */
     if (oom) {
         st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for a chunk of %lld tokens", (long long)n);
         goto done;
     }
-    /* 1: route (a 0-row chunk computes nothing but joins every collective below) */
+    if (dx) {
+        if (n)
+            TRY(rc->dev->copy(rc->impl, dx, x, (size_t)(n * H) * sizeof *dx, err));
+        x = dx;
+    }
+    /* 1: route */
     int64_t ns = 0;
     TRY(route_chunk(rc, c0, n, x, &b, &ns, err));
 
@@ -284,216 +414,7 @@ static dsv4_status run_chunk(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *er
            grouped by destination in rank order) */
         ep_counts ec;
         dispatch_counts(rc, &b, ns, &ec);
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I64, ec.scount, ec.ones, ec.rcount, ec.ones,
-                                  "dispatch counts", err));
-        uint64_t uH = (uint64_t)H, nr = row_counts(&ec, uH);
-        b.sendx = zalloc(A, (uint64_t)ns * uH, sizeof *b.sendx, &oom);
-        b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
-        b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
-        b.recvx = zalloc(A, nr * uH, sizeof *b.recvx, &oom);
-        b.recve = zalloc(A, nr, sizeof *b.recve, &oom);
-        b.recvw = zalloc(A, nr, sizeof *b.recvw, &oom);
-        b.rs = zalloc(A, nr, sizeof *b.rs, &oom);
-        b.gx = zalloc(A, nr * uH, sizeof *b.gx, &oom);
-        b.ge = zalloc(A, nr, sizeof *b.ge, &oom);
-        b.gw = zalloc(A, nr, sizeof *b.gw, &oom);
-        b.go = zalloc(A, nr * uH, sizeof *b.go, &oom);
-        b.sendo = zalloc(A, nr * uH, sizeof *b.sendo, &oom);
-        b.ob = zalloc(A, (uint64_t)ns * uH, sizeof *b.ob, &oom);
-        if (oom) {
-            st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %llu received slots",
-                             (unsigned long long)nr);
-            goto done;
-        }
-        for (int64_t s = 0; s < ns; s++) {
-            memcpy(b.sendx + (uint64_t)s * uH, x + b.sl[s].t * H, (size_t)H * sizeof *b.sendx);
-            b.sende[s] = b.sl[s].e;
-            b.sendw[s] = b.sl[s].w;
-        }
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendx, ec.scH, b.recvx, ec.rcH,
-                                  "dispatch rows", err));
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_I32, b.sende, ec.sc, b.recve, ec.rcn,
-                                  "dispatch experts", err));
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_F32, b.sendw, ec.sc, b.recvw, ec.rcn,
-                                  "dispatch weights", err));
-        /* 3: this rank's experts, grouped in ascending id (received order inside a group: source
-           rank, then its token order); the received order is kept for the way back */
-        TRY(received_groups(rc, &b, nr, err));
-        for (uint64_t q = 0; q < nr; q++) {
-            memcpy(b.gx + q * uH, b.recvx + (uint64_t)b.rs[q].t * uH, (size_t)H * sizeof *b.gx);
-            b.ge[q] = b.rs[q].e;
-            b.gw[q] = b.rs[q].w;
-        }
-        if (nr)
-            TRY(rc->stage->experts(rc->impl, (int64_t)nr, b.gx, b.ge, b.gw, i0, ni, b.go, err));
-        for (uint64_t q = 0; q < nr; q++)
-            round_bf16(b.go + q * uH, b.sendo + (uint64_t)b.rs[q].t * uH, uH);
-        /* 4: the outputs back to the home ranks, in the order they were sent */
-        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, b.sendo, ec.rcH, b.ob, ec.scH,
-                                  "combine rows", err));
-        if (has_shared) {
-            TRY(shared_rows(rc, n, x, i0, ni, &b, err));
-            round_bf16(b.shf, b.shb, (uint64_t)(n * H));
-        }
-    } else {
-        /* every expert here; under tp, this rank's share of moe_inter_dim */
-        TRY(local_slots(rc, &b, ns, err));
-        uint64_t len = (uint64_t)(ns * H) + (has_shared ? (uint64_t)(n * H) : 0);
-        b.gx = zalloc(A, (uint64_t)(ns * H), sizeof *b.gx, &oom);
-        b.ge = zalloc(A, (uint64_t)ns, sizeof *b.ge, &oom);
-        b.go = zalloc(A, len, sizeof *b.go, &oom); /* slots' rows, then the shared rows (one all_reduce) */
-        b.ob = zalloc(A, (uint64_t)(ns * H), sizeof *b.ob, &oom);
-        if (oom) {
-            st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %lld slots", (long long)ns);
-            goto done;
-        }
-        for (int64_t s = 0; s < ns; s++) {
-            memcpy(b.gx + s * H, x + b.sl[s].t * H, (size_t)H * sizeof *b.gx);
-            b.ge[s] = b.sl[s].e;
-        }
-        if (ns)
-            TRY(rc->stage->experts(rc->impl, ns, b.gx, b.ge, b.sw, i0, ni, b.go, err));
-        if (has_shared) {
-            TRY(shared_rows(rc, n, x, i0, ni, &b, err));
-            memcpy(b.go + ns * H, b.shf, (size_t)(n * H) * sizeof *b.go);
-        }
-        /* tp: one all_reduce of the partial down projections, slots then shared rows */
-        if (tp->tp > 1)
-            TRY(dsv4_comm_all_reduce(rc->comm, DSV4_GROUP_TP, DSV4_DTYPE_F32, b.go, len, "tp reduce", err));
-        round_bf16(b.go, b.ob, (uint64_t)(ns * H));
-        if (has_shared)
-            round_bf16(b.go + ns * H, b.shb, (uint64_t)(n * H));
-    }
-    /* 5: combine on the home rank, each token's slots in ascending expert id */
-    if (n)
-        TRY(rc->stage->combine(rc->impl, n, ns, b.tok, b.sw, b.ob, has_shared ? b.shb : NULL, io->y + c0 * H, err));
-done:
-    release_bufs(A, &b);
-    return st;
-}
-
-/* ---------------- rows on the backend's device (rank_ctx.dev) ---------------- */
-
-#define DEV_BUFS 16
-
-/* The device buffers of one chunk (or of the step's metadata), counted into the rank's peak. */
-typedef struct {
-    void *p[DEV_BUFS];
-    size_t n[DEV_BUFS];
-    int k;
-} dev_bufs;
-
-static void *dalloc(rank_ctx *rc, dev_bufs *d, uint64_t count, size_t size, bool *oom)
-{
-    size_t bytes = (size_t)(count + 1) * size;
-    void *p = d->k < DEV_BUFS ? rc->dev->alloc(rc->impl, bytes) : NULL;
-    if (!p) {
-        *oom = true;
-        return NULL;
-    }
-    d->p[d->k] = p;
-    d->n[d->k++] = bytes;
-    rc->dev_cur += bytes;
-    rc->dev_peak = rc->dev_cur > rc->dev_peak ? rc->dev_cur : rc->dev_peak;
-    return p;
-}
-
-static void drelease(rank_ctx *rc, dev_bufs *d)
-{
-    for (int i = 0; i < d->k; i++) {
-        rc->dev->release(rc->impl, d->p[i]);
-        rc->dev_cur -= d->n[i];
-    }
-    d->k = 0;
-}
-
-/* A collective of small host arrays through device buffers (the device communicator moves only
-   device memory): counts, expert ids, weights. */
-static dsv4_status dev_all_to_allv(rank_ctx *rc, dsv4_dtype dt, const void *send, const uint64_t *sc, void *recv,
-                                   const uint64_t *rcn, const char *tag, dsv4_error *err)
-{
-    int P = dsv4_comm_group_size(rc->comm, DSV4_GROUP_EP);
-    uint64_t ns = 0, nr = 0;
-    for (int j = 0; j < P; j++) {
-        ns += sc[j];
-        nr += rcn[j];
-    }
-    size_t sz = dsv4_dtype_size(dt);
-    dev_bufs d = {0};
-    bool oom = false;
-    void *ds = dalloc(rc, &d, ns, sz, &oom), *dr = dalloc(rc, &d, nr, sz, &oom);
-    dsv4_status st = oom ? dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of device memory for '%s'", tag) : DSV4_OK;
-    if (!st)
-        st = rc->dev->copy(rc->impl, ds, send, (size_t)ns * sz, err);
-    if (!st)
-        st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, dt, ds, sc, dr, rcn, tag, err);
-    if (!st)
-        st = rc->dev->copy(rc->impl, recv, dr, (size_t)nr * sz, err);
-    drelease(rc, &d);
-    return st;
-}
-
-/* The step's metadata all_gather over the world, through device buffers where the rows are on a device. */
-static dsv4_status step_meta(rank_ctx *rc, const int64_t meta[2], int64_t *all, int world, dsv4_error *err)
-{
-    if (!rc->dev)
-        return dsv4_comm_all_gather(rc->comm, DSV4_GROUP_WORLD, DSV4_DTYPE_I64, meta, 2, all, "step meta", err);
-    dev_bufs d = {0};
-    bool oom = false;
-    void *dm = dalloc(rc, &d, 2, sizeof(int64_t), &oom), *da = dalloc(rc, &d, 2 * (uint64_t)world, sizeof(int64_t), &oom);
-    dsv4_status st = oom ? dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of device memory for the step meta") : DSV4_OK;
-    if (!st)
-        st = rc->dev->copy(rc->impl, dm, meta, 2 * sizeof(int64_t), err);
-    if (!st)
-        st = dsv4_comm_all_gather(rc->comm, DSV4_GROUP_WORLD, DSV4_DTYPE_I64, dm, 2, da, "step meta", err);
-    if (!st)
-        st = rc->dev->copy(rc->impl, all, da, (size_t)world * 2 * sizeof(int64_t), err);
-    drelease(rc, &d);
-    return st;
-}
-
-/*
- * run_chunk with the rows on the backend's device: the chunk's token rows are copied to the
- * device once; route reads them there; the dispatched rows are gathered, exchanged, regrouped,
- * computed, rounded and sent back as device buffers; combine reads the outputs there and writes
- * the rank's y. The slot bookkeeping (ids, weights, expert ids, orders) stays on the host, its
- * counts, expert ids and weights exchanged through device buffers. The collectives, their order
- * and tags are run_chunk's, so the fingerprint traces are the same.
- */
-static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error *err)
-{
-    const dsv4_config *c = rc->cfg;
-    const dsv4_topology *tp = dsv4_plan_topology(rc->plan);
-    const dsv4_backend_device *D = rc->dev;
-    int64_t H = c->dim, K = c->n_activated;
-    int64_t i0 = dsv4_plan_inter_first(rc->plan), ni = dsv4_plan_inter_count(rc->plan);
-    dsv4_dist_rank *io = rc->io;
-    bool has_shared = c->n_shared_experts > 0, oom = false;
-    dsv4_status st = DSV4_OK;
-    dsv4_allocator *A = rc->acct;
-    chunk_bufs b;
-    memset(&b, 0, sizeof b);
-    dev_bufs d = {0};
-    uint64_t uH = (uint64_t)H, nk = (uint64_t)(n * K);
-    slot_bufs(A, &b, nk, &oom);
-    b.sidx = zalloc(A, nk, sizeof *b.sidx, &oom);
-    b.shid = has_shared ? zalloc(A, (uint64_t)n, sizeof *b.shid, &oom) : NULL;
-    uint16_t *dx = dalloc(rc, &d, (uint64_t)n * uH, 2, &oom), *dshb = NULL, *dob = NULL;
-    if (oom) {
-        st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for a chunk of %lld tokens", (long long)n);
-        goto done;
-    }
-    if (n)
-        TRY(D->copy(rc->impl, dx, io->x + c0 * H, (size_t)(n * H) * 2, err));
-    int64_t ns = 0;
-    TRY(route_chunk(rc, c0, n, dx, &b, &ns, err));
-    for (int64_t s = 0; s < ns; s++)
-        b.sidx[s] = (int32_t)b.sl[s].t;
-    float *dshf = NULL;
-    if (tp->ep > 1) {
-        ep_counts ec;
-        dispatch_counts(rc, &b, ns, &ec);
-        TRY(dev_all_to_allv(rc, DSV4_DTYPE_I64, ec.scount, ec.ones, ec.rcount, ec.ones, "dispatch counts", err));
+        TRY(meta_all_to_allv(rc, DSV4_DTYPE_I64, ec.scount, ec.ones, ec.rcount, ec.ones, "dispatch counts", err));
         uint64_t nr = row_counts(&ec, uH);
         b.sende = zalloc(A, (uint64_t)ns, sizeof *b.sende, &oom);
         b.sendw = zalloc(A, (uint64_t)ns, sizeof *b.sendw, &oom);
@@ -502,92 +423,87 @@ static dsv4_status run_chunk_dev(rank_ctx *rc, int64_t c0, int64_t n, dsv4_error
         b.rs = zalloc(A, nr, sizeof *b.rs, &oom);
         b.ge = zalloc(A, nr, sizeof *b.ge, &oom);
         b.gw = zalloc(A, nr, sizeof *b.gw, &oom);
-        b.gidx = zalloc(A, nr, sizeof *b.gidx, &oom);
-        uint16_t *dsendx = dalloc(rc, &d, (uint64_t)ns * uH, 2, &oom), *drecvx = dalloc(rc, &d, nr * uH, 2, &oom);
-        uint16_t *dgx = dalloc(rc, &d, nr * uH, 2, &oom), *dsendo = dalloc(rc, &d, nr * uH, 2, &oom);
-        float *dgo = dalloc(rc, &d, nr * uH, 4, &oom);
-        dob = dalloc(rc, &d, (uint64_t)ns * uH, 2, &oom);
+        uint16_t *sendx = rows_alloc(rc, &d, (uint64_t)ns * uH, sizeof *sendx, &oom);
+        uint16_t *recvx = rows_alloc(rc, &d, nr * uH, sizeof *recvx, &oom);
+        uint16_t *gx = rows_alloc(rc, &d, nr * uH, sizeof *gx, &oom);
+        float *go = rows_alloc(rc, &d, nr * uH, sizeof *go, &oom);
+        uint16_t *sendo = rows_alloc(rc, &d, nr * uH, sizeof *sendo, &oom);
+        ob = rows_alloc(rc, &d, (uint64_t)ns * uH, sizeof *ob, &oom);
         if (oom) {
-            st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %llu received slots", (unsigned long long)nr);
+            st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %llu received slots",
+                             (unsigned long long)nr);
             goto done;
         }
         for (int64_t s = 0; s < ns; s++) {
             b.sende[s] = b.sl[s].e;
             b.sendw[s] = b.sl[s].w;
         }
-        st = D->gather(rc->impl, ns, H, dx, b.sidx, dsendx, err);
-        if (!st)
-            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendx, ec.scH, drecvx, ec.rcH,
-                                       "dispatch rows", err);
-        if (!st)
-            st = dev_all_to_allv(rc, DSV4_DTYPE_I32, b.sende, ec.sc, b.recve, ec.rcn, "dispatch experts", err);
-        if (!st)
-            st = dev_all_to_allv(rc, DSV4_DTYPE_F32, b.sendw, ec.sc, b.recvw, ec.rcn, "dispatch weights", err);
-        if (!st)
-            st = received_groups(rc, &b, nr, err);
-        if (!st) {
-            for (uint64_t q = 0; q < nr; q++) {
-                b.gidx[q] = (int32_t)b.rs[q].t;
-                b.ge[q] = b.rs[q].e;
-                b.gw[q] = b.rs[q].w;
-            }
-            st = D->gather(rc->impl, (int64_t)nr, H, drecvx, b.gidx, dgx, err);
+        TRY(rows_gather(rc, ns, H, x, b.tok, sendx, err));
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, sendx, ec.scH, recvx, ec.rcH,
+                                  "dispatch rows", err));
+        TRY(meta_all_to_allv(rc, DSV4_DTYPE_I32, b.sende, ec.sc, b.recve, ec.rcn, "dispatch experts", err));
+        TRY(meta_all_to_allv(rc, DSV4_DTYPE_F32, b.sendw, ec.sc, b.recvw, ec.rcn, "dispatch weights", err));
+        /* 3: this rank's experts, grouped in ascending id (received order inside a group: source
+           rank, then its token order); the received order is kept for the way back, in the
+           received expert ids' buffer (read into rs, free again) */
+        TRY(received_groups(rc, &b, nr, err));
+        int32_t *gidx = b.recve;
+        for (uint64_t q = 0; q < nr; q++) {
+            gidx[q] = (int32_t)b.rs[q].t;
+            b.ge[q] = b.rs[q].e;
+            b.gw[q] = b.rs[q].w;
         }
-        if (!st && nr)
-            st = rc->stage->experts(rc->impl, (int64_t)nr, dgx, b.ge, b.gw, i0, ni, dgo, err);
-        /* back in the received order: row gidx[q] of the send buffer is expert row q */
-        if (!st)
-            st = D->round(rc->impl, (int64_t)nr, H, dgo, b.gidx, dsendo, err);
-        if (!st)
-            st = dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, dsendo, ec.rcH, dob, ec.scH, "combine rows",
-                                       err);
-        if (st)
-            goto done;
+        TRY(rows_gather(rc, (int64_t)nr, H, recvx, gidx, gx, err));
+        if (nr)
+            TRY(rc->stage->experts(rc->impl, (int64_t)nr, gx, b.ge, b.gw, i0, ni, go, err));
+        /* 4: the outputs back to the home ranks, in the order they were sent (expert row q is row
+           gidx[q] of the send buffer) */
+        TRY(rows_round(rc, (int64_t)nr, H, go, gidx, sendo, err));
+        TRY(dsv4_comm_all_to_allv(rc->comm, DSV4_GROUP_EP, DSV4_DTYPE_BF16, sendo, ec.rcH, ob, ec.scH,
+                                  "combine rows", err));
         if (has_shared) {
-            dshf = dalloc(rc, &d, (uint64_t)n * uH, 4, &oom);
-            dshb = dalloc(rc, &d, (uint64_t)n * uH, 2, &oom);
+            float *shf = rows_alloc(rc, &d, (uint64_t)n * uH, sizeof *shf, &oom);
+            shb = rows_alloc(rc, &d, (uint64_t)n * uH, sizeof *shb, &oom);
             if (oom) {
-                st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of device memory for the shared rows");
+                st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for the shared rows of %lld tokens",
+                                 (long long)n);
                 goto done;
             }
-            for (int64_t t = 0; t < n; t++)
-                b.shid[t] = DSV4_SHARED_EXPERT;
-            if (n)
-                TRY(rc->stage->experts(rc->impl, n, dx, b.shid, NULL, i0, ni, dshf, err));
-            TRY(D->round(rc->impl, n, H, dshf, NULL, dshb, err));
+            TRY(shared_rows(rc, n, x, i0, ni, &b, shf, err));
+            TRY(rows_round(rc, n, H, shf, NULL, shb, err));
         }
     } else {
+        /* every expert here; under tp, this rank's share of moe_inter_dim */
         TRY(local_slots(rc, &b, ns, err));
         uint64_t len = (uint64_t)(ns * H) + (has_shared ? (uint64_t)(n * H) : 0);
         b.ge = zalloc(A, (uint64_t)ns, sizeof *b.ge, &oom);
-        uint16_t *dgx = dalloc(rc, &d, (uint64_t)ns * uH, 2, &oom);
-        float *dgo = dalloc(rc, &d, len, 4, &oom); /* slots' rows, then the shared rows (one all_reduce) */
-        dob = dalloc(rc, &d, (uint64_t)ns * uH, 2, &oom);
-        dshb = has_shared ? dalloc(rc, &d, (uint64_t)n * uH, 2, &oom) : NULL;
+        uint16_t *gx = rows_alloc(rc, &d, (uint64_t)ns * uH, sizeof *gx, &oom);
+        float *go = rows_alloc(rc, &d, len, sizeof *go, &oom); /* slots' rows, then the shared rows (one all_reduce) */
+        ob = rows_alloc(rc, &d, (uint64_t)ns * uH, sizeof *ob, &oom);
+        shb = has_shared ? rows_alloc(rc, &d, (uint64_t)n * uH, sizeof *shb, &oom) : NULL;
         if (oom) {
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, "dist", "out of memory for %lld slots", (long long)ns);
             goto done;
         }
         for (int64_t s = 0; s < ns; s++)
             b.ge[s] = b.sl[s].e;
-        TRY(D->gather(rc->impl, ns, H, dx, b.sidx, dgx, err));
+        TRY(rows_gather(rc, ns, H, x, b.tok, gx, err));
         if (ns)
-            TRY(rc->stage->experts(rc->impl, ns, dgx, b.ge, b.sw, i0, ni, dgo, err));
-        if (has_shared && n) {
-            for (int64_t t = 0; t < n; t++)
-                b.shid[t] = DSV4_SHARED_EXPERT;
-            TRY(rc->stage->experts(rc->impl, n, dx, b.shid, NULL, i0, ni, dgo + ns * H, err));
-        }
-        if (tp->tp > 1)
-            TRY(dsv4_comm_all_reduce(rc->comm, DSV4_GROUP_TP, DSV4_DTYPE_F32, dgo, len, "tp reduce", err));
-        TRY(D->round(rc->impl, ns, H, dgo, NULL, dob, err));
+            TRY(rc->stage->experts(rc->impl, ns, gx, b.ge, b.sw, i0, ni, go, err));
         if (has_shared)
-            TRY(D->round(rc->impl, n, H, dgo + ns * H, NULL, dshb, err));
+            TRY(shared_rows(rc, n, x, i0, ni, &b, go + ns * H, err));
+        /* tp: one all_reduce of the partial down projections, slots then shared rows */
+        if (tp->tp > 1)
+            TRY(dsv4_comm_all_reduce(rc->comm, DSV4_GROUP_TP, DSV4_DTYPE_F32, go, len, "tp reduce", err));
+        TRY(rows_round(rc, ns, H, go, NULL, ob, err));
+        if (has_shared)
+            TRY(rows_round(rc, n, H, go + ns * H, NULL, shb, err));
     }
+    /* 5: combine on the home rank, each token's slots in ascending expert id */
     if (n)
-        TRY(rc->stage->combine(rc->impl, n, ns, b.tok, b.sw, dob, has_shared ? dshb : NULL, io->y + c0 * H, err));
+        TRY(rc->stage->combine(rc->impl, n, ns, b.tok, b.sw, ob, shb, io->y + c0 * H, err));
 done:
-    drelease(rc, &d);
+    rows_release(rc, &d);
     release_bufs(A, &b);
     return st;
 }
@@ -624,7 +540,7 @@ static void *rank_main(void *p)
                                                   : dsv4_plan_workspace_bytes(rc->cplan, maxT, false);
     for (int64_t ch = 0; ch < nch; ch++) {
         int64_t b = ch * ct, e = b + ct < T ? b + ct : T;
-        if ((st = (rc->dev ? run_chunk_dev : run_chunk)(rc, b < T ? b : T, e > b ? e - b : 0, err)))
+        if ((st = run_chunk(rc, b < T ? b : T, e > b ? e - b : 0, err)))
             goto out;
     }
 out:
@@ -815,8 +731,15 @@ static int cmp_uslot(const void *a, const void *b)
     return x->e != y->e ? CMP(x->e, y->e) : x->r != y->r ? CMP(x->r, y->r) : CMP(x->s, y->s);
 }
 
+/* A rank's chunk in the single-rank counterpart: its slot bookkeeping and its rows, on the host. */
 typedef struct {
-    chunk_bufs b[DSV4_COMM_MAX_RANKS];
+    chunk_bufs c;
+    uint16_t *gx, *ob, *shb;
+    float *go, *shf;
+} single_rank;
+
+typedef struct {
+    single_rank b[DSV4_COMM_MAX_RANKS];
     int64_t ns[DSV4_COMM_MAX_RANKS];
     uslot *u;
     uint16_t *ux;
@@ -831,11 +754,18 @@ static void *xmalloc(uint64_t n, size_t size, bool *oom)
     return p;
 }
 
+static void round_bf16(const float *in, uint16_t *out, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = dsv4_f32_to_bf16(in[i]);
+}
+
 static void single_free(single_bufs *S, int world)
 {
     for (int r = 0; r < world; r++) {
-        chunk_bufs *b = &S->b[r];
-        void *all[] = {b->ids, b->w, b->sl, b->tok, b->sw, b->shid, b->shf, b->shb, b->gx, b->ge, b->go, b->ob};
+        single_rank *R = &S->b[r];
+        chunk_bufs *b = &R->c;
+        void *all[] = {b->ids, b->w, b->sl, b->tok, b->sw, b->shid, R->shf, R->shb, R->gx, b->ge, R->go, R->ob};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }
@@ -856,7 +786,8 @@ static dsv4_status single_chunk(const dsv4_config *c, const dsv4_topology *topo,
     dsv4_status st = DSV4_OK;
     for (int r = 0; r < world && !st; r++) {
         dsv4_dist_rank *io = &ranks[r];
-        chunk_bufs *b = &S->b[r];
+        single_rank *R = &S->b[r];
+        chunk_bufs *b = &R->c;
         int64_t n = io->tokens - c0 < ct ? io->tokens - c0 : ct;
         n = n > 0 ? n : 0;
         S->ns[r] = 0;
@@ -872,25 +803,25 @@ static dsv4_status single_chunk(const dsv4_config *c, const dsv4_topology *topo,
             S->u[nu++] = (uslot){r, b->sl[s].e, s};
         if (topo->ep <= 1) { /* the rank's own groups, as it computes them */
             for (int64_t s = 0; s < S->ns[r]; s++) {
-                memcpy(b->gx + s * H, io->x + (c0 + b->sl[s].t) * H, (size_t)H * sizeof *b->gx);
+                memcpy(R->gx + s * H, io->x + (c0 + b->sl[s].t) * H, (size_t)H * sizeof *R->gx);
                 b->ge[s] = b->sl[s].e;
             }
-            if (S->ns[r] && (st = stg->experts(impl, S->ns[r], b->gx, b->ge, b->sw, 0, I, b->go, err)))
+            if (S->ns[r] && (st = stg->experts(impl, S->ns[r], R->gx, b->ge, b->sw, 0, I, R->go, err)))
                 break;
-            round_bf16(b->go, b->ob, (uint64_t)(S->ns[r] * H));
+            round_bf16(R->go, R->ob, (uint64_t)(S->ns[r] * H));
         }
         if (b->shid && n) {
             for (int64_t t = 0; t < n; t++)
                 b->shid[t] = DSV4_SHARED_EXPERT;
-            if ((st = stg->experts(impl, n, io->x + c0 * H, b->shid, NULL, 0, I, b->shf, err)))
+            if ((st = stg->experts(impl, n, io->x + c0 * H, b->shid, NULL, 0, I, R->shf, err)))
                 break;
-            round_bf16(b->shf, b->shb, (uint64_t)(n * H));
+            round_bf16(R->shf, R->shb, (uint64_t)(n * H));
         }
     }
     if (!st && topo->ep > 1 && nu) { /* every expert's group from all ranks' slots, as ep forms it */
         qsort(S->u, (size_t)nu, sizeof *S->u, cmp_uslot);
         for (int64_t q = 0; q < nu; q++) {
-            const chunk_bufs *b = &S->b[S->u[q].r];
+            const chunk_bufs *b = &S->b[S->u[q].r].c;
             const slot *sl = &b->sl[S->u[q].s];
             memcpy(S->ux + q * H, ranks[S->u[q].r].x + (c0 + sl->t) * H, (size_t)H * sizeof *S->ux);
             S->ue[q] = sl->e;
@@ -902,9 +833,9 @@ static dsv4_status single_chunk(const dsv4_config *c, const dsv4_topology *topo,
     }
     for (int r = 0; r < world && !st; r++) {
         int64_t n = ranks[r].tokens - c0 < ct ? ranks[r].tokens - c0 : ct;
-        const chunk_bufs *b = &S->b[r];
+        const single_rank *R = &S->b[r];
         if (n > 0)
-            st = stg->combine(impl, n, S->ns[r], b->tok, b->sw, b->ob, b->shid ? b->shb : NULL,
+            st = stg->combine(impl, n, S->ns[r], R->c.tok, R->c.sw, R->ob, R->c.shid ? R->shb : NULL,
                               ranks[r].y + c0 * H, err);
     }
     return st;
@@ -959,20 +890,21 @@ dsv4_status dsv4_dist_single_rank(const dsv4_config *cfg, const dsv4_checkpoint 
     uint64_t all = (uint64_t)(world * nk);
     bool oom = false;
     for (int r = 0; r < world; r++) {
-        chunk_bufs *b = &S.b[r];
+        single_rank *R = &S.b[r];
+        chunk_bufs *b = &R->c;
         b->ids = xmalloc((uint64_t)nk, sizeof *b->ids, &oom);
         b->w = xmalloc((uint64_t)nk, sizeof *b->w, &oom);
         b->sl = xmalloc((uint64_t)nk, sizeof *b->sl, &oom);
         b->tok = xmalloc((uint64_t)nk, sizeof *b->tok, &oom);
         b->sw = xmalloc((uint64_t)nk, sizeof *b->sw, &oom);
-        b->gx = xmalloc((uint64_t)(nk * H), sizeof *b->gx, &oom);
+        R->gx = xmalloc((uint64_t)(nk * H), sizeof *R->gx, &oom);
         b->ge = xmalloc((uint64_t)nk, sizeof *b->ge, &oom);
-        b->go = xmalloc((uint64_t)(nk * H), sizeof *b->go, &oom);
-        b->ob = xmalloc((uint64_t)(nk * H), sizeof *b->ob, &oom);
+        R->go = xmalloc((uint64_t)(nk * H), sizeof *R->go, &oom);
+        R->ob = xmalloc((uint64_t)(nk * H), sizeof *R->ob, &oom);
         if (cfg->n_shared_experts > 0) {
             b->shid = xmalloc((uint64_t)ct, sizeof *b->shid, &oom);
-            b->shf = xmalloc((uint64_t)(ct * H), sizeof *b->shf, &oom);
-            b->shb = xmalloc((uint64_t)(ct * H), sizeof *b->shb, &oom);
+            R->shf = xmalloc((uint64_t)(ct * H), sizeof *R->shf, &oom);
+            R->shb = xmalloc((uint64_t)(ct * H), sizeof *R->shb, &oom);
         }
     }
     S.u = xmalloc(all, sizeof *S.u, &oom);

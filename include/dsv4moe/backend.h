@@ -212,6 +212,8 @@ typedef struct dsv4_backend_info {
 
 /* The number of registered backends (every kind, built or not). */
 DSV4_API int dsv4_backend_count(void);
+/* Their names in kind order as text for a message: "ref, cpu or cuda" (static storage). */
+DSV4_API const char *dsv4_backends_registered(void);
 /* The index-th backend (0 .. count - 1), in dsv4_backend_kind order; DSV4_ERR_RANGE outside. */
 DSV4_API dsv4_status dsv4_backend_info_at(int index, dsv4_backend_info *out, dsv4_error *err);
 /* The backend of a kind; DSV4_ERR_INVALID_ARG for an unknown kind. */
