@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "core/fileio.h"
 #include "cli/cli.h"
 #include "dsv4moe_harness/engines.h"
 
@@ -24,13 +25,20 @@ static int unlink_one(const char *path, const struct stat *sb, int flag, struct 
     return remove(path);
 }
 
-/* dir emptied of a previous run's outputs (made when absent). */
-static int fresh_dir(const char *dir)
+/* dir emptied of a previous run's outputs (made when absent); -1 with why set otherwise. */
+static int fresh_dir(const char *dir, char *why, size_t n)
 {
     struct stat sb;
-    if (lstat(dir, &sb) == 0 && nftw(dir, unlink_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
+    dsv4_error e;
+    if (lstat(dir, &sb) == 0 && nftw(dir, unlink_one, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+        snprintf(why, n, "cannot clear %.200s: %s", dir, strerror(errno));
         return -1;
-    return cli_mkdir_p(dir);
+    }
+    if (dsv4_mkdir_p(dir, &e)) {
+        snprintf(why, n, "%.250s", e.message);
+        return -1;
+    }
+    return 0;
 }
 
 /* s with '...' quoting for sh appended to buf. */
@@ -107,9 +115,8 @@ static void run_cell(const char *dir, const char *engine, const char *root, cons
         snprintf(out->why, sizeof out->why, "the report path is too long");
         return;
     }
-    if (fresh_dir(odir) != 0) {
+    if (fresh_dir(odir, out->why, sizeof out->why) != 0) {
         out->ran = -1;
-        snprintf(out->why, sizeof out->why, "cannot clear %.200s: %s", odir, strerror(errno));
         return;
     }
     if (build_command(engine, dir, odir, cls, dsv4_rounding_name(r), log, cmd, sizeof cmd) != 0) {
@@ -165,8 +172,11 @@ int cli_check_catalogue(const char *dir, const char *engine, const char *report,
         return cli_failf(cmd, "--catalogue: %s exists and was not made by check --catalogue (no %s): name another "
                               "--report", root, MARKER);
     FILE *mf = NULL;
-    if (cli_mkdir_p(root) != 0 || !(mf = fopen(marker, "w")) || fclose(mf) != 0)
-        return cli_failf(cmd, "--catalogue: cannot create %s: %s", root, strerror(errno));
+    dsv4_error me;
+    if (dsv4_mkdir_p(root, &me))
+        return cli_failf(cmd, "--catalogue: %s", me.message);
+    if (!(mf = fopen(marker, "w")) || fclose(mf) != 0)
+        return cli_failf(cmd, "--catalogue: cannot create %s: %s", marker, strerror(errno));
     dsv4_check_options co = *opt;
     FILE *md = fopen(mdpath, "w");
     if (!md)

@@ -85,8 +85,6 @@ void cli_free_scenarios(dsv4_scenario **scns, int n);
    the catalogue in each profile of the mask, checked with opt; prints the table. An exit status. */
 int cli_check_catalogue(const char *dir, const char *engine, const char *report, const dsv4_check_options *opt,
                         unsigned profiles);
-/* mkdir -p: the folder and its parents; 0 on success, -1 with errno set otherwise. */
-int cli_mkdir_p(const char *path);
 /* Takes the value of option argv[*i]; prints and returns NULL when missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 /* Seconds on the monotonic clock (durations of the commands' steps). */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fileio.h"
 #include "cli/cli.h"
 #include "dsv4moe_harness/engines.h"
 
@@ -136,8 +137,8 @@ int cmd_check(int argc, char **argv)
     snprintf(jpath, sizeof jpath, "%s/report.json", report);
     snprintf(xpath, sizeof xpath, "%s/junit.xml", report);
     snprintf(hpath, sizeof hpath, "%s/report.html", report);
-    if (cli_mkdir_p(report) != 0) {
-        rc = cli_failf(cmd, "cannot create the report folder '%s': %s", report, strerror(errno));
+    if (dsv4_mkdir_p(report, &err)) {
+        rc = cli_fail(cmd, &err);
     } else if (dsv4_report_json(res, NULL, jpath, &err) || dsv4_report_junit(res, NULL, xpath, &err) ||
                dsv4_report_html(res, hpath, &err)) {
         rc = cli_fail(cmd, &err);

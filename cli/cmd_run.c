@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/fileio.h"
 #include "cli/cli.h"
 #include "dsv4moe/backend.h"
 #ifdef DSV4_FAULTS
@@ -174,8 +175,9 @@ int cmd_run(int argc, char **argv)
                        filter ? "'" : "");
         goto out;
     }
-    if (cli_mkdir_p(report) != 0) {
-        rc = cli_failf(cmd, "cannot create the report folder '%s': %s", report, strerror(errno));
+    dsv4_error merr;
+    if (dsv4_mkdir_p(report, &merr)) {
+        rc = cli_fail(cmd, &merr);
         goto out;
     }
     char cache_buf[4200];

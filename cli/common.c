@@ -283,32 +283,6 @@ const char *cli_tensor_desc(const dsv4_tensor_info *t, char *buf, size_t n)
     return buf;
 }
 
-int cli_mkdir_p(const char *path)
-{
-    char buf[4096];
-    size_t n = strlen(path);
-    if (!n || n >= sizeof buf) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++)
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char s = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return -1;
-            buf[i] = s;
-        }
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
-}
 
 void cli_progress_start(cli_progress *p, const char *what, bool quiet)
 {

@@ -370,3 +370,25 @@ done:
     *len = n;
     return DSV4_OK;
 }
+
+dsv4_status dsv4_mkdir_p(const char *path, dsv4_error *err)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf)
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "folder", "'%s' is not a folder path (empty, or 4096 bytes or more)", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char save = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return dsv4_seterr(err, DSV4_ERR_IO, buf, "cannot create folder: %s", strerror(errno));
+            buf[i] = save;
+        }
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return dsv4_seterr(err, DSV4_ERR_IO, path, "not a folder");
+    return DSV4_OK;
+}

@@ -64,6 +64,10 @@ dsv4_status dsv4_read_small_file(const char *path, size_t max, const char *what,
 /* "a folder", "a character device", "a FIFO", ... for messages. */
 const char *dsv4_file_kind(mode_t mode);
 
+/* mkdir -p: creates the folder and its parents (0755); an error names the one that failed, or a
+   path that exists but is not a folder. */
+dsv4_status dsv4_mkdir_p(const char *path, dsv4_error *err);
+
 /* fsync of a folder (after a rename into it); errors other than EINVAL/EROFS are reported. */
 dsv4_status dsv4_fsync_dir(const char *dir, dsv4_error *err);
 

@@ -12,32 +12,9 @@
 #include "core/err.h"
 #include "core/fileio.h"
 #include "core/hash.h"
-#include "harness/run_ext.h"
 #include "dsv4moe/gen.h"
 
 #define RUN_CACHE_VERSION "dsv4moe-cache-1"
-
-dsv4_status dsv4_h_mkdir_p(const char *path, dsv4_error *err)
-{
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "bad cache folder '%s'", path);
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char save = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return dsv4_seterr(err, DSV4_ERR_IO, buf, "cannot create folder: %s", strerror(errno));
-            buf[i] = save;
-        }
-    }
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-        return dsv4_seterr(err, DSV4_ERR_IO, path, "not a folder");
-    return DSV4_OK;
-}
 
 /* The config fields the generated weights depend on, with the seed. */
 static uint64_t weights_key(const dsv4_config *c, uint64_t seed, char *desc, size_t n)
@@ -214,9 +191,8 @@ dsv4_status dsv4_h_backend_checkpoint_path(const char *dir, const dsv4_config *c
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", out);
     if (access(idx, R_OK) == 0)
         return DSV4_OK;
-    if ((st = dsv4_h_mkdir_p(out, err)))
+    if ((st = dsv4_mkdir_p(out, err)))
         return st;
     return write_shards(src, out, sc->checkpoint.shards, sc->checkpoint.experts_last, err);
 }
 
-dsv4_status dsv4_run_ext_mkdir_p(const char *path, dsv4_error *err) { return dsv4_h_mkdir_p(path, err); }

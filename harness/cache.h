@@ -14,9 +14,6 @@
 #include "dsv4moe_harness/scenario.h"
 #include "dsv4moe/status.h"
 
-/* mkdir -p: creates the folder and its parents; an error names the one that failed. */
-dsv4_status dsv4_h_mkdir_p(const char *path, dsv4_error *err);
-
 /* Opens the cached weights of (cfg, seed) in `dir`, generating them when absent or unreadable, on
    `threads` threads (the bytes do not depend on them). */
 dsv4_status dsv4_h_open_weights(const char *dir, const dsv4_config *cfg, uint64_t seed, int threads,

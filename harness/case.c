@@ -10,7 +10,8 @@
 
 #include "harness/cache.h"
 #include "harness/case.h"
-#include "harness/run_ext.h"
+#include "compare/run_ext.h"
+#include "core/fileio.h"
 #include "dsv4moe_harness/engines.h"
 #include "dsv4moe_harness/symmetry.h"
 
@@ -36,26 +37,6 @@ static void stop_unrun(dsv4_h_case *k, const char *fmt, ...)
     va_end(ap);
     k->rest = DSV4_RESULT_SKIP;
     k->rest_set = k->rest_unrun = true;
-}
-
-/* Slice offsets: tp ranks of one block share their block's slice. */
-static void slice_offsets(const dsv4_topology *t, const int64_t *tokens, int n, int64_t *off)
-{
-    int tp = t->tp >= 1 ? t->tp : 1;
-    int64_t o = 0;
-    for (int r = 0; r < n; r++) {
-        if (r % tp == 0) {
-            off[r] = o;
-            o += tokens[r];
-        } else {
-            off[r] = off[r - r % tp];
-        }
-    }
-}
-
-void dsv4_run_ext_slices(const dsv4_topology *t, const int64_t *tokens, int n, int64_t *off)
-{
-    slice_offsets(t, tokens, n, off);
 }
 
 dsv4_status dsv4_h_ref_run(dsv4_ref *ref, const dsv4_config *cfg, const uint16_t *x, const int32_t *ids, int64_t off,
@@ -188,7 +169,7 @@ static bool build_data(dsv4_h_case *k, dsv4_error *e)
         stop(k, DSV4_RESULT_ERROR, "out of memory");
         return false;
     }
-    slice_offsets(&k->topo, sc->tokens, k->world, k->off);
+    dsv4_run_ext_slices(&k->topo, sc->tokens, k->world, k->off);
     int64_t row = 0;
     for (int r = 0; r < k->world; r++) {
         dsv4_dist_rank *d = &k->ranks[r];
@@ -307,7 +288,7 @@ static void write_traces(dsv4_h_case *k, const dsv4_case_result *c)
     dsv4_error_clear(&e);
     dsv4_export_case_id(c->name, -1, id, sizeof id);
     snprintf(dir, sizeof dir, "%s/%s", k->o->trace_dir, id);
-    dsv4_status st = dsv4_h_mkdir_p(dir, &e);
+    dsv4_status st = dsv4_mkdir_p(dir, &e);
     for (int r = 0; r < k->world && !st; r++) {
         snprintf(path, sizeof path, "%s/rank%d.jsonl", dir, r);
         st = dsv4_trace_write_jsonl(k->ranks[r].trace, k->ranks[r].trace_len, r, k->world, path, &e);

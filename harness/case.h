@@ -20,7 +20,7 @@
 #include "dsv4moe/dist.h"
 #include "dsv4moe/ref.h"
 #include "dsv4moe_harness/run.h"
-#include "harness/results.h"
+#include "compare/results.h"
 
 /* The clamp must be seen once a case has this many tokens (see docs/scenarios.md). */
 #define DSV4_H_CLAMP_MIN_TOKENS 8

@@ -18,7 +18,7 @@
 #include "compare/engines_int.h"
 #include "core/err.h"
 #include "core/fileio.h"
-#include "harness/run_ext.h"
+#include "compare/run_ext.h"
 #include "dsv4moe_harness/engines.h"
 #include "dsv4moe/formats.h"
 #include "dsv4moe/gen.h"
@@ -230,7 +230,7 @@ static dsv4_status export_one(const char *dir, const export_case *e, const dsv4_
     char id[512], folder[4800], path[5000];
     dsv4_export_case_id(e->sc->name, e->rank, id, sizeof id);
     snprintf(folder, sizeof folder, "%s/%s", dir, id);
-    dsv4_status st = dsv4_run_ext_mkdir_p(folder, err);
+    dsv4_status st = dsv4_mkdir_p(folder, err);
     if (st)
         return st;
     /* the layer */
@@ -542,7 +542,7 @@ dsv4_status dsv4_export_scenario(const dsv4_scenario *scn, const char *dir, cons
     if (st)
         return st;
     opt = &o;
-    st = dsv4_run_ext_mkdir_p(dir, err);
+    st = dsv4_mkdir_p(dir, err);
     if (st)
         return st;
     planned *plan = NULL;

@@ -9,7 +9,7 @@
 
 #include "core/err.h"
 #include "harness/fault_runs.h"
-#include "harness/results.h"
+#include "compare/results.h"
 #include "core/testctl.h"
 
 typedef struct {

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
-#include "harness/results.h"
+#include "compare/results.h"
 #include "harness/reports.h"
 #include "dsv4moe_harness/run.h"
 #include "core/err.h"

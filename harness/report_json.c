@@ -11,7 +11,7 @@
 
 #include "core/err.h"
 #include "core/fileio.h"
-#include "harness/results.h"
+#include "compare/results.h"
 #include "harness/reports.h"
 #include "dsv4moe/formats.h"
 #ifdef DSV4_FAULTS

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/err.h"
-#include "harness/results.h"
+#include "compare/results.h"
 #include "harness/reports.h"
 
 /* XML text or attribute value: the five entities escaped, characters XML 1.0 forbids dropped

@@ -11,8 +11,9 @@
 #include "harness/cache.h"
 #include "harness/case.h"
 #include "core/err.h"
-#include "harness/results.h"
-#include "harness/run_ext.h"
+#include "core/fileio.h"
+#include "compare/results.h"
+#include "compare/run_ext.h"
 
 void dsv4_run_options_init(dsv4_run_options *opt)
 {
@@ -135,7 +136,7 @@ dsv4_status dsv4_h_run_scenario(const dsv4_scenario *scn, const dsv4_run_options
         return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "run", "backend %d is not -1 (each case's own) or the index of %s",
                            opts->backend, dsv4_backends_registered());
     const char *cache = opts->cache_dir && opts->cache_dir[0] ? opts->cache_dir : "out/cache";
-    dsv4_status st = dsv4_h_mkdir_p(cache, err);
+    dsv4_status st = dsv4_mkdir_p(cache, err);
     if (st)
         return st;
 

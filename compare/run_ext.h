@@ -1,7 +1,8 @@
 /*
  * Results built outside the scenario runner (compare/engines.c: `dsv4moe check`), so an
  * outside engine's verdicts go through the same report writers as `run`'s (report.json,
- * junit.xml, report.html). Internal to the library: not an installed header.
+ * junit.xml, report.html); and how a case's token pool is sliced over its ranks (the runner,
+ * export and check agree on it). Internal to the library: not an installed header.
  */
 #ifndef DSV4MOE_RUN_EXT_H
 #define DSV4MOE_RUN_EXT_H
@@ -36,9 +37,6 @@ void dsv4_run_ext_outside(dsv4_case_result *c, const char *rounding, int64_t bey
 
 /* The case's status from its checks (error > fail > pass > skip) and its time. */
 void dsv4_run_ext_finish(dsv4_case_result *c, double seconds);
-
-/* mkdir -p: creates the folder and its parents; an error names the one that failed. */
-dsv4_status dsv4_run_ext_mkdir_p(const char *path, dsv4_error *err);
 
 /* Where each rank's tokens start in the case's token pool, as `run` slices them (the tp ranks of a
    block share their block's slice). */

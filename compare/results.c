@@ -1,7 +1,8 @@
 /*
- * The results of the scenario harness (dsv4moe_harness/run.h): the case and result-set accessors, setting
- * checks, the error profile of a comparison, and results built outside the runner (run_ext.h,
- * `dsv4moe check`).
+ * The verdict record (compare/results.h; dsv4moe_harness/run.h's case results and result sets): the
+ * accessors, setting checks, the error profile of a comparison, and results built outside the
+ * scenario runner (compare/run_ext.h: `dsv4moe check`, the export's token slices). The runner
+ * (harness/) and check (compare/engines.c) both fill it; the report writers (harness/) read it.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -11,8 +12,8 @@
 
 #include "dsv4moe/formats.h"
 #include "core/grow.h"
-#include "harness/results.h"
-#include "harness/run_ext.h"
+#include "compare/results.h"
+#include "compare/run_ext.h"
 
 const char *dsv4_result_name(dsv4_result r)
 {
@@ -412,4 +413,18 @@ const char *dsv4_h_human_bytes(uint64_t v, char *buf, size_t n)
     }
     snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", x, unit[u]);
     return buf;
+}
+
+void dsv4_run_ext_slices(const dsv4_topology *t, const int64_t *tokens, int n, int64_t *off)
+{
+    int tp = t->tp >= 1 ? t->tp : 1;
+    int64_t o = 0;
+    for (int r = 0; r < n; r++) {
+        if (r % tp == 0) {
+            off[r] = o;
+            o += tokens[r];
+        } else {
+            off[r] = off[r - r % tp]; /* the tp ranks of a block share their block's slice */
+        }
+    }
 }

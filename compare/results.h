@@ -1,10 +1,11 @@
 /*
- * Internal to the scenario harness: what a case result and a result set hold (dsv4moe_harness/run.h's
- * opaque types), and the few operations the runner, the checks and the report writers share.
- * Not an installed header.
+ * The verdict record: what a case result and a result set hold (dsv4moe_harness/run.h's opaque
+ * types), and the few operations the runner, the checks, check of outside engines and the report
+ * writers share. It lives in compare/ because both the runner (harness/) and check (compare/)
+ * produce verdicts: harness/ includes compare/, never the other way. Not an installed header.
  */
-#ifndef DSV4MOE_HARNESS_RESULTS_H
-#define DSV4MOE_HARNESS_RESULTS_H
+#ifndef DSV4MOE_COMPARE_RESULTS_H
+#define DSV4MOE_COMPARE_RESULTS_H
 
 #include <stdbool.h>
 #include <stddef.h>
