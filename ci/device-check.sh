@@ -196,6 +196,26 @@ if [ "${DSV4_DEVCHECK_AB:-0}" = 1 ] && [ -x "$BENCH" ]; then
     done
 fi
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+# DSV4_DEVCHECK_PROFILE=route: the decode step's routing kernels (k_logits_small, k_router_count;
+# k_router and k_count2 where the chunk takes them) at T = 1, 8 and 32, fp8 mode: their durations
+# with Nsight Compute's cache flush before each kernel (its default) and without it (closer to a
+# replayed graph, whose weights and buffers stay in L2), then k_router_count at T = 1 in detail:
+# warp states, memory, and the per-instruction stall samples of its SASS (the source page, CSV).
+if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+    RK="regex:k_router_count|k_logits_small|k_router\$|k_count2"
+    for rt in 1 8 32; do # (not t or cc: step uses those)
+        for rcc in all none; do
+            step "profile-route-t$rt-$rcc" 90 "$NCU --clock-control none --cache-control $rcc -k '$RK' --launch-skip 30 \
+                --launch-count 8 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
+                --tokens $rt --quick --json $WORK/bench/route_$rt.json --dir $WORK/bench --threads $JOBS"
+        done
+    done
+    step profile-route-detail 150 "$NCU --clock-control none --cache-control none -k regex:k_router_count \
+        --launch-skip 30 --launch-count 1 --set full --import-source yes -f -o $WORK/route_t1 $BENCH --gemm fp8 \
+        --tokens 1 --quick --json $WORK/bench/route_d.json --dir $WORK/bench --threads $JOBS >/dev/null && $NCU -i $WORK/route_t1.ncu-rep \
+        --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats --section SpeedOfLight && \
+        $NCU -i $WORK/route_t1.ncu-rep --page source --csv --print-source sass"
+fi
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = 1 ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for t in 1 128 4096; do
         step "profile-t$t" 150 "$NCU --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
