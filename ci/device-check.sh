@@ -200,7 +200,8 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 # k_router and k_count2 where the chunk takes them) at T = 1, 8 and 32, fp8 mode: their durations
 # with Nsight Compute's cache flush before each kernel (its default) and without it (closer to a
 # replayed graph, whose weights and buffers stay in L2), then k_router_count at T = 1 in detail:
-# warp states, memory, and the per-instruction stall samples of its SASS (the source page, CSV).
+# warp states, memory, and the per-instruction stall samples of its SASS (the source page, CSV);
+# and the logits kernel with params logits_tg=4 (four tokens' x loaded together) at the same T, warm.
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     RK="regex:k_router_count|k_logits_small|k_router\$|k_count2"
     for rt in 1 8 32; do # (not t or cc: step uses those)
@@ -209,6 +210,13 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]
                 --launch-count 8 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
                 --tokens $rt --quick --json $WORK/bench/route_$rt.json --dir $WORK/bench --threads $JOBS"
         done
+    done
+    # the logits kernel with four tokens' x loaded together (params logits_tg=4), warm, same T
+    for rt in 1 8 32; do
+        step "profile-route-t$rt-tg4" 90 "$NCU --clock-control none --cache-control none -k '$RK' --launch-skip 30 \
+            --launch-count 8 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
+            --cuda-kernels logits_tg=4 --tokens $rt --quick --json $WORK/bench/route_tg4_$rt.json --dir $WORK/bench \
+            --threads $JOBS"
     done
     step profile-route-detail 150 "$NCU --clock-control none --cache-control none -k regex:k_router_count \
         --launch-skip 30 --launch-count 1 --set full --import-source yes -f -o $WORK/route_t1 $BENCH --gemm fp8 \

@@ -151,6 +151,7 @@ struct CudaBe {
     bool route_fused = true; /* small chunks: k_logits_small, and k_router_count on the fp8 path (route=) */
     bool combine_fold = true; /* chunks of decode-sized groups: the combine in the down launch (combine=) */
     bool dec_slab = false; /* dec_b=smem: k_dec's fp4 launches without a K split stage B in shared memory */
+    int logits_tg = 1;     /* logits_tg=4: k_logits_small loads four tokens' x together */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     uint64_t fbuf_bytes[8] = {};

@@ -629,7 +629,10 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         la.xq = ra.xq, la.xs = ra.xs, la.x16 = ra.x16, la.ticket = fused ? ticket : nullptr;
         la.qmode = ra.qmode, la.H = H, la.E = E, la.lblocks = (int)cdiv(E, LS_EPB);
         const int qblocks = ra.xq ? (int)cdiv(std::min<int64_t>(L.tc, DSV4C_LOGITS_SMALL) * cdiv(H, 128), 8) : 0;
-        launch_pdl(b, k_logits_small, dim3((unsigned)(la.lblocks + qblocks)), 256, 0, s, la);
+        if (b->logits_tg == 4)
+            launch_pdl(b, k_logits_small<4>, dim3((unsigned)(la.lblocks + qblocks)), 256, 0, s, la);
+        else
+            launch_pdl(b, k_logits_small<1>, dim3((unsigned)(la.lblocks + qblocks)), 256, 0, s, la);
         ra.small_max = DSV4C_LOGITS_SMALL;
     }
     ra.logits = at<float>(b, L.logits);

@@ -355,6 +355,7 @@ struct LogitsArgs {
  * blocks past lblocks quantize x, one warp per (token, 128-group), which k_router then skips.
  * Block 0 zeroes the fused router's ticket (its blocks wait for this kernel to finish: pdl_enter).
  */
+template <int TG> /* tokens whose x a lane loads together: 1 (the default), 4 (params logits_tg=4) */
 __global__ void __launch_bounds__(256) k_logits_small(LogitsArgs a)
 {
     pdl_enter();
@@ -390,20 +391,54 @@ __global__ void __launch_bounds__(256) k_logits_small(LogitsArgs a)
 #pragma unroll
         for (int c = 0; c < LS_MAXC; c++) /* every piece in flight before the first use */
             gv[c] = kb + 256 * c < k1 ? __ldg((const uint4 *)(a.gate + (long long)e * H + kb + 256 * c)) : make_uint4(0, 0, 0, 0);
+if constexpr (TG == 1) {
 #pragma unroll
-        for (int t = 0; t < DSV4C_LOGITS_SMALL; t++) {
-            if (t >= nt)
-                break;
-#pragma unroll
-            for (int c = 0; c < LS_MAXC; c++) {
-                if (kb + 256 * c >= k1)
+            for (int t = 0; t < DSV4C_LOGITS_SMALL; t++) {
+                if (t >= nt)
                     break;
-                const uint4 xv = __ldg((const uint4 *)(a.x + (long long)t * H + kb + 256 * c));
-                const uint32_t gw[4] = {gv[c].x, gv[c].y, gv[c].z, gv[c].w}, xw[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    acc[t] = fmaf(bf16f((uint16_t)(xw[i] & 0xFFFFu)), bf16f((uint16_t)(gw[i] & 0xFFFFu)), acc[t]);
-                    acc[t] = fmaf(bf16f((uint16_t)(xw[i] >> 16)), bf16f((uint16_t)(gw[i] >> 16)), acc[t]);
+                for (int c = 0; c < LS_MAXC; c++) {
+                    if (kb + 256 * c >= k1)
+                        break;
+                    const uint4 xv = __ldg((const uint4 *)(a.x + (long long)t * H + kb + 256 * c));
+                    const uint32_t gw[4] = {gv[c].x, gv[c].y, gv[c].z, gv[c].w}, xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        acc[t] = fmaf(bf16f((uint16_t)(xw[i] & 0xFFFFu)), bf16f((uint16_t)(gw[i] & 0xFFFFu)), acc[t]);
+                        acc[t] = fmaf(bf16f((uint16_t)(xw[i] >> 16)), bf16f((uint16_t)(gw[i] >> 16)), acc[t]);
+                    }
+                }
+            }
+        } else {
+            /* TG tokens at a time, their x pieces loaded together before any is used (a row past
+               the live tokens reads the last live one and is not summed): one load latency per
+               group and piece, not per token and piece. Each token's sum keeps TG == 1's order
+               (piece, then element), so the logits are the same bits. */
+#pragma unroll
+            for (int t0 = 0; t0 < DSV4C_LOGITS_SMALL; t0 += TG) {
+                if (t0 >= nt)
+                    break;
+#pragma unroll
+                for (int c = 0; c < LS_MAXC; c++) {
+                    if (kb + 256 * c >= k1)
+                        break;
+                    uint4 xv[TG];
+#pragma unroll
+                    for (int u = 0; u < TG; u++)
+                        xv[u] = __ldg((const uint4 *)(a.x + (long long)min(t0 + u, nt - 1) * H + kb + 256 * c));
+                    const uint32_t gw[4] = {gv[c].x, gv[c].y, gv[c].z, gv[c].w};
+#pragma unroll
+                    for (int u = 0; u < TG; u++) {
+                        if (t0 + u >= nt)
+                            break;
+                        const uint32_t xw[4] = {xv[u].x, xv[u].y, xv[u].z, xv[u].w};
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            acc[t0 + u] = fmaf(bf16f((uint16_t)(xw[i] & 0xFFFFu)), bf16f((uint16_t)(gw[i] & 0xFFFFu)),
+                                               acc[t0 + u]);
+                            acc[t0 + u] = fmaf(bf16f((uint16_t)(xw[i] >> 16)), bf16f((uint16_t)(gw[i] >> 16)), acc[t0 + u]);
+                        }
+                    }
                 }
             }
         }

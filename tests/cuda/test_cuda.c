@@ -400,6 +400,21 @@ START_TEST(dec_slab_identical)
 }
 END_TEST
 
+/* The router logits of small chunks with four tokens' x loaded together (params logits_tg=4)
+   against one token at a time (logits_tg=1, the default): every token's sum in the same order, so
+   the same outputs, ids and clamp counters bit for bit. T 1, 3 (a group past the live tokens), 4,
+   8, 13 and 32 on v4-flash (the hash layer at 17), mini-fp8 and mini-topp (the top-p predictor)
+   and mini at T 40 (past the kernel: the GEMM logits either way). */
+START_TEST(logits_tg_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1},  {"v4-flash", 5, 3, 32, 1},  {"v4-flash", 5, 4, 32, 0},
+                                  {"v4-flash", 5, 8, 32, 1},  {"v4-flash", 5, 13, 32, 1}, {"v4-flash", 5, 32, 32, 1},
+                                  {"v4-flash", 0, 17, 32, 1}, {"mini-fp8", 1, 5, 0, 1},   {"mini-topp", 1, 9, 0, 0},
+                                  {"mini", 1, 40, 0, 0}};
+    variant_cases("logits_tg", "logits_tg=4", cs, sizeof cs / sizeof cs[0], 0);
+}
+END_TEST
+
 /* tests/cuda/e4m3_hw.cu */
 int dsv4_test_e4m3_hw(unsigned long long *bad, unsigned *first, uint8_t *sample, unsigned stride, unsigned nsample);
 
@@ -763,7 +778,8 @@ START_TEST(shared_workspace)
                              {"tileh=s256", "tileh"},      {"colour=red", "colour"},  {"path", "key=value"},
                              {"path=exact,mid=z", "mid"},  {"fp8_scales=cols", "fp8_scales"},
                              {"dec_fill=0", "dec_fill"},   {"dec_fill=9", "dec_fill"},
-                             {"pdl=maybe", "pdl"},         {"route=both", "route"},      {"combine=late", "combine"}};
+                             {"pdl=maybe", "pdl"},         {"route=both", "route"},      {"combine=late", "combine"},
+                             {"logits_tg=2", "logits_tg"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1260,6 +1276,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(pd, route_fused_close);
     tcase_add_test(pd, combine_fold_identical);
     tcase_add_test(pd, dec_slab_identical);
+    tcase_add_test(pd, logits_tg_identical);
     suite_add_tcase(s, pd);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
