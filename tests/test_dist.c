@@ -401,7 +401,7 @@ START_TEST(per_rank_token_vectors_give_identical_sequences)
 END_TEST
 
 
-/* ---------------- the device path (run_chunk_dev) on a host-memory stand-in device ---------------- */
+/* ---------------- the device path (rows on a device) on a host-memory stand-in device ---------------- */
 
 static _Atomic long fake_live, fake_total; /* the stand-in device's live allocations, all of them */
 

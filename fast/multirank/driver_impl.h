@@ -1,7 +1,8 @@
 /*
  * Internal: dsv4_dist_forward with the rows' device named by the caller (not installed). The
  * public call takes the device of the plan's backend's stages (cuda), or none; the tests name a
- * host-memory stand-in to run the device path (run_chunk_dev) in CI next to the host path.
+ * host-memory stand-in to run the device path (run_chunk with its rows on a device) in CI next to
+ * the host path.
  */
 #ifndef DSV4MOE_FAST_MULTIRANK_DRIVER_IMPL_H
 #define DSV4MOE_FAST_MULTIRANK_DRIVER_IMPL_H
