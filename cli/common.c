@@ -283,7 +283,6 @@ const char *cli_tensor_desc(const dsv4_tensor_info *t, char *buf, size_t n)
     return buf;
 }
 
-
 void cli_progress_start(cli_progress *p, const char *what, bool quiet)
 {
     p->on = !quiet && isatty(2);

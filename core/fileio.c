@@ -376,7 +376,8 @@ dsv4_status dsv4_mkdir_p(const char *path, dsv4_error *err)
     char buf[4096];
     size_t n = strlen(path);
     if (n == 0 || n >= sizeof buf)
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "folder", "'%s' is not a folder path (empty, or 4096 bytes or more)", path);
+        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "folder",
+                           "'%s' is not a folder path (empty, or 4096 bytes or more)", path);
     memcpy(buf, path, n + 1);
     for (size_t i = 1; i <= n; i++) {
         if (buf[i] == '/' || buf[i] == '\0') {

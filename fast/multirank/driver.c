@@ -180,18 +180,20 @@ static dsv4_status rows_gather(rank_ctx *rc, int64_t n, int64_t H, const uint16_
     return DSV4_OK;
 }
 
+static void round_bf16(const float *in, uint16_t *out, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = dsv4_f32_to_bf16(in[i]);
+}
+
 /* dst[idx ? idx[i] : i] = bf16(src[i]) for i < n: fp32 rows of H rounded to bf16. */
 static dsv4_status rows_round(rank_ctx *rc, int64_t n, int64_t H, const float *src, const int32_t *idx, uint16_t *dst,
                               dsv4_error *err)
 {
     if (rc->dev)
         return rc->dev->round(rc->impl, n, H, src, idx, dst, err);
-    for (int64_t i = 0; i < n; i++) {
-        const float *s = src + i * H;
-        uint16_t *o = dst + (idx ? (int64_t)idx[i] : i) * H;
-        for (int64_t h = 0; h < H; h++)
-            o[h] = dsv4_f32_to_bf16(s[h]);
-    }
+    for (int64_t i = 0; i < n; i++)
+        round_bf16(src + i * H, dst + (idx ? (int64_t)idx[i] : i) * H, (uint64_t)H);
     return DSV4_OK;
 }
 
@@ -752,12 +754,6 @@ static void *xmalloc(uint64_t n, size_t size, bool *oom)
     void *p = malloc((size_t)(n + 1) * size);
     *oom |= p == NULL;
     return p;
-}
-
-static void round_bf16(const float *in, uint16_t *out, uint64_t n)
-{
-    for (uint64_t i = 0; i < n; i++)
-        out[i] = dsv4_f32_to_bf16(in[i]);
 }
 
 static void single_free(single_bufs *S, int world)
