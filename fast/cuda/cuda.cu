@@ -52,6 +52,7 @@ extern "C" {
 #include "fast/cuda/mma.cuh"
 #include "fast/cuda/mma_tileh.cuh"
 #include "fast/cuda/mma_group.cuh"
+#include "fast/cuda/route_small.cuh"
 #include "fast/cuda/fp8path.cuh"
 #include "fast/cuda/gemm_fp8.h"
 #include "fast/cuda/cuda_impl.h"
@@ -149,6 +150,7 @@ struct CudaBe {
     int dec_fill = DSV4C_DEC_FILL;    /* k_dec's K split: until its blocks reach this many per multiprocessor */
     bool pdl = true; /* the fp8 path's chain kernels with programmatic dependent launch (launch_pdl) */
     bool route_fused = true; /* small chunks: k_logits_small, and k_router_count on the fp8 path (route=) */
+    bool route_one = false;  /* route=one: where k_router_count would run, k_route_small instead (one launch) */
     bool combine_fold = true; /* chunks of decode-sized groups: the combine in the down launch (combine=) */
     bool dec_slab = false; /* dec_b=smem: k_dec's fp4 launches without a K split stage B in shared memory */
     int logits_tg = 1;     /* logits_tg=4: k_logits_small loads four tokens' x together */

@@ -5,7 +5,8 @@
  * kernels are in the headers cuda.cu includes after this one, in this order: router.cuh (k_router,
  * k_count, k_place), exact_gemm.cuh (the exact path's k_gemv and k_tiles), swiglu_combine.cuh
  * (k_swiglu, k_combine), then the fp8 path's mma.cuh, mma_tileh.cuh, mma_group.cuh and
- * fp8path.cuh. Included once, by cuda.cu (and by the kernel headers, for their own reading).
+ * fp8path.cuh; k_route_small is its own translation unit (route_small.cu). Inline functions and
+ * types only, so every unit may include it (cuda.cu, route_small.cu and the kernel headers).
  * docs/cuda.md describes the design.
  */
 #ifndef DSV4MOE_FAST_CUDA_KERNELS_CUH
@@ -21,11 +22,13 @@ namespace dsv4cuda {
 enum { WF_BF16 = 0, WF_FP8 = 1, WF_FP4 = 2 };
 
 /* Device counters, zeroed per forward, read back with the outputs. */
-enum { ST_NONFINITE = 0, ST_RG, ST_RU, ST_SG, ST_SU, ST_ACTIVE, ST_EMPTY, ST_BADID, ST_BADIN, ST_BADIN_AT, ST_N };
+enum { ST_NONFINITE = 0, ST_RG, ST_RU, ST_SG, ST_SU, ST_ACTIVE, ST_EMPTY, ST_BADID, ST_BADIN, ST_BADIN_AT, ST_TICKET, ST_N };
 /* ST_BADIN: hash-layer input ids (or their tid2eid entries) out of range, found on the device (the
    device-pointer forward; the host forward checks them before anything runs). The token is routed
    to experts 0 .. K-1 instead, and the forward returns an error. ST_BADIN_AT: 0xFFFFFFFF minus the
-   smallest such token index of the chunk (atomicMax), so the error names the first one. */
+   smallest such token index of the chunk (atomicMax), so the error names the first one. ST_TICKET:
+   k_route_small's block ticket (route_small.cu), zeroed with the others before the chunk and back
+   to 0 when that launch ends, so it reads 0 wherever the counters are summed. */
 
 #define DSV4C_SMALL_MAX 8 /* groups up to this many rows take the GEMV path */
 #define DSV4C_BM 128 /* tensor-core tile: 128 rows (of one group) x 64 columns, K blocks of 32 */

@@ -33,11 +33,11 @@
 #define DSV4MOE_FAST_CUDA_MMA_CUH
 
 #include "fast/cuda/fragment.h"
+#include "fast/cuda/group_parts.cuh"
 
 namespace dsv4cuda {
 
-#define FM_DEC_MAX 16 /* groups of up to this many rows: k_dec */
-#define FM_MID_MAX 64 /* up to this: 32-row tiles; above: 128-row tiles */
+/* FM_DEC_MAX, FM_MID_MAX (group_parts.cuh): the group sizes of k_dec and the 32-row tiles */
 /* gemm fp8: groups of more rows than this (of experts whose weights converted) run on the
    grouped FP8 GEMM; the smaller ones stay on k_dec and the 32-row tiles. FM_DEC_MAX .. FM_MID_MAX.
    32, measured on the H200 (2026-12-03, v4-flash fp4 routed / fp8 shared, bench_cuda --quick, device

@@ -14,72 +14,6 @@ namespace dsv4cuda {
 
 /* ---------------- grouping for the fp8 path ---------------- */
 
-/* Exclusive scans of NV values per thread over the block at once (blockDim.x a multiple of 32, at
-   most 1024): before[q] gets thread's prefix of v[q], total[q] the block's sum. One scan's three
-   barriers for all NV (k_count2's five scans were fifteen barriers, on the decode step's one-block
-   critical path). tmp: NV x 32 ints. */
-template <int NV>
-__device__ __forceinline__ void block_excl_scan(const int v[NV], int (*tmp)[32], int before[NV], int total[NV])
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int x[NV];
-#pragma unroll
-    for (int q = 0; q < NV; q++) {
-        x[q] = v[q];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xFFFFFFFFu, x[q], o);
-            if (lane >= o)
-                x[q] += y;
-        }
-        if (lane == 31)
-            tmp[q][warp] = x[q];
-    }
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-        for (int q = 0; q < NV; q++) {
-            int w = lane < nw ? tmp[q][lane] : 0;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(0xFFFFFFFFu, w, o);
-                if (lane >= o)
-                    w += y;
-            }
-            if (lane < nw)
-                tmp[q][lane] = w;
-        }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int q = 0; q < NV; q++) {
-        before[q] = (warp ? tmp[q][warp - 1] : 0) + x[q] - v[q];
-        total[q] = tmp[q][nw - 1];
-    }
-    __syncthreads();
-}
-
-struct Group2Args {
-    const int32_t *ids;
-    const float *w; /* router weights [Tc, K] (placement) */
-    const int *ntok;
-    int *cnt, *slot_off, *pad_off, *active, *meta; /* meta: n_active, n_mid_tiles, n_kept, n_big_tiles */
-    int *tile_e, *tile_r0;                         /* mid tiles at [0, cap_mid), big at [cap_mid, ...) */
-    int32_t *slot_tok, *slot_row, *rowmap; /* placement, when `place` (else k_place does it) */
-    int32_t *slot_e;                       /* the expert of each kept slot, or NULL */
-    float *slot_w;
-    unsigned long long *stats;
-    int E, K, rows, cap_mid, cap_big, has_shared;
-    int mid_rows, big_rows; /* rows per tile of the two tile regimes */
-    int place; /* the chunk has at most blockDim.x slots: place them here, tokens ascending per expert */
-    const uint8_t *cut_ok; /* gemm fp8: [E + 1], groups of more than cut_rows rows of these experts run on
-                              the grouped FP8 GEMM (gemm_fp8.h), not on a tile list; NULL otherwise */
-    int cut_rows;          /* FM_DEC_MAX <= cut_rows <= FM_MID_MAX */
-    int *hist; /* large chunks: [slices, E] each PLACE_SLICE-slot slice's count per expert (k_hist), which
-                  k_count2 sums and turns into each slice's first rank per expert (k_place2); NULL:
-                  k_count2 counts itself */
-};
-
 /*
  * Large chunks: k_count2's one block counted the ids itself (shared-memory atomics that collide on
  * the popular experts) and k_place's block per expert scanned every slot: 0.17 + 0.26 ms at
@@ -93,17 +27,6 @@ constexpr int PLACE_SLICE = 256;
 
 /* The warps of a k_hist / k_place2 block: each keeps one count per expert in shared memory. */
 __host__ __device__ constexpr int place_warps(int E) { return E <= 3072 ? 4 : 1; }
-
-/* Slot i (expert e, weight w) at its place: kept slot q and padded row `row` of the grouped layout. */
-__device__ __forceinline__ void place_at(const Group2Args &a, int i, int e, int q, int row, float w)
-{
-    a.slot_tok[q] = i / a.K;
-    a.slot_w[q] = w;
-    a.slot_row[q] = row;
-    a.rowmap[i] = row;
-    if (a.slot_e)
-        a.slot_e[q] = e;
-}
 
 /* Slot i, the rank-th of expert e's slots in slot order, from the offsets k_count2 wrote. */
 __device__ __forceinline__ void place_slot(const Group2Args &a, int i, int e, int rank)
@@ -245,78 +168,7 @@ __device__ __forceinline__ void count2_block(const Group2Args &a)
         }
     }
     __syncthreads();
-    for (int e0 = 0; e0 < E; e0 += blockDim.x) {
-        const int e = e0 + threadIdx.x;
-        const int c = e < E ? c2cnt[e] : 0;
-        const int pad = (c + 127) / 128 * 128, act = c > 0;
-        /* c first: the block's threads past E read no flag (cut_ok holds E + 1) */
-        const bool cut = c > a.cut_rows && a.cut_ok && a.cut_ok[e];
-        const int mid = c > FM_DEC_MAX && c <= FM_MID_MAX && !cut ? (c + a.mid_rows - 1) / a.mid_rows : 0;
-        const int big = c > FM_MID_MAX && !cut ? (c + a.big_rows - 1) / a.big_rows : 0;
-        const int v[5] = {c, pad, act, mid, big};
-        int pre[5], tot[5];
-        block_excl_scan<5>(v, tmp, pre, tot);
-        const int so = pre[0] + carry[0], po = pre[1] + carry[1], ao = pre[2] + carry[2], mo = pre[3] + carry[3],
-                  bo = pre[4] + carry[4];
-        if (e < E) {
-            if (a.place) {
-                c2cnt[e] = so; /* this thread's expert: no other thread reads c2cnt[e] */
-                c2cnt[E + e] = po;
-            }
-            a.cnt[e] = c;
-            a.slot_off[e] = so;
-            a.pad_off[e] = po;
-            if (act)
-                a.active[ao] = e;
-            for (int i = 0; i < mid && mo + i < a.cap_mid; i++) {
-                a.tile_e[mo + i] = e;
-                a.tile_r0[mo + i] = a.mid_rows * i;
-            }
-            for (int i = 0; i < big && bo + i < a.cap_big; i++) {
-                a.tile_e[a.cap_mid + bo + i] = e;
-                a.tile_r0[a.cap_mid + bo + i] = a.big_rows * i;
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-#pragma unroll
-            for (int q = 0; q < 5; q++)
-                carry[q] += tot[q];
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        int so = carry[0], po = carry[1], na = carry[2], nm = carry[3], nb = carry[4];
-        a.slot_off[E] = so;
-        if (a.has_shared && nt > FM_DEC_MAX) {
-            const bool cut = a.cut_ok && a.cut_ok[E] && nt > a.cut_rows;
-            const int mid = nt <= FM_MID_MAX && !cut ? (nt + a.mid_rows - 1) / a.mid_rows : 0;
-            const int big = nt > FM_MID_MAX && !cut ? (nt + a.big_rows - 1) / a.big_rows : 0;
-            for (int i = 0; i < mid && nm < a.cap_mid; i++, nm++) {
-                a.tile_e[nm] = E;
-                a.tile_r0[nm] = a.mid_rows * i;
-            }
-            for (int i = 0; i < big && nb < a.cap_big; i++, nb++) {
-                a.tile_e[a.cap_mid + nb] = E;
-                a.tile_r0[a.cap_mid + nb] = a.big_rows * i;
-            }
-        }
-        if (po > a.rows || nm > a.cap_mid || nb > a.cap_big) {
-            /* cannot happen with the layout's bounds; never read or write past them */
-            atomicAdd(&a.stats[ST_BADID], 1ull);
-            na = nm = nb = so = 0;
-            for (int e = 0; e < E; e++)
-                a.cnt[e] = 0;
-        }
-        a.meta[0] = na;
-        a.meta[1] = nm;
-        a.meta[2] = so;
-        a.meta[3] = nb;
-        /* integer adds that return nothing: no load-modify-store round trip on the chain */
-        atomicAdd(&a.stats[ST_ACTIVE], (unsigned long long)na);
-        atomicAdd(&a.stats[ST_EMPTY], (unsigned long long)(E - na));
-        s_ok = na > 0;
-    }
+    count2_offsets(a, c2cnt, tmp, carry, &s_ok, nt);
     if (!a.place)
         return;
     __syncthreads(); /* s_ok, and the offsets in c2cnt */

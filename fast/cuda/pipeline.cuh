@@ -623,6 +623,25 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     const size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
     const bool fused = b->route_fused && b->fast && mode == CHUNK_FULL && L.slots <= 1024 && rsm + 9 * 1024 <= 48 * 1024;
     int *ticket = at<int>(b, L.meta) + 4; /* meta[4]: k_router_count's ticket (k_count2 writes meta[0..3]) */
+    /* params route=one: the logits, routing and grouping of such a chunk in one launch when the
+       chunk holds at most DSV4C_LOGITS_SMALL rows (the logits never come from the GEMM kernels) */
+    if (fused && b->route_one && route_small_fits(E, K, (int)L.tc)) {
+        RouteSmallArgs rs;
+        rs.la.x = ra.x, rs.la.gate = b->gate16, rs.la.ntok = ntok, rs.la.logits = at<float>(b, L.logits);
+        rs.la.xq = ra.xq, rs.la.xs = ra.xs, rs.la.x16 = ra.x16, rs.la.ticket = nullptr;
+        rs.la.qmode = ra.qmode, rs.la.H = H, rs.la.E = E, rs.la.lblocks = (int)cdiv(E, LS_EPB);
+        rs.ra = ra;
+        rs.ra.xq = nullptr, rs.ra.small_max = DSV4C_LOGITS_SMALL;
+        rs.ra.logits = rs.la.logits, rs.ra.lslices = 1, rs.ra.lslice_stride = L.tc * E;
+        rs.g = group2_args(b, L, rs.ra, ga);
+        rs.g.hist = nullptr; /* place is set: L.slots <= 1024 */
+        rs.ncap = (int)(L.tc * K);
+        const int qblocks = ra.xq ? (int)cdiv(L.tc * cdiv(H, 128), 8) : 0;
+        cudaError_t ce = launch_route_small(rs, (unsigned)(rs.la.lblocks + qblocks), b->logits_tg, s, b->pdl);
+        if (ce != cudaSuccess)
+            return ce;
+        return enqueue_fast(b, L, rs.ra, ga, true, true);
+    }
     if (b->route_fused) {
         LogitsArgs la;
         la.x = ra.x, la.gate = b->gate16, la.ntok = ntok, la.logits = at<float>(b, L.logits);

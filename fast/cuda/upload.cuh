@@ -225,6 +225,7 @@ struct Kernels {
     int dec_fill = DSV4C_DEC_FILL; /* dec_fill=N: k_dec splits K until its blocks reach N per multiprocessor */
     bool pdl = true;               /* pdl=off: every launch plain */
     bool route_fused = true;       /* route=split: the GEMM logits, k_router and k_count2 at every chunk size */
+    bool route_one = false;        /* route=one: k_route_small where it fits (route_small.cuh) */
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
     bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma.cuh) */
     int logits_tg = 1;             /* logits_tg=4: k_logits_small loads four tokens' x together (router.cuh) */
@@ -256,7 +257,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         else if (is("pdl"))
             ok = val("on") || val("off"), k->pdl = val("on");
         else if (is("route"))
-            ok = val("fused") || val("split"), k->route_fused = val("fused");
+            ok = val("fused") || val("split") || val("one"), k->route_fused = !val("split"), k->route_one = val("one");
         else if (is("combine"))
             ok = val("fold") || val("kernel"), k->combine_fold = val("fold");
         else if (is("dec_b"))
@@ -277,7 +278,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             char allowed[320];
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
-                     "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split, combine fold|kernel, dec_b "
+                     "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
                      "l1|smem, logits_tg 1|4",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
@@ -297,6 +298,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->dec_fill = k.dec_fill;
     b->pdl = k.pdl;
     b->route_fused = k.route_fused;
+    b->route_one = k.route_one;
     b->combine_fold = k.combine_fold;
     b->dec_slab = k.dec_slab;
     b->logits_tg = k.logits_tg;

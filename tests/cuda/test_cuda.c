@@ -415,6 +415,51 @@ START_TEST(logits_tg_identical)
 }
 END_TEST
 
+/* The one-launch router of small chunks (params route=one: k_route_small, route_small.cu) against
+   k_logits_small + k_router_count (route=fused, the default): the same logits sums, the same
+   routing arithmetic and the same grouping, so the same outputs, ids and clamp counters bit for
+   bit. v4-flash T 1, 3, 8, 13, 16 and 32 in both numerics modes (T 32: 32-row tiles for groups past
+   16 rows), the hash layer at 17, with four tokens' x loaded together (logits_tg=4), mini-fp8,
+   mini-topp (top-p pruning and its predictor) and mini-bf16 (the exact path: the default's kernels
+   either way); then replayed from a graph at T 3 and 13 (a padded bucket: fewer live tokens than
+   the chunk's rows) and with plain launches (pdl=off). */
+START_TEST(route_one_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1},  {"v4-flash", 5, 3, 32, 0},  {"v4-flash", 5, 8, 32, 1},
+                                  {"v4-flash", 5, 13, 32, 1}, {"v4-flash", 5, 16, 32, 0}, {"v4-flash", 5, 32, 32, 1},
+                                  {"v4-flash", 0, 17, 32, 1}, {"mini-fp8", 1, 5, 0, 1},   {"mini-topp", 1, 9, 0, 0},
+                                  {"mini-bf16", 1, 5, 0, 0}};
+    variant_cases("route", "route=one", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("route", "route=one,logits_tg=4", cs, 3, 0);
+    if (!have_gpu())
+        return;
+    static const struct {
+        int64_t T;
+        const char *kernels;
+    } gs[] = {{3, "route=one"}, {13, "route=one"}, {8, "route=one,pdl=off"}};
+    for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++) {
+        bo_case k = {"route one", "v4-flash", 5, gs[i].T, 0, -1, -1, -1, 0, 1, 32, 1};
+        bo_in ci;
+        bo_in_open(&k, &ci);
+        bo_out d, o;
+        run_cuda(&ci.c, &ci.k, 0, 1, ci.ck, ci.x, ci.ids, &d);
+        setenv("DSV4MOE_CUDA_KERNELS", gs[i].kernels, 1);
+        run_cuda(&ci.c, &ci.k, 1, 2, ci.ck, ci.x, ci.ids, &o);
+        unsetenv("DSV4MOE_CUDA_KERNELS");
+        const int64_t n = gs[i].T * ci.c.dim;
+        int64_t nd = 0;
+        for (int64_t j = 0; j < n; j++)
+            nd += o.y[j] != d.y[j];
+        printf("cuda_suite route %s graph T %lld: %lld of %lld outputs differ from the default eager\n", gs[i].kernels,
+               (long long)gs[i].T, (long long)nd, (long long)n);
+        ck_assert_msg(nd == 0, "%s graph T %lld: %lld outputs differ", gs[i].kernels, (long long)gs[i].T, (long long)nd);
+        ck_assert(memcmp(o.ids, d.ids, (size_t)(gs[i].T * ci.c.n_activated) * 4) == 0);
+        bo_free(&o), bo_free(&d);
+        bo_in_close(&ci);
+    }
+}
+END_TEST
+
 /* tests/cuda/e4m3_hw.cu */
 int dsv4_test_e4m3_hw(unsigned long long *bad, unsigned *first, uint8_t *sample, unsigned stride, unsigned nsample);
 
@@ -778,7 +823,7 @@ START_TEST(shared_workspace)
                              {"tileh=s256", "tileh"},      {"colour=red", "colour"},  {"path", "key=value"},
                              {"path=exact,mid=z", "mid"},  {"fp8_scales=cols", "fp8_scales"},
                              {"dec_fill=0", "dec_fill"},   {"dec_fill=9", "dec_fill"},
-                             {"pdl=maybe", "pdl"},         {"route=both", "route"},      {"combine=late", "combine"},
+                             {"pdl=maybe", "pdl"},         {"route=both", "route"},  {"route=once", "route"},      {"combine=late", "combine"},
                              {"logits_tg=2", "logits_tg"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
@@ -1277,6 +1322,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(pd, combine_fold_identical);
     tcase_add_test(pd, dec_slab_identical);
     tcase_add_test(pd, logits_tg_identical);
+    tcase_add_test(pd, route_one_identical);
     suite_add_tcase(s, pd);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);

@@ -1,0 +1,316 @@
+/*
+ * k_route_small: the router and grouping of a chunk of at most DSV4C_LOGITS_SMALL tokens in one
+ * launch (route_small.cuh says what it computes and why; params route=one).
+ */
+#include "fast/cuda/route_small.cuh"
+
+namespace dsv4cuda {
+
+namespace {
+
+constexpr unsigned FULL = 0xFFFFFFFFu;
+constexpr int RS_WARPS = RS_THREADS / 32;
+constexpr int RS_KW = 32; /* the most slots a token has here: a lane each */
+
+/* The routing block's shared memory in 4-byte words: a region each routing warp uses for its token
+   (scores, keys, then K-wide scratch) and the grouping reuses for the per-piece counts; the
+   expert offsets; the chunk's ids, weights and in-piece ranks. */
+__host__ __device__ constexpr int warp_words(int E) { return 2 * E + 5 * RS_KW; }
+__host__ __device__ constexpr int region_words(int E, int ncap)
+{
+    return RS_WARPS * warp_words(E) > (ncap + 31) / 32 * E ? RS_WARPS * warp_words(E) : (ncap + 31) / 32 * E;
+}
+__host__ __device__ constexpr int smem_words(int E, int ncap) { return region_words(E, ncap) + 2 * E + 3 * ncap; }
+
+/* An order-preserving unsigned key of a non-NaN float (-0 as +0, as the float comparison has it):
+   a larger key is a larger value; every value's key is above 0, which marks "no candidate". */
+__device__ __forceinline__ unsigned ord_key(float v)
+{
+    const unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Lane's best untaken expert among e = lane + 32 i (bit i of taken): the largest key, the lowest id
+   on ties; bu 0 and be -1 when it has none. */
+__device__ __forceinline__ void lane_best(const float *bk, int E, int lane, unsigned taken, unsigned &bu, int &be)
+{
+    bu = 0u;
+    be = -1;
+    for (int e = lane, i = 0; e < E; e += 32, i++) {
+        const unsigned u = ord_key(bk[e]);
+        if (!(taken >> i & 1u) && u > bu) {
+            bu = u;
+            be = e;
+        }
+    }
+}
+
+/*
+ * Routes token t with one warp, as route_block (router.cuh) does with a block, step for step:
+ * the same operations in the same order on the same values, so the same ids, weights and kept
+ * count. sc, bk: E floats each (scores, selection keys); kf: 3 x RS_KW floats; ki: 2 x RS_KW ints.
+ * Writes ids, w and kept, and the slots' ids and weights into sid / sw for the grouping.
+ */
+__device__ __forceinline__ void route_warp(const RouterArgs &a, int t, float *sc, float *bk, float *kf, int *ki,
+                                           int *sid, float *sw)
+{
+    const int lane = threadIdx.x & 31, E = a.E, K = a.K, H = a.H;
+    const long long s0 = (long long)t * K;
+    int fin = 1;
+    for (int e = lane; e < E; e += 32) {
+        const float s = __ldcg(a.logits + (long long)t * E + e); /* L2: this launch's other blocks wrote them */
+        const float l = a.gate_bf16 ? rbf16(s) : s;
+        fin &= isfinite(l) ? 1 : 0;
+        sc[e] = l;
+        if (!a.hash)
+            bk[e] = a.bias ? __ldg(a.bias + e) : 0.0f;
+    }
+    if (!__all_sync(FULL, fin)) {
+        const float w = __fdiv_rn(a.route_scale, (float)K);
+        if (lane < K) {
+            a.ids[s0 + lane] = lane, a.w[s0 + lane] = w;
+            sid[s0 + lane] = lane, sw[s0 + lane] = w;
+        }
+        if (lane == 0) {
+            atomicAdd(&a.stats[ST_NONFINITE], 1ull);
+            a.kept[t] = K;
+        }
+        return;
+    }
+    if (a.score != 2) {
+        for (int e = lane; e < E; e += 32)
+            sc[e] = score_of(sc[e], a.score);
+    } else {
+        __syncwarp();
+        if (lane == 0)
+            softmax_serial(sc, E);
+    }
+    __syncwarp();
+    if (!a.hash)
+        for (int e = lane; e < E; e += 32)
+            bk[e] = a.bias ? __fadd_rn(sc[e], bk[e]) : sc[e];
+    __syncwarp();
+    float *key = kf, *wk = kf + RS_KW, *nrm = kf + 2 * RS_KW;
+    int *idk = ki, *ord = ki + RS_KW;
+    int my = 0; /* lane k < K: the token's k-th expert */
+    if (a.hash) {
+        const long long id = a.in_ids[t];
+        const bool bad_id = id < 0 || id >= a.V;
+        bool bad = bad_id;
+        int v = 0;
+        if (!bad_id && lane < K) {
+            v = a.tid2eid[id * K + lane];
+            bad |= v < 0 || v >= E;
+        }
+        bad = __any_sync(FULL, bad);
+        my = bad ? lane : v;
+        if (bad && lane == 0) {
+            atomicAdd(&a.stats[ST_BADIN], 1ull);
+            atomicMax(&a.stats[ST_BADIN_AT], 0xFFFFFFFFull - (unsigned long long)(a.t0 + t));
+        }
+    } else {
+        bool nan = false;
+        for (int e = lane; e < E; e += 32)
+            nan |= bk[e] != bk[e];
+        if (!__any_sync(FULL, nan)) {
+            /* K rounds: the warp's largest key by one reduction, its lowest id among equals by a
+               second; the winner's lane takes it and finds its own next best */
+            unsigned taken = 0u, bu;
+            int be;
+            lane_best(bk, E, lane, taken, bu, be);
+            for (int k = 0; k < K; k++) {
+                const unsigned m = __reduce_max_sync(FULL, bu);
+                const unsigned we = __reduce_min_sync(FULL, be >= 0 && bu == m ? (unsigned)be : 0xFFFFFFFFu);
+                if (lane == k)
+                    my = (int)we;
+                if (we != 0xFFFFFFFFu && (int)(we & 31u) == lane) {
+                    taken |= 1u << (we >> 5);
+                    lane_best(bk, E, lane, taken, bu, be);
+                }
+            }
+        } else {
+            if (lane == 0)
+                topk_serial(bk, E, K, key, idk);
+            __syncwarp();
+            my = lane < K ? idk[lane] : 0;
+        }
+    }
+    /* the weights: lane k's score over the sequential sum of the K scores (every lane adds them in
+       slot order: the reference's sum) */
+    const float wv = lane < K ? sc[my] : 0.0f;
+    float sum = 0.0f;
+    for (int k = 0; k < K; k++)
+        sum = __fadd_rn(sum, __shfl_sync(FULL, wv, k));
+    float w = wv;
+    if (a.score != 2)
+        w = __fdiv_rn(w, __fadd_rn(sum, a.norm_eps));
+    w = __fmul_rn(w, a.route_scale);
+    int keep = K;
+    if (a.top_p_on && !a.hash) {
+        float v = 1.0f;
+        if (a.predictor == 1) {
+            v = lane < K ? a.pred_norm[my] : 0.0f;
+        } else if (a.predictor == 2) {
+            /* each slot's predictor dot product by the whole warp, lane 0's sum (route_block's) */
+            const uint16_t *x = a.x + (long long)t * H;
+            for (int k = 0; k < K; k++) {
+                const int ex = __shfl_sync(FULL, my, k);
+                const float *pw = a.pred_w + (long long)ex * H;
+                float s = 0.0f;
+                for (int i = lane; i < H; i += 32)
+                    s = __fadd_rn(s, __fmul_rn(pw[i], bf16f(x[i])));
+                s = __shfl_sync(FULL, warp_sum(s), 0);
+                s = __fadd_rn(s, a.pred_b[ex]);
+                if (lane == k)
+                    v = s > 0.0f ? s : 0.0f;
+            }
+        }
+        if (lane < K)
+            idk[lane] = my, wk[lane] = w, nrm[lane] = v;
+        __syncwarp();
+        if (lane == 0)
+            keep = top_p_prune(a, key, ord, idk, wk, nrm);
+        __syncwarp();
+        if (lane < K)
+            my = idk[lane], w = wk[lane];
+        keep = __shfl_sync(FULL, keep, 0);
+    }
+    if (lane < K) {
+        a.ids[s0 + lane] = my, a.w[s0 + lane] = w;
+        sid[s0 + lane] = my, sw[s0 + lane] = w;
+    }
+    if (lane == 0)
+        a.kept[t] = keep;
+}
+
+/*
+ * The last block: routes the chunk's nt tokens (warp w: tokens w, w + 8, ...), then groups its
+ * n = nt K slots as count2_block (mma_group.cuh) with a.place: the same counts, offsets, tile lists
+ * and placement (expert e's slots in slot order), the ranks by 32-slot pieces.
+ */
+__device__ __forceinline__ void route_and_group(const RouteSmallArgs &a, int nt)
+{
+    extern __shared__ int rs_sm[];
+    __shared__ int tmp[5][32];
+    __shared__ int carry[5];
+    __shared__ int s_ok;
+    const Group2Args &g = a.g;
+    const int E = g.E, K = g.K, n = nt * K, nch = (n + 31) / 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int *region = rs_sm;
+    int *c2cnt = region + region_words(E, a.ncap); /* 2 E */
+    int *sid = c2cnt + 2 * E;
+    float *sw = (float *)(sid + a.ncap);
+    int *srank = (int *)(sw + a.ncap);
+    {
+        float *wb = (float *)region + warp * warp_words(E);
+        for (int t = warp; t < nt; t += RS_WARPS)
+            route_warp(a.ra, t, wb, wb + E, wb + 2 * E, (int *)(wb + 2 * E + 3 * RS_KW), sid, sw);
+    }
+    __syncthreads(); /* every token routed: the region is free */
+    int *ccnt = region; /* [nch][E]: piece j's count of expert e, then e's slots before piece j */
+    for (int i = tid; i < nch * E; i += RS_THREADS)
+        ccnt[i] = 0;
+    if (tid < 5)
+        carry[tid] = 0;
+    __syncthreads();
+    for (int j = warp; j < nch; j += RS_WARPS) {
+        const int i = j * 32 + lane;
+        int e = i < n ? sid[i] : -1;
+        if (i < n && (e < 0 || e > E))
+            atomicAdd(&g.stats[ST_BADID], 1ull);
+        if (e >= E)
+            e = -1; /* a pruned slot (E), or out of range: no expert's */
+        const unsigned peers = __match_any_sync(FULL, e);
+        if (e >= 0 && lane == __ffs(peers) - 1)
+            ccnt[j * E + e] = __popc(peers);
+        if (i < n)
+            srank[i] = __popc(peers & ((1u << lane) - 1u));
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += RS_THREADS) {
+        int run = 0;
+        for (int j = 0; j < nch; j++) {
+            const int v = ccnt[j * E + e];
+            ccnt[j * E + e] = run;
+            run += v;
+        }
+        c2cnt[e] = run;
+    }
+    __syncthreads();
+    count2_offsets(g, c2cnt, tmp, carry, &s_ok, nt);
+    __syncthreads(); /* s_ok, and the offsets in c2cnt */
+    if (!s_ok)
+        return;
+    for (int i = tid; i < n; i += RS_THREADS) {
+        const int e = sid[i];
+        if (e < 0 || e >= E)
+            continue;
+        const int rank = ccnt[(i >> 5) * E + e] + srank[i];
+        place_at(g, i, e, c2cnt[e] + rank, c2cnt[E + e] + rank, sw[i]);
+    }
+}
+
+template <int TG>
+__global__ void __launch_bounds__(RS_THREADS) k_route_small(RouteSmallArgs a)
+{
+    if ((int)blockIdx.x < a.la.lblocks) {
+        /* this block's gate rows into L2 before the wait for the previous kernel: weights, which no
+           kernel writes, so their DRAM reads overlap that kernel's tail (a launch with PDL starts
+           early) instead of following it */
+        const int e0 = (int)blockIdx.x * LS_EPB, ne = min(LS_EPB, a.la.E - e0);
+        const char *g = (const char *)(a.la.gate + (long long)e0 * a.la.H);
+        for (long long o = (long long)threadIdx.x * 128; o < (long long)ne * a.la.H * 2; o += RS_THREADS * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(g + o));
+    }
+    pdl_enter();
+    const int nt = *a.la.ntok;
+    if (nt > DSV4C_LOGITS_SMALL) /* cannot happen: the launcher's chunk holds at most that many rows */
+        return;
+    logits_small_block<TG>(a.la, nt);
+    if ((int)blockIdx.x >= a.la.lblocks)
+        return;
+    unsigned long long *ticket = a.ra.stats + ST_TICKET;
+    __shared__ int s_last;
+    __syncthreads(); /* the block's logits are written */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        s_last = atomicAdd(ticket, 1ull) == (unsigned long long)(a.la.lblocks - 1);
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    __threadfence();
+    if (threadIdx.x == 0)
+        *ticket = 0ull; /* every block has taken its ticket */
+    route_and_group(a, nt);
+}
+
+} // namespace
+
+bool route_small_fits(int E, int K, int tc)
+{
+    return K >= 1 && K <= RS_KW && E >= 1 && E <= 1024 && tc >= 1 && tc <= DSV4C_LOGITS_SMALL &&
+           route_small_smem(E, K, tc) + 4096 <= 48 * 1024; /* 4096: the static scratch, with room */
+}
+
+size_t route_small_smem(int E, int K, int tc) { return (size_t)smem_words(E, tc * K) * 4; }
+
+cudaError_t launch_route_small(const RouteSmallArgs &a, unsigned grid, int tg, cudaStream_t s, bool pdl)
+{
+    const size_t smem = route_small_smem(a.g.E, a.g.K, a.ncap / a.g.K);
+    void (*k)(RouteSmallArgs) = tg == 4 ? k_route_small<4> : k_route_small<1>;
+    if (!pdl) {
+        k<<<grid, RS_THREADS, smem, s>>>(a);
+        return cudaPeekAtLastError();
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid), cfg.blockDim = dim3(RS_THREADS), cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k, a);
+}
+
+} // namespace dsv4cuda
