@@ -637,7 +637,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         rs.g.hist = nullptr; /* place is set: L.slots <= 1024 */
         rs.ncap = (int)(L.tc * K);
         const int qblocks = ra.xq ? (int)cdiv(L.tc * cdiv(H, 128), 8) : 0;
-        cudaError_t ce = launch_route_small(rs, (unsigned)(rs.la.lblocks + qblocks), b->logits_tg, s, b->pdl);
+        cudaError_t ce = launch_route_small(rs, qblocks, b->logits_tg, s, b->pdl);
         if (ce != cudaSuccess)
             return ce;
         return enqueue_fast(b, L, rs.ra, ga, true, true);
@@ -646,7 +646,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         LogitsArgs la;
         la.x = ra.x, la.gate = b->gate16, la.ntok = ntok, la.logits = at<float>(b, L.logits);
         la.xq = ra.xq, la.xs = ra.xs, la.x16 = ra.x16, la.ticket = fused ? ticket : nullptr;
-        la.qmode = ra.qmode, la.H = H, la.E = E, la.lblocks = (int)cdiv(E, LS_EPB);
+        la.qmode = ra.qmode, la.H = H, la.E = E, la.lblocks = (int)cdiv(E, LS_EPB), la.tgroups = 1;
         const int qblocks = ra.xq ? (int)cdiv(std::min<int64_t>(L.tc, DSV4C_LOGITS_SMALL) * cdiv(H, 128), 8) : 0;
         if (b->logits_tg == 4)
             launch_pdl(b, k_logits_small<4>, dim3((unsigned)(la.lblocks + qblocks)), 256, 0, s, la);

@@ -139,25 +139,34 @@ struct LogitsArgs {
     float *xs;            /* [tc, ceil(H / 128)] */
     uint16_t *x16;        /* the codes as f16 (f16_codes), or NULL */
     int *ticket;          /* k_logits_small zeroes it for k_router_count (mma_group.cuh), or NULL */
-    int qmode, H, E, lblocks; /* blocks [0, lblocks) compute logits, the rest quantize x */
+    int qmode, H, E;
+    int lblocks;          /* blocks per group of tokens: LS_EPB experts each */
+    int tgroups;          /* groups of TPB tokens (logits_small_block): blocks [0, lblocks tgroups)
+                             compute logits (expert pair b % lblocks, tokens TPB (b / lblocks) ..),
+                             the rest quantize x; 1 with TPB = DSV4C_LOGITS_SMALL */
 };
 
 /*
  * Router logits of a chunk of nt <= DSV4C_LOGITS_SMALL live tokens (more: the GEMM kernels take
- * the chunk) as a GEMV, by this block of a grid of lblocks + the quantizing blocks (256 threads): each gate row is read once (the GEMM kernels'
- * 128-token tiles and split-K slices took 7.6 us for one token on the H200, ncu, against 2 MB of
- * gate), LS_KQ warps a row, each lane a strided run of 8-element pieces summed in fp32 in k order,
+ * the chunk) as a GEMV, by this block of a grid of lblocks tgroups + the quantizing blocks (256
+ * threads): a block takes two gate rows and up to TPB tokens, so each gate row is read once per
+ * TPB tokens (the GEMM kernels' 128-token tiles and split-K slices took 7.6 us for one token on
+ * the H200, ncu, against 2 MB of gate), LS_KQ warps a row, each lane a strided run of 8-element pieces summed in fp32 in k order,
  * then the lanes by a fixed butterfly and the warps in order: one deterministic fp32 sum (SPEC.md
- * 2.1 asks fp32 accumulation, no order), the same for a token whatever the chunk's padding. The
+ * 2.1 asks fp32 accumulation, no order), the same for a token whatever the chunk's padding and
+ * TPB (a token's sum is its own, whichever block holds it). The
  * blocks past lblocks quantize x, one warp per (token, 128-group), which k_router then skips.
  * Every thread of a logits block returns at the same point; a quantizing warp may return early.
  */
-template <int TG> /* tokens whose x a lane loads together: 1 (the default), 4 (params logits_tg=4) */
+template <int TG, int TPB> /* TG: tokens whose x a lane loads together, 1 (the default) or 4 (params
+                               logits_tg=4); TPB: tokens a block sums, at most DSV4C_LOGITS_SMALL */
 __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
 {
+    constexpr bool one = TPB == DSV4C_LOGITS_SMALL; /* one group of tokens: block b is expert pair b */
     const int H = a.H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if ((int)blockIdx.x >= a.lblocks) {
-        const int ng = (H + 127) / 128, p = ((int)blockIdx.x - a.lblocks) * 8 + warp, t = p / ng, g = p % ng;
+    const int nlb = one ? a.lblocks : a.lblocks * a.tgroups;
+    if ((int)blockIdx.x >= nlb) {
+        const int ng = (H + 127) / 128, p = ((int)blockIdx.x - nlb) * 8 + warp, t = p / ng, g = p % ng;
         if (t >= nt)
             return;
         float v[4];
@@ -171,12 +180,16 @@ __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
                       a.x16 ? a.x16 + (long long)t * H : nullptr, g * 128 + lane * 4);
         return;
     }
-    __shared__ float part[LS_EPB][LS_KQ][DSV4C_LOGITS_SMALL];
-    const int j = warp / LS_KQ, q = warp % LS_KQ, e = (int)blockIdx.x * LS_EPB + j;
+    const int eb = one ? (int)blockIdx.x : (int)blockIdx.x % a.lblocks, tb0 = one ? 0 : (int)blockIdx.x / a.lblocks * TPB;
+    const int nb = min(TPB, nt - tb0); /* this block's tokens tb0 .. tb0 + nb - 1 (none when nb <= 0) */
+    const uint16_t *x = a.x + (long long)tb0 * H;
+    float *logits = a.logits + (long long)tb0 * a.E;
+    __shared__ float part[LS_EPB][LS_KQ][TPB];
+    const int j = warp / LS_KQ, q = warp % LS_KQ, e = eb * LS_EPB + j;
     const int hq = (H / 8 + LS_KQ - 1) / LS_KQ * 8, k0 = q * hq, k1 = min(H, k0 + hq); /* H % 8 == 0 */
-    float acc[DSV4C_LOGITS_SMALL];
+    float acc[TPB];
 #pragma unroll
-    for (int t = 0; t < DSV4C_LOGITS_SMALL; t++)
+    for (int t = 0; t < TPB; t++)
         acc[t] = 0.0f;
     for (int kb = k0 + lane * 8; e < a.E && kb < k1; kb += 256 * LS_MAXC) {
         uint4 gv[LS_MAXC];
@@ -185,14 +198,14 @@ __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
             gv[c] = kb + 256 * c < k1 ? __ldg((const uint4 *)(a.gate + (long long)e * H + kb + 256 * c)) : make_uint4(0, 0, 0, 0);
 if constexpr (TG == 1) {
 #pragma unroll
-            for (int t = 0; t < DSV4C_LOGITS_SMALL; t++) {
-                if (t >= nt)
+            for (int t = 0; t < TPB; t++) {
+                if (t >= nb)
                     break;
 #pragma unroll
                 for (int c = 0; c < LS_MAXC; c++) {
                     if (kb + 256 * c >= k1)
                         break;
-                    const uint4 xv = __ldg((const uint4 *)(a.x + (long long)t * H + kb + 256 * c));
+                    const uint4 xv = __ldg((const uint4 *)(x + (long long)t * H + kb + 256 * c));
                     const uint32_t gw[4] = {gv[c].x, gv[c].y, gv[c].z, gv[c].w}, xw[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
@@ -207,8 +220,8 @@ if constexpr (TG == 1) {
                group and piece, not per token and piece. Each token's sum keeps TG == 1's order
                (piece, then element), so the logits are the same bits. */
 #pragma unroll
-            for (int t0 = 0; t0 < DSV4C_LOGITS_SMALL; t0 += TG) {
-                if (t0 >= nt)
+            for (int t0 = 0; t0 < TPB; t0 += TG) {
+                if (t0 >= nb)
                     break;
 #pragma unroll
                 for (int c = 0; c < LS_MAXC; c++) {
@@ -217,11 +230,11 @@ if constexpr (TG == 1) {
                     uint4 xv[TG];
 #pragma unroll
                     for (int u = 0; u < TG; u++)
-                        xv[u] = __ldg((const uint4 *)(a.x + (long long)min(t0 + u, nt - 1) * H + kb + 256 * c));
+                        xv[u] = __ldg((const uint4 *)(x + (long long)min(t0 + u, nb - 1) * H + kb + 256 * c));
                     const uint32_t gw[4] = {gv[c].x, gv[c].y, gv[c].z, gv[c].w};
 #pragma unroll
                     for (int u = 0; u < TG; u++) {
-                        if (t0 + u >= nt)
+                        if (t0 + u >= nb)
                             break;
                         const uint32_t xw[4] = {xv[u].x, xv[u].y, xv[u].z, xv[u].w};
 #pragma unroll
@@ -236,8 +249,8 @@ if constexpr (TG == 1) {
         }
     }
 #pragma unroll
-    for (int t = 0; t < DSV4C_LOGITS_SMALL; t++) {
-        if (t >= nt)
+    for (int t = 0; t < TPB; t++) {
+        if (t >= nb)
             break;
         float v = acc[t];
 #pragma unroll
@@ -247,14 +260,14 @@ if constexpr (TG == 1) {
             part[j][q][t] = v;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < LS_EPB * nt; i += blockDim.x) {
-        const int jj = i / nt, t = i - jj * nt, ee = (int)blockIdx.x * LS_EPB + jj;
+    for (int i = threadIdx.x; i < LS_EPB * nb; i += blockDim.x) {
+        const int jj = i / nb, t = i - jj * nb, ee = eb * LS_EPB + jj;
         if (ee >= a.E)
             continue;
         float s = part[jj][0][t];
         for (int qq = 1; qq < LS_KQ; qq++)
             s += part[jj][qq][t];
-        a.logits[(long long)t * a.E + ee] = s;
+        logits[(long long)t * a.E + ee] = s;
     }
 }
 

@@ -11,6 +11,10 @@ namespace {
 constexpr unsigned FULL = 0xFFFFFFFFu;
 constexpr int RS_WARPS = RS_THREADS / 32;
 constexpr int RS_KW = 32; /* the most slots a token has here: a lane each */
+/* Tokens a logits block sums (logits_small_block's TPB): a chunk of 32 spreads over four times the
+   blocks of k_logits_small (each with a quarter of its dependent x loads), the gate rows read once
+   per eight tokens (the others from L2). */
+constexpr int RS_TPB = 8;
 
 /* The routing block's shared memory in 4-byte words: a region each routing warp uses for its token
    (scores, keys, then K-wide scratch) and the grouping reuses for the per-piece counts; the
@@ -267,15 +271,16 @@ __global__ void __launch_bounds__(RS_THREADS) k_route_small(RouteSmallArgs a)
     const int nt = *a.la.ntok;
     if (nt > DSV4C_LOGITS_SMALL) /* cannot happen: the launcher's chunk holds at most that many rows */
         return;
-    logits_small_block<TG>(a.la, nt);
-    if ((int)blockIdx.x >= a.la.lblocks)
+    logits_small_block<TG, RS_TPB>(a.la, nt);
+    const int nlb = a.la.lblocks * a.la.tgroups;
+    if ((int)blockIdx.x >= nlb)
         return;
     unsigned long long *ticket = a.ra.stats + ST_TICKET;
     __shared__ int s_last;
     __syncthreads(); /* the block's logits are written */
     if (threadIdx.x == 0) {
         __threadfence();
-        s_last = atomicAdd(ticket, 1ull) == (unsigned long long)(a.la.lblocks - 1);
+        s_last = atomicAdd(ticket, 1ull) == (unsigned long long)(nlb - 1);
     }
     __syncthreads();
     if (!s_last)
@@ -296,9 +301,12 @@ bool route_small_fits(int E, int K, int tc)
 
 size_t route_small_smem(int E, int K, int tc) { return (size_t)smem_words(E, tc * K) * 4; }
 
-cudaError_t launch_route_small(const RouteSmallArgs &a, unsigned grid, int tg, cudaStream_t s, bool pdl)
+cudaError_t launch_route_small(RouteSmallArgs a, int qblocks, int tg, cudaStream_t s, bool pdl)
 {
-    const size_t smem = route_small_smem(a.g.E, a.g.K, a.ncap / a.g.K);
+    const int tc = a.ncap / a.g.K;
+    const size_t smem = route_small_smem(a.g.E, a.g.K, tc);
+    a.la.tgroups = (tc + RS_TPB - 1) / RS_TPB;
+    const unsigned grid = (unsigned)(a.la.lblocks * a.la.tgroups + qblocks);
     void (*k)(RouteSmallArgs) = tg == 4 ? k_route_small<4> : k_route_small<1>;
     if (!pdl) {
         k<<<grid, RS_THREADS, smem, s>>>(a);

@@ -3,7 +3,8 @@
  * weights, top-p and the fp8 path's grouping and placement of a chunk of at most
  * DSV4C_LOGITS_SMALL tokens in one kernel, k_route_small (params route=one).
  *
- * Its logits blocks are k_logits_small's (route_parts.cuh: the same sums, so the same bits); each
+ * Its logits blocks are k_logits_small's with eight tokens a block instead of 32 (route_parts.cuh:
+ * a token's sums are the same whichever block holds it, so the same bits); each
  * takes a ticket when its logits are written, and the block that takes the last one routes every
  * token of the chunk, one warp a token (no block-wide barrier between a token's steps, no
  * single-thread section on the default path: the top-K by two warp reductions a round, the
@@ -30,7 +31,7 @@ namespace dsv4cuda {
 #define RS_THREADS 256 /* a k_route_small block: k_logits_small's 8 warps; the routing block's 8 tokens at once */
 
 struct RouteSmallArgs {
-    LogitsArgs la; /* the logits and x's quantization (la.ticket unused) */
+    LogitsArgs la; /* the logits and x's quantization (la.ticket unused, la.tgroups the launcher's) */
     RouterArgs ra; /* ra.logits: la.logits (one slice); ra.xq NULL (la quantizes) */
     Group2Args g;  /* g.place set, g.hist NULL */
     int ncap;      /* the chunk's slot capacity (tc * K): the shared-memory layout's */
@@ -44,9 +45,11 @@ bool route_small_fits(int E, int K, int tc);
 /* Dynamic shared memory of a k_route_small launch, bytes. */
 size_t route_small_smem(int E, int K, int tc);
 
-/* Enqueues k_route_small on s (grid: la.lblocks plus the quantizing blocks; tg: params logits_tg, 1
-   or 4); pdl: with programmatic dependent launch. Returns the launch's error. */
-cudaError_t launch_route_small(const RouteSmallArgs &a, unsigned grid, int tg, cudaStream_t s, bool pdl);
+/* Enqueues k_route_small on s: the logits blocks (la.lblocks per group of eight of the chunk's
+   ncap / K rows; la.tgroups is set here) and qblocks quantizing blocks (one warp per token and
+   128-group of x); tg: params logits_tg, 1 or 4; pdl: with programmatic dependent launch. Returns
+   the launch's error. */
+cudaError_t launch_route_small(RouteSmallArgs a, int qblocks, int tg, cudaStream_t s, bool pdl);
 
 } // namespace dsv4cuda
 

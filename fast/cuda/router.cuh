@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(256) k_logits_small(LogitsArgs a)
         *a.ticket = 0;
     if (nt > DSV4C_LOGITS_SMALL) /* the GEMM kernels' chunk (k_router reads their slices) */
         return;
-    logits_small_block<TG>(a, nt);
+    logits_small_block<TG, DSV4C_LOGITS_SMALL>(a, nt);
 }
 
 /* ---------------- grouping on the device ---------------- */
