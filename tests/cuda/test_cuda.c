@@ -41,6 +41,8 @@
 
 #define BO_GEN_THREADS 16 /* the device machine's cores */
 #include "tests/backend_ops.h"
+#include "tests/cuda/route_small_hw.h"
+#include "core/route.h"
 
 /* fast/cuda/cuda.cu */
 uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
@@ -457,6 +459,140 @@ START_TEST(route_one_identical)
         bo_free(&o), bo_free(&d);
         bo_in_close(&ci);
     }
+}
+END_TEST
+
+/* tests/cuda/route_small_hw.cu: k_route_small on small shapes against the reference's arithmetic. */
+static uint32_t rs_rand(uint64_t *st)
+{
+    *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*st >> 33);
+}
+
+static void route_small_case(int E, int K, int H, int T, int score, int with_bias, uint64_t seed)
+{
+    const int n = T * K;
+    uint16_t *x = malloc((size_t)T * H * 2), *gate = malloc((size_t)E * H * 2);
+    float *bias = with_bias ? malloc((size_t)E * 4) : NULL;
+    int64_t *lx = malloc((size_t)T * H * 8), *lg = malloc((size_t)E * H * 8);
+    ck_assert(x && gate && lx && lg && (!with_bias || bias));
+    /* values whose products and sums are exact in fp32 (multiples of 2^-10 below 2^14): the logits
+       are one number whatever the order of the sum, the reference's and the kernel's */
+    for (int64_t i = 0; i < (int64_t)T * H; i++) {
+        lx[i] = (int64_t)(rs_rand(&seed) % 17) - 8;
+        x[i] = dsv4_f32_to_bf16((float)lx[i] / 16.0f);
+    }
+    for (int64_t i = 0; i < (int64_t)E * H; i++) {
+        lg[i] = (int64_t)(rs_rand(&seed) % 33) - 16;
+        gate[i] = dsv4_f32_to_bf16((float)lg[i] / 64.0f);
+    }
+    for (int e = 0; with_bias && e < E; e++)
+        bias[e] = (float)((int)(rs_rand(&seed) % 9) - 4) / 8.0f;
+    dsv4_test_route_in in = {E, K, H, T, score, 1.5f, 1e-20f, x, gate, bias};
+    dsv4_test_route_out o;
+    memset(&o, 0, sizeof o);
+    o.logits = malloc((size_t)T * E * 4), o.ids = malloc((size_t)n * 4), o.kept = malloc((size_t)T * 4);
+    o.w = malloc((size_t)n * 4), o.cnt = malloc((size_t)E * 4), o.slot_off = malloc((size_t)(E + 1) * 4);
+    o.pad_off = malloc((size_t)E * 4), o.active = malloc((size_t)E * 4), o.meta = malloc(16);
+    o.tile_e = malloc((size_t)2 * n * 4), o.tile_r0 = malloc((size_t)2 * n * 4), o.slot_tok = malloc((size_t)n * 4);
+    o.slot_row = malloc((size_t)n * 4), o.rowmap = malloc((size_t)n * 4), o.slot_w = malloc((size_t)n * 4);
+    ck_assert_int_eq(dsv4_test_route_small(&in, &o), 0);
+    ck_assert_msg(o.ticket == 0, "the ticket is %llu after the launch", o.ticket);
+    dsv4_config c;
+    memset(&c, 0, sizeof c);
+    c.n_routed_experts = E, c.n_activated = K, c.score_func = (dsv4_score_func)score;
+    c.route_scale = 1.5f, c.norm_eps = 1e-20f;
+    float *sc = malloc((size_t)E * 4);
+    int32_t ids[32];
+    float w[32];
+    int near_ties = 0;
+    for (int t = 0; t < T; t++) {
+        for (int e = 0; e < E; e++) {
+            int64_t acc = 0;
+            for (int h = 0; h < H; h++)
+                acc += lx[(int64_t)t * H + h] * lg[(int64_t)e * H + h];
+            const float l = (float)acc / 1024.0f;
+            ck_assert_msg(o.logits[(int64_t)t * E + e] == l, "T %d token %d expert %d: logit %.9g, want %.9g", T, t, e,
+                          o.logits[(int64_t)t * E + e], l);
+            sc[e] = score == 0 ? sqrtf(l > 20.0f ? l : log1pf(expf(l))) : 1.0f / (1.0f + expf(-l));
+        }
+        dsv4_route_select(&c, sc, bias, NULL, ids, w);
+        ck_assert_int_eq(o.kept[t], K);
+        for (int k = 0; k < K; k++) {
+            const int32_t got = o.ids[t * K + k];
+            if (got != ids[k]) {
+                /* the device's expf / log1pf may round a score differently: only keys within a few
+                   ulps of each other may change places */
+                ck_assert(got >= 0 && got < E);
+                const float ka = sc[got] + (bias ? bias[got] : 0.0f), kb = sc[ids[k]] + (bias ? bias[ids[k]] : 0.0f);
+                ck_assert_msg(fabsf(ka - kb) <= 1e-6f * fabsf(kb) + 1e-30f, "T %d token %d slot %d: expert %d, want %d",
+                              T, t, k, got, ids[k]);
+                near_ties++;
+                continue;
+            }
+            ck_assert_msg(fabsf(o.w[t * K + k] - w[k]) <= 2e-6f * fabsf(w[k]), "T %d token %d slot %d: weight %.9g, want %.9g",
+                          T, t, k, o.w[t * K + k], w[k]);
+        }
+    }
+    /* the grouping of the kernel's own ids, as k_count2 defines it */
+    int *cnt = calloc((size_t)E, sizeof(int)), so = 0, po = 0, na = 0, nm = 0, nb = 0;
+    for (int i = 0; i < n; i++)
+        cnt[o.ids[i]]++;
+    for (int e = 0; e < E; e++) {
+        const int ce = cnt[e];
+        ck_assert_int_eq(o.cnt[e], ce);
+        ck_assert_int_eq(o.slot_off[e], so);
+        ck_assert_int_eq(o.pad_off[e], po);
+        if (ce > 0)
+            ck_assert_int_eq(o.active[na++], e);
+        const int mid = ce > 16 && ce <= 64 ? (ce + 31) / 32 : 0, big = ce > 64 ? (ce + 127) / 128 : 0;
+        for (int i = 0; i < mid; i++, nm++)
+            ck_assert(o.tile_e[nm] == e && o.tile_r0[nm] == 32 * i);
+        for (int i = 0; i < big; i++, nb++)
+            ck_assert(o.tile_e[o.cap_mid + nb] == e && o.tile_r0[o.cap_mid + nb] == 128 * i);
+        /* expert e's slots in slot order */
+        int r = 0;
+        for (int i = 0; i < n; i++) {
+            if (o.ids[i] != e)
+                continue;
+            const int q = so + r;
+            ck_assert_msg(o.slot_tok[q] == i / K && o.slot_w[q] == o.w[i] && o.slot_row[q] == po + r &&
+                              o.rowmap[i] == po + r,
+                          "T %d expert %d rank %d (slot %d): token %d row %d, want token %d row %d", T, e, r, i,
+                          o.slot_tok[q], o.slot_row[q], i / K, po + r);
+            r++;
+        }
+        so += ce;
+        po += (ce + 127) / 128 * 128;
+    }
+    ck_assert_int_eq(o.slot_off[E], so);
+    ck_assert(o.meta[0] == na && o.meta[1] == nm && o.meta[2] == so && o.meta[3] == nb);
+    printf("cuda_suite k_route_small E %d K %d H %d T %2d score %d bias %d: logits exact, routing as the reference "
+           "(%d near-tie swaps), grouping as k_count2 (%d active, %d mid tiles)\n",
+           E, K, H, T, score, with_bias, near_ties, na, nm);
+    ck_assert_int_le(near_ties, 2);
+    free(cnt), free(sc), free(x), free(gate), free(bias), free(lx), free(lg);
+    free(o.logits), free(o.ids), free(o.kept), free(o.w), free(o.cnt), free(o.slot_off), free(o.pad_off);
+    free(o.active), free(o.meta), free(o.tile_e), free(o.tile_r0), free(o.slot_tok), free(o.slot_row), free(o.rowmap);
+    free(o.slot_w);
+}
+
+/* k_route_small alone (params route=one's kernel) on small shapes: logits of exact sums bit for bit,
+   the reference's selection and weights (dsv4_route_select on scores from the same formulas), its
+   kept counts, and k_count2's counts, offsets, active list, tile lists and placement of its own
+   ids; the ticket back at 0. T 1, 5, 8, 13 and 32 (groups past 16 rows: mid tiles), E 16 and 72
+   (an odd expert pair), K 1, 4 and 6, both elementwise scores, with and without bias. */
+START_TEST(route_small_kernel)
+{
+    if (!have_gpu())
+        return;
+    route_small_case(16, 4, 256, 1, 0, 1, 1);
+    route_small_case(16, 4, 256, 5, 1, 0, 2);
+    route_small_case(16, 4, 256, 8, 0, 1, 3);
+    route_small_case(16, 4, 256, 13, 0, 0, 4);
+    route_small_case(16, 4, 256, 32, 0, 1, 5);
+    route_small_case(72, 6, 512, 32, 1, 1, 6);
+    route_small_case(72, 1, 128, 9, 0, 1, 7);
 }
 END_TEST
 
@@ -1262,6 +1398,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, bad_input_ids);
     tcase_add_test(sm, fp8_small_t300);
     tcase_add_test(sm, e4m3_hardware_encode);
+    tcase_add_test(sm, route_small_kernel);
     suite_add_tcase(s, sm);
     TCase *f8 = tcase_create("fp8");
     tcase_set_timeout(f8, 600);
