@@ -87,6 +87,7 @@ struct FastArgs {
     int act_max; /* k_dec: grid.y slots below act_max are routed active groups, the next is the
                     shared expert (act_max 0 with one slot: the shared expert alone) */
     int ks;      /* k_dec: warps splitting K per 16-row tile (1, 2, 4 or 8) */
+    int ks_sh;   /* k_dec_mix: the shared expert's group's (its routed groups take ks) */
     int *fc_cnt; /* down of a chunk whose groups all run in k_dec, combine folded in (cuda_kernels
                     combine=fold): per 16-row tile of o, the blocks that have written it (zeroed by
                     k_quant); NULL: k_combine runs after */
@@ -468,10 +469,9 @@ __device__ __noinline__ void fold_combine(const CombineArgs c, int *cnt, int nee
 }
 
 template <int FMT, int NT, bool FOLD, bool SB>
-__device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, uint8_t *ring, float *sRed)
+__device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int KS, uint8_t *ring, float *sRed)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const int KS = a.ks;
     const int mt = blockIdx.x * (8 / KS) + warp / KS, ks = warp % KS;
     float acc[NT][4];
     /* the slabs sit where a K split's partial sums would (SB: no split) */
@@ -553,9 +553,48 @@ __global__ void __launch_bounds__(FM_THREADS, 3) k_dec(FastArgs a)
     }
     float *sRed = (float *)(fsm + DecCfg<FMT>::RING);
     if (g.n <= 8)
-        dec_block<FMT, 1, FOLD, SB>(a, g, fsm, sRed);
+        dec_block<FMT, 1, FOLD, SB>(a, g, a.ks, fsm, sRed);
     else
-        dec_block<FMT, 2, FOLD, SB>(a, g, fsm, sRed);
+        dec_block<FMT, 2, FOLD, SB>(a, g, a.ks, fsm, sRed);
+}
+
+/*
+ * The routed groups in format FMT and the shared expert's group in another format FMS in one
+ * launch (params shared_dec=one): slots y < act_max as k_dec<FMT> with K split a.ks, slot act_max
+ * as k_dec<FMS> with a.ks_sh, each exactly as in its own launch (the same products and sums), grid
+ * x the larger of the two splits' (a block past its group's tiles returns). One launch instead of
+ * two on two streams with their fork and join. FM_THREADS threads, the larger of the two
+ * dec_smem_bytes.
+ */
+template <int FMT, int FMS, bool FOLD>
+__global__ void __launch_bounds__(FM_THREADS, 3) k_dec_mix(FastArgs a)
+{
+    pdl_enter();
+    extern __shared__ __align__(16) uint8_t fsm[];
+    FGrp g;
+    const int y = blockIdx.y, tiles16 = a.N / 16;
+    if (y < a.act_max) {
+        if (y >= a.meta[0] || (int)blockIdx.x >= tiles16 / (8 / a.ks))
+            return;
+        const int e = a.active[y];
+        if (a.cnt[e] > FM_DEC_MAX)
+            return;
+        fgrp_routed(a, e, g);
+        float *sRed = (float *)(fsm + DecCfg<FMT>::RING);
+        if (g.n <= 8)
+            dec_block<FMT, 1, FOLD, false>(a, g, a.ks, fsm, sRed);
+        else
+            dec_block<FMT, 2, FOLD, false>(a, g, a.ks, fsm, sRed);
+    } else {
+        if (!dec_shared_runs(a, *a.ntok) || (int)blockIdx.x >= tiles16 / (8 / a.ks_sh))
+            return;
+        fgrp_shared(a, g);
+        float *sRed = (float *)(fsm + DecCfg<FMS>::RING);
+        if (g.n <= 8)
+            dec_block<FMS, 1, FOLD, false>(a, g, a.ks_sh, fsm, sRed);
+        else
+            dec_block<FMS, 2, FOLD, false>(a, g, a.ks_sh, fsm, sRed);
+    }
 }
 
 /* ---------------- decode regime on wgmma (sm_90a) ---------------- */

@@ -292,12 +292,19 @@ cudaError_t tileh_attrs()
    the shared expert), splitting K over enough warps to give every multiprocessor b->dec_fill
    blocks (cuda_kernels dec_fill; the split is a function of N, the group count and the device,
    so a chunk and its graph bucket sum in the same order). */
-void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t s)
+int dec_ks(const CudaBe *b, int N, int groups)
 {
-    const int tiles16 = fa.N / 16;
+    const int tiles16 = N / 16;
     int ks = 1;
     while (ks < 8 && (int64_t)(tiles16 / (8 / ks)) * groups < (int64_t)b->dec_fill * b->nsm)
         ks *= 2;
+    return ks;
+}
+
+void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t s)
+{
+    const int tiles16 = fa.N / 16;
+    const int ks = dec_ks(b, fa.N, groups);
     fa.ks = ks;
     const dim3 grid((unsigned)(tiles16 / (8 / ks)), (unsigned)groups);
     /* B from shared memory (dec_b=smem, mma.cuh dec_stage_slab): fp4 weights, K not split, and
@@ -314,10 +321,27 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
     }
 }
 
+/* k_dec_mix (params shared_dec=one): fp4 routed groups and the fp8 shared expert in one launch,
+   each group with the K split its own launch_dec would give it (so the same sums). */
+void launch_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
+{
+    const int tiles16 = fa.N / 16;
+    fa.ks = dec_ks(b, fa.N, fa.act_max);
+    fa.ks_sh = dec_ks(b, fa.N, 1);
+    const unsigned gx = (unsigned)std::max(tiles16 / (8 / fa.ks), tiles16 / (8 / fa.ks_sh));
+    const size_t smem = std::max(dec_smem_bytes(WF_FP4, fa.ks, 2), dec_smem_bytes(WF_FP8, fa.ks_sh, 2));
+    launch_pdl(b, fa.fc_cnt ? k_dec_mix<WF_FP4, WF_FP8, true> : k_dec_mix<WF_FP4, WF_FP8, false>,
+               dim3(gx, (unsigned)fa.act_max + 1), FM_THREADS, smem, s, fa);
+}
+
 /* The decode kernels' shared-memory limit: their largest K split, or the B slabs. */
 cudaError_t dec_attrs()
 {
     cudaError_t ce = cudaSuccess;
+    const int mix = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP8, 8, 2));
+    ce = cudaFuncSetAttribute(k_dec_mix<WF_FP4, WF_FP8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, mix);
+    if (ce == cudaSuccess)
+        ce = cudaFuncSetAttribute(k_dec_mix<WF_FP4, WF_FP8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, mix);
     void (*const k4[3])(FastArgs) = {k_dec<WF_FP4, false, false>, k_dec<WF_FP4, true, false>, k_dec<WF_FP4, false, true>};
     void (*const k8[2])(FastArgs) = {k_dec<WF_FP8, false, false>, k_dec<WF_FP8, true, false>};
     const int m4 = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP4, 1, 2, true));
@@ -352,7 +376,10 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
     const bool shared = c->n_shared_experts > 0;
     const int64_t nmax = group_rows_max(b, L);
     const bool mid = nmax > FM_DEC_MAX, big = nmax > FM_MID_MAX;
-    const bool split = shared && fa.sh.fmt != fa.r.fmt;
+    /* the shared expert in another format: its own k_dec on s4, or with params shared_dec=one (fp4
+       routed, fp8 shared) one launch with the routed groups (k_dec_mix) */
+    const bool mix = shared && b->shared_dec_one && fa.r.fmt == WF_FP4 && fa.sh.fmt == WF_FP8;
+    const bool split = shared && fa.sh.fmt != fa.r.fmt && !mix;
     const bool cut = p8 && nmax > p8->min_rows; /* a group can be on the grouped FP8 GEMM (s3) */
     cudaError_t e = cudaSuccess;
     if ((mid || big || split || cut) && (e = cudaEventRecord(b->ev_fork, s)) != cudaSuccess)
@@ -365,7 +392,9 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
     for (const Side &sd : side)
         if (sd.on && (e = cudaStreamWaitEvent(sd.st, b->ev_fork, 0)) != cudaSuccess)
             return e;
-    if (split) {
+    if (mix) {
+        launch_dec_mix(b, fa, s);
+    } else if (split) {
         launch_dec(b, fa.r.fmt, fa, fa.act_max, s); /* routed slots only */
         FastArgs sh = fa;
         sh.act_max = 0;

@@ -226,12 +226,13 @@ struct Kernels {
     bool pdl = true;               /* pdl=off: every launch plain */
     bool route_fused = true;       /* route=split: the GEMM logits, k_router and k_count2 at every chunk size */
     bool route_one = false;        /* route=one: k_route_small where it fits (route_small.cuh) */
+    bool shared_dec_one = false;   /* shared_dec=one: k_dec_mix (mma.cuh) instead of a forked k_dec */
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
     bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma.cuh) */
     int logits_tg = 1;             /* logits_tg=4: k_logits_small loads four tokens' x together (router.cuh) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -264,6 +265,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("l1") || val("smem"), k->dec_slab = val("smem");
         else if (is("logits_tg"))
             ok = val("1") || val("4"), k->logits_tg = val("4") ? 4 : 1;
+        else if (is("shared_dec"))
+            ok = val("fork") || val("one"), k->shared_dec_one = val("one");
         else if (is("fp8_cut") || is("dec_fill")) {
             char buf[16] = {0};
             char *e = nullptr;
@@ -279,7 +282,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -299,6 +302,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->pdl = k.pdl;
     b->route_fused = k.route_fused;
     b->route_one = k.route_one;
+    b->shared_dec_one = k.shared_dec_one;
     b->combine_fold = k.combine_fold;
     b->dec_slab = k.dec_slab;
     b->logits_tg = k.logits_tg;

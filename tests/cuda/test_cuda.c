@@ -462,6 +462,40 @@ START_TEST(route_one_identical)
 }
 END_TEST
 
+/* The fp8 shared expert's decode in the fp4 routed experts' launch (params shared_dec=one:
+   k_dec_mix, mma.cuh) against its own k_dec on a forked stream (shared_dec=fork, the default): each
+   group with the same K split and code, so the same outputs, ids and clamp counters bit for bit.
+   v4-flash T 1, 2, 8 and 16 in both numerics modes (the folded combine at each), the hash layer,
+   the full 256 experts at T 4, T 40 (past the decode regime: the shared expert on the tiles either
+   way), with the combine as its own kernel, and replayed from a graph. */
+START_TEST(shared_dec_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 2, 32, 0},  {"v4-flash", 5, 8, 32, 1},
+                                  {"v4-flash", 5, 16, 32, 0}, {"v4-flash", 0, 5, 32, 1}, {"v4-flash", 5, 4, 0, 1},
+                                  {"v4-flash", 5, 40, 32, 1}};
+    variant_cases("shared_dec", "shared_dec=one", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("shared_dec", "shared_dec=one,combine=kernel", cs, 2, 0);
+    variant_cases("shared_dec", "shared_dec=one,route=one", cs, 3, 0);
+    if (!have_gpu())
+        return;
+    bo_case k = {"shared dec", "v4-flash", 5, 3, 0, -1, -1, -1, 0, 1, 32, 1};
+    bo_in ci;
+    bo_in_open(&k, &ci);
+    bo_out d, o;
+    run_cuda(&ci.c, &ci.k, 0, 1, ci.ck, ci.x, ci.ids, &d);
+    setenv("DSV4MOE_CUDA_KERNELS", "shared_dec=one", 1);
+    run_cuda(&ci.c, &ci.k, 1, 2, ci.ck, ci.x, ci.ids, &o);
+    unsetenv("DSV4MOE_CUDA_KERNELS");
+    int64_t nd = 0;
+    for (int64_t j = 0; j < 3 * ci.c.dim; j++)
+        nd += o.y[j] != d.y[j];
+    printf("cuda_suite shared_dec=one graph T 3: %lld outputs differ from the default eager\n", (long long)nd);
+    ck_assert_int_eq(nd, 0);
+    bo_free(&o), bo_free(&d);
+    bo_in_close(&ci);
+}
+END_TEST
+
 /* tests/cuda/route_small_hw.cu: k_route_small on small shapes against the reference's arithmetic. */
 static uint32_t rs_rand(uint64_t *st)
 {
@@ -955,12 +989,12 @@ START_TEST(shared_workspace)
     /* kernel variants: every malformed list refused by name, none half-applied */
     dsv4_backend_options ko;
     dsv4_backend_options_init(&ko);
-    const char *badk[][2] = {{"fp8_cut=8", "fp8_cut"},     {"fp8_cut=65", "fp8_cut"}, {"fp8_cut=3x", "fp8_cut"},
-                             {"tileh=s256", "tileh"},      {"colour=red", "colour"},  {"path", "key=value"},
-                             {"path=exact,mid=z", "mid"},  {"fp8_scales=cols", "fp8_scales"},
-                             {"dec_fill=0", "dec_fill"},   {"dec_fill=9", "dec_fill"},
-                             {"pdl=maybe", "pdl"},         {"route=both", "route"},  {"route=once", "route"},      {"combine=late", "combine"},
-                             {"logits_tg=2", "logits_tg"}};
+    const char *badk[][2] = {{"fp8_cut=8", "fp8_cut"},        {"fp8_cut=65", "fp8_cut"},  {"fp8_cut=3x", "fp8_cut"},
+                             {"tileh=s256", "tileh"},         {"colour=red", "colour"},   {"path", "key=value"},
+                             {"path=exact,mid=z", "mid"},     {"fp8_scales=cols", "fp8_scales"},
+                             {"dec_fill=0", "dec_fill"},      {"dec_fill=9", "dec_fill"}, {"pdl=maybe", "pdl"},
+                             {"route=both", "route"},         {"route=once", "route"},    {"combine=late", "combine"},
+                             {"shared_dec=two", "shared_dec"}, {"logits_tg=2", "logits_tg"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1460,6 +1494,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(pd, dec_slab_identical);
     tcase_add_test(pd, logits_tg_identical);
     tcase_add_test(pd, route_one_identical);
+    tcase_add_test(pd, shared_dec_identical);
     suite_add_tcase(s, pd);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
