@@ -530,10 +530,12 @@ __host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt, boo
  * slot y < dec_routed (the routed active list) or the shared expert (dec_shared, last slot).
  * FM_THREADS threads, dec_smem_bytes(FMT, ks, 2, SB) bytes of shared memory. FOLD: the down
  * projection with the combine folded in (a.fc_cnt, fold_combine). SB: B from the block's slabs
- * (dec_stage_slab; launched only with ks 1 and not FOLD).
+ * (dec_stage_slab; launched only with ks 1 and not FOLD). MINB: the blocks per multiprocessor its
+ * registers are bounded for, 3 (80 registers a thread, the default) or 2 (params dec_regs=128: no
+ * spills; the same arithmetic).
  */
-template <int FMT, bool FOLD, bool SB>
-__global__ void __launch_bounds__(FM_THREADS, 3) k_dec(FastArgs a)
+template <int FMT, bool FOLD, bool SB, int MINB = 3>
+__global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
 {
     pdl_enter();
     extern __shared__ __align__(16) uint8_t fsm[];
@@ -566,8 +568,8 @@ __global__ void __launch_bounds__(FM_THREADS, 3) k_dec(FastArgs a)
  * two on two streams with their fork and join. FM_THREADS threads, the larger of the two
  * dec_smem_bytes.
  */
-template <int FMT, int FMS, bool FOLD>
-__global__ void __launch_bounds__(FM_THREADS, 3) k_dec_mix(FastArgs a)
+template <int FMT, int FMS, bool FOLD, int MINB = 3>
+__global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix(FastArgs a)
 {
     pdl_enter();
     extern __shared__ __align__(16) uint8_t fsm[];

@@ -292,6 +292,19 @@ cudaError_t tileh_attrs()
    the shared expert), splitting K over enough warps to give every multiprocessor b->dec_fill
    blocks (cuda_kernels dec_fill; the split is a function of N, the group count and the device,
    so a chunk and its graph bucket sum in the same order). */
+/* k_dec for format fmt, folded combine or not, B slabs or not, registers bounded for MB blocks per
+   multiprocessor (params dec_regs); k_dec_mix likewise. */
+template <int MB> fast_kernel dec_kernel(int fmt, bool fold, bool sb)
+{
+    if (fmt == WF_FP4)
+        return sb ? k_dec<WF_FP4, false, true, MB> : fold ? k_dec<WF_FP4, true, false, MB> : k_dec<WF_FP4, false, false, MB>;
+    return fold ? k_dec<WF_FP8, true, false, MB> : k_dec<WF_FP8, false, false, MB>;
+}
+template <int MB> fast_kernel dec_mix_kernel(bool fold)
+{
+    return fold ? k_dec_mix<WF_FP4, WF_FP8, true, MB> : k_dec_mix<WF_FP4, WF_FP8, false, MB>;
+}
+
 int dec_ks(const CudaBe *b, int N, int groups)
 {
     const int tiles16 = N / 16;
@@ -313,12 +326,8 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
        against 1.49-1.53; docs/cuda.md) */
     const bool sb = b->dec_slab && ks == 1 && fmt == WF_FP4 && !fa.fc_cnt;
     const size_t smem = dec_smem_bytes(fmt, ks, 2, sb);
-    if (fmt == WF_FP4) {
-        void (*const k4[3])(FastArgs) = {k_dec<WF_FP4, false, false>, k_dec<WF_FP4, true, false>, k_dec<WF_FP4, false, true>};
-        launch_pdl(b, k4[sb ? 2 : fa.fc_cnt ? 1 : 0], grid, FM_THREADS, smem, s, fa);
-    } else {
-        launch_pdl(b, fa.fc_cnt ? k_dec<WF_FP8, true, false> : k_dec<WF_FP8, false, false>, grid, FM_THREADS, smem, s, fa);
-    }
+    launch_pdl(b, b->dec_minb == 2 ? dec_kernel<2>(fmt, fa.fc_cnt != nullptr, sb) : dec_kernel<3>(fmt, fa.fc_cnt != nullptr, sb),
+               grid, FM_THREADS, smem, s, fa);
 }
 
 /* k_dec_mix (params shared_dec=one): fp4 routed groups and the fp8 shared expert in one launch,
@@ -330,25 +339,29 @@ void launch_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
     fa.ks_sh = dec_ks(b, fa.N, 1);
     const unsigned gx = (unsigned)std::max(tiles16 / (8 / fa.ks), tiles16 / (8 / fa.ks_sh));
     const size_t smem = std::max(dec_smem_bytes(WF_FP4, fa.ks, 2), dec_smem_bytes(WF_FP8, fa.ks_sh, 2));
-    launch_pdl(b, fa.fc_cnt ? k_dec_mix<WF_FP4, WF_FP8, true> : k_dec_mix<WF_FP4, WF_FP8, false>,
-               dim3(gx, (unsigned)fa.act_max + 1), FM_THREADS, smem, s, fa);
+    const bool fold = fa.fc_cnt != nullptr;
+    launch_pdl(b, b->dec_minb == 2 ? dec_mix_kernel<2>(fold) : dec_mix_kernel<3>(fold), dim3(gx, (unsigned)fa.act_max + 1),
+               FM_THREADS, smem, s, fa);
 }
 
 /* The decode kernels' shared-memory limit: their largest K split, or the B slabs. */
 cudaError_t dec_attrs()
 {
-    cudaError_t ce = cudaSuccess;
-    const int mix = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP8, 8, 2));
-    ce = cudaFuncSetAttribute(k_dec_mix<WF_FP4, WF_FP8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, mix);
-    if (ce == cudaSuccess)
-        ce = cudaFuncSetAttribute(k_dec_mix<WF_FP4, WF_FP8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, mix);
-    void (*const k4[3])(FastArgs) = {k_dec<WF_FP4, false, false>, k_dec<WF_FP4, true, false>, k_dec<WF_FP4, false, true>};
-    void (*const k8[2])(FastArgs) = {k_dec<WF_FP8, false, false>, k_dec<WF_FP8, true, false>};
     const int m4 = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP4, 1, 2, true));
-    for (int i = 0; i < 3 && ce == cudaSuccess; i++)
-        ce = cudaFuncSetAttribute(k4[i], cudaFuncAttributeMaxDynamicSharedMemorySize, m4);
-    for (int i = 0; i < 2 && ce == cudaSuccess; i++)
-        ce = cudaFuncSetAttribute(k8[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dec_smem_bytes(WF_FP8, 8, 2));
+    const int m8 = (int)dec_smem_bytes(WF_FP8, 8, 2), mix = std::max(m4, m8);
+    const struct {
+        fast_kernel k;
+        int smem;
+    } ks[] = {{dec_kernel<3>(WF_FP4, false, false), m4}, {dec_kernel<3>(WF_FP4, true, false), m4},
+              {dec_kernel<3>(WF_FP4, false, true), m4},  {dec_kernel<3>(WF_FP8, false, false), m8},
+              {dec_kernel<3>(WF_FP8, true, false), m8},  {dec_mix_kernel<3>(false), mix},
+              {dec_mix_kernel<3>(true), mix},             {dec_kernel<2>(WF_FP4, false, false), m4},
+              {dec_kernel<2>(WF_FP4, true, false), m4},  {dec_kernel<2>(WF_FP4, false, true), m4},
+              {dec_kernel<2>(WF_FP8, false, false), m8}, {dec_kernel<2>(WF_FP8, true, false), m8},
+              {dec_mix_kernel<2>(false), mix},            {dec_mix_kernel<2>(true), mix}};
+    cudaError_t ce = cudaSuccess;
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0] && ce == cudaSuccess; i++)
+        ce = cudaFuncSetAttribute(ks[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, ks[i].smem);
     return ce;
 }
 

@@ -496,6 +496,21 @@ START_TEST(shared_dec_identical)
 }
 END_TEST
 
+/* The decode kernels bounded for two blocks per multiprocessor (params dec_regs=128: 102-114
+   registers, no spills) against three (dec_regs=80, the default: 80 registers with a few spilled):
+   the same arithmetic, so the same outputs, ids and clamp counters bit for bit. v4-flash T 1, 8
+   and 16 in both numerics modes (fp4 and fp8 decode launches, the folded combine), dec_b=smem (the
+   B slabs), the hash layer, mini-fp8 and with shared_dec=one (k_dec_mix). */
+START_TEST(dec_regs_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 8, 32, 0}, {"v4-flash", 5, 16, 32, 1},
+                                  {"v4-flash", 0, 5, 32, 1}, {"mini-fp8", 1, 5, 0, 1}};
+    variant_cases("dec_regs", "dec_regs=128", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("dec_regs", "dec_regs=128,dec_b=smem", cs + 1, 1, 0);
+    variant_cases("dec_regs", "dec_regs=128,shared_dec=one", cs, 2, 0);
+}
+END_TEST
+
 /* tests/cuda/route_small_hw.cu: k_route_small on small shapes against the reference's arithmetic. */
 static uint32_t rs_rand(uint64_t *st)
 {
@@ -994,7 +1009,8 @@ START_TEST(shared_workspace)
                              {"path=exact,mid=z", "mid"},     {"fp8_scales=cols", "fp8_scales"},
                              {"dec_fill=0", "dec_fill"},      {"dec_fill=9", "dec_fill"}, {"pdl=maybe", "pdl"},
                              {"route=both", "route"},         {"route=once", "route"},    {"combine=late", "combine"},
-                             {"shared_dec=two", "shared_dec"}, {"logits_tg=2", "logits_tg"}};
+                             {"shared_dec=two", "shared_dec"}, {"logits_tg=2", "logits_tg"},
+                             {"dec_regs=96", "dec_regs"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1495,6 +1511,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(pd, logits_tg_identical);
     tcase_add_test(pd, route_one_identical);
     tcase_add_test(pd, shared_dec_identical);
+    tcase_add_test(pd, dec_regs_identical);
     suite_add_tcase(s, pd);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
