@@ -232,23 +232,29 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]
         --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats --section SpeedOfLight && \
         $NCU -i $WORK/route_t1.ncu-rep --page source --csv --print-source sass"
 fi
-# DSV4_DEVCHECK_PROFILE=decode: the decode step with the one-launch router (params route=one): the
-# whole layer at T = 1, 8 and 32 against route=fused (bench_cuda --quick, fp8 mode, alternating,
-# two passes each), every kernel's time at T = 1 (warm, Nsight Compute), and k_dec at T = 1 in
-# detail (its routed and shared gate/up and down launches: throughput, occupancy, warp states).
+# DSV4_DEVCHECK_PROFILE=decode: the decode step's kernel variants (params route=one: the one-launch
+# router; shared_dec=one: the shared expert in the routed decode launches; dec_regs=128: the decode
+# kernels without spills): the whole layer at T = 1, 8, 32 and 128 for the default, route=one, the
+# two launches merged, and all three (bench_cuda --quick, fp8 mode, alternating, two passes each),
+# every kernel's time at T = 1 with all three (warm, Nsight Compute), and their decode GEMMs at
+# T = 1 in detail (throughput, occupancy, warp states).
+DEC_ALL="route=one,shared_dec=one,dec_regs=128"
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = decode ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for p in 1 2; do
-        for v in fused one; do
-            step "decode-$v-$p" 60 "$BENCH --gemm fp8 --cuda-kernels route=$v --tokens 1,8,32 --quick \
-                --json $WORK/bench/decode_${v}_$p.json --dir $WORK/bench --threads $JOBS"
+        for v in default route=one route=one,shared_dec=one $DEC_ALL; do
+            tag=$(echo "$v" | tr ',=' '-_')
+            kv=$v
+            [ "$v" = default ] && kv="''"
+            step "decode-$tag-$p" 60 "$BENCH --gemm fp8 --cuda-kernels $kv --tokens 1,8,32,128 --quick \
+                --json $WORK/bench/decode_${tag}_$p.json --dir $WORK/bench --threads $JOBS"
         done
     done
     step profile-decode-t1 120 "$NCU --clock-control none --cache-control none --launch-skip 60 --launch-count 60 \
-        --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 --cuda-kernels route=one \
+        --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 --cuda-kernels $DEC_ALL \
         --tokens 1 --quick --json $WORK/bench/decode_p.json --dir $WORK/bench --threads $JOBS"
     step profile-decode-dec 150 "$NCU --clock-control none --cache-control none -k regex:k_dec --launch-skip 16 \
         --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-        --section WarpStateStats --section LaunchStats $BENCH --gemm fp8 --cuda-kernels route=one --tokens 1 \
+        --section WarpStateStats --section LaunchStats $BENCH --gemm fp8 --cuda-kernels $DEC_ALL --tokens 1 \
         --quick --json $WORK/bench/decode_d.json --dir $WORK/bench --threads $JOBS"
 fi
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = 1 ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
