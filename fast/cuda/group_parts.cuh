@@ -78,6 +78,9 @@ struct Group2Args {
     int *hist; /* large chunks: [slices, E] each PLACE_SLICE-slot slice's count per expert (k_hist), which
                   k_count2 sums and turns into each slice's first rank per expert (k_place2); NULL:
                   k_count2 counts itself */
+    int *zero; /* nzero ints the grouping zeroes (the decode kernels' fold counts, mma.cuh, when
+                  params quant=fold leaves k_quant out), or NULL */
+    int nzero;
 };
 
 /* Slot i (expert e, weight w) at its place: kept slot q and padded row `row` of the grouped layout. */
@@ -102,6 +105,8 @@ __device__ __forceinline__ void count2_offsets(const Group2Args &a, int *c2cnt, 
                                                int nt)
 {
     const int E = a.E;
+    for (int i = threadIdx.x; i < a.nzero; i += blockDim.x)
+        a.zero[i] = 0;
     for (int e0 = 0; e0 < E; e0 += blockDim.x) {
         const int e = e0 + threadIdx.x;
         const int c = e < E ? c2cnt[e] : 0;

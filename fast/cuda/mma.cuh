@@ -92,6 +92,14 @@ struct FastArgs {
                     combine=fold): per 16-row tile of o, the blocks that have written it (zeroed by
                     k_quant); NULL: k_combine runs after */
     CombineArgs fc; /* that combine */
+    int *qf_cnt;    /* gate/up of a chunk whose groups all run in k_dec, the quantization of h folded in
+                       (params quant=fold): per group (routed expert e at e, the shared expert at E)
+                       and 128-feature group of h, the blocks that have written it (zeroed by the
+                       grouping, group_parts.cuh); NULL: k_quant runs after */
+    uint8_t *qf_q;  /* then h's codes [rows, I] and scales [rows, I / 128], rows as h's */
+    float *qf_s;
+    long long qf_sh_row0; /* the shared expert's first row of h (its out_sh is h + qf_sh_row0 I) */
+    int qmode;            /* the activation quantization (SPEC.md 5) */
 };
 
 /* One group as a block sees it. */
@@ -106,6 +114,7 @@ struct FGrp {
     long long orow0;
     int n;
     int slot0; /* first compact slot; -1 for the shared expert */
+    int e;     /* the expert: E for the shared one */
 };
 
 __device__ __forceinline__ void fgrp_routed(const FastArgs &a, int e, FGrp &g)
@@ -121,6 +130,7 @@ __device__ __forceinline__ void fgrp_routed(const FastArgs &a, int e, FGrp &g)
     g.out = a.out;
     g.orow0 = a.pad_off[e];
     g.n = a.cnt[e];
+    g.e = e;
 }
 
 __device__ __forceinline__ void fgrp_shared(const FastArgs &a, FGrp &g)
@@ -136,6 +146,7 @@ __device__ __forceinline__ void fgrp_shared(const FastArgs &a, FGrp &g)
     g.orow0 = 0;
     g.n = *a.ntok;
     g.slot0 = -1;
+    g.e = a.E;
 }
 
 /* Whether k_dec runs the shared expert's group for n live tokens (its blocks return otherwise). */
@@ -468,7 +479,47 @@ __device__ __noinline__ void fold_combine(const CombineArgs c, int *cnt, int nee
     }
 }
 
-template <int FMT, int NT, bool FOLD, bool SB>
+/* What a decode block does after its tiles' epilogue: nothing, the folded combine (the down
+   projection, fold_combine), or the folded quantization of h (gate/up, fold_quant). */
+enum { EPI_NONE = 0, EPI_COMBINE = 1, EPI_QUANT = 2 };
+
+/*
+ * The quantization of h folded into gate/up (a.qf_cnt): a k_dec block that has written its tiles of
+ * h (8 features each, all of one 128-feature group) counts itself on that group's count cnt; the
+ * block that brings it to `need` (the 2 KS blocks writing those features) quantizes the n rows'
+ * 128 features (h rows hrow0 .., codes and scales rows crow0 .., all pointers at the feature
+ * group's first column) as k_quant does: one warp a row, quant_group4 on the values read through
+ * L2 after a fence, so the same codes and scales. The counts order nothing but the last writer.
+ */
+__device__ __noinline__ void fold_quant(int *cnt, int need, const uint16_t *h, long long hrow0, uint8_t *codes,
+                                        float *scales, long long crow0, int n, int I, int qmode)
+{
+    __shared__ int s_last;
+    __threadfence(); /* this thread's h, before the block counts itself */
+    __syncthreads();
+    if (threadIdx.x == 0)
+        s_last = atomicAdd(cnt, 1) == need - 1;
+    __syncthreads();
+    if (!s_last)
+        return;
+    __threadfence();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ng = I >> 7;
+    for (int j = warp; j < n; j += (int)(blockDim.x >> 5)) {
+        const uint2 raw = __ldcg((const uint2 *)(h + (hrow0 + j) * I + lane * 4));
+        float v[4];
+        const bool ok[4] = {true, true, true, true};
+        uint8_t c[4];
+        v[0] = bf16f((uint16_t)raw.x), v[1] = bf16f((uint16_t)(raw.x >> 16));
+        v[2] = bf16f((uint16_t)raw.y), v[3] = bf16f((uint16_t)(raw.y >> 16));
+        const float sc = quant_group4(v, ok, qmode, c);
+        *(uint32_t *)(codes + (crow0 + j) * I + lane * 4) =
+            (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16) | ((uint32_t)c[3] << 24);
+        if (lane == 0)
+            scales[(crow0 + j) * ng] = sc;
+    }
+}
+
+template <int FMT, int NT, int EPI, bool SB>
 __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int KS, uint8_t *ring, float *sRed)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
@@ -511,9 +562,14 @@ __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int 
         if (a.gu)
             fepi_stats(a, g, gc, uc);
     }
-    if constexpr (FOLD) { /* a kernel of its own and a call: k_dec's main loop keeps its registers */
+    if constexpr (EPI == EPI_COMBINE) { /* a kernel of its own and a call: k_dec's main loop keeps its registers */
         const int nt = *a.ntok, need = a.meta[0] + (dec_shared_runs(a, nt) ? 1 : 0);
         fold_combine(a.fc, a.fc_cnt, need, nt, blockIdx.x * (8 / KS), 8 / KS, ring);
+    }
+    if constexpr (EPI == EPI_QUANT) { /* the 16 tiles of a 128-feature group are 2 KS blocks' */
+        const int I = a.N >> 1, q = (int)blockIdx.x * (8 / KS) / 16;
+        fold_quant(a.qf_cnt + (long long)g.e * (I >> 7) + q, 2 * KS, g.out + q * 128, g.orow0, a.qf_q + q * 128,
+                   a.qf_s + q, (g.slot0 < 0 ? a.qf_sh_row0 : 0) + g.orow0, g.n, I, a.qmode);
     }
 }
 
@@ -528,13 +584,14 @@ __host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt, boo
 /*
  * The decode regime for groups whose weights are in format FMT: grid (N / 16 / (8 / ks), slots),
  * slot y < dec_routed (the routed active list) or the shared expert (dec_shared, last slot).
- * FM_THREADS threads, dec_smem_bytes(FMT, ks, 2, SB) bytes of shared memory. FOLD: the down
- * projection with the combine folded in (a.fc_cnt, fold_combine). SB: B from the block's slabs
- * (dec_stage_slab; launched only with ks 1 and not FOLD). MINB: the blocks per multiprocessor its
+ * FM_THREADS threads, dec_smem_bytes(FMT, ks, 2, SB) bytes of shared memory. EPI: EPI_COMBINE, the
+ * down projection with the combine folded in (a.fc_cnt, fold_combine); EPI_QUANT, gate/up with the
+ * quantization of h folded in (a.qf_cnt, fold_quant). SB: B from the block's slabs
+ * (dec_stage_slab; launched only with ks 1 and EPI_NONE). MINB: the blocks per multiprocessor its
  * registers are bounded for, 3 (80 registers a thread, the default) or 2 (params dec_regs=128: no
  * spills; the same arithmetic).
  */
-template <int FMT, bool FOLD, bool SB, int MINB = 3>
+template <int FMT, int EPI, bool SB, int MINB = 3>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
 {
     pdl_enter();
@@ -555,9 +612,9 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
     }
     float *sRed = (float *)(fsm + DecCfg<FMT>::RING);
     if (g.n <= 8)
-        dec_block<FMT, 1, FOLD, SB>(a, g, a.ks, fsm, sRed);
+        dec_block<FMT, 1, EPI, SB>(a, g, a.ks, fsm, sRed);
     else
-        dec_block<FMT, 2, FOLD, SB>(a, g, a.ks, fsm, sRed);
+        dec_block<FMT, 2, EPI, SB>(a, g, a.ks, fsm, sRed);
 }
 
 /*
@@ -568,7 +625,7 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
  * two on two streams with their fork and join. FM_THREADS threads, the larger of the two
  * dec_smem_bytes.
  */
-template <int FMT, int FMS, bool FOLD, int MINB = 3>
+template <int FMT, int FMS, int EPI, int MINB = 3>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix(FastArgs a)
 {
     pdl_enter();
@@ -584,18 +641,18 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix(FastArgs a)
         fgrp_routed(a, e, g);
         float *sRed = (float *)(fsm + DecCfg<FMT>::RING);
         if (g.n <= 8)
-            dec_block<FMT, 1, FOLD, false>(a, g, a.ks, fsm, sRed);
+            dec_block<FMT, 1, EPI, false>(a, g, a.ks, fsm, sRed);
         else
-            dec_block<FMT, 2, FOLD, false>(a, g, a.ks, fsm, sRed);
+            dec_block<FMT, 2, EPI, false>(a, g, a.ks, fsm, sRed);
     } else {
         if (!dec_shared_runs(a, *a.ntok) || (int)blockIdx.x >= tiles16 / (8 / a.ks_sh))
             return;
         fgrp_shared(a, g);
         float *sRed = (float *)(fsm + DecCfg<FMS>::RING);
         if (g.n <= 8)
-            dec_block<FMS, 1, FOLD, false>(a, g, a.ks_sh, fsm, sRed);
+            dec_block<FMS, 1, EPI, false>(a, g, a.ks_sh, fsm, sRed);
         else
-            dec_block<FMS, 2, FOLD, false>(a, g, a.ks_sh, fsm, sRed);
+            dec_block<FMS, 2, EPI, false>(a, g, a.ks_sh, fsm, sRed);
     }
 }
 

@@ -93,7 +93,9 @@ Layout layout_for(const CudaBe *b, int64_t tc, int64_t kept = -1)
     L.slot_w = take((uint64_t)L.slots * 4);
     L.slot_e = b->fp8 ? take((uint64_t)L.slots * 4) : 0;
     L.hist = b->fast ? take((uint64_t)(cdiv(L.slots, PLACE_SLICE) * E) * 4) : 0;
-    L.fcnt = b->fast ? take((uint64_t)(H / 16) * 4) : 0; /* the folded combine's counts per 16 rows of o */
+    /* the folded combine's counts per 16 rows of o, then (params quant=fold) the folded
+       quantization's per group and 128 features of h */
+    L.fcnt = b->fast ? take((uint64_t)(H / 16 + (b->quant_fold ? (E + 1) * (I / 128) : 0)) * 4) : 0;
     if (b->fast) {
         /* h bf16 from the gate/up epilogue, then its codes and scales; rows [rows, rows + Tc) are
            the shared expert's (it runs in the same launches as the routed groups) */
@@ -292,18 +294,28 @@ cudaError_t tileh_attrs()
    the shared expert), splitting K over enough warps to give every multiprocessor b->dec_fill
    blocks (cuda_kernels dec_fill; the split is a function of N, the group count and the device,
    so a chunk and its graph bucket sum in the same order). */
-/* k_dec for format fmt, folded combine or not, B slabs or not, registers bounded for MB blocks per
-   multiprocessor (params dec_regs); k_dec_mix likewise. */
-template <int MB> fast_kernel dec_kernel(int fmt, bool fold, bool sb)
+/* k_dec for format fmt, epilogue epi (EPI_*, mma.cuh), B slabs or not (EPI_NONE only), registers
+   bounded for MB blocks per multiprocessor (params dec_regs); k_dec_mix likewise. */
+template <int MB> fast_kernel dec_kernel(int fmt, int epi, bool sb)
 {
-    if (fmt == WF_FP4)
-        return sb ? k_dec<WF_FP4, false, true, MB> : fold ? k_dec<WF_FP4, true, false, MB> : k_dec<WF_FP4, false, false, MB>;
-    return fold ? k_dec<WF_FP8, true, false, MB> : k_dec<WF_FP8, false, false, MB>;
+    if (fmt == WF_FP4) {
+        const fast_kernel k[3] = {sb ? k_dec<WF_FP4, EPI_NONE, true, MB> : k_dec<WF_FP4, EPI_NONE, false, MB>,
+                                  k_dec<WF_FP4, EPI_COMBINE, false, MB>, k_dec<WF_FP4, EPI_QUANT, false, MB>};
+        return k[epi];
+    }
+    const fast_kernel k[3] = {k_dec<WF_FP8, EPI_NONE, false, MB>, k_dec<WF_FP8, EPI_COMBINE, false, MB>,
+                              k_dec<WF_FP8, EPI_QUANT, false, MB>};
+    return k[epi];
 }
-template <int MB> fast_kernel dec_mix_kernel(bool fold)
+template <int MB> fast_kernel dec_mix_kernel(int epi)
 {
-    return fold ? k_dec_mix<WF_FP4, WF_FP8, true, MB> : k_dec_mix<WF_FP4, WF_FP8, false, MB>;
+    const fast_kernel k[3] = {k_dec_mix<WF_FP4, WF_FP8, EPI_NONE, MB>, k_dec_mix<WF_FP4, WF_FP8, EPI_COMBINE, MB>,
+                              k_dec_mix<WF_FP4, WF_FP8, EPI_QUANT, MB>};
+    return k[epi];
 }
+
+/* A decode launch's epilogue: the folded combine (down), the folded quantization (gate/up), or none. */
+int dec_epi(const FastArgs &fa) { return fa.fc_cnt ? EPI_COMBINE : fa.qf_cnt ? EPI_QUANT : EPI_NONE; }
 
 int dec_ks(const CudaBe *b, int N, int groups)
 {
@@ -324,10 +336,10 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
        not the folded down projection: with it, T = 8 measured 0.32 against 0.29 ms (H200,
        2026-12-04, bench_cuda --quick, two passes each; T = 256, where nothing folds, 1.40-1.42
        against 1.49-1.53; docs/cuda.md) */
-    const bool sb = b->dec_slab && ks == 1 && fmt == WF_FP4 && !fa.fc_cnt;
+    const int epi = dec_epi(fa);
+    const bool sb = b->dec_slab && ks == 1 && fmt == WF_FP4 && epi == EPI_NONE;
     const size_t smem = dec_smem_bytes(fmt, ks, 2, sb);
-    launch_pdl(b, b->dec_minb == 2 ? dec_kernel<2>(fmt, fa.fc_cnt != nullptr, sb) : dec_kernel<3>(fmt, fa.fc_cnt != nullptr, sb),
-               grid, FM_THREADS, smem, s, fa);
+    launch_pdl(b, b->dec_minb == 2 ? dec_kernel<2>(fmt, epi, sb) : dec_kernel<3>(fmt, epi, sb), grid, FM_THREADS, smem, s, fa);
 }
 
 /* k_dec_mix (params shared_dec=one): fp4 routed groups and the fp8 shared expert in one launch,
@@ -339,8 +351,8 @@ void launch_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
     fa.ks_sh = dec_ks(b, fa.N, 1);
     const unsigned gx = (unsigned)std::max(tiles16 / (8 / fa.ks), tiles16 / (8 / fa.ks_sh));
     const size_t smem = std::max(dec_smem_bytes(WF_FP4, fa.ks, 2), dec_smem_bytes(WF_FP8, fa.ks_sh, 2));
-    const bool fold = fa.fc_cnt != nullptr;
-    launch_pdl(b, b->dec_minb == 2 ? dec_mix_kernel<2>(fold) : dec_mix_kernel<3>(fold), dim3(gx, (unsigned)fa.act_max + 1),
+    const int epi = dec_epi(fa);
+    launch_pdl(b, b->dec_minb == 2 ? dec_mix_kernel<2>(epi) : dec_mix_kernel<3>(epi), dim3(gx, (unsigned)fa.act_max + 1),
                FM_THREADS, smem, s, fa);
 }
 
@@ -349,18 +361,21 @@ cudaError_t dec_attrs()
 {
     const int m4 = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP4, 1, 2, true));
     const int m8 = (int)dec_smem_bytes(WF_FP8, 8, 2), mix = std::max(m4, m8);
-    const struct {
+    struct KS {
         fast_kernel k;
         int smem;
-    } ks[] = {{dec_kernel<3>(WF_FP4, false, false), m4}, {dec_kernel<3>(WF_FP4, true, false), m4},
-              {dec_kernel<3>(WF_FP4, false, true), m4},  {dec_kernel<3>(WF_FP8, false, false), m8},
-              {dec_kernel<3>(WF_FP8, true, false), m8},  {dec_mix_kernel<3>(false), mix},
-              {dec_mix_kernel<3>(true), mix},             {dec_kernel<2>(WF_FP4, false, false), m4},
-              {dec_kernel<2>(WF_FP4, true, false), m4},  {dec_kernel<2>(WF_FP4, false, true), m4},
-              {dec_kernel<2>(WF_FP8, false, false), m8}, {dec_kernel<2>(WF_FP8, true, false), m8},
-              {dec_mix_kernel<2>(false), mix},            {dec_mix_kernel<2>(true), mix}};
+    } ks[2 * 11];
+    int n = 0;
+    for (int mb = 2; mb <= 3; mb++) {
+        for (int epi = 0; epi < 3; epi++) {
+            ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP4, epi, false) : dec_kernel<3>(WF_FP4, epi, false), m4};
+            ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP8, epi, false) : dec_kernel<3>(WF_FP8, epi, false), m8};
+            ks[n++] = {mb == 2 ? dec_mix_kernel<2>(epi) : dec_mix_kernel<3>(epi), mix};
+        }
+        ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP4, EPI_NONE, true) : dec_kernel<3>(WF_FP4, EPI_NONE, true), m4};
+    }
     cudaError_t ce = cudaSuccess;
-    for (size_t i = 0; i < sizeof ks / sizeof ks[0] && ce == cudaSuccess; i++)
+    for (int i = 0; i < n && ce == cudaSuccess; i++)
         ce = cudaFuncSetAttribute(ks[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, ks[i].smem);
     return ce;
 }
@@ -467,6 +482,8 @@ Group2Args group2_args(const CudaBe *b, const Layout &L, const RouterArgs &ra, c
        where the slices' per-warp counts would not fit in shared memory */
     const bool sliced = !g2.place && E * 4 * place_warps(E) <= 48 * 1024;
     g2.hist = sliced ? at<int>(b, L.hist) : nullptr;
+    g2.zero = b->quant_fold ? at<int>(b, L.fcnt) : nullptr;
+    g2.nzero = b->quant_fold ? (int)(c->dim / 16 + (E + 1) * (c->moe_inter_dim / 128)) : 0;
     return g2;
 }
 
@@ -521,6 +538,13 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
        (fold_combine); only with a shared expert, whose k_dec runs for 1 .. FM_DEC_MAX live tokens,
        so every tile of o has a writer and some block always completes its count */
     const bool fold = b->combine_fold && full && shared && !fp8 && nmax <= FM_DEC_MAX && K <= FC_KMAX;
+    /* params quant=fold: a chunk whose every group runs in k_dec quantizes h in gate/up's launch,
+       the last block writing a group's 128 features quantizing them (fold_quant), not in k_quant;
+       the grouping zeroed the counts (group2_args) */
+    const bool qfold = b->quant_fold && !fp8 && nmax <= FM_DEC_MAX;
+    if (qfold)
+        gu.qf_cnt = at<int>(b, L.fcnt) + H / 16, gu.qf_q = hq, gu.qf_s = hs, gu.qf_sh_row0 = L.rows,
+        gu.qmode = (int)c->act_quant;
     Sel8 sel;
     sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.cnt = ga.cnt;
     sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
@@ -557,7 +581,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         p8.B = b->w8[1], p8.SFB = b->s8[1], p8.Bsh = b->w8[3], p8.SFBsh = b->s8[3];
         p8.b_stride = 1LL * H * I, p8.sfb_stride = 1LL * H / b->sfb_rows * (I / 128);
         p8.D = at<uint16_t>(b, L.o), p8.Dsh = shared ? at<uint16_t>(b, L.osh) : nullptr;
-    } else {
+    } else if (!qfold) {
     QuantArgs qa;
     qa.h = h16, qa.q = hq, qa.s = hs, qa.slot_row = ga.slot_row, qa.meta = ga.meta, qa.ntok = ra.ntok;
     qa.sh_row0 = L.rows, qa.I = I, qa.qmode = (int)c->act_quant, qa.slots = (int)L.slots, qa.has_shared = shared;

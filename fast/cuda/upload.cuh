@@ -228,12 +228,13 @@ struct Kernels {
     bool route_one = false;        /* route=one: k_route_small where it fits (route_small.cuh) */
     bool shared_dec_one = false;   /* shared_dec=one: k_dec_mix (mma.cuh) instead of a forked k_dec */
     int dec_minb = 3;              /* dec_regs=128: the decode kernels at 2 blocks per multiprocessor, not 3 */
+    bool quant_fold = false;       /* quant=fold: k_dec quantizes h (fold_quant, mma.cuh) instead of k_quant */
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
     bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma.cuh) */
     int logits_tg = 1;             /* logits_tg=4: k_logits_small loads four tokens' x together (router.cuh) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -270,6 +271,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("fork") || val("one"), k->shared_dec_one = val("one");
         else if (is("dec_regs"))
             ok = val("80") || val("128"), k->dec_minb = val("128") ? 2 : 3;
+        else if (is("quant"))
+            ok = val("kernel") || val("fold"), k->quant_fold = val("fold");
         else if (is("fp8_cut") || is("dec_fill")) {
             char buf[16] = {0};
             char *e = nullptr;
@@ -285,7 +288,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -307,6 +310,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->route_one = k.route_one;
     b->shared_dec_one = k.shared_dec_one;
     b->dec_minb = k.dec_minb;
+    b->quant_fold = k.quant_fold;
     b->combine_fold = k.combine_fold;
     b->dec_slab = k.dec_slab;
     b->logits_tg = k.logits_tg;

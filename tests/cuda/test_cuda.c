@@ -511,6 +511,25 @@ START_TEST(dec_regs_identical)
 }
 END_TEST
 
+/* The quantization of h folded into gate/up's decode launch (params quant=fold: the block that
+   writes a group's 128 features last quantizes them, fold_quant, mma.cuh) against k_quant after it
+   (quant=kernel, the default): the same values through the same quantizer, so the same outputs, ids
+   and clamp counters bit for bit. v4-flash T 1, 3, 8 and 16 in both numerics modes (the K splits
+   of 1 to 8 warps), the hash layer, 256 experts, mini-fp8 and mini-topp (fp32 scales, pruned slots),
+   T 40 (past the decode regime: k_quant either way), then with the other decode variants (the
+   shared expert in the routed launch, the one-launch router, no spills, combine=kernel). */
+START_TEST(quant_fold_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 3, 32, 0},  {"v4-flash", 5, 8, 32, 1},
+                                  {"v4-flash", 5, 16, 32, 0}, {"v4-flash", 0, 5, 32, 1}, {"v4-flash", 5, 4, 0, 1},
+                                  {"mini-fp8", 1, 5, 0, 1},   {"mini-topp", 1, 9, 0, 0}, {"v4-flash", 5, 40, 32, 1}};
+    variant_cases("quant", "quant=fold", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("quant", "quant=fold,shared_dec=one,route=one", cs, 4, 0);
+    variant_cases("quant", "quant=fold,shared_dec=one,route=one,dec_regs=128", cs, 2, 0);
+    variant_cases("quant", "quant=fold,combine=kernel", cs + 2, 1, 0);
+}
+END_TEST
+
 /* tests/cuda/route_small_hw.cu: k_route_small on small shapes against the reference's arithmetic. */
 static uint32_t rs_rand(uint64_t *st)
 {
@@ -1010,7 +1029,7 @@ START_TEST(shared_workspace)
                              {"dec_fill=0", "dec_fill"},      {"dec_fill=9", "dec_fill"}, {"pdl=maybe", "pdl"},
                              {"route=both", "route"},         {"route=once", "route"},    {"combine=late", "combine"},
                              {"shared_dec=two", "shared_dec"}, {"logits_tg=2", "logits_tg"},
-                             {"dec_regs=96", "dec_regs"}};
+                             {"dec_regs=96", "dec_regs"},     {"quant=late", "quant"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1512,6 +1531,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(pd, route_one_identical);
     tcase_add_test(pd, shared_dec_identical);
     tcase_add_test(pd, dec_regs_identical);
+    tcase_add_test(pd, quant_fold_identical);
     suite_add_tcase(s, pd);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
