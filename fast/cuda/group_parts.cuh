@@ -78,7 +78,7 @@ struct Group2Args {
     int *hist; /* large chunks: [slices, E] each PLACE_SLICE-slot slice's count per expert (k_hist), which
                   k_count2 sums and turns into each slice's first rank per expert (k_place2); NULL:
                   k_count2 counts itself */
-    int *zero; /* nzero ints the grouping zeroes (the decode kernels' fold counts, mma.cuh, when
+    int *zero; /* nzero ints the grouping zeroes (the decode kernels' fold counts, mma_parts.cuh, when
                   params quant=fold leaves k_quant out), or NULL */
     int nzero;
 };

@@ -5,8 +5,9 @@
  * kernels are in the headers cuda.cu includes after this one, in this order: router.cuh (k_router,
  * k_count, k_place), exact_gemm.cuh (the exact path's k_gemv and k_tiles), swiglu_combine.cuh
  * (k_swiglu, k_combine), then the fp8 path's mma.cuh, mma_tileh.cuh, mma_group.cuh and
- * fp8path.cuh; k_route_small is its own translation unit (route_small.cu). Inline functions and
- * types only, so every unit may include it (cuda.cu, route_small.cu and the kernel headers).
+ * fp8path.cuh; k_route_small and k_dec_mix are translation units of their own (route_small.cu,
+ * dec_mix.cu). Inline functions and types only, so every unit may include it (the kernels' device
+ * code shared between units is in the *_parts.cuh headers, likewise).
  * docs/cuda.md describes the design.
  */
 #ifndef DSV4MOE_FAST_CUDA_KERNELS_CUH
@@ -55,6 +56,28 @@ __device__ __forceinline__ void pdl_enter()
 {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+/*
+ * Launches k on stream s, with the programmatic-dependent-launch attribute when pdl: the kernel may
+ * be scheduled while the one before it on s runs, and waits in pdl_enter(), which k must call
+ * first. Returns the launch's error (cudaLaunchKernelEx's; <<< >>>'s from cudaPeekAtLastError).
+ */
+template <typename... P, typename... A>
+inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, unsigned threads, size_t smem, cudaStream_t s, bool pdl,
+                                 A... args)
+{
+    if (!pdl) {
+        k<<<grid, threads, smem, s>>>(args...);
+        return cudaPeekAtLastError();
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k, args...);
 }
 
 /* ---------------- formats (the integer algorithms of core/formats.c) ---------------- */
@@ -203,7 +226,7 @@ __device__ __forceinline__ float quant_group4(const float v[4], const bool valid
 }
 
 /*
- * The f16 tile kernel (mma.cuh, k_tileh) reads activations as f16 copies of the e4m3 codes in a K
+ * The f16 tile kernel (mma_tileh.cuh, k_tileh) reads activations as f16 copies of the e4m3 codes in a K
  * order that makes its register A fragments the fragment-native weights' runs: within each
  * 32-wide K step, physical element P = 16 s + 4 t + j (s, t, j < 2, 4, 4) sits at logical place
  * 16 s + 2 t + j for j < 2 and 16 s + 8 + 2 t + (j - 2) otherwise. Stores the 4 codes of physical

@@ -139,26 +139,15 @@ void set_modes(CudaBe *b)
 template <typename T> T *at(const CudaBe *b, uint64_t off) { return (T *)(void *)(b->ws + off); }
 
 /*
- * Launches k on stream s, with the programmatic-dependent-launch attribute when b->pdl (the
- * default; params pdl=off launches plainly): the kernel may be scheduled while the one before
- * it on s runs, and waits in pdl_enter() (kernels.cuh), which k must call first. Used for the fp8
- * path's chain of short kernels, where each launch gap was 1-2 us of a decode step. A launch error
- * is left for the caller's cudaPeekAtLastError, as with <<< >>>.
+ * Launches k on stream s (launch_kernel, kernels.cuh), with the programmatic-dependent-launch
+ * attribute when b->pdl (the default; params pdl=off launches plainly). Used for the fp8 path's
+ * chain of short kernels, where each launch gap was 1-2 us of a decode step. A launch error is
+ * left for the caller's cudaPeekAtLastError, as with <<< >>>.
  */
 template <typename... P, typename... A>
 void launch_pdl(const CudaBe *b, void (*k)(P...), dim3 grid, unsigned threads, size_t smem, cudaStream_t s, A... args)
 {
-    if (!b->pdl) {
-        k<<<grid, threads, smem, s>>>(args...);
-        return;
-    }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = smem, cfg.stream = s;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    (void)cudaLaunchKernelEx(&cfg, k, args...);
+    (void)launch_kernel(k, grid, threads, smem, s, b->pdl, args...);
 }
 
 /* k_combine over tc tokens, 8 columns a thread: a chunk of fewer tokens than multiprocessors takes
@@ -294,8 +283,8 @@ cudaError_t tileh_attrs()
    the shared expert), splitting K over enough warps to give every multiprocessor b->dec_fill
    blocks (cuda_kernels dec_fill; the split is a function of N, the group count and the device,
    so a chunk and its graph bucket sum in the same order). */
-/* k_dec for format fmt, epilogue epi (EPI_*, mma.cuh), B slabs or not (EPI_NONE only), registers
-   bounded for MB blocks per multiprocessor (params dec_regs); k_dec_mix likewise. */
+/* k_dec for format fmt, epilogue epi (EPI_*, mma_parts.cuh), B slabs or not (EPI_NONE only), registers
+   bounded for MB blocks per multiprocessor (params dec_regs). */
 template <int MB> fast_kernel dec_kernel(int fmt, int epi, bool sb)
 {
     if (fmt == WF_FP4) {
@@ -305,12 +294,6 @@ template <int MB> fast_kernel dec_kernel(int fmt, int epi, bool sb)
     }
     const fast_kernel k[3] = {k_dec<WF_FP8, EPI_NONE, false, MB>, k_dec<WF_FP8, EPI_COMBINE, false, MB>,
                               k_dec<WF_FP8, EPI_QUANT, false, MB>};
-    return k[epi];
-}
-template <int MB> fast_kernel dec_mix_kernel(int epi)
-{
-    const fast_kernel k[3] = {k_dec_mix<WF_FP4, WF_FP8, EPI_NONE, MB>, k_dec_mix<WF_FP4, WF_FP8, EPI_COMBINE, MB>,
-                              k_dec_mix<WF_FP4, WF_FP8, EPI_QUANT, MB>};
     return k[epi];
 }
 
@@ -332,7 +315,7 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
     const int ks = dec_ks(b, fa.N, groups);
     fa.ks = ks;
     const dim3 grid((unsigned)(tiles16 / (8 / ks)), (unsigned)groups);
-    /* B from shared memory (dec_b=smem, mma.cuh dec_stage_slab): fp4 weights, K not split, and
+    /* B from shared memory (dec_b=smem, mma_parts.cuh dec_stage_slab): fp4 weights, K not split, and
        not the folded down projection: with it, T = 8 measured 0.32 against 0.29 ms (H200,
        2026-12-04, bench_cuda --quick, two passes each; T = 256, where nothing folds, 1.40-1.42
        against 1.49-1.53; docs/cuda.md) */
@@ -351,9 +334,7 @@ void launch_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
     fa.ks_sh = dec_ks(b, fa.N, 1);
     const unsigned gx = (unsigned)std::max(tiles16 / (8 / fa.ks), tiles16 / (8 / fa.ks_sh));
     const size_t smem = std::max(dec_smem_bytes(WF_FP4, fa.ks, 2), dec_smem_bytes(WF_FP8, fa.ks_sh, 2));
-    const int epi = dec_epi(fa);
-    launch_pdl(b, b->dec_minb == 2 ? dec_mix_kernel<2>(epi) : dec_mix_kernel<3>(epi), dim3(gx, (unsigned)fa.act_max + 1),
-               FM_THREADS, smem, s, fa);
+    (void)launch_dec_mix(fa, dec_epi(fa), b->dec_minb, gx, smem, s, b->pdl); /* its error: the caller's peek */
 }
 
 /* The decode kernels' shared-memory limit: their largest K split, or the B slabs. */
@@ -364,17 +345,16 @@ cudaError_t dec_attrs()
     struct KS {
         fast_kernel k;
         int smem;
-    } ks[2 * 11];
+    } ks[2 * 7];
     int n = 0;
     for (int mb = 2; mb <= 3; mb++) {
         for (int epi = 0; epi < 3; epi++) {
             ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP4, epi, false) : dec_kernel<3>(WF_FP4, epi, false), m4};
             ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP8, epi, false) : dec_kernel<3>(WF_FP8, epi, false), m8};
-            ks[n++] = {mb == 2 ? dec_mix_kernel<2>(epi) : dec_mix_kernel<3>(epi), mix};
         }
         ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP4, EPI_NONE, true) : dec_kernel<3>(WF_FP4, EPI_NONE, true), m4};
     }
-    cudaError_t ce = cudaSuccess;
+    cudaError_t ce = dec_mix_attrs(mix);
     for (int i = 0; i < n && ce == cudaSuccess; i++)
         ce = cudaFuncSetAttribute(ks[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, ks[i].smem);
     return ce;

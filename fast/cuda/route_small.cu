@@ -307,18 +307,7 @@ cudaError_t launch_route_small(RouteSmallArgs a, int qblocks, int tg, cudaStream
     const size_t smem = route_small_smem(a.g.E, a.g.K, tc);
     a.la.tgroups = (tc + RS_TPB - 1) / RS_TPB;
     const unsigned grid = (unsigned)(a.la.lblocks * a.la.tgroups + qblocks);
-    void (*k)(RouteSmallArgs) = tg == 4 ? k_route_small<4> : k_route_small<1>;
-    if (!pdl) {
-        k<<<grid, RS_THREADS, smem, s>>>(a);
-        return cudaPeekAtLastError();
-    }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid), cfg.blockDim = dim3(RS_THREADS), cfg.dynamicSmemBytes = smem, cfg.stream = s;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, k, a);
+    return launch_kernel(tg == 4 ? k_route_small<4> : k_route_small<1>, dim3(grid), RS_THREADS, smem, s, pdl, a);
 }
 
 } // namespace dsv4cuda

@@ -226,11 +226,11 @@ struct Kernels {
     bool pdl = true;               /* pdl=off: every launch plain */
     bool route_fused = true;       /* route=split: the GEMM logits, k_router and k_count2 at every chunk size */
     bool route_one = false;        /* route=one: k_route_small where it fits (route_small.cuh) */
-    bool shared_dec_one = false;   /* shared_dec=one: k_dec_mix (mma.cuh) instead of a forked k_dec */
+    bool shared_dec_one = false;   /* shared_dec=one: k_dec_mix (dec_mix.cu) instead of a forked k_dec */
     int dec_minb = 3;              /* dec_regs=128: the decode kernels at 2 blocks per multiprocessor, not 3 */
-    bool quant_fold = false;       /* quant=fold: k_dec quantizes h (fold_quant, mma.cuh) instead of k_quant */
+    bool quant_fold = false;       /* quant=fold: k_dec quantizes h (fold_quant, mma_parts.cuh) instead of k_quant */
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
-    bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma.cuh) */
+    bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma_parts.cuh) */
     int logits_tg = 1;             /* logits_tg=4: k_logits_small loads four tokens' x together (router.cuh) */
 };
 
