@@ -18,13 +18,17 @@ namespace {
 template <int FMT, int FMS, int EPI, int MINB = 3>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix(FastArgs a)
 {
+    const int y = blockIdx.y, tiles16 = a.N / 16;
+    if (a.pf && y >= a.act_max && (int)blockIdx.x < tiles16 / (8 / a.ks_sh) && threadIdx.x == 0)
+        dec_prefetch(a.sh.w, a.sh.s, FMS, a.K, a.ks_sh); /* static weights: before the wait */
     pdl_enter();
     extern __shared__ __align__(16) uint8_t fsm[];
     FGrp g;
-    const int y = blockIdx.y, tiles16 = a.N / 16;
     if (y < a.act_max) {
         if ((int)blockIdx.x >= tiles16 / (8 / a.ks) || !dec_routed_group(a, y, g))
             return;
+        if (a.pf && threadIdx.x == 0)
+            dec_prefetch(g.w, g.s, FMT, a.K, a.ks);
         dec_group<FMT, EPI, false>(a, g, a.ks, fsm);
     } else {
         if (!dec_shared_runs(a, *a.ntok) || (int)blockIdx.x >= tiles16 / (8 / a.ks_sh))

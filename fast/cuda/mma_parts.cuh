@@ -90,6 +90,7 @@ struct FastArgs {
                     shared expert (act_max 0 with one slot: the shared expert alone) */
     int ks;      /* k_dec: warps splitting K per 16-row tile (1, 2, 4 or 8) */
     int ks_sh;   /* k_dec_mix: the shared expert's group's (its routed groups take ks) */
+    int pf;      /* k_dec_mix: each block's weight range into L2 first (params dec_pf=l2) */
     int *fc_cnt; /* down of a chunk whose groups all run in k_dec, combine folded in (cuda_kernels
                     combine=fold): per 16-row tile of o, the blocks that have written it (zeroed by
                     k_quant); NULL: k_combine runs after */
@@ -573,6 +574,31 @@ __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int 
         fold_quant(a.qf_cnt + (long long)g.e * (I >> 7) + q, 2 * KS, g.out + q * 128, g.orow0, a.qf_q + q * 128,
                    a.qf_s + q, (g.slot0 < 0 ? a.qf_sh_row0 : 0) + g.orow0, g.n, I, a.qmode);
     }
+}
+
+/*
+ * params dec_pf=l2 (k_dec_mix): the weights and scales that block x of a decode launch reads (tiles 8/KS x ..
+ * of one group, all of K: one contiguous range each in the fragment-native layout) brought into L2
+ * by the copy engine at once (cp.async.bulk.prefetch, one thread), so the block's DRAM reads are
+ * all in flight from its start rather than its warps' few ring stages at a time. A hint: it
+ * changes no value. Only the 16-byte-aligned inside of each range is asked for.
+ */
+__device__ __forceinline__ void prefetch_l2_range(const uint8_t *p, long long bytes)
+{
+    const uintptr_t a = ((uintptr_t)p + 15) & ~(uintptr_t)15, e = ((uintptr_t)p + (uintptr_t)bytes) & ~(uintptr_t)15;
+    for (uintptr_t q = a; q < e; q += 65536) {
+        const unsigned n = (unsigned)(e - q < 65536 ? e - q : 65536);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(q), "r"(n) : "memory");
+    }
+}
+
+__device__ __forceinline__ void dec_prefetch(const uint8_t *w, const uint8_t *s, int fmt, int K, int KS)
+{
+    const long long KB = K >> 7, mt0 = (long long)blockIdx.x * (8 / KS), tiles = 8 / KS;
+    const long long ch = fmt == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
+    const long long sch = fmt == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
+    prefetch_l2_range(w + mt0 * KB * ch, tiles * KB * ch);
+    prefetch_l2_range(s + mt0 * KB * sch, tiles * KB * sch);
 }
 
 /* Slot y of a decode launch's routed groups into g: false when the chunk has no such active

@@ -494,6 +494,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     fa.stats = ga.stats, fa.E = E, fa.act_max = (int)(L.slots < E ? L.slots : E);
     fa.before = c->weight_point == DSV4_WEIGHT_BEFORE_W2, fa.clamp_r = 1, fa.clamp_s = c->shared_clamp;
     fa.L = c->swiglu_limit;
+    fa.pf = b->dec_pf;
 #ifdef DSV4_FAULTS
     if (b->fp8)
         fa.clamp_r = !DSV4_TESTHOOK(DROP_ROUTED_CLAMP); /* test hook: the fp8 executor's routed experts lose the clamp */

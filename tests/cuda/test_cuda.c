@@ -530,6 +530,19 @@ START_TEST(quant_fold_identical)
 }
 END_TEST
 
+/* k_dec_mix's blocks with their weight ranges prefetched into L2 (params dec_pf=l2, a hint) against
+   none (off, the default): the same outputs, ids and clamp counters bit for bit; v4-flash T 1, 8 and
+   16 in both numerics modes (the shared expert's prefetch before the programmatic wait), the hash
+   layer, and with the three-launch step (route=one, quant=fold). */
+START_TEST(dec_pf_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 8, 32, 0}, {"v4-flash", 5, 16, 32, 1},
+                                  {"v4-flash", 0, 5, 32, 1}};
+    variant_cases("dec_pf", "shared_dec=one,dec_pf=l2", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("dec_pf", "dec_pf=l2,route=one,shared_dec=one,quant=fold", cs, 3, 0);
+}
+END_TEST
+
 /* tests/cuda/route_small_hw.cu: k_route_small on small shapes against the reference's arithmetic. */
 static uint32_t rs_rand(uint64_t *st)
 {
@@ -1029,7 +1042,8 @@ START_TEST(shared_workspace)
                              {"dec_fill=0", "dec_fill"},      {"dec_fill=9", "dec_fill"}, {"pdl=maybe", "pdl"},
                              {"route=both", "route"},         {"route=once", "route"},    {"combine=late", "combine"},
                              {"shared_dec=two", "shared_dec"}, {"logits_tg=2", "logits_tg"},
-                             {"dec_regs=96", "dec_regs"},     {"quant=late", "quant"}};
+                             {"dec_regs=96", "dec_regs"},     {"quant=late", "quant"},
+                             {"dec_pf=l3", "dec_pf"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1532,6 +1546,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(pd, shared_dec_identical);
     tcase_add_test(pd, dec_regs_identical);
     tcase_add_test(pd, quant_fold_identical);
+    tcase_add_test(pd, dec_pf_identical);
     suite_add_tcase(s, pd);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
