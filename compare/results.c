@@ -93,6 +93,7 @@ void dsv4_h_case_free(dsv4_case_result *c)
     free(c->tokens);
     free(c->replay);
     free(c->regex);
+    free(c->params);
     free(c->backend);
     free(c->defect);
     free(c->caught_by);

@@ -48,6 +48,7 @@ struct dsv4_case_result {
     uint64_t seed;
     dsv4_expect expect;
     char *regex;
+    char *params;  /* the backend's params (the case's `params`), or NULL */
     char *backend; /* the backend that produced the numerics, or NULL */
     bool has_errors;
     dsv4_case_errors errs; /* the bounded error profile of numerics */

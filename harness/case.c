@@ -244,7 +244,11 @@ static void run_one(dsv4_h_case *k, dsv4_case_result *c, dsv4_error *e)
     k->gemm = dsv4_plan_gemm(plan);
     /* The ref backend on the reference's own checkpoint is the reference: numerics could not fail. */
     k->self_compared = !k->ckb && (plan == k->fallback_plan || k->topo.backend == DSV4_BACKEND_REF);
-    dsv4_status st = dsv4_backend_create(plan, k->ckb ? k->ckb : k->ck, k->o->threads, &k->be, e);
+    dsv4_backend_options bopt;
+    dsv4_backend_options_init(&bopt);
+    bopt.threads = k->o->threads;
+    bopt.params = plan == k->fallback_plan ? NULL : k->sc->params; /* not the stand-in's */
+    dsv4_status st = dsv4_backend_create_with(plan, k->ckb ? k->ckb : k->ck, &bopt, &k->be, e);
     if (st) {
         char msg[DSV4_H_MSG_MAX];
         snprintf(msg, sizeof msg, "the %s backend would not start%s%s%s: %s", dsv4_backend_kind_name(k->topo.backend),
@@ -307,6 +311,7 @@ static void run_ranks(dsv4_h_case *k, dsv4_case_result *c, dsv4_error *e)
     dsv4_dist_options_init(&k->dopt);
     if (k->timeout_ms > 0)
         k->dopt.timeout_ms = k->timeout_ms;
+    k->dopt.backend_params = k->sc->params;
     /* A backend this library or machine lacks (cuda without `make cuda` or a device): the cpu
        backend's stages compute the plan's step (its protocol, replay decision and chunks). */
     dsv4_backend_info binfo;

@@ -175,6 +175,8 @@ static json_t *case_json(const dsv4_run_results *R, const dsv4_case_result *c)
     jset(t, "backend", json_string(dsv4_backend_kind_name(c->topo.backend)));
     jset(t, "sm", json_integer(c->topo.sm));
     jset(t, "graph", json_boolean(c->topo.cuda_graph));
+    if (c->params)
+        jset(t, "params", json_string(c->params));
     jset(o, "topology", t);
     jset(o, "ran_on", jstr(c->backend));
     json_t *tok = json_array(), *rep = json_array();

@@ -100,10 +100,12 @@ static dsv4_case_result *new_case(const dsv4_scenario *scn, size_t scn_index, si
     c->seed = sc->seed;
     c->expect = sc->expect;
     c->regex = dsv4_h_strdup(sc->refused_regex);
+    c->params = dsv4_h_strdup(sc->params);
     c->defect = dsv4_h_strdup(defect);
     c->twin = SIZE_MAX;
     if ((defect && !c->defect) || !c->name || !c->scn_name || !c->scn_path || !c->tokens || !c->replay ||
-        (na && sc->axis_index && !c->axis_index) || (sc->preset && !c->preset) || (sc->refused_regex && !c->regex)) {
+        (na && sc->axis_index && !c->axis_index) || (sc->preset && !c->preset) || (sc->refused_regex && !c->regex) ||
+        (sc->params && !c->params)) {
         dsv4_h_case_free(c);
         return NULL;
     }

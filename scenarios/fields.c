@@ -104,7 +104,7 @@ static dsv4_status get_enum(ctx *c, const yaml_node_t *n, const char *what, cons
 
 static const char *const field_names[] = {"preset", "layer", "config", "topology", "budget",     "tokens", "replay",
                                           "seed",   "checks", "expect", "name",     "checkpoint", "fault",
-                                          "pad_to", NULL};
+                                          "pad_to", "params", NULL};
 /* The defects of the review in shared/seed/ by finding number (7 is the desync of 3: it names f03). */
 const char *const dsv4_sp_review_ids[] = {"f01", "f02", "f03", "f04", "f05", "f06", "f08",
                                          "f09", "f10", "f11", "f12", "f13", "f14", NULL};
@@ -521,7 +521,7 @@ static dsv4_status unknown_field(ctx *c, const yaml_node_t *keynode, bool allow_
     dsv4_join_names(list, sizeof list, dsv4_config_keys());
     return dsv4_sp_fail(c, DSV4_ERR_FORMAT, keynode->start_mark,
                 "unknown key '%s' (allowed: preset, layer, config, topology, budget, tokens, replay, seed, checks, "
-                "expect, checkpoint, fault, pad_to%s; a dotted path config.KEY, topology.KEY or budget.KEY; or a config key: %s)",
+                "expect, checkpoint, fault, pad_to, params%s; a dotted path config.KEY, topology.KEY or budget.KEY; or a config key: %s)",
                 dsv4_sp_shown(keynode, b, sizeof b), allow_name ? ", name" : "", list);
 }
 
@@ -625,6 +625,25 @@ dsv4_status dsv4_sp_apply_field(ctx *c, draft *d, const char *key, const yaml_no
         d->pad_mark = v->start_mark;
         return DSV4_OK;
     }
+    case 14: { /* the backend's params (dsv4_backend_options.params), checked when the backend starts */
+        if (dsv4_sp_is_null(v)) {
+            d->params[0] = '\0';
+            return DSV4_OK;
+        }
+        if ((st = dsv4_sp_want(c, v, YAML_SCALAR_NODE, "params")))
+            return st;
+        const char *p = sval(v);
+        if (strlen(p) >= PARAMS_MAX)
+            return dsv4_sp_fail(c, DSV4_ERR_FORMAT, v->start_mark, "params: longer than %d characters", PARAMS_MAX - 1);
+        for (const char *q = p; *q; q++)
+            if ((unsigned char)*q < 0x21 || (unsigned char)*q > 0x7E)
+                return dsv4_sp_fail(c, DSV4_ERR_FORMAT, v->start_mark,
+                                    "params: '%s' holds a space or control character (a comma-separated list of "
+                                    "key=value, e.g. route=one,quant=fold)",
+                                    dsv4_sp_shown(v, b, sizeof b));
+        snprintf(d->params, sizeof d->params, "%s", p);
+        return DSV4_OK;
+    }
     default:
         if (dsv4_sp_cfg_key_index(key) >= 0)
             return set_cfg(c, d, key, keynode, v);
@@ -667,7 +686,7 @@ static bool ranks_equal(const void *a, int na, const void *b, int nb, size_t siz
 bool dsv4_sp_draft_equal(const draft *a, const draft *b)
 {
     if (strcmp(a->preset, b->preset) || a->seed != b->seed || a->checks != b->checks || a->expect != b->expect ||
-        a->pad_to != b->pad_to || strcmp(a->regex, b->regex))
+        a->pad_to != b->pad_to || strcmp(a->regex, b->regex) || strcmp(a->params, b->params))
         return false;
     const dsv4_topology *s = &a->topo, *t = &b->topo;
     if (s->world_size != t->world_size || s->tp != t->tp || s->dp != t->dp || s->ep != t->ep || s->role != t->role ||

@@ -141,6 +141,7 @@ static void case_free(dsv4_scenario_case *k)
     free((void *)k->tokens);
     free((void *)k->replay);
     free((void *)k->refused_regex);
+    free((void *)k->params);
     free((void *)k->axis_index);
 }
 
@@ -239,6 +240,8 @@ static dsv4_status finalize(ctx *c, const draft *d, const char *name, yaml_mark_
     k->checks = d->checks;
     k->expect = d->expect;
     if (d->expect == DSV4_EXPECT_REFUSED && !(k->refused_regex = strdup(d->regex)))
+        return dsv4_sp_nomem(c);
+    if (d->params[0] && !(k->params = strdup(d->params)))
         return dsv4_sp_nomem(c);
     k->line = (int)where.line + 1;
     k->col = (int)where.column + 1;

@@ -22,6 +22,7 @@
 #define CFG_VALUE_MAX 64
 #define REGEX_MAX 512
 #define CASE_NAME_MAX 128
+#define PARAMS_MAX 256 /* a case's backend params, with the terminating NUL */
 #define LABEL_MAX 64
 /* The most characters of an axis value's `label:` (its text in titles). */
 #define LABEL_TEXT_MAX 80
@@ -89,6 +90,7 @@ typedef struct {
     char name[CASE_NAME_MAX];
     const char *defect; /* static, from review_ids; NULL: none */
     dsv4_scenario_checkpoint ckpt;
+    char params[PARAMS_MAX]; /* the backend's params ("": its defaults) */
 } draft;
 
 void dsv4_sp_draft_init(draft *d);

@@ -503,6 +503,52 @@ END_TEST
    summary, report.json and JUnit); a case whose numerics could not run (cuda in this build) is
    skipped, not passed, and --strict (the default where CI is set) makes that skip a failure that
    names the reason; --backend cuda where it cannot run is refused before any case runs. */
+/* A case's `params` reach its backend on every rank: a table the cpu backend has passes, one it
+   refuses (an unknown table, an unknown key) and a list for the ref backend (which takes none)
+   make the case an error whose detail names the key, in one process and over two ranks; the report
+   shows the list. */
+START_TEST(backend_params)
+{
+    static const char yaml[] =
+        "name: params\n"
+        "defaults: {preset: mini, layer: 1, tokens: [8], seed: 3, checks: [numerics], topology: {backend: cpu}}\n"
+        "cases:\n"
+        "  - {name: ref-table, params: kernels=ref}\n"
+        "  - {name: no-such-table, params: kernels=avx9}\n"
+        "  - {name: no-such-key, params: colour=red}\n"
+        "  - {name: ref-takes-none, topology: {backend: ref}, params: kernels=ref}\n"
+        "  - {name: two-ranks, topology: {world: 2, dp: 2, ep: 2}, tokens: [4, 4], params: kernels=ref}\n"
+        "  - {name: two-ranks-refused, topology: {world: 2, dp: 2, ep: 2}, tokens: [4, 4], params: kernels=avx9}\n";
+    dsv4_scenario *s = tu_scenario_text(yaml, "params.yaml");
+    ck_assert_str_eq(dsv4_scenario_get(s, 0)->params, "kernels=ref");
+    dsv4_run_results *r = run(s, -1);
+    ck_assert_int_eq(dsv4_case_status(tu_case_find(r, "/ref-table")), DSV4_RESULT_PASS);
+    ck_assert_int_eq(dsv4_case_status(tu_case_find(r, "/two-ranks")), DSV4_RESULT_PASS);
+    static const char *const bad[][2] = {{"/no-such-table", "avx9"},
+                                         {"/no-such-key", "colour"},
+                                         {"/ref-takes-none", "takes no parameters"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const dsv4_case_result *c = tu_case_find(r, bad[i][0]);
+        ck_assert_msg(dsv4_case_status(c) == DSV4_RESULT_ERROR, "%s is %s", bad[i][0],
+                      dsv4_result_name(dsv4_case_status(c)));
+        expect_check(c, DSV4_CHECK_NUMERICS, DSV4_RESULT_ERROR, bad[i][1]);
+    }
+    /* over ranks the refusal is the distributed step's failure, which names it */
+    expect_check(tu_case_find(r, "/two-ranks-refused"), DSV4_CHECK_NUMERICS, DSV4_RESULT_FAIL, "avx9");
+    char dir[512], p[700], buf[1 << 16];
+    tu_path(dir, sizeof dir, "params_reports");
+    snprintf(p, sizeof p, "mkdir -p %s", dir);
+    ck_assert_int_eq(system(p), 0);
+    dsv4_error e;
+    ck_assert_msg(dsv4_report_write_all(r, dir, &e) == DSV4_OK, "%s", e.message);
+    snprintf(p, sizeof p, "%s/report.json", dir);
+    ck_assert(tu_read_file(p, buf, sizeof buf) > 0);
+    ck_assert_msg(strstr(buf, "\"params\": \"kernels=ref\""), "report.json lacks the params");
+    dsv4_run_results_free(r);
+    dsv4_scenario_free(s);
+}
+END_TEST
+
 START_TEST(verdicts_say_what_ran)
 {
     static const char yaml[] = "name: what-ran\n"
@@ -628,6 +674,7 @@ Suite *run_suite(void)
     tcase_add_test(t, html_report);
     tcase_add_test(t, cli_exit_statuses);
     tcase_add_test(t, verdicts_say_what_ran);
+    tcase_add_test(t, backend_params);
     tcase_add_test(t, unwritable_traces_are_a_symmetry_error);
     suite_add_tcase(s, t);
     return s;

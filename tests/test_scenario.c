@@ -357,6 +357,10 @@ static const bad_case bad_cases[] = {
                  "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
      DSV4_ERR_FORMAT, "bad.yaml:2:78:", "nesting deeper than 64"},
     {"invalid utf-8", "name: x\ndescription: \"\xff\xfe\"\n", DSV4_ERR_FORMAT, "bad.yaml:2:15:", "YAML syntax error"},
+    {"params with a space", "name: x\ndefaults: {layer: 1}\ncases:\n  - {params: \"route=one, quant=fold\"}\n",
+     DSV4_ERR_FORMAT, "bad.yaml:4:14:", "holds a space or control character"},
+    {"params as a list", "name: x\ndefaults: {layer: 1}\ncases:\n  - {params: [route=one]}\n", DSV4_ERR_FORMAT,
+     "bad.yaml:4:14:", "params: expected a scalar"},
 };
 
 START_TEST(malformed_inputs)

@@ -662,6 +662,7 @@ dsv4_status dsv4_dist_forward_on(const dsv4_config *cfg, const dsv4_checkpoint *
     dsv4_backend_options bopt;
     dsv4_backend_options_init(&bopt);
     bopt.threads = 1; /* the ranks are the threads */
+    bopt.params = standin ? NULL : opt->backend_params;
     for (int r = 0; r < world; r++) {
         if ((st = dsv4_backend_create_with(standin ? cplans[r] : plans[r], ckpt, &bopt, &be[r], err)))
             goto done;

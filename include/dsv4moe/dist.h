@@ -86,6 +86,9 @@ typedef struct dsv4_dist_options {
      * 0 (the default) the device.
      */
     int rows_on_host;
+    /* Every rank's backend's own parameters (dsv4_backend_options.params; NULL, the default: its
+       defaults). Not given to a compute_backend standing in for the plan's. */
+    const char *backend_params;
 } dsv4_dist_options;
 
 /* timeout 5000 ms, the plan's backend. NULL is a no-op. */

@@ -105,6 +105,11 @@ typedef struct dsv4_scenario_case {
        rows, the rows past the tokens hostile padding (docs/engines.md, "Padded cases"); B exceeds
        every rank's tokens. */
     int64_t pad_to;
+    /* `params: LIST` (NULL: none): the backend's own parameters on every rank
+       (dsv4_backend_options.params, e.g. the cuda kernel variants of docs/cuda.md), checked when
+       the backend starts: a list it refuses makes the case an error naming the key. Not given to a
+       backend standing in for one this build or machine lacks. */
+    const char *params;
 } dsv4_scenario_case;
 
 typedef struct dsv4_scenario dsv4_scenario;
