@@ -49,7 +49,8 @@
 # Absent pieces (the CUDA backend is not there yet) are "absent" rows, not failures.
 # DSV4_DEVCHECK_SCEN_CAP (default 200) is gpu-scenario's cap in seconds: a call that runs the whole
 # of gpu.yaml raises it with DSV4_DEVCHECK_BUDGET and skips the steps it does not need.
-# DSV4_DEVCHECK_CUDA_TEST_CAP (default 420) is cuda-test's (test_cuda took about 200 s on an H100
+# DSV4_DEVCHECK_CUDA_CASES="variants small" runs only those Tcases of test_cuda, a step each
+# (cuda-test-variants, ...). DSV4_DEVCHECK_CUDA_TEST_CAP (default 420) is cuda-test's (test_cuda took about 200 s on an H100
 # before its `variants` Tcase; CK_RUN_CASE=variants runs those alone).
 # DSV4_DEVCHECK_SKIP="cpu-test torch-peer" skips steps by name (local trials); DSV4_BENCH_ARGS adds
 # arguments to bench_cuda (e.g. --quick: fewer repetitions), DSV4_PEER_ARGS to the three peers (--quick).
@@ -285,7 +286,13 @@ for c in build/cuda/test_cuda build/cuda/tests/test_cuda; do
 done
 # the CUDA tests skip GPU cases without DSV4MOE_CUDA_REQUIRED=1; their scratch goes to $WORK
 CUDA_ENV="DSV4MOE_CUDA_REQUIRED=1 DSV4MOE_TMP=$WORK/cuda-tmp DSV4MOE_SRC=\$(pwd) DSV4MOE_PYTHON=$PY"
-if [ -n "$CUDA_TEST" ]; then
+if [ -n "$CUDA_TEST" ] && [ -n "${DSV4_DEVCHECK_CUDA_CASES:-}" ]; then
+    # only the named Tcases, each a step of its own (e.g. "variants small": the decode variants'
+    # identity tests and k_route_small's kernel test)
+    for ckc in $DSV4_DEVCHECK_CUDA_CASES; do
+        step "cuda-test-$ckc" "${DSV4_DEVCHECK_CUDA_TEST_CAP:-420}" "CK_RUN_CASE=$ckc $CUDA_ENV $CUDA_TEST"
+    done
+elif [ -n "$CUDA_TEST" ]; then
     step cuda-test "${DSV4_DEVCHECK_CUDA_TEST_CAP:-420}" "$CUDA_ENV $CUDA_TEST"
 else
     absent cuda-test "no build/cuda/test_cuda (make cuda builds it with the CUDA backend)"
