@@ -238,15 +238,16 @@ fi
 # router; shared_dec=one: the shared expert in the routed decode launches; quant=fold: h quantized
 # in gate/up's launch, so three launches a step; dec_pf=l2: each decode block's weights prefetched
 # into L2 at its start; dec_regs=128: the decode kernels without spills): the whole layer at T = 1,
-# 8, 32 and 128 for the default, route=one, the three-launch step, it with dec_pf=l2 and with both
-# (bench_cuda --quick, fp8 mode, alternating, two passes each), every kernel's time at T = 1 with
+# 8, 32 and 128 for the default, route=one, the three-launch step, it with dec_pf=l2, with both and
+# with persistent decode blocks (dec_sched=persist)
+# (bench_cuda --quick, fp8 mode, alternating; DSV4_DEVCHECK_PASSES passes, default 1), every kernel's time at T = 1 with
 # all of them (warm, Nsight Compute), and their decode GEMMs at T = 1 in detail (throughput,
 # occupancy, warp states).
 DEC_3="route=one,shared_dec=one,quant=fold"
 DEC_ALL="$DEC_3,dec_pf=l2,dec_regs=128"
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = decode ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
-    for p in 1 2; do
-        for v in default route=one $DEC_3 $DEC_3,dec_pf=l2 $DEC_ALL; do
+    for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-1}"); do
+        for v in default route=one $DEC_3 $DEC_3,dec_pf=l2 $DEC_ALL $DEC_ALL,dec_sched=persist; do
             tag=$(echo "$v" | tr ',=' '-_')
             kv=$v
             [ "$v" = default ] && kv="''"

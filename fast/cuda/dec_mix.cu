@@ -7,52 +7,131 @@ namespace dsv4cuda {
 
 namespace {
 
+/* The units of a decode launch of routed groups (format FMT, split a.ks) and the shared expert's
+   group (FMS, a.ks_sh): unit u < act_max gxr is routed slot u / gxr at place u % gxr along N, the
+   gxs after it the shared expert's places. */
+struct MixUnits {
+    int gxr, gxs, ur, n;
+};
+
+__device__ __forceinline__ MixUnits mix_units(const FastArgs &a)
+{
+    MixUnits m;
+    const int tiles16 = a.N / 16;
+    m.gxr = tiles16 / (8 / a.ks);
+    m.gxs = tiles16 / (8 / a.ks_sh);
+    m.ur = a.act_max * m.gxr;
+    m.n = m.ur + m.gxs;
+    return m;
+}
+
+/* Runs unit u (after the programmatic wait); pf: its weights asked into L2 first. False when the
+   unit has no work (an inactive slot, a group past the decode regime, no shared expert here). */
+template <int FMT, int FMS, int EPI>
+__device__ __forceinline__ bool mix_unit(const FastArgs &a, const MixUnits &m, int u, bool pf, uint8_t *fsm)
+{
+    FGrp g;
+    if (u < m.ur) {
+        const int bx = u % m.gxr;
+        if (!dec_routed_group(a, u / m.gxr, g))
+            return false;
+        if (pf && threadIdx.x == 0)
+            dec_prefetch(g.w, g.s, FMT, a.K, a.ks, bx);
+        dec_group<FMT, EPI, false>(a, g, a.ks, bx, fsm);
+        return true;
+    }
+    if (!dec_shared_runs(a, *a.ntok))
+        return false;
+    fgrp_shared(a, g);
+    dec_group<FMS, EPI, false>(a, g, a.ks_sh, u - m.ur, fsm);
+    return true;
+}
+
+/* The weights unit u will read into L2 (routed: only once its group is known, after the wait). */
+template <int FMT, int FMS>
+__device__ __forceinline__ void mix_unit_prefetch(const FastArgs &a, const MixUnits &m, int u)
+{
+    if (u < m.ur) {
+        const int y = u / m.gxr;
+        if (y < a.meta[0] && a.cnt[a.active[y]] <= FM_DEC_MAX)
+            dec_prefetch(a.r.w + (long long)a.active[y] * a.r.w_stride, a.r.s + (long long)a.active[y] * a.r.s_stride,
+                         FMT, a.K, a.ks, u % m.gxr);
+    } else if (a.sh.w) {
+        dec_prefetch(a.sh.w, a.sh.s, FMS, a.K, a.ks_sh, u - m.ur);
+    }
+}
+
 /*
  * The routed groups in format FMT and the shared expert's group in another format FMS in one
  * launch (params shared_dec=one): slots y < act_max as k_dec<FMT> with K split a.ks, slot act_max
  * as k_dec<FMS> with a.ks_sh, each exactly as in its own launch (the same products and sums), grid
- * x the larger of the two splits' (a block past its group's tiles returns). One launch instead of
- * two on two streams with their fork and join. FM_THREADS threads, the larger of the two
- * dec_smem_bytes.
+ * (the larger of the two splits' places, act_max + 1): block (x, y) is unit y gxr + x, or the
+ * shared unit x, and a block past its group's places returns. One launch instead of two on two
+ * streams with their fork and join. FM_THREADS threads, the larger of the two dec_smem_bytes.
  */
 template <int FMT, int FMS, int EPI, int MINB = 3>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix(FastArgs a)
 {
-    const int y = blockIdx.y, tiles16 = a.N / 16;
-    if (a.pf && y >= a.act_max && (int)blockIdx.x < tiles16 / (8 / a.ks_sh) && threadIdx.x == 0)
-        dec_prefetch(a.sh.w, a.sh.s, FMS, a.K, a.ks_sh); /* static weights: before the wait */
+    const MixUnits m = mix_units(a);
+    const int y = blockIdx.y, x = blockIdx.x;
+    const bool sh = y >= a.act_max;
+    if (a.pf && sh && x < m.gxs && threadIdx.x == 0)
+        dec_prefetch(a.sh.w, a.sh.s, FMS, a.K, a.ks_sh, x); /* static weights: before the wait */
     pdl_enter();
     extern __shared__ __align__(16) uint8_t fsm[];
-    FGrp g;
-    if (y < a.act_max) {
-        if ((int)blockIdx.x >= tiles16 / (8 / a.ks) || !dec_routed_group(a, y, g))
-            return;
-        if (a.pf && threadIdx.x == 0)
-            dec_prefetch(g.w, g.s, FMT, a.K, a.ks);
-        dec_group<FMT, EPI, false>(a, g, a.ks, fsm);
-    } else {
-        if (!dec_shared_runs(a, *a.ntok) || (int)blockIdx.x >= tiles16 / (8 / a.ks_sh))
-            return;
-        fgrp_shared(a, g);
-        dec_group<FMS, EPI, false>(a, g, a.ks_sh, fsm);
+    if (x >= (sh ? m.gxs : m.gxr))
+        return;
+    (void)mix_unit<FMT, FMS, EPI>(a, m, sh ? m.ur + x : y * m.gxr + x, a.pf && !sh, fsm);
+}
+
+/*
+ * The same units with persistent blocks (params dec_sched=persist): a grid of at most the
+ * resident blocks, each taking units x, x + gridDim.x, ... in order, the same computation per
+ * unit; with dec_pf=l2 a block asks for its next unit's weights into L2 before computing this
+ * one, so the weight stream does not stop between a block's units. The shared expert's units come
+ * after every routed one.
+ */
+template <int FMT, int FMS, int EPI, int MINB = 3>
+__global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix_persist(FastArgs a)
+{
+    const MixUnits m = mix_units(a);
+    pdl_enter();
+    extern __shared__ __align__(16) uint8_t fsm[];
+    const int stride = (int)gridDim.x;
+    if (a.pf && threadIdx.x == 0 && (int)blockIdx.x < m.n)
+        mix_unit_prefetch<FMT, FMS>(a, m, blockIdx.x);
+    for (int u = blockIdx.x; u < m.n; u += stride) {
+        if (a.pf && threadIdx.x == 0 && u + stride < m.n)
+            mix_unit_prefetch<FMT, FMS>(a, m, u + stride);
+        if (mix_unit<FMT, FMS, EPI>(a, m, u, false, fsm))
+            __syncthreads(); /* every warp is done with the ring and the partial sums */
     }
 }
 
 typedef void (*mix_kernel)(FastArgs);
 
-template <int MB> mix_kernel pick(int epi)
+template <int MB> mix_kernel pick(int epi, bool persist)
 {
-    const mix_kernel k[3] = {k_dec_mix<WF_FP4, WF_FP8, EPI_NONE, MB>, k_dec_mix<WF_FP4, WF_FP8, EPI_COMBINE, MB>,
-                             k_dec_mix<WF_FP4, WF_FP8, EPI_QUANT, MB>};
-    return k[epi];
+    const mix_kernel k[2][3] = {{k_dec_mix<WF_FP4, WF_FP8, EPI_NONE, MB>, k_dec_mix<WF_FP4, WF_FP8, EPI_COMBINE, MB>,
+                                 k_dec_mix<WF_FP4, WF_FP8, EPI_QUANT, MB>},
+                                {k_dec_mix_persist<WF_FP4, WF_FP8, EPI_NONE, MB>,
+                                 k_dec_mix_persist<WF_FP4, WF_FP8, EPI_COMBINE, MB>,
+                                 k_dec_mix_persist<WF_FP4, WF_FP8, EPI_QUANT, MB>}};
+    return k[persist][epi];
 }
 
 } // namespace
 
 cudaError_t launch_dec_mix(const FastArgs &fa, int epi, int minb, unsigned gx, size_t smem, cudaStream_t s, bool pdl)
 {
-    return launch_kernel(minb == 2 ? pick<2>(epi) : pick<3>(epi), dim3(gx, (unsigned)fa.act_max + 1), FM_THREADS, smem,
-                         s, pdl, fa);
+    return launch_kernel(minb == 2 ? pick<2>(epi, false) : pick<3>(epi, false), dim3(gx, (unsigned)fa.act_max + 1),
+                         FM_THREADS, smem, s, pdl, fa);
+}
+
+cudaError_t launch_dec_mix_persist(const FastArgs &fa, int epi, int minb, unsigned blocks, size_t smem, cudaStream_t s,
+                                   bool pdl)
+{
+    return launch_kernel(minb == 2 ? pick<2>(epi, true) : pick<3>(epi, true), dim3(blocks), FM_THREADS, smem, s, pdl, fa);
 }
 
 cudaError_t dec_mix_attrs(int smem)
@@ -60,8 +139,9 @@ cudaError_t dec_mix_attrs(int smem)
     cudaError_t ce = cudaSuccess;
     for (int epi = 0; epi < 3 && ce == cudaSuccess; epi++)
         for (int mb = 2; mb <= 3 && ce == cudaSuccess; mb++)
-            ce = cudaFuncSetAttribute(mb == 2 ? pick<2>(epi) : pick<3>(epi), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      smem);
+            for (int p = 0; p < 2 && ce == cudaSuccess; p++)
+                ce = cudaFuncSetAttribute(mb == 2 ? pick<2>(epi, p) : pick<3>(epi, p),
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     return ce;
 }
 

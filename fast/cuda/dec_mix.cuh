@@ -18,6 +18,11 @@ namespace dsv4cuda {
    multiprocessor; pdl: with programmatic dependent launch. Returns the launch's error. */
 cudaError_t launch_dec_mix(const FastArgs &fa, int epi, int minb, unsigned gx, size_t smem, cudaStream_t s, bool pdl);
 
+/* The same units on `blocks` persistent blocks (params dec_sched=persist; at most the resident
+   blocks, each taking every blocks-th unit). */
+cudaError_t launch_dec_mix_persist(const FastArgs &fa, int epi, int minb, unsigned blocks, size_t smem, cudaStream_t s,
+                                   bool pdl);
+
 /* Sets every k_dec_mix variant's dynamic shared-memory limit to smem bytes. */
 cudaError_t dec_mix_attrs(int smem);
 

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
             return;
         fgrp_shared(a, g);
     }
-    dec_group<FMT, EPI, SB>(a, g, a.ks, fsm);
+    dec_group<FMT, EPI, SB>(a, g, a.ks, (int)blockIdx.x, fsm);
 }
 
 /* grid (N / BM, the regime's tile capacity), C::THREADS threads, C::SMEM bytes of shared memory. */

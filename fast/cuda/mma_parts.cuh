@@ -523,10 +523,10 @@ static __device__ __noinline__ void fold_quant(int *cnt, int need, const uint16_
 }
 
 template <int FMT, int NT, int EPI, bool SB>
-__device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int KS, uint8_t *ring, float *sRed)
+__device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int KS, int bx, uint8_t *ring, float *sRed)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const int mt = blockIdx.x * (8 / KS) + warp / KS, ks = warp % KS;
+    const int mt = bx * (8 / KS) + warp / KS, ks = warp % KS; /* bx: the block's place along N */
     float acc[NT][4];
     /* the slabs sit where a K split's partial sums would (SB: no split) */
     dec_warp<FMT, NT, SB>(g, mt, ks, KS, a.K, ring + (size_t)warp * DecCfg<FMT>::DEPTH * DecCfg<FMT>::STG,
@@ -567,17 +567,17 @@ __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int 
     }
     if constexpr (EPI == EPI_COMBINE) { /* a kernel of its own and a call: k_dec's main loop keeps its registers */
         const int nt = *a.ntok, need = a.meta[0] + (dec_shared_runs(a, nt) ? 1 : 0);
-        fold_combine(a.fc, a.fc_cnt, need, nt, blockIdx.x * (8 / KS), 8 / KS, ring);
+        fold_combine(a.fc, a.fc_cnt, need, nt, bx * (8 / KS), 8 / KS, ring);
     }
     if constexpr (EPI == EPI_QUANT) { /* the 16 tiles of a 128-feature group are 2 KS blocks' */
-        const int I = a.N >> 1, q = (int)blockIdx.x * (8 / KS) / 16;
+        const int I = a.N >> 1, q = bx * (8 / KS) / 16;
         fold_quant(a.qf_cnt + (long long)g.e * (I >> 7) + q, 2 * KS, g.out + q * 128, g.orow0, a.qf_q + q * 128,
                    a.qf_s + q, (g.slot0 < 0 ? a.qf_sh_row0 : 0) + g.orow0, g.n, I, a.qmode);
     }
 }
 
 /*
- * params dec_pf=l2 (k_dec_mix): the weights and scales that block x of a decode launch reads (tiles 8/KS x ..
+ * params dec_pf=l2 (k_dec_mix): the weights and scales that the block at place bx reads (tiles 8/KS x ..
  * of one group, all of K: one contiguous range each in the fragment-native layout) brought into L2
  * by the copy engine at once (cp.async.bulk.prefetch, one thread), so the block's DRAM reads are
  * all in flight from its start rather than its warps' few ring stages at a time. A hint: it
@@ -592,9 +592,9 @@ __device__ __forceinline__ void prefetch_l2_range(const uint8_t *p, long long by
     }
 }
 
-__device__ __forceinline__ void dec_prefetch(const uint8_t *w, const uint8_t *s, int fmt, int K, int KS)
+__device__ __forceinline__ void dec_prefetch(const uint8_t *w, const uint8_t *s, int fmt, int K, int KS, int bx)
 {
-    const long long KB = K >> 7, mt0 = (long long)blockIdx.x * (8 / KS), tiles = 8 / KS;
+    const long long KB = K >> 7, mt0 = (long long)bx * (8 / KS), tiles = 8 / KS;
     const long long ch = fmt == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
     const long long sch = fmt == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
     prefetch_l2_range(w + mt0 * KB * ch, tiles * KB * ch);
@@ -614,15 +614,16 @@ __device__ __forceinline__ bool dec_routed_group(const FastArgs &a, int y, FGrp 
     return true;
 }
 
-/* One decode block's group (format FMT, K split KS): one or two 8-token tiles by its rows. */
+/* One decode block's group (format FMT, K split KS) at place bx along N: one or two 8-token
+   tiles by its rows. */
 template <int FMT, int EPI, bool SB>
-__device__ __forceinline__ void dec_group(const FastArgs &a, const FGrp &g, int KS, uint8_t *fsm)
+__device__ __forceinline__ void dec_group(const FastArgs &a, const FGrp &g, int KS, int bx, uint8_t *fsm)
 {
     float *sRed = (float *)(fsm + DecCfg<FMT>::RING);
     if (g.n <= 8)
-        dec_block<FMT, 1, EPI, SB>(a, g, KS, fsm, sRed);
+        dec_block<FMT, 1, EPI, SB>(a, g, KS, bx, fsm, sRed);
     else
-        dec_block<FMT, 2, EPI, SB>(a, g, KS, fsm, sRed);
+        dec_block<FMT, 2, EPI, SB>(a, g, KS, bx, fsm, sRed);
 }
 
 /* Bytes of k_dec<FMT>'s shared memory: the warps' rings, then the K-split partial sums or (sb)

@@ -334,7 +334,14 @@ void launch_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
     fa.ks_sh = dec_ks(b, fa.N, 1);
     const unsigned gx = (unsigned)std::max(tiles16 / (8 / fa.ks), tiles16 / (8 / fa.ks_sh));
     const size_t smem = std::max(dec_smem_bytes(WF_FP4, fa.ks, 2), dec_smem_bytes(WF_FP8, fa.ks_sh, 2));
-    (void)launch_dec_mix(fa, dec_epi(fa), b->dec_minb, gx, smem, s, b->pdl); /* its error: the caller's peek */
+    /* its error: the caller's peek */
+    if (b->dec_persist) { /* params dec_sched=persist: at most the resident blocks, each over units */
+        const int64_t units = (int64_t)fa.act_max * (tiles16 / (8 / fa.ks)) + tiles16 / (8 / fa.ks_sh);
+        const unsigned blocks = (unsigned)std::min<int64_t>(units, (int64_t)b->nsm * b->dec_minb);
+        (void)launch_dec_mix_persist(fa, dec_epi(fa), b->dec_minb, blocks, smem, s, b->pdl);
+    } else {
+        (void)launch_dec_mix(fa, dec_epi(fa), b->dec_minb, gx, smem, s, b->pdl);
+    }
 }
 
 /* The decode kernels' shared-memory limit: their largest K split, or the B slabs. */

@@ -230,12 +230,13 @@ struct Kernels {
     int dec_minb = 3;              /* dec_regs=128: the decode kernels at 2 blocks per multiprocessor, not 3 */
     bool quant_fold = false;       /* quant=fold: k_dec quantizes h (fold_quant, mma_parts.cuh) instead of k_quant */
     bool dec_pf = false;           /* dec_pf=l2: k_dec_mix's blocks prefetch their weights into L2 (dec_prefetch) */
+    bool dec_persist = false;      /* dec_sched=persist: k_dec_mix on persistent blocks (dec_mix.cu) */
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
     bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma_parts.cuh) */
     int logits_tg = 1;             /* logits_tg=4: k_logits_small loads four tokens' x together (router.cuh) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -276,6 +277,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("kernel") || val("fold"), k->quant_fold = val("fold");
         else if (is("dec_pf"))
             ok = val("off") || val("l2"), k->dec_pf = val("l2");
+        else if (is("dec_sched"))
+            ok = val("grid") || val("persist"), k->dec_persist = val("persist");
         else if (is("fp8_cut") || is("dec_fill")) {
             char buf[16] = {0};
             char *e = nullptr;
@@ -287,11 +290,11 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         } else
             return dsv4_param_unknown_key(&it, "cuda", KERNEL_KEYS, err);
         if (!ok) {
-            char allowed[320];
+            char allowed[384];
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -315,6 +318,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->dec_minb = k.dec_minb;
     b->quant_fold = k.quant_fold;
     b->dec_pf = k.dec_pf;
+    b->dec_persist = k.dec_persist;
     b->combine_fold = k.combine_fold;
     b->dec_slab = k.dec_slab;
     b->logits_tg = k.logits_tg;

@@ -543,6 +543,21 @@ START_TEST(dec_pf_identical)
 }
 END_TEST
 
+/* k_dec_mix on persistent blocks (params dec_sched=persist: at most the resident blocks, each over
+   every gridDim-th unit, its next unit's weights into L2 first with dec_pf=l2) against the grid
+   (the default): the same units computed the same way, so the same outputs, ids and clamp counters
+   bit for bit. v4-flash T 1, 8 and 16 in both numerics modes, the hash layer, with the prefetch,
+   with 128 registers, and in the three-launch step (the folded combine and quantization). */
+START_TEST(dec_sched_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 8, 32, 0}, {"v4-flash", 5, 16, 32, 1},
+                                  {"v4-flash", 0, 5, 32, 1}};
+    variant_cases("dec_sched", "shared_dec=one,dec_sched=persist", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("dec_sched", "shared_dec=one,dec_sched=persist,dec_pf=l2,dec_regs=128", cs, 2, 0);
+    variant_cases("dec_sched", "route=one,shared_dec=one,quant=fold,dec_sched=persist,dec_pf=l2", cs, 3, 0);
+}
+END_TEST
+
 /* tests/cuda/route_small_hw.cu: k_route_small on small shapes against the reference's arithmetic. */
 static uint32_t rs_rand(uint64_t *st)
 {
@@ -1043,7 +1058,7 @@ START_TEST(shared_workspace)
                              {"route=both", "route"},         {"route=once", "route"},    {"combine=late", "combine"},
                              {"shared_dec=two", "shared_dec"}, {"logits_tg=2", "logits_tg"},
                              {"dec_regs=96", "dec_regs"},     {"quant=late", "quant"},
-                             {"dec_pf=l3", "dec_pf"}};
+                             {"dec_pf=l3", "dec_pf"},         {"dec_sched=pool", "dec_sched"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1552,6 +1567,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(va, dec_regs_identical);
     tcase_add_test(va, quant_fold_identical);
     tcase_add_test(va, dec_pf_identical);
+    tcase_add_test(va, dec_sched_identical);
     suite_add_tcase(s, va);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
