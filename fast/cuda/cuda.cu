@@ -632,6 +632,7 @@ static uint64_t layouts_max(const dsv4_config *cfg, int fp8, int64_t n, bool bou
                     Kernels kv;
                     kv.mma_tiles = t16 == N_TILEH_BIG;
                     kv.big_var = t16 < N_TILEH_BIG ? t16 : 0;
+                    kv.quant_fold = true; /* params quant=fold's counts only add to the layout */
                     set_kernels(b, kv);
                     b->fp8 = b->fast && g8 == 1;
                     const uint64_t v = stage_rows > 0 ? stage_ws(b, stage_rows, n, bound)
@@ -729,7 +730,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         (ce = cudaEventCreateWithFlags(&b->ev_j2, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaEventCreateWithFlags(&b->ev_j3, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaDeviceGetAttribute(&b->nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
-        (ce = dec_attrs()) != cudaSuccess ||
+        (ce = dec_attrs(kv.dec_minb == 2, kv.quant_fold, kv.shared_dec_one)) != cudaSuccess ||
         (ce = tileh_attrs()) != cudaSuccess ||
         (ce = cudaFuncSetAttribute(k_tile_mid, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileMid::SMEM)) !=
             cudaSuccess ||

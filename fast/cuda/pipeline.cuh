@@ -344,8 +344,10 @@ void launch_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
     }
 }
 
-/* The decode kernels' shared-memory limit: their largest K split, or the B slabs. */
-cudaError_t dec_attrs()
+/* The decode kernels' shared-memory limit: their largest K split, or the B slabs; the variants
+   of params dec_regs=128 (minb2), quant=fold (qfold) and shared_dec=one (mix) only when chosen, so
+   a creation with the defaults sets what it always did. */
+cudaError_t dec_attrs(bool minb2, bool qfold, bool mix_on)
 {
     const int m4 = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP4, 1, 2, true));
     const int m8 = (int)dec_smem_bytes(WF_FP8, 8, 2), mix = std::max(m4, m8);
@@ -354,14 +356,18 @@ cudaError_t dec_attrs()
         int smem;
     } ks[2 * 7];
     int n = 0;
-    for (int mb = 2; mb <= 3; mb++) {
+    for (int mb = 3; mb >= 2; mb--) {
+        if (mb == 2 && !minb2)
+            break;
         for (int epi = 0; epi < 3; epi++) {
+            if (epi == EPI_QUANT && !qfold)
+                continue;
             ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP4, epi, false) : dec_kernel<3>(WF_FP4, epi, false), m4};
             ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP8, epi, false) : dec_kernel<3>(WF_FP8, epi, false), m8};
         }
         ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP4, EPI_NONE, true) : dec_kernel<3>(WF_FP4, EPI_NONE, true), m4};
     }
-    cudaError_t ce = dec_mix_attrs(mix);
+    cudaError_t ce = mix_on ? dec_mix_attrs(mix) : cudaSuccess;
     for (int i = 0; i < n && ce == cudaSuccess; i++)
         ce = cudaFuncSetAttribute(ks[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, ks[i].smem);
     return ce;
