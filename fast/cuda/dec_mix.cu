@@ -51,11 +51,10 @@ __device__ __forceinline__ bool mix_unit(const FastArgs &a, const MixUnits &m, i
 template <int FMT, int FMS>
 __device__ __forceinline__ void mix_unit_prefetch(const FastArgs &a, const MixUnits &m, int u)
 {
+    FGrp g;
     if (u < m.ur) {
-        const int y = u / m.gxr;
-        if (y < a.meta[0] && a.cnt[a.active[y]] <= FM_DEC_MAX)
-            dec_prefetch(a.r.w + (long long)a.active[y] * a.r.w_stride, a.r.s + (long long)a.active[y] * a.r.s_stride,
-                         FMT, a.K, a.ks, u % m.gxr);
+        if (dec_routed_group(a, u / m.gxr, g))
+            dec_prefetch(g.w, g.s, FMT, a.K, a.ks, u % m.gxr);
     } else if (a.sh.w) {
         dec_prefetch(a.sh.w, a.sh.s, FMS, a.K, a.ks_sh, u - m.ur);
     }

@@ -20,6 +20,15 @@ int logit_slices(const CudaBe *b, int64_t tc)
     return s;
 }
 
+/* Ints at the layout's fcnt: the folded combine's counts, one per 16 rows of o (H / 16), then,
+   with params quant=fold, the folded quantization's, one per group (E routed, the shared last)
+   and 128 features of h. */
+int64_t fold_counts(const CudaBe *b)
+{
+    const dsv4_config *c = &b->cfg;
+    return c->dim / 16 + (b->quant_fold ? (c->n_routed_experts + 1) * (c->moe_inter_dim / 128) : 0);
+}
+
 /* The layout of a chunk of tc tokens whose grouping places at most `kept` slots (< 0: all tc K;
    a stage chunk of token-slots keeps one a row, cuda_impl.h): the slot arrays hold tc K, the
    expert rows and tile lists what the kept slots can fill in the groups of the backend's experts
@@ -93,9 +102,7 @@ Layout layout_for(const CudaBe *b, int64_t tc, int64_t kept = -1)
     L.slot_w = take((uint64_t)L.slots * 4);
     L.slot_e = b->fp8 ? take((uint64_t)L.slots * 4) : 0;
     L.hist = b->fast ? take((uint64_t)(cdiv(L.slots, PLACE_SLICE) * E) * 4) : 0;
-    /* the folded combine's counts per 16 rows of o, then (params quant=fold) the folded
-       quantization's per group and 128 features of h */
-    L.fcnt = b->fast ? take((uint64_t)(H / 16 + (b->quant_fold ? (E + 1) * (I / 128) : 0)) * 4) : 0;
+    L.fcnt = b->fast ? take((uint64_t)fold_counts(b) * 4) : 0;
     if (b->fast) {
         /* h bf16 from the gate/up epilogue, then its codes and scales; rows [rows, rows + Tc) are
            the shared expert's (it runs in the same launches as the routed groups) */
@@ -137,6 +144,7 @@ void set_modes(CudaBe *b)
 }
 
 template <typename T> T *at(const CudaBe *b, uint64_t off) { return (T *)(void *)(b->ws + off); }
+
 
 /*
  * Launches k on stream s (launch_kernel, kernels.cuh), with the programmatic-dependent-launch
@@ -327,20 +335,20 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
 
 /* k_dec_mix (params shared_dec=one): fp4 routed groups and the fp8 shared expert in one launch,
    each group with the K split its own launch_dec would give it (so the same sums). */
-void launch_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
+void enqueue_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
 {
     const int tiles16 = fa.N / 16;
     fa.ks = dec_ks(b, fa.N, fa.act_max);
     fa.ks_sh = dec_ks(b, fa.N, 1);
-    const unsigned gx = (unsigned)std::max(tiles16 / (8 / fa.ks), tiles16 / (8 / fa.ks_sh));
+    const int gxr = tiles16 / (8 / fa.ks), gxs = tiles16 / (8 / fa.ks_sh); /* places along N */
     const size_t smem = std::max(dec_smem_bytes(WF_FP4, fa.ks, 2), dec_smem_bytes(WF_FP8, fa.ks_sh, 2));
     /* its error: the caller's peek */
     if (b->dec_persist) { /* params dec_sched=persist: at most the resident blocks, each over units */
-        const int64_t units = (int64_t)fa.act_max * (tiles16 / (8 / fa.ks)) + tiles16 / (8 / fa.ks_sh);
+        const int64_t units = (int64_t)fa.act_max * gxr + gxs;
         const unsigned blocks = (unsigned)std::min<int64_t>(units, (int64_t)b->nsm * b->dec_minb);
         (void)launch_dec_mix_persist(fa, dec_epi(fa), b->dec_minb, blocks, smem, s, b->pdl);
     } else {
-        (void)launch_dec_mix(fa, dec_epi(fa), b->dec_minb, gx, smem, s, b->pdl);
+        (void)launch_dec_mix(fa, dec_epi(fa), b->dec_minb, (unsigned)std::max(gxr, gxs), smem, s, b->pdl);
     }
 }
 
@@ -414,7 +422,7 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
         if (sd.on && (e = cudaStreamWaitEvent(sd.st, b->ev_fork, 0)) != cudaSuccess)
             return e;
     if (mix) {
-        launch_dec_mix(b, fa, s);
+        enqueue_dec_mix(b, fa, s);
     } else if (split) {
         launch_dec(b, fa.r.fmt, fa, fa.act_max, s); /* routed slots only */
         FastArgs sh = fa;
@@ -476,7 +484,7 @@ Group2Args group2_args(const CudaBe *b, const Layout &L, const RouterArgs &ra, c
     const bool sliced = !g2.place && E * 4 * place_warps(E) <= 48 * 1024;
     g2.hist = sliced ? at<int>(b, L.hist) : nullptr;
     g2.zero = b->quant_fold ? at<int>(b, L.fcnt) : nullptr;
-    g2.nzero = b->quant_fold ? (int)(c->dim / 16 + (E + 1) * (c->moe_inter_dim / 128)) : 0;
+    g2.nzero = b->quant_fold ? (int)fold_counts(b) : 0;
     return g2;
 }
 
@@ -683,31 +691,30 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     const size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
     const bool fused = b->route_fused && b->fast && mode == CHUNK_FULL && L.slots <= 1024 && rsm + 9 * 1024 <= 48 * 1024;
     int *ticket = at<int>(b, L.meta) + 4; /* meta[4]: k_router_count's ticket (k_count2 writes meta[0..3]) */
+    /* the small chunks' logits (k_logits_small, k_route_small): one slice, x quantized there too */
+    LogitsArgs la;
+    la.x = ra.x, la.gate = b->gate16, la.ntok = ntok, la.logits = at<float>(b, L.logits);
+    la.xq = ra.xq, la.xs = ra.xs, la.x16 = ra.x16, la.ticket = fused ? ticket : nullptr;
+    la.qmode = ra.qmode, la.H = H, la.E = E, la.lblocks = (int)cdiv(E, LS_EPB), la.tgroups = 1;
+    const int qblocks = ra.xq ? (int)cdiv(std::min<int64_t>(L.tc, DSV4C_LOGITS_SMALL) * cdiv(H, 128), 8) : 0;
     /* params route=one: the logits, routing and grouping of such a chunk in one launch when the
        chunk holds at most DSV4C_LOGITS_SMALL rows (the logits never come from the GEMM kernels) */
     if (fused && b->route_one && route_small_fits(E, K, (int)L.tc)) {
         RouteSmallArgs rs;
-        rs.la.x = ra.x, rs.la.gate = b->gate16, rs.la.ntok = ntok, rs.la.logits = at<float>(b, L.logits);
-        rs.la.xq = ra.xq, rs.la.xs = ra.xs, rs.la.x16 = ra.x16, rs.la.ticket = nullptr;
-        rs.la.qmode = ra.qmode, rs.la.H = H, rs.la.E = E, rs.la.lblocks = (int)cdiv(E, LS_EPB);
+        rs.la = la;
+        rs.la.ticket = nullptr; /* its ticket is the chunk counter ST_TICKET */
         rs.ra = ra;
         rs.ra.xq = nullptr, rs.ra.small_max = DSV4C_LOGITS_SMALL;
         rs.ra.logits = rs.la.logits, rs.ra.lslices = 1, rs.ra.lslice_stride = L.tc * E;
         rs.g = group2_args(b, L, rs.ra, ga);
         rs.g.hist = nullptr; /* place is set: L.slots <= 1024 */
         rs.ncap = (int)(L.tc * K);
-        const int qblocks = ra.xq ? (int)cdiv(L.tc * cdiv(H, 128), 8) : 0;
         cudaError_t ce = launch_route_small(rs, qblocks, b->logits_tg, s, b->pdl);
         if (ce != cudaSuccess)
             return ce;
         return enqueue_fast(b, L, rs.ra, ga, true, true);
     }
     if (b->route_fused) {
-        LogitsArgs la;
-        la.x = ra.x, la.gate = b->gate16, la.ntok = ntok, la.logits = at<float>(b, L.logits);
-        la.xq = ra.xq, la.xs = ra.xs, la.x16 = ra.x16, la.ticket = fused ? ticket : nullptr;
-        la.qmode = ra.qmode, la.H = H, la.E = E, la.lblocks = (int)cdiv(E, LS_EPB), la.tgroups = 1;
-        const int qblocks = ra.xq ? (int)cdiv(std::min<int64_t>(L.tc, DSV4C_LOGITS_SMALL) * cdiv(H, 128), 8) : 0;
         if (b->logits_tg == 4)
             launch_pdl(b, k_logits_small<4>, dim3((unsigned)(la.lblocks + qblocks)), 256, 0, s, la);
         else

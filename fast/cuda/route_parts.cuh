@@ -53,6 +53,31 @@ __device__ __forceinline__ void topk_serial(const float *bk, int E, int K, float
     }
 }
 
+/* A hash layer's K experts of token t (tid2eid), by one warp, into idk[0 .. K): the table's entries
+   loaded at once by the warp, not one after another. An input id outside [0, V) or an entry
+   outside [0, E) routes the token to experts 0 .. K-1 and is counted (ST_BADIN, ST_BADIN_AT): the
+   device-pointer forward has not seen the ids on the host. */
+__device__ __forceinline__ void hash_select_warp(const RouterArgs &a, int t, int lane, int *idk)
+{
+    const int K = a.K, E = a.E;
+    const long long id = a.in_ids[t];
+    const bool bad_id = id < 0 || id >= a.V;
+    bool bad = bad_id;
+    for (int k = lane; k < K && !bad_id; k += 32) {
+        const int v = a.tid2eid[id * K + k];
+        bad |= v < 0 || v >= E;
+        idk[k] = v;
+    }
+    bad = __any_sync(0xFFFFFFFFu, bad);
+    __syncwarp(); /* every lane's entry is in idk before any is replaced */
+    for (int k = lane; k < K && bad; k += 32)
+        idk[k] = k;
+    if (bad && lane == 0) {
+        atomicAdd(&a.stats[ST_BADIN], 1ull);
+        atomicMax(&a.stats[ST_BADIN_AT], 0xFFFFFFFFull - (unsigned long long)(a.t0 + t));
+    }
+}
+
 /* Top-p pruning of one token's K slots (SPEC.md 2.4), one thread, as cpu.c: the contributions
    w * norm sorted descending (ties to the lower id) by insertion into ord, the kept prefix, the
    pruned slots' ids set to E and weights to 0, the renormalization. contrib: K floats of scratch.

@@ -98,20 +98,9 @@ __device__ __forceinline__ void route_warp(const RouterArgs &a, int t, float *sc
     int *idk = ki, *ord = ki + RS_KW;
     int my = 0; /* lane k < K: the token's k-th expert */
     if (a.hash) {
-        const long long id = a.in_ids[t];
-        const bool bad_id = id < 0 || id >= a.V;
-        bool bad = bad_id;
-        int v = 0;
-        if (!bad_id && lane < K) {
-            v = a.tid2eid[id * K + lane];
-            bad |= v < 0 || v >= E;
-        }
-        bad = __any_sync(FULL, bad);
-        my = bad ? lane : v;
-        if (bad && lane == 0) {
-            atomicAdd(&a.stats[ST_BADIN], 1ull);
-            atomicMax(&a.stats[ST_BADIN_AT], 0xFFFFFFFFull - (unsigned long long)(a.t0 + t));
-        }
+        hash_select_warp(a, t, lane, idk);
+        __syncwarp();
+        my = lane < K ? idk[lane] : 0;
     } else {
         bool nan = false;
         for (int e = lane; e < E; e += 32)

@@ -122,24 +122,8 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
     /* selection: the hash table (ids checked here too: the device-pointer forward has not seen them
        on the host), or the top K of score + bias by (value descending, id ascending) */
     if (a.hash) {
-        if (warp == 0) { /* the table's K entries loaded at once by the warp, not one after another */
-            const long long id = a.in_ids[t];
-            const bool bad_id = id < 0 || id >= a.V;
-            bool bad = bad_id;
-            for (int k = lane; k < K && !bad_id; k += 32) {
-                const int v = a.tid2eid[id * K + k];
-                bad |= v < 0 || v >= E;
-                idk[k] = v;
-            }
-            bad = __any_sync(0xFFFFFFFFu, bad);
-            __syncwarp(); /* every lane's entry is in idk before any is replaced */
-            for (int k = lane; k < K && bad; k += 32)
-                idk[k] = k;
-            if (bad && lane == 0) {
-                atomicAdd(&a.stats[ST_BADIN], 1ull);
-                atomicMax(&a.stats[ST_BADIN_AT], 0xFFFFFFFFull - (unsigned long long)(a.t0 + t));
-            }
-        }
+        if (warp == 0)
+            hash_select_warp(a, t, lane, idk);
     } else if (warp == 0) {
         /* warp-parallel: K rounds of a warp argmax, each lane over its own experts e = lane + 32 i
            (a bit per expert marks the taken ones). A NaN key, or E > 1024, takes the serial
