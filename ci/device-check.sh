@@ -263,6 +263,33 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = decode ] && [ -x "$BENCH" ] && [ -x "$NCU" 
         --section WarpStateStats --section LaunchStats $BENCH --gemm fp8 --cuda-kernels $DEC_ALL --tokens 1 \
         --quick --json $WORK/bench/decode_d.json --dir $WORK/bench --threads $JOBS"
 fi
+# DSV4_DEVCHECK_PROFILE=fill: the decode launches' K split at small T (params dec_fill: K is split
+# until a launch has that many blocks per multiprocessor; 3 by default, 1 splits nothing at T = 1 on
+# v4-flash, so each warp streams all of its tile's K blocks), the whole layer at T 1, 2, 4, 8 and 16
+# for dec_fill 3, 1 and 2 (bench_cuda --quick, fp8 mode, two alternating passes), the decode
+# kernels' times at T = 1 for 3 and 1 (warm, Nsight Compute), then the one-launch router
+# (params route=one, k_route_small) at T = 1 in detail: warp states, memory, launch and the
+# per-instruction stall samples of its SASS (the source page as CSV, in the step's log).
+if [ "${DSV4_DEVCHECK_PROFILE:-0}" = fill ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+    for p in 1 2; do
+        for f in 3 1 2; do
+            step "fill-$f-$p" 60 "$BENCH --gemm fp8 --cuda-kernels dec_fill=$f --tokens 1,2,4,8,16 --quick \
+                --json $WORK/bench/fill_${f}_$p.json --dir $WORK/bench --threads $JOBS"
+        done
+    done
+    for f in 3 1; do
+        step "profile-fill-$f" 90 "$NCU --clock-control none --cache-control none -k regex:k_dec --launch-skip 30 \
+            --launch-count 30 --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+            --print-summary per-kernel $BENCH --gemm fp8 --cuda-kernels dec_fill=$f --tokens 1 --quick \
+            --json $WORK/bench/fill_p$f.json --dir $WORK/bench --threads $JOBS"
+    done
+    step profile-route-one-detail 150 "$NCU --clock-control none --cache-control none -k regex:k_route_small \
+        --launch-skip 30 --launch-count 1 --set full --import-source yes -f -o $WORK/route_one_t1 $BENCH --gemm fp8 \
+        --cuda-kernels route=one --tokens 1 --quick --json $WORK/bench/route_one_d.json --dir $WORK/bench \
+        --threads $JOBS >/dev/null && $NCU -i $WORK/route_one_t1.ncu-rep --section WarpStateStats \
+        --section MemoryWorkloadAnalysis --section LaunchStats --section SpeedOfLight && \
+        $NCU -i $WORK/route_one_t1.ncu-rep --page source --csv --print-source sass"
+fi
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = 1 ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for t in 1 128 4096; do
         step "profile-t$t" 150 "$NCU --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
