@@ -49,6 +49,8 @@
 # Absent pieces (the CUDA backend is not there yet) are "absent" rows, not failures.
 # DSV4_DEVCHECK_SCEN_CAP (default 200) is gpu-scenario's cap in seconds: a call that runs the whole
 # of gpu.yaml raises it with DSV4_DEVCHECK_BUDGET and skips the steps it does not need.
+# DSV4_DEVCHECK_FAULTS=1 adds the CUDA fault build and gpu.yaml's f01 cases under --faults (steps
+# faults-build, faults-f01).
 # DSV4_DEVCHECK_CUDA_CASES="variants small" runs only those Tcases of test_cuda, a step each
 # (cuda-test-variants, ...). DSV4_DEVCHECK_CUDA_TEST_CAP (default 420) is cuda-test's (test_cuda took about 200 s on an H100
 # before its `variants` Tcase; CK_RUN_CASE=variants runs those alone).
@@ -263,25 +265,33 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = decode ] && [ -x "$BENCH" ] && [ -x "$NCU" 
         --section WarpStateStats --section LaunchStats $BENCH --gemm fp8 --cuda-kernels $DEC_ALL --tokens 1 \
         --quick --json $WORK/bench/decode_d.json --dir $WORK/bench --threads $JOBS"
 fi
-# DSV4_DEVCHECK_PROFILE=fill: the decode launches' K split at small T (params dec_fill: K is split
-# until a launch has that many blocks per multiprocessor; 3 by default, 1 splits nothing at T = 1 on
-# v4-flash, so each warp streams all of its tile's K blocks), the whole layer at T 1, 2, 4, 8 and 16
-# for dec_fill 3, 1 and 2 (bench_cuda --quick, fp8 mode, two alternating passes), the decode
-# kernels' times at T = 1 for 3 and 1 (warm, Nsight Compute), then the one-launch router
-# (params route=one, k_route_small) at T = 1 in detail: warp states, memory, launch and the
-# per-instruction stall samples of its SASS (the source page as CSV, in the step's log).
+# DSV4_DEVCHECK_PROFILE=fill: the decode step at small T against three changes: the decode
+# launches' K split (params dec_fill: K is split until a launch has that many blocks per
+# multiprocessor; 3 by default, 1 splits nothing at T = 1 on v4-flash, so each warp streams all
+# of its tile's K blocks), the decode weights' L2 evict-first policy (dec_l2=first: their stream
+# leaves the code, activations and routing data of the step in L2) and the one-launch router
+# (route=one). The whole layer at T 1, 2, 4, 8 and 16 for each (bench_cuda --quick, fp8 mode, two
+# alternating passes); every kernel's time at T = 1 for each (warm, Nsight Compute); then
+# k_route_small at T = 1 in detail: warp states, memory, launch and the per-instruction stall
+# samples of its SASS (the source page as CSV, in the step's log).
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = fill ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for p in 1 2; do
-        for f in 3 1 2; do
-            step "fill-$f-$p" 60 "$BENCH --gemm fp8 --cuda-kernels dec_fill=$f --tokens 1,2,4,8,16 --quick \
-                --json $WORK/bench/fill_${f}_$p.json --dir $WORK/bench --threads $JOBS"
+        for f in default dec_fill=1 dec_fill=2 dec_l2=first route=one; do
+            tag=$(echo "$f" | tr ',=' '-_')
+            kv=$f
+            [ "$f" = default ] && kv="''"
+            step "fill-$tag-$p" 60 "$BENCH --gemm fp8 --cuda-kernels $kv --tokens 1,2,4,8,16 --quick \
+                --json $WORK/bench/fill_${tag}_$p.json --dir $WORK/bench --threads $JOBS"
         done
     done
-    for f in 3 1; do
-        step "profile-fill-$f" 90 "$NCU --clock-control none --cache-control none -k regex:k_dec --launch-skip 30 \
-            --launch-count 30 --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-            --print-summary per-kernel $BENCH --gemm fp8 --cuda-kernels dec_fill=$f --tokens 1 --quick \
-            --json $WORK/bench/fill_p$f.json --dir $WORK/bench --threads $JOBS"
+    for f in default dec_fill=1 dec_l2=first route=one; do
+        tag=$(echo "$f" | tr ',=' '-_')
+        kv=$f
+        [ "$f" = default ] && kv="''"
+        step "profile-fill-$tag" 90 "$NCU --clock-control none --cache-control none --launch-skip 60 \
+            --launch-count 40 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
+            --cuda-kernels $kv --tokens 1 --quick --json $WORK/bench/fill_p_$tag.json --dir $WORK/bench \
+            --threads $JOBS"
     done
     step profile-route-one-detail 150 "$NCU --clock-control none --cache-control none -k regex:k_route_small \
         --launch-skip 30 --launch-count 1 --set full --import-source yes -f -o $WORK/route_one_t1 $BENCH --gemm fp8 \
@@ -338,6 +348,14 @@ if [ -x build/cuda/dsv4moe ] && [ -f scenarios/gpu.yaml ]; then
         --report $WORK/gpu --cache $WORK/cuda-tmp/scen-cache"
 else
     absent gpu-scenario "build/cuda/dsv4moe or scenarios/gpu.yaml not there"
+fi
+# DSV4_DEVCHECK_FAULTS=1: the CUDA fault build (make cuda FAULTS=1) and gpu.yaml's f01 cases run
+# with the clamp dropped (dsv4moe run --faults --filter f01: each must pass clean and fail injected)
+if [ "${DSV4_DEVCHECK_FAULTS:-0}" = 1 ] && [ -f scenarios/gpu.yaml ]; then
+    step faults-build 240 "make cuda FAULTS=1 BUILD=build/faults -j$JOBS"
+    [ -x build/faults/cuda/dsv4moe ] && step faults-f01 150 "$CUDA_ENV build/faults/cuda/dsv4moe run --faults \
+        --filter f01 scenarios/gpu.yaml --backend cuda --threads $JOBS --report $WORK/faults \
+        --cache $WORK/cuda-tmp/scen-cache"
 fi
 if [ -n "$CUDA_TEST" ] && [ -x "$SAN" ]; then
     # the test program's "small" Tcase, in one process (CK_FORK=no) so memcheck sees every kernel

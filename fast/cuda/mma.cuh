@@ -19,9 +19,10 @@ namespace dsv4cuda {
  * quantization of h folded in (a.qf_cnt, fold_quant). SB: B from the block's slabs
  * (dec_stage_slab; launched only with ks 1 and EPI_NONE). MINB: the blocks per multiprocessor its
  * registers are bounded for, 3 (80 registers a thread, the default) or 2 (params dec_regs=128: no
- * spills; the same arithmetic).
+ * spills; the same arithmetic). EF: the weights and scales loaded with the L2 evict-first policy
+ * (params dec_l2=first; the same arithmetic).
  */
-template <int FMT, int EPI, bool SB, int MINB = 3>
+template <int FMT, int EPI, bool SB, int MINB = 3, bool EF = false>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
 {
     pdl_enter();
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
             return;
         fgrp_shared(a, g);
     }
-    dec_group<FMT, EPI, SB>(a, g, a.ks, (int)blockIdx.x, fsm);
+    dec_group<FMT, EPI, SB, EF>(a, g, a.ks, (int)blockIdx.x, fsm);
 }
 
 /* grid (N / BM, the regime's tile capacity), C::THREADS threads, C::SMEM bytes of shared memory. */

@@ -305,6 +305,20 @@ template <int MB> fast_kernel dec_kernel(int fmt, int epi, bool sb)
     return k[epi];
 }
 
+/* k_dec with the weights' L2 evict-first policy (params dec_l2=first; 80 registers, B through L1:
+   the creation refuses it beside dec_regs=128 or dec_b=smem). */
+fast_kernel dec_kernel_ef(int fmt, int epi)
+{
+    if (fmt == WF_FP4) {
+        const fast_kernel k[3] = {k_dec<WF_FP4, EPI_NONE, false, 3, true>, k_dec<WF_FP4, EPI_COMBINE, false, 3, true>,
+                                  k_dec<WF_FP4, EPI_QUANT, false, 3, true>};
+        return k[epi];
+    }
+    const fast_kernel k[3] = {k_dec<WF_FP8, EPI_NONE, false, 3, true>, k_dec<WF_FP8, EPI_COMBINE, false, 3, true>,
+                              k_dec<WF_FP8, EPI_QUANT, false, 3, true>};
+    return k[epi];
+}
+
 /* A decode launch's epilogue: the folded combine (down), the folded quantization (gate/up), or none. */
 int dec_epi(const FastArgs &fa) { return fa.fc_cnt ? EPI_COMBINE : fa.qf_cnt ? EPI_QUANT : EPI_NONE; }
 
@@ -330,7 +344,9 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
     const int epi = dec_epi(fa);
     const bool sb = b->dec_slab && ks == 1 && fmt == WF_FP4 && epi == EPI_NONE;
     const size_t smem = dec_smem_bytes(fmt, ks, 2, sb);
-    launch_pdl(b, b->dec_minb == 2 ? dec_kernel<2>(fmt, epi, sb) : dec_kernel<3>(fmt, epi, sb), grid, FM_THREADS, smem, s, fa);
+    const fast_kernel k = b->dec_l2ef ? dec_kernel_ef(fmt, epi) : b->dec_minb == 2 ? dec_kernel<2>(fmt, epi, sb)
+                                                                                   : dec_kernel<3>(fmt, epi, sb);
+    launch_pdl(b, k, grid, FM_THREADS, smem, s, fa);
 }
 
 /* k_dec_mix (params shared_dec=one): fp4 routed groups and the fp8 shared expert in one launch,
@@ -355,15 +371,21 @@ void enqueue_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
 /* The decode kernels' shared-memory limit: their largest K split, or the B slabs; the variants
    of params dec_regs=128 (minb2), quant=fold (qfold) and shared_dec=one (mix) only when chosen, so
    a creation with the defaults sets what it always did. */
-cudaError_t dec_attrs(bool minb2, bool qfold, bool mix_on)
+cudaError_t dec_attrs(bool minb2, bool qfold, bool mix_on, bool l2ef)
 {
     const int m4 = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP4, 1, 2, true));
     const int m8 = (int)dec_smem_bytes(WF_FP8, 8, 2), mix = std::max(m4, m8);
     struct KS {
         fast_kernel k;
         int smem;
-    } ks[2 * 7];
+    } ks[2 * 7 + 6];
     int n = 0;
+    for (int epi = 0; l2ef && epi < 3; epi++) {
+        if (epi == EPI_QUANT && !qfold)
+            continue;
+        ks[n++] = {dec_kernel_ef(WF_FP4, epi), m4};
+        ks[n++] = {dec_kernel_ef(WF_FP8, epi), m8};
+    }
     for (int mb = 3; mb >= 2; mb--) {
         if (mb == 2 && !minb2)
             break;

@@ -40,6 +40,7 @@ __device__ __forceinline__ void lane_best(const float *bk, int E, int lane, unsi
 {
     bu = 0u;
     be = -1;
+#pragma unroll 1
     for (int e = lane, i = 0; e < E; e += 32, i++) {
         const unsigned u = ord_key(bk[e]);
         if (!(taken >> i & 1u) && u > bu) {
@@ -82,6 +83,7 @@ __device__ __forceinline__ void route_warp(const RouterArgs &a, int t, float *sc
         return;
     }
     if (a.score != 2) {
+#pragma unroll 1
         for (int e = lane; e < E; e += 32)
             sc[e] = score_of(sc[e], a.score);
     } else {
@@ -90,9 +92,11 @@ __device__ __forceinline__ void route_warp(const RouterArgs &a, int t, float *sc
             softmax_serial(sc, E);
     }
     __syncwarp();
-    if (!a.hash)
+    if (!a.hash) {
+#pragma unroll 1
         for (int e = lane; e < E; e += 32)
             bk[e] = a.bias ? __fadd_rn(sc[e], bk[e]) : sc[e];
+    }
     __syncwarp();
     float *key = kf, *wk = kf + RS_KW, *nrm = kf + 2 * RS_KW;
     int *idk = ki, *ord = ki + RS_KW;
@@ -103,22 +107,29 @@ __device__ __forceinline__ void route_warp(const RouterArgs &a, int t, float *sc
         my = lane < K ? idk[lane] : 0;
     } else {
         bool nan = false;
+#pragma unroll 1
         for (int e = lane; e < E; e += 32)
             nan |= bk[e] != bk[e];
         if (!__any_sync(FULL, nan)) {
             /* K rounds: the warp's largest key by one reduction, its lowest id among equals by a
-               second; the winner's lane takes it and finds its own next best */
-            unsigned taken = 0u, bu;
-            int be;
-            lane_best(bk, E, lane, taken, bu, be);
+               second; the winner's lane takes it and finds its own next best (one call site of
+               lane_best, at the round's start: every lane in the first round, then the last
+               winner's) */
+            unsigned taken = 0u, bu = 0u;
+            int be = -1;
+            bool scan = true;
+#pragma unroll 1
             for (int k = 0; k < K; k++) {
+                if (scan)
+                    lane_best(bk, E, lane, taken, bu, be);
+                scan = false;
                 const unsigned m = __reduce_max_sync(FULL, bu);
                 const unsigned we = __reduce_min_sync(FULL, be >= 0 && bu == m ? (unsigned)be : 0xFFFFFFFFu);
                 if (lane == k)
                     my = (int)we;
                 if (we != 0xFFFFFFFFu && (int)(we & 31u) == lane) {
                     taken |= 1u << (we >> 5);
-                    lane_best(bk, E, lane, taken, bu, be);
+                    scan = true;
                 }
             }
         } else {
@@ -132,6 +143,7 @@ __device__ __forceinline__ void route_warp(const RouterArgs &a, int t, float *sc
        slot order: the reference's sum) */
     const float wv = lane < K ? sc[my] : 0.0f;
     float sum = 0.0f;
+#pragma unroll 1
     for (int k = 0; k < K; k++)
         sum = __fadd_rn(sum, __shfl_sync(FULL, wv, k));
     float w = wv;
@@ -202,11 +214,13 @@ __device__ __forceinline__ void route_and_group(const RouteSmallArgs &a, int nt)
     }
     __syncthreads(); /* every token routed: the region is free */
     int *ccnt = region; /* [nch][E]: piece j's count of expert e, then e's slots before piece j */
+#pragma unroll 1
     for (int i = tid; i < nch * E; i += RS_THREADS)
         ccnt[i] = 0;
     if (tid < 5)
         carry[tid] = 0;
     __syncthreads();
+#pragma unroll 1
     for (int j = warp; j < nch; j += RS_WARPS) {
         const int i = j * 32 + lane;
         int e = i < n ? sid[i] : -1;
@@ -221,8 +235,10 @@ __device__ __forceinline__ void route_and_group(const RouteSmallArgs &a, int nt)
             srank[i] = __popc(peers & ((1u << lane) - 1u));
     }
     __syncthreads();
+#pragma unroll 1
     for (int e = tid; e < E; e += RS_THREADS) {
         int run = 0;
+#pragma unroll 1
         for (int j = 0; j < nch; j++) {
             const int v = ccnt[j * E + e];
             ccnt[j * E + e] = run;
@@ -235,6 +251,7 @@ __device__ __forceinline__ void route_and_group(const RouteSmallArgs &a, int nt)
     __syncthreads(); /* s_ok, and the offsets in c2cnt */
     if (!s_ok)
         return;
+#pragma unroll 1
     for (int i = tid; i < n; i += RS_THREADS) {
         const int e = sid[i];
         if (e < 0 || e >= E)
