@@ -329,8 +329,14 @@ $(CUDA_BUILD)/tests/cuda/route_small_hw.o: tests/cuda/route_small_hw.cu tests/cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# and of its per-kernel test of k_dec_mix (dec_mix.cu through its launcher).
+$(CUDA_BUILD)/tests/cuda/dec_mix_hw.o: tests/cuda/dec_mix_hw.cu tests/cuda/dec_mix_hw.h $(wildcard fast/cuda/*.cuh)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
 $(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o \
-  $(CUDA_BUILD)/tests/cuda/e4m3_hw.o $(CUDA_BUILD)/tests/cuda/route_small_hw.o $(HLIB_A) $(CUDA_LIB_A)
+  $(CUDA_BUILD)/tests/cuda/e4m3_hw.o $(CUDA_BUILD)/tests/cuda/route_small_hw.o $(CUDA_BUILD)/tests/cuda/dec_mix_hw.o \
+  $(HLIB_A) $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
 # The device sim communicator's device test (include/dsv4moe/comm_devsim.h): ep 2, 4, 8 on one GPU.

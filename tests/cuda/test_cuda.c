@@ -42,6 +42,9 @@
 #define BO_GEN_THREADS 16 /* the device machine's cores */
 #include "tests/backend_ops.h"
 #include "tests/cuda/route_small_hw.h"
+#include "tests/cuda/dec_mix_hw.h"
+#include "fast/cuda/repack.h"
+#include "core/bits.h"
 #include "core/route.h"
 
 /* fast/cuda/cuda.cu */
@@ -686,6 +689,145 @@ static void route_small_case(int E, int K, int H, int T, int score, int with_bia
     free(o.active), free(o.meta), free(o.tile_e), free(o.tile_r0), free(o.slot_tok), free(o.slot_row), free(o.rowmap);
     free(o.slot_w);
 }
+
+/* The test's own generator (independent of the library's). */
+static uint32_t dm_next(uint32_t *st)
+{
+    *st = *st * 1664525u + 1013904223u;
+    return *st >> 8;
+}
+
+/* Values with few significant bits and close exponents: every partial sum the kernel forms (a
+   k32 step on the tensor cores, a 128-block, a K split's part, their sum) is exact in fp32, so
+   the expected output is one bf16 rounding of the exact sum, whatever order the kernel adds in. */
+static const float dm_act[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f};
+static const float dm_w8[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f, -2.0f, 3.0f, -3.0f};
+
+/* One k_dec_mix launch: E = 4 fp4 routed experts with cnt[e] rows each (0 to 16: no group, one or
+   two 8-token tiles), K split ks, and the fp8 shared expert with ntok rows and split ks_sh; N 256,
+   K 512 (ks 8: half the warps have no K block). The groups' rows sit apart, with rows no group
+   owns between them, which must keep their contents. */
+static void dec_mix_case(int ks, int ks_sh, const int cnt[4], int ntok, uint32_t seed)
+{
+    enum { E = 4, N = 256, K = 512, NG = K / 128 };
+    uint32_t st = seed;
+    uint64_t d4, sc4, d8, sc8;
+    dsv4_fn_sizes(1, N, K, 0, &d4, &sc4);
+    dsv4_fn_sizes(0, N, K, 0, &d8, &sc8);
+    uint8_t *nat4 = malloc((size_t)E * N * K / 2), *sb4 = malloc((size_t)E * N * K / 32);
+    uint8_t *w4 = malloc((size_t)E * d4), *s4 = malloc((size_t)E * sc4);
+    uint8_t *nat8 = malloc((size_t)N * K), sb8[(N / 128) * NG], *w8 = malloc(d8);
+    float *s8 = malloc(sc8);
+    ck_assert(nat4 && sb4 && w4 && s4 && nat8 && w8 && s8);
+    for (size_t i = 0; i < (size_t)E * N * K / 2; i++) { /* e2m1 magnitudes 0 to 2, either sign */
+        const uint32_t lo = (dm_next(&st) % 5) | (dm_next(&st) & 1u) << 3, hi = (dm_next(&st) % 5) | (dm_next(&st) & 1u) << 3;
+        nat4[i] = (uint8_t)(lo | hi << 4);
+    }
+    for (size_t i = 0; i < (size_t)E * N * K / 32; i++)
+        sb4[i] = (uint8_t)(126 + dm_next(&st) % 3); /* 2^-1 .. 2^1 */
+    for (int e = 0; e < E; e++) {
+        const dsv4_fn_src a = {nat4 + (size_t)e * N * K / 2, K / 2, sb4 + (size_t)e * N * K / 32, 0};
+        int bw = 0;
+        int64_t br = 0, bg = 0;
+        ck_assert_int_eq(dsv4_fn_repack_fp4(&a, NULL, N, K, w4 + e * d4, s4 + e * sc4, &bw, &br, &bg, NULL, NULL), 0);
+    }
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        nat8[i] = dsv4_f32_to_e4m3(dm_w8[dm_next(&st) % (sizeof dm_w8 / sizeof dm_w8[0])]);
+    for (int i = 0; i < (N / 128) * NG; i++)
+        sb8[i] = (uint8_t)(126 + dm_next(&st) % 3);
+    const dsv4_fn_src a8 = {nat8, K, sb8, 0};
+    dsv4_fn_repack_fp8(&a8, NULL, N, K, w8, s8);
+    /* activations: each group's rows 16 e + (e & 1) .., the shared expert's own */
+    int pad_off[E];
+    for (int e = 0; e < E; e++)
+        pad_off[e] = 17 * e + (e & 1);
+    const int rows = 17 * E + 2;
+    uint8_t *A = malloc((size_t)rows * K), *Ash = malloc((size_t)ntok * K);
+    float *As = malloc(sizeof(float) * rows * NG), *Assh = malloc(sizeof(float) * ntok * NG);
+    ck_assert(A && Ash && As && Assh);
+    for (size_t i = 0; i < (size_t)rows * K; i++)
+        A[i] = dsv4_f32_to_e4m3(dm_act[dm_next(&st) % 7]);
+    for (size_t i = 0; i < (size_t)ntok * K; i++)
+        Ash[i] = dsv4_f32_to_e4m3(dm_act[dm_next(&st) % 7]);
+    for (int i = 0; i < rows * NG; i++)
+        As[i] = ldexpf(1.0f, (int)(dm_next(&st) % 3) - 1);
+    for (int i = 0; i < ntok * NG; i++)
+        Assh[i] = ldexpf(1.0f, (int)(dm_next(&st) % 3) - 1);
+    uint16_t *out = malloc(sizeof(uint16_t) * rows * N), *out_sh = malloc(sizeof(uint16_t) * ntok * N);
+    ck_assert(out && out_sh);
+    for (int i = 0; i < rows * N; i++)
+        out[i] = 0xFFFFu; /* a NaN no sum gives */
+    for (int i = 0; i < ntok * N; i++)
+        out_sh[i] = 0xFFFFu;
+    const dsv4_test_decmix_in in = {E,      N,     K,    ks, ks_sh, w4,      s4,   d4, sc4, w8, s8, d8, sc8 / 4,
+                                    cnt,    pad_off, rows, A,  As,    ntok,    Ash,  Assh};
+    const int rc = dsv4_test_dec_mix(&in, out, out_sh);
+    ck_assert_msg(rc == 0, "dsv4_test_dec_mix: CUDA error %d (%s)", rc, cudaGetErrorString((cudaError_t)rc));
+    /* expected: the exact sums (double), one fp32 and one bf16 rounding; a zero of either sign is zero */
+    long bad = 0, checked = 0, untouched = 0;
+    for (int g = 0; g <= E; g++) {
+        const int n = g < E ? cnt[g] : ntok;
+        for (int j = 0; j < n; j++) {
+            const long arow = g < E ? pad_off[g] + j : j;
+            const uint8_t *ar = (g < E ? A : Ash) + arow * K;
+            const float *as = (g < E ? As : Assh) + arow * NG;
+            for (int r = 0; r < N; r++) {
+                double sum = 0.0;
+                for (int k = 0; k < K; k++) {
+                    double w;
+                    if (g < E) {
+                        const uint8_t byte = nat4[(size_t)g * N * K / 2 + (size_t)r * (K / 2) + k / 2];
+                        w = (double)dsv4_e2m1_to_f32(k & 1 ? byte >> 4 : byte & 15) *
+                            dsv4_ue8m0_decode(sb4[(size_t)g * N * K / 32 + (size_t)r * (K / 32) + k / 32]);
+                    } else {
+                        w = (double)dsv4_e4m3_to_f32(nat8[(size_t)r * K + k]) * dsv4_ue8m0_decode(sb8[(r / 128) * NG + k / 128]);
+                    }
+                    sum += w * dsv4_e4m3_to_f32(ar[k]) * as[k / 128];
+                }
+                const float f = (float)sum;
+                ck_assert_msg((double)f == sum, "the test's values must sum exactly in fp32");
+                const uint16_t want = dsv4_bf16_bits(f), got = g < E ? out[arow * N + r] : out_sh[arow * N + r];
+                if (got != want && !((got & 0x7FFFu) == 0 && (want & 0x7FFFu) == 0)) {
+                    if (bad++ < 5)
+                        fprintf(stderr, "dec_mix ks %d/%d group %d row %d col %d: got 0x%04x want 0x%04x\n", ks, ks_sh,
+                                g, j, r, got, want);
+                }
+                checked++;
+            }
+        }
+    }
+    for (int row = 0; row < rows; row++) {
+        int owned = 0;
+        for (int e = 0; e < E; e++)
+            owned |= row >= pad_off[e] && row < pad_off[e] + cnt[e];
+        for (int r = 0; r < N && !owned; r++)
+            untouched += out[(long)row * N + r] != 0xFFFFu;
+    }
+    printf("cuda_suite k_dec_mix ks %d/%d rows %d %d %d %d + shared %2d: %ld outputs as the exact sums (%ld differ), "
+           "%ld written outside the groups\n",
+           ks, ks_sh, cnt[0], cnt[1], cnt[2], cnt[3], ntok, checked, bad, untouched);
+    ck_assert_int_eq(bad, 0);
+    ck_assert_int_eq(untouched, 0);
+    free(nat4), free(sb4), free(w4), free(s4), free(nat8), free(w8), free(s8);
+    free(A), free(Ash), free(As), free(Assh), free(out), free(out_sh);
+}
+
+/* k_dec_mix alone (params shared_dec=one's kernel) through its launcher: fp4 routed groups of 1 to
+   16 rows (one and two token tiles, empty groups skipped) and the fp8 shared expert's group, each
+   with its own K split (1, 2, 4, 8), against the exact products and sums of the weights and
+   activations as the reference defines them (SPEC.md section 5's e2m1 / e4m3 values and ue8m0
+   scales), one bf16 rounding; rows no group owns untouched. */
+START_TEST(dec_mix_kernel)
+{
+    static const int c0[4] = {1, 0, 3, 16}, c1[4] = {9, 2, 0, 5}, c2[4] = {16, 16, 1, 8}, c3[4] = {0, 0, 4, 0};
+    if (!have_gpu())
+        return;
+    dec_mix_case(1, 1, c0, 1, 11u);
+    dec_mix_case(2, 8, c1, 7, 12u);
+    dec_mix_case(4, 2, c2, 16, 13u);
+    dec_mix_case(8, 4, c3, 3, 14u);
+}
+END_TEST
 
 /* k_route_small alone (params route=one's kernel) on small shapes: logits of exact sums bit for bit,
    the reference's selection and weights (dsv4_route_select on scores from the same formulas), its
@@ -1513,6 +1655,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, fp8_small_t300);
     tcase_add_test(sm, e4m3_hardware_encode);
     tcase_add_test(sm, route_small_kernel);
+    tcase_add_test(sm, dec_mix_kernel);
     suite_add_tcase(s, sm);
     TCase *f8 = tcase_create("fp8");
     tcase_set_timeout(f8, 600);

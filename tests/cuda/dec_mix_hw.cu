@@ -1,0 +1,96 @@
+/*
+ * Device half of test_cuda's dec_mix_kernel test (dec_mix_hw.h): k_dec_mix through its launcher on
+ * the caller's small inputs, its outputs copied back. Test code: linked into build/cuda/test_cuda
+ * only.
+ */
+#include <cuda_runtime.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "fast/cuda/dec_mix.cuh"
+#include "tests/cuda/dec_mix_hw.h"
+
+namespace {
+
+/* Device copies of the caller's arrays (or zeroed buffers); the list frees them all. */
+struct Arena {
+    void *p[24];
+    int n = 0;
+    cudaError_t err = cudaSuccess;
+    template <class T> T *get(const T *host, size_t count)
+    {
+        void *q = nullptr;
+        if (err == cudaSuccess && n < 24 && (err = cudaMalloc(&q, count * sizeof(T) + 16)) == cudaSuccess) {
+            p[n++] = q;
+            err = host ? cudaMemcpy(q, host, count * sizeof(T), cudaMemcpyHostToDevice)
+                       : cudaMemset(q, 0, count * sizeof(T) + 16);
+        }
+        return (T *)q;
+    }
+    ~Arena()
+    {
+        for (int i = 0; i < n; i++)
+            cudaFree(p[i]);
+    }
+};
+
+} // namespace
+
+extern "C" int dsv4_test_dec_mix(const dsv4_test_decmix_in *in, uint16_t *out, uint16_t *out_sh)
+{
+    using namespace dsv4cuda;
+    const int E = in->E, N = in->N, K = in->K, ng = K / 128;
+    const int tiles16 = N / 16;
+    if (E < 1 || E > 64 || N % 128 || K % 128 || in->ntok < 1 || in->ntok > FM_DEC_MAX)
+        return (int)cudaErrorInvalidValue;
+    /* the grouping's view of the routed experts: the active list in expert order, compact slots */
+    int active[64], slot_off[65], meta[4] = {0, 0, 0, 0};
+    slot_off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        if (in->cnt[e] < 0 || in->cnt[e] > FM_DEC_MAX || in->pad_off[e] + in->cnt[e] > in->rows)
+            return (int)cudaErrorInvalidValue;
+        if (in->cnt[e] > 0)
+            active[meta[0]++] = e;
+        slot_off[e + 1] = slot_off[e] + in->cnt[e];
+    }
+    meta[2] = slot_off[E];
+    Arena ar;
+    const uint8_t *w4 = ar.get(in->w4, (size_t)in->w4_stride * E), *s4 = ar.get(in->s4, (size_t)in->s4_stride * E);
+    const uint8_t *w8 = ar.get(in->w8, (size_t)in->w8_bytes);
+    const float *s8 = ar.get(in->s8, (size_t)in->s8_count);
+    const uint8_t *A = ar.get(in->A, (size_t)in->rows * K), *Ash = ar.get(in->Ash, (size_t)in->ntok * K);
+    const float *As = ar.get(in->As, (size_t)in->rows * ng), *Assh = ar.get(in->Assh, (size_t)in->ntok * ng);
+    const int *cnt = ar.get(in->cnt, (size_t)E), *pad = ar.get(in->pad_off, (size_t)E);
+    const int *act = ar.get(active, (size_t)E), *soff = ar.get(slot_off, (size_t)E + 1), *met = ar.get(meta, 4);
+    const int *ntok = ar.get(&in->ntok, 1);
+    const float *slot_w = ar.get((const float *)nullptr, (size_t)slot_off[E] + 1);
+    unsigned long long *stats = (unsigned long long *)ar.get((const unsigned long long *)nullptr, ST_N);
+    uint16_t *o = (uint16_t *)ar.get((const uint16_t *)out, (size_t)in->rows * N);
+    uint16_t *osh = (uint16_t *)ar.get((const uint16_t *)out_sh, (size_t)in->ntok * N);
+    if (ar.err != cudaSuccess)
+        return (int)ar.err;
+    FastArgs fa = FastArgs();
+    fa.r.w = w4, fa.r.s = s4, fa.r.w_stride = (long long)in->w4_stride, fa.r.s_stride = (long long)in->s4_stride;
+    fa.r.fmt = WF_FP4;
+    fa.sh.w = w8, fa.sh.s = (const uint8_t *)s8, fa.sh.fmt = WF_FP8;
+    fa.N = N, fa.K = K, fa.gu = 0;
+    fa.A = A, fa.As = As, fa.gather = 0, fa.Ash = Ash, fa.Assh = Assh, fa.A16 = nullptr, fa.Ash16 = nullptr;
+    fa.out = o, fa.out_sh = osh, fa.slot_w = slot_w, fa.before = 0, fa.clamp_r = 0, fa.clamp_s = 0, fa.L = 0.0f;
+    fa.stats = stats, fa.ntok = ntok, fa.cnt = cnt, fa.slot_off = soff, fa.pad_off = pad, fa.active = act;
+    fa.meta = met, fa.tile_e = nullptr, fa.tile_r0 = nullptr, fa.meta_tiles = 0, fa.slot_tok = nullptr;
+    fa.E = E, fa.act_max = E, fa.ks = in->ks, fa.ks_sh = in->ks_sh, fa.pf = 0;
+    fa.fc_cnt = nullptr, fa.qf_cnt = nullptr, fa.qf_q = nullptr, fa.qf_s = nullptr, fa.qf_sh_row0 = 0, fa.qmode = 0;
+    /* the launcher's grid and shared memory, as the pipeline's enqueue_dec_mix sizes them */
+    const int gxr = tiles16 / (8 / in->ks), gxs = tiles16 / (8 / in->ks_sh);
+    const size_t smem = std::max(dec_smem_bytes(WF_FP4, in->ks, 2), dec_smem_bytes(WF_FP8, in->ks_sh, 2));
+    cudaError_t e;
+    if ((e = dec_mix_attrs((int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP8, 8, 2)))) != cudaSuccess ||
+        (e = launch_dec_mix(fa, EPI_NONE, 3, (unsigned)std::max(gxr, gxs), smem, 0, false)) != cudaSuccess ||
+        (e = cudaDeviceSynchronize()) != cudaSuccess)
+        return (int)e;
+    if ((e = cudaMemcpy(out, o, (size_t)in->rows * N * 2, cudaMemcpyDeviceToHost)) != cudaSuccess ||
+        (e = cudaMemcpy(out_sh, osh, (size_t)in->ntok * N * 2, cudaMemcpyDeviceToHost)) != cudaSuccess)
+        return (int)e;
+    return 0;
+}
