@@ -300,6 +300,16 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = fill ] && [ -x "$BENCH" ] && [ -x "$NCU" ];
         --section MemoryWorkloadAnalysis --section LaunchStats --section SpeedOfLight && \
         $NCU -i $WORK/route_one_t1.ncu-rep --page source --csv --print-source sass"
 fi
+# DSV4_DEVCHECK_PROFILE=prefill: every kernel's time at T = 4096 and 16384 in fp8 mode (Nsight
+# Compute, its default cache flush; the grouped FP8 GEMMs and every kernel around them), the
+# kernel lists a prefill step is judged by.
+if [ "${DSV4_DEVCHECK_PROFILE:-0}" = prefill ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+    for pt in 4096 16384; do # (not t or cc: step uses those)
+        step "profile-prefill-t$pt" 200 "$NCU --clock-control none --launch-skip 40 --launch-count 40 \
+            --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 --tokens $pt --quick \
+            --json $WORK/bench/prefill_$pt.json --dir $WORK/bench --threads $JOBS"
+    done
+fi
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = 1 ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for t in 1 128 4096; do
         step "profile-t$t" 150 "$NCU --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
