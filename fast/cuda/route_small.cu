@@ -51,6 +51,11 @@ __device__ __forceinline__ void lane_best(const float *bk, int E, int lane, unsi
 }
 
 /*
+ * The routing block runs this code once per step, on one multiprocessor, after the step's weight
+ * stream has likely pushed it out of L2: its instruction lines come in cold, one after another on
+ * the chain's critical path. So its loops are not unrolled (#pragma unroll 1): fewer distinct
+ * lines for the same operations in the same order.
+ *
  * Routes token t with one warp, as route_block (router.cuh) does with a block, step for step:
  * the same operations in the same order on the same values, so the same ids, weights and kept
  * count. sc, bk: E floats each (scores, selection keys); kf: 3 x RS_KW floats; ki: 2 x RS_KW ints.
