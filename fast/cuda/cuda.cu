@@ -53,6 +53,7 @@ extern "C" {
 #include "fast/cuda/mma_tileh.cuh"
 #include "fast/cuda/mma_group.cuh"
 #include "fast/cuda/route_small.cuh"
+#include "fast/cuda/dec.cuh"
 #include "fast/cuda/dec_mix.cuh"
 #include "fast/cuda/fp8path.cuh"
 #include "fast/cuda/gemm_fp8.h"

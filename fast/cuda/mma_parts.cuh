@@ -3,7 +3,7 @@
  * (e4m3 x e4m3, fp32 accumulate) over the fragment-native weights of fragment.h, for fp4 and fp8
  * experts with quantized activations. This header: the fp8 path's argument structs, fragment and
  * epilogue helpers, and the device code of the k_dec and k_tile regimes, inline functions and
- * types only, so any translation unit may include it; the kernels are k_dec and k_tile
+ * types only, so any translation unit may include it; the kernels are k_dec (dec.cu), k_tile
  * (mma.cuh), k_dec_mix (dec_mix.cu), k_tileh (mma_tileh.cuh), the grouping (k_count2) and the
  * quantization of h (k_quant) in mma_group.cuh.
  *

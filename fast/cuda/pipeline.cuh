@@ -287,38 +287,6 @@ cudaError_t tileh_attrs()
     return ce;
 }
 
-/* Launches k_dec for format fmt over `groups` slots (routed active slots below fa.act_max, then
-   the shared expert), splitting K over enough warps to give every multiprocessor b->dec_fill
-   blocks (cuda_kernels dec_fill; the split is a function of N, the group count and the device,
-   so a chunk and its graph bucket sum in the same order). */
-/* k_dec for format fmt, epilogue epi (EPI_*, mma_parts.cuh), B slabs or not (EPI_NONE only), registers
-   bounded for MB blocks per multiprocessor (params dec_regs). */
-template <int MB> fast_kernel dec_kernel(int fmt, int epi, bool sb)
-{
-    if (fmt == WF_FP4) {
-        const fast_kernel k[3] = {sb ? k_dec<WF_FP4, EPI_NONE, true, MB> : k_dec<WF_FP4, EPI_NONE, false, MB>,
-                                  k_dec<WF_FP4, EPI_COMBINE, false, MB>, k_dec<WF_FP4, EPI_QUANT, false, MB>};
-        return k[epi];
-    }
-    const fast_kernel k[3] = {k_dec<WF_FP8, EPI_NONE, false, MB>, k_dec<WF_FP8, EPI_COMBINE, false, MB>,
-                              k_dec<WF_FP8, EPI_QUANT, false, MB>};
-    return k[epi];
-}
-
-/* k_dec with the weights' L2 evict-first policy (params dec_l2=first; 80 registers, B through L1:
-   the creation refuses it beside dec_regs=128 or dec_b=smem). */
-fast_kernel dec_kernel_ef(int fmt, int epi)
-{
-    if (fmt == WF_FP4) {
-        const fast_kernel k[3] = {k_dec<WF_FP4, EPI_NONE, false, 3, true>, k_dec<WF_FP4, EPI_COMBINE, false, 3, true>,
-                                  k_dec<WF_FP4, EPI_QUANT, false, 3, true>};
-        return k[epi];
-    }
-    const fast_kernel k[3] = {k_dec<WF_FP8, EPI_NONE, false, 3, true>, k_dec<WF_FP8, EPI_COMBINE, false, 3, true>,
-                              k_dec<WF_FP8, EPI_QUANT, false, 3, true>};
-    return k[epi];
-}
-
 /* A decode launch's epilogue: the folded combine (down), the folded quantization (gate/up), or none. */
 int dec_epi(const FastArgs &fa) { return fa.fc_cnt ? EPI_COMBINE : fa.qf_cnt ? EPI_QUANT : EPI_NONE; }
 
@@ -331,6 +299,10 @@ int dec_ks(const CudaBe *b, int N, int groups)
     return ks;
 }
 
+/* Launches k_dec for format fmt over `groups` slots (routed active slots below fa.act_max, then
+   the shared expert), splitting K over enough warps to give every multiprocessor b->dec_fill
+   blocks (cuda_kernels dec_fill; the split is a function of N, the group count and the device,
+   so a chunk and its graph bucket sum in the same order). */
 void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t s)
 {
     const int tiles16 = fa.N / 16;
@@ -344,9 +316,7 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
     const int epi = dec_epi(fa);
     const bool sb = b->dec_slab && ks == 1 && fmt == WF_FP4 && epi == EPI_NONE;
     const size_t smem = dec_smem_bytes(fmt, ks, 2, sb);
-    const fast_kernel k = b->dec_l2ef ? dec_kernel_ef(fmt, epi) : b->dec_minb == 2 ? dec_kernel<2>(fmt, epi, sb)
-                                                                                   : dec_kernel<3>(fmt, epi, sb);
-    launch_pdl(b, k, grid, FM_THREADS, smem, s, fa);
+    (void)launch_dec_kernel(fa, fmt, epi, sb, b->dec_minb, b->dec_l2ef, grid, smem, s, b->pdl); /* its error: the caller's peek */
 }
 
 /* k_dec_mix (params shared_dec=one): fp4 routed groups and the fp8 shared expert in one launch,
@@ -375,32 +345,8 @@ cudaError_t dec_attrs(bool minb2, bool qfold, bool mix_on, bool l2ef)
 {
     const int m4 = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP4, 1, 2, true));
     const int m8 = (int)dec_smem_bytes(WF_FP8, 8, 2), mix = std::max(m4, m8);
-    struct KS {
-        fast_kernel k;
-        int smem;
-    } ks[2 * 7 + 6];
-    int n = 0;
-    for (int epi = 0; l2ef && epi < 3; epi++) {
-        if (epi == EPI_QUANT && !qfold)
-            continue;
-        ks[n++] = {dec_kernel_ef(WF_FP4, epi), m4};
-        ks[n++] = {dec_kernel_ef(WF_FP8, epi), m8};
-    }
-    for (int mb = 3; mb >= 2; mb--) {
-        if (mb == 2 && !minb2)
-            break;
-        for (int epi = 0; epi < 3; epi++) {
-            if (epi == EPI_QUANT && !qfold)
-                continue;
-            ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP4, epi, false) : dec_kernel<3>(WF_FP4, epi, false), m4};
-            ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP8, epi, false) : dec_kernel<3>(WF_FP8, epi, false), m8};
-        }
-        ks[n++] = {mb == 2 ? dec_kernel<2>(WF_FP4, EPI_NONE, true) : dec_kernel<3>(WF_FP4, EPI_NONE, true), m4};
-    }
     cudaError_t ce = mix_on ? dec_mix_attrs(mix) : cudaSuccess;
-    for (int i = 0; i < n && ce == cudaSuccess; i++)
-        ce = cudaFuncSetAttribute(ks[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, ks[i].smem);
-    return ce;
+    return ce == cudaSuccess ? dec_kernel_attrs(m4, m8, minb2, qfold, l2ef) : ce;
 }
 
 /* The most rows a group of the chunk can hold: a routed group holds at most Tc rows (every slot

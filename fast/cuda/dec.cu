@@ -1,0 +1,108 @@
+/*
+ * k_dec: the fp8 path's decode GEMMs (dec.cuh says what it computes; mma_parts.cuh holds the
+ * device code it shares with k_dec_mix).
+ */
+#include "fast/cuda/dec.cuh"
+
+namespace dsv4cuda {
+
+namespace {
+
+/*
+ * The decode regime for groups whose weights are in format FMT: block (x, y) takes place x along
+ * N of slot y, a routed active group (y < act_max) or the shared expert (the last slot).
+ * EPI: EPI_COMBINE, the down projection with the combine folded in (a.fc_cnt, fold_combine);
+ * EPI_QUANT, gate/up with the quantization of h folded in (a.qf_cnt, fold_quant). SB: B from the
+ * block's slabs (dec_stage_slab). MINB: the blocks per multiprocessor its registers are bounded
+ * for, 3 (80 registers a thread, the default) or 2 (params dec_regs=128: no spills; the same
+ * arithmetic). EF: the weights and scales loaded with the L2 evict-first policy (params
+ * dec_l2=first; the same arithmetic).
+ */
+template <int FMT, int EPI, bool SB, int MINB = 3, bool EF = false>
+__global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
+{
+    pdl_enter();
+    extern __shared__ __align__(16) uint8_t fsm[];
+    FGrp g;
+    const int y = blockIdx.y;
+    if (y < a.act_max) {
+        if (!dec_routed_group(a, y, g))
+            return;
+    } else {
+        if (!dec_shared_runs(a, *a.ntok))
+            return;
+        fgrp_shared(a, g);
+    }
+    dec_group<FMT, EPI, SB, EF>(a, g, a.ks, (int)blockIdx.x, fsm);
+}
+
+typedef void (*dec_kernel_t)(FastArgs);
+
+/* k_dec for format fmt, epilogue epi, B slabs or not (EPI_NONE only), registers bounded for MB
+   blocks per multiprocessor. */
+template <int MB> dec_kernel_t dec_kernel(int fmt, int epi, bool sb)
+{
+    if (fmt == WF_FP4) {
+        const dec_kernel_t k[3] = {sb ? k_dec<WF_FP4, EPI_NONE, true, MB> : k_dec<WF_FP4, EPI_NONE, false, MB>,
+                                   k_dec<WF_FP4, EPI_COMBINE, false, MB>, k_dec<WF_FP4, EPI_QUANT, false, MB>};
+        return k[epi];
+    }
+    const dec_kernel_t k[3] = {k_dec<WF_FP8, EPI_NONE, false, MB>, k_dec<WF_FP8, EPI_COMBINE, false, MB>,
+                               k_dec<WF_FP8, EPI_QUANT, false, MB>};
+    return k[epi];
+}
+
+/* k_dec with the weights' L2 evict-first policy (80 registers, B through L1). */
+dec_kernel_t dec_kernel_ef(int fmt, int epi)
+{
+    if (fmt == WF_FP4) {
+        const dec_kernel_t k[3] = {k_dec<WF_FP4, EPI_NONE, false, 3, true>, k_dec<WF_FP4, EPI_COMBINE, false, 3, true>,
+                                   k_dec<WF_FP4, EPI_QUANT, false, 3, true>};
+        return k[epi];
+    }
+    const dec_kernel_t k[3] = {k_dec<WF_FP8, EPI_NONE, false, 3, true>, k_dec<WF_FP8, EPI_COMBINE, false, 3, true>,
+                               k_dec<WF_FP8, EPI_QUANT, false, 3, true>};
+    return k[epi];
+}
+
+dec_kernel_t pick(int fmt, int epi, bool sb, int minb, bool ef)
+{
+    return ef ? dec_kernel_ef(fmt, epi) : minb == 2 ? dec_kernel<2>(fmt, epi, sb) : dec_kernel<3>(fmt, epi, sb);
+}
+
+} // namespace
+
+cudaError_t launch_dec_kernel(const FastArgs &fa, int fmt, int epi, bool sb, int minb, bool ef, dim3 grid,
+                              size_t smem, cudaStream_t s, bool pdl)
+{
+    return launch_kernel(pick(fmt, epi, sb, minb, ef), grid, FM_THREADS, smem, s, pdl, fa);
+}
+
+cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, bool l2ef)
+{
+    cudaError_t ce = cudaSuccess;
+    auto set = [&](dec_kernel_t k, int smem) {
+        if (ce == cudaSuccess)
+            ce = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    };
+    for (int epi = 0; l2ef && epi < 3; epi++) {
+        if (epi == EPI_QUANT && !qfold)
+            continue;
+        set(dec_kernel_ef(WF_FP4, epi), m4);
+        set(dec_kernel_ef(WF_FP8, epi), m8);
+    }
+    for (int mb = 3; mb >= 2; mb--) {
+        if (mb == 2 && !minb2)
+            break;
+        for (int epi = 0; epi < 3; epi++) {
+            if (epi == EPI_QUANT && !qfold)
+                continue;
+            set(mb == 2 ? dec_kernel<2>(WF_FP4, epi, false) : dec_kernel<3>(WF_FP4, epi, false), m4);
+            set(mb == 2 ? dec_kernel<2>(WF_FP8, epi, false) : dec_kernel<3>(WF_FP8, epi, false), m8);
+        }
+        set(mb == 2 ? dec_kernel<2>(WF_FP4, EPI_NONE, true) : dec_kernel<3>(WF_FP4, EPI_NONE, true), m4);
+    }
+    return ce;
+}
+
+} // namespace dsv4cuda
