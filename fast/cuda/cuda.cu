@@ -50,7 +50,7 @@ extern "C" {
 #include "fast/cuda/exact_gemm.cuh"
 #include "fast/cuda/swiglu_combine.cuh"
 #include "fast/cuda/mma.cuh"
-#include "fast/cuda/mma_tileh.cuh"
+#include "fast/cuda/tileh.cuh"
 #include "fast/cuda/mma_group.cuh"
 #include "fast/cuda/route_small.cuh"
 #include "fast/cuda/dec.cuh"

@@ -4,9 +4,9 @@
  * quantization and f16-code helpers both paths use), and the kernel argument structs. The
  * kernels are in the headers cuda.cu includes after this one, in this order: router.cuh (k_router,
  * k_count, k_place), exact_gemm.cuh (the exact path's k_gemv and k_tiles), swiglu_combine.cuh
- * (k_swiglu, k_combine), then the fp8 path's mma.cuh, mma_tileh.cuh, mma_group.cuh and
- * fp8path.cuh; k_route_small and k_dec_mix are translation units of their own (route_small.cu,
- * dec_mix.cu). Inline functions and types only, so every unit may include it (the kernels' device
+ * (k_swiglu, k_combine), then the fp8 path's mma.cuh (k_tile), mma_group.cuh and fp8path.cuh;
+ * k_dec, k_tileh, k_route_small and k_dec_mix are translation units of their own (dec.cu,
+ * tileh.cu, route_small.cu, dec_mix.cu, each with a launcher header). Inline functions and types only, so every unit may include it (the kernels' device
  * code shared between units is in the *_parts.cuh headers, likewise).
  * docs/cuda.md describes the design.
  */
@@ -227,7 +227,7 @@ __device__ __forceinline__ float quant_group4(const float v[4], const bool valid
 }
 
 /*
- * The f16 tile kernel (mma_tileh.cuh, k_tileh) reads activations as f16 copies of the e4m3 codes in a K
+ * The f16 tile kernel (tileh.cu, k_tileh) reads activations as f16 copies of the e4m3 codes in a K
  * order that makes its register A fragments the fragment-native weights' runs: within each
  * 32-wide K step, physical element P = 16 s + 4 t + j (s, t, j < 2, 4, 4) sits at logical place
  * 16 s + 2 t + j for j < 2 and 16 s + 8 + 2 t + (j - 2) otherwise. Stores the 4 codes of physical

@@ -3,7 +3,7 @@
  * list, the mid / big tile lists and, for small chunks, the placement, in one block; also run by
  * the last block of k_router_count, the router and grouping in one launch) and k_quant
  * (h of the routed kept slots and the shared expert's rows quantized per 128 features).
- * Included once, by cuda.cu, after mma_tileh.cuh.
+ * Included once, by cuda.cu, after mma.cuh.
  */
 #ifndef DSV4MOE_FAST_CUDA_MMA_GROUP_CUH
 #define DSV4MOE_FAST_CUDA_MMA_GROUP_CUH

@@ -4,7 +4,7 @@
  * experts with quantized activations. This header: the fp8 path's argument structs, fragment and
  * epilogue helpers, and the device code of the k_dec and k_tile regimes, inline functions and
  * types only, so any translation unit may include it; the kernels are k_dec (dec.cu), k_tile
- * (mma.cuh), k_dec_mix (dec_mix.cu), k_tileh (mma_tileh.cuh), the grouping (k_count2) and the
+ * (mma.cuh), k_dec_mix (dec_mix.cu), k_tileh (tileh.cu), the grouping (k_count2) and the
  * quantization of h (k_quant) in mma_group.cuh.
  *
  * The weights are the 16-row A operand and the tokens the 8-column B operand ("swap AB"), so a
@@ -21,7 +21,7 @@
  *            exactly to f16 in registers (fp4 scale folded in) and B = the activations' e4m3 codes
  *            as f16 in shared memory; each 128-wide K block's f32 sum is scaled into the f32
  *            accumulators in block order, as in k_tile. Variants (tokens per block, A decode
- *            pipelined or not, blocks per SM) are listed in cuda.cu (tileh_big).
+ *            pipelined or not, blocks per SM) are listed in tileh.cuh (tileh_big).
  * fp4: each k32 step's partial is multiplied by the row's power-of-two step scale in fp32, and
  * the 128-wide block's sum by the token's activation scale; fp8: the four steps accumulate on the
  * tensor cores, then one multiply by block scale x activation scale. The shared expert is one

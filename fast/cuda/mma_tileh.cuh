@@ -1,12 +1,13 @@
 /*
- * The fp8 path's large-group regime (fast/cuda): k_tileh, exact f16 wgmma over the
- * fragment-native weights converted to f16 in registers (mma.cuh's header describes the three
- * regimes). Included once, by cuda.cu, after mma.cuh.
+ * The device code of the fp8 path's large-group regime (fast/cuda): k_tileh (tileh.cu), exact f16
+ * wgmma over the fragment-native weights converted to f16 in registers (mma_parts.cuh's header
+ * describes the three regimes). Inline functions and types only; included by tileh.cu.
  */
 #ifndef DSV4MOE_FAST_CUDA_MMA_TILEH_CUH
 #define DSV4MOE_FAST_CUDA_MMA_TILEH_CUH
 
-#include "fast/cuda/mma.cuh"
+#include "fast/cuda/mma_parts.cuh"
+#include "fast/cuda/tileh.cuh"
 
 namespace dsv4cuda {
 
@@ -23,8 +24,7 @@ namespace dsv4cuda {
  * block accumulates on the tensor cores in fp32; the block's sum is scaled by the activation
  * scale (and the fp8 weight block scale) in fp32.
  */
-#define DSV4_FH_SCALE_LO 107
-#define DSV4_FH_SCALE_HI 136
+/* DSV4_FH_SCALE_LO, DSV4_FH_SCALE_HI: tileh.cuh (the creation checks them too) */
 
 /* D (BN / 2 floats) (+)= A (f16 registers) x B (BN tokens of f16, shared memory). */
 template <int BN>
@@ -304,26 +304,6 @@ __device__ __forceinline__ void tileh_run(const FastArgs &a, const FGrp &g, cons
     }
     if (a.gu)
         fepi_stats(a, g, gc, uc);
-}
-
-/* grid (N / 128, the regime's tile capacity), 256 threads, TileH<BN>::SMEM bytes of shared memory. */
-template <int BN, bool PIPE, int ST = 4, int MINB = (BN == 32 ? 2 : 1)>
-__global__ void __launch_bounds__(256, MINB) k_tileh(FastArgs a)
-{
-    typedef TileH<BN, ST> C;
-    extern __shared__ __align__(16) uint8_t fsm[];
-    FGrp g;
-    int r0;
-    if (!tile_group(a, g, r0))
-        return;
-    const uint16_t *A16 = g.slot0 < 0 ? a.Ash16 : a.A16; /* slot0 -1: the shared expert */
-    long long *sRow = (long long *)(fsm + C::STAGES * C::STAGE);
-    tile_rows(g, r0, C::BN, sRow);
-    __syncthreads();
-    if (g.fmt == WF_FP4)
-        tileh_run<C::BN, WF_FP4, PIPE, ST>(a, g, A16, r0, fsm, sRow);
-    else
-        tileh_run<C::BN, WF_FP8, PIPE, ST>(a, g, A16, r0, fsm, sRow);
 }
 
 } // namespace dsv4cuda

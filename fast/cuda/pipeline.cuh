@@ -243,27 +243,9 @@ template <int F, int Q> cudaError_t gemv_attr(size_t smem)
     return cudaFuncSetAttribute(k_gemv<F, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 }
 
-typedef void (*fast_kernel)(FastArgs);
 const fast_kernel k_tile_mid = k_tile<TileMid, 2, 4, 4, 3>;
 const fast_kernel k_tile_big = k_tile<TileBig, 4, 4, 2, 1>;
-struct TileHVar {
-    const char *name;
-    fast_kernel k;
-    int bn;
-    size_t smem;
-};
-/* large groups: tokens per block 64 or 128, A decode serial or pipelined under the wgmmas, blocks
-   per SM (first: the default; docs/cuda.md has the measured comparison) */
-const TileHVar tileh_big[] = {{"s128", k_tileh<128, false>, 128, TileH<128>::SMEM},
-                              {"s64x2", k_tileh<64, false, 3, 2>, 64, TileH<64, 3>::SMEM},
-                              {"p64", k_tileh<64, true>, 64, TileH<64>::SMEM},
-                              {"s64", k_tileh<64, false>, 64, TileH<64>::SMEM},
-                              {"p128", k_tileh<128, true>, 128, TileH<128>::SMEM}};
-/* mid-size groups (32-token tiles): mma.sync (k_tile, bn 0) or k_tileh (first: default) */
-const TileHVar tileh_mid[] = {{"mma", nullptr, 0, 0},
-                              {"p32", k_tileh<32, true>, 32, TileH<32>::SMEM},
-                              {"s32", k_tileh<32, false>, 32, TileH<32>::SMEM}};
-constexpr int N_TILEH_BIG = sizeof tileh_big / sizeof tileh_big[0], N_TILEH_MID = sizeof tileh_mid / sizeof tileh_mid[0];
+/* the k_tileh variants (tileh_big, tileh_mid): tileh.cuh */
 
 bool f16_codes_read(const CudaBe *b) { return b->tile16 && (!(b->fp8 && b->all_ok8) || tileh_mid[b->mid_var].k); }
 
