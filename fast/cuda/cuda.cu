@@ -16,7 +16,7 @@
  * Every kernel reads the token count from the device, so a graph captured at a bucket replays
  * any T up to it with the same per-row arithmetic as an eager step (bit-identical outputs).
  *
- * That is the exact path (exact_gemm.cuh, router.cuh, swiglu_combine.cuh). Production formats (fp4 or fp8 experts with quantized
+ * That is the exact path (gemv.cu, tiles.cu, router.cuh, swiglu_combine.cuh). Production formats (fp4 or fp8 experts with quantized
  * activations, dims multiples of 128) take the fp8 tensor-core path instead (mma.cuh): weights
  * repacked at creation into the fragment-native layout (repack.c), k_count2 (+ placement for
  * small chunks, in the router's launch: k_router_count), the three GEMM regimes of each projection on forked streams (decode / 32-row /
@@ -47,7 +47,8 @@ extern "C" {
 
 #include "fast/cuda/kernels.cuh"
 #include "fast/cuda/router.cuh"
-#include "fast/cuda/exact_gemm.cuh"
+#include "fast/cuda/gemv.cuh"
+#include "fast/cuda/tiles.cuh"
 #include "fast/cuda/swiglu_combine.cuh"
 #include "fast/cuda/mma.cuh"
 #include "fast/cuda/tileh.cuh"
@@ -721,9 +722,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
     int64_t E = c->n_routed_experts, H = c->dim, V = c->vocab_size, K = c->n_activated;
     size_t gsm = (size_t)b->small * (kmax + kmax / 32) * 4;
     if ((ce = cudaMemGetInfo(&free0, &total)) != cudaSuccess || (ce = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-        (ce = gemv_attr<WF_BF16, 0>(gsm)) != cudaSuccess || (ce = gemv_attr<WF_BF16, 1>(gsm)) != cudaSuccess ||
-        (ce = gemv_attr<WF_FP8, 0>(gsm)) != cudaSuccess || (ce = gemv_attr<WF_FP8, 1>(gsm)) != cudaSuccess ||
-        (ce = gemv_attr<WF_FP4, 0>(gsm)) != cudaSuccess || (ce = gemv_attr<WF_FP4, 1>(gsm)) != cudaSuccess ||
+        (ce = gemv_attrs(gsm)) != cudaSuccess ||
         (ce = cudaStreamCreateWithFlags(&b->s2, cudaStreamNonBlocking)) != cudaSuccess ||
         (ce = cudaStreamCreateWithFlags(&b->s3, cudaStreamNonBlocking)) != cudaSuccess ||
         (ce = cudaStreamCreateWithFlags(&b->s4, cudaStreamNonBlocking)) != cudaSuccess ||

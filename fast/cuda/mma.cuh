@@ -1,7 +1,7 @@
 /*
  * The fp8 tensor-core path's tile kernel (fast/cuda): k_tile (mid-size and, with params tile=mma,
  * large groups; the decode regime, k_dec, is dec.cu's). Its device code, and the path's design, are
- * in mma_parts.cuh. Included once, by cuda.cu, after kernels.cuh, router.cuh, exact_gemm.cuh and
+ * in mma_parts.cuh. Included once, by cuda.cu, after kernels.cuh, router.cuh and
  * swiglu_combine.cuh (and by mma_group.cuh).
  */
 #ifndef DSV4MOE_FAST_CUDA_MMA_CUH

@@ -199,49 +199,12 @@ WeightDesc desc_shared_gu(const CudaBe *b)
     return d;
 }
 
-template <int F, int Q> void launch_gemv_t(dim3 g, size_t smem, cudaStream_t s, const GemmArgs &a)
-{
-    k_gemv<F, Q><<<g, DSV4C_GEMV_THREADS, smem, s>>>(a);
-}
-template <int F, int Q> void launch_tiles_t(dim3 g, cudaStream_t s, const GemmArgs &a)
-{
-    k_tiles<F, Q><<<g, DSV4C_TILE_THREADS, 0, s>>>(a);
-}
-
-void launch_gemv(int fmt, int aq, dim3 g, size_t smem, cudaStream_t s, const GemmArgs &a)
-{
-    switch (fmt * 2 + aq) {
-    case 0: launch_gemv_t<WF_BF16, 0>(g, smem, s, a); break;
-    case 1: launch_gemv_t<WF_BF16, 1>(g, smem, s, a); break;
-    case 2: launch_gemv_t<WF_FP8, 0>(g, smem, s, a); break;
-    case 3: launch_gemv_t<WF_FP8, 1>(g, smem, s, a); break;
-    case 4: launch_gemv_t<WF_FP4, 0>(g, smem, s, a); break;
-    default: launch_gemv_t<WF_FP4, 1>(g, smem, s, a); break;
-    }
-}
-
-void launch_tiles(int fmt, int aq, dim3 g, cudaStream_t s, const GemmArgs &a)
-{
-    switch (fmt * 2 + aq) {
-    case 0: launch_tiles_t<WF_BF16, 0>(g, s, a); break;
-    case 1: launch_tiles_t<WF_BF16, 1>(g, s, a); break;
-    case 2: launch_tiles_t<WF_FP8, 0>(g, s, a); break;
-    case 3: launch_tiles_t<WF_FP8, 1>(g, s, a); break;
-    case 4: launch_tiles_t<WF_FP4, 0>(g, s, a); break;
-    default: launch_tiles_t<WF_FP4, 1>(g, s, a); break;
-    }
-}
-
 /* The activation rows a GEMV launch keeps in shared memory: at most `small`, and at most the rows
    a group of the chunk can hold. Sizing by the chunk instead of by `small` is what lets several
    blocks share a multiprocessor in decode (T = 1: 17 KB instead of 135 KB, 8 blocks instead of 1). */
 int gemv_rows(const CudaBe *b, int64_t bound) { return bound < b->small ? (int)(bound < 1 ? 1 : bound) : b->small; }
 size_t gemv_smem(int rows, int k) { return (size_t)rows * (size_t)(k + k / 32) * 4; }
 
-template <int F, int Q> cudaError_t gemv_attr(size_t smem)
-{
-    return cudaFuncSetAttribute(k_gemv<F, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-}
 
 const fast_kernel k_tile_mid = k_tile<TileMid, 2, 4, 4, 3>;
 const fast_kernel k_tile_big = k_tile<TileBig, 4, 4, 2, 1>;
@@ -580,7 +543,7 @@ void launch_exact(const GemmArgs &g, unsigned gemv_x, unsigned tile_x, cudaStrea
 {
     launch_gemv(g.W.fmt, g.aq, dim3(gemv_x, (unsigned)cdiv(g.W.N, DSV4C_GEMV_COLS)), gemv_smem(g.smem_rows, g.W.K), s, g);
     if (tile_x)
-        launch_tiles(g.W.fmt, g.aq, dim3(tile_x, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, g);
+        (void)launch_tiles(g.W.fmt, g.aq, dim3(tile_x, (unsigned)cdiv(g.W.N, DSV4C_BN)), s, false, g); /* its error: the caller's peek */
 }
 
 /*
@@ -688,8 +651,8 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         lgA.outf = at<float>(b, L.logits);
         lgA.kslice = L.lslices > 1 ? H / L.lslices : 0;
         lgA.out_slice = L.tc * E;
-        launch_pdl(b, k_tiles<WF_BF16, 0>, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN), (unsigned)L.lslices),
-                   DSV4C_TILE_THREADS, 0, s, lgA);
+        (void)launch_tiles(WF_BF16, 0, dim3((unsigned)cdiv(L.tc, DSV4C_BM), (unsigned)cdiv(E, DSV4C_BN), (unsigned)L.lslices),
+                           s, b->pdl, lgA); /* its error: the caller's peek */
     }
     if (fused)
         launch_pdl(b, k_router_count, dim3((unsigned)L.tc), 256, rsm, s, ra, group2_args(b, L, ra, ga), ticket);

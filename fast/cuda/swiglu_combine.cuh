@@ -2,7 +2,7 @@
  * The CUDA backend's epilogue kernels (fast/cuda): k_swiglu (the exact path's SwiGLU clamp,
  * router weight and quantization of h) and k_combine (fp32 per token over the kept slots in
  * ascending expert id, then the shared expert; both paths). Included once, by cuda.cu, after
- * exact_gemm.cuh.
+ * router.cuh.
  */
 #ifndef DSV4MOE_FAST_CUDA_SWIGLU_COMBINE_CUH
 #define DSV4MOE_FAST_CUDA_SWIGLU_COMBINE_CUH
