@@ -12,6 +12,18 @@
 
 namespace dsv4cuda {
 
+/* A kernel of the exact path (k_gemv, k_tiles): one template per regime, instantiated for each
+   weight format and activation quantization. */
+typedef void (*exact_kernel)(GemmArgs);
+
+/* The variant for weights fmt (WF_BF16, WF_FP8 or WF_FP4) and activations quantized (aq 1) or not,
+   from a regime's six in that order. */
+inline exact_kernel exact_variant(const exact_kernel (&k)[6], int fmt, int aq)
+{
+    const int i = fmt * 2 + aq;
+    return k[i < 5 ? i : 5];
+}
+
 /* ---------------- grouped GEMMs ---------------- */
 
 /* The group a block works on: expert e, its n rows, its first padded row and first compact slot. */

@@ -129,27 +129,21 @@ __global__ void __launch_bounds__(DSV4C_GEMV_THREADS) k_gemv(GemmArgs a)
     }
 }
 
-typedef void (*gemv_kernel)(GemmArgs);
-
-gemv_kernel pick(int fmt, int aq)
-{
-    const gemv_kernel k[6] = {k_gemv<WF_BF16, 0>, k_gemv<WF_BF16, 1>, k_gemv<WF_FP8, 0>,
-                              k_gemv<WF_FP8, 1>,  k_gemv<WF_FP4, 0>,  k_gemv<WF_FP4, 1>};
-    return k[fmt * 2 + aq < 5 ? fmt * 2 + aq : 5];
-}
+const exact_kernel variants[6] = {k_gemv<WF_BF16, 0>, k_gemv<WF_BF16, 1>, k_gemv<WF_FP8, 0>,
+                                  k_gemv<WF_FP8, 1>,  k_gemv<WF_FP4, 0>,  k_gemv<WF_FP4, 1>};
 
 } // namespace
 
 void launch_gemv(int fmt, int aq, dim3 g, size_t smem, cudaStream_t s, const GemmArgs &a)
 {
-    pick(fmt, aq)<<<g, DSV4C_GEMV_THREADS, smem, s>>>(a);
+    exact_variant(variants, fmt, aq)<<<g, DSV4C_GEMV_THREADS, smem, s>>>(a);
 }
 
 cudaError_t gemv_attrs(size_t smem)
 {
     cudaError_t ce = cudaSuccess;
     for (int i = 0; i < 6 && ce == cudaSuccess; i++)
-        ce = cudaFuncSetAttribute(pick(i / 2, i % 2), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        ce = cudaFuncSetAttribute(variants[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     return ce;
 }
 

@@ -230,20 +230,14 @@ __global__ void __launch_bounds__(DSV4C_TILE_THREADS) k_tiles(GemmArgs a)
         }
 }
 
-typedef void (*tiles_kernel)(GemmArgs);
-
-tiles_kernel pick(int fmt, int aq)
-{
-    const tiles_kernel k[6] = {k_tiles<WF_BF16, 0>, k_tiles<WF_BF16, 1>, k_tiles<WF_FP8, 0>,
-                               k_tiles<WF_FP8, 1>,  k_tiles<WF_FP4, 0>,  k_tiles<WF_FP4, 1>};
-    return k[fmt * 2 + aq < 5 ? fmt * 2 + aq : 5];
-}
+const exact_kernel variants[6] = {k_tiles<WF_BF16, 0>, k_tiles<WF_BF16, 1>, k_tiles<WF_FP8, 0>,
+                                  k_tiles<WF_FP8, 1>,  k_tiles<WF_FP4, 0>,  k_tiles<WF_FP4, 1>};
 
 } // namespace
 
 cudaError_t launch_tiles(int fmt, int aq, dim3 g, cudaStream_t s, bool pdl, const GemmArgs &a)
 {
-    return launch_kernel(pick(fmt, aq), g, DSV4C_TILE_THREADS, 0, s, pdl, a);
+    return launch_kernel(exact_variant(variants, fmt, aq), g, DSV4C_TILE_THREADS, 0, s, pdl, a);
 }
 
 } // namespace dsv4cuda
