@@ -17,7 +17,7 @@
  * any T up to it with the same per-row arithmetic as an eager step (bit-identical outputs).
  *
  * That is the exact path (gemv.cu, tiles.cu, router.cuh, swiglu_combine.cuh). Production formats (fp4 or fp8 experts with quantized
- * activations, dims multiples of 128) take the fp8 tensor-core path instead (mma.cuh): weights
+ * activations, dims multiples of 128) take the fp8 tensor-core path instead (mma_parts.cuh): weights
  * repacked at creation into the fragment-native layout (repack.c), k_count2 (+ placement for
  * small chunks, in the router's launch: k_router_count), the three GEMM regimes of each projection on forked streams (decode / 32-row /
  * 128-row tiles) with the shared expert as one more group, SwiGLU fused into the gate/up
@@ -50,7 +50,7 @@ extern "C" {
 #include "fast/cuda/gemv.cuh"
 #include "fast/cuda/tiles.cuh"
 #include "fast/cuda/swiglu_combine.cuh"
-#include "fast/cuda/mma.cuh"
+#include "fast/cuda/tile.cuh"
 #include "fast/cuda/tileh.cuh"
 #include "fast/cuda/mma_group.cuh"
 #include "fast/cuda/route_small.cuh"
@@ -144,7 +144,7 @@ struct CudaBe {
     dsv4_topology topo;        /* the plan's (the rows a bucket's experts call can receive) */
     dsv4_backend_stats stats;
     uint64_t device_used = 0;
-    /* the fp8 tensor-core path (mma.cuh): fragment-native weights, gate/up interleaved */
+    /* the fp8 tensor-core path (mma_parts.cuh): fragment-native weights, gate/up interleaved */
     bool fast = false;
     bool tile16 = true; /* large groups on f16 wgmma (k_tileh); else mma.sync (k_tile): params tile=mma */
     int big_rows = 128; /* rows of a large group's tile: the k_tileh variant's tokens, or 128 (k_tile) */
@@ -733,10 +733,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         (ce = cudaDeviceGetAttribute(&b->nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (ce = dec_attrs(kv.dec_minb == 2, kv.quant_fold, kv.shared_dec_one, kv.dec_l2ef)) != cudaSuccess ||
         (ce = tileh_attrs()) != cudaSuccess ||
-        (ce = cudaFuncSetAttribute(k_tile_mid, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileMid::SMEM)) !=
-            cudaSuccess ||
-        (ce = cudaFuncSetAttribute(k_tile_big, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TileBig::SMEM)) !=
-            cudaSuccess) {
+        (ce = tile_attrs()) != cudaSuccess) {
         st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "device setup failed: %s", cudaGetErrorString(ce));
         goto fail;
     }

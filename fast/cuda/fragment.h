@@ -1,5 +1,5 @@
 /*
- * The fragment-native weight layout of the CUDA backend's tensor-core path (fast/cuda/mma.cuh),
+ * The fragment-native weight layout of the CUDA backend's tensor-core path (fast/cuda/mma_parts.cuh),
  * shared by the host repacking (fast/cuda/repack.c, plain C, unit-tested on the CPU by
  * tests/test_repack.c) and the kernels. docs/cuda.md, "The fp8 tensor-core path", explains it.
  *

@@ -3,12 +3,12 @@
  * list, the mid / big tile lists and, for small chunks, the placement, in one block; also run by
  * the last block of k_router_count, the router and grouping in one launch) and k_quant
  * (h of the routed kept slots and the shared expert's rows quantized per 128 features).
- * Included once, by cuda.cu, after mma.cuh.
+ * Included once, by cuda.cu.
  */
 #ifndef DSV4MOE_FAST_CUDA_MMA_GROUP_CUH
 #define DSV4MOE_FAST_CUDA_MMA_GROUP_CUH
 
-#include "fast/cuda/mma.cuh"
+#include "fast/cuda/mma_parts.cuh"
 
 namespace dsv4cuda {
 
@@ -232,7 +232,7 @@ struct QuantArgs {
     long long sh_row0; /* first row of the shared expert's h */
     int I, qmode, slots, has_shared;
     int f16_codes;     /* also overwrite h in place with the codes as f16 in k_tileh's order (kernels.cuh) */
-    int *zero;         /* nzero ints block 0 zeroes (the down projection's fold counts, mma.cuh), or NULL */
+    int *zero;         /* nzero ints block 0 zeroes (the down projection's fold counts, mma_parts.cuh), or NULL */
     int nzero;
 };
 

@@ -4,7 +4,7 @@
  * experts with quantized activations. This header: the fp8 path's argument structs, fragment and
  * epilogue helpers, and the device code of the k_dec and k_tile regimes, inline functions and
  * types only, so any translation unit may include it; the kernels are k_dec (dec.cu), k_tile
- * (mma.cuh), k_dec_mix (dec_mix.cu), k_tileh (tileh.cu), the grouping (k_count2) and the
+ * (tile.cu), k_dec_mix (dec_mix.cu), k_tileh (tileh.cu), the grouping (k_count2) and the
  * quantization of h (k_quant) in mma_group.cuh.
  *
  * The weights are the 16-row A operand and the tokens the 8-column B operand ("swap AB"), so a

@@ -206,8 +206,6 @@ int gemv_rows(const CudaBe *b, int64_t bound) { return bound < b->small ? (int)(
 size_t gemv_smem(int rows, int k) { return (size_t)rows * (size_t)(k + k / 32) * 4; }
 
 
-const fast_kernel k_tile_mid = k_tile<TileMid, 2, 4, 4, 3>;
-const fast_kernel k_tile_big = k_tile<TileBig, 4, 4, 2, 1>;
 /* the k_tileh variants (tileh_big, tileh_mid): tileh.cuh */
 
 bool f16_codes_read(const CudaBe *b) { return b->tile16 && (!(b->fp8 && b->all_ok8) || tileh_mid[b->mid_var].k); }
@@ -352,7 +350,7 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
         if (b->tile16 && v.k)
             v.k<<<grid, 256, v.smem, b->s2>>>(m);
         else
-            k_tile_mid<<<grid, TileMid::THREADS, TileMid::SMEM, b->s2>>>(m);
+            launch_tile(false, grid, b->s2, m);
     }
     if (cut && (e = fp8gemm_enqueue(g8, *p8, b->s3)) != cudaSuccess)
         return e;
@@ -366,7 +364,7 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
         if (b->tile16)
             v.k<<<grid, 256, v.smem, b->s3>>>(g);
         else
-            k_tile_big<<<grid, TileBig::THREADS, TileBig::SMEM, b->s3>>>(g);
+            launch_tile(true, grid, b->s3, g);
     }
     for (const Side &sd : side)
         if (sd.on && ((e = cudaEventRecord(sd.ev, sd.st)) != cudaSuccess || (e = cudaStreamWaitEvent(s, sd.ev, 0)) != cudaSuccess))
