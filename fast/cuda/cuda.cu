@@ -47,6 +47,8 @@ extern "C" {
 
 #include "fast/cuda/kernels.cuh"
 #include "fast/cuda/router.cuh"
+#include "fast/cuda/logits_small.cuh"
+#include "fast/cuda/router_count.cuh"
 #include "fast/cuda/gemv.cuh"
 #include "fast/cuda/tiles.cuh"
 #include "fast/cuda/swiglu_combine.cuh"

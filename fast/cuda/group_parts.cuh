@@ -1,7 +1,8 @@
 /*
  * Device parts of the fp8 path's grouping that more than one translation unit compiles (fast/cuda):
  * the grouping's arguments, the block scan, the offsets and tile lists from the counts, and a
- * slot's placement (k_count2 and k_router_count, mma_group.cuh; k_route_small, route_small.cu).
+ * slot's placement, and count2_block, one block's whole grouping (k_count2, mma_group.cuh;
+ * k_router_count, router_count.cu; k_route_small, route_small.cu).
  * Inline functions and types only.
  */
 #ifndef DSV4MOE_FAST_CUDA_GROUP_PARTS_CUH
@@ -178,6 +179,83 @@ __device__ __forceinline__ void count2_offsets(const Group2Args &a, int *c2cnt, 
         atomicAdd(&a.stats[ST_ACTIVE], (unsigned long long)na);
         atomicAdd(&a.stats[ST_EMPTY], (unsigned long long)(E - na));
         *s_ok = na > 0;
+    }
+}
+
+/* The slice of slots one warp of the large chunks' grouping counts and places (mma_group.cuh:
+   k_hist, k_count2, k_place2). */
+constexpr int PLACE_SLICE = 256;
+
+/*
+ * One block: counts, offsets, the active list and the mid / big tile lists (shared expert last);
+ * with `place`, also the stable placement of k_place (slot q of expert e: its rank among the
+ * chunk's slots of e in slot order).
+ */
+__device__ __forceinline__ void count2_block(const Group2Args &a)
+{
+    extern __shared__ int c2cnt[]; /* 2 E: the counts, then (placement) each expert's slot and row offsets */
+    __shared__ int tmp[5][32];
+    __shared__ int carry[5];
+    __shared__ int s_ok;
+    /* with a.place, the chunk's ids and weights, staged while counting: the placement reads them
+       again, and a second round trip to L2 is one more latency on the one-block decode path */
+    __shared__ int sid[1024];
+    __shared__ float sw[1024];
+    const int E = a.E, nt = *a.ntok, n = nt * a.K;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        c2cnt[e] = 0;
+    if (threadIdx.x < 5)
+        carry[threadIdx.x] = 0;
+    __syncthreads();
+    if (a.hist) {
+        /* k_hist's slices in slice order: the expert's total, and each slice's first rank in it */
+        const int nsl = (n + PLACE_SLICE - 1) / PLACE_SLICE;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            /* eight slices' counts loaded before any is overwritten: one dependent round trip per
+               eight slices, not per slice: 79 -> 33 us at T = 16384 (H200, ncu) */
+            int run = 0;
+            for (int s0 = 0; s0 < nsl; s0 += 8) {
+                int v[8];
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    v[q] = s0 + q < nsl ? a.hist[(long long)(s0 + q) * E + e] : 0;
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if (s0 + q < nsl) {
+                        a.hist[(long long)(s0 + q) * E + e] = run;
+                        run += v[q];
+                    }
+            }
+            c2cnt[e] = run;
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const int e = __ldcg(a.ids + i); /* L2: k_router_count's other blocks wrote them in this launch */
+            if (a.place) { /* n <= 1024 */
+                sid[i] = e;
+                sw[i] = __ldcg(a.w + i);
+            }
+            if (e < 0 || e > E)
+                atomicAdd(&a.stats[ST_BADID], 1ull);
+            else if (e < E)
+                atomicAdd(&c2cnt[e], 1);
+        }
+    }
+    __syncthreads();
+    count2_offsets(a, c2cnt, tmp, carry, &s_ok, nt);
+    if (!a.place)
+        return;
+    __syncthreads(); /* s_ok, and the offsets in c2cnt */
+    if (!s_ok)
+        return;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = sid[i];
+        if (e < 0 || e >= E)
+            continue;
+        int rank = 0;
+        for (int j = 0; j < i; j++)
+            rank += sid[j] == e;
+        place_at(a, i, e, c2cnt[e] + rank, c2cnt[E + e] + rank, sw[i]);
     }
 }
 

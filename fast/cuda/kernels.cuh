@@ -5,10 +5,11 @@
  * kernels are in the headers cuda.cu includes after this one, in this order: router.cuh (k_router,
  * k_count, k_place), swiglu_combine.cuh (k_swiglu, k_combine), then the fp8 path's mma_group.cuh
  * and fp8path.cuh; the exact path's k_gemv and k_tiles, and the fp8 path's k_dec, k_tile,
- * k_tileh, k_route_small and k_dec_mix, are translation units of their own (gemv.cu, tiles.cu,
- * dec.cu, tile.cu, tileh.cu, route_small.cu, dec_mix.cu, each with a launcher header). Inline functions and
- * types only, so every unit may include it (the kernels' device code shared between units is in
- * the *_parts.cuh headers and exact_gemm.cuh, likewise).
+ * k_tileh, k_logits_small, k_router_count, k_route_small and k_dec_mix, are translation units of
+ * their own (gemv.cu, tiles.cu, dec.cu, tile.cu, tileh.cu, logits_small.cu, router_count.cu,
+ * route_small.cu, dec_mix.cu, each with a launcher header). Inline functions and types only, so
+ * every unit may include it (the kernels' device code shared between units is in the *_parts.cuh
+ * headers and exact_gemm.cuh, likewise).
  * docs/cuda.md describes the design.
  */
 #ifndef DSV4MOE_FAST_CUDA_KERNELS_CUH

@@ -1,7 +1,8 @@
 /*
  * Grouping and quantization for the fp8 path (fast/cuda): k_count2 (counts, offsets, the active
- * list, the mid / big tile lists and, for small chunks, the placement, in one block; also run by
- * the last block of k_router_count, the router and grouping in one launch) and k_quant
+ * list, the mid / big tile lists and, for small chunks, the placement, in one block: group_parts.cuh's
+ * count2_block, also run by the last block of k_router_count, router_count.cu), k_hist and
+ * k_place2 (large chunks' slices) and k_quant
  * (h of the routed kept slots and the shared expert's rows quantized per 128 features).
  * Included once, by cuda.cu.
  */
@@ -23,7 +24,7 @@ namespace dsv4cuda {
  * slice's slots from there in slot order, so the placement is k_place's: tokens ascending per
  * expert, no atomics in any position.
  */
-constexpr int PLACE_SLICE = 256;
+/* PLACE_SLICE: group_parts.cuh (count2_block reads the slices' counts too) */
 
 /* The warps of a k_hist / k_place2 block: each keeps one count per expert in shared memory. */
 __host__ __device__ constexpr int place_warps(int E) { return E <= 3072 ? 4 : 1; }
@@ -112,113 +113,10 @@ __global__ void k_place2(Group2Args a)
     }
 }
 
-/*
- * One block: counts, offsets, the active list and the mid / big tile lists (shared expert last);
- * with `place`, also the stable placement of k_place (slot q of expert e: its rank among the
- * chunk's slots of e in slot order).
- */
-__device__ __forceinline__ void count2_block(const Group2Args &a)
-{
-    extern __shared__ int c2cnt[]; /* 2 E: the counts, then (placement) each expert's slot and row offsets */
-    __shared__ int tmp[5][32];
-    __shared__ int carry[5];
-    __shared__ int s_ok;
-    /* with a.place, the chunk's ids and weights, staged while counting: the placement reads them
-       again, and a second round trip to L2 is one more latency on the one-block decode path */
-    __shared__ int sid[1024];
-    __shared__ float sw[1024];
-    const int E = a.E, nt = *a.ntok, n = nt * a.K;
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-        c2cnt[e] = 0;
-    if (threadIdx.x < 5)
-        carry[threadIdx.x] = 0;
-    __syncthreads();
-    if (a.hist) {
-        /* k_hist's slices in slice order: the expert's total, and each slice's first rank in it */
-        const int nsl = (n + PLACE_SLICE - 1) / PLACE_SLICE;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) {
-            /* eight slices' counts loaded before any is overwritten: one dependent round trip per
-               eight slices, not per slice: 79 -> 33 us at T = 16384 (H200, ncu) */
-            int run = 0;
-            for (int s0 = 0; s0 < nsl; s0 += 8) {
-                int v[8];
-#pragma unroll
-                for (int q = 0; q < 8; q++)
-                    v[q] = s0 + q < nsl ? a.hist[(long long)(s0 + q) * E + e] : 0;
-#pragma unroll
-                for (int q = 0; q < 8; q++)
-                    if (s0 + q < nsl) {
-                        a.hist[(long long)(s0 + q) * E + e] = run;
-                        run += v[q];
-                    }
-            }
-            c2cnt[e] = run;
-        }
-    } else {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const int e = __ldcg(a.ids + i); /* L2: k_router_count's other blocks wrote them in this launch */
-            if (a.place) { /* n <= 1024 */
-                sid[i] = e;
-                sw[i] = __ldcg(a.w + i);
-            }
-            if (e < 0 || e > E)
-                atomicAdd(&a.stats[ST_BADID], 1ull);
-            else if (e < E)
-                atomicAdd(&c2cnt[e], 1);
-        }
-    }
-    __syncthreads();
-    count2_offsets(a, c2cnt, tmp, carry, &s_ok, nt);
-    if (!a.place)
-        return;
-    __syncthreads(); /* s_ok, and the offsets in c2cnt */
-    if (!s_ok)
-        return;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int e = sid[i];
-        if (e < 0 || e >= E)
-            continue;
-        int rank = 0;
-        for (int j = 0; j < i; j++)
-            rank += sid[j] == e;
-        place_at(a, i, e, c2cnt[e] + rank, c2cnt[E + e] + rank, sw[i]);
-    }
-}
-
 __global__ void k_count2(Group2Args a)
 {
     pdl_enter();
     count2_block(a);
-}
-
-/*
- * The router and, for a chunk whose slots k_count2 places itself (a.place), its grouping in one
- * launch (params route=fused, with k_logits_small before it): one block per token routes
- * it (route_block), takes a ticket, and the block that takes the last one does k_count2's work
- * over the chunk's ids. The sums and the placement are k_count2's (no atomics in either); the
- * ticket counts blocks only, and k_logits_small, launched before whenever this kernel is, zeroes
- * it (a caller-owned workspace carries other layers' bytes between calls). Saves the launch and
- * the ids' round trip between the two kernels of a decode step.
- */
-__global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
-{
-    pdl_enter();
-    route_block(ra, blockIdx.x);
-    __shared__ int s_last;
-    __syncthreads(); /* the block's ids, weights and kept count are written (thread 0 wrote them) */
-    if (gridDim.x == 1) { /* a chunk of one token: nothing to wait for (saves the fences and the atomic's round trip) */
-        count2_block(g);
-        return;
-    }
-    if (threadIdx.x == 0) {
-        __threadfence();
-        s_last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!s_last)
-        return;
-    __threadfence();
-    count2_block(g);
 }
 
 /* ---------------- quantization of h (routed kept slots, then the shared expert's rows) ---------------- */

@@ -626,10 +626,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         return enqueue_fast(b, L, rs.ra, ga, true, true);
     }
     if (b->route_fused) {
-        if (b->logits_tg == 4)
-            launch_pdl(b, k_logits_small<4>, dim3((unsigned)(la.lblocks + qblocks)), 256, 0, s, la);
-        else
-            launch_pdl(b, k_logits_small<1>, dim3((unsigned)(la.lblocks + qblocks)), 256, 0, s, la);
+        (void)launch_logits_small(la, b->logits_tg, (unsigned)(la.lblocks + qblocks), s, b->pdl); /* its error: the caller's peek */
         ra.small_max = DSV4C_LOGITS_SMALL;
     }
     ra.logits = at<float>(b, L.logits);
@@ -653,7 +650,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
                            s, b->pdl, lgA); /* its error: the caller's peek */
     }
     if (fused)
-        launch_pdl(b, k_router_count, dim3((unsigned)L.tc), 256, rsm, s, ra, group2_args(b, L, ra, ga), ticket);
+        (void)launch_router_count(ra, group2_args(b, L, ra, ga), ticket, (unsigned)L.tc, rsm, s, b->pdl); /* its error: the caller's peek */
     else
         launch_pdl(b, k_router, dim3((unsigned)L.tc), 256, rsm, s, ra);
     if (mode == CHUNK_ROUTE) /* the route stage (stages.cu) */

@@ -1,7 +1,9 @@
 /*
  * Device parts of the router kernels that more than one translation unit compiles (fast/cuda):
- * the order of selection keys, the activation quantization of one group of x, and the body of the
- * small chunks' router logits (k_logits_small, router.cuh; k_route_small, route_small.cu). Inline
+ * the order of selection keys, the activation quantization of one group of x, the body of the
+ * small chunks' router logits (k_logits_small, logits_small.cu; k_route_small, route_small.cu) and
+ * a block's routing of one token, route_block (k_router, router.cuh; k_router_count,
+ * router_count.cu). Inline
  * functions and types only: a header with a kernel in it would define that kernel once per unit.
  */
 #ifndef DSV4MOE_FAST_CUDA_ROUTE_PARTS_CUH
@@ -163,7 +165,7 @@ struct LogitsArgs {
     uint8_t *xq;          /* x's codes [tc, H], or NULL: no quantization here */
     float *xs;            /* [tc, ceil(H / 128)] */
     uint16_t *x16;        /* the codes as f16 (f16_codes), or NULL */
-    int *ticket;          /* k_logits_small zeroes it for k_router_count (mma_group.cuh), or NULL */
+    int *ticket;          /* k_logits_small zeroes it for k_router_count (router_count.cu), or NULL */
     int qmode, H, E;
     int lblocks;          /* blocks per group of tokens: LS_EPB experts each */
     int tgroups;          /* groups of TPB tokens (logits_small_block): blocks [0, lblocks tgroups)
@@ -293,6 +295,210 @@ if constexpr (TG == 1) {
         for (int qq = 1; qq < LS_KQ; qq++)
             s += part[jj][qq][t];
         logits[(long long)t * a.E + ee] = s;
+    }
+}
+
+/*
+ * Routes token t of the chunk with the whole block (blockDim.x threads, a multiple of 32; dynamic
+ * shared memory (H + 2 E + 4 K) floats): quantizes its x when a.xq (else a.x is read only for the
+ * predictor), reads its logits (a.lslices partial sums), scores, selects, weights and prunes, and
+ * writes ids, w and kept. Returns at the same point on every thread of the block (the callers may
+ * synchronize after it).
+ */
+__device__ __forceinline__ void route_block(const RouterArgs &a, int t)
+{
+    if (t >= *a.ntok)
+        return;
+    extern __shared__ float sm[];
+    const int H = a.H, E = a.E, K = a.K;
+    float *xs = sm;               /* H */
+    float *lg = xs + H;           /* E: logits, then scores */
+    float *key = lg + E;          /* K */
+    float *wk = key + K;          /* K */
+    float *nrm = wk + K;          /* K */
+    int *idk = (int *)(nrm + K);  /* K */
+    float *bk = nrm + 2 * K;      /* E: the selection keys, score + bias */
+    __shared__ int s_finite;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const uint16_t *x = a.x + (long long)t * H;
+    const bool small = a.small_max > 0 && *a.ntok <= a.small_max; /* k_logits_small's chunk */
+    const int lslices = small ? 1 : a.lslices;
+    uint8_t *const xq = small ? nullptr : a.xq;
+    const bool need_x = xq || (a.top_p_on && !a.hash && a.predictor == 2);
+    for (int i = tid * 8; need_x && i < H; i += blockDim.x * 8) { /* H % 8 == 0 */
+        const uint4 v = __ldg((const uint4 *)(x + i));
+        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            xs[i + q] = bf16f((uint16_t)(w4[q >> 1] >> (16 * (q & 1))));
+    }
+    __syncthreads();
+    /* activation quantization of x (routed and shared share it) */
+    if (xq) {
+        int ng = (H + 127) / 128;
+        for (int g = warp; g < ng; g += nw) {
+            float v[4];
+            bool ok[4];
+            for (int i = 0; i < 4; i++) {
+                int k = g * 128 + lane * 4 + i;
+                ok[i] = k < H;
+                v[i] = ok[i] ? xs[k] : 0.0f;
+            }
+            quant_x_group(v, ok, a.qmode, lane, xq + (long long)t * H, a.xs + (long long)t * ng + g,
+                          a.x16 ? a.x16 + (long long)t * H : nullptr, g * 128 + lane * 4);
+        }
+    }
+    /* logits (computed before by the GEMM kernels) */
+    for (int e = tid; e < E; e += blockDim.x) {
+        /* split-K partial sums, added in slice order; loaded 8 at a time so the loads overlap */
+        const float *src = a.logits + (long long)t * E + e;
+        float s = src[0];
+        for (int z0 = 1; z0 < lslices; z0 += 8) {
+            float v[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                v[q] = z0 + q < lslices ? __ldg(src + (z0 + q) * a.lslice_stride) : 0.0f;
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                if (z0 + q < lslices)
+                    s = __fadd_rn(s, v[q]);
+        }
+        lg[e] = a.gate_bf16 ? rbf16(s) : s;
+        if (!a.hash) /* the bias now, beside the logits: its load is not one more round trip later */
+            bk[e] = a.bias ? __ldg(a.bias + e) : 0.0f;
+    }
+    __syncthreads();
+    int fin = 1;
+    for (int e = tid; e < E; e += blockDim.x)
+        fin &= isfinite(lg[e]) ? 1 : 0;
+    const int finite = __syncthreads_and(fin);
+    /* elementwise scores in parallel (softmax needs the whole row: thread 0 below) */
+    if (finite && a.score != 2) {
+        for (int e = tid; e < E; e += blockDim.x)
+            lg[e] = score_of(lg[e], a.score);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        s_finite = finite;
+        if (!finite) {
+            atomicAdd(&a.stats[ST_NONFINITE], 1ull);
+            for (int k = 0; k < K; k++) {
+                a.ids[(long long)t * K + k] = k;
+                a.w[(long long)t * K + k] = __fdiv_rn(a.route_scale, (float)K);
+            }
+            a.kept[t] = K;
+        } else if (a.score == 2) {
+            softmax_serial(lg, E);
+        }
+    }
+    __syncthreads();
+    if (!s_finite)
+        return;
+    /* the keys once into shared memory: the selection below reads each many times */
+    if (!a.hash)
+        for (int e = tid; e < E; e += blockDim.x)
+            bk[e] = a.bias ? __fadd_rn(lg[e], bk[e]) : lg[e];
+    __syncthreads();
+    /* selection: the hash table (ids checked here too: the device-pointer forward has not seen them
+       on the host), or the top K of score + bias by (value descending, id ascending) */
+    if (a.hash) {
+        if (warp == 0)
+            hash_select_warp(a, t, lane, idk);
+    } else if (warp == 0) {
+        /* warp-parallel: K rounds of a warp argmax, each lane over its own experts e = lane + 32 i
+           (a bit per expert marks the taken ones). A NaN key, or E > 1024, takes the serial
+           insertion instead, whose order NaN keys make position-dependent. */
+        bool nan = false;
+        for (int e = lane; e < E; e += 32)
+            nan |= bk[e] != bk[e];
+        nan = __any_sync(0xFFFFFFFFu, nan) || E > 1024;
+        if (!nan) {
+            unsigned taken = 0;
+            for (int k = 0; k < K; k++) {
+                float bv = 0.0f;
+                int be = -1;
+                for (int e = lane, i = 0; e < E; e += 32, i++) {
+                    if (taken >> i & 1u)
+                        continue;
+                    const float v = bk[e];
+                    if (be < 0 || before_key(v, e, bv, be)) {
+                        bv = v;
+                        be = e;
+                    }
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, o);
+                    int oe = __shfl_xor_sync(0xFFFFFFFFu, be, o);
+                    if (oe >= 0 && (be < 0 || before_key(ov, oe, bv, be))) {
+                        bv = ov;
+                        be = oe;
+                    }
+                }
+                if (be >= 0 && (be & 31) == lane)
+                    taken |= 1u << (be >> 5);
+                if (lane == 0) {
+                    key[k] = bv;
+                    idk[k] = be;
+                }
+            }
+        } else if (lane == 0) {
+            topk_serial(bk, E, K, key, idk);
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++) {
+            wk[k] = lg[idk[k]];
+            sum = __fadd_rn(sum, wk[k]);
+        }
+        if (a.score != 2) {
+            float den = __fadd_rn(sum, a.norm_eps);
+            for (int k = 0; k < K; k++)
+                wk[k] = __fdiv_rn(wk[k], den);
+        }
+        for (int k = 0; k < K; k++)
+            wk[k] = __fmul_rn(wk[k], a.route_scale);
+    }
+
+    const bool topp = a.top_p_on && !a.hash;
+    if (topp) {
+        /* predictor norms, one warp per slot (4 interleaved partial sums like the CPU's loop) */
+        for (int k = warp; k < K; k += nw) {
+            int ex = idk[k];
+            float v;
+            if (a.predictor == 1) {
+                v = a.pred_norm[ex];
+            } else if (a.predictor == 2) {
+                const float *pw = a.pred_w + (long long)ex * H;
+                float s = 0.0f;
+                for (int i = lane; i < H; i += 32)
+                    s = __fadd_rn(s, __fmul_rn(pw[i], xs[i]));
+                s = warp_sum(s);
+                v = __fadd_rn(s, a.pred_b[ex]);
+                v = v > 0.0f ? v : 0.0f;
+            } else {
+                v = 1.0f;
+            }
+            if (lane == 0)
+                nrm[k] = v;
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int keep = K;
+        if (topp) {
+            /* contributions sorted descending (ties to the lower id), insertion as cpu.c */
+            int order[64];
+            int *ord = K <= 64 ? order : (int *)(xs); /* K > 64: x is no longer needed */
+            keep = top_p_prune(a, key, ord, idk, wk, nrm); /* key: the contributions' scratch */
+        }
+        for (int k = 0; k < K; k++) {
+            a.ids[(long long)t * K + k] = idk[k];
+            a.w[(long long)t * K + k] = wk[k];
+        }
+        a.kept[t] = keep;
     }
 }
 

@@ -195,7 +195,7 @@ __device__ __forceinline__ void route_warp(const RouterArgs &a, int t, float *sc
 
 /*
  * The last block: routes the chunk's nt tokens (warp w: tokens w, w + 8, ...), then groups its
- * n = nt K slots as count2_block (mma_group.cuh) with a.place: the same counts, offsets, tile lists
+ * n = nt K slots as count2_block (group_parts.cuh) with a.place: the same counts, offsets, tile lists
  * and placement (expert e's slots in slot order), the ranks by 32-slot pieces.
  */
 __device__ __forceinline__ void route_and_group(const RouteSmallArgs &a, int nt)

@@ -1,0 +1,49 @@
+/*
+ * k_router_count: the router and the grouping of a small chunk in one launch (router_count.cuh
+ * says what it computes).
+ */
+#include "fast/cuda/router_count.cuh"
+
+namespace dsv4cuda {
+
+namespace {
+
+/*
+ * The router and, for a chunk whose slots k_count2 places itself (a.place), its grouping in one
+ * launch (params route=fused, with k_logits_small before it): one block per token routes
+ * it (route_block), takes a ticket, and the block that takes the last one does k_count2's work
+ * over the chunk's ids. The sums and the placement are k_count2's (no atomics in either); the
+ * ticket counts blocks only, and k_logits_small, launched before whenever this kernel is, zeroes
+ * it (a caller-owned workspace carries other layers' bytes between calls). Saves the launch and
+ * the ids' round trip between the two kernels of a decode step.
+ */
+__global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
+{
+    pdl_enter();
+    route_block(ra, blockIdx.x);
+    __shared__ int s_last;
+    __syncthreads(); /* the block's ids, weights and kept count are written (thread 0 wrote them) */
+    if (gridDim.x == 1) { /* a chunk of one token: nothing to wait for (saves the fences and the atomic's round trip) */
+        count2_block(g);
+        return;
+    }
+    if (threadIdx.x == 0) {
+        __threadfence();
+        s_last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    __threadfence();
+    count2_block(g);
+}
+
+} // namespace
+
+cudaError_t launch_router_count(const RouterArgs &ra, const Group2Args &g, int *ticket, unsigned blocks, size_t smem,
+                                cudaStream_t s, bool pdl)
+{
+    return launch_kernel(k_router_count, dim3(blocks), 256, smem, s, pdl, ra, g, ticket);
+}
+
+} // namespace dsv4cuda

@@ -1,0 +1,26 @@
+/*
+ * k_router_count (fast/cuda/router_count.cu): the fp8 path's router and, for a chunk whose slots
+ * one block places (at most 1024), its grouping in the same launch (route_parts.cuh's route_block,
+ * group_parts.cuh's count2_block).
+ */
+#ifndef DSV4MOE_FAST_CUDA_ROUTER_COUNT_CUH
+#define DSV4MOE_FAST_CUDA_ROUTER_COUNT_CUH
+
+#include <stddef.h>
+
+#include "fast/cuda/group_parts.cuh"
+#include "fast/cuda/route_parts.cuh"
+
+namespace dsv4cuda {
+
+/* Enqueues k_router_count on s: one block of 256 threads per token of the chunk (blocks), smem
+   bytes of dynamic shared memory (the router's (H + 2 E + 4 K) floats, at least count2_block's
+   2 E ints); ticket: the chunk's block counter, zeroed before (k_logits_small); pdl: with
+   programmatic dependent launch. Returns the launch's error, which is also the runtime's last
+   error. */
+cudaError_t launch_router_count(const RouterArgs &ra, const Group2Args &g, int *ticket, unsigned blocks, size_t smem,
+                                cudaStream_t s, bool pdl);
+
+} // namespace dsv4cuda
+
+#endif
