@@ -185,6 +185,19 @@ struct LogitsArgs {
  * blocks past lblocks quantize x, one warp per (token, 128-group), which k_router then skips.
  * Every thread of a logits block returns at the same point; a quantizing warp may return early.
  */
+/* acc plus the eight bf16 products of x and g (16 bytes each), element by element in k order: one
+   lane's piece of a logit. */
+__device__ __forceinline__ float dot8_bf16(const uint4 &x, const uint4 &g, float acc)
+{
+    const uint32_t xw[4] = {x.x, x.y, x.z, x.w}, gw[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        acc = fmaf(bf16f((uint16_t)(xw[i] & 0xFFFFu)), bf16f((uint16_t)(gw[i] & 0xFFFFu)), acc);
+        acc = fmaf(bf16f((uint16_t)(xw[i] >> 16)), bf16f((uint16_t)(gw[i] >> 16)), acc);
+    }
+    return acc;
+}
+
 template <int TG, int TPB> /* TG: tokens whose x a lane loads together, 1 (the default) or 4 (params
                                logits_tg=4); TPB: tokens a block sums, at most DSV4C_LOGITS_SMALL */
 __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
@@ -223,7 +236,7 @@ __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
 #pragma unroll
         for (int c = 0; c < LS_MAXC; c++) /* every piece in flight before the first use */
             gv[c] = kb + 256 * c < k1 ? __ldg((const uint4 *)(a.gate + (long long)e * H + kb + 256 * c)) : make_uint4(0, 0, 0, 0);
-if constexpr (TG == 1) {
+        if constexpr (TG == 1) {
 #pragma unroll
             for (int t = 0; t < TPB; t++) {
                 if (t >= nb)
@@ -232,13 +245,7 @@ if constexpr (TG == 1) {
                 for (int c = 0; c < LS_MAXC; c++) {
                     if (kb + 256 * c >= k1)
                         break;
-                    const uint4 xv = __ldg((const uint4 *)(x + (long long)t * H + kb + 256 * c));
-                    const uint32_t gw[4] = {gv[c].x, gv[c].y, gv[c].z, gv[c].w}, xw[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        acc[t] = fmaf(bf16f((uint16_t)(xw[i] & 0xFFFFu)), bf16f((uint16_t)(gw[i] & 0xFFFFu)), acc[t]);
-                        acc[t] = fmaf(bf16f((uint16_t)(xw[i] >> 16)), bf16f((uint16_t)(gw[i] >> 16)), acc[t]);
-                    }
+                    acc[t] = dot8_bf16(__ldg((const uint4 *)(x + (long long)t * H + kb + 256 * c)), gv[c], acc[t]);
                 }
             }
         } else {
@@ -258,18 +265,11 @@ if constexpr (TG == 1) {
 #pragma unroll
                     for (int u = 0; u < TG; u++)
                         xv[u] = __ldg((const uint4 *)(x + (long long)min(t0 + u, nb - 1) * H + kb + 256 * c));
-                    const uint32_t gw[4] = {gv[c].x, gv[c].y, gv[c].z, gv[c].w};
 #pragma unroll
                     for (int u = 0; u < TG; u++) {
                         if (t0 + u >= nb)
                             break;
-                        const uint32_t xw[4] = {xv[u].x, xv[u].y, xv[u].z, xv[u].w};
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            acc[t0 + u] = fmaf(bf16f((uint16_t)(xw[i] & 0xFFFFu)), bf16f((uint16_t)(gw[i] & 0xFFFFu)),
-                                               acc[t0 + u]);
-                            acc[t0 + u] = fmaf(bf16f((uint16_t)(xw[i] >> 16)), bf16f((uint16_t)(gw[i] >> 16)), acc[t0 + u]);
-                        }
+                        acc[t0 + u] = dot8_bf16(xv[u], gv[c], acc[t0 + u]);
                     }
                 }
             }
