@@ -324,13 +324,14 @@ $(CUDA_BUILD)/tests/cuda/e4m3_hw.o: tests/cuda/e4m3_hw.cu fast/cuda/kernels.cuh
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # and of its per-kernel test of k_route_small (the library's route_small.cu through its launcher).
-$(CUDA_BUILD)/tests/cuda/route_small_hw.o: tests/cuda/route_small_hw.cu tests/cuda/route_small_hw.h \
+$(CUDA_BUILD)/tests/cuda/route_small_hw.o: tests/cuda/route_small_hw.cu tests/cuda/route_small_hw.h tests/cuda/dev_arena.cuh \
   $(wildcard fast/cuda/*.cuh)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # and of its per-kernel test of k_dec_mix (dec_mix.cu through its launcher).
-$(CUDA_BUILD)/tests/cuda/dec_mix_hw.o: tests/cuda/dec_mix_hw.cu tests/cuda/dec_mix_hw.h $(wildcard fast/cuda/*.cuh)
+$(CUDA_BUILD)/tests/cuda/dec_mix_hw.o: tests/cuda/dec_mix_hw.cu tests/cuda/dec_mix_hw.h tests/cuda/dev_arena.cuh \
+  $(wildcard fast/cuda/*.cuh)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 

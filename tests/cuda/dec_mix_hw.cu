@@ -4,38 +4,12 @@
  * only.
  */
 #include <cuda_runtime.h>
-#include <string.h>
 
 #include <algorithm>
 
 #include "fast/cuda/dec_mix.cuh"
 #include "tests/cuda/dec_mix_hw.h"
-
-namespace {
-
-/* Device copies of the caller's arrays (or zeroed buffers); the list frees them all. */
-struct Arena {
-    void *p[24];
-    int n = 0;
-    cudaError_t err = cudaSuccess;
-    template <class T> T *get(const T *host, size_t count)
-    {
-        void *q = nullptr;
-        if (err == cudaSuccess && n < 24 && (err = cudaMalloc(&q, count * sizeof(T) + 16)) == cudaSuccess) {
-            p[n++] = q;
-            err = host ? cudaMemcpy(q, host, count * sizeof(T), cudaMemcpyHostToDevice)
-                       : cudaMemset(q, 0, count * sizeof(T) + 16);
-        }
-        return (T *)q;
-    }
-    ~Arena()
-    {
-        for (int i = 0; i < n; i++)
-            cudaFree(p[i]);
-    }
-};
-
-} // namespace
+#include "tests/cuda/dev_arena.cuh"
 
 extern "C" int dsv4_test_dec_mix(const dsv4_test_decmix_in *in, uint16_t *out, uint16_t *out_sh)
 {
@@ -55,19 +29,18 @@ extern "C" int dsv4_test_dec_mix(const dsv4_test_decmix_in *in, uint16_t *out, u
         slot_off[e + 1] = slot_off[e] + in->cnt[e];
     }
     meta[2] = slot_off[E];
-    Arena ar;
-    const uint8_t *w4 = ar.get(in->w4, (size_t)in->w4_stride * E), *s4 = ar.get(in->s4, (size_t)in->s4_stride * E);
-    const uint8_t *w8 = ar.get(in->w8, (size_t)in->w8_bytes);
-    const float *s8 = ar.get(in->s8, (size_t)in->s8_count);
-    const uint8_t *A = ar.get(in->A, (size_t)in->rows * K), *Ash = ar.get(in->Ash, (size_t)in->ntok * K);
-    const float *As = ar.get(in->As, (size_t)in->rows * ng), *Assh = ar.get(in->Assh, (size_t)in->ntok * ng);
-    const int *cnt = ar.get(in->cnt, (size_t)E), *pad = ar.get(in->pad_off, (size_t)E);
-    const int *act = ar.get(active, (size_t)E), *soff = ar.get(slot_off, (size_t)E + 1), *met = ar.get(meta, 4);
-    const int *ntok = ar.get(&in->ntok, 1);
-    const float *slot_w = ar.get((const float *)nullptr, (size_t)slot_off[E] + 1);
-    unsigned long long *stats = (unsigned long long *)ar.get((const unsigned long long *)nullptr, ST_N);
-    uint16_t *o = (uint16_t *)ar.get((const uint16_t *)out, (size_t)in->rows * N);
-    uint16_t *osh = (uint16_t *)ar.get((const uint16_t *)out_sh, (size_t)in->ntok * N);
+    DevArena ar;
+    const uint8_t *w4 = ar.copy(in->w4, (size_t)in->w4_stride * E), *s4 = ar.copy(in->s4, (size_t)in->s4_stride * E);
+    const uint8_t *w8 = ar.copy(in->w8, (size_t)in->w8_bytes);
+    const float *s8 = ar.copy(in->s8, (size_t)in->s8_count);
+    const uint8_t *A = ar.copy(in->A, (size_t)in->rows * K), *Ash = ar.copy(in->Ash, (size_t)in->ntok * K);
+    const float *As = ar.copy(in->As, (size_t)in->rows * ng), *Assh = ar.copy(in->Assh, (size_t)in->ntok * ng);
+    const int *cnt = ar.copy(in->cnt, (size_t)E), *pad = ar.copy(in->pad_off, (size_t)E);
+    const int *act = ar.copy(active, (size_t)E), *soff = ar.copy(slot_off, (size_t)E + 1), *met = ar.copy(meta, 4);
+    const int *ntok = ar.copy(&in->ntok, 1);
+    const float *slot_w = ar.get<float>((size_t)slot_off[E] + 1);
+    unsigned long long *stats = ar.get<unsigned long long>(ST_N);
+    uint16_t *o = ar.copy(out, (size_t)in->rows * N), *osh = ar.copy(out_sh, (size_t)in->ntok * N);
     if (ar.err != cudaSuccess)
         return (int)ar.err;
     FastArgs fa = FastArgs();
@@ -89,8 +62,8 @@ extern "C" int dsv4_test_dec_mix(const dsv4_test_decmix_in *in, uint16_t *out, u
         (e = launch_dec_mix(fa, EPI_NONE, 3, (unsigned)std::max(gxr, gxs), smem, 0, false)) != cudaSuccess ||
         (e = cudaDeviceSynchronize()) != cudaSuccess)
         return (int)e;
-    if ((e = cudaMemcpy(out, o, (size_t)in->rows * N * 2, cudaMemcpyDeviceToHost)) != cudaSuccess ||
-        (e = cudaMemcpy(out_sh, osh, (size_t)in->ntok * N * 2, cudaMemcpyDeviceToHost)) != cudaSuccess)
+    if ((e = dev_take(out, o, (size_t)in->rows * N)) != cudaSuccess ||
+        (e = dev_take(out_sh, osh, (size_t)in->ntok * N)) != cudaSuccess)
         return (int)e;
     return 0;
 }

@@ -7,42 +7,8 @@
 #include <string.h>
 
 #include "fast/cuda/route_small.cuh"
+#include "tests/cuda/dev_arena.cuh"
 #include "tests/cuda/route_small_hw.h"
-
-namespace {
-
-/* A device allocation of n elements of T, zeroed; the list frees them all. */
-struct Arena {
-    void *p[32];
-    int n = 0;
-    cudaError_t err = cudaSuccess;
-    template <class T> T *get(size_t count)
-    {
-        void *q = nullptr;
-        if (err == cudaSuccess && n < 32 && (err = cudaMalloc(&q, count * sizeof(T) + 16)) == cudaSuccess) {
-            p[n++] = q;
-            err = cudaMemset(q, 0, count * sizeof(T) + 16);
-        }
-        return (T *)q;
-    }
-    ~Arena()
-    {
-        for (int i = 0; i < n; i++)
-            cudaFree(p[i]);
-    }
-};
-
-template <class T> cudaError_t put(T *dev, const T *host, size_t count)
-{
-    return cudaMemcpy(dev, host, count * sizeof(T), cudaMemcpyHostToDevice);
-}
-
-template <class T> cudaError_t take(T *host, const T *dev, size_t count)
-{
-    return cudaMemcpy(host, dev, count * sizeof(T), cudaMemcpyDeviceToHost);
-}
-
-} // namespace
 
 extern "C" int dsv4_test_route_small(const dsv4_test_route_in *in, dsv4_test_route_out *out)
 {
@@ -50,7 +16,7 @@ extern "C" int dsv4_test_route_small(const dsv4_test_route_in *in, dsv4_test_rou
     const int E = in->E, K = in->K, H = in->H, T = in->T, n = T * K;
     if (!route_small_fits(E, K, T))
         return (int)cudaErrorInvalidValue;
-    Arena ar;
+    DevArena ar;
     uint16_t *x = ar.get<uint16_t>((size_t)T * H), *gate = ar.get<uint16_t>((size_t)E * H);
     float *bias = in->bias ? ar.get<float>(E) : nullptr, *logits = ar.get<float>((size_t)T * E);
     int *ntok = ar.get<int>(1);
@@ -63,8 +29,9 @@ extern "C" int dsv4_test_route_small(const dsv4_test_route_in *in, dsv4_test_rou
     if (ar.err != cudaSuccess)
         return (int)ar.err;
     cudaError_t e;
-    if ((e = put(x, in->x, (size_t)T * H)) != cudaSuccess || (e = put(gate, in->gate, (size_t)E * H)) != cudaSuccess ||
-        (bias && (e = put(bias, in->bias, (size_t)E)) != cudaSuccess) || (e = put(ntok, &T, 1)) != cudaSuccess)
+    if ((e = dev_put(x, in->x, (size_t)T * H)) != cudaSuccess ||
+        (e = dev_put(gate, in->gate, (size_t)E * H)) != cudaSuccess ||
+        (bias && (e = dev_put(bias, in->bias, (size_t)E)) != cudaSuccess) || (e = dev_put(ntok, &T, 1)) != cudaSuccess)
         return (int)e;
     RouteSmallArgs rs;
     memset(&rs, 0, sizeof rs);
@@ -85,14 +52,18 @@ extern "C" int dsv4_test_route_small(const dsv4_test_route_in *in, dsv4_test_rou
     if ((e = launch_route_small(rs, 0, 1, 0, false)) != cudaSuccess || (e = cudaDeviceSynchronize()) != cudaSuccess)
         return (int)e;
     unsigned long long st[ST_N];
-    if ((e = take(out->logits, logits, (size_t)T * E)) != cudaSuccess || (e = take(out->ids, ids, n)) != cudaSuccess ||
-        (e = take(out->w, w, n)) != cudaSuccess || (e = take(out->kept, kept, T)) != cudaSuccess ||
-        (e = take(out->cnt, cnt, E)) != cudaSuccess || (e = take(out->slot_off, slot_off, E + 1)) != cudaSuccess ||
-        (e = take(out->pad_off, pad_off, E)) != cudaSuccess || (e = take(out->active, active, E)) != cudaSuccess ||
-        (e = take(out->meta, meta, 4)) != cudaSuccess || (e = take(out->tile_e, tile_e, 2 * n)) != cudaSuccess ||
-        (e = take(out->tile_r0, tile_r0, 2 * n)) != cudaSuccess || (e = take(out->slot_tok, slot_tok, n)) != cudaSuccess ||
-        (e = take(out->slot_row, slot_row, n)) != cudaSuccess || (e = take(out->rowmap, rowmap, n)) != cudaSuccess ||
-        (e = take(out->slot_w, slot_w, n)) != cudaSuccess || (e = take(st, stats, ST_N)) != cudaSuccess)
+    if ((e = dev_take(out->logits, logits, (size_t)T * E)) != cudaSuccess ||
+        (e = dev_take(out->ids, ids, n)) != cudaSuccess || (e = dev_take(out->w, w, n)) != cudaSuccess ||
+        (e = dev_take(out->kept, kept, T)) != cudaSuccess || (e = dev_take(out->cnt, cnt, E)) != cudaSuccess ||
+        (e = dev_take(out->slot_off, slot_off, E + 1)) != cudaSuccess ||
+        (e = dev_take(out->pad_off, pad_off, E)) != cudaSuccess ||
+        (e = dev_take(out->active, active, E)) != cudaSuccess || (e = dev_take(out->meta, meta, 4)) != cudaSuccess ||
+        (e = dev_take(out->tile_e, tile_e, 2 * n)) != cudaSuccess ||
+        (e = dev_take(out->tile_r0, tile_r0, 2 * n)) != cudaSuccess ||
+        (e = dev_take(out->slot_tok, slot_tok, n)) != cudaSuccess ||
+        (e = dev_take(out->slot_row, slot_row, n)) != cudaSuccess ||
+        (e = dev_take(out->rowmap, rowmap, n)) != cudaSuccess ||
+        (e = dev_take(out->slot_w, slot_w, n)) != cudaSuccess || (e = dev_take(st, stats, ST_N)) != cudaSuccess)
         return (int)e;
     out->ticket = st[ST_TICKET];
     out->cap_mid = n, out->cap_big = n;
