@@ -24,6 +24,8 @@
  *                   [--threads N] [--quick] [--backend cuda|cpu] [--preset NAME] [--gemm auto|exact|fp8]
  *                   [--cuda-kernels LIST]  (dsv4_backend_options.params; default: DSV4MOE_CUDA_* of the environment)
  * (--backend cpu and --preset mini exercise the timing path on a machine without a GPU.)
+ * exit status: 0 every forward ran; 1 a forward failed, or a device error stopped a configuration's
+ * set-up (its rows say "forward failed" / "not run"); 2 bad arguments or input.
  */
 #include <errno.h>
 #include <math.h>
@@ -621,6 +623,7 @@ int main(int argc, char **argv)
     int first = 1;
     static result rows[MAX_ROWS];
     int nrows = 0;
+    int nfail = 0; /* forwards that failed, and device failures while setting a configuration up: exit 1 */
     /* device-resident copies of the inputs and outputs (the CUDA build of this program only) */
     void *dx = NULL, *dy = NULL, *dids = NULL, *din = NULL;
     int have_dev = 0;
@@ -665,6 +668,7 @@ int main(int argc, char **argv)
             st = create(plan, ck, threads, kind == DSV4_BACKEND_CUDA ? kernels : NULL, &b, &e);
         if (st) {
             printf("bench_cuda: graph %s: not run: %s\n", graph ? "on" : "off", e.message);
+            nfail += st == DSV4_ERR_DEVICE; /* a refused plan is a configuration this layer has not, not a fault */
             fprintf(jf, "%s    {\"graph\": %s, \"error\": ", first ? "" : ",\n", graph ? "true" : "false");
             json_put_str(jf, e.message);
             fputc('}', jf);
@@ -736,6 +740,7 @@ int main(int argc, char **argv)
                 if (st) {
                     snprintf(r.err, sizeof r.err, "%s", e.message);
                     printf("%6lld  forward failed: %s\n", (long long)T, e.message);
+                    nfail++;
                 } else {
                     r.ok = true;
                     r.reps = n;
@@ -884,5 +889,8 @@ int main(int argc, char **argv)
     free(ids);
     dsv4_st_close(in);
     dsv4_checkpoint_close(ck);
-    return 0;
+    if (nfail)
+        printf("bench_cuda: %d forward%s or configurations failed (exit 1): the times above are incomplete\n", nfail,
+               nfail == 1 ? "" : "s");
+    return nfail ? 1 : 0;
 }

@@ -231,7 +231,8 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]
             --threads $JOBS"
     done
     step profile-route-detail 150 "$NCU --clock-control none --cache-control none -k regex:k_router_count \
-        --launch-skip 30 --launch-count 1 --set full --import-source yes -f -o $WORK/route_t1 $BENCH --gemm fp8 \
+        --launch-skip 30 --launch-count 1 --set full --warp-sampling-interval 0 --import-source yes \
+        -f -o $WORK/route_t1 $BENCH --gemm fp8 \
         --tokens 1 --quick --json $WORK/bench/route_d.json --dir $WORK/bench --threads $JOBS >/dev/null && $NCU -i $WORK/route_t1.ncu-rep \
         --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats --section SpeedOfLight && \
         $NCU -i $WORK/route_t1.ncu-rep --page source --csv --print-source sass"
@@ -265,18 +266,16 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = decode ] && [ -x "$BENCH" ] && [ -x "$NCU" 
         --section WarpStateStats --section LaunchStats $BENCH --gemm fp8 --cuda-kernels $DEC_ALL --tokens 1 \
         --quick --json $WORK/bench/decode_d.json --dir $WORK/bench --threads $JOBS"
 fi
-# DSV4_DEVCHECK_PROFILE=fill: the decode step at small T against three changes: the decode
+# DSV4_DEVCHECK_PROFILE=fill: the decode step at small T against two changes: the decode
 # launches' K split (params dec_fill: K is split until a launch has that many blocks per
 # multiprocessor; 3 by default, 1 splits nothing at T = 1 on v4-flash, so each warp streams all
-# of its tile's K blocks), the decode weights' L2 evict-first policy (dec_l2=first: their stream
-# leaves the code, activations and routing data of the step in L2) and the one-launch router
-# (route=one). The whole layer at T 1, 2, 4, 8 and 16 for each (bench_cuda --quick, fp8 mode, two
+# of its tile's K blocks) and the one-launch router (route=one). The whole layer at T 1, 2, 4, 8 and 16 for each (bench_cuda --quick, fp8 mode, two
 # alternating passes); every kernel's time at T = 1 for each (warm, Nsight Compute); then
 # k_route_small at T = 1 in detail: warp states, memory, launch and the per-instruction stall
 # samples of its SASS (the source page as CSV, in the step's log).
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = fill ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for p in 1 2; do
-        for f in default dec_fill=1 dec_fill=2 dec_l2=first route=one; do
+        for f in default dec_fill=1 dec_fill=2 route=one; do
             tag=$(echo "$f" | tr ',=' '-_')
             kv=$f
             [ "$f" = default ] && kv="''"
@@ -284,7 +283,7 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = fill ] && [ -x "$BENCH" ] && [ -x "$NCU" ];
                 --json $WORK/bench/fill_${tag}_$p.json --dir $WORK/bench --threads $JOBS"
         done
     done
-    for f in default dec_fill=1 dec_l2=first route=one; do
+    for f in default dec_fill=1 route=one; do
         tag=$(echo "$f" | tr ',=' '-_')
         kv=$f
         [ "$f" = default ] && kv="''"

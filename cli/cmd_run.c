@@ -69,8 +69,9 @@ static void on_progress(void *user, size_t done, size_t total, const dsv4_case_r
 }
 
 #ifdef DSV4_FAULTS
-/* The detection table of --faults; EXIT_OK only if every defect is caught and no clean run failed. */
-static int print_detection_table(const dsv4_run_results *res)
+/* The detection table of --faults; EXIT_OK only if every defect the cases run name is caught, no clean
+   run failed, and (without --filter, which runs a chosen subset) every mapped defect was run. */
+static int print_detection_table(const dsv4_run_results *res, const char *filter)
 {
     size_t n = dsv4_run_fault_rows(res, NULL, 0);
     dsv4_fault_row *rows = calloc(n + 1, sizeof *rows);
@@ -92,7 +93,14 @@ static int print_detection_table(const dsv4_run_results *res)
     dsv4_fault_summary s = dsv4_run_fault_summary(res);
     printf("\n%zu of %zu defects caught; %zu false failures in %zu clean runs\n", s.caught, s.defects,
            s.false_failures, s.clean_runs);
-    return s.caught == s.defects && s.defects == s.mapped && s.false_failures == 0 ? EXIT_OK : EXIT_CHECK_FAILED;
+    const size_t unrun = s.mapped > s.defects ? s.mapped - s.defects : 0;
+    if (unrun && filter)
+        printf("%zu mapped defect%s not run: --filter '%s' left out the cases naming %s\n", unrun,
+               unrun == 1 ? "" : "s", filter, unrun == 1 ? "it" : "them");
+    else if (unrun)
+        printf("%zu mapped defect%s named by no case: each defect in a file's faults mapping needs a case that "
+               "injects it\n", unrun, unrun == 1 ? "" : "s");
+    return s.caught == s.defects && (filter || !unrun) && s.false_failures == 0 ? EXIT_OK : EXIT_CHECK_FAILED;
 }
 #endif
 
@@ -270,7 +278,7 @@ int cmd_run(int argc, char **argv)
     rc = s.failed || s.errors || (strict && s.skipped) ? EXIT_CHECK_FAILED : EXIT_OK;
 #ifdef DSV4_FAULTS
     if (faults)
-        rc = print_detection_table(res);
+        rc = print_detection_table(res, filter);
 #endif
     dsv4_run_results_free(res);
 out:

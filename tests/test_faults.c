@@ -357,6 +357,14 @@ START_TEST(cli_detection_table)
     ck_assert_ptr_null(strstr(out, " NO "));
     ck_assert_ptr_null(strstr(out, "FAIL seed-review")); /* injected failures are in the table only */
 
+    /* --filter runs a chosen subset: its defects caught, exit 0, the mapped ones left out named as such */
+    snprintf(args, sizeof args, "run --faults %s/scenarios/seed-review.yaml --filter f01-fp8-per-block --report %s --cache %s",
+             tu_src_dir(), dir, cache_dir());
+    rc = tu_run_cli(args, "faults_cli_filter.txt", out, sizeof out);
+    ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
+    ck_assert_msg(strstr(out, "1 of 1 defects caught; 0 false failures"), "%s", out);
+    ck_assert_msg(strstr(out, "12 mapped defects not run: --filter 'f01-fp8-per-block' left out"), "%s", out);
+
     /* A case naming a defect its checks cannot see: not caught, exit 1. */
     char f[512];
     tu_path(f, sizeof f, "faults_blind.yaml");
@@ -371,6 +379,21 @@ START_TEST(cli_detection_table)
     ck_assert_msg(rc == 1, "rc %d: %s", rc, out);
     ck_assert_msg(strstr(out, "0 of 1 defects caught"), "%s", out);
     ck_assert_ptr_nonnull(strstr(out, " NO "));
+
+    /* Without --filter, a mapped defect no case injects fails the run, and the line says why. */
+    static const char unnamed[] = "name: unnamed\n"
+                                  "faults: {f01: {hook: drop_routed_clamp}, f02: {hook: refuse_single_rank_all_gather}}\n"
+                                  "defaults: {preset: mini, layer: 1, tokens: [8], seed: 13}\n"
+                                  "cases:\n"
+                                  "  - {name: clamp, fault: f01, routed_format: fp8, shared_format: fp8, weight_scale: fp32,\n"
+                                  "     act_quant: fp32, swiglu_limit: 7, checks: [numerics, clamp_exercised]}\n";
+    tu_path(f, sizeof f, "faults_unnamed.yaml");
+    ck_assert_int_eq(tu_write_file(f, unnamed, strlen(unnamed)), 0);
+    snprintf(args, sizeof args, "run --faults %s --report %s --cache %s", f, dir, cache_dir());
+    rc = tu_run_cli(args, "faults_cli3.txt", out, sizeof out);
+    ck_assert_msg(rc == 1, "rc %d: %s", rc, out);
+    ck_assert_msg(strstr(out, "1 of 1 defects caught"), "%s", out);
+    ck_assert_msg(strstr(out, "1 mapped defect named by no case"), "%s", out);
 }
 END_TEST
 

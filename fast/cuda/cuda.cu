@@ -163,7 +163,6 @@ struct CudaBe {
     bool dec_persist = false; /* dec_sched=persist: k_dec_mix on persistent blocks (k_dec_mix_persist) */
     bool combine_fold = true; /* chunks of decode-sized groups: the combine in the down launch (combine=) */
     bool dec_slab = false; /* dec_b=smem: k_dec's fp4 launches without a K split stage B in shared memory */
-    bool dec_l2ef = false; /* dec_l2=first: k_dec loads its weights with the L2 evict-first policy */
     int logits_tg = 1;     /* logits_tg=4: k_logits_small loads four tokens' x together */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
@@ -733,7 +732,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         (ce = cudaEventCreateWithFlags(&b->ev_j2, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaEventCreateWithFlags(&b->ev_j3, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaDeviceGetAttribute(&b->nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
-        (ce = dec_attrs(kv.dec_minb == 2, kv.quant_fold, kv.shared_dec_one, kv.dec_l2ef)) != cudaSuccess ||
+        (ce = dec_attrs(kv.dec_minb == 2, kv.quant_fold, kv.shared_dec_one)) != cudaSuccess ||
         (ce = tileh_attrs()) != cudaSuccess ||
         (ce = tile_attrs()) != cudaSuccess) {
         st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "device setup failed: %s", cudaGetErrorString(ce));

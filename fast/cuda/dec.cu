@@ -15,10 +15,9 @@ namespace {
  * EPI_QUANT, gate/up with the quantization of h folded in (a.qf_cnt, fold_quant). SB: B from the
  * block's slabs (dec_stage_slab). MINB: the blocks per multiprocessor its registers are bounded
  * for, 3 (80 registers a thread, the default) or 2 (params dec_regs=128: no spills; the same
- * arithmetic). EF: the weights and scales loaded with the L2 evict-first policy (params
- * dec_l2=first; the same arithmetic).
+ * arithmetic).
  */
-template <int FMT, int EPI, bool SB, int MINB = 3, bool EF = false>
+template <int FMT, int EPI, bool SB, int MINB = 3>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
 {
     pdl_enter();
@@ -33,7 +32,7 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
             return;
         fgrp_shared(a, g);
     }
-    dec_group<FMT, EPI, SB, EF>(a, g, a.ks, (int)blockIdx.x, fsm);
+    dec_group<FMT, EPI, SB>(a, g, a.ks, (int)blockIdx.x, fsm);
 }
 
 typedef void (*dec_kernel_t)(FastArgs);
@@ -52,45 +51,26 @@ template <int MB> dec_kernel_t dec_kernel(int fmt, int epi, bool sb)
     return k[epi];
 }
 
-/* k_dec with the weights' L2 evict-first policy (80 registers, B through L1). */
-dec_kernel_t dec_kernel_ef(int fmt, int epi)
+dec_kernel_t pick(int fmt, int epi, bool sb, int minb)
 {
-    if (fmt == WF_FP4) {
-        const dec_kernel_t k[3] = {k_dec<WF_FP4, EPI_NONE, false, 3, true>, k_dec<WF_FP4, EPI_COMBINE, false, 3, true>,
-                                   k_dec<WF_FP4, EPI_QUANT, false, 3, true>};
-        return k[epi];
-    }
-    const dec_kernel_t k[3] = {k_dec<WF_FP8, EPI_NONE, false, 3, true>, k_dec<WF_FP8, EPI_COMBINE, false, 3, true>,
-                               k_dec<WF_FP8, EPI_QUANT, false, 3, true>};
-    return k[epi];
-}
-
-dec_kernel_t pick(int fmt, int epi, bool sb, int minb, bool ef)
-{
-    return ef ? dec_kernel_ef(fmt, epi) : minb == 2 ? dec_kernel<2>(fmt, epi, sb) : dec_kernel<3>(fmt, epi, sb);
+    return minb == 2 ? dec_kernel<2>(fmt, epi, sb) : dec_kernel<3>(fmt, epi, sb);
 }
 
 } // namespace
 
-cudaError_t launch_dec_kernel(const FastArgs &fa, int fmt, int epi, bool sb, int minb, bool ef, dim3 grid,
-                              size_t smem, cudaStream_t s, bool pdl)
+cudaError_t launch_dec_kernel(const FastArgs &fa, int fmt, int epi, bool sb, int minb, dim3 grid, size_t smem,
+                              cudaStream_t s, bool pdl)
 {
-    return launch_kernel(pick(fmt, epi, sb, minb, ef), grid, FM_THREADS, smem, s, pdl, fa);
+    return launch_kernel(pick(fmt, epi, sb, minb), grid, FM_THREADS, smem, s, pdl, fa);
 }
 
-cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, bool l2ef)
+cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold)
 {
     cudaError_t ce = cudaSuccess;
     auto set = [&](dec_kernel_t k, int smem) {
         if (ce == cudaSuccess)
             ce = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     };
-    for (int epi = 0; l2ef && epi < 3; epi++) {
-        if (epi == EPI_QUANT && !qfold)
-            continue;
-        set(dec_kernel_ef(WF_FP4, epi), m4);
-        set(dec_kernel_ef(WF_FP8, epi), m8);
-    }
     for (int mb = 3; mb >= 2; mb--) {
         if (mb == 2 && !minb2)
             break;

@@ -186,29 +186,6 @@ __device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid
                  : "memory");
 }
 
-/* An L2 cache policy that marks the lines a load brings in as the first to evict (PTX createpolicy):
-   for weights read once per step (params dec_l2=first), so their stream does not push out of L2
-   what the next kernels and the next step reuse (code, activations, routing metadata). */
-__device__ __forceinline__ uint64_t l2_evict_first_policy()
-{
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-    return pol;
-}
-
-/* cp_async16 / cp_async8 with an L2 cache policy (l2_evict_first_policy). */
-__device__ __forceinline__ void cp_async16_hint(void *dst, const void *src, uint64_t pol)
-{
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "l"(pol)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cp_async8_hint(void *dst, const void *src, uint64_t pol)
-{
-    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "l"(pol)
-                 : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int N> __device__ __forceinline__ void cp_async_wait()
@@ -327,7 +304,7 @@ __device__ __forceinline__ void dec_stage_slab(const FGrp &g, int K, int sl, uin
  * The group's activations (a few rows) are read through L1, or with SB (KS 1, every warp of the
  * block here) from the block's slabs. Returns the fp32 sums.
  */
-template <int FMT, int NT, bool SB, bool EF = false> /* EF: weights and scales with the evict-first policy */
+template <int FMT, int NT, bool SB>
 __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, int K, uint8_t *ring, uint8_t *slabs,
                                          float acc[NT][4])
 {
@@ -360,24 +337,14 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
             acc[j][i] = 0.0f;
     const int nkb = ks < KB ? (KB - ks + KS - 1) / KS : 0;
     const size_t bstep = (size_t)KS * 128; /* the pointers advance: each load takes an immediate offset */
-    uint64_t pol = 0;
-    if constexpr (EF)
-        pol = l2_evict_first_policy();
     auto issue = [&](int i) {
         if (i < nkb) {
             const int kb = ks + i * KS;
             uint8_t *stg = ring + (i % D::DEPTH) * D::STG;
-            if constexpr (EF) {
 #pragma unroll
-                for (int p = 0; p < D::NV; p++)
-                    cp_async16_hint(stg + p * 512 + lane * 16, wt + (size_t)kb * D::CH + p * 512, pol);
-                cp_async8_hint(stg + D::NV * 512 + lane * 8, st + (size_t)kb * D::SCH, pol);
-            } else {
-#pragma unroll
-                for (int p = 0; p < D::NV; p++)
-                    cp_async16(stg + p * 512 + lane * 16, wt + (size_t)kb * D::CH + p * 512, true);
-                cp_async8(stg + D::NV * 512 + lane * 8, st + (size_t)kb * D::SCH);
-            }
+            for (int p = 0; p < D::NV; p++)
+                cp_async16(stg + p * 512 + lane * 16, wt + (size_t)kb * D::CH + p * 512, true);
+            cp_async8(stg + D::NV * 512 + lane * 8, st + (size_t)kb * D::SCH);
         }
         if constexpr (SB) {
             /* at a slab's first step, the next slab rides with the stage issued there (DEPTH - 1
@@ -555,14 +522,14 @@ static __device__ __noinline__ void fold_quant(int *cnt, int need, const uint16_
     }
 }
 
-template <int FMT, int NT, int EPI, bool SB, bool EF = false>
+template <int FMT, int NT, int EPI, bool SB>
 __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int KS, int bx, uint8_t *ring, float *sRed)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const int mt = bx * (8 / KS) + warp / KS, ks = warp % KS; /* bx: the block's place along N */
     float acc[NT][4];
     /* the slabs sit where a K split's partial sums would (SB: no split) */
-    dec_warp<FMT, NT, SB, EF>(g, mt, ks, KS, a.K, ring + (size_t)warp * DecCfg<FMT>::DEPTH * DecCfg<FMT>::STG,
+    dec_warp<FMT, NT, SB>(g, mt, ks, KS, a.K, ring + (size_t)warp * DecCfg<FMT>::DEPTH * DecCfg<FMT>::STG,
                           (uint8_t *)sRed, acc);
     if (KS > 1) {
         float *mine = sRed + ((size_t)warp * 32 + lane) * (NT * 4);
@@ -649,14 +616,14 @@ __device__ __forceinline__ bool dec_routed_group(const FastArgs &a, int y, FGrp 
 
 /* One decode block's group (format FMT, K split KS) at place bx along N: one or two 8-token
    tiles by its rows. */
-template <int FMT, int EPI, bool SB, bool EF = false>
+template <int FMT, int EPI, bool SB>
 __device__ __forceinline__ void dec_group(const FastArgs &a, const FGrp &g, int KS, int bx, uint8_t *fsm)
 {
     float *sRed = (float *)(fsm + DecCfg<FMT>::RING);
     if (g.n <= 8)
-        dec_block<FMT, 1, EPI, SB, EF>(a, g, KS, bx, fsm, sRed);
+        dec_block<FMT, 1, EPI, SB>(a, g, KS, bx, fsm, sRed);
     else
-        dec_block<FMT, 2, EPI, SB, EF>(a, g, KS, bx, fsm, sRed);
+        dec_block<FMT, 2, EPI, SB>(a, g, KS, bx, fsm, sRed);
 }
 
 /* Bytes of k_dec<FMT>'s shared memory: the warps' rings, then the K-split partial sums or (sb)

@@ -259,7 +259,7 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
     const int epi = dec_epi(fa);
     const bool sb = b->dec_slab && ks == 1 && fmt == WF_FP4 && epi == EPI_NONE;
     const size_t smem = dec_smem_bytes(fmt, ks, 2, sb);
-    (void)launch_dec_kernel(fa, fmt, epi, sb, b->dec_minb, b->dec_l2ef, grid, smem, s, b->pdl); /* its error: the caller's peek */
+    (void)launch_dec_kernel(fa, fmt, epi, sb, b->dec_minb, grid, smem, s, b->pdl); /* its error: the caller's peek */
 }
 
 /* k_dec_mix (params shared_dec=one): fp4 routed groups and the fp8 shared expert in one launch,
@@ -284,12 +284,12 @@ void enqueue_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
 /* The decode kernels' shared-memory limit: their largest K split, or the B slabs; the variants
    of params dec_regs=128 (minb2), quant=fold (qfold) and shared_dec=one (mix) only when chosen, so
    a creation with the defaults sets what it always did. */
-cudaError_t dec_attrs(bool minb2, bool qfold, bool mix_on, bool l2ef)
+cudaError_t dec_attrs(bool minb2, bool qfold, bool mix_on)
 {
     const int m4 = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP4, 1, 2, true));
     const int m8 = (int)dec_smem_bytes(WF_FP8, 8, 2), mix = std::max(m4, m8);
     cudaError_t ce = mix_on ? dec_mix_attrs(mix) : cudaSuccess;
-    return ce == cudaSuccess ? dec_kernel_attrs(m4, m8, minb2, qfold, l2ef) : ce;
+    return ce == cudaSuccess ? dec_kernel_attrs(m4, m8, minb2, qfold) : ce;
 }
 
 /* The most rows a group of the chunk can hold: a routed group holds at most Tc rows (every slot

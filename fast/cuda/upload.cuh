@@ -233,11 +233,10 @@ struct Kernels {
     bool dec_persist = false;      /* dec_sched=persist: k_dec_mix on persistent blocks (dec_mix.cu) */
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
     bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma_parts.cuh) */
-    bool dec_l2ef = false;         /* dec_l2=first: k_dec's weight loads with the L2 evict-first policy (mma_parts.cuh) */
     int logits_tg = 1;             /* logits_tg=4: k_logits_small loads four tokens' x together (router.cuh) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, dec_l2"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -280,8 +279,6 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("off") || val("l2"), k->dec_pf = val("l2");
         else if (is("dec_sched"))
             ok = val("grid") || val("persist"), k->dec_persist = val("persist");
-        else if (is("dec_l2"))
-            ok = val("normal") || val("first"), k->dec_l2ef = val("first");
         else if (is("fp8_cut") || is("dec_fill")) {
             char buf[16] = {0};
             char *e = nullptr;
@@ -297,19 +294,12 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, dec_l2 normal|first",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
     }
-    if (more)
-        return DSV4_ERR_INVALID_ARG;
-    /* the evict-first decode kernels exist at 80 registers with B through L1, and run where the
-       routed groups have their own k_dec launches */
-    if (k->dec_l2ef && (k->dec_minb == 2 || k->dec_slab || k->shared_dec_one))
-        return dsv4_seterr(err, DSV4_ERR_INVALID_ARG, "cuda params",
-                           "dec_l2=first takes dec_regs=80, dec_b=l1 and shared_dec=fork (the decode kernels it has)");
-    return DSV4_OK;
+    return more ? DSV4_ERR_INVALID_ARG : DSV4_OK;
 }
 
 /* The kernel choice for large and mid-size groups. */
@@ -328,7 +318,6 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->dec_minb = k.dec_minb;
     b->quant_fold = k.quant_fold;
     b->dec_pf = k.dec_pf;
-    b->dec_l2ef = k.dec_l2ef;
     b->dec_persist = k.dec_persist;
     b->combine_fold = k.combine_fold;
     b->dec_slab = k.dec_slab;

@@ -546,20 +546,6 @@ START_TEST(dec_pf_identical)
 }
 END_TEST
 
-/* The decode kernels' weights and scales loaded with the L2 evict-first policy (params
-   dec_l2=first, a cache hint) against the normal policy (the default): the same loads and
-   arithmetic, so the same outputs, ids and clamp counters bit for bit. v4-flash T 1, 8 and 16 in
-   both numerics modes (routed fp4 and shared fp8 launches, the folded combine), the hash layer,
-   T 40 (the tile kernels beside k_dec), with quant=fold and route=one, and mini-fp8. */
-START_TEST(dec_l2_identical)
-{
-    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 8, 32, 0}, {"v4-flash", 5, 16, 32, 1},
-                                  {"v4-flash", 0, 5, 32, 1}, {"v4-flash", 5, 40, 32, 1}, {"mini-fp8", 1, 5, 0, 1}};
-    variant_cases("dec_l2", "dec_l2=first", cs, sizeof cs / sizeof cs[0], 0);
-    variant_cases("dec_l2", "dec_l2=first,quant=fold,route=one", cs, 3, 0);
-}
-END_TEST
-
 /* k_dec_mix on persistent blocks (params dec_sched=persist: at most the resident blocks, each over
    every gridDim-th unit, its next unit's weights into L2 first with dec_pf=l2) against the grid
    (the default): the same units computed the same way, so the same outputs, ids and clamp counters
@@ -1214,9 +1200,7 @@ START_TEST(shared_workspace)
                              {"route=both", "route"},         {"route=once", "route"},    {"combine=late", "combine"},
                              {"shared_dec=two", "shared_dec"}, {"logits_tg=2", "logits_tg"},
                              {"dec_regs=96", "dec_regs"},     {"quant=late", "quant"},
-                             {"dec_pf=l3", "dec_pf"},         {"dec_sched=pool", "dec_sched"},
-                             {"dec_l2=last", "dec_l2"},       {"dec_l2=first,dec_regs=128", "dec_l2=first"},
-                             {"dec_l2=first,shared_dec=one", "dec_l2=first"}};
+                             {"dec_pf=l3", "dec_pf"},         {"dec_sched=pool", "dec_sched"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1728,11 +1712,6 @@ static Suite *cuda_suite(void)
     tcase_add_test(va, dec_pf_identical);
     tcase_add_test(va, dec_sched_identical);
     suite_add_tcase(s, va);
-    /* cache hints of the decode kernels (params dec_l2), bit for bit against the default */
-    TCase *hi = tcase_create("hints");
-    tcase_set_timeout(hi, 300);
-    tcase_add_test(hi, dec_l2_identical);
-    suite_add_tcase(s, hi);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
     tcase_add_test(dv, device_forward);
