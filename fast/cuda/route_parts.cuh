@@ -15,6 +15,44 @@ namespace dsv4cuda {
 
 __device__ __forceinline__ bool before_key(float ka, int ia, float kb, int ib) { return ka > kb || (ka == kb && ia < ib); }
 
+/* An order-preserving unsigned key of a non-NaN float (-0 as +0, as the float comparison has it):
+   a larger key is a larger value; every value's key is above 0, which marks "no candidate". */
+__device__ __forceinline__ unsigned ord_key(float v)
+{
+    const unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Lane's best untaken expert among e = lane + 32 i (bit i of taken): the largest key, the lowest id
+   on ties; bu 0 and be -1 when it has none. */
+__device__ __forceinline__ void lane_best(const float *bk, int E, int lane, unsigned taken, unsigned &bu, int &be)
+{
+    bu = 0u;
+    be = -1;
+#pragma unroll 1
+    for (int e = lane, i = 0; e < E; e += 32, i++) {
+        const unsigned u = ord_key(bk[e]);
+        if (!(taken >> i & 1u) && u > bu) {
+            bu = u;
+            be = e;
+        }
+    }
+}
+
+/* lane_best over the lane's keys in registers: ku[i] = ord_key of expert lane + 32 i, 0 past E. */
+template <int N>
+__device__ __forceinline__ void lane_best_reg(const unsigned (&ku)[N], int lane, unsigned taken, unsigned &bu, int &be)
+{
+    bu = 0u;
+    be = -1;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        if (!(taken >> i & 1u) && ku[i] > bu) {
+            bu = ku[i];
+            be = lane + 32 * i;
+        }
+}
+
 /* The elementwise score of a logit (SPEC.md 2.2): sqrt(softplus) (0) or the sigmoid (1). */
 __device__ __forceinline__ float score_of(float l, int score)
 {
@@ -405,41 +443,42 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
         if (warp == 0)
             hash_select_warp(a, t, lane, idk);
     } else if (warp == 0) {
-        /* warp-parallel: K rounds of a warp argmax, each lane over its own experts e = lane + 32 i
-           (a bit per expert marks the taken ones). A NaN key, or E > 1024, takes the serial
-           insertion instead, whose order NaN keys make position-dependent. */
+        /* K rounds of two warp reductions: the largest order-preserving key (__reduce_max_sync),
+           then the lowest id holding it (__reduce_min_sync); the winner's lane takes it and rescans
+           its own experts e = lane + 32 i (a bit per expert marks the taken ones; one call site of
+           lane_best, at the round's start). Two single-instruction reductions a round instead of a
+           five-step shuffle tree of key and id: this warp selects while the block's other warps wait
+           at the barrier below. A NaN key, or E > 1024, takes the serial insertion instead, whose
+           order NaN keys make position-dependent. */
         bool nan = false;
         for (int e = lane; e < E; e += 32)
             nan |= bk[e] != bk[e];
         nan = __any_sync(0xFFFFFFFFu, nan) || E > 1024;
         if (!nan) {
-            unsigned taken = 0;
-            for (int k = 0; k < K; k++) {
-                float bv = 0.0f;
-                int be = -1;
-                for (int e = lane, i = 0; e < E; e += 32, i++) {
-                    if (taken >> i & 1u)
-                        continue;
-                    const float v = bk[e];
-                    if (be < 0 || before_key(v, e, bv, be)) {
-                        bv = v;
-                        be = e;
-                    }
-                }
+            unsigned taken = 0u, bu = 0u;
+            int be = -1;
+            bool scan = true;
+            unsigned ku[8]; /* E <= 256: the lane's keys in registers, so a rescan reads no memory */
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) {
-                    float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, o);
-                    int oe = __shfl_xor_sync(0xFFFFFFFFu, be, o);
-                    if (oe >= 0 && (be < 0 || before_key(ov, oe, bv, be))) {
-                        bv = ov;
-                        be = oe;
-                    }
-                }
-                if (be >= 0 && (be & 31) == lane)
-                    taken |= 1u << (be >> 5);
+            for (int i = 0; i < 8; i++)
+                ku[i] = E <= 256 && lane + 32 * i < E ? ord_key(bk[lane + 32 * i]) : 0u;
+#pragma unroll 1
+            for (int k = 0; k < K; k++) {
+                if (scan && E <= 256)
+                    lane_best_reg(ku, lane, taken, bu, be);
+                else if (scan)
+                    lane_best(bk, E, lane, taken, bu, be);
+                scan = false;
+                const unsigned m = __reduce_max_sync(0xFFFFFFFFu, bu);
+                const unsigned we = __reduce_min_sync(0xFFFFFFFFu, be >= 0 && bu == m ? (unsigned)be : 0xFFFFFFFFu);
+                const bool any = we != 0xFFFFFFFFu;
                 if (lane == 0) {
-                    key[k] = bv;
-                    idk[k] = be;
+                    key[k] = any ? bk[we] : 0.0f;
+                    idk[k] = any ? (int)we : -1;
+                }
+                if (any && (int)(we & 31u) == lane) {
+                    taken |= 1u << (we >> 5);
+                    scan = true;
                 }
             }
         } else if (lane == 0) {

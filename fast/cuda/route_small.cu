@@ -26,30 +26,6 @@ __host__ __device__ constexpr int region_words(int E, int ncap)
 }
 __host__ __device__ constexpr int smem_words(int E, int ncap) { return region_words(E, ncap) + 2 * E + 3 * ncap; }
 
-/* An order-preserving unsigned key of a non-NaN float (-0 as +0, as the float comparison has it):
-   a larger key is a larger value; every value's key is above 0, which marks "no candidate". */
-__device__ __forceinline__ unsigned ord_key(float v)
-{
-    const unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* Lane's best untaken expert among e = lane + 32 i (bit i of taken): the largest key, the lowest id
-   on ties; bu 0 and be -1 when it has none. */
-__device__ __forceinline__ void lane_best(const float *bk, int E, int lane, unsigned taken, unsigned &bu, int &be)
-{
-    bu = 0u;
-    be = -1;
-#pragma unroll 1
-    for (int e = lane, i = 0; e < E; e += 32, i++) {
-        const unsigned u = ord_key(bk[e]);
-        if (!(taken >> i & 1u) && u > bu) {
-            bu = u;
-            be = e;
-        }
-    }
-}
-
 /*
  * The routing block runs this code once per step, on one multiprocessor, after the step's weight
  * stream has likely pushed it out of L2: its instruction lines come in cold, one after another on
