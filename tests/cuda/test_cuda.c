@@ -1699,8 +1699,13 @@ static Suite *cuda_suite(void)
     tcase_add_test(pd, route_fused_close);
     tcase_add_test(pd, combine_fold_identical);
     tcase_add_test(pd, dec_slab_identical);
-    tcase_add_test(pd, logits_tg_identical);
     suite_add_tcase(s, pd);
+    /* the small chunks' router logits with four tokens' x loaded together, against the default one
+       (a Tcase of its own: it decides that parameter's default, and runs alone in a short call) */
+    TCase *lg = tcase_create("logits");
+    tcase_set_timeout(lg, 300);
+    tcase_add_test(lg, logits_tg_identical);
+    suite_add_tcase(s, lg);
     /* the decode step's variants not yet the default (docs/cuda.md "Parameters"), each bit for bit
        against the default */
     TCase *va = tcase_create("variants");
