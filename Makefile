@@ -268,6 +268,13 @@ $(CUDA_BUILD)/fast/cuda/%.o: fast/cuda/%.cu $(wildcard fast/cuda/*.cuh) $(wildca
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# NVCC_ROUTER_FLAGS: nvcc flags for the one-block router (router_count.cu) alone, to weigh its code
+# size against its speed (its block runs each step's code once, through cold instruction caches:
+# ci/device-check.sh DSV4_DEVCHECK_PROFILE=route-opt builds it with lower optimization levels
+# beside the default). Empty by default.
+NVCC_ROUTER_FLAGS ?=
+$(CUDA_BUILD)/fast/cuda/router_count.o: NVCCFLAGS += $(NVCC_ROUTER_FLAGS)
+
 # The fp8 mode's grouped GEMM is CUTLASS 4.2 (header-only; ci/cutlass.sh puts the pinned wheel's
 # headers under CUTLASS_DIR, docs/dependencies.md). Only fast/cuda/gemm_fp8/ includes it; NDEBUG keeps
 # CUTLASS's device asserts out, which would otherwise serialize its wgmma pipeline (ptxas C7510).

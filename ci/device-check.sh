@@ -237,6 +237,30 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]
         --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats --section SpeedOfLight && \
         $NCU -i $WORK/route_t1.ncu-rep --page source --csv --print-source sass"
 fi
+# DSV4_DEVCHECK_PROFILE=route-opt: k_router_count's code size against its speed. Its one block
+# runs the step's routing and grouping code once, through instruction caches that hold none of it
+# (most of its warp samples wait on instruction fetch, docs/cuda.md), so fewer SASS lines may beat
+# better-scheduled ones: router_count.cu alone rebuilt with NVVM and ptxas at -O1 (106 -> 54 KB of
+# SASS) in build/ro, its k_router_count timed against the default build's at T 1, 8 and 32 (warm,
+# Nsight Compute, alternating), then test_cuda's small and fp8 Tcases from that build (the same
+# ids and clamp counters as the reference: the routing may not change).
+if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route-opt ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+    step build-route-o1 240 "make cuda BUILD=build/ro NVCC_ROUTER_FLAGS='-Xcicc -O1 -Xptxas -O1' -j$JOBS"
+    for rt in 1 8 32; do
+        for rv in default o1; do
+            rb=$BENCH
+            [ "$rv" = o1 ] && rb=build/ro/cuda/bench_cuda
+            step "profile-routeopt-t$rt-$rv" 90 "$NCU --clock-control none --cache-control none -k regex:k_router_count \
+                --launch-skip 30 --launch-count 8 --metrics gpu__time_duration.sum --print-summary per-kernel $rb \
+                --gemm fp8 --tokens $rt --quick --json $WORK/bench/routeopt_${rv}_$rt.json --dir $WORK/bench \
+                --threads $JOBS"
+        done
+    done
+    for rc in small fp8; do
+        step "cuda-test-routeopt-$rc" 200 "CK_RUN_CASE=$rc DSV4MOE_CUDA_REQUIRED=1 DSV4MOE_TMP=$WORK/cuda-tmp \
+            DSV4MOE_SRC=\$(pwd) DSV4MOE_PYTHON=$PY build/ro/cuda/test_cuda"
+    done
+fi
 # DSV4_DEVCHECK_PROFILE=decode: the decode step's kernel variants (params route=one: the one-launch
 # router; shared_dec=one: the shared expert in the routed decode launches; quant=fold: h quantized
 # in gate/up's launch, so three launches a step; dec_pf=l2: each decode block's weights prefetched
