@@ -135,9 +135,11 @@ absent() {
 # ---- build ----
 step build 150 "make -j$JOBS all && make -j$JOBS bench-cuda-build"
 step build-cuda 240 "make cuda"
-# what the tensor-core kernels compiled to (registers, spills, matrix instructions), for docs/cuda.md
-step sass 60 "nvcc -std=c++17 -O3 -I. -Iinclude -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -c fast/cuda/cuda.cu \
-    -o $WORK/sass.o 2>&1 | grep -A2 -E 'k_dec|k_tile[^s]' ; cuobjdump -sass $WORK/sass.o | grep -oE '[A-Z]+MMA[.A-Z0-9_]*' | sort | uniq -c"
+# what the tensor-core kernels compiled to (registers, spills, matrix instructions), for docs/cuda.md:
+# each in its own translation unit (k_dec, k_dec_mix, k_tile, k_tileh)
+step sass 120 "for u in dec dec_mix tile tileh; do echo \"== fast/cuda/\$u.cu\"; nvcc -std=c++17 -O3 -I. -Iinclude \
+    -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -c fast/cuda/\$u.cu -o $WORK/sass_\$u.o 2>&1 | grep -A2 -E 'k_dec|k_tile' ; \
+    cuobjdump -sass $WORK/sass_\$u.o | grep -oE '[A-Z]+MMA[.A-Z0-9_]*' | sort | uniq -c; done"
 
 BENCH=build/bench/bench_cuda
 if [ -x build/cuda/bench_cuda ]; then
