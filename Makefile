@@ -342,8 +342,15 @@ $(CUDA_BUILD)/tests/cuda/dec_mix_hw.o: tests/cuda/dec_mix_hw.cu tests/cuda/dec_m
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# and of its per-kernel test of count2_warp (group_parts.cuh) against count2_block.
+$(CUDA_BUILD)/tests/cuda/group_warp_hw.o: tests/cuda/group_warp_hw.cu tests/cuda/group_warp_hw.h tests/cuda/dev_arena.cuh \
+  $(wildcard fast/cuda/*.cuh)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
 $(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o \
   $(CUDA_BUILD)/tests/cuda/e4m3_hw.o $(CUDA_BUILD)/tests/cuda/route_small_hw.o $(CUDA_BUILD)/tests/cuda/dec_mix_hw.o \
+  $(CUDA_BUILD)/tests/cuda/group_warp_hw.o \
   $(HLIB_A) $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 

@@ -164,6 +164,7 @@ struct CudaBe {
     bool combine_fold = true; /* chunks of decode-sized groups: the combine in the down launch (combine=) */
     bool dec_slab = false; /* dec_b=smem: k_dec's fp4 launches without a K split stage B in shared memory */
     int logits_tg = 1;     /* logits_tg=4: k_logits_small loads four tokens' x together */
+    bool group_warp = false; /* group=warp: k_router_count's grouping by one warp where it fits (count2_warp) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     uint64_t fbuf_bytes[8] = {};

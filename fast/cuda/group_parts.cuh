@@ -82,6 +82,8 @@ struct Group2Args {
     int *zero; /* nzero ints the grouping zeroes (the decode kernels' fold counts, mma_parts.cuh, when
                   params quant=fold leaves k_quant out), or NULL */
     int nzero;
+    int warp; /* params group=warp: k_router_count groups a placed chunk of at most 32 slots with one
+                 warp (count2_warp), not the block (count2_block) */
 };
 
 /* Slot i (expert e, weight w) at its place: kept slot q and padded row `row` of the grouped layout. */
@@ -93,6 +95,46 @@ __device__ __forceinline__ void place_at(const Group2Args &a, int i, int e, int 
     a.rowmap[i] = row;
     if (a.slot_e)
         a.slot_e[q] = e;
+}
+
+/*
+ * The grouping's last step, on one thread, from the chunk's totals (so valid slots, po padded rows,
+ * na active experts, nm mid and nb big tiles of the routed experts): slot_off[E], the shared
+ * expert's tiles, the layout's bounds (past them: a bad-id count and nothing active), meta and the
+ * statistics. Returns the active experts (0: nothing to place).
+ */
+__device__ __forceinline__ int count2_finish(const Group2Args &a, int nt, int so, int po, int na, int nm, int nb)
+{
+    const int E = a.E;
+    a.slot_off[E] = so;
+    if (a.has_shared && nt > FM_DEC_MAX) {
+        const bool cut = a.cut_ok && a.cut_ok[E] && nt > a.cut_rows;
+        const int mid = nt <= FM_MID_MAX && !cut ? (nt + a.mid_rows - 1) / a.mid_rows : 0;
+        const int big = nt > FM_MID_MAX && !cut ? (nt + a.big_rows - 1) / a.big_rows : 0;
+        for (int i = 0; i < mid && nm < a.cap_mid; i++, nm++) {
+            a.tile_e[nm] = E;
+            a.tile_r0[nm] = a.mid_rows * i;
+        }
+        for (int i = 0; i < big && nb < a.cap_big; i++, nb++) {
+            a.tile_e[a.cap_mid + nb] = E;
+            a.tile_r0[a.cap_mid + nb] = a.big_rows * i;
+        }
+    }
+    if (po > a.rows || nm > a.cap_mid || nb > a.cap_big) {
+        /* cannot happen with the layout's bounds; never read or write past them */
+        atomicAdd(&a.stats[ST_BADID], 1ull);
+        na = nm = nb = so = 0;
+        for (int e = 0; e < E; e++)
+            a.cnt[e] = 0;
+    }
+    a.meta[0] = na;
+    a.meta[1] = nm;
+    a.meta[2] = so;
+    a.meta[3] = nb;
+    /* integer adds that return nothing: no load-modify-store round trip on the chain */
+    atomicAdd(&a.stats[ST_ACTIVE], (unsigned long long)na);
+    atomicAdd(&a.stats[ST_EMPTY], (unsigned long long)(E - na));
+    return na;
 }
 
 /*
@@ -148,38 +190,8 @@ __device__ __forceinline__ void count2_offsets(const Group2Args &a, int *c2cnt, 
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        int so = carry[0], po = carry[1], na = carry[2], nm = carry[3], nb = carry[4];
-        a.slot_off[E] = so;
-        if (a.has_shared && nt > FM_DEC_MAX) {
-            const bool cut = a.cut_ok && a.cut_ok[E] && nt > a.cut_rows;
-            const int mid = nt <= FM_MID_MAX && !cut ? (nt + a.mid_rows - 1) / a.mid_rows : 0;
-            const int big = nt > FM_MID_MAX && !cut ? (nt + a.big_rows - 1) / a.big_rows : 0;
-            for (int i = 0; i < mid && nm < a.cap_mid; i++, nm++) {
-                a.tile_e[nm] = E;
-                a.tile_r0[nm] = a.mid_rows * i;
-            }
-            for (int i = 0; i < big && nb < a.cap_big; i++, nb++) {
-                a.tile_e[a.cap_mid + nb] = E;
-                a.tile_r0[a.cap_mid + nb] = a.big_rows * i;
-            }
-        }
-        if (po > a.rows || nm > a.cap_mid || nb > a.cap_big) {
-            /* cannot happen with the layout's bounds; never read or write past them */
-            atomicAdd(&a.stats[ST_BADID], 1ull);
-            na = nm = nb = so = 0;
-            for (int e = 0; e < E; e++)
-                a.cnt[e] = 0;
-        }
-        a.meta[0] = na;
-        a.meta[1] = nm;
-        a.meta[2] = so;
-        a.meta[3] = nb;
-        /* integer adds that return nothing: no load-modify-store round trip on the chain */
-        atomicAdd(&a.stats[ST_ACTIVE], (unsigned long long)na);
-        atomicAdd(&a.stats[ST_EMPTY], (unsigned long long)(E - na));
-        *s_ok = na > 0;
-    }
+    if (threadIdx.x == 0)
+        *s_ok = count2_finish(a, nt, carry[0], carry[1], carry[2], carry[3], carry[4]) > 0;
 }
 
 /* The slice of slots one warp of the large chunks' grouping counts and places (mma_group.cuh:
@@ -257,6 +269,107 @@ __device__ __forceinline__ void count2_block(const Group2Args &a)
             rank += sid[j] == e;
         place_at(a, i, e, c2cnt[e] + rank, c2cnt[E + e] + rank, sw[i]);
     }
+}
+
+/* The slots count2_warp takes: one a lane. */
+constexpr int GROUP_WARP_SLOTS = 32;
+
+/*
+ * count2_block's whole result for a placed chunk (a.place, no a.hist) of at most GROUP_WARP_SLOTS
+ * slots and E <= 32 * GROUP_WARP_EPL experts (group_warp_fits), by one warp (lane 0..31 of the calling warp; the
+ * other threads may have returned): the same counts, offsets, active list, tile lists, meta,
+ * statistics and placement, the same values in the same places. Why: the routing block runs its
+ * grouping once per step through instruction caches that hold none of it, so its time is the
+ * number of distinct instructions on the path (docs/cuda.md); count2_block's five-value block scan
+ * over all E experts is most of them. Here lane i holds slot i; each lane, for its experts e =
+ * lane + 32 j, counts the slots below e, at e and the distinct experts below e by one pass over
+ * the slots (shuffles), which gives every expert's count and offsets directly; a slot's rank among
+ * its expert's slots is its position in its __match_any_sync group. With n <= 32 slots no expert
+ * has more than 32 rows: no big tiles, at most one mid tile each.
+ */
+constexpr int GROUP_WARP_EPL = 8; /* experts a lane takes: E <= 256, three counters each in registers */
+__device__ __forceinline__ bool group_warp_fits(const Group2Args &a, int nt)
+{
+    return a.warp && a.place && !a.hist && nt * a.K <= GROUP_WARP_SLOTS && a.E <= 32 * GROUP_WARP_EPL;
+}
+__device__ __forceinline__ void count2_warp(const Group2Args &a)
+{
+    const unsigned FULL = 0xFFFFFFFFu;
+    const int lane = threadIdx.x & 31, E = a.E, nt = *a.ntok, n = nt * a.K;
+    for (int i = lane; i < a.nzero; i += 32)
+        a.zero[i] = 0;
+    /* lane i: slot i (e == E: a pruned slot, placed nowhere; outside [0, E]: counted bad) */
+    const int e = lane < n ? __ldcg(a.ids + lane) : -1;
+    const float w = lane < n ? __ldcg(a.w + lane) : 0.0f;
+    if (lane < n && (e < 0 || e > E))
+        atomicAdd(&a.stats[ST_BADID], 1ull);
+    const bool valid = lane < n && e >= 0 && e < E;
+    const unsigned grp = __match_any_sync(FULL, valid ? e : -1 - lane); /* invalid slots: alone */
+    const int rank = __popc(grp & ((1u << lane) - 1u)); /* slots of e before this one */
+    const int cnt = __popc(grp);
+    const bool lead = valid && rank == 0; /* the first slot of its expert: carries the expert */
+    /* the expert's group sizes: mid tiles where count2_offsets makes them (c <= 32 < FM_MID_MAX) */
+    const bool cut = valid && cnt > a.cut_rows && a.cut_ok && a.cut_ok[e];
+    const int mid = lead && cnt > FM_DEC_MAX && !cut ? (cnt + a.mid_rows - 1) / a.mid_rows : 0;
+    /* per slot: the valid slots, distinct experts and mid tiles of the experts below its own */
+    int s_lt = 0, a_lt = 0, m_lt = 0;
+    /* per expert of this lane (e = lane + 32 j): the valid slots below it and at it, the distinct
+       experts below it */
+    int x_lt[GROUP_WARP_EPL], x_eq[GROUP_WARP_EPL], x_alt[GROUP_WARP_EPL];
+    const int nj = (E + 31) / 32;
+#pragma unroll
+    for (int j = 0; j < GROUP_WARP_EPL; j++)
+        x_lt[j] = 0, x_eq[j] = 0, x_alt[j] = 0;
+#pragma unroll 1
+    for (int q = 0; q < n; q++) {
+        const int eq = __shfl_sync(FULL, valid ? e : -1, q);
+        const int lq = __shfl_sync(FULL, lead ? 1 : 0, q), mq = __shfl_sync(FULL, mid, q);
+        if (eq < 0)
+            continue; /* the same on every lane */
+        if (valid && eq < e) {
+            s_lt++;
+            a_lt += lq;
+            m_lt += mq;
+        }
+#pragma unroll
+        for (int j = 0; j < GROUP_WARP_EPL; j++) {
+            if (j < nj) {
+                const int x = lane + 32 * j;
+                x_lt[j] += eq < x;
+                x_eq[j] += eq == x;
+                x_alt[j] += lq && eq < x;
+            }
+        }
+    }
+    /* every expert's count and offsets (count2_offsets' cnt, slot_off, pad_off: each group of at
+       most 32 rows pads to 128) */
+#pragma unroll
+    for (int j = 0; j < GROUP_WARP_EPL; j++) {
+        const int x = lane + 32 * j;
+        if (j < nj && x < E) {
+            a.cnt[x] = x_eq[j];
+            a.slot_off[x] = x_lt[j];
+            a.pad_off[x] = 128 * x_alt[j];
+        }
+    }
+    if (lead) {
+        a.active[a_lt] = e;
+        for (int i = 0; i < mid && m_lt + i < a.cap_mid; i++) {
+            a.tile_e[m_lt + i] = e;
+            a.tile_r0[m_lt + i] = a.mid_rows * i;
+        }
+    }
+    const int so = __reduce_add_sync(FULL, valid ? 1 : 0), na = __reduce_add_sync(FULL, lead ? 1 : 0);
+    const int nm = __reduce_add_sync(FULL, mid);
+    int nz = 0;
+    __syncwarp(); /* every lane's cnt before lane 0 may zero them */
+    if (lane == 0) /* count2_offsets' tail: the shared expert's tiles, the bounds, meta, statistics */
+        nz = count2_finish(a, nt, so, 128 * na, na, nm, 0);
+    /* the placement: count2_block's, rank = the slots of e before this one; none when no expert is
+       active or the bounds failed (count2_block returns before it then) */
+    nz = __shfl_sync(FULL, nz, 0);
+    if (nz > 0 && valid)
+        place_at(a, lane, e, s_lt + rank, 128 * a_lt + rank, w);
 }
 
 } // namespace dsv4cuda

@@ -396,6 +396,7 @@ Group2Args group2_args(const CudaBe *b, const Layout &L, const RouterArgs &ra, c
     g2.hist = sliced ? at<int>(b, L.hist) : nullptr;
     g2.zero = b->quant_fold ? at<int>(b, L.fcnt) : nullptr;
     g2.nzero = b->quant_fold ? (int)fold_counts(b) : 0;
+    g2.warp = b->group_warp ? 1 : 0;
     return g2;
 }
 

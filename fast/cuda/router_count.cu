@@ -17,14 +17,25 @@ namespace {
  * it (a caller-owned workspace carries other layers' bytes between calls). Saves the launch and
  * the ids' round trip between the two kernels of a decode step.
  */
-__global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
+/* The chunk's grouping by the whole block, or with WG (params group=warp) by its first warp where
+   it fits. */
+template <bool WG> __device__ __forceinline__ void group_chunk(const Group2Args &g)
+{
+    if (!WG || !group_warp_fits(g, *g.ntok))
+        count2_block(g);
+    else if (threadIdx.x < 32)
+        count2_warp(g);
+}
+
+/* WG: params group=warp, a kernel of its own, so the default's code is the same without it. */
+template <bool WG> __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
 {
     pdl_enter();
     route_block(ra, blockIdx.x);
     __shared__ int s_last;
     __syncthreads(); /* the block's ids, weights and kept count are written (thread 0 wrote them) */
     if (gridDim.x == 1) { /* a chunk of one token: nothing to wait for (saves the fences and the atomic's round trip) */
-        count2_block(g);
+        group_chunk<WG>(g);
         return;
     }
     if (threadIdx.x == 0) {
@@ -35,7 +46,7 @@ __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
     if (!s_last)
         return;
     __threadfence();
-    count2_block(g);
+    group_chunk<WG>(g);
 }
 
 } // namespace
@@ -43,7 +54,8 @@ __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
 cudaError_t launch_router_count(const RouterArgs &ra, const Group2Args &g, int *ticket, unsigned blocks, size_t smem,
                                 cudaStream_t s, bool pdl)
 {
-    return launch_kernel(k_router_count, dim3(blocks), 256, smem, s, pdl, ra, g, ticket);
+    return launch_kernel(g.warp ? k_router_count<true> : k_router_count<false>, dim3(blocks), 256, smem, s, pdl, ra, g,
+                         ticket);
 }
 
 } // namespace dsv4cuda

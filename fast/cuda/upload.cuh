@@ -234,9 +234,10 @@ struct Kernels {
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
     bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma_parts.cuh) */
     int logits_tg = 1;             /* logits_tg=4: k_logits_small loads four tokens' x together (router.cuh) */
+    bool group_warp = false;       /* group=warp: k_router_count groups chunks of up to 32 slots with one warp (group_parts.cuh) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -267,6 +268,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("fold") || val("kernel"), k->combine_fold = val("fold");
         else if (is("dec_b"))
             ok = val("l1") || val("smem"), k->dec_slab = val("smem");
+        else if (is("group"))
+            ok = val("block") || val("warp"), k->group_warp = val("warp");
         else if (is("logits_tg"))
             ok = val("1") || val("4"), k->logits_tg = val("4") ? 4 : 1;
         else if (is("shared_dec"))
@@ -294,7 +297,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -322,6 +325,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->combine_fold = k.combine_fold;
     b->dec_slab = k.dec_slab;
     b->logits_tg = k.logits_tg;
+    b->group_warp = k.group_warp;
     b->big_rows = b->tile16 ? tileh_big[b->big_var].bn : 128;
 }
 

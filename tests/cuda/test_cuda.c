@@ -43,6 +43,7 @@
 #include "tests/backend_ops.h"
 #include "tests/cuda/route_small_hw.h"
 #include "tests/cuda/dec_mix_hw.h"
+#include "tests/cuda/group_warp_hw.h"
 #include "fast/cuda/repack.h"
 #include "core/bits.h"
 #include "core/route.h"
@@ -417,6 +418,20 @@ START_TEST(logits_tg_identical)
                                   {"v4-flash", 0, 17, 32, 1}, {"mini-fp8", 1, 5, 0, 1},   {"mini-topp", 1, 9, 0, 0},
                                   {"mini", 1, 40, 0, 0}};
     variant_cases("logits_tg", "logits_tg=4", cs, sizeof cs / sizeof cs[0], 0);
+}
+END_TEST
+
+/* The grouping of chunks of up to 32 slots by one warp of k_router_count (params group=warp,
+   count2_warp) against the block (count2_block, the default): the same counts, offsets and
+   placement, so the same outputs, ids and clamp counters bit for bit. v4-flash T 1 to 5 (6 to 30
+   slots) in both numerics modes, T 6 (36 slots: the block's grouping either way), the hash layer,
+   mini-topp (pruned slots), mini-fp8, and T 1 on all 256 experts. */
+START_TEST(group_warp_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 3, 32, 0}, {"v4-flash", 5, 5, 32, 1},
+                                  {"v4-flash", 5, 6, 32, 1}, {"v4-flash", 0, 4, 32, 1}, {"mini-topp", 1, 9, 0, 0},
+                                  {"mini-fp8", 1, 5, 0, 1},  {"v4-flash", 5, 1, 0, 1}};
+    variant_cases("group", "group=warp", cs, sizeof cs / sizeof cs[0], 0);
 }
 END_TEST
 
@@ -815,6 +830,85 @@ START_TEST(dec_mix_kernel)
 }
 END_TEST
 
+/* One chunk grouped by count2_block (the default) and by count2_warp (params group=warp): every
+   output the same, byte for byte, and the block's as the inputs say (valid slots, active experts).
+   ids: kind 0 distinct per token from a pool of `pool` experts, 1 every token's slot 0 on expert 3
+   (K 1: a group past 16 rows), then `pruned` slots set to E, `bad` slots out of range. */
+static void group_warp_case(int E, int K, int T, int pool, int pruned, int bad, int cut, int rows, uint64_t seed)
+{
+    const int n = T * K;
+    int32_t ids[32];
+    float w[32];
+    uint8_t cut_ok[257];
+    uint64_t r = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e, dup;
+            do {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                e = (int)((r >> 33) % (uint64_t)pool);
+                if (K == 1 && (r >> 20) % 8 < 5)
+                    e = 3; /* most tokens on expert 3 */
+                dup = 0;
+                for (int j = 0; j < k; j++)
+                    dup |= ids[t * K + j] == e;
+            } while (dup);
+            ids[t * K + k] = e;
+            w[t * K + k] = 0.125f * (float)(1 + (t * K + k) % 7);
+        }
+    for (int i = 0; i < pruned; i++)
+        ids[(5 * i + 1) % n] = E;
+    for (int i = 0; i < bad; i++)
+        ids[(7 * i + 2) % n] = i % 2 ? -2 : E + 3;
+    memset(cut_ok, 0, sizeof cut_ok);
+    if (cut)
+        cut_ok[3] = 1, cut_ok[E] = 1;
+    dsv4_test_group_in in = {.E = E, .K = K, .T = T, .ids = ids, .w = w, .cut_ok = cut ? cut_ok : NULL,
+                             .cut_rows = 16, .has_shared = 1, .rows = rows, .cap_mid = 16, .cap_big = 8, .nzero = 5};
+    static dsv4_test_group_out blk, wrp;
+    ck_assert_int_eq(dsv4_test_group_warp(&in, &blk, &wrp), 0);
+    int valid = 0, active = 0;
+    for (int i = 0; i < n; i++) {
+        int first = ids[i] >= 0 && ids[i] < E;
+        valid += first;
+        for (int j = 0; j < i && first; j++)
+            first = ids[j] != ids[i];
+        active += first;
+    }
+    const int fits = active * 128 <= rows;
+    ck_assert_int_eq(blk.meta[0], fits ? active : 0);
+    ck_assert_int_eq(blk.meta[2], fits ? valid : 0);
+    ck_assert_uint_eq(blk.badid, (unsigned long long)(bad + !fits));
+    const unsigned char *a = (const unsigned char *)&blk, *b = (const unsigned char *)&wrp;
+    size_t first_diff = sizeof blk;
+    for (size_t i = 0; i < sizeof blk && first_diff == sizeof blk; i++)
+        if (a[i] != b[i])
+            first_diff = i;
+    ck_assert_msg(first_diff == sizeof blk, "E %d K %d T %d seed %llu: count2_warp differs from count2_block at byte %zu",
+                  E, K, T, (unsigned long long)seed, first_diff);
+    printf("cuda_suite count2_warp E %3d K %d T %2d: %d valid slots, %d experts, %d mid tiles, as count2_block\n", E, K,
+           T, blk.meta[2], blk.meta[0], blk.meta[1]);
+}
+
+/* count2_warp (params group=warp's grouping) against count2_block on chunks of up to 32 slots:
+   one token of v4-flash's shape, repeated experts, an odd E, pruned and out-of-range slots, a group
+   past 16 rows (a mid tile; the shared expert's tile at T 32), its cut to the GEMM, the layout's
+   bound failed, and no slot valid. */
+START_TEST(group_warp_kernel)
+{
+    if (!have_gpu())
+        return;
+    group_warp_case(256, 6, 1, 256, 0, 0, 0, 1 << 20, 1);
+    group_warp_case(256, 6, 5, 9, 0, 0, 0, 1 << 20, 2);
+    group_warp_case(72, 4, 8, 12, 3, 0, 0, 1 << 20, 3);
+    group_warp_case(8, 1, 32, 8, 0, 0, 0, 1 << 20, 4);
+    group_warp_case(8, 1, 32, 8, 2, 0, 1, 1 << 20, 5);
+    group_warp_case(16, 2, 4, 16, 0, 2, 0, 1 << 20, 6);
+    group_warp_case(32, 4, 4, 32, 0, 0, 0, 256, 7);
+    group_warp_case(16, 2, 3, 16, 6, 0, 0, 1 << 20, 8);
+}
+END_TEST
+
 /* k_route_small alone (params route=one's kernel) on small shapes: logits of exact sums bit for bit,
    the reference's selection and weights (dsv4_route_select on scores from the same formulas), its
    kept counts, and k_count2's counts, offsets, active list, tile lists and placement of its own
@@ -1200,7 +1294,8 @@ START_TEST(shared_workspace)
                              {"route=both", "route"},         {"route=once", "route"},    {"combine=late", "combine"},
                              {"shared_dec=two", "shared_dec"}, {"logits_tg=2", "logits_tg"},
                              {"dec_regs=96", "dec_regs"},     {"quant=late", "quant"},
-                             {"dec_pf=l3", "dec_pf"},         {"dec_sched=pool", "dec_sched"}};
+                             {"dec_pf=l3", "dec_pf"},         {"dec_sched=pool", "dec_sched"},
+                             {"group=thread", "group"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1640,6 +1735,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, e4m3_hardware_encode);
     tcase_add_test(sm, route_small_kernel);
     tcase_add_test(sm, dec_mix_kernel);
+    tcase_add_test(sm, group_warp_kernel);
     suite_add_tcase(s, sm);
     TCase *f8 = tcase_create("fp8");
     tcase_set_timeout(f8, 600);
@@ -1700,11 +1796,13 @@ static Suite *cuda_suite(void)
     tcase_add_test(pd, combine_fold_identical);
     tcase_add_test(pd, dec_slab_identical);
     suite_add_tcase(s, pd);
-    /* the small chunks' router logits with four tokens' x loaded together, against the default one
-       (a Tcase of its own: it decides that parameter's default, and runs alone in a short call) */
-    TCase *lg = tcase_create("logits");
+    /* the routing variants that wait for a device to decide their default, each against it: the
+       small chunks' logits with four tokens' x loaded together, the grouping by one warp (a Tcase
+       of their own, to run alone in a short call) */
+    TCase *lg = tcase_create("routing");
     tcase_set_timeout(lg, 300);
     tcase_add_test(lg, logits_tg_identical);
+    tcase_add_test(lg, group_warp_identical);
     suite_add_tcase(s, lg);
     /* the decode step's variants not yet the default (docs/cuda.md "Parameters"), each bit for bit
        against the default */
