@@ -208,7 +208,8 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 # replayed graph, whose weights and buffers stay in L2), then k_router_count at T = 1 in detail:
 # warp states, memory, and the per-instruction stall samples of its SASS (the source page, CSV);
 # the logits kernel with params logits_tg=4 (four tokens' x loaded together) and the one-launch router
-# (params route=one, k_route_small) at the same T, warm.
+# (params route=one, k_route_small) at the same T, warm; the grouping by one warp (params
+# group=warp) at T 1 and 4, warm.
 if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     RK="regex:k_router_count|k_logits_small|k_router\$|k_count2|k_route_small"
     for rt in 1 8 32; do # (not t or cc: step uses those)
@@ -223,6 +224,13 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]
         step "profile-route-t$rt-tg4" 90 "$NCU --clock-control none --cache-control none -k '$RK' --launch-skip 30 \
             --launch-count 8 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
             --cuda-kernels logits_tg=4 --tokens $rt --quick --json $WORK/bench/route_tg4_$rt.json --dir $WORK/bench \
+            --threads $JOBS"
+    done
+    # the grouping by one warp (params group=warp: chunks of at most 32 slots, T <= 5 on v4-flash), warm
+    for rt in 1 4; do
+        step "profile-route-t$rt-gw" 90 "$NCU --clock-control none --cache-control none -k '$RK' --launch-skip 30 \
+            --launch-count 8 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
+            --cuda-kernels group=warp --tokens $rt --quick --json $WORK/bench/route_gw_$rt.json --dir $WORK/bench \
             --threads $JOBS"
     done
     # the one-launch router (params route=one: k_route_small), warm, same T
