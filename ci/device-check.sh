@@ -206,7 +206,8 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 # k_router and k_count2 where the chunk takes them) at T = 1, 8 and 32, fp8 mode: their durations
 # with Nsight Compute's cache flush before each kernel (its default) and without it (closer to a
 # replayed graph, whose weights and buffers stay in L2), then k_router_count at T = 1 in detail:
-# warp states, memory, and the per-instruction stall samples of its SASS (the source page, CSV);
+# warp states, memory, and the per-instruction stall samples of its SASS (the source page, CSV,
+# after its summary by ci/ncu-stall-regions.py: the samples between block barriers);
 # the logits kernel with params logits_tg=4 (four tokens' x loaded together) and the one-launch router
 # (params route=one, k_route_small) at the same T, warm; the grouping by one warp (params
 # group=warp) at T 1 and 4, warm.
@@ -245,7 +246,8 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]
         -f -o $WORK/route_t1 $BENCH --gemm fp8 \
         --tokens 1 --quick --json $WORK/bench/route_d.json --dir $WORK/bench --threads $JOBS >/dev/null && $NCU -i $WORK/route_t1.ncu-rep \
         --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats --section SpeedOfLight && \
-        $NCU -i $WORK/route_t1.ncu-rep --page source --csv --print-source sass"
+        $NCU -i $WORK/route_t1.ncu-rep --page source --csv --print-source sass >$WORK/route_t1_sass.csv && \
+        $PY ci/ncu-stall-regions.py $WORK/route_t1_sass.csv && cat $WORK/route_t1_sass.csv"
 fi
 # DSV4_DEVCHECK_PROFILE=route-opt: k_router_count's code size against its speed. Its one block
 # runs the step's routing and grouping code once, through instruction caches that hold none of it
@@ -331,7 +333,8 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = fill ] && [ -x "$BENCH" ] && [ -x "$NCU" ];
         --cuda-kernels route=one --tokens 1 --quick --json $WORK/bench/route_one_d.json --dir $WORK/bench \
         --threads $JOBS >/dev/null && $NCU -i $WORK/route_one_t1.ncu-rep --section WarpStateStats \
         --section MemoryWorkloadAnalysis --section LaunchStats --section SpeedOfLight && \
-        $NCU -i $WORK/route_one_t1.ncu-rep --page source --csv --print-source sass"
+        $NCU -i $WORK/route_one_t1.ncu-rep --page source --csv --print-source sass >$WORK/route_one_t1_sass.csv && \
+        $PY ci/ncu-stall-regions.py $WORK/route_one_t1_sass.csv && cat $WORK/route_one_t1_sass.csv"
 fi
 # DSV4_DEVCHECK_PROFILE=prefill: every kernel's time at T = 4096 and 16384 in fp8 mode (Nsight
 # Compute, its default cache flush; the grouped FP8 GEMMs and every kernel around them), the

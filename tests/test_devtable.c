@@ -190,6 +190,53 @@ START_TEST(nothing_measured)
 }
 END_TEST
 
+/* Runs ci/ncu-stall-regions.py on dir/name (extra arguments args), output into out_buf; its exit status. */
+static int stall_regions(const char *dir, const char *name, const char *args)
+{
+    const char *py = getenv("DSV4MOE_PYTHON"), *src = getenv("DSV4MOE_SRC");
+    char cmd[4096], log[700];
+    snprintf(log, sizeof log, "%s/regions.txt", dir);
+    snprintf(cmd, sizeof cmd, "%s %s/ci/ncu-stall-regions.py %s/%s %s >%s 2>&1", py && py[0] ? py : "python3",
+             src && src[0] ? src : ".", dir, name, args, log);
+    int rc = system(cmd);
+    ck_assert_msg(tu_read_file(log, out_buf, sizeof out_buf) >= 0, "no output from %s", cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* ci/ncu-stall-regions.py on a hand-written source page, as a device-check step log holds it: the
+   regions between barriers with their shares, instructions and lines, the fetch share; a log
+   without a source page exits 2 naming the file. */
+START_TEST(stall_regions_of_a_source_page)
+{
+    char dir[600];
+    fresh(dir, sizeof dir, "stall_regions");
+    static const char page[] =
+        "== profile-route-detail\n"
+        "   | \"Kernel Name\",\"k\"\n"
+        "   | \"Address\",\"Source\",\"Warp Stall Sampling (All Samples)\",\"Instructions Executed\",\"stall_barrier\",\"stall_no_inst\"\n"
+        "   | \"0x1000\",\"      LDG.E R2, [R4]\",\"6\",\"8\",\"0\",\"6\"\n"
+        "   | \"0x1010\",\"      BAR.SYNC.DEFER_BLOCKING 0x0\",\"2\",\"8\",\"2\",\"0\"\n"
+        "   | \"0x1080\",\"      FADD R1, R2, R3\",\"1\",\"1\",\"0\",\"0\"\n"
+        "   | \"0x1090\",\"      NOP\",\"0\",\"0\",\"0\",\"0\"\n"
+        "   | \"0x10a0\",\"@!P0  EXIT\",\"1\",\"1\",\"0\",\"1\"\n";
+    put(dir, "page.log", page);
+    ck_assert_msg(stall_regions(dir, "page.log", "") == 0, "%s", out_buf);
+    /* the first region: 8 of 10 samples, 16 warp instructions, 2 distinct in one line */
+    ck_assert_msg(strstr(out_buf, "     0-1             8  80.0%         16        2     1  BAR.SYNC"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "barrier 2"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "     2-4             2  20.0%          2        2     1  @!P0  EXIT"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "all: 10 samples, 18 warp instructions, 4 distinct executed instructions in 2 lines"),
+                  "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "instruction fetch (no_instruction): 70.0% of the samples"), "%s", out_buf);
+    /* --min-share leaves the small region out */
+    ck_assert_int_eq(stall_regions(dir, "page.log", "--min-share 50"), 0);
+    ck_assert_ptr_null(strstr(out_buf, "EXIT:"));
+    put(dir, "none.log", "== build\n   pass in 3s\n");
+    ck_assert_int_eq(stall_regions(dir, "none.log", ""), 2);
+    ck_assert_msg(strstr(out_buf, "none.log: no SASS source page"), "%s", out_buf);
+}
+END_TEST
+
 Suite *devtable_suite(void)
 {
     Suite *s = suite_create("devtable");
@@ -197,6 +244,7 @@ Suite *devtable_suite(void)
     tcase_add_test(tc, two_modes_and_three_peers);
     tcase_add_test(tc, modes_from_rows_and_peers_that_did_not_run);
     tcase_add_test(tc, nothing_measured);
+    tcase_add_test(tc, stall_regions_of_a_source_page);
     suite_add_tcase(s, tc);
     return s;
 }
