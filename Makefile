@@ -330,27 +330,15 @@ $(CUDA_BUILD)/tests/cuda/e4m3_hw.o: tests/cuda/e4m3_hw.cu fast/cuda/kernels.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-# and of its per-kernel test of k_route_small (the library's route_small.cu through its launcher).
-$(CUDA_BUILD)/tests/cuda/route_small_hw.o: tests/cuda/route_small_hw.cu tests/cuda/route_small_hw.h tests/cuda/dev_arena.cuh \
-  $(wildcard fast/cuda/*.cuh)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-
-# and of its per-kernel test of k_dec_mix (dec_mix.cu through its launcher).
-$(CUDA_BUILD)/tests/cuda/dec_mix_hw.o: tests/cuda/dec_mix_hw.cu tests/cuda/dec_mix_hw.h tests/cuda/dev_arena.cuh \
-  $(wildcard fast/cuda/*.cuh)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-
-# and of its per-kernel test of count2_warp (group_parts.cuh) against count2_block.
-$(CUDA_BUILD)/tests/cuda/group_warp_hw.o: tests/cuda/group_warp_hw.cu tests/cuda/group_warp_hw.h tests/cuda/dev_arena.cuh \
-  $(wildcard fast/cuda/*.cuh)
+# and of its per-kernel tests, each tests/cuda/NAME_hw.cu with its header NAME_hw.h: k_route_small
+# and k_dec_mix through their launchers, count2_warp against count2_block (group_parts.cuh).
+CUDA_TEST_HW := route_small dec_mix group_warp
+$(CUDA_BUILD)/tests/cuda/%_hw.o: tests/cuda/%_hw.cu tests/cuda/%_hw.h tests/cuda/dev_arena.cuh $(wildcard fast/cuda/*.cuh)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(CUDA_TEST): $(CUDA_BUILD)/tests/cuda/test_cuda.o $(CUDA_BUILD)/tests/test_backend_ops.o \
-  $(CUDA_BUILD)/tests/cuda/e4m3_hw.o $(CUDA_BUILD)/tests/cuda/route_small_hw.o $(CUDA_BUILD)/tests/cuda/dec_mix_hw.o \
-  $(CUDA_BUILD)/tests/cuda/group_warp_hw.o \
+  $(CUDA_BUILD)/tests/cuda/e4m3_hw.o $(CUDA_TEST_HW:%=$(CUDA_BUILD)/tests/cuda/%_hw.o) \
   $(HLIB_A) $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $(filter %.o,$^) $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 

@@ -220,27 +220,20 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]
                 --tokens $rt --quick --json $WORK/bench/route_$rt.json --dir $WORK/bench --threads $JOBS"
         done
     done
-    # the logits kernel with four tokens' x loaded together (params logits_tg=4), warm, same T
-    for rt in 1 8 32; do
-        step "profile-route-t$rt-tg4" 90 "$NCU --clock-control none --cache-control none -k '$RK' --launch-skip 30 \
-            --launch-count 8 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
-            --cuda-kernels logits_tg=4 --tokens $rt --quick --json $WORK/bench/route_tg4_$rt.json --dir $WORK/bench \
-            --threads $JOBS"
-    done
-    # the grouping by one warp (params group=warp: chunks of at most 32 slots, T <= 5 on v4-flash), warm
-    for rt in 1 4; do
-        step "profile-route-t$rt-gw" 90 "$NCU --clock-control none --cache-control none -k '$RK' --launch-skip 30 \
-            --launch-count 8 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
-            --cuda-kernels group=warp --tokens $rt --quick --json $WORK/bench/route_gw_$rt.json --dir $WORK/bench \
-            --threads $JOBS"
-    done
-    # the one-launch router (params route=one: k_route_small), warm, same T
-    for rt in 1 8 32; do
-        step "profile-route-t$rt-one" 90 "$NCU --clock-control none --cache-control none -k '$RK' --launch-skip 30 \
-            --launch-count 8 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
-            --cuda-kernels route=one --tokens $rt --quick --json $WORK/bench/route_one_$rt.json --dir $WORK/bench \
-            --threads $JOBS"
-    done
+    # the routing kernels warm on a params variant: route_warm TAG PARAMS T... (steps profile-route-tT-TAG)
+    route_warm() {
+        rtag=$1 rkv=$2
+        shift 2
+        for rt in "$@"; do
+            step "profile-route-t$rt-$rtag" 90 "$NCU --clock-control none --cache-control none -k '$RK' --launch-skip 30 \
+                --launch-count 8 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
+                --cuda-kernels $rkv --tokens $rt --quick --json $WORK/bench/route_${rtag}_$rt.json --dir $WORK/bench \
+                --threads $JOBS"
+        done
+    }
+    route_warm tg4 logits_tg=4 1 8 32 # the logits kernel with four tokens' x loaded together
+    route_warm gw group=warp 1 4      # the grouping by one warp: chunks of at most 32 slots, T <= 5 on v4-flash
+    route_warm one route=one 1 8 32   # the one-launch router (k_route_small)
     step profile-route-detail 150 "$NCU --clock-control none --cache-control none -k regex:k_router_count \
         --launch-skip 30 --launch-count 1 --set full --warp-sampling-interval 0 --import-source yes \
         -f -o $WORK/route_t1 $BENCH --gemm fp8 \

@@ -94,7 +94,7 @@ def main(argv):
         end = data[ks[-1]][i_src].strip()[:24]
         print(f"{ks[0]:6d}-{ks[-1]:<6d} {samp:8d} {100.0 * samp / total:5.1f}% {wi:10d} {nd:8d} {nl:5d}  {end}: {top}")
     samp, wi, nd, nl, why = summary(range(len(data)))
-    fetch = why.get("no_instructions", why.get("no_inst", 0))
+    fetch = why.get("no_inst", 0)  # ncu's stall_no_inst column
     print(f"all: {samp} samples, {wi} warp instructions, {nd} distinct executed instructions in {nl} lines of "
           f"128 bytes; waiting on instruction fetch (no_instruction): {100.0 * fetch / total:.1f}% of the samples")
     return 0
