@@ -78,6 +78,11 @@ PY=${PYTHON:-python3}
 LOGS=$WORK/logs
 mkdir -p "$OUT" "$LOGS" "$WORK/bench"
 [ "${DSV4_DEVCHECK_KEEP:-0}" = 1 ] || rm -f "$WORK"/bench/*.json
+# DSV4_DEVCHECK_PROFILE holds one profile name or several, space-separated ("route ring")
+profile() {
+    case " ${DSV4_DEVCHECK_PROFILE:-0} " in *" $1 "*) return 0 ;; esac
+    return 1
+}
 : >"$WORK/steps.tsv"
 T_START=$(date +%s)
 
@@ -210,8 +215,8 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 # after its summary by ci/ncu-stall-regions.py: the samples between block barriers);
 # the logits kernel with params logits_tg=4 (four tokens' x loaded together) and the one-launch router
 # (params route=one, k_route_small) at the same T, warm; the grouping by one warp (params
-# group=warp) at T 1 and 4, warm.
-if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+# group=warp) at T 1 and 4, warm; then the step's routed decode GEMMs at T = 1 in detail.
+if profile route && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     RK="regex:k_router_count|k_logits_small|k_router\$|k_count2|k_route_small"
     for rt in 1 8 32; do # (not t or cc: step uses those)
         for rcc in all none; do
@@ -241,6 +246,20 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route ] && [ -x "$BENCH" ] && [ -x "$NCU" ]
         --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats --section SpeedOfLight && \
         $NCU -i $WORK/route_t1.ncu-rep --page source --csv --print-source sass >$WORK/route_t1_sass.csv && \
         $PY ci/ncu-stall-regions.py $WORK/route_t1_sass.csv && cat $WORK/route_t1_sass.csv"
+    # the decode GEMMs of the same step in detail: routed gate/up (k_dec<fp4, EPI_NONE>) and the
+    # routed down projection with the combine folded in (k_dec<fp4, EPI_COMBINE>), by their
+    # demangled names (WF_FP4 = 2); their stall regions (the K split's reduction, the epilogue, the
+    # folded combine) say what a block does beside streaming its weights
+    for dk in gu:0 down:1; do
+        dn=${dk%%:*} de=${dk#*:}
+        step "profile-dec-$dn-detail" 120 "$NCU --clock-control none --cache-control none --kernel-name-base demangled \
+            -k 'regex:k_dec<2, $de,' --launch-skip 8 --launch-count 1 --set full --import-source yes \
+            -f -o $WORK/dec_${dn}_t1 $BENCH --gemm fp8 --tokens 1 --quick --json $WORK/bench/dec_${dn}_d.json \
+            --dir $WORK/bench --threads $JOBS >/dev/null && $NCU -i $WORK/dec_${dn}_t1.ncu-rep --section WarpStateStats \
+            --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section SpeedOfLight && \
+            $NCU -i $WORK/dec_${dn}_t1.ncu-rep --page source --csv --print-source sass >$WORK/dec_${dn}_t1_sass.csv && \
+            $PY ci/ncu-stall-regions.py $WORK/dec_${dn}_t1_sass.csv"
+    done
 fi
 # DSV4_DEVCHECK_PROFILE=route-opt: k_router_count's code size against its speed. Its one block
 # runs the step's routing and grouping code once, through instruction caches that hold none of it
@@ -249,7 +268,7 @@ fi
 # SASS) in build/ro, its k_router_count timed against the default build's at T 1, 8 and 32 (warm,
 # Nsight Compute, alternating), then test_cuda's small and fp8 Tcases from that build (the same
 # ids and clamp counters as the reference: the routing may not change).
-if [ "${DSV4_DEVCHECK_PROFILE:-0}" = route-opt ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+if profile route-opt && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     step build-route-o1 240 "make cuda BUILD=build/ro NVCC_ROUTER_FLAGS='-Xcicc -O1 -Xptxas -O1' -j$JOBS"
     for rt in 1 8 32; do
         for rv in default o1; do
@@ -275,17 +294,26 @@ fi
 # (bench_cuda --quick, fp8 mode, alternating; DSV4_DEVCHECK_PASSES passes, default 1), every kernel's time at T = 1 with
 # all of them (warm, Nsight Compute), and their decode GEMMs at T = 1 in detail (throughput,
 # occupancy, warp states).
+# bench_variants PREFIX TOKENS PASS PARAMS...: the whole layer (bench_cuda --quick, fp8 mode) at
+# TOKENS for each --cuda-kernels PARAMS ("default": none), steps PREFIX-TAG-PASS, JSONs
+# PREFIX_TAG_PASS.json (TAG: PARAMS with ',' and '=' as '-' and '_')
+bench_variants() {
+    bprefix=$1 btok=$2 bpass=$3
+    shift 3
+    for v in "$@"; do
+        tag=$(echo "$v" | tr ',=' '-_')
+        kv=$v
+        [ "$v" = default ] && kv="''"
+        step "$bprefix-$tag-$bpass" 60 "$BENCH --gemm fp8 --cuda-kernels $kv --tokens $btok --quick \
+            --json $WORK/bench/${bprefix}_${tag}_$bpass.json --dir $WORK/bench --threads $JOBS"
+    done
+}
 DEC_3="route=one,shared_dec=one,quant=fold"
 DEC_ALL="$DEC_3,dec_pf=l2,dec_regs=128"
-if [ "${DSV4_DEVCHECK_PROFILE:-0}" = decode ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+if profile decode && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-1}"); do
-        for v in default route=one $DEC_3 $DEC_3,dec_pf=l2 $DEC_ALL $DEC_ALL,dec_sched=persist; do
-            tag=$(echo "$v" | tr ',=' '-_')
-            kv=$v
-            [ "$v" = default ] && kv="''"
-            step "decode-$tag-$p" 60 "$BENCH --gemm fp8 --cuda-kernels $kv --tokens 1,8,32,128 --quick \
-                --json $WORK/bench/decode_${tag}_$p.json --dir $WORK/bench --threads $JOBS"
-        done
+        bench_variants decode 1,8,32,128 "$p" default route=one $DEC_3 $DEC_3,dec_pf=l2 $DEC_ALL \
+            $DEC_ALL,dec_sched=persist
     done
     step profile-decode-t1 120 "$NCU --clock-control none --cache-control none --launch-skip 60 --launch-count 60 \
         --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 --cuda-kernels $DEC_ALL \
@@ -302,15 +330,9 @@ fi
 # alternating passes); every kernel's time at T = 1 for each (warm, Nsight Compute); then
 # k_route_small at T = 1 in detail: warp states, memory, launch and the per-instruction stall
 # samples of its SASS (the source page as CSV, in the step's log).
-if [ "${DSV4_DEVCHECK_PROFILE:-0}" = fill ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+if profile fill && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for p in 1 2; do
-        for f in default dec_fill=1 dec_fill=2 route=one; do
-            tag=$(echo "$f" | tr ',=' '-_')
-            kv=$f
-            [ "$f" = default ] && kv="''"
-            step "fill-$tag-$p" 60 "$BENCH --gemm fp8 --cuda-kernels $kv --tokens 1,2,4,8,16 --quick \
-                --json $WORK/bench/fill_${tag}_$p.json --dir $WORK/bench --threads $JOBS"
-        done
+        bench_variants fill 1,2,4,8,16 "$p" default dec_fill=1 dec_fill=2 route=one
     done
     for f in default dec_fill=1 route=one; do
         tag=$(echo "$f" | tr ',=' '-_')
@@ -329,17 +351,41 @@ if [ "${DSV4_DEVCHECK_PROFILE:-0}" = fill ] && [ -x "$BENCH" ] && [ -x "$NCU" ];
         $NCU -i $WORK/route_one_t1.ncu-rep --page source --csv --print-source sass >$WORK/route_one_t1_sass.csv && \
         $PY ci/ncu-stall-regions.py $WORK/route_one_t1_sass.csv && cat $WORK/route_one_t1_sass.csv"
 fi
+# DSV4_DEVCHECK_PROFILE=ring: the decode launches' deep rings (params dec_ring=deep: about 7 KB of
+# each warp's weights in flight instead of 3-4, two blocks per multiprocessor), alone and with the
+# K split off (dec_fill=1: each warp streams its tile's whole K, so no partial sums and one wave of
+# blocks at T = 1) or lighter (dec_fill=2): the whole layer at T 1, 8, 32, 128 and 256 for each and
+# for the default and dec_fill=1 on the default rings, and deep unsplit with the combine in its own
+# kernel (combine=kernel) (bench_cuda --quick, fp8 mode, two alternating passes), then every kernel's time at T = 1 and 8 for the default and dec_ring=deep,dec_fill=1
+# (warm, Nsight Compute).
+if profile ring && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+    for p in 1 2; do
+        bench_variants ring 1,8,32,128,256 "$p" default dec_ring=deep dec_ring=deep,dec_fill=1 dec_ring=deep,dec_fill=2 \
+            dec_fill=1 dec_ring=deep,dec_fill=1,combine=kernel
+    done
+    for v in default dec_ring=deep,dec_fill=1; do
+        tag=$(echo "$v" | tr ',=' '-_')
+        kv=$v
+        [ "$v" = default ] && kv="''"
+        for rt in 1 8; do
+            step "profile-ring-$tag-t$rt" 90 "$NCU --clock-control none --cache-control none --launch-skip 60 \
+                --launch-count 40 --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
+                --cuda-kernels $kv --tokens $rt --quick --json $WORK/bench/ring_p_${tag}_$rt.json --dir $WORK/bench \
+                --threads $JOBS"
+        done
+    done
+fi
 # DSV4_DEVCHECK_PROFILE=prefill: every kernel's time at T = 4096 and 16384 in fp8 mode (Nsight
 # Compute, its default cache flush; the grouped FP8 GEMMs and every kernel around them), the
 # kernel lists a prefill step is judged by.
-if [ "${DSV4_DEVCHECK_PROFILE:-0}" = prefill ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+if profile prefill && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for pt in 4096 16384; do # (not t or cc: step uses those)
         step "profile-prefill-t$pt" 200 "$NCU --clock-control none --launch-skip 40 --launch-count 40 \
             --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 --tokens $pt --quick \
             --json $WORK/bench/prefill_$pt.json --dir $WORK/bench --threads $JOBS"
     done
 fi
-if [ "${DSV4_DEVCHECK_PROFILE:-0}" = 1 ] && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
+if profile 1 && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for t in 1 128 4096; do
         step "profile-t$t" 150 "$NCU --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
             $BENCH --tokens $t --quick --ceilings $WORK/bench/ceilings.json --json $WORK/bench/prof_$t.json \

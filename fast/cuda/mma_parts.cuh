@@ -254,14 +254,21 @@ template <int FMT> __device__ __forceinline__ float block_scale(float w, float x
 
 #define FM_DEC_RING_FP4 4 /* k128 blocks per warp in its cp.async ring */
 #define FM_DEC_RING_FP8 3
+/* params dec_ring=deep (k_dec only): rings of this many k128 blocks, about 7 KB of a warp's
+   weights in flight instead of 3 (fp4) or 4 (fp8), so a launch whose K is not split (each warp
+   streams all of its tile's K blocks) keeps enough bytes in flight to cover DRAM latency: 80 KB
+   (fp4) or 72 KB (fp8) of rings a block, two blocks a multiprocessor (k_dec bounded for two) */
+#define FM_DEC_RING_FP4_DEEP 8
+#define FM_DEC_RING_FP8_DEEP 4
 
-template <int FMT> struct DecCfg {
+template <int FMT, bool DEEP = false> struct DecCfg {
     enum {
         CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK,
         SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK,
         NV = FMT == WF_FP4 ? 2 : 4,      /* 16-byte pieces a lane owns per chunk */
         STG = NV * 512 + 256,            /* one ring stage: the chunk, then every lane's 8 scale bytes */
-        DEPTH = FMT == WF_FP4 ? FM_DEC_RING_FP4 : FM_DEC_RING_FP8,
+        DEPTH = FMT == WF_FP4 ? (DEEP ? FM_DEC_RING_FP4_DEEP : FM_DEC_RING_FP4)
+                              : (DEEP ? FM_DEC_RING_FP8_DEEP : FM_DEC_RING_FP8),
         RING = 8 * DEPTH * STG           /* per block (8 warps) */
     };
 };
@@ -304,11 +311,11 @@ __device__ __forceinline__ void dec_stage_slab(const FGrp &g, int K, int sl, uin
  * The group's activations (a few rows) are read through L1, or with SB (KS 1, every warp of the
  * block here) from the block's slabs. Returns the fp32 sums.
  */
-template <int FMT, int NT, bool SB>
+template <int FMT, int NT, bool SB, bool DEEP = false>
 __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, int K, uint8_t *ring, uint8_t *slabs,
                                          float acc[NT][4])
 {
-    typedef DecCfg<FMT> D;
+    typedef DecCfg<FMT, DEEP> D;
     const int KB = K >> 7;
     const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     const uint8_t *wt = g.w + (size_t)mt * KB * D::CH + lane * 16;
@@ -522,15 +529,15 @@ static __device__ __noinline__ void fold_quant(int *cnt, int need, const uint16_
     }
 }
 
-template <int FMT, int NT, int EPI, bool SB>
+template <int FMT, int NT, int EPI, bool SB, bool DEEP = false>
 __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int KS, int bx, uint8_t *ring, float *sRed)
 {
+    typedef DecCfg<FMT, DEEP> D;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const int mt = bx * (8 / KS) + warp / KS, ks = warp % KS; /* bx: the block's place along N */
     float acc[NT][4];
     /* the slabs sit where a K split's partial sums would (SB: no split) */
-    dec_warp<FMT, NT, SB>(g, mt, ks, KS, a.K, ring + (size_t)warp * DecCfg<FMT>::DEPTH * DecCfg<FMT>::STG,
-                          (uint8_t *)sRed, acc);
+    dec_warp<FMT, NT, SB, DEEP>(g, mt, ks, KS, a.K, ring + (size_t)warp * D::DEPTH * D::STG, (uint8_t *)sRed, acc);
     if (KS > 1) {
         float *mine = sRed + ((size_t)warp * 32 + lane) * (NT * 4);
         if (ks > 0) {
@@ -615,22 +622,23 @@ __device__ __forceinline__ bool dec_routed_group(const FastArgs &a, int y, FGrp 
 }
 
 /* One decode block's group (format FMT, K split KS) at place bx along N: one or two 8-token
-   tiles by its rows. */
-template <int FMT, int EPI, bool SB>
+   tiles by its rows; DEEP: the deep rings (params dec_ring=deep). */
+template <int FMT, int EPI, bool SB, bool DEEP = false>
 __device__ __forceinline__ void dec_group(const FastArgs &a, const FGrp &g, int KS, int bx, uint8_t *fsm)
 {
-    float *sRed = (float *)(fsm + DecCfg<FMT>::RING);
+    float *sRed = (float *)(fsm + DecCfg<FMT, DEEP>::RING);
     if (g.n <= 8)
-        dec_block<FMT, 1, EPI, SB>(a, g, KS, bx, fsm, sRed);
+        dec_block<FMT, 1, EPI, SB, DEEP>(a, g, KS, bx, fsm, sRed);
     else
-        dec_block<FMT, 2, EPI, SB>(a, g, KS, bx, fsm, sRed);
+        dec_block<FMT, 2, EPI, SB, DEEP>(a, g, KS, bx, fsm, sRed);
 }
 
-/* Bytes of k_dec<FMT>'s shared memory: the warps' rings, then the K-split partial sums or (sb)
-   the B slabs. */
-__host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt, bool sb = false)
+/* Bytes of k_dec<FMT>'s shared memory: the warps' rings (deep: dec_ring=deep's), then the K-split
+   partial sums or (sb) the B slabs. */
+__host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt, bool sb = false, bool deep = false)
 {
-    return (fmt == WF_FP4 ? (size_t)DecCfg<WF_FP4>::RING : (size_t)DecCfg<WF_FP8>::RING) +
+    return (fmt == WF_FP4 ? (deep ? (size_t)DecCfg<WF_FP4, true>::RING : (size_t)DecCfg<WF_FP4>::RING)
+                          : (deep ? (size_t)DecCfg<WF_FP8, true>::RING : (size_t)DecCfg<WF_FP8>::RING)) +
            (sb ? (size_t)FM_DEC_SLABS_BYTES : ks > 1 ? (size_t)FM_THREADS * (size_t)nt * 16 : 0);
 }
 

@@ -228,6 +228,7 @@ struct Kernels {
     bool route_one = false;        /* route=one: k_route_small where it fits (route_small.cuh) */
     bool shared_dec_one = false;   /* shared_dec=one: k_dec_mix (dec_mix.cu) instead of a forked k_dec */
     int dec_minb = 3;              /* dec_regs=128: the decode kernels at 2 blocks per multiprocessor, not 3 */
+    bool dec_deep = false;         /* dec_ring=deep: k_dec's rings 8 (fp4) / 4 (fp8) K blocks deep, not 4 / 3 (mma_parts.cuh) */
     bool quant_fold = false;       /* quant=fold: k_dec quantizes h (fold_quant, mma_parts.cuh) instead of k_quant */
     bool dec_pf = false;           /* dec_pf=l2: k_dec_mix's blocks prefetch their weights into L2 (dec_prefetch) */
     bool dec_persist = false;      /* dec_sched=persist: k_dec_mix on persistent blocks (dec_mix.cu) */
@@ -237,7 +238,7 @@ struct Kernels {
     bool group_warp = false;       /* group=warp: k_router_count groups chunks of up to 32 slots with one warp (group_parts.cuh) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -274,6 +275,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("1") || val("4"), k->logits_tg = val("4") ? 4 : 1;
         else if (is("shared_dec"))
             ok = val("fork") || val("one"), k->shared_dec_one = val("one");
+        else if (is("dec_ring"))
+            ok = val("std") || val("deep"), k->dec_deep = val("deep");
         else if (is("dec_regs"))
             ok = val("80") || val("128"), k->dec_minb = val("128") ? 2 : 3;
         else if (is("quant"))
@@ -297,7 +300,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -319,6 +322,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->route_one = k.route_one;
     b->shared_dec_one = k.shared_dec_one;
     b->dec_minb = k.dec_minb;
+    b->dec_deep = k.dec_deep;
     b->quant_fold = k.quant_fold;
     b->dec_pf = k.dec_pf;
     b->dec_persist = k.dec_persist;

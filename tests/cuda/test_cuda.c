@@ -514,6 +514,23 @@ START_TEST(shared_dec_identical)
 }
 END_TEST
 
+/* k_dec with the deep rings (params dec_ring=deep: 8 fp4 / 4 fp8 K blocks a warp, two blocks per
+   multiprocessor) against the default's (4 / 3): the prefetch distance changes, not a product nor
+   its order, so the same outputs, ids and clamp counters bit for bit. v4-flash T 1 (K split over
+   four warps), 8 and 16 with 32 experts (enough groups not to split K: each warp streams all of
+   its tile's K blocks through the ring), both numerics modes (fp4 and fp8 launches, the folded
+   combine), the hash layer, mini-fp8 (fp8 routed experts), combine=kernel (the plain down
+   projection) and quant=fold (the folded quantization of h). */
+START_TEST(dec_ring_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 8, 32, 0}, {"v4-flash", 5, 16, 32, 1},
+                                  {"v4-flash", 0, 5, 32, 1}, {"mini-fp8", 1, 5, 0, 1}};
+    variant_cases("dec_ring", "dec_ring=deep", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("dec_ring", "dec_ring=deep,combine=kernel", cs + 1, 1, 0);
+    variant_cases("dec_ring", "dec_ring=deep,quant=fold", cs, 2, 0);
+}
+END_TEST
+
 /* The decode kernels bounded for two blocks per multiprocessor (params dec_regs=128: 102-114
    registers, no spills) against three (dec_regs=80, the default: 80 registers with a few spilled):
    the same arithmetic, so the same outputs, ids and clamp counters bit for bit. v4-flash T 1, 8
@@ -1295,7 +1312,7 @@ START_TEST(shared_workspace)
                              {"shared_dec=two", "shared_dec"}, {"logits_tg=2", "logits_tg"},
                              {"dec_regs=96", "dec_regs"},     {"quant=late", "quant"},
                              {"dec_pf=l3", "dec_pf"},         {"dec_sched=pool", "dec_sched"},
-                             {"group=thread", "group"}};
+                             {"group=thread", "group"},      {"dec_ring=8", "dec_ring"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1804,6 +1821,12 @@ static Suite *cuda_suite(void)
     tcase_add_test(lg, logits_tg_identical);
     tcase_add_test(lg, group_warp_identical);
     suite_add_tcase(s, lg);
+    /* the decode launches' deep rings (params dec_ring=deep), in a Tcase of their own so a short
+       device call can decide that default */
+    TCase *ri = tcase_create("ring");
+    tcase_set_timeout(ri, 300);
+    tcase_add_test(ri, dec_ring_identical);
+    suite_add_tcase(s, ri);
     /* the decode step's variants not yet the default (docs/cuda.md "Parameters"), each bit for bit
        against the default */
     TCase *va = tcase_create("variants");
