@@ -213,7 +213,10 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 # replayed graph, whose weights and buffers stay in L2), then k_router_count at T = 1 in detail:
 # warp states, memory, and the per-instruction stall samples of its SASS (the source page, CSV,
 # after its summary by ci/ncu-stall-regions.py: the samples between block barriers);
-# the logits kernel with params logits_tg=4 (four tokens' x loaded together) and the one-launch router
+# the logits kernel with params logits_tg=4 (four tokens' x loaded together), logits_loop=on (its
+# tokens in a loop, not unrolled) and both, the routing weights on the selecting warp (params
+# weights=warp) and the three lean variants together (group=warp,weights=warp,logits_loop=on), and
+# the one-launch router
 # (params route=one, k_route_small) at the same T, warm; the grouping by one warp (params
 # group=warp) at T 1 and 4, warm; then the step's routed decode GEMMs at T = 1 in detail.
 if profile route && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
@@ -237,7 +240,11 @@ if profile route && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
         done
     }
     route_warm tg4 logits_tg=4 1 8 32 # the logits kernel with four tokens' x loaded together
+    route_warm loop logits_loop=on 1 8 32              # its tokens in a loop, not unrolled
+    route_warm loop4 logits_loop=on,logits_tg=4 1 8 32 # both
     route_warm gw group=warp 1 4      # the grouping by one warp: chunks of at most 32 slots, T <= 5 on v4-flash
+    route_warm ww weights=warp 1 8 32 # the routing weights on the selecting warp
+    route_warm lean group=warp,weights=warp,logits_loop=on 1 4 # the three together
     route_warm one route=one 1 8 32   # the one-launch router (k_route_small)
     step profile-route-detail 150 "$NCU --clock-control none --cache-control none -k regex:k_router_count \
         --launch-skip 30 --launch-count 1 --set full --warp-sampling-interval 0 --import-source yes \

@@ -165,6 +165,8 @@ struct CudaBe {
     bool combine_fold = true; /* chunks of decode-sized groups: the combine in the down launch (combine=) */
     bool dec_slab = false; /* dec_b=smem: k_dec's fp4 launches without a K split stage B in shared memory */
     int logits_tg = 1;     /* logits_tg=4: k_logits_small loads four tokens' x together */
+    bool logits_loop = false; /* logits_loop=on: k_logits_small's tokens in a loop, not unrolled */
+    bool weights_warp = false; /* weights=warp: k_router_count's weights on the selecting warp */
     bool group_warp = false; /* group=warp: k_router_count's grouping by one warp where it fits (count2_warp) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */

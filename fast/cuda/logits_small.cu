@@ -8,8 +8,9 @@ namespace dsv4cuda {
 namespace {
 
 /* The small chunks' router logits as their own launch (params route=fused); block 0 zeroes the
-   fused router's ticket (its blocks wait for this kernel to finish: pdl_enter). */
-template <int TG>
+   fused router's ticket (its blocks wait for this kernel to finish: pdl_enter). TG, LOOP:
+   logits_small_block's (params logits_tg, logits_loop). */
+template <int TG, bool LOOP>
 __global__ void __launch_bounds__(256) k_logits_small(LogitsArgs a)
 {
     pdl_enter();
@@ -18,14 +19,16 @@ __global__ void __launch_bounds__(256) k_logits_small(LogitsArgs a)
         *a.ticket = 0;
     if (nt > DSV4C_LOGITS_SMALL) /* the GEMM kernels' chunk (k_router reads their slices) */
         return;
-    logits_small_block<TG, DSV4C_LOGITS_SMALL>(a, nt);
+    logits_small_block<TG, DSV4C_LOGITS_SMALL, LOOP>(a, nt);
 }
 
 } // namespace
 
-cudaError_t launch_logits_small(const LogitsArgs &la, int tg, unsigned blocks, cudaStream_t s, bool pdl)
+cudaError_t launch_logits_small(const LogitsArgs &la, int tg, bool loop, unsigned blocks, cudaStream_t s, bool pdl)
 {
-    return launch_kernel(tg == 4 ? k_logits_small<4> : k_logits_small<1>, dim3(blocks), 256, 0, s, pdl, la);
+    auto k = loop ? (tg == 4 ? k_logits_small<4, true> : k_logits_small<1, true>)
+                  : (tg == 4 ? k_logits_small<4, false> : k_logits_small<1, false>);
+    return launch_kernel(k, dim3(blocks), 256, 0, s, pdl, la);
 }
 
 } // namespace dsv4cuda

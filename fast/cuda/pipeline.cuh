@@ -630,7 +630,8 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         return enqueue_fast(b, L, rs.ra, ga, true, true);
     }
     if (b->route_fused) {
-        (void)launch_logits_small(la, b->logits_tg, (unsigned)(la.lblocks + qblocks), s, b->pdl); /* its error: the caller's peek */
+        const bool loop = b->logits_loop && logits_loop_fits(la.H); /* params logits_loop=on, where it reaches */
+        (void)launch_logits_small(la, b->logits_tg, loop, (unsigned)(la.lblocks + qblocks), s, b->pdl); /* its error: the caller's peek */
         ra.small_max = DSV4C_LOGITS_SMALL;
     }
     ra.logits = at<float>(b, L.logits);
@@ -654,7 +655,8 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
                            s, b->pdl, lgA); /* its error: the caller's peek */
     }
     if (fused)
-        (void)launch_router_count(ra, group2_args(b, L, ra, ga), ticket, (unsigned)L.tc, rsm, s, b->pdl); /* its error: the caller's peek */
+        /* its error: the caller's peek */
+        (void)launch_router_count(ra, group2_args(b, L, ra, ga), ticket, (unsigned)L.tc, rsm, s, b->pdl, b->weights_warp);
     else
         launch_pdl(b, k_router, dim3((unsigned)L.tc), 256, rsm, s, ra);
     if (mode == CHUNK_ROUTE) /* the route stage (stages.cu) */

@@ -194,6 +194,9 @@ __device__ __forceinline__ void quant_x_group(const float v[4], const bool ok[4]
 #define LS_EPB 2              /* experts per block */
 #define LS_KQ 4               /* warps splitting H per expert */
 #define LS_MAXC 8             /* 16-byte gate pieces a lane holds at once */
+/* logits_tokens_loop's reach (params logits_loop=on): a warp's share of H in one pass of LS_MAXC
+   pieces a lane */
+__host__ __device__ constexpr bool logits_loop_fits(int H) { return (H / 8 + LS_KQ - 1) / LS_KQ * 8 <= 256 * LS_MAXC; }
 
 struct LogitsArgs {
     const uint16_t *x;    /* [tc, H] bf16 */
@@ -236,8 +239,79 @@ __device__ __forceinline__ float dot8_bf16(const uint4 &x, const uint4 &g, float
     return acc;
 }
 
-template <int TG, int TPB> /* TG: tokens whose x a lane loads together, 1 (the default) or 4 (params
-                               logits_tg=4); TPB: tokens a block sums, at most DSV4C_LOGITS_SMALL */
+/*
+ * LOOP (params logits_loop=on): the tokens in a loop the compiler does not unroll, each group of
+ * TG tokens summed to the end and reduced before the next, instead of every token's sum held in
+ * registers through a fully unrolled token loop. The unrolled loop is 128 KB of SASS (8016
+ * instructions for TPB 32), which each warp runs once per launch through instruction caches that
+ * hold none of it; the loop's body is TG tokens' worth. A token's sum keeps its order (its pieces
+ * in the order of the c loop, then the butterfly), so the same logits bit for bit. Only where
+ * a warp's share of H takes one pass of the unrolled kb loop (logits_loop_fits: H up to 16384,
+ * every DeepSeek-V4 width), so the gate pieces stay in registers across the tokens; a wider layer
+ * keeps the unrolled loop (the host decides, pipeline.cuh).
+ */
+template <int TG, int TPB>
+__device__ __forceinline__ void logits_tokens_loop(const LogitsArgs &a, const uint16_t *x, int e, int k0, int k1,
+                                                   int nb, float *part_t)
+{
+    const int H = a.H, lane = threadIdx.x & 31;
+    const int kb = k0 + lane * 8;
+    const bool on = e < a.E && kb < k1; /* the unrolled loop's one pass */
+    uint4 gv[LS_MAXC];
+#pragma unroll
+    for (int c = 0; c < LS_MAXC; c++)
+        gv[c] = on && kb + 256 * c < k1 ? __ldg((const uint4 *)(a.gate + (long long)e * H + kb + 256 * c))
+                                        : make_uint4(0, 0, 0, 0);
+#pragma unroll 1
+    for (int t0 = 0; t0 < nb; t0 += TG) {
+        float acc[TG];
+#pragma unroll
+        for (int u = 0; u < TG; u++)
+            acc[u] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < LS_MAXC; c++) {
+            if (!on || kb + 256 * c >= k1)
+                break;
+            uint4 xv[TG];
+#pragma unroll
+            for (int u = 0; u < TG; u++)
+                xv[u] = __ldg((const uint4 *)(x + (long long)min(t0 + u, nb - 1) * H + kb + 256 * c));
+#pragma unroll
+            for (int u = 0; u < TG; u++)
+                acc[u] = dot8_bf16(xv[u], gv[c], acc[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < TG; u++) {
+            float v = acc[u];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+            if (lane == 0 && t0 + u < nb)
+                part_t[t0 + u] = v;
+        }
+    }
+}
+
+/* A logits block's last step: each of its experts' logits of its nb tokens, the LS_KQ warps' partial
+   sums in warp order. */
+template <int TPB>
+__device__ __forceinline__ void logits_small_sum(const LogitsArgs &a, int eb, int nb, const float (&part)[LS_EPB][LS_KQ][TPB],
+                                                 float *logits)
+{
+    for (int i = threadIdx.x; i < LS_EPB * nb; i += blockDim.x) {
+        const int jj = i / nb, t = i - jj * nb, ee = eb * LS_EPB + jj;
+        if (ee >= a.E)
+            continue;
+        float s = part[jj][0][t];
+        for (int qq = 1; qq < LS_KQ; qq++)
+            s += part[jj][qq][t];
+        logits[(long long)t * a.E + ee] = s;
+    }
+}
+
+template <int TG, int TPB, bool LOOP = false> /* TG: tokens whose x a lane loads together, 1 (the
+                               default) or 4 (params logits_tg=4); TPB: tokens a block sums, at most
+                               DSV4C_LOGITS_SMALL; LOOP: params logits_loop=on (logits_tokens_loop) */
 __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
 {
     constexpr bool one = TPB == DSV4C_LOGITS_SMALL; /* one group of tokens: block b is expert pair b */
@@ -265,75 +339,71 @@ __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
     __shared__ float part[LS_EPB][LS_KQ][TPB];
     const int j = warp / LS_KQ, q = warp % LS_KQ, e = eb * LS_EPB + j;
     const int hq = (H / 8 + LS_KQ - 1) / LS_KQ * 8, k0 = q * hq, k1 = min(H, k0 + hq); /* H % 8 == 0 */
-    float acc[TPB];
+    if constexpr (LOOP) {
+        logits_tokens_loop<TG, TPB>(a, x, e, k0, k1, nb, &part[j][q][0]);
+    } else { /* the default: every token's sum in registers through a fully unrolled token loop */
+        float acc[TPB];
 #pragma unroll
-    for (int t = 0; t < TPB; t++)
-        acc[t] = 0.0f;
-    for (int kb = k0 + lane * 8; e < a.E && kb < k1; kb += 256 * LS_MAXC) {
-        uint4 gv[LS_MAXC];
+        for (int t = 0; t < TPB; t++)
+            acc[t] = 0.0f;
+        for (int kb = k0 + lane * 8; e < a.E && kb < k1; kb += 256 * LS_MAXC) {
+            uint4 gv[LS_MAXC];
 #pragma unroll
-        for (int c = 0; c < LS_MAXC; c++) /* every piece in flight before the first use */
-            gv[c] = kb + 256 * c < k1 ? __ldg((const uint4 *)(a.gate + (long long)e * H + kb + 256 * c)) : make_uint4(0, 0, 0, 0);
-        if constexpr (TG == 1) {
+            for (int c = 0; c < LS_MAXC; c++) /* every piece in flight before the first use */
+                gv[c] = kb + 256 * c < k1 ? __ldg((const uint4 *)(a.gate + (long long)e * H + kb + 256 * c)) : make_uint4(0, 0, 0, 0);
+            if constexpr (TG == 1) {
 #pragma unroll
-            for (int t = 0; t < TPB; t++) {
-                if (t >= nb)
-                    break;
-#pragma unroll
-                for (int c = 0; c < LS_MAXC; c++) {
-                    if (kb + 256 * c >= k1)
+                for (int t = 0; t < TPB; t++) {
+                    if (t >= nb)
                         break;
-                    acc[t] = dot8_bf16(__ldg((const uint4 *)(x + (long long)t * H + kb + 256 * c)), gv[c], acc[t]);
-                }
-            }
-        } else {
-            /* TG tokens at a time, their x pieces loaded together before any is used (a row past
-               the live tokens reads the last live one and is not summed): one load latency per
-               group and piece, not per token and piece. Each token's sum keeps TG == 1's order
-               (piece, then element), so the logits are the same bits. */
 #pragma unroll
-            for (int t0 = 0; t0 < TPB; t0 += TG) {
-                if (t0 >= nb)
-                    break;
-#pragma unroll
-                for (int c = 0; c < LS_MAXC; c++) {
-                    if (kb + 256 * c >= k1)
-                        break;
-                    uint4 xv[TG];
-#pragma unroll
-                    for (int u = 0; u < TG; u++)
-                        xv[u] = __ldg((const uint4 *)(x + (long long)min(t0 + u, nb - 1) * H + kb + 256 * c));
-#pragma unroll
-                    for (int u = 0; u < TG; u++) {
-                        if (t0 + u >= nb)
+                    for (int c = 0; c < LS_MAXC; c++) {
+                        if (kb + 256 * c >= k1)
                             break;
-                        acc[t0 + u] = dot8_bf16(xv[u], gv[c], acc[t0 + u]);
+                        acc[t] = dot8_bf16(__ldg((const uint4 *)(x + (long long)t * H + kb + 256 * c)), gv[c], acc[t]);
+                    }
+                }
+            } else {
+                /* TG tokens at a time, their x pieces loaded together before any is used (a row past
+                   the live tokens reads the last live one and is not summed): one load latency per
+                   group and piece, not per token and piece. Each token's sum keeps TG == 1's order
+                   (piece, then element), so the logits are the same bits. */
+#pragma unroll
+                for (int t0 = 0; t0 < TPB; t0 += TG) {
+                    if (t0 >= nb)
+                        break;
+#pragma unroll
+                    for (int c = 0; c < LS_MAXC; c++) {
+                        if (kb + 256 * c >= k1)
+                            break;
+                        uint4 xv[TG];
+#pragma unroll
+                        for (int u = 0; u < TG; u++)
+                            xv[u] = __ldg((const uint4 *)(x + (long long)min(t0 + u, nb - 1) * H + kb + 256 * c));
+#pragma unroll
+                        for (int u = 0; u < TG; u++) {
+                            if (t0 + u >= nb)
+                                break;
+                            acc[t0 + u] = dot8_bf16(xv[u], gv[c], acc[t0 + u]);
+                        }
                     }
                 }
             }
         }
-    }
 #pragma unroll
-    for (int t = 0; t < TPB; t++) {
-        if (t >= nb)
-            break;
-        float v = acc[t];
+        for (int t = 0; t < TPB; t++) {
+            if (t >= nb)
+                break;
+            float v = acc[t];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-        if (lane == 0)
-            part[j][q][t] = v;
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+            if (lane == 0)
+                part[j][q][t] = v;
+        }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < LS_EPB * nb; i += blockDim.x) {
-        const int jj = i / nb, t = i - jj * nb, ee = eb * LS_EPB + jj;
-        if (ee >= a.E)
-            continue;
-        float s = part[jj][0][t];
-        for (int qq = 1; qq < LS_KQ; qq++)
-            s += part[jj][qq][t];
-        logits[(long long)t * a.E + ee] = s;
-    }
+    logits_small_sum<TPB>(a, eb, nb, part, logits);
 }
 
 /*
@@ -343,6 +413,7 @@ __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
  * writes ids, w and kept. Returns at the same point on every thread of the block (the callers may
  * synchronize after it).
  */
+template <bool WW = false> /* WW: params weights=warp (the weights on warp 0, below) */
 __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
 {
     if (t >= *a.ntok)
@@ -485,8 +556,28 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
             topk_serial(bk, E, K, key, idk);
         }
     }
+    if constexpr (WW) {
+        /* params weights=warp: lane k's score over the sequential sum of the K scores (every lane
+           adds them in slot order by shuffles: thread 0's sum below, the reference's), on warp 0
+           right after its selection, so no thread computes them alone after the barrier (a
+           serial loop of K divisions; k_route_small's route_warp does the same) */
+        if (warp == 0 && K <= 32) {
+            __syncwarp(); /* idk: written by lane 0 or the warp */
+            const float v = lane < K ? lg[idk[lane]] : 0.0f;
+            float sum = 0.0f;
+#pragma unroll 1
+            for (int k = 0; k < K; k++)
+                sum = __fadd_rn(sum, __shfl_sync(0xFFFFFFFFu, v, k));
+            float w = v;
+            if (a.score != 2)
+                w = __fdiv_rn(w, __fadd_rn(sum, a.norm_eps));
+            w = __fmul_rn(w, a.route_scale);
+            if (lane < K)
+                wk[lane] = w;
+        }
+    }
     __syncthreads();
-    if (tid == 0) {
+    if (tid == 0 && (!WW || K > 32)) {
         float sum = 0.0f;
         for (int k = 0; k < K; k++) {
             wk[k] = lg[idk[k]];

@@ -27,11 +27,12 @@ template <bool WG> __device__ __forceinline__ void group_chunk(const Group2Args 
         count2_warp(g);
 }
 
-/* WG: params group=warp, a kernel of its own, so the default's code is the same without it. */
-template <bool WG> __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
+/* WG: params group=warp, WW: weights=warp, each a kernel of its own, so the default's code is the
+   same without them. */
+template <bool WG, bool WW> __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
 {
     pdl_enter();
-    route_block(ra, blockIdx.x);
+    route_block<WW>(ra, blockIdx.x);
     __shared__ int s_last;
     __syncthreads(); /* the block's ids, weights and kept count are written (thread 0 wrote them) */
     if (gridDim.x == 1) { /* a chunk of one token: nothing to wait for (saves the fences and the atomic's round trip) */
@@ -52,10 +53,11 @@ template <bool WG> __global__ void k_router_count(RouterArgs ra, Group2Args g, i
 } // namespace
 
 cudaError_t launch_router_count(const RouterArgs &ra, const Group2Args &g, int *ticket, unsigned blocks, size_t smem,
-                                cudaStream_t s, bool pdl)
+                                cudaStream_t s, bool pdl, bool ww)
 {
-    return launch_kernel(g.warp ? k_router_count<true> : k_router_count<false>, dim3(blocks), 256, smem, s, pdl, ra, g,
-                         ticket);
+    auto k = g.warp ? (ww ? k_router_count<true, true> : k_router_count<true, false>)
+                    : (ww ? k_router_count<false, true> : k_router_count<false, false>);
+    return launch_kernel(k, dim3(blocks), 256, smem, s, pdl, ra, g, ticket);
 }
 
 } // namespace dsv4cuda

@@ -16,10 +16,10 @@ namespace dsv4cuda {
 /* Enqueues k_router_count on s: one block of 256 threads per token of the chunk (blocks), smem
    bytes of dynamic shared memory (the router's (H + 2 E + 4 K) floats, at least count2_block's
    2 E ints); ticket: the chunk's block counter, zeroed before (k_logits_small); pdl: with
-   programmatic dependent launch. Returns the launch's error, which is also the runtime's last
-   error. */
+   programmatic dependent launch; ww: the weights on the selecting warp (params weights=warp,
+   route_block). Returns the launch's error, which is also the runtime's last error. */
 cudaError_t launch_router_count(const RouterArgs &ra, const Group2Args &g, int *ticket, unsigned blocks, size_t smem,
-                                cudaStream_t s, bool pdl);
+                                cudaStream_t s, bool pdl, bool ww);
 
 } // namespace dsv4cuda
 

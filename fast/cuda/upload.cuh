@@ -235,10 +235,12 @@ struct Kernels {
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
     bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma_parts.cuh) */
     int logits_tg = 1;             /* logits_tg=4: k_logits_small loads four tokens' x together (router.cuh) */
+    bool logits_loop = false;      /* logits_loop=on: k_logits_small's tokens in a loop, not unrolled (route_parts.cuh) */
+    bool weights_warp = false;     /* weights=warp: k_router_count's weights on the selecting warp (route_parts.cuh) */
     bool group_warp = false;       /* group=warp: k_router_count groups chunks of up to 32 slots with one warp (group_parts.cuh) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring, logits_loop, weights"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -275,6 +277,10 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("1") || val("4"), k->logits_tg = val("4") ? 4 : 1;
         else if (is("shared_dec"))
             ok = val("fork") || val("one"), k->shared_dec_one = val("one");
+        else if (is("weights"))
+            ok = val("thread") || val("warp"), k->weights_warp = val("warp");
+        else if (is("logits_loop"))
+            ok = val("off") || val("on"), k->logits_loop = val("on");
         else if (is("dec_ring"))
             ok = val("std") || val("deep"), k->dec_deep = val("deep");
         else if (is("dec_regs"))
@@ -300,7 +306,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep, logits_loop off|on, weights thread|warp",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -329,6 +335,8 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->combine_fold = k.combine_fold;
     b->dec_slab = k.dec_slab;
     b->logits_tg = k.logits_tg;
+    b->logits_loop = k.logits_loop;
+    b->weights_warp = k.weights_warp;
     b->group_warp = k.group_warp;
     b->big_rows = b->tile16 ? tileh_big[b->big_var].bn : 128;
 }

@@ -406,18 +406,37 @@ START_TEST(dec_slab_identical)
 }
 END_TEST
 
+/* The small chunks' router logits variants' cases: v4-flash T 1, 3 (a group past the live tokens),
+   4, 8, 13 and 32 (the hash layer at 17), mini-fp8 and mini-topp (the top-p predictor) and mini at
+   T 40 (past k_logits_small: the GEMM logits either way). */
+static const var_case logits_cases[] = {{"v4-flash", 5, 1, 32, 1},  {"v4-flash", 5, 3, 32, 1},  {"v4-flash", 5, 4, 32, 0},
+                                        {"v4-flash", 5, 8, 32, 1},  {"v4-flash", 5, 13, 32, 1}, {"v4-flash", 5, 32, 32, 1},
+                                        {"v4-flash", 0, 17, 32, 1}, {"mini-fp8", 1, 5, 0, 1},   {"mini-topp", 1, 9, 0, 0},
+                                        {"mini", 1, 40, 0, 0}};
+#define N_LOGITS_CASES (sizeof logits_cases / sizeof logits_cases[0])
+
 /* The router logits of small chunks with four tokens' x loaded together (params logits_tg=4)
    against one token at a time (logits_tg=1, the default): every token's sum in the same order, so
-   the same outputs, ids and clamp counters bit for bit. T 1, 3 (a group past the live tokens), 4,
-   8, 13 and 32 on v4-flash (the hash layer at 17), mini-fp8 and mini-topp (the top-p predictor)
-   and mini at T 40 (past the kernel: the GEMM logits either way). */
+   the same outputs, ids and clamp counters bit for bit (logits_cases). */
 START_TEST(logits_tg_identical)
 {
-    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1},  {"v4-flash", 5, 3, 32, 1},  {"v4-flash", 5, 4, 32, 0},
-                                  {"v4-flash", 5, 8, 32, 1},  {"v4-flash", 5, 13, 32, 1}, {"v4-flash", 5, 32, 32, 1},
-                                  {"v4-flash", 0, 17, 32, 1}, {"mini-fp8", 1, 5, 0, 1},   {"mini-topp", 1, 9, 0, 0},
-                                  {"mini", 1, 40, 0, 0}};
-    variant_cases("logits_tg", "logits_tg=4", cs, sizeof cs / sizeof cs[0], 0);
+    const var_case *cs = logits_cases;
+    variant_cases("logits_tg", "logits_tg=4", cs, N_LOGITS_CASES, 0);
+}
+END_TEST
+
+/* The router logits of small chunks with the tokens in a loop that is not unrolled (params
+   logits_loop=on: 15 KB of SASS against 128 KB) against the default's unrolled loop: every token's
+   sum in the same order, so the same outputs, ids and clamp counters bit for bit (logits_cases),
+   then with four tokens' x loaded together (logits_tg=4) at T 3, 13 and 32, and with route=one
+   (k_route_small: its own logits, the same either way). */
+START_TEST(logits_loop_identical)
+{
+    const var_case *cs = logits_cases;
+    variant_cases("logits_loop", "logits_loop=on", cs, N_LOGITS_CASES, 0);
+    variant_cases("logits_loop", "logits_loop=on,logits_tg=4", cs + 1, 1, 0);
+    variant_cases("logits_loop", "logits_loop=on,logits_tg=4", cs + 4, 2, 0);
+    variant_cases("logits_loop", "logits_loop=on,route=one", cs, 1, 0);
 }
 END_TEST
 
@@ -432,6 +451,21 @@ START_TEST(group_warp_identical)
                                   {"v4-flash", 5, 6, 32, 1}, {"v4-flash", 0, 4, 32, 1}, {"mini-topp", 1, 9, 0, 0},
                                   {"mini-fp8", 1, 5, 0, 1},  {"v4-flash", 5, 1, 0, 1}};
     variant_cases("group", "group=warp", cs, sizeof cs / sizeof cs[0], 0);
+}
+END_TEST
+
+/* The routing weights on the selecting warp of k_router_count (params weights=warp: lane k divides
+   its score by the K scores' sum, which every lane adds in slot order) against thread 0's serial
+   loop (weights=thread, the default): the same sum, division and scale, so the same outputs, ids
+   and clamp counters bit for bit. v4-flash T 1, 8 and 32 in both numerics modes, the hash layer,
+   mini-topp (top-p pruning reads the weights), mini-fp8, mini at T 40, and with group=warp. */
+START_TEST(weights_warp_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1},  {"v4-flash", 5, 8, 32, 0}, {"v4-flash", 5, 32, 32, 1},
+                                  {"v4-flash", 0, 5, 32, 1},  {"mini-topp", 1, 9, 0, 0}, {"mini-fp8", 1, 5, 0, 1},
+                                  {"mini", 1, 40, 0, 0}};
+    variant_cases("weights", "weights=warp", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("weights", "weights=warp,group=warp", cs, 1, 0);
 }
 END_TEST
 
@@ -1312,7 +1346,8 @@ START_TEST(shared_workspace)
                              {"shared_dec=two", "shared_dec"}, {"logits_tg=2", "logits_tg"},
                              {"dec_regs=96", "dec_regs"},     {"quant=late", "quant"},
                              {"dec_pf=l3", "dec_pf"},         {"dec_sched=pool", "dec_sched"},
-                             {"group=thread", "group"},      {"dec_ring=8", "dec_ring"}};
+                             {"group=thread", "group"},      {"dec_ring=8", "dec_ring"},
+                             {"logits_loop=yes", "logits_loop"}, {"weights=lane", "weights"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1819,7 +1854,9 @@ static Suite *cuda_suite(void)
     TCase *lg = tcase_create("routing");
     tcase_set_timeout(lg, 300);
     tcase_add_test(lg, logits_tg_identical);
+    tcase_add_test(lg, logits_loop_identical);
     tcase_add_test(lg, group_warp_identical);
+    tcase_add_test(lg, weights_warp_identical);
     suite_add_tcase(s, lg);
     /* the decode launches' deep rings (params dec_ring=deep), in a Tcase of their own so a short
        device call can decide that default */
