@@ -76,7 +76,7 @@ LIB_OBJS := $(PROD_OBJS) $(HARN_OBJS)
 CLI_SRCS := $(wildcard cli/*.c)
 CLI_OBJS := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
-TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o
+TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o $(BUILD)/bench/timeline.o
 CUDA_SRCS := $(wildcard fast/cuda/*.cu) $(wildcard fast/cuda/gemm_fp8/*.cu)
 
 SONAME := libdsv4moe.so.$(VERSION_MAJOR)
@@ -352,15 +352,27 @@ $(CUDA_BUILD)/tests/cuda/test_devsim.o: tests/cuda/test_devsim.c
 $(CUDA_DEVSIM_TEST): $(CUDA_BUILD)/tests/cuda/test_devsim.o $(HLIB_A) $(CUDA_LIB_A)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
-# The benchmark's CUDA build: device-resident buffers through the CUDA runtime (dsv4_backend_forward_device).
+# The benchmark's CUDA build: device-resident buffers through the CUDA runtime (dsv4_backend_forward_device),
+# and, where the toolkit has CUPTI (its include/ or extras/CUPTI/), --timeline's kernel records
+# (bench/timeline.h).
 CUDA_BENCH := $(CUDA_BUILD)/bench_cuda
+CUPTI_DIR := $(firstword $(foreach d,$(CUDA_HOME) $(CUDA_HOME)/extras/CUPTI,$(if $(wildcard $(d)/include/cupti.h),$(d))))
+ifneq ($(CUPTI_DIR),)
+CUPTI_CPPFLAGS := -DDSV4_BENCH_CUPTI -isystem $(CUPTI_DIR)/include
+CUPTI_LDLIBS := -L$(CUPTI_DIR)/lib64 -Wl,-rpath,$(CUPTI_DIR)/lib64 -lcupti
+endif
 
 $(CUDA_BUILD)/bench/bench_cuda.o: bench/bench_cuda.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -DDSV4_BENCH_CUDA_RT -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CPPFLAGS_ALL) -DDSV4_BENCH_CUDA_RT $(CUPTI_CPPFLAGS) -isystem $(CUDA_HOME)/include $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(CUDA_BENCH): $(CUDA_BUILD)/bench/bench_cuda.o $(HLIB_A) $(CUDA_LIB_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS)
+$(CUDA_BUILD)/bench/timeline.o: bench/timeline.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) $(CUPTI_CPPFLAGS) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(CUDA_BENCH): $(CUDA_BUILD)/bench/bench_cuda.o $(CUDA_BUILD)/bench/timeline.o $(HLIB_A) $(CUDA_LIB_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(CUDA_BUILD)/bench/timeline.o $(HLIB_A) $(CUDA_LIB_A) $(LDLIBS_ALL) $(CUDA_LDLIBS) \
+	  $(CUPTI_LDLIBS)
 
 cuda: deps
 	@$(MAKE) --no-print-directory $(CUDA_LIB_A) $(CUDA_LIB_SO) $(CUDA_CLI) $(CUDA_TEST) $(CUDA_DEVSIM_TEST) $(CUDA_BENCH) \
@@ -431,8 +443,8 @@ $(BENCH_CPU_BIN): $(BUILD)/bench/bench_cpu.o $(LIBS_A)
 BENCH_CUDA_BIN := $(BUILD)/bench/bench_cuda
 CEILINGS_BIN := $(BUILD)/bench/ceilings
 
-$(BENCH_CUDA_BIN): $(BUILD)/bench/bench_cuda.o $(LIBS_A)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS_A) $(LDLIBS_ALL)
+$(BENCH_CUDA_BIN): $(BUILD)/bench/bench_cuda.o $(BUILD)/bench/timeline.o $(LIBS_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/bench/timeline.o $(LIBS_A) $(LDLIBS_ALL)
 
 $(CEILINGS_BIN): bench/ceilings.cu
 	@mkdir -p $(dir $@)

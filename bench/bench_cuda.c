@@ -23,6 +23,8 @@
  * usage: bench_cuda [--ceilings F] [--peer F] [--targets F] [--json F] [--dir WORKDIR] [--tokens 1,8,...]
  *                   [--threads N] [--quick] [--backend cuda|cpu] [--preset NAME] [--gemm auto|exact|fp8]
  *                   [--cuda-kernels LIST]  (dsv4_backend_options.params; default: DSV4MOE_CUDA_* of the environment)
+ *                   [--timeline N]  (io stream rows: N more calls with CUPTI recording their kernels, and
+ *                   the step's kernel list printed and written: bench/timeline.h; the CUDA build with CUPTI)
  * (--backend cpu and --preset mini exercise the timing path on a machine without a GPU.)
  * exit status: 0 every forward ran; 1 a forward failed, or a device error stopped a configuration's
  * set-up (its rows say "forward failed" / "not run"); 2 bad arguments or input.
@@ -47,6 +49,7 @@
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
 #include "bench/bench_util.h"
+#include "bench/timeline.h"
 
 #define MAX_T 16
 #define MAX_E 1024
@@ -337,6 +340,15 @@ typedef struct {
 enum { IO_HOST, IO_DEVICE, IO_STREAM };
 static const char *const io_name[] = {"host", "device", "stream"};
 
+/* --timeline's run of a row (time_stream): steps more calls with CUPTI recording their kernels
+   (bench/timeline.h), when steps > 0 and this build has CUPTI; ok 1 with the summary in s, else 0
+   with the reason in err. */
+typedef struct {
+    int steps, ok;
+    tl_summary s;
+    char err[256];
+} tl_run;
+
 #ifdef DSV4_BENCH_CUDA_RT
 static dsv4_status rt_fail(cudaError_t ce, const char *what, dsv4_error *e)
 {
@@ -354,7 +366,7 @@ static dsv4_status rt_fail(cudaError_t ce, const char *what, dsv4_error *e)
  * is polled after the calls, so a latched input or library error fails the row.
  */
 static dsv4_status time_stream(dsv4_backend *b, int replay, int64_t T, const void *dx, const void *din, void *dy,
-                               void *dids, int reps, double *t, dsv4_error *e)
+                               void *dids, int reps, double *t, tl_run *tl, dsv4_error *e)
 {
     cudaStream_t s = NULL;
     cudaGraph_t g = NULL;
@@ -398,6 +410,25 @@ static dsv4_status time_stream(dsv4_backend *b, int replay, int64_t T, const voi
         dsv4_device_errors de = {.struct_size = sizeof de};
         st = dsv4_backend_poll_error(b, s, &de, e); /* waits for the stream */
     }
+    tl->ok = 0;
+    if (!st && tl->steps > 0) {
+#ifdef DSV4_BENCH_CUPTI
+        tl_kernel *recs = NULL;
+        int nrec = 0;
+        if (!tl_begin(tl->err, sizeof tl->err)) {
+            for (int i = 0; i < tl->steps && !st; i++)
+                st = replay ? ((ce = cudaGraphLaunch(ge, s)) == cudaSuccess ? DSV4_OK : rt_fail(ce, "cudaGraphLaunch", e))
+                            : dsv4_backend_enqueue(b, s, T, NULL, dx, (const int32_t *)din, &o, e);
+            if ((ce = cudaStreamSynchronize(s)) != cudaSuccess && !st)
+                st = rt_fail(ce, "cudaStreamSynchronize", e);
+            if (!tl_end(&recs, &nrec, tl->err, sizeof tl->err) && !st)
+                tl->ok = !tl_summarize(recs, nrec, tl->steps, &tl->s, tl->err, sizeof tl->err);
+            free(recs);
+        }
+#else
+        snprintf(tl->err, sizeof tl->err, "this build of bench_cuda has no CUPTI");
+#endif
+    }
     for (int i = 0; i < reps && !st; i++) {
         float ms = 0.0f;
         if ((ce = cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1])) != cudaSuccess)
@@ -417,6 +448,45 @@ static dsv4_status time_stream(dsv4_backend *b, int replay, int64_t T, const voi
 #endif
 
 
+/* --timeline's kernel list of a row (bench/timeline.h): the step's span, the GPU's busy time and the
+   kernels' sum, then each kernel's stream, start, duration and the idle before it. */
+static void print_timeline(const tl_run *tl, int64_t T, int graph)
+{
+    if (!tl->ok) {
+        printf("       timeline T %lld: not recorded: %s\n", (long long)T, tl->err);
+        return;
+    }
+    const tl_summary *s = &tl->s;
+    printf("       timeline T %lld (graph %s, medians of %d steps): %d kernels, span %.1f us, GPU busy %.1f us (%.0f %%), "
+           "kernels' sum %.1f us\n",
+           (long long)T, graph ? "on" : "off", s->steps, s->kernels, s->span_us, s->busy_us,
+           s->span_us > 0 ? 100.0 * s->busy_us / s->span_us : 0.0, s->sum_us);
+    printf("       %3s %6s %9s %9s %9s  %s\n", "#", "stream", "start us", "dur us", "idle us", "kernel");
+    for (int i = 0; i < s->kernels; i++)
+        printf("       %3d %6d %9.2f %9.2f %9.2f  %s\n", i, s->rows[i].stream, s->rows[i].start_us, s->rows[i].dur_us,
+               s->rows[i].gap_us, s->rows[i].name);
+}
+
+static void json_timeline(FILE *f, const tl_run *tl)
+{
+    if (!tl->ok) {
+        fprintf(f, "{\"error\": ");
+        json_put_str(f, tl->err);
+        fputc('}', f);
+        return;
+    }
+    const tl_summary *s = &tl->s;
+    fprintf(f, "{\"steps\": %d, \"kernels\": %d, \"span_us\": %.3f, \"busy_us\": %.3f, \"sum_us\": %.3f, \"rows\": [",
+            s->steps, s->kernels, s->span_us, s->busy_us, s->sum_us);
+    for (int i = 0; i < s->kernels; i++) {
+        fprintf(f, "%s{\"name\": ", i ? ", " : "");
+        json_put_str(f, s->rows[i].name);
+        fprintf(f, ", \"stream\": %d, \"start_us\": %.3f, \"dur_us\": %.3f, \"idle_us\": %.3f}", s->rows[i].stream,
+                s->rows[i].start_us, s->rows[i].dur_us, s->rows[i].gap_us);
+    }
+    fprintf(f, "]}");
+}
+
 int main(int argc, char **argv)
 {
     const char *targets_path = "bench/targets.json";
@@ -429,6 +499,7 @@ int main(int argc, char **argv)
     const char *gemm = "auto"; /* the numerics mode (SPEC.md section 9): the config key gemm */
     char kenv[256];
     const char *kernels = bench_cuda_kernels_env(kenv, sizeof kenv); /* --cuda-kernels replaces it */
+    int tl_steps = 0; /* --timeline */
     int64_t Ts[MAX_T] = {1, 8, 32, 128, 256, 1024, 4096, 16384};
     int nT = 8;
     for (int i = 1; i < argc; i++) {
@@ -451,6 +522,15 @@ int main(int argc, char **argv)
             gemm = argv[++i];
         else if (v && !strcmp(a, "--cuda-kernels"))
             kernels = argv[++i];
+        else if (v && !strcmp(a, "--timeline")) {
+            char *end;
+            const long ns = strtol(argv[++i], &end, 10);
+            if (end == argv[i] || *end || ns < 1 || ns > MAX_REPS) {
+                fprintf(stderr, "bench_cuda: --timeline: '%s' is not a step count from 1 to %d\n", argv[i], MAX_REPS);
+                return 2;
+            }
+            tl_steps = (int)ns;
+        }
         else if (v && !strcmp(a, "--backend")) {
             i++;
             if (!strcmp(v, "cuda"))
@@ -482,7 +562,8 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: bench_cuda [--ceilings F] [--peer F] [--targets F] [--json F] [--dir WORKDIR] [--tokens 1,8,...] "
-                    "[--threads N] [--quick] [--backend cuda|cpu] [--preset NAME] [--gemm auto|exact|fp8] [--cuda-kernels LIST]\n");
+                    "[--threads N] [--quick] [--backend cuda|cpu] [--preset NAME] [--gemm auto|exact|fp8] [--cuda-kernels LIST] "
+                    "[--timeline N]\n");
             return 2;
         }
     }
@@ -714,10 +795,13 @@ int main(int argc, char **argv)
                 double t[MAX_REPS];
                 int n = 0;
                 st = DSV4_OK;
+                static tl_run tlr; /* --timeline (its summary is 7 KB) */
+                tlr.steps = dev == IO_STREAM ? tl_steps : 0, tlr.ok = 0;
+                snprintf(tlr.err, sizeof tlr.err, "the row's calls failed");
                 if (dev == IO_STREAM) {
 #ifdef DSV4_BENCH_CUDA_RT
                     /* replayed only where the plan's own graphs would replay T (the bucket rule) */
-                    st = time_stream(b, graph && dsv4_plan_can_replay(plan, T), T, dx, din, dy, dids, reps, t, &e);
+                    st = time_stream(b, graph && dsv4_plan_can_replay(plan, T), T, dx, din, dy, dids, reps, t, &tlr, &e);
                     n = st ? 0 : reps;
 #endif
                 } else {
@@ -815,6 +899,11 @@ int main(int argc, char **argv)
                         JN(r.floor_mem_ms), JN(r.floor_fp8_ms), JN(r.io_ms), r.bw_reachable ? "true" : "false",
                         JN(r.peer_ms), r.peer_method ? r.peer_method : "-", JN(r.speedup), tg);
                 json_put_str(jf, r.err);
+                if (tlr.steps > 0) {
+                    print_timeline(&tlr, T, graph);
+                    fprintf(jf, ", \"timeline\": ");
+                    json_timeline(jf, &tlr);
+                }
                 fputc('}', jf);
                 first = 0;
                 if (nrows < MAX_ROWS)

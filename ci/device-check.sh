@@ -303,7 +303,8 @@ fi
 # occupancy, warp states).
 # bench_variants PREFIX TOKENS PASS PARAMS...: the whole layer (bench_cuda --quick, fp8 mode) at
 # TOKENS for each --cuda-kernels PARAMS ("default": none), steps PREFIX-TAG-PASS, JSONs
-# PREFIX_TAG_PASS.json (TAG: PARAMS with ',' and '=' as '-' and '_')
+# PREFIX_TAG_PASS.json (TAG: PARAMS with ',' and '=' as '-' and '_'); BV_EXTRA: more arguments
+BV_EXTRA=
 bench_variants() {
     bprefix=$1 btok=$2 bpass=$3
     shift 3
@@ -311,7 +312,7 @@ bench_variants() {
         tag=$(echo "$v" | tr ',=' '-_')
         kv=$v
         [ "$v" = default ] && kv="''"
-        step "$bprefix-$tag-$bpass" 60 "$BENCH --gemm fp8 --cuda-kernels $kv --tokens $btok --quick \
+        step "$bprefix-$tag-$bpass" 60 "$BENCH --gemm fp8 --cuda-kernels $kv --tokens $btok --quick $BV_EXTRA \
             --json $WORK/bench/${bprefix}_${tag}_$bpass.json --dir $WORK/bench --threads $JOBS"
     done
 }
@@ -381,6 +382,18 @@ if profile ring && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
                 --threads $JOBS"
         done
     done
+fi
+# DSV4_DEVCHECK_PROFILE=timeline: the decode step's kernels as a replayed graph runs them
+# (bench_cuda --timeline 20: CUPTI's kernel records of 20 more calls after the timed ones; per
+# kernel the medians of its start, duration and the GPU's idle before it, and the step's span and
+# busy time, in the step's log and each row's "timeline" in the JSON) at T 1, 8 and 32, fp8 mode,
+# io stream, graph off and on, for the default and each of DSV4_DEVCHECK_TIMELINE_VARIANTS (default:
+# the decode launches' deep unsplit rings, and the lean router: group=warp,weights=warp,logits_loop=on).
+if profile timeline && [ -x "$BENCH" ]; then
+    BV_EXTRA="--timeline 20"
+    bench_variants timeline 1,8,32 1 default \
+        ${DSV4_DEVCHECK_TIMELINE_VARIANTS:-dec_ring=deep,dec_fill=1 group=warp,weights=warp,logits_loop=on}
+    BV_EXTRA=
 fi
 # DSV4_DEVCHECK_PROFILE=prefill: every kernel's time at T = 4096 and 16384 in fp8 mode (Nsight
 # Compute, its default cache flush; the grouped FP8 GEMMs and every kernel around them), the
