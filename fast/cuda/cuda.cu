@@ -158,7 +158,7 @@ struct CudaBe {
     bool route_one = false;  /* route=one: where k_router_count would run, k_route_small instead (one launch) */
     bool shared_dec_one = false; /* shared_dec=one: an fp8 shared expert's decode in the fp4 routed launch (k_dec_mix) */
     int dec_minb = 3; /* dec_regs=128: k_dec and k_dec_mix bounded for 2 blocks per multiprocessor (128 registers), not 3 */
-    bool dec_deep = false; /* dec_ring=deep: k_dec's deep rings (two blocks per multiprocessor) */
+    int dec_ring = 0; /* dec_ring=deep|bulk: k_dec's deep rings, or bulk copies into them (RING_*, mma_parts.cuh) */
     bool quant_fold = false; /* quant=fold: h quantized in gate/up's decode launch (fold_quant), not by k_quant */
     bool dec_pf = false;     /* dec_pf=l2: each k_dec_mix block prefetches its weight range into L2 (dec_prefetch) */
     bool dec_persist = false; /* dec_sched=persist: k_dec_mix on persistent blocks (k_dec_mix_persist) */
@@ -736,7 +736,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         (ce = cudaEventCreateWithFlags(&b->ev_j2, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaEventCreateWithFlags(&b->ev_j3, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaDeviceGetAttribute(&b->nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
-        (ce = dec_attrs(kv.dec_minb == 2, kv.quant_fold, kv.shared_dec_one, kv.dec_deep)) != cudaSuccess ||
+        (ce = dec_attrs(kv.dec_minb == 2, kv.quant_fold, kv.shared_dec_one, kv.dec_ring)) != cudaSuccess ||
         (ce = tileh_attrs()) != cudaSuccess ||
         (ce = tile_attrs()) != cudaSuccess) {
         st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "device setup failed: %s", cudaGetErrorString(ce));

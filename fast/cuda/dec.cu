@@ -15,10 +15,10 @@ namespace {
  * EPI_QUANT, gate/up with the quantization of h folded in (a.qf_cnt, fold_quant). SB: B from the
  * block's slabs (dec_stage_slab). MINB: the blocks per multiprocessor its registers are bounded
  * for, 3 (80 registers a thread, the default) or 2 (params dec_regs=128: no spills; the same
- * arithmetic). DEEP: the deep rings of params dec_ring=deep (only with MINB 2: two blocks' rings
- * fill a multiprocessor's shared memory; the same arithmetic).
+ * arithmetic). RING: the rings of params dec_ring (RING_DEEP, RING_BULK only with MINB 2: two
+ * blocks' rings fill a multiprocessor's shared memory; the same arithmetic).
  */
-template <int FMT, int EPI, bool SB, int MINB = 3, bool DEEP = false>
+template <int FMT, int EPI, bool SB, int MINB = 3, int RING = RING_STD>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
 {
     pdl_enter();
@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
             return;
         fgrp_shared(a, g);
     }
-    dec_group<FMT, EPI, SB, DEEP>(a, g, a.ks, (int)blockIdx.x, fsm);
+    dec_group<FMT, EPI, SB, RING>(a, g, a.ks, (int)blockIdx.x, fsm);
 }
 
 typedef void (*dec_kernel_t)(FastArgs);
@@ -52,33 +52,35 @@ template <int MB> dec_kernel_t dec_kernel(int fmt, int epi, bool sb)
     return k[epi];
 }
 
-/* k_dec with the deep rings (dec_ring=deep) for format fmt and epilogue epi: no B slabs, two blocks
-   per multiprocessor. */
-dec_kernel_t deep_kernel(int fmt, int epi)
+/* k_dec with the deep rings (dec_ring=deep, R = RING_DEEP) or the bulk ones (RING_BULK) for format fmt
+   and epilogue epi: no B slabs, two blocks per multiprocessor. */
+template <int R> dec_kernel_t ring_kernel(int fmt, int epi)
 {
-    const dec_kernel_t k[2][3] = {{k_dec<WF_FP4, EPI_NONE, false, 2, true>, k_dec<WF_FP4, EPI_COMBINE, false, 2, true>,
-                                   k_dec<WF_FP4, EPI_QUANT, false, 2, true>},
-                                  {k_dec<WF_FP8, EPI_NONE, false, 2, true>, k_dec<WF_FP8, EPI_COMBINE, false, 2, true>,
-                                   k_dec<WF_FP8, EPI_QUANT, false, 2, true>}};
+    const dec_kernel_t k[2][3] = {{k_dec<WF_FP4, EPI_NONE, false, 2, R>, k_dec<WF_FP4, EPI_COMBINE, false, 2, R>,
+                                   k_dec<WF_FP4, EPI_QUANT, false, 2, R>},
+                                  {k_dec<WF_FP8, EPI_NONE, false, 2, R>, k_dec<WF_FP8, EPI_COMBINE, false, 2, R>,
+                                   k_dec<WF_FP8, EPI_QUANT, false, 2, R>}};
     return k[fmt == WF_FP4 ? 0 : 1][epi];
 }
 
-dec_kernel_t pick(int fmt, int epi, bool sb, int minb, bool deep)
+dec_kernel_t pick(int fmt, int epi, bool sb, int minb, int ring)
 {
-    if (deep)
-        return deep_kernel(fmt, epi);
+    if (ring == RING_DEEP)
+        return ring_kernel<RING_DEEP>(fmt, epi);
+    if (ring == RING_BULK)
+        return ring_kernel<RING_BULK>(fmt, epi);
     return minb == 2 ? dec_kernel<2>(fmt, epi, sb) : dec_kernel<3>(fmt, epi, sb);
 }
 
 } // namespace
 
-cudaError_t launch_dec_kernel(const FastArgs &fa, int fmt, int epi, bool sb, int minb, bool deep, dim3 grid,
+cudaError_t launch_dec_kernel(const FastArgs &fa, int fmt, int epi, bool sb, int minb, int ring, dim3 grid,
                               size_t smem, cudaStream_t s, bool pdl)
 {
-    return launch_kernel(pick(fmt, epi, sb && !deep, minb, deep), grid, FM_THREADS, smem, s, pdl, fa);
+    return launch_kernel(pick(fmt, epi, sb && ring == RING_STD, minb, ring), grid, FM_THREADS, smem, s, pdl, fa);
 }
 
-cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int d4, int d8)
+cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int ring, int d4, int d8)
 {
     cudaError_t ce = cudaSuccess;
     auto set = [&](dec_kernel_t k, int smem) {
@@ -96,11 +98,11 @@ cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int d4, int
         }
         set(mb == 2 ? dec_kernel<2>(WF_FP4, EPI_NONE, true) : dec_kernel<3>(WF_FP4, EPI_NONE, true), m4);
     }
-    for (int epi = 0; epi < 3 && d4 > 0; epi++) {
+    for (int epi = 0; epi < 3 && ring != RING_STD; epi++) {
         if (epi == EPI_QUANT && !qfold)
             continue;
-        set(deep_kernel(WF_FP4, epi), d4);
-        set(deep_kernel(WF_FP8, epi), d8);
+        set(ring == RING_DEEP ? ring_kernel<RING_DEEP>(WF_FP4, epi) : ring_kernel<RING_BULK>(WF_FP4, epi), d4);
+        set(ring == RING_DEEP ? ring_kernel<RING_DEEP>(WF_FP8, epi) : ring_kernel<RING_BULK>(WF_FP8, epi), d8);
     }
     return ce;
 }

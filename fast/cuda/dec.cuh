@@ -16,16 +16,17 @@ namespace dsv4cuda {
    then the shared expert) of FM_THREADS threads and smem bytes of shared memory (dec_smem_bytes),
    for weights of format fmt (WF_FP4 or WF_FP8); epilogue epi (EPI_*); sb: B from the block's slabs
    (only with fa.ks 1; ignored for fp8 and the folded epilogues); registers bounded for minb (2 or 3) blocks per
-   multiprocessor; deep: the deep rings of params dec_ring=deep (then two blocks per multiprocessor,
-   no slabs, and smem dec_smem_bytes(.., deep)); pdl: with programmatic dependent launch. Returns
-   the launch's error, which is also the runtime's last error. */
-cudaError_t launch_dec_kernel(const FastArgs &fa, int fmt, int epi, bool sb, int minb, bool deep, dim3 grid,
+   multiprocessor; ring: the rings of params dec_ring (RING_STD, or RING_DEEP / RING_BULK: then
+   two blocks per multiprocessor, no slabs, and smem dec_smem_bytes(.., deep)); pdl: with
+   programmatic dependent launch. Returns the launch's error, which is also the runtime's last
+   error. */
+cudaError_t launch_dec_kernel(const FastArgs &fa, int fmt, int epi, bool sb, int minb, int ring, dim3 grid,
                               size_t smem, cudaStream_t s, bool pdl);
 
 /* Sets the dynamic shared-memory limit of k_dec's variants to m4 bytes (fp4) and m8 (fp8): those of
-   params dec_regs=128 (minb2) and quant=fold (qfold) only when chosen; the deep-ring variants
-   (dec_ring=deep) to d4 and d8 when d4 > 0. */
-cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int d4, int d8);
+   params dec_regs=128 (minb2) and quant=fold (qfold) only when chosen; the variants of dec_ring
+   (ring RING_DEEP or RING_BULK) to d4 and d8 when chosen. */
+cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int ring, int d4, int d8);
 
 } // namespace dsv4cuda
 

@@ -257,18 +257,22 @@ template <int FMT> __device__ __forceinline__ float block_scale(float w, float x
 /* params dec_ring=deep (k_dec only): rings of this many k128 blocks, about 7 KB of a warp's
    weights in flight instead of 3 (fp4) or 4 (fp8), so a launch whose K is not split (each warp
    streams all of its tile's K blocks) keeps enough bytes in flight to cover DRAM latency: 80 KB
-   (fp4) or 72 KB (fp8) of rings a block, two blocks a multiprocessor (k_dec bounded for two) */
+   (fp4) or 72 KB (fp8) of rings a block, two blocks a multiprocessor (k_dec bounded for two).
+   dec_ring=bulk: the same rings, each stage's weights one bulk asynchronous copy (cp.async.bulk,
+   the copy engine's: one instruction of lane 0 where the lanes issued 2 or 4 16-byte copies each)
+   completing on the stage's mbarrier; the scale bytes stay per-lane copies. */
 #define FM_DEC_RING_FP4_DEEP 8
 #define FM_DEC_RING_FP8_DEEP 4
+enum { RING_STD = 0, RING_DEEP = 1, RING_BULK = 2 }; /* params dec_ring std | deep | bulk */
 
-template <int FMT, bool DEEP = false> struct DecCfg {
+template <int FMT, int RG = RING_STD> struct DecCfg { /* RG: the rings, RING_* */
     enum {
         CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK,
         SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK,
         NV = FMT == WF_FP4 ? 2 : 4,      /* 16-byte pieces a lane owns per chunk */
         STG = NV * 512 + 256,            /* one ring stage: the chunk, then every lane's 8 scale bytes */
-        DEPTH = FMT == WF_FP4 ? (DEEP ? FM_DEC_RING_FP4_DEEP : FM_DEC_RING_FP4)
-                              : (DEEP ? FM_DEC_RING_FP8_DEEP : FM_DEC_RING_FP8),
+        DEPTH = FMT == WF_FP4 ? (RG != RING_STD ? FM_DEC_RING_FP4_DEEP : FM_DEC_RING_FP4)
+                              : (RG != RING_STD ? FM_DEC_RING_FP8_DEEP : FM_DEC_RING_FP8),
         RING = 8 * DEPTH * STG           /* per block (8 warps) */
     };
 };
@@ -304,6 +308,41 @@ __device__ __forceinline__ void dec_stage_slab(const FGrp &g, int K, int sl, uin
     }
 }
 
+/* A shared-memory mbarrier (dec_ring=bulk's stages): init with `count` arrivals; the init made
+   visible to the copy engine; lane 0's arrival announcing `bytes` of bulk copies; the bulk copy
+   of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global into shared memory,
+   counted on the barrier; the wait for phase `parity` to complete. fence_async_smem: this thread's
+   (and, after a barrier, the block's or warp's) shared-memory accesses ordered before the async
+   proxy's (a bulk copy's or wgmma's). */
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *b)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(b))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity)
+{
+    asm volatile("{\n"
+                 ".reg .pred p_done;\n"
+                 "MBAR_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p_done, [%0], %1;\n"
+                 "@!p_done bra MBAR_WAIT;\n"
+                 "}\n" ::"r"(smem_u32(b)),
+                 "r"(parity)
+                 : "memory");
+}
+
 /*
  * One warp: 16-row tile mt over its K blocks kb = ks, ks + KS, ..., for NT token tiles of 8.
  * Weights (and the lane's scale bytes) stream through the warp's cp.async ring, DEPTH - 1
@@ -311,11 +350,13 @@ __device__ __forceinline__ void dec_stage_slab(const FGrp &g, int K, int sl, uin
  * The group's activations (a few rows) are read through L1, or with SB (KS 1, every warp of the
  * block here) from the block's slabs. Returns the fp32 sums.
  */
-template <int FMT, int NT, bool SB, bool DEEP = false>
+template <int FMT, int NT, bool SB, int RING = RING_STD>
 __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, int K, uint8_t *ring, uint8_t *slabs,
                                          float acc[NT][4])
 {
-    typedef DecCfg<FMT, DEEP> D;
+    typedef DecCfg<FMT, RING> D;
+    constexpr bool BULK = RING == RING_BULK;
+    static_assert(!(BULK && SB), "the bulk rings without B slabs");
     const int KB = K >> 7;
     const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     const uint8_t *wt = g.w + (size_t)mt * KB * D::CH + lane * 16;
@@ -344,8 +385,34 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
             acc[j][i] = 0.0f;
     const int nkb = ks < KB ? (KB - ks + KS - 1) / KS : 0;
     const size_t bstep = (size_t)KS * 128; /* the pointers advance: each load takes an immediate offset */
+    /* BULK: the warp's stage barriers, one arrival each (lane 0's), initialised once per call */
+    uint64_t *bar = nullptr;
+    if constexpr (BULK) {
+        __shared__ uint64_t s_bar[(FM_THREADS / 32) * D::DEPTH];
+        bar = s_bar + (threadIdx.x >> 5) * D::DEPTH;
+        if (lane == 0) {
+            for (int d = 0; d < D::DEPTH; d++)
+                mbar_init(bar + d, 1);
+            mbar_init_fence();
+        }
+        __syncwarp();
+    }
     auto issue = [&](int i) {
-        if (i < nkb) {
+        if constexpr (BULK) {
+            /* the stage refilled here was read by every lane one step ago: all of them are past
+               it before lane 0 hands it to the copy engine (and its reads before the async write) */
+            __syncwarp();
+            if (i < nkb) {
+                const int kb = ks + i * KS, d = i % D::DEPTH;
+                uint8_t *stg = ring + d * D::STG;
+                if (lane == 0) {
+                    fence_async_smem();
+                    mbar_expect_tx(bar + d, D::NV * 512);
+                    bulk_g2s(stg, wt - lane * 16 + (size_t)kb * D::CH, D::NV * 512, bar + d);
+                }
+                cp_async8(stg + D::NV * 512 + lane * 8, st + (size_t)kb * D::SCH);
+            }
+        } else if (i < nkb) {
             const int kb = ks + i * KS;
             uint8_t *stg = ring + (i % D::DEPTH) * D::STG;
 #pragma unroll
@@ -370,6 +437,8 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
         issue(i);
     for (int i = 0; i < nkb; i++) {
         cp_async_wait<D::DEPTH - 2>();
+        if constexpr (BULK) /* the stage's weights (the scale bytes: the wait above) */
+            mbar_wait(bar + i % D::DEPTH, (unsigned)(i / D::DEPTH) & 1u);
         const uint8_t *bb[NT]; /* this step's B rows */
 #pragma unroll
         for (int j = 0; j < NT; j++)
@@ -529,15 +598,15 @@ static __device__ __noinline__ void fold_quant(int *cnt, int need, const uint16_
     }
 }
 
-template <int FMT, int NT, int EPI, bool SB, bool DEEP = false>
+template <int FMT, int NT, int EPI, bool SB, int RING = RING_STD>
 __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int KS, int bx, uint8_t *ring, float *sRed)
 {
-    typedef DecCfg<FMT, DEEP> D;
+    typedef DecCfg<FMT, RING> D;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const int mt = bx * (8 / KS) + warp / KS, ks = warp % KS; /* bx: the block's place along N */
     float acc[NT][4];
     /* the slabs sit where a K split's partial sums would (SB: no split) */
-    dec_warp<FMT, NT, SB, DEEP>(g, mt, ks, KS, a.K, ring + (size_t)warp * D::DEPTH * D::STG, (uint8_t *)sRed, acc);
+    dec_warp<FMT, NT, SB, RING>(g, mt, ks, KS, a.K, ring + (size_t)warp * D::DEPTH * D::STG, (uint8_t *)sRed, acc);
     if (KS > 1) {
         float *mine = sRed + ((size_t)warp * 32 + lane) * (NT * 4);
         if (ks > 0) {
@@ -622,23 +691,23 @@ __device__ __forceinline__ bool dec_routed_group(const FastArgs &a, int y, FGrp 
 }
 
 /* One decode block's group (format FMT, K split KS) at place bx along N: one or two 8-token
-   tiles by its rows; DEEP: the deep rings (params dec_ring=deep). */
-template <int FMT, int EPI, bool SB, bool DEEP = false>
+   tiles by its rows; RING: the rings of params dec_ring (RING_*). */
+template <int FMT, int EPI, bool SB, int RING = RING_STD>
 __device__ __forceinline__ void dec_group(const FastArgs &a, const FGrp &g, int KS, int bx, uint8_t *fsm)
 {
-    float *sRed = (float *)(fsm + DecCfg<FMT, DEEP>::RING);
+    float *sRed = (float *)(fsm + DecCfg<FMT, RING>::RING);
     if (g.n <= 8)
-        dec_block<FMT, 1, EPI, SB, DEEP>(a, g, KS, bx, fsm, sRed);
+        dec_block<FMT, 1, EPI, SB, RING>(a, g, KS, bx, fsm, sRed);
     else
-        dec_block<FMT, 2, EPI, SB, DEEP>(a, g, KS, bx, fsm, sRed);
+        dec_block<FMT, 2, EPI, SB, RING>(a, g, KS, bx, fsm, sRed);
 }
 
-/* Bytes of k_dec<FMT>'s shared memory: the warps' rings (deep: dec_ring=deep's), then the K-split
-   partial sums or (sb) the B slabs. */
+/* Bytes of k_dec<FMT>'s dynamic shared memory: the warps' rings (deep: dec_ring=deep's or bulk's,
+   the same size), then the K-split partial sums or (sb) the B slabs. */
 __host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt, bool sb = false, bool deep = false)
 {
-    return (fmt == WF_FP4 ? (deep ? (size_t)DecCfg<WF_FP4, true>::RING : (size_t)DecCfg<WF_FP4>::RING)
-                          : (deep ? (size_t)DecCfg<WF_FP8, true>::RING : (size_t)DecCfg<WF_FP8>::RING)) +
+    return (fmt == WF_FP4 ? (deep ? (size_t)DecCfg<WF_FP4, RING_DEEP>::RING : (size_t)DecCfg<WF_FP4>::RING)
+                          : (deep ? (size_t)DecCfg<WF_FP8, RING_DEEP>::RING : (size_t)DecCfg<WF_FP8>::RING)) +
            (sb ? (size_t)FM_DEC_SLABS_BYTES : ks > 1 ? (size_t)FM_THREADS * (size_t)nt * 16 : 0);
 }
 
@@ -663,7 +732,7 @@ template <int N> __device__ __forceinline__ void wg_wait()
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 
 /* ---------------- tile regime ---------------- */
 

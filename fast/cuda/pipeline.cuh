@@ -257,10 +257,10 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
        2026-12-04, bench_cuda --quick, two passes each; T = 256, where nothing folds, 1.40-1.42
        against 1.49-1.53; docs/cuda.md) */
     const int epi = dec_epi(fa);
-    const bool sb = b->dec_slab && !b->dec_deep && ks == 1 && fmt == WF_FP4 && epi == EPI_NONE;
-    const size_t smem = dec_smem_bytes(fmt, ks, 2, sb, b->dec_deep);
+    const bool sb = b->dec_slab && b->dec_ring == RING_STD && ks == 1 && fmt == WF_FP4 && epi == EPI_NONE;
+    const size_t smem = dec_smem_bytes(fmt, ks, 2, sb, b->dec_ring != RING_STD);
     /* its error: the caller's peek */
-    (void)launch_dec_kernel(fa, fmt, epi, sb, b->dec_minb, b->dec_deep, grid, smem, s, b->pdl);
+    (void)launch_dec_kernel(fa, fmt, epi, sb, b->dec_minb, b->dec_ring, grid, smem, s, b->pdl);
 }
 
 /* k_dec_mix (params shared_dec=one): fp4 routed groups and the fp8 shared expert in one launch,
@@ -283,16 +283,15 @@ void enqueue_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
 }
 
 /* The decode kernels' shared-memory limit: their largest K split, or the B slabs; the variants
-   of params dec_regs=128 (minb2), quant=fold (qfold), shared_dec=one (mix) and dec_ring=deep
-   (deep) only when chosen, so a creation with the defaults sets what it always did. */
-cudaError_t dec_attrs(bool minb2, bool qfold, bool mix_on, bool deep)
+   of params dec_regs=128 (minb2), quant=fold (qfold), shared_dec=one (mix) and dec_ring (ring)
+   only when chosen, so a creation with the defaults sets what it always did. */
+cudaError_t dec_attrs(bool minb2, bool qfold, bool mix_on, int ring)
 {
     const int m4 = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP4, 1, 2, true));
     const int m8 = (int)dec_smem_bytes(WF_FP8, 8, 2), mix = std::max(m4, m8);
-    const int d4 = deep ? (int)dec_smem_bytes(WF_FP4, 8, 2, false, true) : 0;
-    const int d8 = (int)dec_smem_bytes(WF_FP8, 8, 2, false, true);
+    const int d4 = (int)dec_smem_bytes(WF_FP4, 8, 2, false, true), d8 = (int)dec_smem_bytes(WF_FP8, 8, 2, false, true);
     cudaError_t ce = mix_on ? dec_mix_attrs(mix) : cudaSuccess;
-    return ce == cudaSuccess ? dec_kernel_attrs(m4, m8, minb2, qfold, d4, d8) : ce;
+    return ce == cudaSuccess ? dec_kernel_attrs(m4, m8, minb2, qfold, ring, d4, d8) : ce;
 }
 
 /* The most rows a group of the chunk can hold: a routed group holds at most Tc rows (every slot

@@ -228,7 +228,8 @@ struct Kernels {
     bool route_one = false;        /* route=one: k_route_small where it fits (route_small.cuh) */
     bool shared_dec_one = false;   /* shared_dec=one: k_dec_mix (dec_mix.cu) instead of a forked k_dec */
     int dec_minb = 3;              /* dec_regs=128: the decode kernels at 2 blocks per multiprocessor, not 3 */
-    bool dec_deep = false;         /* dec_ring=deep: k_dec's rings 8 (fp4) / 4 (fp8) K blocks deep, not 4 / 3 (mma_parts.cuh) */
+    int dec_ring = 0;              /* dec_ring=deep|bulk: k_dec's rings 8 (fp4) / 4 (fp8) K blocks deep, not 4 / 3, filled by
+                                      per-lane or bulk copies (RING_*, mma_parts.cuh) */
     bool quant_fold = false;       /* quant=fold: k_dec quantizes h (fold_quant, mma_parts.cuh) instead of k_quant */
     bool dec_pf = false;           /* dec_pf=l2: k_dec_mix's blocks prefetch their weights into L2 (dec_prefetch) */
     bool dec_persist = false;      /* dec_sched=persist: k_dec_mix on persistent blocks (dec_mix.cu) */
@@ -282,7 +283,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         else if (is("logits_loop"))
             ok = val("off") || val("on"), k->logits_loop = val("on");
         else if (is("dec_ring"))
-            ok = val("std") || val("deep"), k->dec_deep = val("deep");
+            ok = val("std") || val("deep") || val("bulk"), k->dec_ring = val("deep") ? RING_DEEP : val("bulk") ? RING_BULK : RING_STD;
         else if (is("dec_regs"))
             ok = val("80") || val("128"), k->dec_minb = val("128") ? 2 : 3;
         else if (is("quant"))
@@ -306,7 +307,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep, logits_loop off|on, weights thread|warp",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk, logits_loop off|on, weights thread|warp",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -328,7 +329,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->route_one = k.route_one;
     b->shared_dec_one = k.shared_dec_one;
     b->dec_minb = k.dec_minb;
-    b->dec_deep = k.dec_deep;
+    b->dec_ring = k.dec_ring;
     b->quant_fold = k.quant_fold;
     b->dec_pf = k.dec_pf;
     b->dec_persist = k.dec_persist;

@@ -1,17 +1,19 @@
 /*
- * Device half of test_cuda's dec_mix_kernel test (dec_mix_hw.h): k_dec_mix through its launcher on
- * the caller's small inputs, its outputs copied back. Test code: linked into build/cuda/test_cuda
- * only.
+ * Device half of test_cuda's dec_mix_kernel test (dec_mix_hw.h): k_dec_mix, or k_dec with each of
+ * its rings, through their launchers on the caller's small inputs, the outputs copied back. Test
+ * code: linked into build/cuda/test_cuda only.
  */
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
+#include "fast/cuda/dec.cuh"
 #include "fast/cuda/dec_mix.cuh"
 #include "tests/cuda/dec_mix_hw.h"
 #include "tests/cuda/dev_arena.cuh"
 
-extern "C" int dsv4_test_dec_mix(const dsv4_test_decmix_in *in, uint16_t *out, uint16_t *out_sh)
+/* ring < 0: k_dec_mix; else k_dec with dec_ring `ring` (dsv4_test_dec). */
+static int run_dec(const dsv4_test_decmix_in *in, int ring, uint16_t *out, uint16_t *out_sh)
 {
     using namespace dsv4cuda;
     const int E = in->E, N = in->N, K = in->K, ng = K / 128;
@@ -54,16 +56,44 @@ extern "C" int dsv4_test_dec_mix(const dsv4_test_decmix_in *in, uint16_t *out, u
     fa.meta = met, fa.tile_e = nullptr, fa.tile_r0 = nullptr, fa.meta_tiles = 0, fa.slot_tok = nullptr;
     fa.E = E, fa.act_max = E, fa.ks = in->ks, fa.ks_sh = in->ks_sh, fa.pf = 0;
     fa.fc_cnt = nullptr, fa.qf_cnt = nullptr, fa.qf_q = nullptr, fa.qf_s = nullptr, fa.qf_sh_row0 = 0, fa.qmode = 0;
-    /* the launcher's grid and shared memory, as the pipeline's enqueue_dec_mix sizes them */
+    /* the launchers' grids and shared memory, as the pipeline's enqueue_dec_mix and launch_dec size them */
     const int gxr = tiles16 / (8 / in->ks), gxs = tiles16 / (8 / in->ks_sh);
-    const size_t smem = std::max(dec_smem_bytes(WF_FP4, in->ks, 2), dec_smem_bytes(WF_FP8, in->ks_sh, 2));
     cudaError_t e;
-    if ((e = dec_mix_attrs((int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP8, 8, 2)))) != cudaSuccess ||
-        (e = launch_dec_mix(fa, EPI_NONE, 3, (unsigned)std::max(gxr, gxs), smem, 0, false)) != cudaSuccess ||
-        (e = cudaDeviceSynchronize()) != cudaSuccess)
+    if (ring < 0) {
+        const size_t smem = std::max(dec_smem_bytes(WF_FP4, in->ks, 2), dec_smem_bytes(WF_FP8, in->ks_sh, 2));
+        if ((e = dec_mix_attrs((int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP8, 8, 2)))) != cudaSuccess ||
+            (e = launch_dec_mix(fa, EPI_NONE, 3, (unsigned)std::max(gxr, gxs), smem, 0, false)) != cudaSuccess)
+            return (int)e;
+    } else {
+        const bool deep = ring != RING_STD;
+        FastArgs fs = fa; /* the shared expert alone: no routed slot before it */
+        fs.act_max = 0, fs.ks = in->ks_sh;
+        fa.sh.w = nullptr; /* the routed launch: its E slots only */
+        if ((e = dec_kernel_attrs((int)dec_smem_bytes(WF_FP4, 8, 2), (int)dec_smem_bytes(WF_FP8, 8, 2), false, false, ring,
+                                  (int)dec_smem_bytes(WF_FP4, 8, 2, false, true),
+                                  (int)dec_smem_bytes(WF_FP8, 8, 2, false, true))) != cudaSuccess ||
+            (e = launch_dec_kernel(fa, WF_FP4, EPI_NONE, false, 3, ring, dim3((unsigned)gxr, (unsigned)E),
+                                   dec_smem_bytes(WF_FP4, in->ks, 2, false, deep), 0, false)) != cudaSuccess ||
+            (e = launch_dec_kernel(fs, WF_FP8, EPI_NONE, false, 3, ring, dim3((unsigned)gxs, 1u),
+                                   dec_smem_bytes(WF_FP8, in->ks_sh, 2, false, deep), 0, false)) != cudaSuccess)
+            return (int)e;
+    }
+    if ((e = cudaDeviceSynchronize()) != cudaSuccess)
         return (int)e;
     if ((e = dev_take(out, o, (size_t)in->rows * N)) != cudaSuccess ||
         (e = dev_take(out_sh, osh, (size_t)in->ntok * N)) != cudaSuccess)
         return (int)e;
     return 0;
+}
+
+extern "C" int dsv4_test_dec_mix(const dsv4_test_decmix_in *in, uint16_t *out, uint16_t *out_sh)
+{
+    return run_dec(in, -1, out, out_sh);
+}
+
+extern "C" int dsv4_test_dec(const dsv4_test_decmix_in *in, int ring, uint16_t *out, uint16_t *out_sh)
+{
+    if (ring < 0 || ring > 2)
+        return (int)cudaErrorInvalidValue;
+    return run_dec(in, ring, out, out_sh);
 }

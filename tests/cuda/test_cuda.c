@@ -549,7 +549,8 @@ START_TEST(shared_dec_identical)
 END_TEST
 
 /* k_dec with the deep rings (params dec_ring=deep: 8 fp4 / 4 fp8 K blocks a warp, two blocks per
-   multiprocessor) against the default's (4 / 3): the prefetch distance changes, not a product nor
+   multiprocessor), and with each stage's weights one bulk asynchronous copy into them (dec_ring=bulk),
+   against the default's (4 / 3): the prefetch distance and the copy change, not a product nor
    its order, so the same outputs, ids and clamp counters bit for bit. v4-flash T 1 (K split over
    four warps), 8 and 16 with 32 experts (enough groups not to split K: each warp streams all of
    its tile's K blocks through the ring), both numerics modes (fp4 and fp8 launches, the folded
@@ -562,6 +563,8 @@ START_TEST(dec_ring_identical)
     variant_cases("dec_ring", "dec_ring=deep", cs, sizeof cs / sizeof cs[0], 0);
     variant_cases("dec_ring", "dec_ring=deep,combine=kernel", cs + 1, 1, 0);
     variant_cases("dec_ring", "dec_ring=deep,quant=fold", cs, 2, 0);
+    variant_cases("dec_ring", "dec_ring=bulk", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("dec_ring", "dec_ring=bulk,quant=fold", cs, 2, 0);
 }
 END_TEST
 
@@ -759,8 +762,10 @@ static const float dm_w8[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f,
    two 8-token tiles), K split ks, and the fp8 shared expert with ntok rows and split ks_sh; N 256,
    K 512 (ks 8: half the warps have no K block). The groups' rows sit apart, with rows no group
    owns between them, which must keep their contents. */
-static void dec_mix_case(int ks, int ks_sh, const int cnt[4], int ntok, uint32_t seed)
+/* ring -1: k_dec_mix; 0, 1, 2: k_dec's own launches with params dec_ring std, deep, bulk */
+static void dec_mix_case(int ring, int ks, int ks_sh, const int cnt[4], int ntok, uint32_t seed)
 {
+    static const char *const kname[] = {"k_dec_mix", "k_dec std", "k_dec deep", "k_dec bulk"};
     enum { E = 4, N = 256, K = 512, NG = K / 128 };
     uint32_t st = seed;
     uint64_t d4, sc4, d8, sc8;
@@ -813,8 +818,8 @@ static void dec_mix_case(int ks, int ks_sh, const int cnt[4], int ntok, uint32_t
         out_sh[i] = 0xFFFFu;
     const dsv4_test_decmix_in in = {E,      N,     K,    ks, ks_sh, w4,      s4,   d4, sc4, w8, s8, d8, sc8 / 4,
                                     cnt,    pad_off, rows, A,  As,    ntok,    Ash,  Assh};
-    const int rc = dsv4_test_dec_mix(&in, out, out_sh);
-    ck_assert_msg(rc == 0, "dsv4_test_dec_mix: CUDA error %d (%s)", rc, cudaGetErrorString((cudaError_t)rc));
+    const int rc = ring < 0 ? dsv4_test_dec_mix(&in, out, out_sh) : dsv4_test_dec(&in, ring, out, out_sh);
+    ck_assert_msg(rc == 0, "%s: CUDA error %d (%s)", kname[ring + 1], rc, cudaGetErrorString((cudaError_t)rc));
     /* expected: the exact sums (double), one fp32 and one bf16 rounding; a zero of either sign is zero */
     long bad = 0, checked = 0, untouched = 0;
     for (int g = 0; g <= E; g++) {
@@ -841,8 +846,8 @@ static void dec_mix_case(int ks, int ks_sh, const int cnt[4], int ntok, uint32_t
                 const uint16_t want = dsv4_bf16_bits(f), got = g < E ? out[arow * N + r] : out_sh[arow * N + r];
                 if (got != want && !((got & 0x7FFFu) == 0 && (want & 0x7FFFu) == 0)) {
                     if (bad++ < 5)
-                        fprintf(stderr, "dec_mix ks %d/%d group %d row %d col %d: got 0x%04x want 0x%04x\n", ks, ks_sh,
-                                g, j, r, got, want);
+                        fprintf(stderr, "%s ks %d/%d group %d row %d col %d: got 0x%04x want 0x%04x\n", kname[ring + 1],
+                                ks, ks_sh, g, j, r, got, want);
                 }
                 checked++;
             }
@@ -855,29 +860,33 @@ static void dec_mix_case(int ks, int ks_sh, const int cnt[4], int ntok, uint32_t
         for (int r = 0; r < N && !owned; r++)
             untouched += out[(long)row * N + r] != 0xFFFFu;
     }
-    printf("cuda_suite k_dec_mix ks %d/%d rows %d %d %d %d + shared %2d: %ld outputs as the exact sums (%ld differ), "
+    printf("cuda_suite %-10s ks %d/%d rows %d %d %d %d + shared %2d: %ld outputs as the exact sums (%ld differ), "
            "%ld written outside the groups\n",
-           ks, ks_sh, cnt[0], cnt[1], cnt[2], cnt[3], ntok, checked, bad, untouched);
+           kname[ring + 1], ks, ks_sh, cnt[0], cnt[1], cnt[2], cnt[3], ntok, checked, bad, untouched);
     ck_assert_int_eq(bad, 0);
     ck_assert_int_eq(untouched, 0);
     free(nat4), free(sb4), free(w4), free(s4), free(nat8), free(w8), free(s8);
     free(A), free(Ash), free(As), free(Assh), free(out), free(out_sh);
 }
 
-/* k_dec_mix alone (params shared_dec=one's kernel) through its launcher: fp4 routed groups of 1 to
-   16 rows (one and two token tiles, empty groups skipped) and the fp8 shared expert's group, each
-   with its own K split (1, 2, 4, 8), against the exact products and sums of the weights and
-   activations as the reference defines them (SPEC.md section 5's e2m1 / e4m3 values and ue8m0
-   scales), one bf16 rounding; rows no group owns untouched. */
+/* k_dec_mix alone (params shared_dec=one's kernel) through its launcher, then k_dec's own launches
+   (the routed groups in one, the shared expert in another) with each of its rings (params dec_ring
+   std, deep, bulk): fp4 routed groups of 1 to 16 rows (one and two token tiles, empty groups
+   skipped) and the fp8 shared expert's group, each with its own K split (1, 2, 4, 8), against the
+   exact products and sums of the weights and activations as the reference defines them (SPEC.md
+   section 5's e2m1 / e4m3 values and ue8m0 scales), one bf16 rounding; rows no group owns
+   untouched. */
 START_TEST(dec_mix_kernel)
 {
     static const int c0[4] = {1, 0, 3, 16}, c1[4] = {9, 2, 0, 5}, c2[4] = {16, 16, 1, 8}, c3[4] = {0, 0, 4, 0};
     if (!have_gpu())
         return;
-    dec_mix_case(1, 1, c0, 1, 11u);
-    dec_mix_case(2, 8, c1, 7, 12u);
-    dec_mix_case(4, 2, c2, 16, 13u);
-    dec_mix_case(8, 4, c3, 3, 14u);
+    for (int ring = -1; ring <= 2; ring++) {
+        dec_mix_case(ring, 1, 1, c0, 1, 11u);
+        dec_mix_case(ring, 2, 8, c1, 7, 12u);
+        dec_mix_case(ring, 4, 2, c2, 16, 13u);
+        dec_mix_case(ring, 8, 4, c3, 3, 14u);
+    }
 }
 END_TEST
 
