@@ -304,12 +304,16 @@ static int cupti_err(CUptiResult r, const char *what, char *err, size_t errn)
 
 int tl_begin(char *err, size_t errn)
 {
+    static int registered; /* the callbacks once per process */
     CUptiResult r;
     pthread_mutex_lock(&g_lock);
     g_n = 0, g_lost = 0;
     pthread_mutex_unlock(&g_lock);
-    if ((r = cuptiActivityRegisterCallbacks(buf_requested, buf_completed)) != CUPTI_SUCCESS)
-        return cupti_err(r, "cuptiActivityRegisterCallbacks", err, errn);
+    if (!registered) {
+        if ((r = cuptiActivityRegisterCallbacks(buf_requested, buf_completed)) != CUPTI_SUCCESS)
+            return cupti_err(r, "cuptiActivityRegisterCallbacks", err, errn);
+        registered = 1;
+    }
     if ((r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)) != CUPTI_SUCCESS)
         return cupti_err(r, "cuptiActivityEnable", err, errn);
     return 0;

@@ -364,13 +364,15 @@ fi
 # K split off (dec_fill=1: each warp streams its tile's whole K, so no partial sums and one wave of
 # blocks at T = 1) or lighter (dec_fill=2); dec_fill=1 on the default rings; deep unsplit with the
 # combine in its own kernel (combine=kernel); the bulk copies into the deep rings (dec_ring=bulk),
-# split and not: the whole layer at T 1, 8, 32, 128 and 256 for each and the default (bench_cuda
+# split and not, and evict-first in L2 (dec_ring=bulk_ef): the whole layer at T 1, 8, 32, 128 and
+# 256 for each and the default (bench_cuda
 # --quick, fp8 mode, two alternating passes), then every kernel's time at T = 1 and 8 for the
 # default and dec_ring=deep|bulk,dec_fill=1 (warm, Nsight Compute).
 if profile ring && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for p in 1 2; do
         bench_variants ring 1,8,32,128,256 "$p" default dec_ring=deep dec_ring=deep,dec_fill=1 dec_ring=deep,dec_fill=2 \
-            dec_fill=1 dec_ring=deep,dec_fill=1,combine=kernel dec_ring=bulk dec_ring=bulk,dec_fill=1
+            dec_fill=1 dec_ring=deep,dec_fill=1,combine=kernel dec_ring=bulk dec_ring=bulk,dec_fill=1 \
+            dec_ring=bulk_ef,dec_fill=1
     done
     for v in default dec_ring=deep,dec_fill=1 dec_ring=bulk,dec_fill=1; do
         tag=$(echo "$v" | tr ',=' '-_')

@@ -52,7 +52,7 @@ template <int MB> dec_kernel_t dec_kernel(int fmt, int epi, bool sb)
     return k[epi];
 }
 
-/* k_dec with the deep rings (dec_ring=deep, R = RING_DEEP) or the bulk ones (RING_BULK) for format fmt
+/* k_dec with the deep rings (dec_ring=deep, R = RING_DEEP) or the bulk ones (RING_BULK, RING_BULK_EF) for format fmt
    and epilogue epi: no B slabs, two blocks per multiprocessor. */
 template <int R> dec_kernel_t ring_kernel(int fmt, int epi)
 {
@@ -69,6 +69,8 @@ dec_kernel_t pick(int fmt, int epi, bool sb, int minb, int ring)
         return ring_kernel<RING_DEEP>(fmt, epi);
     if (ring == RING_BULK)
         return ring_kernel<RING_BULK>(fmt, epi);
+    if (ring == RING_BULK_EF)
+        return ring_kernel<RING_BULK_EF>(fmt, epi);
     return minb == 2 ? dec_kernel<2>(fmt, epi, sb) : dec_kernel<3>(fmt, epi, sb);
 }
 
@@ -101,8 +103,13 @@ cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int ring, i
     for (int epi = 0; epi < 3 && ring != RING_STD; epi++) {
         if (epi == EPI_QUANT && !qfold)
             continue;
-        set(ring == RING_DEEP ? ring_kernel<RING_DEEP>(WF_FP4, epi) : ring_kernel<RING_BULK>(WF_FP4, epi), d4);
-        set(ring == RING_DEEP ? ring_kernel<RING_DEEP>(WF_FP8, epi) : ring_kernel<RING_BULK>(WF_FP8, epi), d8);
+        for (int f = 0; f < 2; f++) {
+            const int fmt = f ? WF_FP8 : WF_FP4;
+            set(ring == RING_DEEP   ? ring_kernel<RING_DEEP>(fmt, epi)
+                : ring == RING_BULK ? ring_kernel<RING_BULK>(fmt, epi)
+                                    : ring_kernel<RING_BULK_EF>(fmt, epi),
+                f ? d8 : d4);
+        }
     }
     return ce;
 }

@@ -260,10 +260,12 @@ template <int FMT> __device__ __forceinline__ float block_scale(float w, float x
    (fp4) or 72 KB (fp8) of rings a block, two blocks a multiprocessor (k_dec bounded for two).
    dec_ring=bulk: the same rings, each stage's weights one bulk asynchronous copy (cp.async.bulk,
    the copy engine's: one instruction of lane 0 where the lanes issued 2 or 4 16-byte copies each)
-   completing on the stage's mbarrier; the scale bytes stay per-lane copies. */
+   completing on the stage's mbarrier; the scale bytes stay per-lane copies. dec_ring=bulk_ef: those
+   copies marked evict-first in L2 (an L2 cache-hint policy), so a step's weights, read once, leave
+   the rest of L2 (activations, the workspace, the kernels' code) where it is. */
 #define FM_DEC_RING_FP4_DEEP 8
 #define FM_DEC_RING_FP8_DEEP 4
-enum { RING_STD = 0, RING_DEEP = 1, RING_BULK = 2 }; /* params dec_ring std | deep | bulk */
+enum { RING_STD = 0, RING_DEEP = 1, RING_BULK = 2, RING_BULK_EF = 3 }; /* params dec_ring std|deep|bulk|bulk_ef */
 
 template <int FMT, int RG = RING_STD> struct DecCfg { /* RG: the rings, RING_* */
     enum {
@@ -331,6 +333,22 @@ __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned by
                  "l"(src), "r"(bytes), "r"(smem_u32(b))
                  : "memory");
 }
+/* bulk_g2s with an L2 cache-hint policy (l2_evict_first's) */
+__device__ __forceinline__ void bulk_g2s_hint(void *dst, const void *src, unsigned bytes, uint64_t *b, uint64_t pol)
+{
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+            smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(b)), "l"(pol)
+        : "memory");
+}
+/* An L2 policy: every access it marks is evicted first. */
+__device__ __forceinline__ uint64_t l2_evict_first()
+{
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
 __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity)
 {
     asm volatile("{\n"
@@ -355,7 +373,7 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
                                          float acc[NT][4])
 {
     typedef DecCfg<FMT, RING> D;
-    constexpr bool BULK = RING == RING_BULK;
+    constexpr bool BULK = RING == RING_BULK || RING == RING_BULK_EF, EF = RING == RING_BULK_EF;
     static_assert(!(BULK && SB), "the bulk rings without B slabs");
     const int KB = K >> 7;
     const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
@@ -386,7 +404,9 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
     const int nkb = ks < KB ? (KB - ks + KS - 1) / KS : 0;
     const size_t bstep = (size_t)KS * 128; /* the pointers advance: each load takes an immediate offset */
     /* BULK: the warp's stage barriers, one arrival each (lane 0's), initialised once per call */
-    uint64_t *bar = nullptr;
+    uint64_t *bar = nullptr, pol = 0;
+    if constexpr (EF)
+        pol = l2_evict_first();
     if constexpr (BULK) {
         __shared__ uint64_t s_bar[(FM_THREADS / 32) * D::DEPTH];
         bar = s_bar + (threadIdx.x >> 5) * D::DEPTH;
@@ -408,7 +428,10 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
                 if (lane == 0) {
                     fence_async_smem();
                     mbar_expect_tx(bar + d, D::NV * 512);
-                    bulk_g2s(stg, wt - lane * 16 + (size_t)kb * D::CH, D::NV * 512, bar + d);
+                    if constexpr (EF)
+                        bulk_g2s_hint(stg, wt - lane * 16 + (size_t)kb * D::CH, D::NV * 512, bar + d, pol);
+                    else
+                        bulk_g2s(stg, wt - lane * 16 + (size_t)kb * D::CH, D::NV * 512, bar + d);
                 }
                 cp_async8(stg + D::NV * 512 + lane * 8, st + (size_t)kb * D::SCH);
             }

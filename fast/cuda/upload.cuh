@@ -283,7 +283,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         else if (is("logits_loop"))
             ok = val("off") || val("on"), k->logits_loop = val("on");
         else if (is("dec_ring"))
-            ok = val("std") || val("deep") || val("bulk"), k->dec_ring = val("deep") ? RING_DEEP : val("bulk") ? RING_BULK : RING_STD;
+            ok = val("std") || val("deep") || val("bulk") || val("bulk_ef"),
+            k->dec_ring = val("deep") ? RING_DEEP : val("bulk") ? RING_BULK : val("bulk_ef") ? RING_BULK_EF : RING_STD;
         else if (is("dec_regs"))
             ok = val("80") || val("128"), k->dec_minb = val("128") ? 2 : 3;
         else if (is("quant"))
@@ -307,7 +308,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk, logits_loop off|on, weights thread|warp",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }

@@ -93,7 +93,7 @@ extern "C" int dsv4_test_dec_mix(const dsv4_test_decmix_in *in, uint16_t *out, u
 
 extern "C" int dsv4_test_dec(const dsv4_test_decmix_in *in, int ring, uint16_t *out, uint16_t *out_sh)
 {
-    if (ring < 0 || ring > 2)
+    if (ring < 0 || ring > 3)
         return (int)cudaErrorInvalidValue;
     return run_dec(in, ring, out, out_sh);
 }

@@ -35,7 +35,7 @@ extern "C" {
 int dsv4_test_dec_mix(const dsv4_test_decmix_in *in, uint16_t *out, uint16_t *out_sh);
 /* The same through k_dec's own launches (fast/cuda/dec.cu): the fp4 routed groups in one launch
    (K split in->ks), the fp8 shared expert in another (in->ks_sh), with the rings of params dec_ring
-   `ring` (0 std, 1 deep, 2 bulk). 0, or a CUDA error code. */
+   `ring` (0 std, 1 deep, 2 bulk, 3 bulk_ef). 0, or a CUDA error code. */
 int dsv4_test_dec(const dsv4_test_decmix_in *in, int ring, uint16_t *out, uint16_t *out_sh);
 #ifdef __cplusplus
 }

@@ -565,6 +565,7 @@ START_TEST(dec_ring_identical)
     variant_cases("dec_ring", "dec_ring=deep,quant=fold", cs, 2, 0);
     variant_cases("dec_ring", "dec_ring=bulk", cs, sizeof cs / sizeof cs[0], 0);
     variant_cases("dec_ring", "dec_ring=bulk,quant=fold", cs, 2, 0);
+    variant_cases("dec_ring", "dec_ring=bulk_ef", cs, 3, 0);
 }
 END_TEST
 
@@ -762,10 +763,10 @@ static const float dm_w8[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f,
    two 8-token tiles), K split ks, and the fp8 shared expert with ntok rows and split ks_sh; N 256,
    K 512 (ks 8: half the warps have no K block). The groups' rows sit apart, with rows no group
    owns between them, which must keep their contents. */
-/* ring -1: k_dec_mix; 0, 1, 2: k_dec's own launches with params dec_ring std, deep, bulk */
+/* ring -1: k_dec_mix; 0 to 3: k_dec's own launches with params dec_ring std, deep, bulk, bulk_ef */
 static void dec_mix_case(int ring, int ks, int ks_sh, const int cnt[4], int ntok, uint32_t seed)
 {
-    static const char *const kname[] = {"k_dec_mix", "k_dec std", "k_dec deep", "k_dec bulk"};
+    static const char *const kname[] = {"k_dec_mix", "k_dec std", "k_dec deep", "k_dec bulk", "k_dec bulk_ef"};
     enum { E = 4, N = 256, K = 512, NG = K / 128 };
     uint32_t st = seed;
     uint64_t d4, sc4, d8, sc8;
@@ -860,7 +861,7 @@ static void dec_mix_case(int ring, int ks, int ks_sh, const int cnt[4], int ntok
         for (int r = 0; r < N && !owned; r++)
             untouched += out[(long)row * N + r] != 0xFFFFu;
     }
-    printf("cuda_suite %-10s ks %d/%d rows %d %d %d %d + shared %2d: %ld outputs as the exact sums (%ld differ), "
+    printf("cuda_suite %-13s ks %d/%d rows %d %d %d %d + shared %2d: %ld outputs as the exact sums (%ld differ), "
            "%ld written outside the groups\n",
            kname[ring + 1], ks, ks_sh, cnt[0], cnt[1], cnt[2], cnt[3], ntok, checked, bad, untouched);
     ck_assert_int_eq(bad, 0);
@@ -881,7 +882,7 @@ START_TEST(dec_mix_kernel)
     static const int c0[4] = {1, 0, 3, 16}, c1[4] = {9, 2, 0, 5}, c2[4] = {16, 16, 1, 8}, c3[4] = {0, 0, 4, 0};
     if (!have_gpu())
         return;
-    for (int ring = -1; ring <= 2; ring++) {
+    for (int ring = -1; ring <= 3; ring++) {
         dec_mix_case(ring, 1, 1, c0, 1, 11u);
         dec_mix_case(ring, 2, 8, c1, 7, 12u);
         dec_mix_case(ring, 4, 2, c2, 16, 13u);
