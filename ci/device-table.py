@@ -9,6 +9,8 @@ Reads, from the bench folder of one device-check call (every file optional; what
   torch_peer.json                bench/torch_peer.py (peer_ms per T)
   hf_peer.json                   bench/hf_peer.py: HF's DeepseekV4SparseMoeBlock, grouped_mm, bf16 (ms per T)
   gmm_peer.json                  bench/scaled_gmm_peer.py: torch._scaled_grouped_mm, GEMMs only (gemm_ms per T)
+  *.json                         any bench JSON whose rows carry a "timeline" (bench_cuda --timeline): each
+                                 such row's step as the GPU ran it, listed after the targets
 and the steps table (steps.tsv: name, status, seconds, note). Prints the steps, the ceilings, and per T:
 dsv4moe ms in each mode (the best configuration of that T: graph on/off, host/device/stream io), the share of
 the copy and FP8 ceilings of the lead mode (fp8 when it ran, else the only one), each peer's ms, and
@@ -130,6 +132,45 @@ def peer_ms(doc, key):
     return out
 
 
+def read_timelines(bench):
+    """Every recorded timeline of the bench folder's JSONs: file, T, graph, cuda_kernels, the summary."""
+    out = []
+    for name in sorted(os.listdir(bench)) if os.path.isdir(bench) else []:
+        doc = load(os.path.join(bench, name)) if name.endswith(".json") else None
+        if not isinstance(doc, dict):
+            continue
+        for r in doc.get("runs", []):
+            tl = r.get("timeline") if isinstance(r, dict) else None
+            if not isinstance(tl, dict):
+                continue
+            out.append({"file": name, "tokens": r.get("tokens"), "graph": r.get("graph"),
+                        "cuda_kernels": doc.get("cuda_kernels"), "error": tl.get("error"),
+                        "span_us": tl.get("span_us"), "busy_us": tl.get("busy_us"), "sum_us": tl.get("sum_us"),
+                        "rows": tl.get("rows", [])})
+    return out
+
+
+def print_timelines(tls):
+    if not tls:
+        return
+    print("timelines (bench_cuda --timeline: medians of the recorded steps; each kernel's us, + the GPU's idle before it):")
+    for t in tls:
+        head = "  {} T {} graph {}".format(t["file"], t["tokens"], "on" if t["graph"] else "off")
+        if t["error"]:
+            print(head + ": not recorded: " + str(t["error"]))
+            continue
+        span, busy = num(t["span_us"]), num(t["busy_us"])
+        share = "{:.0f} %".format(100 * busy / span) if span and busy is not None else "-"
+        print(head + ": span {} us, GPU busy {} us ({}), kernels' sum {} us".format(
+            fmt(span, "{:.1f}"), fmt(busy, "{:.1f}"), share, fmt(t["sum_us"], "{:.1f}")))
+        parts = []
+        for k in t["rows"]:
+            idle = num(k.get("idle_us"))
+            parts.append("{} {}{}".format(k.get("name"), fmt(k.get("dur_us"), "{:.1f}"),
+                                          " (+{:.1f})".format(idle) if idle else ""))
+        print("    " + ", ".join(parts))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", required=True)
@@ -243,6 +284,8 @@ def main():
             print("  {:<22} {:<8} {}".format(t["name"], word[targets[t["name"]]], t["what"]))
     else:
         print("nothing timed: no dsv4moe or peer times in this call")
+    timelines = read_timelines(args.bench)
+    print_timelines(timelines)
 
     res = {
         "seconds": args.seconds,
@@ -263,6 +306,7 @@ def main():
         "targets_met": targets,
         "targets_file": os.path.relpath(args.targets),
         "table": table,
+        "timelines": timelines,
     }
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)

@@ -206,6 +206,38 @@ static int stall_regions(const char *dir, const char *name, const char *args)
 /* ci/ncu-stall-regions.py on a hand-written source page, as a device-check step log holds it: the
    regions between barriers with their shares, instructions and lines, the fetch share; a log
    without a source page exits 2 naming the file. */
+/* bench_cuda --timeline's rows, in any bench JSON of the folder: each recorded step listed after
+   the targets (span, busy share, each kernel's time and the idle before it) and in results.json;
+   a row whose records made no step says why. */
+START_TEST(timelines_listed)
+{
+    char d[600];
+    fresh(d, sizeof d, "devtable_timelines");
+    put(d, "steps.tsv", "timeline-default-1\tpass\t30\t\n");
+    put(d, "bench/timeline_default_1.json",
+        "{\"available\": true, \"cuda_kernels\": \"\", \"runs\": ["
+        "{\"graph\": true, \"io\": \"stream\", \"tokens\": 1, \"ok\": true, \"median_ms\": 0.1,"
+        " \"timeline\": {\"steps\": 20, \"kernels\": 2, \"span_us\": 90.0, \"busy_us\": 72.0, \"sum_us\": 80.0,"
+        " \"rows\": [{\"name\": \"k_logits_small<1,0>\", \"stream\": 0, \"start_us\": 0, \"dur_us\": 5.2, \"idle_us\": 0},"
+        " {\"name\": \"k_dec<2,0,0,3,0>\", \"stream\": 0, \"start_us\": 9.0, \"dur_us\": 27.5, \"idle_us\": 3.8}]}},"
+        "{\"graph\": false, \"io\": \"stream\", \"tokens\": 1, \"ok\": true, \"median_ms\": 0.12,"
+        " \"timeline\": {\"error\": \"this build of bench_cuda has no CUPTI\"}},"
+        "{\"graph\": false, \"io\": \"host\", \"tokens\": 1, \"ok\": true, \"median_ms\": 0.2}]}");
+    json_t *r = table(d);
+    ck_assert_msg(strstr(out_buf, "timeline_default_1.json T 1 graph on: span 90.0 us, GPU busy 72.0 us (80 %), kernels' sum 80.0 us"),
+                  "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "k_logits_small<1,0> 5.2, k_dec<2,0,0,3,0> 27.5 (+3.8)"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "T 1 graph off: not recorded: this build of bench_cuda has no CUPTI"), "%s", out_buf);
+    json_t *tls = json_object_get(r, "timelines");
+    ck_assert_int_eq((int)json_array_size(tls), 2);
+    json_t *t0 = json_array_get(tls, 0);
+    ck_assert_double_eq_tol(get_num(t0, "span_us"), 90.0, 1e-12);
+    ck_assert_int_eq((int)json_array_size(json_object_get(t0, "rows")), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(tls, 1), "error")), "this build of bench_cuda has no CUPTI");
+    json_decref(r);
+}
+END_TEST
+
 START_TEST(stall_regions_of_a_source_page)
 {
     char dir[600];
@@ -245,6 +277,7 @@ Suite *devtable_suite(void)
     tcase_add_test(tc, modes_from_rows_and_peers_that_did_not_run);
     tcase_add_test(tc, nothing_measured);
     tcase_add_test(tc, stall_regions_of_a_source_page);
+    tcase_add_test(tc, timelines_listed);
     suite_add_tcase(s, tc);
     return s;
 }
