@@ -218,7 +218,8 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 # weights=warp) and the three lean variants together (group=warp,weights=warp,logits_loop=on), and
 # the one-launch router
 # (params route=one, k_route_small) at the same T, warm; the grouping by one warp (params
-# group=warp) at T 1 and 4, warm; then the step's routed decode GEMMs at T = 1 in detail.
+# group=warp) at T 1 and 4, warm; then the step's routed decode GEMMs at T = 1 and k_logits_small
+# at T = 32 (unrolled and logits_loop=on) in detail.
 if profile route && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     RK="regex:k_router_count|k_logits_small|k_router\$|k_count2|k_route_small"
     for rt in 1 8 32; do # (not t or cc: step uses those)
@@ -266,6 +267,18 @@ if profile route && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
             --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section SpeedOfLight && \
             $NCU -i $WORK/dec_${dn}_t1.ncu-rep --page source --csv --print-source sass >$WORK/dec_${dn}_t1_sass.csv && \
             $PY ci/ncu-stall-regions.py $WORK/dec_${dn}_t1_sass.csv"
+    done
+    # k_logits_small at T = 32 in detail, unrolled (the default) and with logits_loop=on: the share
+    # of its warp samples waiting on instruction fetch, and where
+    for lv in unrolled:'' loop:logits_loop=on; do
+        ln=${lv%%:*} lk=${lv#*:}
+        [ -z "$lk" ] && lk="''"
+        step "profile-logits-$ln-detail" 120 "$NCU --clock-control none --cache-control none -k regex:k_logits_small \
+            --launch-skip 8 --launch-count 1 --set full --import-source yes -f -o $WORK/logits_${ln}_t32 $BENCH --gemm fp8 \
+            --cuda-kernels $lk --tokens 32 --quick --json $WORK/bench/logits_${ln}_d.json --dir $WORK/bench \
+            --threads $JOBS >/dev/null && $NCU -i $WORK/logits_${ln}_t32.ncu-rep --section WarpStateStats \
+            --section LaunchStats --section SpeedOfLight && $NCU -i $WORK/logits_${ln}_t32.ncu-rep --page source --csv \
+            --print-source sass >$WORK/logits_${ln}_t32_sass.csv && $PY ci/ncu-stall-regions.py $WORK/logits_${ln}_t32_sass.csv"
     done
 fi
 # DSV4_DEVCHECK_PROFILE=route-opt: k_router_count's code size against its speed. Its one block
