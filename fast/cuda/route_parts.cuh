@@ -246,7 +246,7 @@ __device__ __forceinline__ float dot8_bf16(const uint4 &x, const uint4 &g, float
  * instructions for TPB 32), which each warp runs once per launch through instruction caches that
  * hold none of it; the loop's body is TG tokens' worth. A token's sum keeps its order (its pieces
  * in the order of the c loop, then the butterfly), so the same logits bit for bit. Only where
- * a warp's share of H takes one pass of the unrolled kb loop (logits_loop_fits: H up to 16384,
+ * a warp's share of H takes one pass of the unrolled kb loop (logits_loop_fits: H up to 8192,
  * every DeepSeek-V4 width), so the gate pieces stay in registers across the tokens; a wider layer
  * keeps the unrolled loop (the host decides, pipeline.cuh).
  */

@@ -44,6 +44,7 @@
 #include "tests/cuda/route_small_hw.h"
 #include "tests/cuda/dec_mix_hw.h"
 #include "tests/cuda/group_warp_hw.h"
+#include "tests/cuda/logits_hw.h"
 #include "fast/cuda/repack.h"
 #include "core/bits.h"
 #include "core/route.h"
@@ -970,6 +971,65 @@ START_TEST(group_warp_kernel)
 }
 END_TEST
 
+/* One shape of logits_small_kernel: the four variants bit for bit, and near the host's sums. */
+static void logits_small_case(int T, int E, int H, uint32_t seed)
+{
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)T * H), *g = malloc(sizeof(uint16_t) * (size_t)E * H);
+    float *out[4];
+    for (int v = 0; v < 4; v++)
+        out[v] = malloc(sizeof(float) * (size_t)T * E);
+    ck_assert(x && g && out[0] && out[1] && out[2] && out[3]);
+    uint32_t st = seed;
+    for (size_t i = 0; i < (size_t)T * H; i++)
+        x[i] = dsv4_bf16_bits((float)((int)(dm_next(&st) % 2001) - 1000) * 1e-3f);
+    for (size_t i = 0; i < (size_t)E * H; i++)
+        g[i] = dsv4_bf16_bits((float)((int)(dm_next(&st) % 2001) - 1000) * 1e-4f);
+    int fits = -1;
+    const int rc = dsv4_test_logits_small(T, E, H, x, g, out, &fits);
+    ck_assert_msg(rc == 0, "dsv4_test_logits_small: CUDA error %d (%s)", rc, cudaGetErrorString((cudaError_t)rc));
+    long differ = 0, far = 0;
+    for (int t = 0; t < T; t++)
+        for (int e = 0; e < E; e++) {
+            const size_t j = (size_t)t * E + e;
+            for (int v = 1; v < 4; v++)
+                differ += memcmp(&out[v][j], &out[0][j], sizeof(float)) != 0;
+            double ref = 0.0, mag = 0.0;
+            for (int k = 0; k < H; k++) {
+                const double p = (double)dsv4_bf16_to_f32(x[(size_t)t * H + k]) * dsv4_bf16_to_f32(g[(size_t)e * H + k]);
+                ref += p, mag += fabs(p);
+            }
+            /* fp32 rounding: about sqrt(H) eps of mag; a lost 8-element piece: about 1e-3 of it */
+            far += fabs((double)out[0][j] - ref) > 1e-4 * mag + 1e-30;
+        }
+    printf("cuda_suite k_logits_small T %2d E %3d H %5d (loop %s): %ld of %d logits differ between the variants, %ld far "
+           "from the host's sums\n",
+           T, E, H, fits ? "reaches" : "does not reach", differ, 3 * T * E, far);
+    ck_assert_int_eq(differ, 0);
+    ck_assert_int_eq(far, 0);
+    free(x), free(g);
+    for (int v = 0; v < 4; v++)
+        free(out[v]);
+}
+
+/* k_logits_small alone through its launcher in its four variants (params logits_tg 1 / 4,
+   logits_loop off / on): the same logits bit for bit (each token's sum in the same order), within
+   fp32 rounding of the host's double sums; T 1, 3, 13, 32, E 16, 72 (an odd pair of experts) and
+   256, H 4096, 7168, 8192 (the loop's reach, logits_loop_fits) and 8200 (past it: the unrolled
+   kernel either way). */
+START_TEST(logits_small_kernel)
+{
+    if (!have_gpu())
+        return;
+    logits_small_case(1, 256, 4096, 21u);
+    logits_small_case(3, 72, 4096, 22u);
+    logits_small_case(13, 256, 4096, 23u);
+    logits_small_case(32, 256, 4096, 24u);
+    logits_small_case(32, 72, 7168, 25u);
+    logits_small_case(8, 16, 8192, 26u);
+    logits_small_case(4, 16, 8200, 27u);
+}
+END_TEST
+
 /* k_route_small alone (params route=one's kernel) on small shapes: logits of exact sums bit for bit,
    the reference's selection and weights (dsv4_route_select on scores from the same formulas), its
    kept counts, and k_count2's counts, offsets, active list, tile lists and placement of its own
@@ -1798,6 +1858,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, route_small_kernel);
     tcase_add_test(sm, dec_mix_kernel);
     tcase_add_test(sm, group_warp_kernel);
+    tcase_add_test(sm, logits_small_kernel);
     suite_add_tcase(s, sm);
     TCase *f8 = tcase_create("fp8");
     tcase_set_timeout(f8, 600);
