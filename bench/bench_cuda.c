@@ -356,6 +356,16 @@ static dsv4_status rt_fail(cudaError_t ce, const char *what, dsv4_error *e)
     return DSV4_ERR_DEVICE;
 }
 
+/* One call on s: a launch of the captured graph ge, or (ge NULL) dsv4_backend_enqueue of T tokens. */
+static dsv4_status one_call(dsv4_backend *b, cudaGraphExec_t ge, cudaStream_t s, int64_t T, const void *dx, const void *din,
+                            const dsv4_forward_out *o, dsv4_error *e)
+{
+    cudaError_t ce;
+    if (ge)
+        return (ce = cudaGraphLaunch(ge, s)) == cudaSuccess ? DSV4_OK : rt_fail(ce, "cudaGraphLaunch", e);
+    return dsv4_backend_enqueue(b, s, T, NULL, dx, (const int32_t *)din, o, e);
+}
+
 /*
  * io stream: reps calls of T tokens timed as the peers time theirs (bench/torch_peer.py and
  * bench/hf_peer.py's time_fn): a CUDA event recorded before and after each call on one stream,
@@ -399,10 +409,8 @@ static dsv4_status time_stream(dsv4_backend *b, int replay, int64_t T, const voi
     for (int i = -3; i < reps && !st; i++) { /* three warm-up calls, untimed */
         if (i >= 0 && (ce = cudaEventRecord(ev[2 * i], s)) != cudaSuccess)
             st = rt_fail(ce, "cudaEventRecord", e);
-        else if (replay)
-            st = (ce = cudaGraphLaunch(ge, s)) == cudaSuccess ? DSV4_OK : rt_fail(ce, "cudaGraphLaunch", e);
         else
-            st = dsv4_backend_enqueue(b, s, T, NULL, dx, (const int32_t *)din, &o, e);
+            st = one_call(b, ge, s, T, dx, din, &o, e);
         if (!st && i >= 0 && (ce = cudaEventRecord(ev[2 * i + 1], s)) != cudaSuccess)
             st = rt_fail(ce, "cudaEventRecord", e);
     }
@@ -417,8 +425,7 @@ static dsv4_status time_stream(dsv4_backend *b, int replay, int64_t T, const voi
         int nrec = 0;
         if (!tl_begin(tl->err, sizeof tl->err)) {
             for (int i = 0; i < tl->steps && !st; i++)
-                st = replay ? ((ce = cudaGraphLaunch(ge, s)) == cudaSuccess ? DSV4_OK : rt_fail(ce, "cudaGraphLaunch", e))
-                            : dsv4_backend_enqueue(b, s, T, NULL, dx, (const int32_t *)din, &o, e);
+                st = one_call(b, ge, s, T, dx, din, &o, e);
             if ((ce = cudaStreamSynchronize(s)) != cudaSuccess && !st)
                 st = rt_fail(ce, "cudaStreamSynchronize", e);
             if (!tl_end(&recs, &nrec, tl->err, sizeof tl->err) && !st)

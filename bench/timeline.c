@@ -143,9 +143,9 @@ int tl_summarize(const tl_kernel *recs, int n, int steps, tl_summary *s, char *e
     }
     tl_kernel *k = malloc((size_t)n * sizeof *k);
     double *v = malloc((size_t)steps * 6 * sizeof *v);
-    int *pos = malloc((size_t)n * sizeof *pos);
-    if (!k || !v || !pos) {
-        free(k), free(v), free(pos);
+    int *pos = malloc((size_t)n * sizeof *pos), *occ0 = malloc((size_t)n * sizeof *occ0);
+    if (!k || !v || !pos || !occ0) {
+        free(k), free(v), free(pos), free(occ0);
         set_err(err, errn, "out of memory");
         return -1;
     }
@@ -174,13 +174,16 @@ int tl_summarize(const tl_kernel *recs, int n, int steps, tl_summary *s, char *e
             goto done;
         }
         qsort(q, (size_t)per, sizeof *q, by_start); /* (already so; the eager runs too) */
+        if (st == 0)
+            for (int r = 0; r < per; r++)
+                occ0[r] = occurrence(k, r);
         /* each kernel's row: step 0's kernel of the same name and occurrence (kernels on forked
            streams may start in either order) */
         for (int i = 0; i < per; i++) {
             const int occ = occurrence(q, i);
             pos[st * per + i] = -1;
             for (int r = 0; r < per; r++)
-                if (strcmp(k[r].name, q[i].name) == 0 && occurrence(k, r) == occ) {
+                if (occ0[r] == occ && strcmp(k[r].name, q[i].name) == 0) {
                     pos[st * per + i] = r;
                     break;
                 }
@@ -242,7 +245,7 @@ int tl_summarize(const tl_kernel *recs, int n, int steps, tl_summary *s, char *e
     }
     rc = 0;
 done:
-    free(k), free(v), free(pos);
+    free(k), free(v), free(pos), free(occ0);
     return rc;
 }
 

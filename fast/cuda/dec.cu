@@ -63,14 +63,18 @@ template <int R> dec_kernel_t ring_kernel(int fmt, int epi)
     return k[fmt == WF_FP4 ? 0 : 1][epi];
 }
 
+/* ring_kernel for the rings `ring` (RING_DEEP, RING_BULK or RING_BULK_EF) */
+dec_kernel_t ring_kernel_of(int ring, int fmt, int epi)
+{
+    return ring == RING_DEEP   ? ring_kernel<RING_DEEP>(fmt, epi)
+           : ring == RING_BULK ? ring_kernel<RING_BULK>(fmt, epi)
+                               : ring_kernel<RING_BULK_EF>(fmt, epi);
+}
+
 dec_kernel_t pick(int fmt, int epi, bool sb, int minb, int ring)
 {
-    if (ring == RING_DEEP)
-        return ring_kernel<RING_DEEP>(fmt, epi);
-    if (ring == RING_BULK)
-        return ring_kernel<RING_BULK>(fmt, epi);
-    if (ring == RING_BULK_EF)
-        return ring_kernel<RING_BULK_EF>(fmt, epi);
+    if (ring != RING_STD)
+        return ring_kernel_of(ring, fmt, epi);
     return minb == 2 ? dec_kernel<2>(fmt, epi, sb) : dec_kernel<3>(fmt, epi, sb);
 }
 
@@ -103,13 +107,8 @@ cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int ring, i
     for (int epi = 0; epi < 3 && ring != RING_STD; epi++) {
         if (epi == EPI_QUANT && !qfold)
             continue;
-        for (int f = 0; f < 2; f++) {
-            const int fmt = f ? WF_FP8 : WF_FP4;
-            set(ring == RING_DEEP   ? ring_kernel<RING_DEEP>(fmt, epi)
-                : ring == RING_BULK ? ring_kernel<RING_BULK>(fmt, epi)
-                                    : ring_kernel<RING_BULK_EF>(fmt, epi),
-                f ? d8 : d4);
-        }
+        set(ring_kernel_of(ring, WF_FP4, epi), d4);
+        set(ring_kernel_of(ring, WF_FP8, epi), d8);
     }
     return ce;
 }

@@ -403,8 +403,10 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
             acc[j][i] = 0.0f;
     const int nkb = ks < KB ? (KB - ks + KS - 1) / KS : 0;
     const size_t bstep = (size_t)KS * 128; /* the pointers advance: each load takes an immediate offset */
-    /* BULK: the warp's stage barriers, one arrival each (lane 0's), initialised once per call */
+    /* BULK: the warp's stage barriers, one arrival each (lane 0's), initialised once per call, and
+       its tile's weights, each stage's chunk copied whole */
     uint64_t *bar = nullptr, pol = 0;
+    const uint8_t *const wtile = wt - lane * 16;
     if constexpr (EF)
         pol = l2_evict_first();
     if constexpr (BULK) {
@@ -429,9 +431,9 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
                     fence_async_smem();
                     mbar_expect_tx(bar + d, D::NV * 512);
                     if constexpr (EF)
-                        bulk_g2s_hint(stg, wt - lane * 16 + (size_t)kb * D::CH, D::NV * 512, bar + d, pol);
+                        bulk_g2s_hint(stg, wtile + (size_t)kb * D::CH, D::NV * 512, bar + d, pol);
                     else
-                        bulk_g2s(stg, wt - lane * 16 + (size_t)kb * D::CH, D::NV * 512, bar + d);
+                        bulk_g2s(stg, wtile + (size_t)kb * D::CH, D::NV * 512, bar + d);
                 }
                 cp_async8(stg + D::NV * 512 + lane * 8, st + (size_t)kb * D::SCH);
             }

@@ -194,9 +194,10 @@ __device__ __forceinline__ void quant_x_group(const float v[4], const bool ok[4]
 #define LS_EPB 2              /* experts per block */
 #define LS_KQ 4               /* warps splitting H per expert */
 #define LS_MAXC 8             /* 16-byte gate pieces a lane holds at once */
-/* logits_tokens_loop's reach (params logits_loop=on): a warp's share of H in one pass of LS_MAXC
-   pieces a lane */
-__host__ __device__ constexpr bool logits_loop_fits(int H) { return (H / 8 + LS_KQ - 1) / LS_KQ * 8 <= 256 * LS_MAXC; }
+/* A logits warp's share of H: its quarter (LS_KQ), in whole 8-element pieces (H % 8 == 0) */
+__host__ __device__ constexpr int logits_share(int H) { return (H / 8 + LS_KQ - 1) / LS_KQ * 8; }
+/* logits_tokens_loop's reach (params logits_loop=on): that share in one pass of LS_MAXC pieces a lane */
+__host__ __device__ constexpr bool logits_loop_fits(int H) { return logits_share(H) <= 256 * LS_MAXC; }
 
 struct LogitsArgs {
     const uint16_t *x;    /* [tc, H] bf16 */
@@ -250,7 +251,7 @@ __device__ __forceinline__ float dot8_bf16(const uint4 &x, const uint4 &g, float
  * every DeepSeek-V4 width), so the gate pieces stay in registers across the tokens; a wider layer
  * keeps the unrolled loop (the host decides, pipeline.cuh).
  */
-template <int TG, int TPB>
+template <int TG>
 __device__ __forceinline__ void logits_tokens_loop(const LogitsArgs &a, const uint16_t *x, int e, int k0, int k1,
                                                    int nb, float *part_t)
 {
@@ -338,9 +339,9 @@ __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
     float *logits = a.logits + (long long)tb0 * a.E;
     __shared__ float part[LS_EPB][LS_KQ][TPB];
     const int j = warp / LS_KQ, q = warp % LS_KQ, e = eb * LS_EPB + j;
-    const int hq = (H / 8 + LS_KQ - 1) / LS_KQ * 8, k0 = q * hq, k1 = min(H, k0 + hq); /* H % 8 == 0 */
+    const int hq = logits_share(H), k0 = q * hq, k1 = min(H, k0 + hq);
     if constexpr (LOOP) {
-        logits_tokens_loop<TG, TPB>(a, x, e, k0, k1, nb, &part[j][q][0]);
+        logits_tokens_loop<TG>(a, x, e, k0, k1, nb, &part[j][q][0]);
     } else { /* the default: every token's sum in registers through a fully unrolled token loop */
         float acc[TPB];
 #pragma unroll
