@@ -60,6 +60,8 @@ extern "C" {
 #include "fast/cuda/dec_mix.cuh"
 #include "fast/cuda/fp8path.cuh"
 #include "fast/cuda/gemm_fp8.h"
+#include "fast/cuda/logits_blas.cuh"
+#include "fast/cuda/quant_x8.cuh"
 #include "fast/cuda/cuda_impl.h"
 #ifdef DSV4_FAULTS
 extern "C" {
@@ -168,6 +170,9 @@ struct CudaBe {
     bool logits_loop = false; /* logits_loop=on: k_logits_small's tokens in a loop, not unrolled */
     bool weights_warp = false; /* weights=warp: k_router_count's weights on the selecting warp */
     bool group_warp = false; /* group=warp: k_router_count's grouping by one warp where it fits (count2_warp) */
+    bool logits_blas = false; /* logits=blas: the GEMM logits on cuBLASLt (lb), not k_tiles */
+    LogitsBlas *lb = nullptr;
+    bool gather_quant = false; /* gather=quant: x quantized after the grouping and gathered there (k_quant_x8) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     uint64_t fbuf_bytes[8] = {};
@@ -511,6 +516,7 @@ void cuda_free(void *p)
     cudaFree(b->ok8);
     fp8gemm_free(b->g8[0]);
     fp8gemm_free(b->g8[1]);
+    logits_blas_free(b->lb);
     cudaFree(b->gate16), cudaFree(b->bias), cudaFree(b->tid2eid);
     cudaFree(b->pred_norm), cudaFree(b->pred_w), cudaFree(b->pred_b);
     if (b->own_ws)
@@ -537,131 +543,7 @@ const dsv4_backend_vtable cuda_vtable = {"cuda",      cuda_forward,    cuda_stat
 
 } // namespace
 
-/* The workspace bytes of a chunk of tc tokens (no device needed; the tests hold it against the
-   plan), and of a stage chunk on a backend of `experts` experts: kept -1 (route, combine), or the
-   slots an experts call keeps (layout_for). */
-static uint64_t chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts)
-{
-    CudaBe *b = new (std::nothrow) CudaBe();
-    if (!b)
-        return 0;
-    b->cfg = *cfg;
-    b->e_count = experts;
-    set_modes(b);
-    b->fast = want_fast(cfg);
-    b->fp8 = b->fast && cfg->gemm != DSV4_GEMM_EXACT;
-    set_kernels(b);
-    uint64_t v = layout_for(b, tc, kept).total;
-    delete b;
-    return v;
-}
-
-extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
-extern "C" uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc)
-{
-    return chunk_bytes(cfg, tc, -1, cfg->n_routed_experts);
-}
-extern "C" uint64_t dsv4_cuda_stage_chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts);
-extern "C" uint64_t dsv4_cuda_stage_chunk_bytes(const dsv4_config *cfg, int64_t tc, int64_t kept, int64_t experts)
-{
-    return chunk_bytes(cfg, tc, kept, experts);
-}
-
-/* The largest workspace of chunks of 1 .. n tokens under b's modes (chunks of fewer tokens than the
-   workspace's run in it too, and a layout is not monotone in the token count everywhere: the
-   router's split-K slices shrink as the chunk grows); slot_rows: chunks of token-slots, one kept
-   slot a row (a stage's experts call, cuda_impl.h). */
-static uint64_t max_layout(const CudaBe *b, int64_t n, bool slot_rows = false)
-{
-    uint64_t m = 0;
-    for (int64_t t = 1; t <= n; t++) {
-        const uint64_t v = layout_for(b, t, slot_rows ? t : -1).total;
-        m = v > m ? v : m;
-    }
-    return m;
-}
-
-/* An upper bound of max_layout(b, n) in one layout: only the router logits' split-K slices make a
-   layout shrink as the chunk grows, so the layout of n with the largest logits buffer of 1 .. n.
-   The slices follow the chunk's 128-row blocks, so the largest buffer is at a block's last row. */
-static uint64_t layout_bound(const CudaBe *b, int64_t n, bool slot_rows = false)
-{
-    const uint64_t E4 = (uint64_t)b->cfg.n_routed_experts * 4;
-    uint64_t lg = 0;
-    for (int64_t t = std::min<int64_t>(DSV4C_BM, n);; t = std::min<int64_t>(t + DSV4C_BM, n)) {
-        const uint64_t v = align256((uint64_t)logit_slices(b, t) * (uint64_t)t * E4);
-        lg = v > lg ? v : lg;
-        if (t >= n)
-            break;
-    }
-    const Layout L = layout_for(b, n, slot_rows ? n : -1);
-    return L.total - align256((uint64_t)L.lslices * (uint64_t)n * E4) + lg;
-}
-
-/* The workspace of a rank's stage calls (cuda_impl.h): route and combine over chunks of up to
-   `chunk` tokens (every slot of a row), experts over up to `rows` token-slots (one kept slot a
-   row); the exact maximum, or (bound) its one-layout upper bound. */
-static uint64_t stage_ws(const CudaBe *b, int64_t rows, int64_t chunk, bool bound)
-{
-    const uint64_t a = bound ? layout_bound(b, chunk) : max_layout(b, chunk);
-    const uint64_t s = bound ? layout_bound(b, rows, true) : max_layout(b, rows, true);
-    return a > s ? a : s;
-}
-
-/* The largest layout of chunks of 1 .. n tokens over what creation decides from the checkpoint,
-   each way: the fp8 path or its fallback, a hash table that repeats an expert, the large groups'
-   kernel; gemm fp8 off (0), on (1) or either (2); with stage_rows > 0 the stage calls' workspace
-   (stage_ws) of chunks of n tokens on a backend of e_count experts (0: all). 0 when out of memory. */
-static uint64_t layouts_max(const dsv4_config *cfg, int fp8, int64_t n, bool bound, int64_t stage_rows = 0,
-                            int64_t e_count = 0)
-{
-    CudaBe *b = new (std::nothrow) CudaBe();
-    if (!b)
-        return 0;
-    b->cfg = *cfg;
-    b->e_count = e_count; /* the experts a rank's calls group (0: all) */
-    set_modes(b);
-    int dev = 0, nsm = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        nsm > 0)
-        b->nsm = nsm;
-    else
-        (void)cudaGetLastError(); /* no device here: the H100/H200 count the struct holds */
-    uint64_t best = 0;
-    const bool fast = want_fast(cfg);
-    for (int f = 0; f <= (fast ? 1 : 0); f++)
-        for (int rep = 0; rep < 2; rep++)
-            for (int t16 = 0; t16 < 1 + N_TILEH_BIG; t16++)
-                for (int g8 = fp8 == 1 ? 1 : 0; g8 <= (fp8 == 0 ? 0 : 1); g8++) {
-                    /* every kernel variant creation may be given (params): the large groups'
-                       tile width sets the tile list's capacity */
-                    b->fast = f == 1;
-                    b->repeats = rep == 1;
-                    Kernels kv;
-                    kv.mma_tiles = t16 == N_TILEH_BIG;
-                    kv.big_var = t16 < N_TILEH_BIG ? t16 : 0;
-                    kv.quant_fold = true; /* params quant=fold's counts only add to the layout */
-                    set_kernels(b, kv);
-                    b->fp8 = b->fast && g8 == 1;
-                    const uint64_t v = stage_rows > 0 ? stage_ws(b, stage_rows, n, bound)
-                                       : bound      ? layout_bound(b, n)
-                                                    : max_layout(b, n);
-                    best = v > best ? v : best;
-                }
-    delete b;
-    return best;
-}
-
-extern "C" uint64_t dsv4_cuda_device_workspace(const dsv4_plan *plan, int64_t max_tokens)
-{
-    const dsv4_config *cfg = dsv4_plan_config(plan);
-    const dsv4_topology *topo = dsv4_plan_topology(plan);
-    int64_t chunk = dsv4_plan_chunk_tokens(plan);
-    if (chunk < 1)
-        chunk = topo->max_tokens_per_rank > 0 ? topo->max_tokens_per_rank : 128;
-    const int64_t n = max_tokens < chunk ? max_tokens : chunk;
-    return layouts_max(cfg, dsv4_plan_gemm(plan) == DSV4_GEMM_FP8 ? 1 : 0, n, false);
-}
+#include "fast/cuda/sizing.cuh" /* the workspace's sizes: chunks, layouts, the plan's device workspace */
 
 extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv4_checkpoint *ck,
                                                 const dsv4_backend_options *opt, void **impl,
@@ -762,6 +644,15 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         free(g16);
         if (ce != cudaSuccess) {
             st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "upload of the gate failed: %s", cudaGetErrorString(ce));
+            goto fail_rt;
+        }
+    }
+    if (kv.logits_blas) {
+        /* params logits=blas: the operation is checked here for chunks of 1 .. chunk rows (the
+           route stage's chunks are no larger) */
+        char why[256];
+        if ((ce = logits_blas_create(&b->lb, (int)E, (int)H, (int)b->chunk, why, sizeof why)) != cudaSuccess) {
+            st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "params logits=blas: %s", why);
             goto fail_rt;
         }
     }

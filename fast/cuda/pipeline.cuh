@@ -469,11 +469,27 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     const int64_t ngh = H / 128;
     Fp8Proj p8;
     memset(&p8, 0, sizeof p8);
+    /* params gather=quant: x's codes and scales where the router and k_gather8 put them, in one
+       pass; not launched where there is nothing to do (a chunk k_logits_small quantized for sure,
+       T <= 32, without a group that can reach the GEMM: the decode steps) */
+    if (b->gather_quant && b->qx && (fp8 || !b->route_fused || L.tc > DSV4C_LOGITS_SMALL)) {
+        QuantX8Args qx;
+        qx.x = ra.x, qx.ntok = ra.ntok, qx.ids = ra.ids, qx.rowmap = ga.rowmap, qx.cnt = ga.cnt, qx.pad_off = ga.pad_off;
+        qx.ok = b->fp8 ? b->ok8 : nullptr;
+        qx.xq = at<uint8_t>(b, L.xq), qx.xs = at<float>(b, L.xs), qx.x16 = ra.x16;
+        qx.xp = b->fp8 ? at<uint8_t>(b, L.xp) : nullptr, qx.xs8 = b->fp8 ? at<float>(b, L.xs8) : nullptr;
+        qx.sh_row0 = L.rows, qx.H = H, qx.E = E, qx.K = K, qx.qmode = (int)c->act_quant;
+        qx.has_shared = shared, qx.min_rows = b->fp8_cut, qx.small_max = ra.small_max;
+        const cudaError_t ce = launch_quant_x8(qx, (unsigned)L.tc, s, b->pdl);
+        if (ce != cudaSuccess)
+            return ce;
+    }
     if (fp8) {
         Gather8Args g8a;
         g8a.sel = sel, g8a.xq = at<uint8_t>(b, L.xq), g8a.xs = at<float>(b, L.xs);
         g8a.xp = at<uint8_t>(b, L.xp), g8a.xs8 = at<float>(b, L.xs8), g8a.H = H;
-        launch_pdl(b, k_gather8, dim3(rows_grid), 128, 0, s, g8a);
+        if (!b->gather_quant)
+            launch_pdl(b, k_gather8, dim3(rows_grid), 128, 0, s, g8a);
         p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->ok8;
         p8.E = E, p8.min_rows = b->fp8_cut, p8.has_shared = shared, p8.sh_row0 = L.rows;
         p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
@@ -611,6 +627,10 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     la.xq = ra.xq, la.xs = ra.xs, la.x16 = ra.x16, la.ticket = fused ? ticket : nullptr;
     la.qmode = ra.qmode, la.H = H, la.E = E, la.lblocks = (int)cdiv(E, LS_EPB), la.tgroups = 1;
     const int qblocks = ra.xq ? (int)cdiv(std::min<int64_t>(L.tc, DSV4C_LOGITS_SMALL) * cdiv(H, 128), 8) : 0;
+    /* params gather=quant: the router does not quantize x; k_quant_x8 does after the grouping
+       (enqueue_fast), where k_logits_small has not (its chunks keep their quantizing blocks) */
+    if (b->gather_quant && b->fast)
+        ra.xq = nullptr;
     /* params route=one: the logits, routing and grouping of such a chunk in one launch when the
        chunk holds at most DSV4C_LOGITS_SMALL rows (the logits never come from the GEMM kernels) */
     if (fused && b->route_one && route_small_fits(E, K, (int)L.tc)) {
@@ -636,7 +656,13 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     ra.logits = at<float>(b, L.logits);
     ra.lslices = L.lslices;
     ra.lslice_stride = L.tc * E;
-    if (!b->route_fused || L.tc > DSV4C_LOGITS_SMALL) {
+    if ((!b->route_fused || L.tc > DSV4C_LOGITS_SMALL) && b->lb) {
+        /* params logits=blas: the same GEMM on cuBLASLt, every row of the chunk in one slice */
+        ra.lslices = 1;
+        const cudaError_t ce = logits_blas_enqueue(b->lb, ra.x, b->gate16, at<float>(b, L.logits), (int)L.tc, s);
+        if (ce != cudaSuccess)
+            return ce;
+    } else if (!b->route_fused || L.tc > DSV4C_LOGITS_SMALL) {
         /* logits = x . gate^T by the GEMM kernels (bf16 operands, fp32 out), then the router reads them */
         GemmArgs lgA;
         memset(&lgA, 0, sizeof lgA);

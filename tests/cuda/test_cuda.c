@@ -45,6 +45,7 @@
 #include "tests/cuda/dec_mix_hw.h"
 #include "tests/cuda/group_warp_hw.h"
 #include "tests/cuda/logits_hw.h"
+#include "tests/cuda/quant_x8_hw.h"
 #include "fast/cuda/repack.h"
 #include "core/bits.h"
 #include "core/route.h"
@@ -415,6 +416,41 @@ static const var_case logits_cases[] = {{"v4-flash", 5, 1, 32, 1},  {"v4-flash",
                                         {"v4-flash", 0, 17, 32, 1}, {"mini-fp8", 1, 5, 0, 1},   {"mini-topp", 1, 9, 0, 0},
                                         {"mini", 1, 40, 0, 0}};
 #define N_LOGITS_CASES (sizeof logits_cases / sizeof logits_cases[0])
+
+/* The large chunks' router logits on cuBLASLt (params logits=blas) against k_tiles (the default):
+   the same GEMM summed in another fixed order, so the logits differ in their last bits; the same
+   routing, DeepGEMM diff below 1e-4, at most 1 % of the outputs different. v4-flash T 33 (the
+   first chunk past k_logits_small), 64 and 300 (all 256 experts), the hash layer, mini-fp8 (fp32
+   scales), mini-topp (the predictor reads x, not the logits: pruning on the new weights) and
+   route=split at T 5 (a small chunk's logits from the GEMM, in one slice instead of split K). */
+START_TEST(logits_blas_close)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 33, 32, 1}, {"v4-flash", 5, 64, 0, 1},  {"v4-flash", 5, 300, 0, 1},
+                                  {"v4-flash", 0, 77, 32, 1}, {"mini-fp8", 1, 100, 0, 1}, {"mini-topp", 1, 90, 0, 0}};
+    variant_cases("logits", "logits=blas", cs, sizeof cs / sizeof cs[0], 1);
+    static const var_case sp[] = {{"mini", 1, 5, 0, 0}};
+    variant_cases("logits", "logits=blas,route=split", sp, 1, 1);
+}
+END_TEST
+
+/* x quantized once after the grouping and gathered there (params gather=quant, k_quant_x8)
+   against the router's quantization and k_gather8's copy: the same codes and scales in the same
+   places, so the same outputs, ids and clamp counters bit for bit. v4-flash with 32 experts at T
+   13 (k_logits_small's chunk: gathered only), 300 and 1100 (groups on the FP8 GEMM), all 256
+   experts at T 300, the hash layer, mini-fp8 (fp32 scales, groups past the cut) and mini-topp
+   (pruned slots); and with route=split at T 13 (x quantized here, not by k_logits_small), close to
+   the default as route=split alone is. */
+START_TEST(gather_quant_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 13, 32, 1},   {"v4-flash", 5, 300, 32, 1}, {"v4-flash", 5, 1100, 32, 1},
+                                  {"v4-flash", 5, 300, 0, 1},   {"v4-flash", 0, 77, 32, 1},  {"mini-fp8", 1, 1100, 0, 1},
+                                  {"mini-topp", 1, 90, 0, 0}};
+    variant_cases("gather", "gather=quant", cs, sizeof cs / sizeof cs[0], 0);
+    /* route=split's own logits differ from the default's in their last bits (route_fused_close) */
+    static const var_case sp[] = {{"v4-flash", 5, 13, 32, 1}};
+    variant_cases("gather", "gather=quant,route=split", sp, 1, 1);
+}
+END_TEST
 
 /* The router logits of small chunks with four tokens' x loaded together (params logits_tg=4)
    against one token at a time (logits_tg=1, the default): every token's sum in the same order, so
@@ -971,6 +1007,27 @@ START_TEST(group_warp_kernel)
 }
 END_TEST
 
+/* The logits tests' inputs: x [T, H] and the gate [E, H] as bf16 of small uniform values. */
+static void logits_inputs(int T, int E, int H, uint32_t seed, uint16_t *x, uint16_t *g)
+{
+    uint32_t st = seed;
+    for (size_t i = 0; i < (size_t)T * H; i++)
+        x[i] = dsv4_bf16_bits((float)((int)(dm_next(&st) % 2001) - 1000) * 1e-3f);
+    for (size_t i = 0; i < (size_t)E * H; i++)
+        g[i] = dsv4_bf16_bits((float)((int)(dm_next(&st) % 2001) - 1000) * 1e-4f);
+}
+
+/* |v - l[t, e]| relative to sum |x[t, k] g[e, k]|, l the host's double sum of the exact products. */
+static double logits_err(const uint16_t *x, const uint16_t *g, int t, int e, int H, float v)
+{
+    double ref = 0.0, mag = 0.0;
+    for (int k = 0; k < H; k++) {
+        const double p = (double)dsv4_bf16_to_f32(x[(size_t)t * H + k]) * dsv4_bf16_to_f32(g[(size_t)e * H + k]);
+        ref += p, mag += fabs(p);
+    }
+    return fabs((double)v - ref) / (mag + 1e-30);
+}
+
 /* One shape of logits_small_kernel: the four variants bit for bit, and near the host's sums. */
 static void logits_small_case(int T, int E, int H, uint32_t seed)
 {
@@ -979,11 +1036,7 @@ static void logits_small_case(int T, int E, int H, uint32_t seed)
     for (int v = 0; v < 4; v++)
         out[v] = malloc(sizeof(float) * (size_t)T * E);
     ck_assert(x && g && out[0] && out[1] && out[2] && out[3]);
-    uint32_t st = seed;
-    for (size_t i = 0; i < (size_t)T * H; i++)
-        x[i] = dsv4_bf16_bits((float)((int)(dm_next(&st) % 2001) - 1000) * 1e-3f);
-    for (size_t i = 0; i < (size_t)E * H; i++)
-        g[i] = dsv4_bf16_bits((float)((int)(dm_next(&st) % 2001) - 1000) * 1e-4f);
+    logits_inputs(T, E, H, seed, x, g);
     int fits = -1;
     const int rc = dsv4_test_logits_small(T, E, H, x, g, out, &fits);
     ck_assert_msg(rc == 0, "dsv4_test_logits_small: CUDA error %d (%s)", rc, cudaGetErrorString((cudaError_t)rc));
@@ -993,13 +1046,8 @@ static void logits_small_case(int T, int E, int H, uint32_t seed)
             const size_t j = (size_t)t * E + e;
             for (int v = 1; v < 4; v++)
                 differ += memcmp(&out[v][j], &out[0][j], sizeof(float)) != 0;
-            double ref = 0.0, mag = 0.0;
-            for (int k = 0; k < H; k++) {
-                const double p = (double)dsv4_bf16_to_f32(x[(size_t)t * H + k]) * dsv4_bf16_to_f32(g[(size_t)e * H + k]);
-                ref += p, mag += fabs(p);
-            }
             /* fp32 rounding: about sqrt(H) eps of mag; a lost 8-element piece: about 1e-3 of it */
-            far += fabs((double)out[0][j] - ref) > 1e-4 * mag + 1e-30;
+            far += logits_err(x, g, t, e, H, out[0][j]) > 1e-4;
         }
     printf("cuda_suite k_logits_small T %2d E %3d H %5d (loop %s): %ld of %d logits differ between the variants, %ld far "
            "from the host's sums\n",
@@ -1027,6 +1075,170 @@ START_TEST(logits_small_kernel)
     logits_small_case(32, 72, 7168, 25u);
     logits_small_case(8, 16, 8192, 26u);
     logits_small_case(4, 16, 8200, 27u);
+}
+END_TEST
+
+/* One shape of logits_blas_call: run to run the same bit for bit, near the host's sums, 0 rows refused. */
+static void logits_blas_case(int T, int E, int H, uint32_t seed)
+{
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)T * H), *g = malloc(sizeof(uint16_t) * (size_t)E * H);
+    float *out = malloc(sizeof(float) * (size_t)T * E), *again = malloc(sizeof(float) * (size_t)T * E);
+    ck_assert(x && g && out && again);
+    logits_inputs(T, E, H, seed, x, g);
+    char why[256] = "";
+    int refused = 0;
+    const int rc = dsv4_test_logits_blas(T, E, H, x, g, out, again, &refused, why, (int)sizeof why);
+    ck_assert_msg(rc == 0, "dsv4_test_logits_blas T %d E %d H %d: CUDA error %d (%s) %s", T, E, H, rc,
+                  cudaGetErrorString((cudaError_t)rc), why);
+    ck_assert_int_eq(refused, (int)cudaErrorInvalidValue);
+    long differ = 0, far = 0;
+    double worst = 0.0;
+    for (int t = 0; t < T; t++)
+        for (int e = 0; e < E; e++) {
+            const size_t j = (size_t)t * E + e;
+            differ += memcmp(&out[j], &again[j], sizeof(float)) != 0;
+            const double d = logits_err(x, g, t, e, H, out[j]);
+            worst = d > worst ? d : worst;
+            far += d > 1e-4; /* the bound of logits_small_case; a transposed operand or a lost K block is far past it */
+        }
+    printf("cuda_suite cuBLASLt logits T %4d E %3d H %5d: %ld of %d logits differ between two runs, %ld far from the "
+           "host's sums (worst %.2e of the magnitude)\n",
+           T, E, H, differ, T * E, far, worst);
+    ck_assert_int_eq(differ, 0);
+    ck_assert_int_eq(far, 0);
+    free(x), free(g), free(out), free(again);
+}
+
+/* The large chunks' router logits on cuBLASLt (params logits=blas) alone through their launcher:
+   the same logits in two runs bit for bit (no split of K, no workspace), within fp32 rounding of
+   the host's double sums, and a call of 0 rows refused. T 1, 33 (past the small-chunk kernel), 300
+   and 1024; E 16, 72 and 256; H 256, 4096 and 7168. */
+START_TEST(logits_blas_call)
+{
+    if (!have_gpu())
+        return;
+    logits_blas_case(1, 16, 256, 31u);
+    logits_blas_case(33, 256, 4096, 32u);
+    logits_blas_case(300, 72, 7168, 33u);
+    logits_blas_case(1024, 256, 4096, 34u);
+}
+END_TEST
+
+/* One chunk of quant_x8_kernel: T rows (ntok live), K distinct experts a live token (slot j of
+   token t pruned when (t + j) % 7 == 6: id E), placed tokens ascending per expert at 128-aligned
+   group bases; expert 1 not on the GEMM (ok 0). Every output against the host's quantization
+   (dsv4_act_quant_row of the bf16 values), and every byte nobody should write still 0xA5. */
+static void quant_x8_case(int T, int ntok, int H, int E, int K, int qmode, int small, int min_rows, int use_ok,
+                          uint32_t seed)
+{
+    const int ng = (H + 127) / 128;
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)T * H);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * K), *rowmap = malloc(sizeof(int32_t) * (size_t)T * K);
+    int *cnt = calloc((size_t)E, sizeof(int)), *pad_off = calloc((size_t)E, sizeof(int));
+    uint8_t *ok = malloc((size_t)E + 1), *codes = malloc((size_t)T * H), *xq = malloc((size_t)T * H);
+    float *scales = malloc(sizeof(float) * (size_t)T * ng), *xs = malloc(sizeof(float) * (size_t)T * ng);
+    float *row = malloc(sizeof(float) * (size_t)H), *out = malloc(sizeof(float) * (size_t)H);
+    ck_assert(x && ids && rowmap && cnt && pad_off && ok && codes && xq && scales && xs && row && out);
+    uint32_t st = seed;
+    for (size_t i = 0; i < (size_t)T * H; i++) /* a few large values so groups get different scales */
+        x[i] = dsv4_bf16_bits((float)((int)(dm_next(&st) % 2001) - 1000) * (i % 97 == 0 ? 0.05f : 1e-3f));
+    memset(codes, 0, (size_t)T * H);
+    memset(scales, 0, sizeof(float) * (size_t)T * ng);
+    for (int t = 0; t < ntok; t++) {
+        for (int k = 0; k < H; k++)
+            row[k] = dsv4_bf16_to_f32(x[(size_t)t * H + k]);
+        dsv4_act_quant_row(row, H, (dsv4_act_quant)qmode, out, codes + (size_t)t * H, scales + (size_t)t * ng);
+    }
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < K; j++)
+            ids[t * K + j] = (t + j) % 7 == 6 ? E : (t * 3 + j) % E; /* K <= E: distinct */
+    for (int t = 0; t < ntok; t++)
+        for (int j = 0; j < K; j++)
+            if (ids[t * K + j] < E)
+                cnt[ids[t * K + j]]++;
+    int rows = 0;
+    for (int e = 0; e < E; e++)
+        pad_off[e] = rows, rows += (cnt[e] + 127) / 128 * 128;
+    int *fill = calloc((size_t)E, sizeof(int));
+    ck_assert(fill);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < K; j++) {
+            const int e = ids[t * K + j];
+            rowmap[t * K + j] = t < ntok && e < E ? pad_off[e] + fill[e]++ : -7;
+        }
+    memset(ok, 1, (size_t)E + 1);
+    ok[1] = 0;
+    /* before the call: k_logits_small's codes (small) or bytes the kernel must overwrite */
+    float *xs_in = malloc(sizeof(float) * (size_t)T * ng);
+    uint8_t *xq_in = malloc((size_t)T * H);
+    ck_assert(xs_in && xq_in);
+    memcpy(xq_in, codes, (size_t)T * H);
+    memcpy(xs_in, scales, sizeof(float) * (size_t)T * ng);
+    if (!small)
+        for (int t = 0; t < ntok; t++)
+            memset(xq_in + (size_t)t * H, 0x3C, (size_t)H), xs_in[(size_t)t * ng] = -1.0f;
+    dsv4_test_qx8_in in = {T, ntok, H, E, K, qmode, 1, min_rows, small ? T : 0, rows, x, ids, rowmap, cnt, pad_off,
+                           use_ok ? ok : NULL, xq_in, xs_in};
+    uint8_t *xp = malloc((size_t)rows * H + 1);
+    float *xs8 = malloc(sizeof(float) * ((size_t)rows + T) * ng);
+    ck_assert(xp && xs8);
+    const int rc = dsv4_test_quant_x8(&in, xq, xs, xp, xs8);
+    ck_assert_msg(rc == 0, "dsv4_test_quant_x8: CUDA error %d (%s)", rc, cudaGetErrorString((cudaError_t)rc));
+    long bad_q = 0, bad_p = 0, bad_s8 = 0, gathered = 0;
+    for (int t = 0; t < ntok; t++)
+        bad_q += memcmp(xq + (size_t)t * H, codes + (size_t)t * H, (size_t)H) != 0 ||
+                 memcmp(xs + (size_t)t * ng, scales + (size_t)t * ng, sizeof(float) * (size_t)ng) != 0;
+    /* every row of xp and every M-major scale: the token's where gathered, else untouched */
+    uint8_t *want_p = malloc((size_t)rows * H + 1);
+    float *want_s8 = malloc(sizeof(float) * ((size_t)rows + T) * ng);
+    ck_assert(want_p && want_s8);
+    memset(want_p, 0xA5, (size_t)rows * H + 1);
+    memset(want_s8, 0xA5, sizeof(float) * ((size_t)rows + T) * ng);
+    for (int t = 0; use_ok && t < ntok; t++) {
+        for (int j = 0; j < K; j++) {
+            const int e = ids[t * K + j];
+            if (e >= E || !ok[e] || cnt[e] <= min_rows)
+                continue;
+            const int r = rowmap[t * K + j];
+            memcpy(want_p + (size_t)r * H, codes + (size_t)t * H, (size_t)H);
+            for (int g = 0; g < ng; g++)
+                want_s8[(size_t)pad_off[e] * ng + (size_t)g * cnt[e] + (size_t)(r - pad_off[e])] = scales[(size_t)t * ng + g];
+            gathered++;
+        }
+        if (ntok > min_rows)
+            for (int g = 0; g < ng; g++)
+                want_s8[(size_t)rows * ng + (size_t)g * ntok + t] = scales[(size_t)t * ng + g];
+    }
+    for (int r = 0; r < rows; r++)
+        bad_p += memcmp(xp + (size_t)r * H, want_p + (size_t)r * H, (size_t)H) != 0;
+    for (size_t i = 0; i < ((size_t)rows + T) * ng; i++)
+        bad_s8 += memcmp(&xs8[i], &want_s8[i], sizeof(float)) != 0;
+    printf("cuda_suite k_quant_x8 T %3d live %3d H %4d E %2d K %d qmode %d %s, min_rows %d%s: %ld slots gathered; "
+           "%ld rows of x, %ld gathered rows, %ld M-major scales wrong\n",
+           T, ntok, H, E, K, qmode, small ? "quantized before" : "quantizing", min_rows, use_ok ? "" : ", no gather",
+           gathered, bad_q, bad_p, bad_s8);
+    ck_assert_int_eq(bad_q, 0);
+    ck_assert_int_eq(bad_p, 0);
+    ck_assert_int_eq(bad_s8, 0);
+    ck_assert(!use_ok || gathered > 0);
+    free(x), free(ids), free(rowmap), free(cnt), free(pad_off), free(ok), free(codes), free(xq), free(scales);
+    free(xs), free(row), free(out), free(fill), free(xs_in), free(xq_in), free(xp), free(xs8), free(want_p), free(want_s8);
+}
+
+/* k_quant_x8 alone (params gather=quant's kernel): x's codes and scales as the host's
+   dsv4_act_quant_row gives them, each gathered row the token's codes, each large group's M-major
+   scales and the shared expert's at their places, nothing else written; ue8m0 and fp32 scales,
+   H 256 and 4096, K 1, 3 and 6, rows past the live tokens, groups at and past min_rows, an expert
+   off the GEMM, a chunk quantized before (k_logits_small's: gathered only) and no gather (ok NULL). */
+START_TEST(quant_x8_kernel)
+{
+    if (!have_gpu())
+        return;
+    quant_x8_case(40, 37, 256, 8, 3, 1, 0, 4, 1, 41u);
+    quant_x8_case(300, 300, 4096, 16, 6, 1, 0, 32, 1, 42u);
+    quant_x8_case(64, 50, 256, 5, 1, 2, 0, 2, 1, 43u);
+    quant_x8_case(13, 13, 4096, 8, 6, 1, 1, 1, 1, 44u);
+    quant_x8_case(33, 20, 384, 8, 3, 2, 0, 1, 0, 45u);
 }
 END_TEST
 
@@ -1417,7 +1629,8 @@ START_TEST(shared_workspace)
                              {"dec_regs=96", "dec_regs"},     {"quant=late", "quant"},
                              {"dec_pf=l3", "dec_pf"},         {"dec_sched=pool", "dec_sched"},
                              {"group=thread", "group"},      {"dec_ring=8", "dec_ring"},
-                             {"logits_loop=yes", "logits_loop"}, {"weights=lane", "weights"}};
+                             {"logits_loop=yes", "logits_loop"}, {"weights=lane", "weights"},
+                             {"logits=cublas", "logits"}, {"gather=both", "gather"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -1859,6 +2072,8 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, dec_mix_kernel);
     tcase_add_test(sm, group_warp_kernel);
     tcase_add_test(sm, logits_small_kernel);
+    tcase_add_test(sm, logits_blas_call);
+    tcase_add_test(sm, quant_x8_kernel);
     suite_add_tcase(s, sm);
     TCase *f8 = tcase_create("fp8");
     tcase_set_timeout(f8, 600);
@@ -1928,6 +2143,8 @@ static Suite *cuda_suite(void)
     tcase_add_test(lg, logits_loop_identical);
     tcase_add_test(lg, group_warp_identical);
     tcase_add_test(lg, weights_warp_identical);
+    tcase_add_test(lg, logits_blas_close);
+    tcase_add_test(lg, gather_quant_identical);
     suite_add_tcase(s, lg);
     /* the decode launches' deep rings (params dec_ring=deep), in a Tcase of their own so a short
        device call can decide that default */
