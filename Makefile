@@ -90,7 +90,7 @@ LIBS_A := $(HLIB_A) $(LIB_A)
 CLI := $(BUILD)/dsv4moe
 TEST_BIN := $(BUILD)/tests/run_tests
 
-.PHONY: all run test line-limit release-clean test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build coverage install clean deps faults test-faults fuzz fuzz-replay example doc-test
+.PHONY: all run test line-limit release-clean test-asan test-asan-suites test-run test-suites test-build ci-build coverage-run cuda cuda-test bench bench-cuda bench-cuda-build tile-fill coverage install clean deps faults test-faults fuzz fuzz-replay example doc-test
 .DEFAULT_GOAL := all
 
 all: $(LIB_A) $(LIB_SO) $(HLIB_A) $(HLIB_SO) $(CLI)
@@ -459,6 +459,18 @@ bench-cuda: deps
 	$(PYTHON) bench/torch_peer.py --json $(OUT)/bench/torch_peer.json
 	$(BENCH_CUDA_BIN) --ceilings $(OUT)/bench/ceilings.json --peer $(OUT)/bench/torch_peer.json \
 	  --json $(OUT)/bench/cuda.json --dir $(OUT)/bench
+
+# The grouped FP8 GEMM's row-tile fill on bench_cuda's prefill routing (bench/tile_fill.c: the
+# reference's routing, any machine; generates bench_cuda's v4-flash files under $(OUT)/bench if missing).
+TILE_FILL_BIN := $(BUILD)/bench/tile_fill
+
+$(TILE_FILL_BIN): $(BUILD)/bench/tile_fill.o $(LIBS_A)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS_A) $(LDLIBS_ALL)
+
+tile-fill: deps
+	@$(MAKE) --no-print-directory all $(TILE_FILL_BIN)
+	@mkdir -p $(OUT)/bench
+	$(TILE_FILL_BIN) --dir $(OUT)/bench
 
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN) $(BENCH_CPU_BIN)

@@ -416,9 +416,10 @@ fi
 # DSV4_DEVCHECK_PROFILE=prefill: every kernel's time at T = 4096 and 16384 in fp8 mode (Nsight
 # Compute, its default cache flush; the grouped FP8 GEMMs and every kernel around them), the
 # kernel lists a prefill step is judged by; then the prefill variants against the default: the
-# large chunks' router logits on cuBLASLt (logits=blas), and with x quantized once after the
-# grouping and gathered there (gather=quant): the whole layer at T 1024, 4096 and 16384
-# (bench_cuda --quick, fp8 mode, two alternating passes) and the kernels of both at T = 4096.
+# large chunks' router logits on cuBLASLt (logits=blas), with x quantized once after the grouping
+# and gathered there (gather=quant), and with the router a warp a token (router=warp, which implies
+# gather=quant): the whole layer at T 1024, 4096 and 16384 (bench_cuda --quick, fp8 mode, two
+# alternating passes) and the last one's kernels at T = 4096.
 if profile prefill && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
     for pt in 4096 16384; do # (not t or cc: step uses those)
         step "profile-prefill-t$pt" 200 "$NCU --clock-control none --launch-skip 40 --launch-count 40 \
@@ -426,11 +427,12 @@ if profile prefill && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
             --json $WORK/bench/prefill_$pt.json --dir $WORK/bench --threads $JOBS"
     done
     for p in 1 2; do
-        bench_variants prefill 1024,4096,16384 "$p" default logits=blas logits=blas,gather=quant
+        bench_variants prefill 1024,4096,16384 "$p" default logits=blas logits=blas,gather=quant \
+            logits=blas,router=warp
     done
     step "profile-prefill-blas-t4096" 200 "$NCU --clock-control none --launch-skip 40 --launch-count 40 \
         --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
-        --cuda-kernels logits=blas,gather=quant --tokens 4096 --quick --json $WORK/bench/prefill_blas_4096.json \
+        --cuda-kernels logits=blas,router=warp --tokens 4096 --quick --json $WORK/bench/prefill_blas_4096.json \
         --dir $WORK/bench --threads $JOBS"
 fi
 if profile 1 && [ -x "$BENCH" ] && [ -x "$NCU" ]; then

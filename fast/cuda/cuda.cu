@@ -62,6 +62,7 @@ extern "C" {
 #include "fast/cuda/gemm_fp8.h"
 #include "fast/cuda/logits_blas.cuh"
 #include "fast/cuda/quant_x8.cuh"
+#include "fast/cuda/router_warp.cuh"
 #include "fast/cuda/cuda_impl.h"
 #ifdef DSV4_FAULTS
 extern "C" {
@@ -173,6 +174,7 @@ struct CudaBe {
     bool logits_blas = false; /* logits=blas: the GEMM logits on cuBLASLt (lb), not k_tiles */
     LogitsBlas *lb = nullptr;
     bool gather_quant = false; /* gather=quant: x quantized after the grouping and gathered there (k_quant_x8) */
+    bool router_warp = false;  /* router=warp: large chunks' router a warp a token (k_router_warp) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     uint64_t fbuf_bytes[8] = {};

@@ -682,6 +682,9 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     if (fused)
         /* its error: the caller's peek */
         (void)launch_router_count(ra, group2_args(b, L, ra, ga), ticket, (unsigned)L.tc, rsm, s, b->pdl, b->weights_warp);
+    else if (b->router_warp && b->fast && ra.lslices == 1 && router_warp_fits(E, K))
+        /* params router=warp: a warp a token; x is quantized after the grouping (gather=quant) */
+        (void)launch_router_warp(ra, (unsigned)L.tc, s, b->pdl); /* its error: the caller's peek */
     else
         launch_pdl(b, k_router, dim3((unsigned)L.tc), 256, rsm, s, ra);
     if (mode == CHUNK_ROUTE) /* the route stage (stages.cu) */

@@ -241,9 +241,10 @@ struct Kernels {
     bool group_warp = false;       /* group=warp: k_router_count groups chunks of up to 32 slots with one warp (group_parts.cuh) */
     bool logits_blas = false;      /* logits=blas: the GEMM logits of large chunks on cuBLASLt (logits_blas.cuh), not k_tiles */
     bool gather_quant = false;     /* gather=quant: x quantized and gathered in one pass (quant_x8.cuh), not by the router and k_gather8 */
+    bool router_warp = false;      /* router=warp: large chunks routed a warp a token (router_warp.cuh); implies gather=quant */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring, logits_loop, weights, logits, gather"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring, logits_loop, weights, logits, gather, router"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -288,6 +289,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("tiles") || val("blas"), k->logits_blas = val("blas");
         else if (is("gather"))
             ok = val("copy") || val("quant"), k->gather_quant = val("quant");
+        else if (is("router"))
+            ok = val("block") || val("warp"), k->router_warp = val("warp");
         else if (is("dec_ring"))
             ok = val("std") || val("deep") || val("bulk") || val("bulk_ef"),
             k->dec_ring = val("deep") ? RING_DEEP : val("bulk") ? RING_BULK : val("bulk_ef") ? RING_BULK_EF : RING_STD;
@@ -314,7 +317,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -345,7 +348,8 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->logits_tg = k.logits_tg;
     b->logits_loop = k.logits_loop;
     b->logits_blas = k.logits_blas;
-    b->gather_quant = k.gather_quant;
+    b->gather_quant = k.gather_quant || k.router_warp; /* k_router_warp does not quantize x: k_quant_x8 does */
+    b->router_warp = k.router_warp;
     b->weights_warp = k.weights_warp;
     b->group_warp = k.group_warp;
     b->big_rows = b->tile16 ? tileh_big[b->big_var].bn : 128;

@@ -225,13 +225,13 @@ typedef struct {
 } env_kv;
 
 /*
- * Kernel variants that must give the default's outputs bit for bit (close = 0): they differ in
- * scheduling only, never in the order of a sum or a rounding point; the clamp counters too. With
- * close, a variant that rounds one product in another order: at most 1 % of the outputs differ,
- * DeepGEMM diff below 1e-4, the same routing.
+ * Kernel variants that must give the base's outputs (its variable set for creation; NULL: the
+ * defaults) bit for bit (close = 0): they differ in scheduling only, never in the order of a sum
+ * or a rounding point; the clamp counters too. With close, a variant that rounds one product in
+ * another order: at most 1 % of the outputs differ, DeepGEMM diff below 1e-4, the same routing.
  */
-static void variants_identical(const char *what, const char *preset, int64_t layer, int64_t T, int64_t experts,
-                               int fp8, const env_kv *vs, size_t nv, int close)
+static void variants_vs(const env_kv *base, const char *what, const char *preset, int64_t layer, int64_t T,
+                        int64_t experts, int fp8, const env_kv *vs, size_t nv, int close)
 {
     if (!have_gpu())
         return;
@@ -240,7 +240,7 @@ static void variants_identical(const char *what, const char *preset, int64_t lay
     bo_in_open(&k, &ci);
     const int64_t n = T * ci.c.dim;
     bo_out d;
-    run_env(&ci, &d, NULL, NULL);
+    run_env(&ci, &d, base ? base->var : NULL, base ? base->val : NULL);
     for (size_t v = 0; v < nv; v++) {
         const char *var = vs[v].var, *val = vs[v].val;
         bo_out o;
@@ -248,8 +248,8 @@ static void variants_identical(const char *what, const char *preset, int64_t lay
         int64_t nd = 0;
         for (int64_t i = 0; i < n; i++)
             nd += o.y[i] != d.y[i];
-        printf("cuda_suite %s %s=%-5s %-9s T %4lld: %lld of %lld outputs differ from the default\n", what, var, val,
-               preset, (long long)T, (long long)nd, (long long)n);
+        printf("cuda_suite %s %s=%-5s %-9s T %4lld: %lld of %lld outputs differ from %s\n", what, var, val, preset,
+               (long long)T, (long long)nd, (long long)n, base ? base->val : "the default");
         if (close) {
             dsv4_compare_metrics m;
             ck_assert(dsv4_compare_bf16(o.y, d.y, n, &m));
@@ -272,6 +272,13 @@ static void variants_identical(const char *what, const char *preset, int64_t lay
     }
     bo_free(&d);
     bo_in_close(&ci);
+}
+
+/* variants_vs against the default (no variable set). */
+static void variants_identical(const char *what, const char *preset, int64_t layer, int64_t T, int64_t experts,
+                               int fp8, const env_kv *vs, size_t nv, int close)
+{
+    variants_vs(NULL, what, preset, layer, T, experts, fp8, vs, nv, close);
 }
 
 /* Every k_tileh variant (DSV4MOE_CUDA_TILEH: tile width, pipelined decode, blocks per SM; and
@@ -449,6 +456,23 @@ START_TEST(gather_quant_identical)
     /* route=split's own logits differ from the default's in their last bits (route_fused_close) */
     static const var_case sp[] = {{"v4-flash", 5, 13, 32, 1}};
     variant_cases("gather", "gather=quant,route=split", sp, 1, 1);
+}
+END_TEST
+
+/* The large chunks' router a warp a token (params router=warp, k_router_warp; x quantized by
+   k_quant_x8) against the block a token (k_router), both on the cuBLASLt logits (logits=blas: one
+   slice, which k_router_warp reads; k_tiles splits K below about 8000 rows of 256 experts): the
+   same operations on the same values, so the same outputs, ids and clamp counters bit for bit.
+   Chunks past k_router_count's 1024 slots: v4-flash T 300 (all 256 experts) and 1100 (32), the
+   hash layer, mini-topp at T 300 (the predictor and top-p on one warp) and mini-fp8 at T 1100. */
+START_TEST(router_warp_identical)
+{
+    static const env_kv base = {"DSV4MOE_CUDA_KERNELS", "logits=blas"};
+    static const env_kv vs[] = {{"DSV4MOE_CUDA_KERNELS", "logits=blas,router=warp"}};
+    static const var_case cs[] = {{"v4-flash", 5, 300, 0, 1}, {"v4-flash", 5, 1100, 32, 1}, {"v4-flash", 0, 300, 32, 1},
+                                  {"mini-topp", 1, 300, 0, 0}, {"mini-fp8", 1, 1100, 0, 1}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        variants_vs(&base, "router", cs[i].preset, cs[i].layer, cs[i].T, cs[i].experts, cs[i].fp8, vs, 1, 0);
 }
 END_TEST
 
@@ -1630,7 +1654,8 @@ START_TEST(shared_workspace)
                              {"dec_pf=l3", "dec_pf"},         {"dec_sched=pool", "dec_sched"},
                              {"group=thread", "group"},      {"dec_ring=8", "dec_ring"},
                              {"logits_loop=yes", "logits_loop"}, {"weights=lane", "weights"},
-                             {"logits=cublas", "logits"}, {"gather=both", "gather"}};
+                             {"logits=cublas", "logits"}, {"gather=both", "gather"},
+                             {"router=thread", "router"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -2145,6 +2170,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(lg, weights_warp_identical);
     tcase_add_test(lg, logits_blas_close);
     tcase_add_test(lg, gather_quant_identical);
+    tcase_add_test(lg, router_warp_identical);
     suite_add_tcase(s, lg);
     /* the decode launches' deep rings (params dec_ring=deep), in a Tcase of their own so a short
        device call can decide that default */
