@@ -51,6 +51,8 @@
 # of gpu.yaml raises it with DSV4_DEVCHECK_BUDGET and skips the steps it does not need.
 # DSV4_DEVCHECK_FAULTS=1 adds the CUDA fault build and gpu.yaml's f01 cases under --faults (steps
 # faults-build, faults-f01).
+# DSV4_DEVCHECK_TESTS_FIRST=1 runs the CUDA tests, gpu.yaml and the sanitizer right after the CPU
+# suite, before the measurements and profiles (a verifying call whose budget may run out).
 # DSV4_DEVCHECK_CUDA_CASES="variants small" runs only those Tcases of test_cuda, a step each
 # (cuda-test-variants, ...). DSV4_DEVCHECK_CUDA_TEST_CAP (default 420) is cuda-test's (test_cuda took about 200 s on an H100
 # before its `variants` Tcase; CK_RUN_CASE=variants runs those alone).
@@ -157,6 +159,61 @@ fi
 
 # ---- CPU suite ----
 step cpu-test 150 "make -j$JOBS PYTHON=$PY test"
+
+# ---- CUDA tests, scenarios, sanitizer: a function, run here with DSV4_DEVCHECK_TESTS_FIRST=1 (before
+# the measurements, so a call cut short by its budget has verified before it measured), else after
+# the measurements and profiles ----
+cuda_tests() {
+    CUDA_TEST=""
+    for c in build/cuda/test_cuda build/cuda/tests/test_cuda; do
+        [ -x "$c" ] && CUDA_TEST=$c && break
+    done
+    # the CUDA tests skip GPU cases without DSV4MOE_CUDA_REQUIRED=1; their scratch goes to $WORK
+    CUDA_ENV="DSV4MOE_CUDA_REQUIRED=1 DSV4MOE_TMP=$WORK/cuda-tmp DSV4MOE_SRC=\$(pwd) DSV4MOE_PYTHON=$PY"
+    if [ -n "$CUDA_TEST" ] && [ -n "${DSV4_DEVCHECK_CUDA_CASES:-}" ]; then
+        # only the named Tcases, each a step of its own (e.g. "variants small": the decode variants'
+        # identity tests and k_route_small's kernel test)
+        for ckc in $DSV4_DEVCHECK_CUDA_CASES; do
+            step "cuda-test-$ckc" "${DSV4_DEVCHECK_CUDA_TEST_CAP:-420}" "CK_RUN_CASE=$ckc $CUDA_ENV $CUDA_TEST"
+        done
+    elif [ -n "$CUDA_TEST" ]; then
+        step cuda-test "${DSV4_DEVCHECK_CUDA_TEST_CAP:-420}" "$CUDA_ENV $CUDA_TEST"
+    else
+        absent cuda-test "no build/cuda/test_cuda (make cuda builds it with the CUDA backend)"
+    fi
+    SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    if [ -x build/cuda/test_devsim ]; then
+        step devsim 60 "$CUDA_ENV build/cuda/test_devsim"
+        [ -x "$SAN" ] && step devsim-sanitizer 90 "$CUDA_ENV CK_FORK=no $SAN --tool memcheck --leak-check full \
+            --error-exitcode 9 build/cuda/test_devsim"
+    else
+        absent devsim "no build/cuda/test_devsim (make cuda builds it)"
+    fi
+    if [ -x build/cuda/dsv4moe ] && [ -f scenarios/gpu.yaml ]; then
+        step gpu-scenario "${DSV4_DEVCHECK_SCEN_CAP:-200}" "$CUDA_ENV build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads $JOBS \
+            --report $WORK/gpu --cache $WORK/cuda-tmp/scen-cache"
+    else
+        absent gpu-scenario "build/cuda/dsv4moe or scenarios/gpu.yaml not there"
+    fi
+    # DSV4_DEVCHECK_FAULTS=1: the CUDA fault build (make cuda FAULTS=1) and gpu.yaml's f01 cases run
+    # with the clamp dropped (dsv4moe run --faults --filter f01: each must pass clean and fail injected)
+    if [ "${DSV4_DEVCHECK_FAULTS:-0}" = 1 ] && [ -f scenarios/gpu.yaml ]; then
+        step faults-build 240 "make cuda FAULTS=1 BUILD=build/faults -j$JOBS"
+        [ -x build/faults/cuda/dsv4moe ] && step faults-f01 150 "$CUDA_ENV build/faults/cuda/dsv4moe run --faults \
+            --filter f01 scenarios/gpu.yaml --backend cuda --threads $JOBS --report $WORK/faults \
+            --cache $WORK/cuda-tmp/scen-cache"
+    fi
+    if [ -n "$CUDA_TEST" ] && [ -x "$SAN" ]; then
+        # the test program's "small" Tcase, in one process (CK_FORK=no) so memcheck sees every kernel
+        step sanitizer 150 "$CUDA_ENV CK_FORK=no CK_RUN_CASE=small $SAN --tool memcheck --leak-check full \
+            --error-exitcode 9 $CUDA_TEST ${DSV4_SANITIZER_ARGS:-}"
+    elif [ -z "$CUDA_TEST" ]; then
+        absent sanitizer "no CUDA test binary to run under memcheck"
+    else
+        absent sanitizer "compute-sanitizer not found"
+    fi
+}
+[ "${DSV4_DEVCHECK_TESTS_FIRST:-0}" = 1 ] && cuda_tests
 
 # ---- measurements ----
 step ceilings 90 "build/bench/ceilings $WORK/bench/ceilings.json"
@@ -452,55 +509,8 @@ if profile 1 && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
         --json $WORK/bench/prof_h.json --dir $WORK/bench --threads $JOBS"
 fi
 
-# ---- CUDA tests, scenarios, sanitizer ----
-CUDA_TEST=""
-for c in build/cuda/test_cuda build/cuda/tests/test_cuda; do
-    [ -x "$c" ] && CUDA_TEST=$c && break
-done
-# the CUDA tests skip GPU cases without DSV4MOE_CUDA_REQUIRED=1; their scratch goes to $WORK
-CUDA_ENV="DSV4MOE_CUDA_REQUIRED=1 DSV4MOE_TMP=$WORK/cuda-tmp DSV4MOE_SRC=\$(pwd) DSV4MOE_PYTHON=$PY"
-if [ -n "$CUDA_TEST" ] && [ -n "${DSV4_DEVCHECK_CUDA_CASES:-}" ]; then
-    # only the named Tcases, each a step of its own (e.g. "variants small": the decode variants'
-    # identity tests and k_route_small's kernel test)
-    for ckc in $DSV4_DEVCHECK_CUDA_CASES; do
-        step "cuda-test-$ckc" "${DSV4_DEVCHECK_CUDA_TEST_CAP:-420}" "CK_RUN_CASE=$ckc $CUDA_ENV $CUDA_TEST"
-    done
-elif [ -n "$CUDA_TEST" ]; then
-    step cuda-test "${DSV4_DEVCHECK_CUDA_TEST_CAP:-420}" "$CUDA_ENV $CUDA_TEST"
-else
-    absent cuda-test "no build/cuda/test_cuda (make cuda builds it with the CUDA backend)"
-fi
-SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-if [ -x build/cuda/test_devsim ]; then
-    step devsim 60 "$CUDA_ENV build/cuda/test_devsim"
-    [ -x "$SAN" ] && step devsim-sanitizer 90 "$CUDA_ENV CK_FORK=no $SAN --tool memcheck --leak-check full \
-        --error-exitcode 9 build/cuda/test_devsim"
-else
-    absent devsim "no build/cuda/test_devsim (make cuda builds it)"
-fi
-if [ -x build/cuda/dsv4moe ] && [ -f scenarios/gpu.yaml ]; then
-    step gpu-scenario "${DSV4_DEVCHECK_SCEN_CAP:-200}" "$CUDA_ENV build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads $JOBS \
-        --report $WORK/gpu --cache $WORK/cuda-tmp/scen-cache"
-else
-    absent gpu-scenario "build/cuda/dsv4moe or scenarios/gpu.yaml not there"
-fi
-# DSV4_DEVCHECK_FAULTS=1: the CUDA fault build (make cuda FAULTS=1) and gpu.yaml's f01 cases run
-# with the clamp dropped (dsv4moe run --faults --filter f01: each must pass clean and fail injected)
-if [ "${DSV4_DEVCHECK_FAULTS:-0}" = 1 ] && [ -f scenarios/gpu.yaml ]; then
-    step faults-build 240 "make cuda FAULTS=1 BUILD=build/faults -j$JOBS"
-    [ -x build/faults/cuda/dsv4moe ] && step faults-f01 150 "$CUDA_ENV build/faults/cuda/dsv4moe run --faults \
-        --filter f01 scenarios/gpu.yaml --backend cuda --threads $JOBS --report $WORK/faults \
-        --cache $WORK/cuda-tmp/scen-cache"
-fi
-if [ -n "$CUDA_TEST" ] && [ -x "$SAN" ]; then
-    # the test program's "small" Tcase, in one process (CK_FORK=no) so memcheck sees every kernel
-    step sanitizer 150 "$CUDA_ENV CK_FORK=no CK_RUN_CASE=small $SAN --tool memcheck --leak-check full \
-        --error-exitcode 9 $CUDA_TEST ${DSV4_SANITIZER_ARGS:-}"
-elif [ -z "$CUDA_TEST" ]; then
-    absent sanitizer "no CUDA test binary to run under memcheck"
-else
-    absent sanitizer "compute-sanitizer not found"
-fi
+# ---- CUDA tests, scenarios, sanitizer (cuda_tests above, unless DSV4_DEVCHECK_TESTS_FIRST=1 ran them) ----
+[ "${DSV4_DEVCHECK_TESTS_FIRST:-0}" = 1 ] || cuda_tests
 # ---- the NCCL communicator on one GPU (docs/nccl.md; several GPUs are not lent) ----
 if [ -f tests/nccl/device-run.sh ]; then
     step nccl 150 "OUT=$WORK bash tests/nccl/device-run.sh"
