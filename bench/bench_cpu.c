@@ -52,13 +52,6 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int file_exists(const char *p)
-{
-    FILE *f = fopen(p, "rb");
-    if (f)
-        fclose(f);
-    return f != NULL;
-}
 
 typedef struct {
     const uint64_t *p;
@@ -99,23 +92,8 @@ static int open_layer(layer_data *L, const char *dir, int64_t tmax)
     }
     L->cfg.layer = L->layer;
     char wp[1024], ip[1024];
-    snprintf(wp, sizeof wp, "%s/cpu_%s_l%lld.safetensors", dir, L->preset, (long long)L->layer);
-    snprintf(ip, sizeof ip, "%s/cpu_%s_in%lld.safetensors", dir, L->preset, (long long)tmax);
-    dsv4_gen_options o;
-    dsv4_gen_options_init(&o);
-    o.threads = THREADS;
-    if (!file_exists(wp)) {
-        fprintf(stderr, "bench_cpu: generating %s (once) ...\n", wp);
-        if (dsv4_gen_weights(&L->cfg, &o, wp, &e)) {
-            fprintf(stderr, "%s\n", e.message);
-            return 1;
-        }
-    }
-    o.seed = 2;
-    if (!file_exists(ip) && dsv4_gen_input(&L->cfg, &o, tmax, ip, &e)) {
-        fprintf(stderr, "%s\n", e.message);
+    if (bench_gen_files(&L->cfg, dir, "cpu", L->preset, tmax, THREADS, "bench_cpu", wp, ip, sizeof wp))
         return 1;
-    }
     if (dsv4_checkpoint_open(wp, &L->ck, &e) || dsv4_st_open(ip, &L->in, &e)) {
         fprintf(stderr, "%s\n", e.message);
         return 1;

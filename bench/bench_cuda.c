@@ -35,7 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -131,12 +130,6 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int file_exists(const char *p)
-{
-    struct stat s;
-    return stat(p, &s) == 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -250,32 +243,6 @@ static double peer_ms(const peer *p, int64_t T, const char **method)
     if (method)
         *method = "-";
     return NAN;
-}
-
-static int gen_layer(const dsv4_config *cfg, const char *dir, const char *tag, int64_t tokens, int threads,
-                     char *wp, char *ip, size_t n)
-{
-    dsv4_error e;
-    snprintf(wp, n, "%s/cuda_%s_l%lld.safetensors", dir, tag, (long long)cfg->layer);
-    snprintf(ip, n, "%s/cuda_%s_in%lld.safetensors", dir, tag, (long long)tokens);
-    dsv4_gen_options o;
-    dsv4_gen_options_init(&o);
-    o.threads = threads;
-    if (!file_exists(wp)) {
-        double t0 = now();
-        fprintf(stderr, "bench_cuda: generating %s ...\n", wp);
-        if (dsv4_gen_weights(cfg, &o, wp, &e)) {
-            fprintf(stderr, "bench_cuda: %s\n", e.message);
-            return 1;
-        }
-        fprintf(stderr, "bench_cuda: generated in %.1f s\n", now() - t0);
-    }
-    o.seed = 2;
-    if (!file_exists(ip) && dsv4_gen_input(cfg, &o, tokens, ip, &e)) {
-        fprintf(stderr, "bench_cuda: %s\n", e.message);
-        return 1;
-    }
-    return 0;
 }
 
 static void print_ceilings(const ceilings *c)
@@ -605,7 +572,7 @@ int main(int argc, char **argv)
             return 1;
         }
         mc.layer = 1;
-        if (gen_layer(&mc, dir, "probe", 1, threads, wp, ip, sizeof wp))
+        if (bench_gen_files(&mc, dir, "cuda", "probe", 1, threads, "bench_cuda", wp, ip, sizeof wp))
             return 1;
         dsv4_checkpoint *ck = NULL;
         dsv4_topology topo;
@@ -655,7 +622,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_cuda: --gemm: %s\n", e.message);
         return 2;
     }
-    if (gen_layer(&cfg, dir, preset, tmax, threads, wp, ip, sizeof wp))
+    if (bench_gen_files(&cfg, dir, "cuda", preset, tmax, threads, "bench_cuda", wp, ip, sizeof wp))
         return 1;
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;

@@ -1,5 +1,5 @@
 /*
- * Helpers shared by the benchmark programs (bench_cpu, bench_cuda); not part of the library.
+ * Helpers shared by the benchmark programs (bench_cpu, bench_cuda, tile_fill); not part of the library.
  */
 #ifndef DSV4MOE_BENCH_UTIL_H
 #define DSV4MOE_BENCH_UTIL_H
@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include "dsv4moe/gen.h"
 #include "dsv4moe/weights.h"
 
 /* Bytes one weight matrix occupies in the checkpoint: its rows plus its scales (fp4: one ue8m0
@@ -44,6 +47,46 @@ static inline const char *bench_cuda_kernels_env(char *buf, size_t n)
         len += (size_t)w;
     }
     return buf;
+}
+
+static inline int bench_file_exists(const char *p)
+{
+    struct stat s;
+    return stat(p, &s) == 0;
+}
+
+/* A benchmark's generated files under dir, made once and reused: the layer cfg->layer of the
+   config (seed 1) at wp = dir/PREFIX_TAG_lLAYER.safetensors and `tokens` rows of input (seed 2) at
+   ip = dir/PREFIX_TAG_inTOKENS.safetensors (n bytes each). The same names and seeds are the same
+   files: tile_fill reads bench_cuda's ("cuda", "v4-flash"). 0, or 1 with the error on stderr after
+   prog. */
+static inline int bench_gen_files(const dsv4_config *cfg, const char *dir, const char *prefix, const char *tag,
+                                  int64_t tokens, int threads, const char *prog, char *wp, char *ip, size_t n)
+{
+    dsv4_error e;
+    snprintf(wp, n, "%s/%s_%s_l%lld.safetensors", dir, prefix, tag, (long long)cfg->layer);
+    snprintf(ip, n, "%s/%s_%s_in%lld.safetensors", dir, prefix, tag, (long long)tokens);
+    dsv4_gen_options o;
+    dsv4_gen_options_init(&o);
+    o.threads = threads;
+    if (!bench_file_exists(wp)) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        fprintf(stderr, "%s: generating %s (once) ...\n", prog, wp);
+        if (dsv4_gen_weights(cfg, &o, wp, &e)) {
+            fprintf(stderr, "%s: %s\n", prog, e.message);
+            return 1;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        fprintf(stderr, "%s: generated in %.1f s\n", prog,
+                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    }
+    o.seed = 2;
+    if (!bench_file_exists(ip) && dsv4_gen_input(cfg, &o, tokens, ip, &e)) {
+        fprintf(stderr, "%s: %s\n", prog, e.message);
+        return 1;
+    }
+    return 0;
 }
 
 #endif

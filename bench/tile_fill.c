@@ -22,19 +22,11 @@
 #include <string.h>
 
 #include "dsv4moe/config.h"
-#include "dsv4moe/gen.h"
 #include "dsv4moe/ref.h"
 #include "dsv4moe/safetensors.h"
+#include "bench/bench_util.h"
 
 #define MAX_T 16
-
-static int file_exists(const char *p)
-{
-    FILE *f = fopen(p, "rb");
-    if (f)
-        fclose(f);
-    return f != NULL;
-}
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -119,20 +111,8 @@ int main(int argc, char **argv)
     }
     cfg.layer = cfg.n_layers > 5 ? 5 : cfg.n_layers - 1; /* bench_cuda's layer */
     char wp[1024], ip[1024];
-    snprintf(wp, sizeof wp, "%s/cuda_v4-flash_l%lld.safetensors", dir, (long long)cfg.layer);
-    snprintf(ip, sizeof ip, "%s/cuda_v4-flash_in%lld.safetensors", dir, (long long)tmax);
-    dsv4_gen_options o;
-    dsv4_gen_options_init(&o);
-    o.threads = threads;
-    if (!file_exists(wp) && dsv4_gen_weights(&cfg, &o, wp, &e)) {
-        fprintf(stderr, "tile_fill: %s\n", e.message);
-        return 1;
-    }
-    o.seed = 2; /* bench_cuda's input */
-    if (!file_exists(ip) && dsv4_gen_input(&cfg, &o, tmax, ip, &e)) {
-        fprintf(stderr, "tile_fill: %s\n", e.message);
-        return 1;
-    }
+    if (bench_gen_files(&cfg, dir, "cuda", "v4-flash", tmax, threads, "tile_fill", wp, ip, sizeof wp))
+        return 1; /* bench_cuda's files */
     dsv4_checkpoint *ck = NULL;
     dsv4_st_file *in = NULL;
     dsv4_ref *ref = NULL;

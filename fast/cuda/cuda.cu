@@ -171,8 +171,7 @@ struct CudaBe {
     bool logits_loop = false; /* logits_loop=on: k_logits_small's tokens in a loop, not unrolled */
     bool weights_warp = false; /* weights=warp: k_router_count's weights on the selecting warp */
     bool group_warp = false; /* group=warp: k_router_count's grouping by one warp where it fits (count2_warp) */
-    bool logits_blas = false; /* logits=blas: the GEMM logits on cuBLASLt (lb), not k_tiles */
-    LogitsBlas *lb = nullptr;
+    LogitsBlas *lb = nullptr; /* logits=blas: the GEMM logits on cuBLASLt, not k_tiles (NULL: off) */
     bool gather_quant = false; /* gather=quant: x quantized after the grouping and gathered there (k_quant_x8) */
     bool router_warp = false;  /* router=warp: large chunks' router a warp a token (k_router_warp) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */

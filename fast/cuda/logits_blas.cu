@@ -109,7 +109,7 @@ cudaError_t logits_blas_create(LogitsBlas **out, int E, int H, int max_rows, cha
     const int probe[2] = {1, max_rows};
     for (int i = 0; i < 2 && s == CUBLAS_STATUS_SUCCESS; i++) {
         Call c;
-        step = "an algorithm", s = prepare(g, probe[i], c);
+        s = prepare(g, probe[i], c);
         if (s != CUBLAS_STATUS_SUCCESS) {
             snprintf(why, why_len, "cuBLASLt logits: no algorithm for [%d, %d] x [%d, %d] bf16 -> fp32 without workspace: %s",
                      probe[i], H, H, E, cublasLtGetStatusString(s));

@@ -20,6 +20,10 @@ int logit_slices(const CudaBe *b, int64_t tc)
     return s;
 }
 
+/* Whether a chunk of tc rows takes its router logits from a GEMM (k_tiles, or cuBLASLt with
+   logits=blas): route=split, or more rows than k_logits_small (which also quantizes x) takes. */
+bool gemm_logits(const CudaBe *b, int64_t tc) { return !b->route_fused || tc > DSV4C_LOGITS_SMALL; }
+
 /* Ints at the layout's fcnt: the folded combine's counts, one per 16 rows of o (H / 16), then,
    with params quant=fold, the folded quantization's, one per group (E routed, the shared last)
    and 128 features of h. */
@@ -472,7 +476,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     /* params gather=quant: x's codes and scales where the router and k_gather8 put them, in one
        pass; not launched where there is nothing to do (a chunk k_logits_small quantized for sure,
        T <= 32, without a group that can reach the GEMM: the decode steps) */
-    if (b->gather_quant && b->qx && (fp8 || !b->route_fused || L.tc > DSV4C_LOGITS_SMALL)) {
+    if (b->gather_quant && b->qx && (fp8 || gemm_logits(b, L.tc))) {
         QuantX8Args qx;
         qx.x = ra.x, qx.ntok = ra.ntok, qx.ids = ra.ids, qx.rowmap = ga.rowmap, qx.cnt = ga.cnt, qx.pad_off = ga.pad_off;
         qx.ok = b->fp8 ? b->ok8 : nullptr;
@@ -656,13 +660,13 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     ra.logits = at<float>(b, L.logits);
     ra.lslices = L.lslices;
     ra.lslice_stride = L.tc * E;
-    if ((!b->route_fused || L.tc > DSV4C_LOGITS_SMALL) && b->lb) {
+    if (gemm_logits(b, L.tc) && b->lb) {
         /* params logits=blas: the same GEMM on cuBLASLt, every row of the chunk in one slice */
         ra.lslices = 1;
         const cudaError_t ce = logits_blas_enqueue(b->lb, ra.x, b->gate16, at<float>(b, L.logits), (int)L.tc, s);
         if (ce != cudaSuccess)
             return ce;
-    } else if (!b->route_fused || L.tc > DSV4C_LOGITS_SMALL) {
+    } else if (gemm_logits(b, L.tc)) {
         /* logits = x . gate^T by the GEMM kernels (bf16 operands, fp32 out), then the router reads them */
         GemmArgs lgA;
         memset(&lgA, 0, sizeof lgA);

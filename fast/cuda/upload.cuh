@@ -347,7 +347,6 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->dec_slab = k.dec_slab;
     b->logits_tg = k.logits_tg;
     b->logits_loop = k.logits_loop;
-    b->logits_blas = k.logits_blas;
     b->gather_quant = k.gather_quant || k.router_warp; /* k_router_warp does not quantize x: k_quant_x8 does */
     b->router_warp = k.router_warp;
     b->weights_warp = k.weights_warp;
