@@ -737,7 +737,10 @@ int main(int argc, char **argv)
                    "kernels '%s' (created in %.1f s)\n",
                    preset, (long long)cfg.layer, graph ? "on" : "off", dsv4_backend_name(b),
                    dsv4_gemm_mode_name(dsv4_plan_gemm(plan)),
-                   bs.gemm_fp8 ? "large groups: CUTLASS grouped FP8 block-scaled GEMM, weight scales " : "exact kernels",
+                   bs.fp8_direct ? "routed tile groups: k_tile8 (fp8 wgmma from the fp4 weights); the shared expert: "
+                                   "CUTLASS grouped FP8 block-scaled GEMM, weight scales "
+                   : bs.gemm_fp8 ? "large groups: CUTLASS grouped FP8 block-scaled GEMM, weight scales "
+                                 : "exact kernels",
                    bs.gemm_fp8 ? (bs.fp8_scale_rows == 128 ? "128x128" : "1x128") : "",
                    (unsigned long long)bs.fp8_exact_experts, kernels && *kernels ? kernels : "default", now() - tc0);
         }

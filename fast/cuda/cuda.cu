@@ -54,6 +54,7 @@ extern "C" {
 #include "fast/cuda/swiglu_combine.cuh"
 #include "fast/cuda/tile.cuh"
 #include "fast/cuda/tileh.cuh"
+#include "fast/cuda/tile8.cuh"
 #include "fast/cuda/mma_group.cuh"
 #include "fast/cuda/route_small.cuh"
 #include "fast/cuda/dec.cuh"
@@ -190,6 +191,13 @@ struct CudaBe {
     int sfb_rows = 1;       /* rows per weight scale of the fp8 GEMM copies: 128 (blocks) or 1 */
     bool fp8_rows = false;  /* params fp8_scales=rows: 1 even where blocks convert */
     bool all_ok8 = true;
+    /* params direct=: the routed fp4 experts' tile groups on k_tile8 (tile8.cuh), where every
+       expert converts (all_ok8); the grouped FP8 GEMM then takes the shared expert alone, and
+       cut8 (device [E + 1]: 0 for the routed experts, ok8's byte for the shared one) says so to
+       the grouping, the gather, k_quant8 and the GEMM's arguments; else cut8 is ok8 */
+    int direct = 0;
+    bool direct_on = false;
+    uint8_t *cut8 = nullptr, *cut8mem = nullptr;
     Fp8Gemm *g8[2] = {};  /* gate/up, down */
     cudaEvent_t ev_fork = nullptr, ev_j2 = nullptr, ev_j3 = nullptr, ev_j4 = nullptr;
     int nsm = 132;
@@ -515,6 +523,7 @@ void cuda_free(void *p)
     for (int i = 0; i < 4; i++)
         cudaFree(b->w8mem[i]), cudaFree(b->s8mem[i]);
     cudaFree(b->ok8);
+    cudaFree(b->cut8mem);
     fp8gemm_free(b->g8[0]);
     fp8gemm_free(b->g8[1]);
     logits_blas_free(b->lb);
@@ -621,7 +630,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         (ce = cudaDeviceGetAttribute(&b->nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (ce = dec_attrs(kv.dec_minb == 2, kv.quant_fold, kv.shared_dec_one, kv.dec_ring)) != cudaSuccess ||
         (ce = tileh_attrs()) != cudaSuccess ||
-        (ce = tile_attrs()) != cudaSuccess) {
+        (ce = tile_attrs()) != cudaSuccess || (ce = tile8_attrs()) != cudaSuccess) {
         st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "device setup failed: %s", cudaGetErrorString(ce));
         goto fail;
     }
@@ -760,6 +769,28 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
             goto fail;
         b->fp8 = true;
         b->stats.gemm_fp8 = 1;
+        b->cut8 = b->ok8;
+        if (b->direct && b->all_ok8 && c->routed_format == DSV4_FORMAT_FP4) {
+            uint8_t *cut = (uint8_t *)calloc((size_t)ng, 1);
+            if (!cut) {
+                st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
+                goto fail;
+            }
+            cut[E] = c->n_shared_experts > 0;
+            ce = cudaMalloc((void **)&b->cut8mem, (size_t)ng);
+            if (ce == cudaSuccess)
+                ce = cudaMemcpy(b->cut8mem, cut, (size_t)ng, cudaMemcpyHostToDevice);
+            free(cut);
+            if (ce != cudaSuccess) {
+                st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "fp8 direct setup failed: %s", cudaGetErrorString(ce));
+                goto fail;
+            }
+            b->weight_bytes += (uint64_t)ng;
+            b->cut8 = b->cut8mem;
+            b->direct_on = true;
+            b->big_rows = tile8_big_rows(b->direct);
+            b->stats.fp8_direct = 1;
+        }
     }
     if (!b->fast) {
         for (int p = 0; p < 3; p++)

@@ -7,6 +7,7 @@
 #define DSV4MOE_FAST_CUDA_MMA_TILEH_CUH
 
 #include "fast/cuda/mma_parts.cuh"
+#include "fast/cuda/wg_tile.cuh"
 #include "fast/cuda/tileh.cuh"
 
 namespace dsv4cuda {
@@ -90,24 +91,10 @@ __device__ __forceinline__ void tileh_load(const FGrp &g, const uint16_t *A16, i
                                            uint8_t *stage, const long long *sRow)
 {
     typedef TileH<BN, ST> C;
-    constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
-    constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
     uint8_t *sW = stage, *sWS = stage + C::W_BYTES, *sB = sWS + C::WS_BYTES;
     float *sAS = (float *)(sB + C::B_BYTES);
     const int tid = threadIdx.x;
-    for (int i = tid; i < 8 * (CH / 16); i += 256) {
-        const int q = i / (CH / 16), off = (i - q * (CH / 16)) * 16;
-        cp_async16(sW + q * CH + off, g.w + ((size_t)(mt0 + q) * KB + kb) * CH + off, true);
-    }
-    if constexpr (FMT == WF_FP4) {
-        for (int i = tid; i < 8 * (SCH / 16); i += 256) {
-            const int q = i / (SCH / 16), off = (i - q * (SCH / 16)) * 16;
-            cp_async16(sWS + q * SCH + off, g.s + ((size_t)(mt0 + q) * KB + kb) * SCH + off, true);
-        }
-    } else {
-        for (int i = tid; i < 8; i += 256)
-            cp_async8(sWS + i * SCH, g.s + ((size_t)(mt0 + i) * KB + kb) * SCH);
-    }
+    wg_tile_load_w<FMT>(g, mt0, kb, KB, sW, sWS);
     /* q: 16-byte piece (8 f16) of a row's 128 values (step q / 2, kc q % 2). A warp takes 8 rows x 4
        consecutive pieces: 64 contiguous bytes per row from global memory, and each 8-thread phase of
        its shared-memory stores covers 8 rows of one core matrix, so no two of them share a bank. */
@@ -187,7 +174,6 @@ template <int BN, int FMT, int ST>
 __device__ __forceinline__ void tileh_promote(const uint8_t *stage, int tile, const float *d, float *acc)
 {
     typedef TileH<BN, ST> C;
-    const int tig = threadIdx.x & 3;
     const float *sAS = (const float *)(stage + C::W_BYTES + C::WS_BYTES + C::B_BYTES);
     float w0 = 1.0f, w1 = 1.0f;
     if constexpr (FMT == WF_FP8) {
@@ -195,14 +181,7 @@ __device__ __forceinline__ void tileh_promote(const uint8_t *stage, int tile, co
         w0 = fs[0];
         w1 = fs[1];
     }
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        const float x0 = sAS[8 * j + 2 * tig], x1 = sAS[8 * j + 2 * tig + 1];
-        acc[4 * j + 0] = fmaf(d[4 * j + 0], block_scale<FMT>(w0, x0), acc[4 * j + 0]);
-        acc[4 * j + 1] = fmaf(d[4 * j + 1], block_scale<FMT>(w0, x1), acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(d[4 * j + 2], block_scale<FMT>(w1, x0), acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(d[4 * j + 3], block_scale<FMT>(w1, x1), acc[4 * j + 3]);
-    }
+    wg_tile_promote<BN, FMT>(sAS, w0, w1, d, acc);
 }
 
 /*
@@ -292,18 +271,7 @@ __device__ __forceinline__ void tileh_run(const FastArgs &a, const FGrp &g, cons
         }
     }
     cp_async_wait<0>();
-    unsigned gc = 0, uc = 0;
-    const int mt = mt0 + tile;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        const int t0 = r0 + 8 * j + 2 * tig;
-        if (t0 < g.n)
-            fepi(a, g, mt, gid, t0, acc[4 * j + 0], acc[4 * j + 2], gc, uc);
-        if (t0 + 1 < g.n)
-            fepi(a, g, mt, gid, t0 + 1, acc[4 * j + 1], acc[4 * j + 3], gc, uc);
-    }
-    if (a.gu)
-        fepi_stats(a, g, gc, uc);
+    wg_tile_epilogue<BN>(a, g, r0, mt0 + tile, gid, tig, acc);
 }
 
 } // namespace dsv4cuda

@@ -353,21 +353,27 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
         m.meta_tiles = 1;
         const dim3 grid((unsigned)(fa.N / 128), (unsigned)L.cap_mid);
         const TileHVar &v = tileh_mid[b->mid_var];
-        if (b->tile16 && v.k)
+        if (b->direct_on)
+            launch_tile8(false, b->direct, grid, b->s2, m);
+        else if (b->tile16 && v.k)
             v.k<<<grid, 256, v.smem, b->s2>>>(m);
         else
             launch_tile(false, grid, b->s2, m);
     }
     if (cut && (e = fp8gemm_enqueue(g8, *p8, b->s3)) != cudaSuccess)
         return e;
-    if (big && !(p8 && b->all_ok8)) { /* gemm fp8: only experts whose weights did not convert have big tiles */
+    /* gemm fp8: only experts whose weights did not convert have big tiles, or with params direct=
+       every routed expert (k_tile8) */
+    if (big && (b->direct_on || !(p8 && b->all_ok8))) {
         FastArgs g = fa;
         g.meta_tiles = 3;
         g.tile_e += L.cap_mid;
         g.tile_r0 += L.cap_mid;
         const dim3 grid((unsigned)(fa.N / 128), (unsigned)L.cap_big);
         const TileHVar &v = tileh_big[b->big_var];
-        if (b->tile16)
+        if (b->direct_on)
+            launch_tile8(true, b->direct, grid, b->s3, g);
+        else if (b->tile16)
             v.k<<<grid, 256, v.smem, b->s3>>>(g);
         else
             launch_tile(true, grid, b->s3, g);
@@ -394,7 +400,7 @@ Group2Args group2_args(const CudaBe *b, const Layout &L, const RouterArgs &ra, c
     g2.has_shared = c->n_shared_experts > 0;
     g2.mid_rows = 32, g2.big_rows = b->big_rows;
     g2.place = L.slots <= 1024;
-    g2.cut_ok = b->fp8 ? b->ok8 : nullptr;
+    g2.cut_ok = b->fp8 ? b->cut8 : nullptr;
     g2.cut_rows = b->fp8_cut;
     /* large chunks: counted and placed by slices (k_hist, k_place2); k_place's block per expert
        where the slices' per-warp counts would not fit in shared memory */
@@ -467,7 +473,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         gu.qmode = (int)c->act_quant;
     Sel8 sel;
     sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.cnt = ga.cnt;
-    sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
+    sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->cut8;
     sel.sh_row0 = L.rows, sel.E = E, sel.slots = (int)L.slots, sel.has_shared = shared, sel.min_rows = b->fp8_cut;
     const unsigned rows_grid = (unsigned)(L.slots + (shared ? L.tc : 0));
     const int64_t ngh = H / 128;
@@ -479,7 +485,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     if (b->gather_quant && b->qx && (fp8 || gemm_logits(b, L.tc))) {
         QuantX8Args qx;
         qx.x = ra.x, qx.ntok = ra.ntok, qx.ids = ra.ids, qx.rowmap = ga.rowmap, qx.cnt = ga.cnt, qx.pad_off = ga.pad_off;
-        qx.ok = b->fp8 ? b->ok8 : nullptr;
+        qx.ok = b->fp8 ? b->cut8 : nullptr;
         qx.xq = at<uint8_t>(b, L.xq), qx.xs = at<float>(b, L.xs), qx.x16 = ra.x16;
         qx.xp = b->fp8 ? at<uint8_t>(b, L.xp) : nullptr, qx.xs8 = b->fp8 ? at<float>(b, L.xs8) : nullptr;
         qx.sh_row0 = L.rows, qx.H = H, qx.E = E, qx.K = K, qx.qmode = (int)c->act_quant;
@@ -494,7 +500,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         g8a.xp = at<uint8_t>(b, L.xp), g8a.xs8 = at<float>(b, L.xs8), g8a.H = H;
         if (!b->gather_quant)
             launch_pdl(b, k_gather8, dim3(rows_grid), 128, 0, s, g8a);
-        p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->ok8;
+        p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->cut8;
         p8.E = E, p8.min_rows = b->fp8_cut, p8.has_shared = shared, p8.sh_row0 = L.rows;
         p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
         p8.A = g8a.xp, p8.Ash = g8a.xq, p8.SFA = g8a.xs8, p8.SFAsh = g8a.xs8 + L.rows * ngh;

@@ -242,9 +242,10 @@ struct Kernels {
     bool logits_blas = false;      /* logits=blas: the GEMM logits of large chunks on cuBLASLt (logits_blas.cuh), not k_tiles */
     bool gather_quant = false;     /* gather=quant: x quantized and gathered in one pass (quant_x8.cuh), not by the router and k_gather8 */
     bool router_warp = false;      /* router=warp: large chunks routed a warp a token (router_warp.cuh); implies gather=quant */
+    int direct = TILE8_OFF;        /* direct=b128|b64: gemm fp8's routed fp4 tile groups on k_tile8 (tile8.cuh) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring, logits_loop, weights, logits, gather, router"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring, logits_loop, weights, logits, gather, router, direct"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -291,6 +292,9 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("copy") || val("quant"), k->gather_quant = val("quant");
         else if (is("router"))
             ok = val("block") || val("warp"), k->router_warp = val("warp");
+        else if (is("direct"))
+            ok = val("off") || val("b128") || val("b64"),
+            k->direct = val("b128") ? TILE8_B128 : val("b64") ? TILE8_B64 : TILE8_OFF;
         else if (is("dec_ring"))
             ok = val("std") || val("deep") || val("bulk") || val("bulk_ef"),
             k->dec_ring = val("deep") ? RING_DEEP : val("bulk") ? RING_BULK : val("bulk_ef") ? RING_BULK_EF : RING_STD;
@@ -313,11 +317,11 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         } else
             return dsv4_param_unknown_key(&it, "cuda", KERNEL_KEYS, err);
         if (!ok) {
-            char allowed[512];
+            char allowed[640];
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp, direct off|b128|b64",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -351,6 +355,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->router_warp = k.router_warp;
     b->weights_warp = k.weights_warp;
     b->group_warp = k.group_warp;
+    b->direct = k.direct;
     b->big_rows = b->tile16 ? tileh_big[b->big_var].bn : 128;
 }
 

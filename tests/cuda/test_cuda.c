@@ -46,6 +46,8 @@
 #include "tests/cuda/group_warp_hw.h"
 #include "tests/cuda/logits_hw.h"
 #include "tests/cuda/quant_x8_hw.h"
+#include "tests/cuda/tile8_hw.h"
+#include "fast/cuda/fragment.h"
 #include "fast/cuda/repack.h"
 #include "core/bits.h"
 #include "core/route.h"
@@ -374,6 +376,83 @@ static void variant_cases(const char *what, const char *kernels, const var_case 
     for (size_t i = 0; i < n; i++)
         variants_identical(what, cs[i].preset, cs[i].layer, cs[i].T, cs[i].experts, cs[i].fp8, &v, 1, close);
 }
+
+/* params direct=b128|b64 (k_tile8, tile8.cuh): the routed fp4 experts' tile groups on fp8 wgmma
+   from the fp4 weights, against the reference with the gemm fp8 mode's bounds (SPEC.md section 9):
+   large groups (mini and v4-flash T 1100: 128- and 64-token tiles), mid-size ones (T 77 and 100:
+   32-token tiles, the shared expert's among them at T <= 32 rows), the hash layer, top-p, no clamp,
+   the weight after w2, a chunked run and a graph replay. */
+#define CASE_DIRECT(fn, var, ...)                                                                           \
+    START_TEST(fn)                                                                                          \
+    {                                                                                                       \
+        bo_case k = {__VA_ARGS__};                                                                         \
+        setenv("DSV4MOE_CUDA_KERNELS", "direct=" var, 1);                                                   \
+        check_case(&k);                                                                                     \
+        unsetenv("DSV4MOE_CUDA_KERNELS");                                                                   \
+    }                                                                                                       \
+    END_TEST
+
+CASE_DIRECT(direct_mini_t1100, "b128", "direct mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0, 1)
+CASE_DIRECT(direct_b64_t1100, "b64", "direct b64 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0, 1)
+CASE_DIRECT(direct_mini_t77, "b128", "direct mini T=77", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0, 1)
+CASE_DIRECT(direct_flash_t100, "b128", "direct flash e32 T=100", "v4-flash", 5, 100, 0, -1, -1, -1, 0, 0, 32, 1)
+CASE_DIRECT(direct_flash_t1100, "b64", "direct flash e32 T=1100", "v4-flash", 5, 1100, 0, -1, -1, -1, 0, 0, 32, 1)
+CASE_DIRECT(direct_hash_t1100, "b128", "direct mini hash T=1100", "mini", 0, 1100, 0, -1, -1, -1, 0, 0, 0, 1)
+CASE_DIRECT(direct_topp_t1100, "b128", "direct mini-topp T=1100", "mini-topp", 1, 1100, 0, -1, -1, -1, 0, 0, 0, 1)
+CASE_DIRECT(direct_noclamp, "b128", "direct mini no clamp", "mini", 1, 1100, 0, 0.0f, -1, -1, 0, 0, 0, 1)
+CASE_DIRECT(direct_after, "b128", "direct after_w2 noshclamp", "mini", 1, 1100, 0, -1, 0, 1, 0, 0, 0, 1)
+CASE_DIRECT(direct_chunked, "b128", "direct chunk 1024 T=3000", "mini", 1, 3000, 1024, -1, -1, -1, 0, 0, 0, 1)
+CASE_DIRECT(direct_graph_t128, "b128", "direct graph mini T=128", "mini", 1, 128, 0, -1, -1, -1, 0, 1, 0, 1)
+
+/* params direct= against the default (the grouped FP8 GEMM on the e4m3 copies, k_quant8's SwiGLU):
+   the same codes and scales, each block's partial on the same fp8 wgmma, so close (at most 1 % of
+   the outputs differ, DeepGEMM diff below 1e-4, the same routing) where every routed group is
+   large; on fp4 layers stats.fp8_direct says it ran, and two runs agree bit for bit. mini-fp8 (fp8
+   routed experts) does not take it: fp8_direct 0 and the default's outputs. */
+START_TEST(direct_close)
+{
+    if (!have_gpu())
+        return;
+    static const var_case cs[] = {{"v4-flash", 5, 1100, 32, 1}, {"v4-flash", 0, 1100, 32, 1}, {"mini", 1, 1100, 0, 1},
+                                  {"mini-fp8", 1, 1100, 0, 1}};
+    static const char *vals[] = {"direct=b128", "direct=b64"};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const int fp4 = strcmp(cs[i].preset, "mini-fp8") != 0;
+        bo_case k = {"direct", cs[i].preset, cs[i].layer, cs[i].T, 0, -1, -1, -1, 0, 0, cs[i].experts, cs[i].fp8};
+        bo_in ci;
+        bo_in_open(&k, &ci);
+        const int64_t n = cs[i].T * ci.c.dim;
+        bo_out d;
+        run_env(&ci, &d, NULL, NULL);
+        ck_assert_int_eq((int)d.stats.fp8_direct, 0);
+        for (size_t v = 0; v < 2; v++) {
+            bo_out o, o2;
+            run_env(&ci, &o, "DSV4MOE_CUDA_KERNELS", vals[v]);
+            run_env(&ci, &o2, "DSV4MOE_CUDA_KERNELS", vals[v]);
+            int64_t nd = 0;
+            for (int64_t j = 0; j < n; j++)
+                nd += o.y[j] != d.y[j];
+            dsv4_compare_metrics m;
+            ck_assert(dsv4_compare_bf16(o.y, d.y, n, &m));
+            printf("cuda_suite %s %-9s T %4lld: fp8_direct %llu, %lld of %lld outputs differ from the default, diff %g\n",
+                   vals[v], cs[i].preset, (long long)cs[i].T, (unsigned long long)o.stats.fp8_direct, (long long)nd,
+                   (long long)n, m.deepgemm_diff);
+            ck_assert_int_eq((int)o.stats.fp8_direct, fp4);
+            ck_assert_msg(memcmp(o.y, o2.y, (size_t)n * 2) == 0, "%s on %s: two runs differ", vals[v], cs[i].preset);
+            ck_assert(memcmp(o.ids, d.ids, (size_t)(cs[i].T * ci.c.n_activated) * 4) == 0);
+            if (fp4)
+                ck_assert_msg(m.finite_ok && m.deepgemm_diff < 1e-4 && nd * 100 <= n, "%s on %s: %lld differ, diff %g",
+                              vals[v], cs[i].preset, (long long)nd, m.deepgemm_diff);
+            else
+                ck_assert_msg(nd == 0, "%s on %s (fp8 experts): %lld outputs differ", vals[v], cs[i].preset, (long long)nd);
+            bo_free(&o);
+            bo_free(&o2);
+        }
+        bo_free(&d);
+        bo_in_close(&ci);
+    }
+}
+END_TEST
 
 START_TEST(route_fused_close)
 {
@@ -1266,6 +1345,97 @@ START_TEST(quant_x8_kernel)
 }
 END_TEST
 
+/* k_tile8's weight conversion (params direct=, fast/cuda/mma_tile8.cuh) against the host's
+   formats: each lane's e4m3 code of element i of k32 step c is the code of e2m1 v 2^(sc - max s + 6)
+   (the 1x128 conversion of dsv4_fp4_to_e4m3_blocks, include/dsv4moe/formats.h: fragment.h's byte
+   is the code of v 2^-6), its rows' scales 2^(max s - 133); random bytes (each is two nibbles) and
+   scale rows of every spread 0 .. DSV4_FP4_TO_FP8_SPREAD, at both ends of the scale range (0 and
+   DSV4_FN_FP4_SCALE_MAX). fp8 chunks: the stored codes in wgmma's register order, the stored block
+   scales. */
+START_TEST(tile8_conversion)
+{
+    if (!have_gpu())
+        return;
+    enum { N = 60 };
+    uint8_t *ch = malloc((size_t)N * DSV4_FN_FP8_CHUNK), *sc = malloc((size_t)N * DSV4_FN_FP4_SCHUNK);
+    uint32_t *af = malloc((size_t)N * 32 * 16 * 4);
+    float *w = malloc((size_t)N * 32 * 2 * 4);
+    ck_assert(ch && sc && af && w);
+    uint64_t r = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < (size_t)N * DSV4_FN_FP8_CHUNK; i++)
+        ch[i] = (uint8_t)rs_rand(&r);
+    for (int n = 0; n < N; n++)
+        for (int row = 0; row < 16; row++) { /* row = 2 gid + h: the scale chunk's [gid][h][c] */
+            const int spread = (n * 16 + row) % (DSV4_FP4_TO_FP8_SPREAD + 1);
+            const int top = n % 3 == 0 ? DSV4_FN_FP4_SCALE_MAX : n % 3 == 1 ? spread : spread + (int)(rs_rand(&r) % 200);
+            uint8_t *s4 = sc + n * DSV4_FN_FP4_SCHUNK + row * 4;
+            for (int c = 0; c < 4; c++)
+                s4[c] = (uint8_t)(dsv4_fn_fp4_scale_store((uint32_t)(top - (int)(rs_rand(&r) % (spread + 1)))));
+            s4[rs_rand(&r) % 4] = (uint8_t)dsv4_fn_fp4_scale_store((uint32_t)top);
+            s4[(n + row) % 4] = (uint8_t)dsv4_fn_fp4_scale_store((uint32_t)(top - spread));
+        }
+    ck_assert_int_eq(dsv4_test_tile8_frags(1, N, ch, sc, af, w), 0);
+    int64_t bad = 0, bad_w = 0, checked = 0;
+    for (int n = 0; n < N; n++)
+        for (int lane = 0; lane < 32; lane++) {
+            const int gid = lane >> 2;
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *s4 = sc + n * DSV4_FN_FP4_SCHUNK + gid * 8 + h * 4;
+                int m = 0;
+                for (int c = 0; c < 4; c++)
+                    m = s4[c] > m ? s4[c] : m;
+                bad_w += w[((size_t)n * 32 + lane) * 2 + h] != ldexpf(1.0f, m - 139);
+                for (int c = 0; c < 4; c++) {
+                    uint32_t x;
+                    memcpy(&x, ch + (size_t)n * DSV4_FN_FP4_CHUNK + h * 512 + lane * 16 + c * 4, 4);
+                    for (int run = 0; run < 2; run++) {
+                        const uint32_t codes = run ? dsv4_fn_hi(x) : dsv4_fn_lo(x);
+                        const uint32_t got = af[((size_t)n * 32 + lane) * 16 + 4 * c + 2 * run + h];
+                        for (int i = 0; i < 4; i++) {
+                            const float v = ldexpf(dsv4_e4m3_to_f32((uint8_t)(codes >> (8 * i))), s4[c] - m + 12);
+                            const uint8_t want = dsv4_f32_to_e4m3(v), have = (uint8_t)(got >> (8 * i));
+                            bad += want != have;
+                            checked++;
+                            /* exact: the code's value is v itself */
+                            bad += dsv4_e4m3_to_f32(have) != v;
+                        }
+                    }
+                }
+            }
+        }
+    printf("cuda_suite k_tile8 conversion: %lld fp4 codes, %lld wrong, %lld row scales wrong\n", (long long)checked,
+           (long long)bad, (long long)bad_w);
+    ck_assert_int_eq(bad, 0);
+    ck_assert_int_eq(bad_w, 0);
+    /* fp8: planes [2 h + c / 2][lane][step c's 8 bytes (run A, run B), step c + 1's], scales [h] fp32 */
+    for (int n = 0; n < N; n++) {
+        float *fs = (float *)(void *)(sc + n * DSV4_FN_FP8_SCHUNK);
+        fs[0] = ldexpf(1.0f, n - 30), fs[1] = ldexpf(1.5f, 7 - n);
+    }
+    float *sc8 = malloc((size_t)N * DSV4_FN_FP8_SCHUNK);
+    ck_assert(sc8);
+    for (int n = 0; n < N; n++)
+        memcpy((uint8_t *)sc8 + n * DSV4_FN_FP8_SCHUNK, sc + n * DSV4_FN_FP8_SCHUNK, DSV4_FN_FP8_SCHUNK);
+    ck_assert_int_eq(dsv4_test_tile8_frags(0, N, ch, (const uint8_t *)sc8, af, w), 0);
+    bad = 0;
+    for (int n = 0; n < N; n++)
+        for (int lane = 0; lane < 32; lane++)
+            for (int c = 0; c < 4; c++)
+                for (int reg = 0; reg < 4; reg++) {
+                    const int h = reg & 1, run = reg >> 1;
+                    uint32_t want;
+                    memcpy(&want, ch + (size_t)n * DSV4_FN_FP8_CHUNK + (2 * h + c / 2) * 512 + lane * 16 + (c & 1) * 8 + run * 4, 4);
+                    bad += af[((size_t)n * 32 + lane) * 16 + 4 * c + reg] != want;
+                }
+    for (int n = 0; n < N; n++)
+        for (int lane = 0; lane < 32; lane++)
+            for (int h = 0; h < 2; h++)
+                bad += memcmp(&w[((size_t)n * 32 + lane) * 2 + h], (uint8_t *)sc8 + n * DSV4_FN_FP8_SCHUNK + h * 4, 4) != 0;
+    ck_assert_int_eq(bad, 0);
+    free(ch), free(sc), free(sc8), free(af), free(w);
+}
+END_TEST
+
 /* k_route_small alone (params route=one's kernel) on small shapes: logits of exact sums bit for bit,
    the reference's selection and weights (dsv4_route_select on scores from the same formulas), its
    kept counts, and k_count2's counts, offsets, active list, tile lists and placement of its own
@@ -2099,10 +2269,23 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, logits_small_kernel);
     tcase_add_test(sm, logits_blas_call);
     tcase_add_test(sm, quant_x8_kernel);
+    tcase_add_test(sm, tile8_conversion);
     suite_add_tcase(s, sm);
     TCase *f8 = tcase_create("fp8");
     tcase_set_timeout(f8, 600);
     tcase_add_test(f8, fp8_mini_t1100);
+    tcase_add_test(f8, direct_mini_t1100);
+    tcase_add_test(f8, direct_b64_t1100);
+    tcase_add_test(f8, direct_mini_t77);
+    tcase_add_test(f8, direct_flash_t100);
+    tcase_add_test(f8, direct_flash_t1100);
+    tcase_add_test(f8, direct_hash_t1100);
+    tcase_add_test(f8, direct_topp_t1100);
+    tcase_add_test(f8, direct_noclamp);
+    tcase_add_test(f8, direct_after);
+    tcase_add_test(f8, direct_chunked);
+    tcase_add_test(f8, direct_graph_t128);
+    tcase_add_test(f8, direct_close);
     tcase_add_test(f8, fp8_hash_t1100);
     tcase_add_test(f8, fp8_fp8_t1100);
     tcase_add_test(f8, fp8_topp_t1100);
