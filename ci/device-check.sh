@@ -500,20 +500,21 @@ if profile prefill && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
         --dir $WORK/bench --threads $JOBS"
 fi
 # DSV4_DEVCHECK_PROFILE=direct: the routed fp4 experts' tile groups on k_tile8 (params direct=b128,
-# b64: fp8 wgmma from the fp4 weights, the SwiGLU in its epilogue) against the default's grouped
+# b64, q64: fp8 wgmma from the fp4 weights, the SwiGLU in its epilogue, with q64 the quantization of
+# h too) against the default's grouped
 # FP8 GEMM on the e4m3 copies: the whole layer at T 1024, 4096 and 16384 (bench_cuda --quick, fp8
 # mode; DSV4_DEVCHECK_PASSES alternating passes, default 1), then every kernel's time at T = 4096
-# with direct=b128 (Nsight Compute).
+# with direct=q64 (Nsight Compute).
 if profile direct && [ -x "$BENCH" ]; then
     BV_CAP=120
     for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-1}"); do
-        bench_variants direct 1024,4096,16384 "$p" default direct=b128 direct=b64
+        bench_variants direct 1024,4096,16384 "$p" default direct=b128 direct=b64 direct=q64
     done
     BV_CAP=
     if [ -x "$NCU" ]; then
         step "profile-direct-t4096" 200 "$NCU --clock-control none --launch-skip 40 --launch-count 40 \
             --metrics gpu__time_duration.sum --print-summary per-kernel $BENCH --gemm fp8 \
-            --cuda-kernels direct=b128 --tokens 4096 --quick --json $WORK/bench/direct_4096.json \
+            --cuda-kernels direct=q64 --tokens 4096 --quick --json $WORK/bench/direct_4096.json \
             --dir $WORK/bench --threads $JOBS"
     fi
 fi

@@ -723,8 +723,14 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
             goto fail;
     }
     if (b->fast && dsv4_plan_gemm(plan) == DSV4_GEMM_FP8) {
-        /* gemm fp8: row-major e4m3 copies of every projection for the grouped FP8 GEMM */
+        /* gemm fp8: row-major e4m3 copies of every projection for the grouped FP8 GEMM; with params
+           direct= on a layer whose routed experts all convert (k_tile8 reads their fp4 weights),
+           of the shared expert's only */
         const int64_t ng = E + 1;
+        bool direct = false;
+        if (b->direct && c->routed_format == DSV4_FORMAT_FP4 &&
+            (st = routed_convert_rows(b, ck, threads < 1 ? 1 : threads, &direct, err)))
+            goto fail;
         uint8_t *ok = (uint8_t *)malloc((size_t)ng);
         if (!ok) {
             st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
@@ -738,7 +744,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
             int64_t lost = 0;
             memset(ok, 1, (size_t)ng);
             ok[E] = c->n_shared_experts > 0;
-            for (int slot = 0; slot < 4 && !st; slot++)
+            for (int slot = direct ? 2 : 0; slot < 4 && !st; slot++)
                 if (slot < 2 || c->n_shared_experts > 0)
                     st = upload_fp8(b, ck, slot >= 2, slot % 2 == 0, threads < 1 ? 1 : threads, slot,
                                     slot >= 2 ? ok + E : ok, &lost, err);
@@ -764,19 +770,20 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
                     (ce = fp8gemm_create(&b->g8[0], (int)ng, b->sfb_rows, &gb[0])) != cudaSuccess ||
                     (ce = fp8gemm_create(&b->g8[1], (int)ng, b->sfb_rows, &gb[1])) != cudaSuccess))
             st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "fp8 GEMM setup failed: %s", cudaGetErrorString(ce));
+        const uint8_t sh_ok = ok[E];
         free(ok);
         if (st)
             goto fail;
         b->fp8 = true;
         b->stats.gemm_fp8 = 1;
         b->cut8 = b->ok8;
-        if (b->direct && b->all_ok8 && c->routed_format == DSV4_FORMAT_FP4) {
+        if (direct) {
             uint8_t *cut = (uint8_t *)calloc((size_t)ng, 1);
             if (!cut) {
                 st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
                 goto fail;
             }
-            cut[E] = c->n_shared_experts > 0;
+            cut[E] = sh_ok; /* the routed experts' groups all on k_tile8 (their e4m3 copies not made) */
             ce = cudaMalloc((void **)&b->cut8mem, (size_t)ng);
             if (ce == cudaSuccess)
                 ce = cudaMemcpy(b->cut8mem, cut, (size_t)ng, cudaMemcpyHostToDevice);

@@ -139,6 +139,9 @@ __device__ __forceinline__ void flush_clamp_counts(const unsigned long long cnt[
 constexpr unsigned K8_GRID = 2048;
 constexpr int K8_WARPS = 8, K8_BATCH = 4;
 
+/* SKIP (params direct=q64): rows of routed groups of more than FM_MID_MAX rows are left alone:
+   k_tile8's gate/up quantized them in its epilogue. */
+template <bool SKIP = false>
 __global__ void __launch_bounds__(K8_WARPS * 32) k_quant8(Quant8Args a, int nrows)
 {
     pdl_enter();
@@ -149,6 +152,10 @@ __global__ void __launch_bounds__(K8_WARPS * 32) k_quant8(Quant8Args a, int nrow
         Row8 r;
         if (!row8(a.sel, b, r))
             continue;
+        if constexpr (SKIP) {
+            if (!r.m && r.slot >= 0 && a.sel.cnt[a.sel.slot_e[r.slot]] > FM_MID_MAX)
+                continue;
+        }
         const bool shared = r.slot < 0;
         const bool clamp = (shared ? a.clamp_s : a.clamp_r) && a.L > 0.0f;
         const float w = !shared && a.before ? a.slot_w[r.slot] : 1.0f;

@@ -158,48 +158,51 @@ __device__ __forceinline__ void tile8_frags(const uint8_t *chunk, const uint8_t 
  * fp8's), their scales, the BN activation rows' e4m3 codes as K-major core matrices per k32 step
  * ([step][kc][token group][8][16 B]) and the activation scales.
  */
-template <int BN_, int ST_> struct Tile8 {
+template <int BN_, int ST_, int MT_ = 8> struct Tile8 {
     enum {
         BN = BN_,
-        W_BYTES = 8 * DSV4_FN_FP8_CHUNK,
-        WS_BYTES = 8 * DSV4_FN_FP4_SCHUNK,
+        MT = MT_,           /* 16-row tiles a block: 8 (128 rows, two warpgroups) or 16 (256, four) */
+        THREADS = 32 * MT_, /* a warp a tile */
+        W_BYTES = MT * DSV4_FN_FP8_CHUNK,
+        WS_BYTES = MT * DSV4_FN_FP4_SCHUNK,
         B_STEP = BN * 32,
         B_BYTES = 4 * B_STEP,
         AS_BYTES = BN * 4,
         STAGE = W_BYTES + WS_BYTES + B_BYTES + AS_BYTES,
         STAGES = ST_,
-        SMEM = STAGES * STAGE + BN * 8
+        RED = MT * BN * 4, /* the fused quantization's per-warp maxima (k_tile8q) */
+        SMEM = STAGES * STAGE + BN * 8 + RED
     };
 };
 
-template <int BN, int ST, int FMT>
+template <int BN, int ST, int MT, int FMT>
 __device__ __forceinline__ void tile8_load(const FGrp &g, int mt0, int kb, int KB, int K, uint8_t *stage,
                                            const long long *sRow)
 {
-    typedef Tile8<BN, ST> C;
+    typedef Tile8<BN, ST, MT> C;
     uint8_t *sW = stage, *sWS = stage + C::W_BYTES, *sB = sWS + C::WS_BYTES;
     float *sAS = (float *)(sB + C::B_BYTES);
     const int tid = threadIdx.x;
-    wg_tile_load_w<FMT>(g, mt0, kb, KB, sW, sWS);
+    wg_tile_load_w<FMT, MT, C::THREADS>(g, mt0, kb, KB, sW, sWS);
     /* piece q (16 codes) of row r: step q / 2, core matrix kc = q % 2; 8 consecutive threads take
        one row's 128 bytes */
-    for (int i = tid; i < BN * 8; i += 256) {
+    for (int i = tid; i < BN * 8; i += C::THREADS) {
         const int r = i >> 3, q = i & 7;
         const long long ar = sRow[r];
         uint8_t *dst = sB + (q >> 1) * C::B_STEP + (q & 1) * (BN * 16) + (r >> 3) * 128 + (r & 7) * 16;
         cp_async16(dst, ar >= 0 ? (const void *)(g.A + ar * K + kb * 128 + q * 16) : (const void *)g.A, ar >= 0);
     }
-    for (int r = tid; r < BN; r += 256) {
+    for (int r = tid; r < BN; r += C::THREADS) {
         const long long ar = sRow[r];
         cp_async4(sAS + r, ar >= 0 ? g.As + ar * KB + kb : g.As, ar >= 0);
     }
 }
 
 /* Issues (and commits, without waiting) this warpgroup's four wgmmas of one K block into d. */
-template <int BN, int ST>
+template <int BN, int ST, int MT>
 __device__ __forceinline__ void tile8_mma(const uint8_t *stage, uint32_t af[4][4], float *d)
 {
-    typedef Tile8<BN, ST> C;
+    typedef Tile8<BN, ST, MT> C;
     const uint64_t bd0 = wg_desc(stage + C::W_BYTES + C::WS_BYTES, BN * 16, 128);
 #pragma unroll
     for (int i = 0; i < BN / 2; i++)
@@ -212,18 +215,18 @@ __device__ __forceinline__ void tile8_mma(const uint8_t *stage, uint32_t af[4][4
 }
 
 /* The block's partial d into the fp32 accumulators: times (row's weight scale x token's scale). */
-template <int BN, int ST>
+template <int BN, int ST, int MT>
 __device__ __forceinline__ void tile8_promote(const uint8_t *stage, float w0, float w1, const float *d, float *acc)
 {
-    typedef Tile8<BN, ST> C;
+    typedef Tile8<BN, ST, MT> C;
     wg_tile_promote<BN, WF_FP8>((const float *)(stage + C::W_BYTES + C::WS_BYTES + C::B_BYTES), w0, w1, d, acc);
 }
 
 /* A stage's fragments of this warp's tile. */
-template <int BN, int ST, int FMT>
+template <int BN, int ST, int MT, int FMT>
 __device__ __forceinline__ void tile8_decode(const uint8_t *stage, int tile, uint32_t af[4][4], float &w0, float &w1)
 {
-    typedef Tile8<BN, ST> C;
+    typedef Tile8<BN, ST, MT> C;
     constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
     constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
     tile8_frags<FMT>(stage + tile * CH, stage + C::W_BYTES + tile * SCH, threadIdx.x & 31, af, w0, w1);
@@ -235,45 +238,122 @@ __device__ __forceinline__ void tile8_decode(const uint8_t *stage, int tile, uin
  * stage kb + 1 and the conversion of its fragments into nxt / nw; then the block's partial is
  * scaled into acc. Two barriers: stage kb + 1 complete for everyone, and stage kb free again.
  */
-template <int BN, int ST, int FMT>
+template <int BN, int ST, int MT, int FMT>
 __device__ __forceinline__ void tile8_step(const FGrp &g, int kb, int KB, int K, int mt0, uint8_t *smem,
                                            const long long *sRow, int tile, uint32_t cur[4][4], const float cw[2],
                                            uint32_t nxt[4][4], float nw[2], float *acc)
 {
-    typedef Tile8<BN, ST> C;
+    typedef Tile8<BN, ST, MT> C;
     const int kn = kb + C::STAGES - 1;
     if (kn < KB)
-        tile8_load<BN, ST, FMT>(g, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
+        tile8_load<BN, ST, MT, FMT>(g, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
     cp_async_commit();
     const uint8_t *stage = smem + (kb % C::STAGES) * C::STAGE;
     float d[BN / 2];
-    tile8_mma<BN, ST>(stage, cur, d);
+    tile8_mma<BN, ST, MT>(stage, cur, d);
     if (kb + 1 < KB) {
         cp_async_wait<C::STAGES - 2>();
         fence_async_smem();
         __syncthreads();
-        tile8_decode<BN, ST, FMT>(smem + ((kb + 1) % C::STAGES) * C::STAGE, tile, nxt, nw[0], nw[1]);
+        tile8_decode<BN, ST, MT, FMT>(smem + ((kb + 1) % C::STAGES) * C::STAGE, tile, nxt, nw[0], nw[1]);
     }
     wg_wait<0>();
-    tile8_promote<BN, ST>(stage, cw[0], cw[1], d, acc);
+    tile8_promote<BN, ST, MT>(stage, cw[0], cw[1], d, acc);
     __syncthreads();
 }
 
 /*
- * The K loop and the epilogue of k_tile8. PIPE: the next K block's fragments are converted while
- * this block's wgmmas run (two barriers per K block, two fragment sets live); otherwise convert,
- * wgmma and wait follow each other with one barrier per K block. Epilogue: fepi (mma_parts.cuh),
- * as every tile kernel's.
+ * The fused quantization's epilogue (k_tile8q, gate/up of a block of 16 tiles: 128 features, one
+ * 128-group of h): each thread's h (SPEC.md section 4 on bf16 g and u, the router weight before w2,
+ * rounded to bf16: the value k_quant8 would read) for its feature and tokens; the block's largest
+ * magnitude per token (NaN ignored, as quant_groupn) over its lanes, then its 16 warps through red;
+ * the scale and the e4m3 code by quant_groupn's arithmetic; codes to a.qf_q, the scale (one a token)
+ * to a.qf_s, rows as h's. The clamp counts as fepi's.
  */
-template <int BN, int ST, int FMT, bool PIPE>
+template <int BN>
+__device__ __forceinline__ void tile8_epi_quant(const FastArgs &a, const FGrp &g, int r0, int mt, int gid, int tig,
+                                                const float *acc, uint32_t *red)
+{
+    constexpr int NV = BN / 4; /* tokens a thread holds: two of each 8-token group */
+    const int I = a.N >> 1, ngi = I >> 7, f = mt * 8 + gid, gq = f >> 7, warp = threadIdx.x >> 5;
+    const bool sh = g.slot0 < 0;
+    const bool clamp = (sh ? a.clamp_s : a.clamp_r) && a.L > 0.0f;
+    unsigned gc = 0, uc = 0;
+    float hv[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int j = r0 + 8 * (i >> 1) + 2 * tig + (i & 1);
+        const float v0 = acc[4 * (i >> 1) + (i & 1)], v1 = acc[4 * (i >> 1) + 2 + (i & 1)];
+        float h = 0.0f;
+        uint32_t m = 0;
+        if (j < g.n) {
+            h = swiglu_h(rbf16(v0), rbf16(v1), clamp, a.L, gc, uc);
+            if (!sh && a.before)
+                h = __fmul_rn(h, a.slot_w[g.slot0 + j]);
+            h = rbf16(h);
+            m = __float_as_uint(h) & 0x7FFFFFFFu;
+            m = m > 0x7F800000u ? 0u : m;
+        }
+        hv[i] = h;
+        /* the 8 lanes of one tig hold this token's 8 features of the warp's tile */
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) {
+            const uint32_t w = __shfl_xor_sync(0xFFFFFFFFu, m, o);
+            m = w > m ? w : m;
+        }
+        if (gid == 0)
+            red[warp * BN + 8 * (i >> 1) + 2 * tig + (i & 1)] = m;
+    }
+    __syncthreads();
+    const long long base = sh ? a.qf_sh_row0 : 0;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int t = 8 * (i >> 1) + 2 * tig + (i & 1), j = r0 + t;
+        if (j >= g.n)
+            continue;
+        uint32_t mb = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+            mb = red[w * BN + t] > mb ? red[w * BN + t] : mb;
+        float amax = __uint_as_float(mb);
+        amax = amax < 1e-4f ? 1e-4f : amax;
+        float s, x;
+        if (a.qmode == 1) {
+            const uint32_t b = ue8m0_scale_448(amax);
+            s = dsv4_ue8m0_decode(b);
+            x = __fmul_rn(hv[i], dsv4_ue8m0_inverse(b));
+        } else {
+            s = __fdiv_rn(amax, 448.0f);
+            x = __fdiv_rn(hv[i], s);
+        }
+        uint32_t c = e4m3x2_encode(x, 0.0f) & 0xFFu;
+        if ((c & 0x7Fu) == 0x7Fu)
+            c = ((__float_as_uint(hv[i]) >> 24) & 0x80u) | 0x7Fu;
+        const long long row = base + g.orow0 + j;
+        a.qf_q[row * I + f] = (uint8_t)c;
+        if (warp == 0 && gid == 0)
+            a.qf_s[row * ngi + gq] = s;
+    }
+    if (a.gu)
+        fepi_stats(a, g, gc, uc);
+}
+
+/*
+ * The K loop and the epilogue of k_tile8 (MT 16-row tiles a block, a warp each): the next K block's
+ * fragments are converted while this block's wgmmas run, which the warpgroup then waits for and
+ * promotes (two barriers per K block, two fragment sets live; a second accumulator set promoted
+ * while the next block's wgmmas run makes ptxas serialize the wgmmas, C7514). Epilogue: fepi
+ * (mma_parts.cuh), as every tile kernel's, or with QF (gate/up, MT 16) the quantization of h fused
+ * (tile8_epi_quant).
+ */
+template <int BN, int ST, int MT, int FMT, bool QF>
 __device__ __forceinline__ void tile8_run(const FastArgs &a, const FGrp &g, int r0, uint8_t *smem, const long long *sRow)
 {
-    typedef Tile8<BN, ST> C;
+    typedef Tile8<BN, ST, MT> C;
     constexpr int ND = BN / 2;
     const int K = a.K, KB = K >> 7;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const int tile = warp; /* warpgroup wg = warp / 4 holds tiles 4 wg .. 4 wg + 3 */
-    const int mt0 = blockIdx.x * 8;
+    const int mt0 = blockIdx.x * MT;
     float acc[ND];
 #pragma unroll
     for (int i = 0; i < ND; i++)
@@ -281,42 +361,30 @@ __device__ __forceinline__ void tile8_run(const FastArgs &a, const FGrp &g, int 
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
         if (s < KB)
-            tile8_load<BN, ST, FMT>(g, mt0, s, KB, K, smem + s * C::STAGE, sRow);
+            tile8_load<BN, ST, MT, FMT>(g, mt0, s, KB, K, smem + s * C::STAGE, sRow);
         cp_async_commit();
     }
-    if constexpr (PIPE) {
+    {
         uint32_t a0[4][4], a1[4][4];
         float v0[2], v1[2];
         cp_async_wait<C::STAGES - 2>();
         fence_async_smem();
         __syncthreads();
-        tile8_decode<BN, ST, FMT>(smem, tile, a0, v0[0], v0[1]);
+        tile8_decode<BN, ST, MT, FMT>(smem, tile, a0, v0[0], v0[1]);
         for (int kb = 0; kb < KB; kb += 2) {
-            tile8_step<BN, ST, FMT>(g, kb, KB, K, mt0, smem, sRow, tile, a0, v0, a1, v1, acc);
+            tile8_step<BN, ST, MT, FMT>(g, kb, KB, K, mt0, smem, sRow, tile, a0, v0, a1, v1, acc);
             if (kb + 1 < KB)
-                tile8_step<BN, ST, FMT>(g, kb + 1, KB, K, mt0, smem, sRow, tile, a1, v1, a0, v0, acc);
-        }
-    } else {
-        for (int kb = 0; kb < KB; kb++) {
-            cp_async_wait<C::STAGES - 2>();
-            fence_async_smem();
-            __syncthreads(); /* stage kb landed for everyone; stage kb - 1 is no longer read */
-            const int kn = kb + C::STAGES - 1;
-            if (kn < KB)
-                tile8_load<BN, ST, FMT>(g, mt0, kn, KB, K, smem + (kn % C::STAGES) * C::STAGE, sRow);
-            cp_async_commit();
-            const uint8_t *stage = smem + (kb % C::STAGES) * C::STAGE;
-            uint32_t af[4][4];
-            float w0, w1;
-            tile8_decode<BN, ST, FMT>(stage, tile, af, w0, w1);
-            float d[ND];
-            tile8_mma<BN, ST>(stage, af, d);
-            wg_wait<0>();
-            tile8_promote<BN, ST>(stage, w0, w1, d, acc);
+                tile8_step<BN, ST, MT, FMT>(g, kb + 1, KB, K, mt0, smem, sRow, tile, a1, v1, a0, v0, acc);
         }
     }
     cp_async_wait<0>();
-    wg_tile_epilogue<BN>(a, g, r0, mt0 + tile, gid, tig, acc);
+    if constexpr (QF) {
+        static_assert(MT == 16, "the fused quantization needs a block's 128 features");
+        tile8_epi_quant<BN>(a, g, r0, mt0 + tile, gid, tig, acc,
+                            (uint32_t *)(smem + C::STAGES * C::STAGE + BN * 8));
+    } else {
+        wg_tile_epilogue<BN>(a, g, r0, mt0 + tile, gid, tig, acc);
+    }
 }
 
 } // namespace dsv4cuda

@@ -471,6 +471,11 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     if (qfold)
         gu.qf_cnt = at<int>(b, L.fcnt) + H / 16, gu.qf_q = hq, gu.qf_s = hs, gu.qf_sh_row0 = L.rows,
         gu.qmode = (int)c->act_quant;
+    /* params direct=q64: k_tile8's gate/up of the large groups quantizes h (tile8.cuh); k_quant8 skips
+       those rows (only chunks with a large group: fp8 below) */
+    const bool qdirect = b->direct_on && b->direct == TILE8_Q64;
+    if (qdirect)
+        gu.qf_q = hq, gu.qf_s = hs, gu.qf_sh_row0 = L.rows, gu.qmode = (int)c->act_quant;
     Sel8 sel;
     sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.cnt = ga.cnt;
     sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->cut8;
@@ -516,8 +521,11 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         q8.sel = sel, q8.h = h16, q8.gu8 = at<uint16_t>(b, L.gu8), q8.q = hq, q8.s = hs, q8.s8 = at<float>(b, L.hs8);
         q8.slot_w = ga.slot_w, q8.stats = ga.stats, q8.I = I, q8.qmode = (int)c->act_quant, q8.f16_codes = f16_codes_read(b);
         q8.before = fa.before, q8.clamp_r = fa.clamp_r, q8.clamp_s = fa.clamp_s, q8.L = fa.L;
-        launch_pdl(b, k_quant8, dim3(std::min((rows_grid + K8_WARPS - 1) / K8_WARPS, K8_GRID)), K8_WARPS * 32, 0, s, q8,
-                   (int)rows_grid);
+        const dim3 q8grid(std::min((rows_grid + K8_WARPS - 1) / K8_WARPS, K8_GRID));
+        if (qdirect)
+            launch_pdl(b, k_quant8<true>, q8grid, K8_WARPS * 32, 0, s, q8, (int)rows_grid);
+        else
+            launch_pdl(b, k_quant8<false>, q8grid, K8_WARPS * 32, 0, s, q8, (int)rows_grid);
         p8.N = p8.Nsh = H, p8.K = p8.Ksh = I;
         p8.A = hq, p8.Ash = hq + L.rows * I, p8.SFA = q8.s8, p8.SFAsh = q8.s8 + L.rows * ngi;
         p8.B = b->w8[1], p8.SFB = b->s8[1], p8.Bsh = b->w8[3], p8.SFBsh = b->s8[3];

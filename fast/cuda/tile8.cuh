@@ -17,15 +17,19 @@
 
 namespace dsv4cuda {
 
-/* The variants of params direct= (TILE8_OFF: not asked for). */
-enum { TILE8_OFF = 0, TILE8_B128 = 1, TILE8_B64 = 2 };
+/* The variants of params direct= (TILE8_OFF: not asked for): large groups on blocks of 128 weight
+   rows x 128 or 64 tokens; q64: as b64, but gate/up on blocks of 256 rows (128 features of h: one
+   128-group) that quantize h in their epilogue (its e4m3 codes and 1x128 scales, as k_quant8
+   would from the bf16 h), so k_quant8 skips those rows and no bf16 h of theirs is written. */
+enum { TILE8_OFF = 0, TILE8_B128 = 1, TILE8_B64 = 2, TILE8_Q64 = 3 };
 
 /* Tokens per block of the large groups' tiles of variant v (the grouping's big_rows). */
 int tile8_big_rows(int v);
 
 /* Enqueues k_tile8 on s (plainly): the mid-size tile list (big false: 32-token tiles) or the large
-   one (big true: variant v's tiles); grid (N / 128, the list's capacity), 256 threads. A launch
-   error is left for the caller's cudaPeekAtLastError. */
+   one (big true: variant v's tiles); grid (N / 128, the list's capacity), 256 threads (q64's gate/up:
+   N / 256 blocks of 512). With q64's gate/up, a.qf_q, a.qf_s, a.qf_sh_row0 and a.qmode say where
+   and how h is quantized. A launch error is left for the caller's cudaPeekAtLastError. */
 void launch_tile8(bool big, int v, dim3 grid, cudaStream_t s, const FastArgs &a);
 
 /* Sets every variant's dynamic shared-memory limit. */

@@ -242,7 +242,7 @@ struct Kernels {
     bool logits_blas = false;      /* logits=blas: the GEMM logits of large chunks on cuBLASLt (logits_blas.cuh), not k_tiles */
     bool gather_quant = false;     /* gather=quant: x quantized and gathered in one pass (quant_x8.cuh), not by the router and k_gather8 */
     bool router_warp = false;      /* router=warp: large chunks routed a warp a token (router_warp.cuh); implies gather=quant */
-    int direct = TILE8_OFF;        /* direct=b128|b64: gemm fp8's routed fp4 tile groups on k_tile8 (tile8.cuh) */
+    int direct = TILE8_OFF;        /* direct=b128|b64|q64: gemm fp8's routed fp4 tile groups on k_tile8 (tile8.cuh) */
 };
 
 #define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring, logits_loop, weights, logits, gather, router, direct"
@@ -293,8 +293,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         else if (is("router"))
             ok = val("block") || val("warp"), k->router_warp = val("warp");
         else if (is("direct"))
-            ok = val("off") || val("b128") || val("b64"),
-            k->direct = val("b128") ? TILE8_B128 : val("b64") ? TILE8_B64 : TILE8_OFF;
+            ok = val("off") || val("b128") || val("b64") || val("q64"),
+            k->direct = val("b128") ? TILE8_B128 : val("b64") ? TILE8_B64 : val("q64") ? TILE8_Q64 : TILE8_OFF;
         else if (is("dec_ring"))
             ok = val("std") || val("deep") || val("bulk") || val("bulk_ef"),
             k->dec_ring = val("deep") ? RING_DEEP : val("bulk") ? RING_BULK : val("bulk_ef") ? RING_BULK_EF : RING_STD;
@@ -321,7 +321,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp, direct off|b128|b64",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp, direct off|b128|b64|q64",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -552,6 +552,64 @@ void fp8_range(void *ctx, int64_t begin, int64_t end)
             j->rows_ok[i] = j->ok[i];
         j->st[i] = st;
     }
+}
+
+/* params direct=: whether every routed expert of the shard is fp4 and each of its 1x128 groups
+   converts to e4m3 exactly (dsv4_fp4_scales_beyond_e4m3 of w1, w3 and w2: the test k_tile8's
+   conversion needs, mma_tile8.cuh), read from the scales alone; *yes gets it. */
+struct DirectJob {
+    const dsv4_checkpoint *ck;
+    Shard sh;
+    int64_t e0;
+    uint8_t *ok;
+    dsv4_status *st;
+    dsv4_error *errs;
+};
+
+void direct_range(void *ctx, int64_t begin, int64_t end)
+{
+    DirectJob *j = (DirectJob *)ctx;
+    for (int64_t i = begin; i < end; i++) {
+        j->ok[i] = 1;
+        j->st[i] = DSV4_OK;
+        static const int projs[3] = {DSV4_PROJ_W1, DSV4_PROJ_W3, DSV4_PROJ_W2};
+        for (int p = 0; p < 3 && j->ok[i] && !j->st[i]; p++) {
+            dsv4_matrix_view v;
+            uint8_t *qb = nullptr, *sb = nullptr;
+            j->st[i] = view_as(j->ck, j->sh, j->e0 + i, projs[p], &v, &qb, &sb, &j->errs[i]);
+            if (!j->st[i])
+                j->ok[i] = v.format == DSV4_FORMAT_FP4 && dsv4_fp4_scales_beyond_e4m3(v.scales, v.n, v.k) == 0;
+            free(qb), free(sb);
+        }
+    }
+}
+
+dsv4_status routed_convert_rows(CudaBe *b, const dsv4_checkpoint *ck, int threads, bool *yes, dsv4_error *err)
+{
+    const Shard sh = shard_of(b);
+    *yes = false;
+    uint8_t *ok = (uint8_t *)calloc((size_t)sh.e_count + 1, 1);
+    dsv4_status *sts = (dsv4_status *)calloc((size_t)sh.e_count + 1, sizeof *sts);
+    dsv4_error *errs = (dsv4_error *)calloc((size_t)sh.e_count + 1, sizeof *errs);
+    dsv4_status st = DSV4_OK;
+    if (!ok || !sts || !errs) {
+        st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory checking the experts' scales");
+    } else {
+        DirectJob j = {ck, sh, sh.e_first, ok, sts, errs};
+        dsv4_parallel_for(threads, sh.e_count, 1, direct_range, &j);
+        bool all = true;
+        for (int64_t i = 0; i < sh.e_count && !st; i++) {
+            if (sts[i]) {
+                st = sts[i];
+                if (err)
+                    *err = errs[i];
+            }
+            all = all && ok[i];
+        }
+        *yes = !st && all;
+    }
+    free(ok), free(sts), free(errs);
+    return st;
 }
 
 /* gemm fp8: projection `gu` (gate|up) or down of the routed experts (slot 0 / 1) or the shared one

@@ -10,26 +10,26 @@
 
 namespace dsv4cuda {
 
-/* The cp.async copies of K block kb of a 128-row block's eight weight chunks (16-row tiles mt0 ..
-   mt0 + 7) into sW and of their scales into sWS, by 256 threads (the wgmma tile kernels, k_tileh
-   and k_tile8). */
-template <int FMT>
+/* The cp.async copies of K block kb of a block's MT weight chunks (16-row tiles mt0 .. mt0 + MT - 1)
+   into sW and of their scales into sWS, by THR threads (the wgmma tile kernels, k_tileh and k_tile8:
+   128 rows and 256 threads, or k_tile8's 256 rows and 512). */
+template <int FMT, int MT = 8, int THR = 256>
 __device__ __forceinline__ void wg_tile_load_w(const FGrp &g, int mt0, int kb, int KB, uint8_t *sW, uint8_t *sWS)
 {
     constexpr int CH = FMT == WF_FP4 ? DSV4_FN_FP4_CHUNK : DSV4_FN_FP8_CHUNK;
     constexpr int SCH = FMT == WF_FP4 ? DSV4_FN_FP4_SCHUNK : DSV4_FN_FP8_SCHUNK;
     const int tid = threadIdx.x;
-    for (int i = tid; i < 8 * (CH / 16); i += 256) {
+    for (int i = tid; i < MT * (CH / 16); i += THR) {
         const int q = i / (CH / 16), off = (i - q * (CH / 16)) * 16;
         cp_async16(sW + q * CH + off, g.w + ((size_t)(mt0 + q) * KB + kb) * CH + off, true);
     }
     if constexpr (FMT == WF_FP4) {
-        for (int i = tid; i < 8 * (SCH / 16); i += 256) {
+        for (int i = tid; i < MT * (SCH / 16); i += THR) {
             const int q = i / (SCH / 16), off = (i - q * (SCH / 16)) * 16;
             cp_async16(sWS + q * SCH + off, g.s + ((size_t)(mt0 + q) * KB + kb) * SCH + off, true);
         }
     } else {
-        for (int i = tid; i < 8; i += 256)
+        for (int i = tid; i < MT; i += THR)
             cp_async8(sWS + i * SCH, g.s + ((size_t)(mt0 + i) * KB + kb) * SCH);
     }
 }

@@ -59,10 +59,11 @@ typedef struct dsv4_backend_stats {
     uint64_t weights_allocated;   /* device bytes of the weights bound at creation, as allocated: the
                                      router's and the plan's shard (its experts, its inter range);
                                      within dsv4_plan_weight_bytes */
-    uint64_t fp8_direct;          /* gemm fp8 with params direct=b128|b64: 1 when the routed fp4 experts'
-                                     tile groups read the fp4 weights on fp8 wgmma (k_tile8) instead of
-                                     the grouped FP8 GEMM's e4m3 copies, 0 otherwise (not asked for,
-                                     or a layer some expert of which does not convert exactly) */
+    uint64_t fp8_direct;          /* gemm fp8 with params direct=b128|b64|q64: 1 when the routed fp4
+                                     experts' tile groups read the fp4 weights on fp8 wgmma (k_tile8)
+                                     instead of the grouped FP8 GEMM's e4m3 copies, which are then not
+                                     made; 0 otherwise (not asked for, or a layer some routed expert of
+                                     which does not convert exactly) */
 } dsv4_backend_stats;
 
 /* Options of dsv4_backend_create_with; versioned: fill with dsv4_backend_options_init. */

@@ -403,19 +403,39 @@ CASE_DIRECT(direct_noclamp, "b128", "direct mini no clamp", "mini", 1, 1100, 0, 
 CASE_DIRECT(direct_after, "b128", "direct after_w2 noshclamp", "mini", 1, 1100, 0, -1, 0, 1, 0, 0, 0, 1)
 CASE_DIRECT(direct_chunked, "b128", "direct chunk 1024 T=3000", "mini", 1, 3000, 1024, -1, -1, -1, 0, 0, 0, 1)
 CASE_DIRECT(direct_graph_t128, "b128", "direct graph mini T=128", "mini", 1, 128, 0, -1, -1, -1, 0, 1, 0, 1)
+CASE_DIRECT(direct_q64_t1100, "q64", "direct q64 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0, 1)
+CASE_DIRECT(direct_q64_flash, "q64", "direct q64 flash e32 T=1100", "v4-flash", 5, 1100, 0, -1, -1, -1, 0, 0, 32, 1)
+CASE_DIRECT(direct_q64_after, "q64", "direct q64 after_w2", "mini", 1, 1100, 0, -1, 0, 1, 0, 0, 0, 1)
+
+/* params direct=q64 (gate/up of the large groups quantizes h in k_tile8's epilogue) against b64
+   (k_tile8 writes bf16 h, k_quant8 quantizes it): the same h, amax, scales and codes by the same
+   arithmetic, so the same outputs, ids and clamp counters bit for bit; v4-flash with 32 experts at
+   T 1100 and 2000 (mid-size and large groups), the hash layer, top-p, mini-fp8 (fp8 experts:
+   neither runs, the default's outputs). */
+START_TEST(direct_variants_identical)
+{
+    static const env_kv base = {"DSV4MOE_CUDA_KERNELS", "direct=b64"};
+    static const env_kv vs[] = {{"DSV4MOE_CUDA_KERNELS", "direct=q64"}};
+    static const var_case cs[] = {{"v4-flash", 5, 1100, 32, 1}, {"v4-flash", 5, 2000, 32, 1}, {"v4-flash", 0, 1100, 32, 1},
+                                  {"mini-topp", 1, 1100, 0, 1}, {"mini", 1, 300, 0, 1},      {"mini-fp8", 1, 1100, 0, 1}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        variants_vs(&base, "direct", cs[i].preset, cs[i].layer, cs[i].T, cs[i].experts, cs[i].fp8, vs, 1, 0);
+}
+END_TEST
 
 /* params direct= against the default (the grouped FP8 GEMM on the e4m3 copies, k_quant8's SwiGLU):
    the same codes and scales, each block's partial on the same fp8 wgmma, so close (at most 1 % of
    the outputs differ, DeepGEMM diff below 1e-4, the same routing) where every routed group is
-   large; on fp4 layers stats.fp8_direct says it ran, and two runs agree bit for bit. mini-fp8 (fp8
-   routed experts) does not take it: fp8_direct 0 and the default's outputs. */
+   large; on fp4 layers stats.fp8_direct says it ran, fewer weight bytes are bound (no e4m3 copies
+   of the routed experts), and two runs agree bit for bit. mini-fp8 (fp8 routed experts) does not
+   take it: fp8_direct 0, the same weights and the default's outputs. */
 START_TEST(direct_close)
 {
     if (!have_gpu())
         return;
     static const var_case cs[] = {{"v4-flash", 5, 1100, 32, 1}, {"v4-flash", 0, 1100, 32, 1}, {"mini", 1, 1100, 0, 1},
                                   {"mini-fp8", 1, 1100, 0, 1}};
-    static const char *vals[] = {"direct=b128", "direct=b64"};
+    static const char *vals[] = {"direct=b128", "direct=b64", "direct=q64"};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const int fp4 = strcmp(cs[i].preset, "mini-fp8") != 0;
         bo_case k = {"direct", cs[i].preset, cs[i].layer, cs[i].T, 0, -1, -1, -1, 0, 0, cs[i].experts, cs[i].fp8};
@@ -425,7 +445,7 @@ START_TEST(direct_close)
         bo_out d;
         run_env(&ci, &d, NULL, NULL);
         ck_assert_int_eq((int)d.stats.fp8_direct, 0);
-        for (size_t v = 0; v < 2; v++) {
+        for (size_t v = 0; v < sizeof vals / sizeof vals[0]; v++) {
             bo_out o, o2;
             run_env(&ci, &o, "DSV4MOE_CUDA_KERNELS", vals[v]);
             run_env(&ci, &o2, "DSV4MOE_CUDA_KERNELS", vals[v]);
@@ -438,6 +458,13 @@ START_TEST(direct_close)
                    vals[v], cs[i].preset, (long long)cs[i].T, (unsigned long long)o.stats.fp8_direct, (long long)nd,
                    (long long)n, m.deepgemm_diff);
             ck_assert_int_eq((int)o.stats.fp8_direct, fp4);
+            /* no e4m3 copies of the routed experts: fewer weight bytes bound */
+            if (fp4)
+                ck_assert_msg(o.stats.weights_allocated < d.stats.weights_allocated, "%s on %s: %llu weight bytes, default %llu",
+                              vals[v], cs[i].preset, (unsigned long long)o.stats.weights_allocated,
+                              (unsigned long long)d.stats.weights_allocated);
+            else
+                ck_assert(o.stats.weights_allocated == d.stats.weights_allocated);
             ck_assert_msg(memcmp(o.y, o2.y, (size_t)n * 2) == 0, "%s on %s: two runs differ", vals[v], cs[i].preset);
             ck_assert(memcmp(o.ids, d.ids, (size_t)(cs[i].T * ci.c.n_activated) * 4) == 0);
             if (fp4)
@@ -2286,6 +2313,10 @@ static Suite *cuda_suite(void)
     tcase_add_test(f8, direct_chunked);
     tcase_add_test(f8, direct_graph_t128);
     tcase_add_test(f8, direct_close);
+    tcase_add_test(f8, direct_q64_t1100);
+    tcase_add_test(f8, direct_q64_flash);
+    tcase_add_test(f8, direct_q64_after);
+    tcase_add_test(f8, direct_variants_identical);
     tcase_add_test(f8, fp8_hash_t1100);
     tcase_add_test(f8, fp8_fp8_t1100);
     tcase_add_test(f8, fp8_topp_t1100);
