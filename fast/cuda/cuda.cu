@@ -180,8 +180,8 @@ struct CudaBe {
     uint64_t fbuf_bytes[8] = {};
     cudaStream_t s2 = nullptr, s3 = nullptr, s4 = nullptr; /* forked regimes: 32-row, 128-row tiles, shared decode */
     /* gemm fp8 (SPEC.md section 9): large groups on the grouped FP8 GEMM over row-major e4m3 copies
-       of the weights with 1x128 scales (N-major); experts whose fp4 scales cannot convert exactly
-       (ok8[e] = 0) keep the exact kernels */
+       of the weights with 1x128 scales (N-major); ok8[e] = 0: expert e's groups are not the GEMM's
+       (its fp4 scales cannot convert exactly: the exact kernels; or params direct=: k_tile8) */
     bool fp8 = false;
     uint8_t *w8[4] = {};  /* routed gate|up [E][2I, H], routed down [E][H, I], shared gate|up, shared down */
     float *s8[4] = {};     /* w8 / s8 indexed by expert id; their allocations: */
@@ -191,13 +191,10 @@ struct CudaBe {
     int sfb_rows = 1;       /* rows per weight scale of the fp8 GEMM copies: 128 (blocks) or 1 */
     bool fp8_rows = false;  /* params fp8_scales=rows: 1 even where blocks convert */
     bool all_ok8 = true;
-    /* params direct=: the routed fp4 experts' tile groups on k_tile8 (tile8.cuh), where every
-       expert converts (all_ok8); the grouped FP8 GEMM then takes the shared expert alone, and
-       cut8 (device [E + 1]: 0 for the routed experts, ok8's byte for the shared one) says so to
-       the grouping, the gather, k_quant8 and the GEMM's arguments; else cut8 is ok8 */
+    /* params direct=: the routed fp4 experts' tile groups on k_tile8 (tile8.cuh) where every one of
+       them converts (direct_on; their ok8 bytes 0, the grouped FP8 GEMM takes the shared expert alone) */
     int direct = 0;
     bool direct_on = false;
-    uint8_t *cut8 = nullptr, *cut8mem = nullptr;
     Fp8Gemm *g8[2] = {};  /* gate/up, down */
     cudaEvent_t ev_fork = nullptr, ev_j2 = nullptr, ev_j3 = nullptr, ev_j4 = nullptr;
     int nsm = 132;
@@ -523,7 +520,6 @@ void cuda_free(void *p)
     for (int i = 0; i < 4; i++)
         cudaFree(b->w8mem[i]), cudaFree(b->s8mem[i]);
     cudaFree(b->ok8);
-    cudaFree(b->cut8mem);
     fp8gemm_free(b->g8[0]);
     fp8gemm_free(b->g8[1]);
     logits_blas_free(b->lb);
@@ -763,6 +759,8 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         b->all_ok8 = exact == 0 && (c->n_shared_experts == 0 || ok[E]);
         b->stats.fp8_exact_experts = exact + (c->n_shared_experts > 0 && !ok[E]);
         b->stats.fp8_scale_rows = (uint64_t)b->sfb_rows;
+        if (direct) /* no copies of theirs: the routed experts' groups are k_tile8's */
+            memset(ok, 0, (size_t)E);
         size_t gb[2] = {0, 0};
         b->weight_bytes += (uint64_t)ng;
         if (!st && ((ce = cudaMalloc((void **)&b->ok8, (size_t)ng)) != cudaSuccess ||
@@ -770,30 +768,12 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
                     (ce = fp8gemm_create(&b->g8[0], (int)ng, b->sfb_rows, &gb[0])) != cudaSuccess ||
                     (ce = fp8gemm_create(&b->g8[1], (int)ng, b->sfb_rows, &gb[1])) != cudaSuccess))
             st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "fp8 GEMM setup failed: %s", cudaGetErrorString(ce));
-        const uint8_t sh_ok = ok[E];
         free(ok);
         if (st)
             goto fail;
         b->fp8 = true;
         b->stats.gemm_fp8 = 1;
-        b->cut8 = b->ok8;
         if (direct) {
-            uint8_t *cut = (uint8_t *)calloc((size_t)ng, 1);
-            if (!cut) {
-                st = dsv4_seterr(err, DSV4_ERR_NOMEM, WHERE, "out of memory");
-                goto fail;
-            }
-            cut[E] = sh_ok; /* the routed experts' groups all on k_tile8 (their e4m3 copies not made) */
-            ce = cudaMalloc((void **)&b->cut8mem, (size_t)ng);
-            if (ce == cudaSuccess)
-                ce = cudaMemcpy(b->cut8mem, cut, (size_t)ng, cudaMemcpyHostToDevice);
-            free(cut);
-            if (ce != cudaSuccess) {
-                st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "fp8 direct setup failed: %s", cudaGetErrorString(ce));
-                goto fail;
-            }
-            b->weight_bytes += (uint64_t)ng;
-            b->cut8 = b->cut8mem;
             b->direct_on = true;
             b->big_rows = tile8_big_rows(b->direct);
             b->stats.fp8_direct = 1;

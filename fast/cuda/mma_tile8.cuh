@@ -13,7 +13,7 @@
  * dsv4_fp4_to_e4m3_blocks (block_rows 1): a row's four step-scale bytes s0..s3 of a K block give
  * one scale 2^(max s - 133) and each e2m1 value v of step j the code of v 2^(sj - max s + 6), exact
  * for a spread max s - min s <= DSV4_FP4_TO_FP8_SPREAD (the creation runs this path only when
- * every expert's groups convert, gemm_fp8's ok8). In registers: the fragment's bytes are the e4m3
+ * every routed expert's groups convert, upload.cuh's routed_convert_rows). In registers: the fragment's bytes are the e4m3
  * codes of v 2^-6 (fragment.h); two of them widen to f16x2 (exact), one f16 multiply by
  * 2^(sj - max s + 12) (an f16 normal for a spread of at most 14; the product exact, e2m1 having 2
  * significant bits), and the hardware conversion back to e4m3 (exact: the value is an e4m3 value).
@@ -170,8 +170,8 @@ template <int BN_, int ST_, int MT_ = 8> struct Tile8 {
         AS_BYTES = BN * 4,
         STAGE = W_BYTES + WS_BYTES + B_BYTES + AS_BYTES,
         STAGES = ST_,
-        RED = MT * BN * 4, /* the fused quantization's per-warp maxima (k_tile8q) */
-        SMEM = STAGES * STAGE + BN * 8 + RED
+        SMEM = STAGES * STAGE + BN * 8,
+        SMEM_QF = SMEM + MT * BN * 4 /* with the fused quantization's per-warp maxima after it */
     };
 };
 
@@ -263,12 +263,14 @@ __device__ __forceinline__ void tile8_step(const FGrp &g, int kb, int KB, int K,
 }
 
 /*
- * The fused quantization's epilogue (k_tile8q, gate/up of a block of 16 tiles: 128 features, one
- * 128-group of h): each thread's h (SPEC.md section 4 on bf16 g and u, the router weight before w2,
- * rounded to bf16: the value k_quant8 would read) for its feature and tokens; the block's largest
- * magnitude per token (NaN ignored, as quant_groupn) over its lanes, then its 16 warps through red;
- * the scale and the e4m3 code by quant_groupn's arithmetic; codes to a.qf_q, the scale (one a token)
- * to a.qf_s, rows as h's. The clamp counts as fepi's.
+ * The fused quantization's epilogue (k_tile8 with QF: gate/up of a block of 16 tiles, 128 features,
+ * one 128-group of h): each thread's h (SPEC.md section 4 on bf16 g and u, the router weight before
+ * w2, rounded to bf16: the value k_quant8 would read) for its feature and tokens; the block's
+ * largest magnitude per token (NaN ignored, as quant_groupn) over its lanes, then its 16 warps
+ * through red; the scale and the e4m3 code by quant_groupn's arithmetic (kernels.cuh; written again
+ * here for one value a lane: routing quant_groupn through a shared helper changes the code of the
+ * default kernels that inline it, k_router_count's among them, whose time is instruction fetch);
+ * codes to a.qf_q, the scale (one a token) to a.qf_s, rows as h's. The clamp counts as fepi's.
  */
 template <int BN>
 __device__ __forceinline__ void tile8_epi_quant(const FastArgs &a, const FGrp &g, int r0, int mt, int gid, int tig,
@@ -381,7 +383,7 @@ __device__ __forceinline__ void tile8_run(const FastArgs &a, const FGrp &g, int 
     if constexpr (QF) {
         static_assert(MT == 16, "the fused quantization needs a block's 128 features");
         tile8_epi_quant<BN>(a, g, r0, mt0 + tile, gid, tig, acc,
-                            (uint32_t *)(smem + C::STAGES * C::STAGE + BN * 8));
+                            (uint32_t *)(smem + C::SMEM));
     } else {
         wg_tile_epilogue<BN>(a, g, r0, mt0 + tile, gid, tig, acc);
     }

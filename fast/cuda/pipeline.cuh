@@ -400,7 +400,7 @@ Group2Args group2_args(const CudaBe *b, const Layout &L, const RouterArgs &ra, c
     g2.has_shared = c->n_shared_experts > 0;
     g2.mid_rows = 32, g2.big_rows = b->big_rows;
     g2.place = L.slots <= 1024;
-    g2.cut_ok = b->fp8 ? b->cut8 : nullptr;
+    g2.cut_ok = b->fp8 ? b->ok8 : nullptr;
     g2.cut_rows = b->fp8_cut;
     /* large chunks: counted and placed by slices (k_hist, k_place2); k_place's block per expert
        where the slices' per-warp counts would not fit in shared memory */
@@ -468,17 +468,16 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
        the last block writing a group's 128 features quantizing them (fold_quant), not in k_quant;
        the grouping zeroed the counts (group2_args) */
     const bool qfold = b->quant_fold && !fp8 && nmax <= FM_DEC_MAX;
-    if (qfold)
-        gu.qf_cnt = at<int>(b, L.fcnt) + H / 16, gu.qf_q = hq, gu.qf_s = hs, gu.qf_sh_row0 = L.rows,
-        gu.qmode = (int)c->act_quant;
     /* params direct=q64: k_tile8's gate/up of the large groups quantizes h (tile8.cuh); k_quant8 skips
        those rows (only chunks with a large group: fp8 below) */
     const bool qdirect = b->direct_on && b->direct == TILE8_Q64;
-    if (qdirect)
+    if (qfold || qdirect)
         gu.qf_q = hq, gu.qf_s = hs, gu.qf_sh_row0 = L.rows, gu.qmode = (int)c->act_quant;
+    if (qfold)
+        gu.qf_cnt = at<int>(b, L.fcnt) + H / 16;
     Sel8 sel;
     sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.cnt = ga.cnt;
-    sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->cut8;
+    sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
     sel.sh_row0 = L.rows, sel.E = E, sel.slots = (int)L.slots, sel.has_shared = shared, sel.min_rows = b->fp8_cut;
     const unsigned rows_grid = (unsigned)(L.slots + (shared ? L.tc : 0));
     const int64_t ngh = H / 128;
@@ -490,7 +489,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     if (b->gather_quant && b->qx && (fp8 || gemm_logits(b, L.tc))) {
         QuantX8Args qx;
         qx.x = ra.x, qx.ntok = ra.ntok, qx.ids = ra.ids, qx.rowmap = ga.rowmap, qx.cnt = ga.cnt, qx.pad_off = ga.pad_off;
-        qx.ok = b->fp8 ? b->cut8 : nullptr;
+        qx.ok = b->fp8 ? b->ok8 : nullptr;
         qx.xq = at<uint8_t>(b, L.xq), qx.xs = at<float>(b, L.xs), qx.x16 = ra.x16;
         qx.xp = b->fp8 ? at<uint8_t>(b, L.xp) : nullptr, qx.xs8 = b->fp8 ? at<float>(b, L.xs8) : nullptr;
         qx.sh_row0 = L.rows, qx.H = H, qx.E = E, qx.K = K, qx.qmode = (int)c->act_quant;
@@ -505,7 +504,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         g8a.xp = at<uint8_t>(b, L.xp), g8a.xs8 = at<float>(b, L.xs8), g8a.H = H;
         if (!b->gather_quant)
             launch_pdl(b, k_gather8, dim3(rows_grid), 128, 0, s, g8a);
-        p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->cut8;
+        p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->ok8;
         p8.E = E, p8.min_rows = b->fp8_cut, p8.has_shared = shared, p8.sh_row0 = L.rows;
         p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
         p8.A = g8a.xp, p8.Ash = g8a.xq, p8.SFA = g8a.xs8, p8.SFAsh = g8a.xs8 + L.rows * ngh;

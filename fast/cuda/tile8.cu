@@ -43,7 +43,7 @@ const Var mid = {k_tile8<32, 4, 8, false, 2>, 32, 256, Tile8<32, 4>::SMEM};
 const Var big[3] = {{nullptr, 0, 0, 0},
                     {k_tile8<128, 4, 8, false, 1>, 128, 256, Tile8<128, 4>::SMEM},
                     {k_tile8<64, 3, 8, false, 2>, 64, 256, Tile8<64, 3>::SMEM}};
-const Var gu_q = {k_tile8<64, 3, 16, true, 1>, 64, 512, Tile8<64, 3, 16>::SMEM};
+const Var gu_q = {k_tile8<64, 3, 16, true, 1>, 64, 512, Tile8<64, 3, 16>::SMEM_QF};
 
 } // namespace
 

@@ -5,8 +5,8 @@
  * exactly), instead of the grouped FP8 GEMM on the e4m3 copies: half the weight bytes, and the
  * SwiGLU epilogue of gate/up in the kernel (h leaves it as bf16; k_quant8 only quantizes it).
  * The shared expert stays on the grouped FP8 GEMM above fp8_cut rows; below, its mid-size tiles
- * run here on its fp8 codes. The creation turns it on only where every expert converts (ok8), so
- * every fp4 group this kernel reads is exact in e4m3.
+ * run here on its fp8 codes. The creation turns it on only where every routed expert's groups
+ * convert (read from their scales), so every fp4 group this kernel reads is exact in e4m3.
  */
 #ifndef DSV4MOE_FAST_CUDA_TILE8_CUH
 #define DSV4MOE_FAST_CUDA_TILE8_CUH

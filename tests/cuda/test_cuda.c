@@ -139,16 +139,19 @@ CASE(flash_t8_graph, "v4-flash E32 graph T=8", "v4-flash", 5, 8, 0, -1, -1, -1, 
 CASE(flash_t40, "v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 0, 32, 0)
 CASE(flash_hash_t5, "v4-flash E32 hash T=5", "v4-flash", 1, 5, 0, -1, -1, -1, 0, 0, 32, 0)
 
-/* The exact path (exact_gemm.cuh) on formats that otherwise take the fp8 path. */
-#define CASE_EXACT(fn, ...)                                                                                 \
+/* A checker case with the environment variable var set to val for its backend's creation. */
+#define CASE_ENV(fn, var, val, ...)                                                                         \
     START_TEST(fn)                                                                                          \
     {                                                                                                       \
         bo_case k = {__VA_ARGS__};                                                                         \
-        setenv("DSV4MOE_CUDA_PATH", "exact", 1);                                                            \
+        setenv(var, val, 1);                                                                                \
         check_case(&k);                                                                                     \
-        unsetenv("DSV4MOE_CUDA_PATH");                                                                      \
+        unsetenv(var);                                                                                      \
     }                                                                                                       \
     END_TEST
+
+/* The exact path (exact_gemm.cuh) on formats that otherwise take the fp8 path. */
+#define CASE_EXACT(fn, ...) CASE_ENV(fn, "DSV4MOE_CUDA_PATH", "exact", __VA_ARGS__)
 
 CASE_EXACT(exact_mini_t77, "exact mini T=77", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0, 0)
 CASE_EXACT(exact_fp8_t30, "exact mini-fp8 T=30", "mini-fp8", 1, 30, 0, -1, -1, -1, 0, 0, 0, 0)
@@ -157,15 +160,7 @@ CASE_EXACT(exact_graph_t5, "exact graph mini T=5", "mini", 1, 5, 0, -1, -1, -1, 
 CASE_EXACT(exact_flash_t40, "exact v4-flash E32 T=40", "v4-flash", 5, 40, 0, -1, -1, -1, 0, 0, 32, 0)
 
 /* The fp8 path's mma.sync tile kernel for large groups (DSV4MOE_CUDA_TILE=mma) instead of k_tileh's wgmma. */
-#define CASE_MMA(fn, ...)                                                                                   \
-    START_TEST(fn)                                                                                          \
-    {                                                                                                       \
-        bo_case k = {__VA_ARGS__};                                                                         \
-        setenv("DSV4MOE_CUDA_TILE", "mma", 1);                                                              \
-        check_case(&k);                                                                                     \
-        unsetenv("DSV4MOE_CUDA_TILE");                                                                      \
-    }                                                                                                       \
-    END_TEST
+#define CASE_MMA(fn, ...) CASE_ENV(fn, "DSV4MOE_CUDA_TILE", "mma", __VA_ARGS__)
 
 CASE_MMA(mma_mini_t77, "mma.sync mini T=77", "mini", 1, 77, 0, -1, -1, -1, 0, 0, 0, 0)
 CASE_MMA(mma_mini_t1100, "mma.sync mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0, 0)
@@ -382,15 +377,7 @@ static void variant_cases(const char *what, const char *kernels, const var_case 
    large groups (mini and v4-flash T 1100: 128- and 64-token tiles), mid-size ones (T 77 and 100:
    32-token tiles, the shared expert's among them at T <= 32 rows), the hash layer, top-p, no clamp,
    the weight after w2, a chunked run and a graph replay. */
-#define CASE_DIRECT(fn, var, ...)                                                                           \
-    START_TEST(fn)                                                                                          \
-    {                                                                                                       \
-        bo_case k = {__VA_ARGS__};                                                                         \
-        setenv("DSV4MOE_CUDA_KERNELS", "direct=" var, 1);                                                   \
-        check_case(&k);                                                                                     \
-        unsetenv("DSV4MOE_CUDA_KERNELS");                                                                   \
-    }                                                                                                       \
-    END_TEST
+#define CASE_DIRECT(fn, var, ...) CASE_ENV(fn, "DSV4MOE_CUDA_KERNELS", "direct=" var, __VA_ARGS__)
 
 CASE_DIRECT(direct_mini_t1100, "b128", "direct mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0, 1)
 CASE_DIRECT(direct_b64_t1100, "b64", "direct b64 mini T=1100", "mini", 1, 1100, 0, -1, -1, -1, 0, 0, 0, 1)
