@@ -412,6 +412,19 @@ Group2Args group2_args(const CudaBe *b, const Layout &L, const RouterArgs &ra, c
     return g2;
 }
 
+/* The grouped FP8 GEMM's weights of a projection (slot 0: gate|up, 1: down; the shared expert's at
+   slot + 2) and the routed experts' strides. With params direct= the creation made no routed e4m3
+   copies and every routed group has M = 0 (ok8 is zero for them): the routed pointers then name
+   the shared expert's weights with stride 0, so that no group's pointer is formed from a null base
+   (none of them is read). */
+void fp8_weights(const CudaBe *b, Fp8Proj &p, int slot, long long b_stride, long long sfb_stride)
+{
+    const bool copies = b->w8[slot] != nullptr;
+    p.B = copies ? b->w8[slot] : b->w8[slot + 2], p.SFB = copies ? b->s8[slot] : b->s8[slot + 2];
+    p.Bsh = b->w8[slot + 2], p.SFBsh = b->s8[slot + 2];
+    p.b_stride = copies ? b_stride : 0, p.sfb_stride = copies ? sfb_stride : 0;
+}
+
 /* The fp8 path after the router: grouping (unless the router did it: counted), gate/up + SwiGLU,
    quantization of h, down, combine (folded into the down projection only in a full chunk: full). */
 cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra, GroupArgs ga, bool counted, bool full)
@@ -508,8 +521,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         p8.E = E, p8.min_rows = b->fp8_cut, p8.has_shared = shared, p8.sh_row0 = L.rows;
         p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
         p8.A = g8a.xp, p8.Ash = g8a.xq, p8.SFA = g8a.xs8, p8.SFAsh = g8a.xs8 + L.rows * ngh;
-        p8.B = b->w8[0], p8.SFB = b->s8[0], p8.Bsh = b->w8[2], p8.SFBsh = b->s8[2];
-        p8.b_stride = 2LL * I * H, p8.sfb_stride = 2LL * I / b->sfb_rows * (H / 128);
+        fp8_weights(b, p8, 0, 2LL * I * H, 2LL * I / b->sfb_rows * (H / 128));
         p8.D = at<uint16_t>(b, L.gu8), p8.Dsh = p8.D + L.rows * 2 * I;
     }
     cudaError_t e = launch_regimes(b, L, gu, fp8 ? &p8 : nullptr, b->g8[0]);
@@ -527,8 +539,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
             launch_pdl(b, k_quant8<false>, q8grid, K8_WARPS * 32, 0, s, q8, (int)rows_grid);
         p8.N = p8.Nsh = H, p8.K = p8.Ksh = I;
         p8.A = hq, p8.Ash = hq + L.rows * I, p8.SFA = q8.s8, p8.SFAsh = q8.s8 + L.rows * ngi;
-        p8.B = b->w8[1], p8.SFB = b->s8[1], p8.Bsh = b->w8[3], p8.SFBsh = b->s8[3];
-        p8.b_stride = 1LL * H * I, p8.sfb_stride = 1LL * H / b->sfb_rows * (I / 128);
+        fp8_weights(b, p8, 1, 1LL * H * I, 1LL * H / b->sfb_rows * (I / 128));
         p8.D = at<uint16_t>(b, L.o), p8.Dsh = shared ? at<uint16_t>(b, L.osh) : nullptr;
     } else if (!qfold) {
     QuantArgs qa;

@@ -10,6 +10,7 @@
 #include "fast/cuda/dec.cuh"
 #include "fast/cuda/dec_mix.cuh"
 #include "tests/cuda/dec_mix_hw.h"
+#include "tests/cuda/decmix_args.cuh"
 #include "tests/cuda/dev_arena.cuh"
 
 /* ring < 0: k_dec_mix; else k_dec with dec_ring `ring` (dsv4_test_dec). */
@@ -45,12 +46,7 @@ static int run_dec(const dsv4_test_decmix_in *in, int ring, uint16_t *out, uint1
     uint16_t *o = ar.copy(out, (size_t)in->rows * N), *osh = ar.copy(out_sh, (size_t)in->ntok * N);
     if (ar.err != cudaSuccess)
         return (int)ar.err;
-    FastArgs fa = FastArgs();
-    fa.r.w = w4, fa.r.s = s4, fa.r.w_stride = (long long)in->w4_stride, fa.r.s_stride = (long long)in->s4_stride;
-    fa.r.fmt = WF_FP4;
-    fa.sh.w = w8, fa.sh.s = (const uint8_t *)s8, fa.sh.fmt = WF_FP8;
-    fa.N = N, fa.K = K, fa.gu = 0;
-    fa.A = A, fa.As = As, fa.gather = 0, fa.Ash = Ash, fa.Assh = Assh, fa.A16 = nullptr, fa.Ash16 = nullptr;
+    FastArgs fa = decmix_args(in, w4, s4, w8, s8, A, As, Ash, Assh, 0);
     fa.out = o, fa.out_sh = osh, fa.slot_w = slot_w, fa.before = 0, fa.clamp_r = 0, fa.clamp_s = 0, fa.L = 0.0f;
     fa.stats = stats, fa.ntok = ntok, fa.cnt = cnt, fa.slot_off = soff, fa.pad_off = pad, fa.active = act;
     fa.meta = met, fa.tile_e = nullptr, fa.tile_r0 = nullptr, fa.meta_tiles = 0, fa.slot_tok = nullptr;

@@ -51,6 +51,7 @@
 #include "fast/cuda/repack.h"
 #include "core/bits.h"
 #include "core/route.h"
+#include "core/swiglu.h"
 
 /* fast/cuda/cuda.cu */
 uint64_t dsv4_cuda_chunk_workspace_bytes(const dsv4_config *cfg, int64_t tc);
@@ -913,6 +914,113 @@ static uint32_t dm_next(uint32_t *st)
 static const float dm_act[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f};
 static const float dm_w8[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f, -2.0f, 3.0f, -3.0f};
 
+/* The per-kernel GEMM tests' operands (dec_mix_case, tile8_case): E fp4 routed experts and the fp8
+   shared expert, [N, K] each, in the natural layout (the expected sums read it) and repacked into
+   the fragment-native one (the kernels read it); activation rows A (routed, by padded row) and Ash
+   (the shared expert's, by token) with their 1x128 scales. Values from dm_act and dm_w8, e2m1
+   magnitudes 0 to 2, scales 2^-1 .. 2^1. */
+typedef struct {
+    int E, N, K, rows, ntok;
+    uint64_t d4, sc4, d8, sc8;
+    uint8_t *nat4, *sb4, *w4, *s4, *nat8, *sb8, *w8, *A, *Ash;
+    float *s8, *As, *Assh;
+} dm_ops;
+
+static void dm_ops_make(dm_ops *m, int E, int N, int K, int rows, int ntok, uint32_t seed)
+{
+    const int NG = K / 128;
+    uint32_t st = seed;
+    m->E = E, m->N = N, m->K = K, m->rows = rows, m->ntok = ntok;
+    dsv4_fn_sizes(1, N, K, 0, &m->d4, &m->sc4);
+    dsv4_fn_sizes(0, N, K, 0, &m->d8, &m->sc8);
+    m->nat4 = malloc((size_t)E * N * K / 2), m->sb4 = malloc((size_t)E * N * K / 32);
+    m->w4 = malloc((size_t)E * m->d4), m->s4 = malloc((size_t)E * m->sc4);
+    m->nat8 = malloc((size_t)N * K), m->sb8 = malloc((size_t)(N / 128) * NG), m->w8 = malloc(m->d8);
+    m->s8 = malloc(m->sc8);
+    m->A = malloc((size_t)rows * K), m->Ash = malloc((size_t)ntok * K + 1);
+    m->As = malloc(sizeof(float) * rows * NG), m->Assh = malloc(sizeof(float) * ntok * NG + 1);
+    ck_assert(m->nat4 && m->sb4 && m->w4 && m->s4 && m->nat8 && m->sb8 && m->w8 && m->s8);
+    ck_assert(m->A && m->Ash && m->As && m->Assh);
+    for (size_t i = 0; i < (size_t)E * N * K / 2; i++) { /* e2m1 magnitudes 0 to 2, either sign */
+        const uint32_t lo = (dm_next(&st) % 5) | (dm_next(&st) & 1u) << 3, hi = (dm_next(&st) % 5) | (dm_next(&st) & 1u) << 3;
+        m->nat4[i] = (uint8_t)(lo | hi << 4);
+    }
+    for (size_t i = 0; i < (size_t)E * N * K / 32; i++)
+        m->sb4[i] = (uint8_t)(126 + dm_next(&st) % 3); /* 2^-1 .. 2^1 */
+    for (int e = 0; e < E; e++) {
+        const dsv4_fn_src a = {m->nat4 + (size_t)e * N * K / 2, K / 2, m->sb4 + (size_t)e * N * K / 32, 0};
+        int bw = 0;
+        int64_t br = 0, bg = 0;
+        ck_assert_int_eq(dsv4_fn_repack_fp4(&a, NULL, N, K, m->w4 + e * m->d4, m->s4 + e * m->sc4, &bw, &br, &bg, NULL, NULL), 0);
+    }
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        m->nat8[i] = dsv4_f32_to_e4m3(dm_w8[dm_next(&st) % (sizeof dm_w8 / sizeof dm_w8[0])]);
+    for (int i = 0; i < (N / 128) * NG; i++)
+        m->sb8[i] = (uint8_t)(126 + dm_next(&st) % 3);
+    const dsv4_fn_src a8 = {m->nat8, K, m->sb8, 0};
+    dsv4_fn_repack_fp8(&a8, NULL, N, K, m->w8, m->s8);
+    for (size_t i = 0; i < (size_t)rows * K; i++)
+        m->A[i] = dsv4_f32_to_e4m3(dm_act[dm_next(&st) % 7]);
+    for (size_t i = 0; i < (size_t)ntok * K; i++)
+        m->Ash[i] = dsv4_f32_to_e4m3(dm_act[dm_next(&st) % 7]);
+    for (int i = 0; i < rows * NG; i++)
+        m->As[i] = ldexpf(1.0f, (int)(dm_next(&st) % 3) - 1);
+    for (int i = 0; i < ntok * NG; i++)
+        m->Assh[i] = ldexpf(1.0f, (int)(dm_next(&st) % 3) - 1);
+}
+
+static void dm_ops_free(dm_ops *m)
+{
+    free(m->nat4), free(m->sb4), free(m->w4), free(m->s4), free(m->nat8), free(m->sb8), free(m->w8), free(m->s8);
+    free(m->A), free(m->Ash), free(m->As), free(m->Assh);
+}
+
+/* The device halves' view of m with the groups cnt / pad_off and K splits ks, ks_sh. */
+static dsv4_test_decmix_in dm_in(const dm_ops *m, const int *cnt, const int *pad_off, int ks, int ks_sh)
+{
+    const dsv4_test_decmix_in in = {m->E,  m->N,    m->K,    ks,      ks_sh, m->w4, m->s4,   m->d4,
+                                    m->sc4, m->w8,  m->s8,   m->d8,   m->sc8 / 4, cnt, pad_off, m->rows,
+                                    m->A,  m->As,   m->ntok, m->Ash,  m->Assh};
+    return in;
+}
+
+/* The exact sum (as the reference defines the values: SPEC.md section 5's e2m1 / e4m3 values and
+   ue8m0 scales) of weight row r of group g (E: the shared expert) with its activation row j. */
+static double dm_sum(const dm_ops *m, const int *pad_off, int g, int j, int r)
+{
+    const int N = m->N, K = m->K, NG = K / 128;
+    const long arow = g < m->E ? pad_off[g] + j : j;
+    const uint8_t *ar = (g < m->E ? m->A : m->Ash) + arow * K;
+    const float *as = (g < m->E ? m->As : m->Assh) + arow * NG;
+    double sum = 0.0;
+    for (int k = 0; k < K; k++) {
+        double w;
+        if (g < m->E) {
+            const uint8_t byte = m->nat4[(size_t)g * N * K / 2 + (size_t)r * (K / 2) + k / 2];
+            w = (double)dsv4_e2m1_to_f32(k & 1 ? byte >> 4 : byte & 15) *
+                dsv4_ue8m0_decode(m->sb4[(size_t)g * N * K / 32 + (size_t)r * (K / 32) + k / 32]);
+        } else {
+            w = (double)dsv4_e4m3_to_f32(m->nat8[(size_t)r * K + k]) * dsv4_ue8m0_decode(m->sb8[(r / 128) * NG + k / 128]);
+        }
+        sum += w * dsv4_e4m3_to_f32(ar[k]) * as[k / 128];
+    }
+    return sum;
+}
+
+/* The outputs of out [rows, cols] in rows no group (cnt / pad_off of E) owns that are not 0xFFFF. */
+static long dm_untouched(const uint16_t *out, int rows, int cols, int E, const int *cnt, const int *pad_off)
+{
+    long n = 0;
+    for (int row = 0; row < rows; row++) {
+        int owned = 0;
+        for (int e = 0; e < E; e++)
+            owned |= row >= pad_off[e] && row < pad_off[e] + cnt[e];
+        for (int c = 0; c < cols && !owned; c++)
+            n += out[(long)row * cols + c] != 0xFFFFu;
+    }
+    return n;
+}
+
 /* One k_dec_mix launch: E = 4 fp4 routed experts with cnt[e] rows each (0 to 16: no group, one or
    two 8-token tiles), K split ks, and the fp8 shared expert with ntok rows and split ks_sh; N 256,
    K 512 (ks 8: half the warps have no K block). The groups' rows sit apart, with rows no group
@@ -921,58 +1029,21 @@ static const float dm_w8[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f,
 static void dec_mix_case(int ring, int ks, int ks_sh, const int cnt[4], int ntok, uint32_t seed)
 {
     static const char *const kname[] = {"k_dec_mix", "k_dec std", "k_dec deep", "k_dec bulk", "k_dec bulk_ef"};
-    enum { E = 4, N = 256, K = 512, NG = K / 128 };
-    uint32_t st = seed;
-    uint64_t d4, sc4, d8, sc8;
-    dsv4_fn_sizes(1, N, K, 0, &d4, &sc4);
-    dsv4_fn_sizes(0, N, K, 0, &d8, &sc8);
-    uint8_t *nat4 = malloc((size_t)E * N * K / 2), *sb4 = malloc((size_t)E * N * K / 32);
-    uint8_t *w4 = malloc((size_t)E * d4), *s4 = malloc((size_t)E * sc4);
-    uint8_t *nat8 = malloc((size_t)N * K), sb8[(N / 128) * NG], *w8 = malloc(d8);
-    float *s8 = malloc(sc8);
-    ck_assert(nat4 && sb4 && w4 && s4 && nat8 && w8 && s8);
-    for (size_t i = 0; i < (size_t)E * N * K / 2; i++) { /* e2m1 magnitudes 0 to 2, either sign */
-        const uint32_t lo = (dm_next(&st) % 5) | (dm_next(&st) & 1u) << 3, hi = (dm_next(&st) % 5) | (dm_next(&st) & 1u) << 3;
-        nat4[i] = (uint8_t)(lo | hi << 4);
-    }
-    for (size_t i = 0; i < (size_t)E * N * K / 32; i++)
-        sb4[i] = (uint8_t)(126 + dm_next(&st) % 3); /* 2^-1 .. 2^1 */
-    for (int e = 0; e < E; e++) {
-        const dsv4_fn_src a = {nat4 + (size_t)e * N * K / 2, K / 2, sb4 + (size_t)e * N * K / 32, 0};
-        int bw = 0;
-        int64_t br = 0, bg = 0;
-        ck_assert_int_eq(dsv4_fn_repack_fp4(&a, NULL, N, K, w4 + e * d4, s4 + e * sc4, &bw, &br, &bg, NULL, NULL), 0);
-    }
-    for (size_t i = 0; i < (size_t)N * K; i++)
-        nat8[i] = dsv4_f32_to_e4m3(dm_w8[dm_next(&st) % (sizeof dm_w8 / sizeof dm_w8[0])]);
-    for (int i = 0; i < (N / 128) * NG; i++)
-        sb8[i] = (uint8_t)(126 + dm_next(&st) % 3);
-    const dsv4_fn_src a8 = {nat8, K, sb8, 0};
-    dsv4_fn_repack_fp8(&a8, NULL, N, K, w8, s8);
+    enum { E = 4, N = 256, K = 512 };
     /* activations: each group's rows 16 e + (e & 1) .., the shared expert's own */
     int pad_off[E];
     for (int e = 0; e < E; e++)
         pad_off[e] = 17 * e + (e & 1);
     const int rows = 17 * E + 2;
-    uint8_t *A = malloc((size_t)rows * K), *Ash = malloc((size_t)ntok * K);
-    float *As = malloc(sizeof(float) * rows * NG), *Assh = malloc(sizeof(float) * ntok * NG);
-    ck_assert(A && Ash && As && Assh);
-    for (size_t i = 0; i < (size_t)rows * K; i++)
-        A[i] = dsv4_f32_to_e4m3(dm_act[dm_next(&st) % 7]);
-    for (size_t i = 0; i < (size_t)ntok * K; i++)
-        Ash[i] = dsv4_f32_to_e4m3(dm_act[dm_next(&st) % 7]);
-    for (int i = 0; i < rows * NG; i++)
-        As[i] = ldexpf(1.0f, (int)(dm_next(&st) % 3) - 1);
-    for (int i = 0; i < ntok * NG; i++)
-        Assh[i] = ldexpf(1.0f, (int)(dm_next(&st) % 3) - 1);
+    dm_ops m;
+    dm_ops_make(&m, E, N, K, rows, ntok, seed);
     uint16_t *out = malloc(sizeof(uint16_t) * rows * N), *out_sh = malloc(sizeof(uint16_t) * ntok * N);
     ck_assert(out && out_sh);
     for (int i = 0; i < rows * N; i++)
         out[i] = 0xFFFFu; /* a NaN no sum gives */
     for (int i = 0; i < ntok * N; i++)
         out_sh[i] = 0xFFFFu;
-    const dsv4_test_decmix_in in = {E,      N,     K,    ks, ks_sh, w4,      s4,   d4, sc4, w8, s8, d8, sc8 / 4,
-                                    cnt,    pad_off, rows, A,  As,    ntok,    Ash,  Assh};
+    const dsv4_test_decmix_in in = dm_in(&m, cnt, pad_off, ks, ks_sh);
     const int rc = ring < 0 ? dsv4_test_dec_mix(&in, out, out_sh) : dsv4_test_dec(&in, ring, out, out_sh);
     ck_assert_msg(rc == 0, "%s: CUDA error %d (%s)", kname[ring + 1], rc, cudaGetErrorString((cudaError_t)rc));
     /* expected: the exact sums (double), one fp32 and one bf16 rounding; a zero of either sign is zero */
@@ -981,21 +1052,8 @@ static void dec_mix_case(int ring, int ks, int ks_sh, const int cnt[4], int ntok
         const int n = g < E ? cnt[g] : ntok;
         for (int j = 0; j < n; j++) {
             const long arow = g < E ? pad_off[g] + j : j;
-            const uint8_t *ar = (g < E ? A : Ash) + arow * K;
-            const float *as = (g < E ? As : Assh) + arow * NG;
             for (int r = 0; r < N; r++) {
-                double sum = 0.0;
-                for (int k = 0; k < K; k++) {
-                    double w;
-                    if (g < E) {
-                        const uint8_t byte = nat4[(size_t)g * N * K / 2 + (size_t)r * (K / 2) + k / 2];
-                        w = (double)dsv4_e2m1_to_f32(k & 1 ? byte >> 4 : byte & 15) *
-                            dsv4_ue8m0_decode(sb4[(size_t)g * N * K / 32 + (size_t)r * (K / 32) + k / 32]);
-                    } else {
-                        w = (double)dsv4_e4m3_to_f32(nat8[(size_t)r * K + k]) * dsv4_ue8m0_decode(sb8[(r / 128) * NG + k / 128]);
-                    }
-                    sum += w * dsv4_e4m3_to_f32(ar[k]) * as[k / 128];
-                }
+                const double sum = dm_sum(&m, pad_off, g, j, r);
                 const float f = (float)sum;
                 ck_assert_msg((double)f == sum, "the test's values must sum exactly in fp32");
                 const uint16_t want = dsv4_bf16_bits(f), got = g < E ? out[arow * N + r] : out_sh[arow * N + r];
@@ -1008,20 +1066,14 @@ static void dec_mix_case(int ring, int ks, int ks_sh, const int cnt[4], int ntok
             }
         }
     }
-    for (int row = 0; row < rows; row++) {
-        int owned = 0;
-        for (int e = 0; e < E; e++)
-            owned |= row >= pad_off[e] && row < pad_off[e] + cnt[e];
-        for (int r = 0; r < N && !owned; r++)
-            untouched += out[(long)row * N + r] != 0xFFFFu;
-    }
+    untouched += dm_untouched(out, rows, N, E, cnt, pad_off);
     printf("cuda_suite %-13s ks %d/%d rows %d %d %d %d + shared %2d: %ld outputs as the exact sums (%ld differ), "
            "%ld written outside the groups\n",
            kname[ring + 1], ks, ks_sh, cnt[0], cnt[1], cnt[2], cnt[3], ntok, checked, bad, untouched);
     ck_assert_int_eq(bad, 0);
     ck_assert_int_eq(untouched, 0);
-    free(nat4), free(sb4), free(w4), free(s4), free(nat8), free(w8), free(s8);
-    free(A), free(Ash), free(As), free(Assh), free(out), free(out_sh);
+    dm_ops_free(&m);
+    free(out), free(out_sh);
 }
 
 /* k_dec_mix alone (params shared_dec=one's kernel) through its launcher, then k_dec's own launches
@@ -1447,6 +1499,181 @@ START_TEST(tile8_conversion)
                 bad += memcmp(&w[((size_t)n * 32 + lane) * 2 + h], (uint8_t *)sc8 + n * DSV4_FN_FP8_SCHUNK + h * 4, 4) != 0;
     ck_assert_int_eq(bad, 0);
     free(ch), free(sc), free(sc8), free(af), free(w);
+}
+END_TEST
+
+/* One bf16 step apart or less (the same sign; a zero of either sign is zero). */
+static int bf16_near(uint16_t a, uint16_t b)
+{
+    if ((a & 0x7FFFu) == 0 && (b & 0x7FFFu) == 0)
+        return 1;
+    if ((a ^ b) & 0x8000u)
+        return 0;
+    return abs((int)(a & 0x7FFFu) - (int)(b & 0x7FFFu)) <= 1;
+}
+
+/*
+ * One k_tile8 launch (tile8_hw.h) on E = 4 fp4 routed experts of cnt[e] rows and the fp8 shared
+ * expert's ntok rows (N 512, K 512, dm_ops' values), every group in tiles of 32 rows (big 0) or of
+ * variant v's (big 1: 1 b128, 2 b64, 3 q64); rows no group owns between the groups. gu 0: every
+ * output the exact sum, one bf16 rounding (dm_ops' values sum exactly on the tensor cores too); gu
+ * 1: h as SPEC.md section 4 makes it from the bf16 exact g and u (clamp at L = 10, counted, silu in
+ * fp32, router weight before w2 when `before`, bf16), within one bf16 step (the host's expf is
+ * not the device's), and the clamp counts the host's. h (gu, not q64) and, for q64's gate/up, hq
+ * and hs get the device's outputs, routed rows then the shared expert's, when not NULL.
+ */
+static void tile8_case(int big, int v, int gu, int before, const int cnt[4], int ntok, int qmode, uint32_t seed,
+                       uint16_t *h, uint8_t *hq, float *hs)
+{
+    static const char *const vname[] = {"mid", "b128", "b64", "q64"};
+    enum { E = 4, N = 512, K = 512, I = N / 2 };
+    const float L = 10.0f;
+    int pad_off[E], slot_off[E + 1], rows = 1;
+    slot_off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        pad_off[e] = rows;
+        rows += cnt[e] + 3;
+        slot_off[e + 1] = slot_off[e] + cnt[e];
+    }
+    const int slots = slot_off[E];
+    dm_ops m;
+    dm_ops_make(&m, E, N, K, rows, ntok, seed);
+    const int cols = gu ? I : N, q = big && v == 3 && gu;
+    float *slot_w = malloc(sizeof(float) * (slots + 1));
+    uint16_t *out = malloc(sizeof(uint16_t) * rows * cols), *out_sh = malloc(sizeof(uint16_t) * (ntok * cols + 1));
+    uint8_t *dq = malloc((size_t)(rows + ntok) * I);
+    float *ds = malloc(sizeof(float) * (rows + ntok) * (I / 128));
+    ck_assert(slot_w && out && out_sh && dq && ds);
+    for (int i = 0; i < slots; i++)
+        slot_w[i] = 0.25f * (float)(2 + i % 5);
+    for (int i = 0; i < rows * cols; i++)
+        out[i] = 0xFFFFu;
+    for (int i = 0; i < ntok * cols; i++)
+        out_sh[i] = 0xFFFFu;
+    memset(dq, 0xA5, (size_t)(rows + ntok) * I);
+    for (int i = 0; i < (rows + ntok) * (I / 128); i++)
+        ds[i] = -1.0f;
+    const dsv4_test_tile8_in in = {dm_in(&m, cnt, pad_off, 1, 1), gu, slot_w, before, gu ? L : 0.0f, qmode};
+    unsigned long long cl[4];
+    const int rc = dsv4_test_tile8_run(&in, big, v, out, out_sh, dq, ds, cl);
+    ck_assert_msg(rc == 0, "k_tile8 %s: CUDA error %d (%s)", vname[big ? v : 0], rc, cudaGetErrorString((cudaError_t)rc));
+    long bad = 0, last_bit = 0, checked = 0, untouched = 0;
+    unsigned long long hc[4] = {0, 0, 0, 0};
+    for (int g = 0; g <= E; g++) {
+        const int n = g < E ? cnt[g] : ntok;
+        for (int j = 0; j < n; j++) {
+            const long orow = g < E ? pad_off[g] + j : j;
+            const uint16_t *o = (g < E ? out : out_sh) + orow * cols;
+            for (int c = 0; c < cols; c++) {
+                uint16_t want;
+                if (!gu) {
+                    want = dsv4_bf16_bits((float)dm_sum(&m, pad_off, g, j, c));
+                } else {
+                    const int rg = (c / 8) * 16 + c % 8;
+                    float gv = dsv4_round_bf16((float)dm_sum(&m, pad_off, g, j, rg));
+                    float uv = dsv4_round_bf16((float)dm_sum(&m, pad_off, g, j, rg + 8));
+                    uint64_t gc = 0, uc = 0;
+                    dsv4_swiglu_clamp(&gv, &uv, L, &gc, &uc);
+                    hc[g < E ? 0 : 2] += gc, hc[g < E ? 1 : 3] += uc;
+                    float hv = gv / (1.0f + expf(-gv)) * uv;
+                    if (g < E && before)
+                        hv *= slot_w[slot_off[g] + j];
+                    want = dsv4_bf16_bits(hv);
+                }
+                if (q) { /* q64 writes no h: the codes are checked by the caller */
+                    untouched += o[c] != 0xFFFFu;
+                    continue;
+                }
+                if (h)
+                    h[(g < E ? orow : rows + orow) * cols + c] = o[c];
+                const int same = o[c] == want || ((o[c] & 0x7FFFu) == 0 && (want & 0x7FFFu) == 0);
+                last_bit += !same && bf16_near(o[c], want);
+                if (!same && (!gu || !bf16_near(o[c], want)) && bad++ < 5)
+                    fprintf(stderr, "k_tile8 %s gu %d group %d row %d col %d: got 0x%04x want 0x%04x\n",
+                            vname[big ? v : 0], gu, g, j, c, o[c], want);
+                checked++;
+            }
+        }
+    }
+    untouched += dm_untouched(out, rows, cols, E, cnt, pad_off);
+    if (hq)
+        memcpy(hq, dq, (size_t)(rows + ntok) * I);
+    if (hs)
+        memcpy(hs, ds, sizeof(float) * (rows + ntok) * (I / 128));
+    printf("cuda_suite k_tile8 %-4s gu %d rows %3d %3d %3d %3d + shared %3d: %ld outputs as expected (%ld a bf16 step "
+           "off; q64's codes below), clamps %llu %llu %llu %llu, %ld written outside\n",
+           vname[big ? v : 0], gu, cnt[0], cnt[1], cnt[2], cnt[3], ntok, checked - bad, last_bit, cl[0], cl[1], cl[2],
+           cl[3], untouched);
+    ck_assert_int_eq(bad, 0);
+    ck_assert_int_eq(untouched, 0);
+    if (gu)
+        for (int i = 0; i < 4; i++)
+            ck_assert_uint_eq(cl[i], hc[i]);
+    dm_ops_free(&m);
+    free(slot_w), free(out), free(out_sh), free(dq), free(ds);
+}
+
+/* q64's gate/up (h quantized in its epilogue) against b64's h quantized on the host
+   (dsv4_act_quant_row in qmode): every code and scale of every group's rows the same; the bytes
+   of rows no group owns untouched. */
+static void tile8_q64_case(int before, const int cnt[4], int ntok, int qmode, uint32_t seed)
+{
+    enum { I = 256, NGI = I / 128 };
+    int rows = 1;
+    for (int e = 0; e < 4; e++)
+        rows += cnt[e] + 3;
+    const int hrows = rows + ntok;
+    uint16_t *h = malloc(sizeof(uint16_t) * hrows * I);
+    uint8_t *hq = malloc((size_t)hrows * I), *want = malloc(I);
+    float *hs = malloc(sizeof(float) * hrows * NGI), hv[I], out[I], ws[NGI];
+    ck_assert(h && hq && hs && want);
+    for (int i = 0; i < hrows * I; i++)
+        h[i] = 0xFFFFu;
+    tile8_case(1, 2, 1, before, cnt, ntok, qmode, seed, h, NULL, NULL);
+    tile8_case(1, 3, 1, before, cnt, ntok, qmode, seed, NULL, hq, hs);
+    long bad = 0, rows_q = 0, untouched = 0;
+    for (int r = 0; r < hrows; r++) {
+        if (h[(long)r * I] == 0xFFFFu) { /* no group's row: untouched */
+            for (int c = 0; c < I; c++)
+                untouched += hq[(long)r * I + c] != 0xA5;
+            continue;
+        }
+        for (int c = 0; c < I; c++)
+            hv[c] = dsv4_bf16_to_f32(h[(long)r * I + c]);
+        dsv4_act_quant_row(hv, I, (dsv4_act_quant)qmode, out, want, ws);
+        for (int c = 0; c < I; c++)
+            if (hq[(long)r * I + c] != want[c] && bad++ < 5)
+                fprintf(stderr, "q64 row %d col %d: code 0x%02x want 0x%02x\n", r, c, hq[(long)r * I + c], want[c]);
+        for (int b = 0; b < NGI; b++)
+            if (hs[(long)r * NGI + b] != ws[b] && bad++ < 5)
+                fprintf(stderr, "q64 row %d group %d: scale %g want %g\n", r, b, hs[(long)r * NGI + b], ws[b]);
+        rows_q++;
+    }
+    printf("cuda_suite k_tile8 q64 quantization (mode %d): %ld rows as b64's h quantized by the host (%ld differ), "
+           "%ld bytes written outside\n", qmode, rows_q, bad, untouched);
+    ck_assert_int_gt(rows_q, 0);
+    ck_assert_int_eq(bad, 0);
+    ck_assert_int_eq(untouched, 0);
+    free(h), free(hq), free(hs), free(want);
+}
+
+/* k_tile8 (params direct=) alone through its launcher: fp4 routed groups of 1 to 300 rows (partial
+   last tiles, an empty group skipped) and the fp8 shared expert's group, on the mid-size kernel
+   (32-row tiles) and the large groups' variants; the plain projection against the exact sums, the
+   gate/up's SwiGLU epilogue against the host's, q64's fused quantization of h against the host's
+   quantization of b64's h (ue8m0 and fp32 scales). */
+START_TEST(tile8_kernel)
+{
+    static const int c_mid[4] = {40, 17, 0, 65}, c_big[4] = {130, 1, 0, 257}, c_gu[4] = {70, 20, 0, 129};
+    if (!have_gpu())
+        return;
+    tile8_case(0, 1, 0, 0, c_mid, 33, 1, 41u, NULL, NULL, NULL);
+    tile8_case(1, 1, 0, 0, c_big, 129, 1, 42u, NULL, NULL, NULL);
+    tile8_case(1, 2, 0, 0, c_big, 129, 1, 43u, NULL, NULL, NULL);
+    tile8_case(0, 1, 1, 1, c_mid, 20, 1, 44u, NULL, NULL, NULL);
+    tile8_case(1, 1, 1, 0, c_gu, 65, 1, 45u, NULL, NULL, NULL);
+    tile8_q64_case(1, c_gu, 65, 1, 46u);
+    tile8_q64_case(0, c_big, 33, 2, 47u);
 }
 END_TEST
 
@@ -2284,6 +2511,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, logits_blas_call);
     tcase_add_test(sm, quant_x8_kernel);
     tcase_add_test(sm, tile8_conversion);
+    tcase_add_test(sm, tile8_kernel);
     suite_add_tcase(s, sm);
     TCase *f8 = tcase_create("fp8");
     tcase_set_timeout(f8, 600);
