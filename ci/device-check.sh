@@ -23,7 +23,9 @@
 #   devsim         build/cuda/test_devsim: the device sim communicator, ep 2/4/8 ranks as threads with
 #                  their own streams on one GPU, and the skipped-metadata deadlock reported (not hung);
 #                  then the same under compute-sanitizer memcheck (CK_FORK=no)
-#   gpu-scenario   build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda, when both exist
+#   gpu-scenario   build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda, when both exist; when it
+#                  fails, gpu-scenario-isolate (ci/scen-isolate.py, DSV4_DEVCHECK_ISOLATE_CAP seconds,
+#                  default 150) reruns alone each case that failed from the first device fault on
 #   nccl           tests/nccl/device-run.sh: the NCCL communicator's one-GPU tests and a world of every GPU
 #   sanitizer      compute-sanitizer memcheck on the test program's "small" Tcase (CK_RUN_CASE=small,
 #                  CK_FORK=no; DSV4_SANITIZER_ARGS adds arguments)
@@ -190,8 +192,13 @@ cuda_tests() {
         absent devsim "no build/cuda/test_devsim (make cuda builds it)"
     fi
     if [ -x build/cuda/dsv4moe ] && [ -f scenarios/gpu.yaml ]; then
-        step gpu-scenario "${DSV4_DEVCHECK_SCEN_CAP:-200}" "$CUDA_ENV build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads $JOBS \
-            --report $WORK/gpu --cache $WORK/cuda-tmp/scen-cache"
+        SCEN_CMD="build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads $JOBS --cache $WORK/cuda-tmp/scen-cache"
+        # a case that faults on the device fails every later case of the process (the error stays on
+        # the CUDA context): then each case that failed from the first fault on reruns alone
+        # (ci/scen-isolate.py), so the log names the faulting case and says how the others fare alone
+        step gpu-scenario "${DSV4_DEVCHECK_SCEN_CAP:-200}" "$CUDA_ENV $SCEN_CMD --report $WORK/gpu" ||
+            step gpu-scenario-isolate "${DSV4_DEVCHECK_ISOLATE_CAP:-150}" "$CUDA_ENV $PY ci/scen-isolate.py $WORK/gpu \
+                $((${DSV4_DEVCHECK_ISOLATE_CAP:-150} - 10)) $SCEN_CMD"
     else
         absent gpu-scenario "build/cuda/dsv4moe or scenarios/gpu.yaml not there"
     fi

@@ -1,6 +1,7 @@
 /* ci/device-table.py, the table that ci/device-check.sh prints last: run on hand-written bench JSONs,
  * its results.json and its text checked (which mode leads, best configuration per T, ratios to each
- * peer, ceiling shares, the targets, peers that did not run). */
+ * peer, ceiling shares, the targets, peers that did not run); device-check's other helpers,
+ * ci/ncu-stall-regions.py and ci/scen-isolate.py, on hand-written inputs. */
 #include <check.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -191,16 +192,24 @@ START_TEST(nothing_measured)
 END_TEST
 
 /* Runs ci/ncu-stall-regions.py on dir/name (extra arguments args), output into out_buf; its exit status. */
-static int stall_regions(const char *dir, const char *name, const char *args)
+/* Runs `python ci/SCRIPT ARGS` with its output into out_buf (through dir/ci.txt); its exit status. */
+static int ci_script(const char *dir, const char *script, const char *args)
 {
     const char *py = getenv("DSV4MOE_PYTHON"), *src = getenv("DSV4MOE_SRC");
     char cmd[4096], log[700];
-    snprintf(log, sizeof log, "%s/regions.txt", dir);
-    snprintf(cmd, sizeof cmd, "%s %s/ci/ncu-stall-regions.py %s/%s %s >%s 2>&1", py && py[0] ? py : "python3",
-             src && src[0] ? src : ".", dir, name, args, log);
+    snprintf(log, sizeof log, "%s/ci.txt", dir);
+    snprintf(cmd, sizeof cmd, "%s %s/ci/%s %s >%s 2>&1", py && py[0] ? py : "python3", src && src[0] ? src : ".",
+             script, args, log);
     int rc = system(cmd);
     ck_assert_msg(tu_read_file(log, out_buf, sizeof out_buf) >= 0, "no output from %s", cmd);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static int stall_regions(const char *dir, const char *name, const char *args)
+{
+    char a[1400];
+    snprintf(a, sizeof a, "%s/%s %s", dir, name, args);
+    return ci_script(dir, "ncu-stall-regions.py", a);
 }
 
 /* ci/ncu-stall-regions.py on a hand-written source page, as a device-check step log holds it: the
@@ -269,6 +278,46 @@ START_TEST(stall_regions_of_a_source_page)
 }
 END_TEST
 
+/* ci/scen-isolate.py on a hand-written report of tests/smoke.yaml's cases, rerun on the
+   CPU CLI: nothing to rerun without a device fault; from the first case that failed with an
+   illegal address on, each failing case rerun alone with both verdicts (one that exists in no
+   scenario file has no report and counts as failed: exit 1); bad input exits 2 naming it. */
+START_TEST(scenario_cases_rerun_alone)
+{
+    char dir[600], args[3000];
+    const char *cli = getenv("DSV4MOE_CLI"), *src = getenv("DSV4MOE_SRC");
+    if (!cli || !cli[0])
+        return; /* run through make test */
+    fresh(dir, sizeof dir, "scen_isolate");
+    put(dir, "out/report.json",
+        "{\"cases\": [{\"name\": \"smoke/topology=0\", \"status\": \"fail\"},"
+        " {\"name\": \"smoke/topology=1\", \"status\": \"pass\"}]}");
+    snprintf(args, sizeof args, "%s/out 60 %s run %s/tests/smoke.yaml", dir, cli, src && src[0] ? src : ".");
+    ck_assert_msg(ci_script(dir, "scen-isolate.py", args) == 0, "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "nothing to rerun"), "%s", out_buf);
+    put(dir, "out/report.json",
+        "{\"cases\": [{\"name\": \"smoke/topology=0\", \"status\": \"fail\"},"
+        " {\"name\": \"smoke/topology=2\", \"status\": \"fail\", \"checks\": [{\"detail\":"
+        " \"backend cuda: CUDA error: an illegal memory access was encountered\"}]},"
+        " {\"name\": \"smoke/hash-layer\", \"status\": \"fail\"},"
+        " {\"name\": \"smoke/no-such-case\", \"status\": \"fail\"},"
+        " {\"name\": \"smoke/topology=1\", \"status\": \"pass\"}]}");
+    ck_assert_msg(ci_script(dir, "scen-isolate.py", args) == 1, "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "first device fault in case smoke/topology=2 (illegal memory access)"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "smoke/hash-layer"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "whole run: fail   alone: pass"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "alone: no report"), "%s", out_buf);
+    ck_assert_msg(strstr(out_buf, "3 rerun, 1 failed alone"), "%s", out_buf);
+    ck_assert_ptr_null(strstr(out_buf, "smoke/topology=0 ")); /* before the fault: not rerun */
+    snprintf(args, sizeof args, "%s/nothing 60 %s", dir, cli);
+    ck_assert_int_eq(ci_script(dir, "scen-isolate.py", args), 2);
+    ck_assert_msg(strstr(out_buf, "cannot read the run's cases"), "%s", out_buf);
+    snprintf(args, sizeof args, "%s/out soon %s", dir, cli);
+    ck_assert_int_eq(ci_script(dir, "scen-isolate.py", args), 2);
+    ck_assert_msg(strstr(out_buf, "SECONDS: not a number"), "%s", out_buf);
+}
+END_TEST
+
 Suite *devtable_suite(void)
 {
     Suite *s = suite_create("devtable");
@@ -278,6 +327,7 @@ Suite *devtable_suite(void)
     tcase_add_test(tc, nothing_measured);
     tcase_add_test(tc, stall_regions_of_a_source_page);
     tcase_add_test(tc, timelines_listed);
+    tcase_add_test(tc, scenario_cases_rerun_alone);
     suite_add_tcase(s, tc);
     return s;
 }
