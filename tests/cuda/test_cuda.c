@@ -985,11 +985,11 @@ static dsv4_test_decmix_in dm_in(const dm_ops *m, const int *cnt, const int *pad
 }
 
 /* The exact sum (as the reference defines the values: SPEC.md section 5's e2m1 / e4m3 values and
-   ue8m0 scales) of weight row r of group g (E: the shared expert) with its activation row j. */
-static double dm_sum(const dm_ops *m, const int *pad_off, int g, int j, int r)
+   ue8m0 scales) of weight row r of group g (E: the shared expert) with activation row arow (of A,
+   or of Ash for the shared expert). */
+static double dm_sum(const dm_ops *m, int g, long arow, int r)
 {
     const int N = m->N, K = m->K, NG = K / 128;
-    const long arow = g < m->E ? pad_off[g] + j : j;
     const uint8_t *ar = (g < m->E ? m->A : m->Ash) + arow * K;
     const float *as = (g < m->E ? m->As : m->Assh) + arow * NG;
     double sum = 0.0;
@@ -1053,7 +1053,7 @@ static void dec_mix_case(int ring, int ks, int ks_sh, const int cnt[4], int ntok
         for (int j = 0; j < n; j++) {
             const long arow = g < E ? pad_off[g] + j : j;
             for (int r = 0; r < N; r++) {
-                const double sum = dm_sum(&m, pad_off, g, j, r);
+                const double sum = dm_sum(&m, g, arow, r);
                 const float f = (float)sum;
                 ck_assert_msg((double)f == sum, "the test's values must sum exactly in fp32");
                 const uint16_t want = dsv4_bf16_bits(f), got = g < E ? out[arow * N + r] : out_sh[arow * N + r];
@@ -1515,7 +1515,8 @@ static int bf16_near(uint16_t a, uint16_t b)
 /*
  * One k_tile8 launch (tile8_hw.h) on E = 4 fp4 routed experts of cnt[e] rows and the fp8 shared
  * expert's ntok rows (N 512, K 512, dm_ops' values), every group in tiles of 32 rows (big 0) or of
- * variant v's (big 1: 1 b128, 2 b64, 3 q64); rows no group owns between the groups. gu 0: every
+ * variant v's (big 1: 1 b128, 2 b64, 3 q64); rows no group owns between the groups, which gate/up
+ * reads gathered (a slot's A row from slot_tok, as the fast path). gu 0: every
  * output the exact sum, one bf16 rounding (dm_ops' values sum exactly on the tensor cores too); gu
  * 1: h as SPEC.md section 4 makes it from the bf16 exact g and u (clamp at L = 10, counted, silu in
  * fp32, router weight before w2 when `before`, bf16), within one bf16 step (the host's expf is
@@ -1553,7 +1554,14 @@ static void tile8_case(int big, int v, int gu, int before, const int cnt[4], int
     memset(dq, 0xA5, (size_t)(rows + ntok) * I);
     for (int i = 0; i < (rows + ntok) * (I / 128); i++)
         ds[i] = -1.0f;
-    const dsv4_test_tile8_in in = {dm_in(&m, cnt, pad_off, 1, 1), gu, slot_w, before, gu ? L : 0.0f, qmode};
+    /* gate/up reads its rows gathered, as the fast path does (slot j of a group: A row slot_tok[j],
+       repeats allowed); the down projection by padded row */
+    int32_t *slot_tok = malloc(sizeof(int32_t) * (slots + 1));
+    ck_assert(slot_tok);
+    for (int i = 0; i < slots; i++)
+        slot_tok[i] = (int32_t)((7 * i + 3) % rows);
+    const dsv4_test_tile8_in in = {dm_in(&m, cnt, pad_off, 1, 1), gu, slot_w, before, gu ? L : 0.0f, qmode,
+                                   gu ? slot_tok : NULL};
     unsigned long long cl[4];
     const int rc = dsv4_test_tile8_run(&in, big, v, out, out_sh, dq, ds, cl);
     ck_assert_msg(rc == 0, "k_tile8 %s: CUDA error %d (%s)", vname[big ? v : 0], rc, cudaGetErrorString((cudaError_t)rc));
@@ -1563,15 +1571,16 @@ static void tile8_case(int big, int v, int gu, int before, const int cnt[4], int
         const int n = g < E ? cnt[g] : ntok;
         for (int j = 0; j < n; j++) {
             const long orow = g < E ? pad_off[g] + j : j;
+            const long arow = g < E && gu ? slot_tok[slot_off[g] + j] : orow;
             const uint16_t *o = (g < E ? out : out_sh) + orow * cols;
             for (int c = 0; c < cols; c++) {
                 uint16_t want;
                 if (!gu) {
-                    want = dsv4_bf16_bits((float)dm_sum(&m, pad_off, g, j, c));
+                    want = dsv4_bf16_bits((float)dm_sum(&m, g, arow, c));
                 } else {
                     const int rg = (c / 8) * 16 + c % 8;
-                    float gv = dsv4_round_bf16((float)dm_sum(&m, pad_off, g, j, rg));
-                    float uv = dsv4_round_bf16((float)dm_sum(&m, pad_off, g, j, rg + 8));
+                    float gv = dsv4_round_bf16((float)dm_sum(&m, g, arow, rg));
+                    float uv = dsv4_round_bf16((float)dm_sum(&m, g, arow, rg + 8));
                     uint64_t gc = 0, uc = 0;
                     dsv4_swiglu_clamp(&gv, &uv, L, &gc, &uc);
                     hc[g < E ? 0 : 2] += gc, hc[g < E ? 1 : 3] += uc;
@@ -1610,7 +1619,7 @@ static void tile8_case(int big, int v, int gu, int before, const int cnt[4], int
         for (int i = 0; i < 4; i++)
             ck_assert_uint_eq(cl[i], hc[i]);
     dm_ops_free(&m);
-    free(slot_w), free(out), free(out_sh), free(dq), free(ds);
+    free(slot_w), free(slot_tok), free(out), free(out_sh), free(dq), free(ds);
 }
 
 /* q64's gate/up (h quantized in its epilogue) against b64's h quantized on the host

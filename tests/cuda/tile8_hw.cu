@@ -65,6 +65,10 @@ extern "C" int dsv4_test_tile8_run(const dsv4_test_tile8_in *in, int big, int v,
     const int E = m->E, N = m->N, K = m->K, ng = K / 128, I = N / 2, cols = in->gu ? I : N;
     if (E < 1 || E > 64 || N < 256 || N % 256 || K < 128 || K % 128 || m->ntok < 0 || v < TILE8_B128 || v > TILE8_Q64)
         return (int)cudaErrorInvalidValue;
+    for (int e = 0, s = 0; in->slot_tok && e < E; s += m->cnt[e++])
+        for (int j = 0; j < m->cnt[e]; j++)
+            if (in->slot_tok[s + j] < 0 || in->slot_tok[s + j] >= m->rows)
+                return (int)cudaErrorInvalidValue;
     const bool q = big && v == TILE8_Q64 && in->gu;
     const int bn = big ? tile8_big_rows(v) : 32;
     /* the grouping's view: compact slots in expert order, the tile list (routed, then the shared) */
@@ -94,6 +98,7 @@ extern "C" int dsv4_test_tile8_run(const dsv4_test_tile8_in *in, int big, int v,
     const int *soff = ar.copy(slot_off, (size_t)E + 1), *met = ar.copy(meta, 4), *nt = ar.copy(&m->ntok, 1);
     const int *tile_e = ar.copy(te.data(), te.size()), *tile_r0 = ar.copy(tr.data(), tr.size());
     const float *slot_w = in->slot_w && slot_off[E] ? ar.copy(in->slot_w, (size_t)slot_off[E]) : ar.get<float>(1);
+    const int32_t *slot_tok = in->slot_tok && slot_off[E] ? ar.copy(in->slot_tok, (size_t)slot_off[E]) : nullptr;
     unsigned long long *stats = ar.get<unsigned long long>(ST_N);
     uint16_t *o = ar.copy(out, (size_t)m->rows * cols), *osh = ntok ? ar.copy(out_sh, ntok * cols) : nullptr;
     uint8_t *dq = q ? ar.copy(hq, hrows * I) : nullptr;
@@ -105,6 +110,7 @@ extern "C" int dsv4_test_tile8_run(const dsv4_test_tile8_in *in, int big, int v,
     fa.clamp_r = fa.clamp_s = in->L > 0.0f, fa.L = in->L;
     fa.stats = stats, fa.ntok = nt, fa.cnt = cnt, fa.slot_off = soff, fa.pad_off = pad, fa.meta = met;
     fa.tile_e = tile_e, fa.tile_r0 = tile_r0, fa.meta_tiles = 1, fa.E = E;
+    fa.gather = slot_tok != nullptr, fa.slot_tok = slot_tok;
     fa.qf_q = dq, fa.qf_s = ds, fa.qf_sh_row0 = m->rows, fa.qmode = in->qmode;
     cudaError_t e;
     if ((e = tile8_attrs()) != cudaSuccess)

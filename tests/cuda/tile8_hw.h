@@ -20,6 +20,8 @@ typedef struct {
     int before;            /* gu: h times its slot's router weight */
     float L;               /* gu: the clamp limit (0: no clamp) */
     int qmode;             /* q64's gate/up: h quantized in the epilogue, 1 ue8m0 or 2 fp32 scales */
+    const int32_t *slot_tok; /* routed row j of a group: A row slot_tok[its compact slot] (the gate/up's
+                                gather); NULL: A row pad_off[e] + j */
 } dsv4_test_tile8_in;
 
 #ifdef __cplusplus
