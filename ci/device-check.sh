@@ -473,13 +473,16 @@ fi
 # kernel the medians of its start, duration and the GPU's idle before it, and the step's span and
 # busy time, in the step's log and each row's "timeline" in the JSON) at T 1, 8 and 32, fp8 mode,
 # io stream, graph off and on, for the default and each of DSV4_DEVCHECK_TIMELINE_VARIANTS (default:
-# the decode launches' deep unsplit rings, the same fed by evict-first bulk copies, and the lean
-# router: group=warp,weights=warp,logits_loop=on).
+# the decode launches' deep unsplit rings, the same fed by evict-first bulk copies, the lean
+# router: group=warp,weights=warp,logits_loop=on, and every decode variant at once in its two
+# forms, gpu.yaml's decode-all cases: the three-launch step on the lean router, and the bulk-copy
+# rings unsplit with quant=fold on it).
+LEAN_ROUTER="group=warp,weights=warp,logits_loop=on"
 if profile timeline && [ -x "$BENCH" ]; then
     BV_EXTRA="--timeline 20"
     bench_variants timeline 1,8,32 1 default \
-        ${DSV4_DEVCHECK_TIMELINE_VARIANTS:-dec_ring=deep,dec_fill=1 dec_ring=bulk_ef,dec_fill=1 \
-        group=warp,weights=warp,logits_loop=on}
+        ${DSV4_DEVCHECK_TIMELINE_VARIANTS:-dec_ring=deep,dec_fill=1 dec_ring=bulk_ef,dec_fill=1 $LEAN_ROUTER \
+        $DEC_3,$LEAN_ROUTER dec_ring=bulk,dec_fill=1,quant=fold,$LEAN_ROUTER}
     BV_EXTRA=
 fi
 # DSV4_DEVCHECK_PROFILE=prefill: every kernel's time at T = 4096 and 16384 in fp8 mode (Nsight
