@@ -554,9 +554,11 @@ void fp8_range(void *ctx, int64_t begin, int64_t end)
     }
 }
 
-/* params direct=: whether every routed expert of the shard is fp4 and each of its 1x128 groups
+/* params direct=: whether every routed expert of the layer is fp4 and each of its 1x128 groups
    converts to e4m3 exactly (dsv4_fp4_scales_beyond_e4m3 of w1, w3 and w2: the test k_tile8's
-   conversion needs, mma_tile8.cuh), read from the scales alone; *yes gets it. */
+   conversion needs, mma_tile8.cuh), read from the scales alone; *yes gets it. Over the whole layer,
+   not the backend's shard, for layer_fp4_scales' reason: every rank of a sharded layer, and one
+   rank holding all of it, then take the same path. */
 struct DirectJob {
     const dsv4_checkpoint *ck;
     Shard sh;
@@ -586,7 +588,8 @@ void direct_range(void *ctx, int64_t begin, int64_t end)
 
 dsv4_status routed_convert_rows(CudaBe *b, const dsv4_checkpoint *ck, int threads, bool *yes, dsv4_error *err)
 {
-    const Shard sh = shard_of(b);
+    const dsv4_config *c = &b->full;
+    const Shard sh{c, 0, c->n_routed_experts, 0, c->moe_inter_dim};
     *yes = false;
     uint8_t *ok = (uint8_t *)calloc((size_t)sh.e_count + 1, 1);
     dsv4_status *sts = (dsv4_status *)calloc((size_t)sh.e_count + 1, sizeof *sts);

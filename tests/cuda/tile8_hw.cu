@@ -65,10 +65,6 @@ extern "C" int dsv4_test_tile8_run(const dsv4_test_tile8_in *in, int big, int v,
     const int E = m->E, N = m->N, K = m->K, ng = K / 128, I = N / 2, cols = in->gu ? I : N;
     if (E < 1 || E > 64 || N < 256 || N % 256 || K < 128 || K % 128 || m->ntok < 0 || v < TILE8_B128 || v > TILE8_Q64)
         return (int)cudaErrorInvalidValue;
-    for (int e = 0, s = 0; in->slot_tok && e < E; s += m->cnt[e++])
-        for (int j = 0; j < m->cnt[e]; j++)
-            if (in->slot_tok[s + j] < 0 || in->slot_tok[s + j] >= m->rows)
-                return (int)cudaErrorInvalidValue;
     const bool q = big && v == TILE8_Q64 && in->gu;
     const int bn = big ? tile8_big_rows(v) : 32;
     /* the grouping's view: compact slots in expert order, the tile list (routed, then the shared) */
@@ -87,6 +83,9 @@ extern "C" int dsv4_test_tile8_run(const dsv4_test_tile8_in *in, int big, int v,
     meta[1] = (int)te.size();
     if (te.empty())
         return (int)cudaErrorInvalidValue;
+    for (int i = 0; in->slot_tok && i < slot_off[E]; i++)
+        if (in->slot_tok[i] < 0 || in->slot_tok[i] >= m->rows)
+            return (int)cudaErrorInvalidValue;
     const size_t ntok = (size_t)m->ntok, hrows = (size_t)m->rows + ntok;
     DevArena ar;
     const uint8_t *w4 = ar.copy(m->w4, (size_t)m->w4_stride * E), *s4 = ar.copy(m->s4, (size_t)m->s4_stride * E);
