@@ -237,6 +237,41 @@ START_TEST(ep_reproduces_single_rank_bit_for_bit)
 }
 END_TEST
 
+/* The single-rank counterpart runs the ranks' own backend parameters (a parameter that changes a
+   kernel's arithmetic, as the cuda backend's direct= does, must change the counterpart's too): an
+   ep 2 step on the cpu backend with kernels=ref is bit-identical to its counterpart with the same
+   parameters; a parameter the backend refuses is refused by the counterpart too; a stand-in
+   computing backend takes none of them. */
+START_TEST(single_rank_takes_the_ranks_params)
+{
+    layer L = make_layer("mini", 1, "params");
+    const int64_t H = L.c.dim, counts[2] = {37, 130}, offs[2] = {0, 37};
+    dsv4_topology t = topo_of(2, 1, 2, 2, 256);
+    t.backend = DSV4_BACKEND_CPU;
+    t.chunk_tokens = 128;
+    dsv4_budget b = big_budget();
+    dsv4_dist_options o;
+    dsv4_dist_options_init(&o);
+    o.backend_params = "kernels=ref";
+    dsv4_error e;
+    ranks_io io, one;
+    setup_io(&io, &L, 2, counts, offs);
+    ck_assert_msg(dsv4_dist_forward(&L.c, L.ck, &t, &b, &o, io.r, &e) == DSV4_OK, "%s", e.message);
+    setup_io(&one, &L, 2, counts, offs);
+    ck_assert_msg(dsv4_dist_single_rank(&L.c, L.ck, &t, &b, &o, one.r, &e) == DSV4_OK, "%s", e.message);
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(memcmp(io.y[r], one.y[r], (size_t)(counts[r] * H) * 2) == 0, "rank %d differs", r);
+    o.backend_params = "kernels=avx9";
+    ck_assert_int_eq(dsv4_dist_single_rank(&L.c, L.ck, &t, &b, &o, one.r, &e), DSV4_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(e.message, "avx9"), "%s", e.message);
+    o.compute_backend = DSV4_BACKEND_REF; /* a stand-in: the ranks' parameters are not its own */
+    ck_assert_msg(dsv4_dist_single_rank(&L.c, L.ck, &t, &b, &o, one.r, &e) == DSV4_OK, "%s", e.message);
+    free_io(&io, 2);
+    free_io(&one, 2);
+    free_layer(&L);
+}
+END_TEST
+
 START_TEST(tp_shards_agree_with_reference)
 {
     /* mini-bf16 (I = 128): tp = 2 gives 64-row shards, which bf16 weights allow. */
@@ -685,6 +720,7 @@ Suite *dist_suite(void)
     TCase *tc = tcase_create("dist");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, ep_reproduces_single_rank_bit_for_bit, 0, (int)(sizeof ep_layers / sizeof ep_layers[0]));
+    tcase_add_test(tc, single_rank_takes_the_ranks_params);
     tcase_add_test(tc, tp_shards_agree_with_reference);
     tcase_add_loop_test(tc, cpu_tp_within_tolerance, 0, N_TP_CASES);
     tcase_add_test(tc, stages_check_their_arguments);

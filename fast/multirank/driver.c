@@ -875,7 +875,14 @@ dsv4_status dsv4_dist_single_rank(const dsv4_config *cfg, const dsv4_checkpoint 
     t.max_tokens_per_rank = ct > 0 ? ct : 1;
     t.chunk_tokens = 0;
     dsv4_config scfg = standin_config(cfg, kind != (int)topo->backend);
-    if ((st = dsv4_plan_create(&scfg, &t, budget, &one, err)) || (st = dsv4_backend_create(one, ckpt, 1, &be, err)))
+    /* the ranks' own backend parameters (not a stand-in's): a parameter that changes a kernel's
+       arithmetic (the cuda backend's direct=) must change the counterpart's too */
+    dsv4_backend_options bopt;
+    dsv4_backend_options_init(&bopt);
+    bopt.threads = 1;
+    bopt.params = opt && kind == (int)topo->backend ? opt->backend_params : NULL;
+    if ((st = dsv4_plan_create(&scfg, &t, budget, &one, err)) ||
+        (st = dsv4_backend_create_with(one, ckpt, &bopt, &be, err)))
         goto done;
     const dsv4_backend_stages *stg = dsv4_backend_get_stages(be);
     if (!stg) {
