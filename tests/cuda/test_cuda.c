@@ -226,7 +226,12 @@ typedef struct {
  * Kernel variants that must give the base's outputs (its variable set for creation; NULL: the
  * defaults) bit for bit (close = 0): they differ in scheduling only, never in the order of a sum
  * or a rounding point; the clamp counters too. With close, a variant that rounds one product in
- * another order: at most 1 % of the outputs differ, DeepGEMM diff below 1e-4, the same routing.
+ * another order (the router's logits in another sum order): the same routing, every routing weight
+ * within 1e-6 of the base's (the fp8 path's weights lie within 1.2e-7 of the reference's, whose
+ * logits are summed in yet another order), DeepGEMM diff below 1e-5. How many outputs differ is
+ * printed, not bounded: a weight one ulp off flips an e4m3 code of h now and then (the weight is
+ * applied before the down projection), and each flip moves the bf16 rounding of up to a whole row
+ * of y (v4-flash T 33 under logits=blas: 4870 of 135168 outputs, diff 1.1e-7, on an H100).
  */
 static void variants_vs(const env_kv *base, const char *what, const char *preset, int64_t layer, int64_t T,
                         int64_t experts, int fp8, const env_kv *vs, size_t nv, int close)
@@ -248,12 +253,18 @@ static void variants_vs(const env_kv *base, const char *what, const char *preset
             nd += o.y[i] != d.y[i];
         printf("cuda_suite %s %s=%-5s %-9s T %4lld: %lld of %lld outputs differ from %s\n", what, var, val, preset,
                (long long)T, (long long)nd, (long long)n, base ? base->val : "the default");
+        fflush(stdout); /* a failing case's child exits before its buffer would reach the log */
         if (close) {
             dsv4_compare_metrics m;
             ck_assert(dsv4_compare_bf16(o.y, d.y, n, &m));
-            ck_assert_msg(m.finite_ok && m.deepgemm_diff < 1e-4 && nd * 100 <= n, "%s=%s on %s: %lld differ, diff %g",
-                          var, val, preset, (long long)nd, m.deepgemm_diff);
+            ck_assert_msg(m.finite_ok && m.deepgemm_diff < 1e-5, "%s=%s on %s T=%lld: %lld differ, diff %g", var, val,
+                          preset, (long long)T, (long long)nd, m.deepgemm_diff);
             ck_assert(memcmp(o.ids, d.ids, (size_t)(T * ci.c.n_activated) * 4) == 0);
+            double dw = 0;
+            for (int64_t i = 0; i < T * ci.c.n_activated; i++)
+                dw = fmax(dw, fabs((double)o.w[i] - d.w[i]));
+            ck_assert_msg(dw <= 1e-6, "%s=%s on %s T=%lld: routing weights up to %g apart", var, val, preset,
+                          (long long)T, dw);
             bo_free(&o);
             continue;
         }
@@ -570,27 +581,27 @@ START_TEST(router_warp_identical)
 }
 END_TEST
 
-/* The router logits of small chunks with four tokens' x loaded together (params logits_tg=4)
-   against one token at a time (logits_tg=1, the default): every token's sum in the same order, so
+/* The router logits of small chunks with one token's x loaded at a time (params logits_tg=1)
+   against four tokens' together (logits_tg=4, the default): every token's sum in the same order, so
    the same outputs, ids and clamp counters bit for bit (logits_cases). */
 START_TEST(logits_tg_identical)
 {
     const var_case *cs = logits_cases;
-    variant_cases("logits_tg", "logits_tg=4", cs, N_LOGITS_CASES, 0);
+    variant_cases("logits_tg", "logits_tg=1", cs, N_LOGITS_CASES, 0);
 }
 END_TEST
 
 /* The router logits of small chunks with the tokens in a loop that is not unrolled (params
    logits_loop=on: 15 KB of SASS against 128 KB) against the default's unrolled loop: every token's
    sum in the same order, so the same outputs, ids and clamp counters bit for bit (logits_cases),
-   then with four tokens' x loaded together (logits_tg=4) at T 3, 13 and 32, and with route=one
+   then with one token's x loaded at a time (logits_tg=1) at T 3, 13 and 32, and with route=one
    (k_route_small: its own logits, the same either way). */
 START_TEST(logits_loop_identical)
 {
     const var_case *cs = logits_cases;
     variant_cases("logits_loop", "logits_loop=on", cs, N_LOGITS_CASES, 0);
-    variant_cases("logits_loop", "logits_loop=on,logits_tg=4", cs + 1, 1, 0);
-    variant_cases("logits_loop", "logits_loop=on,logits_tg=4", cs + 4, 2, 0);
+    variant_cases("logits_loop", "logits_loop=on,logits_tg=1", cs + 1, 1, 0);
+    variant_cases("logits_loop", "logits_loop=on,logits_tg=1", cs + 4, 2, 0);
     variant_cases("logits_loop", "logits_loop=on,route=one", cs, 1, 0);
 }
 END_TEST
@@ -628,7 +639,7 @@ END_TEST
    k_logits_small + k_router_count (route=fused, the default): the same logits sums, the same
    routing arithmetic and the same grouping, so the same outputs, ids and clamp counters bit for
    bit. v4-flash T 1, 3, 8, 13, 16 and 32 in both numerics modes (T 32: 32-row tiles for groups past
-   16 rows), the hash layer at 17, with four tokens' x loaded together (logits_tg=4), mini-fp8,
+   16 rows), the hash layer at 17, with one token's x loaded at a time (logits_tg=1), mini-fp8,
    mini-topp (top-p pruning and its predictor) and mini-bf16 (the exact path: the default's kernels
    either way); then replayed from a graph at T 3 and 13 (a padded bucket: fewer live tokens than
    the chunk's rows) and with plain launches (pdl=off). */
@@ -639,7 +650,7 @@ START_TEST(route_one_identical)
                                   {"v4-flash", 0, 17, 32, 1}, {"mini-fp8", 1, 5, 0, 1},   {"mini-topp", 1, 9, 0, 0},
                                   {"mini-bf16", 1, 5, 0, 0}};
     variant_cases("route", "route=one", cs, sizeof cs / sizeof cs[0], 0);
-    variant_cases("route", "route=one,logits_tg=4", cs, 3, 0);
+    variant_cases("route", "route=one,logits_tg=1", cs, 3, 0);
     if (!have_gpu())
         return;
     static const struct {
