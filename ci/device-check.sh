@@ -83,7 +83,7 @@ JOBS=${DSV4_DEVCHECK_JOBS:-16}
 PY=${PYTHON:-python3}
 LOGS=$WORK/logs
 mkdir -p "$OUT" "$LOGS" "$WORK/bench"
-[ "${DSV4_DEVCHECK_KEEP:-0}" = 1 ] || rm -f "$WORK"/bench/*.json
+[ "${DSV4_DEVCHECK_KEEP:-0}" = 1 ] || rm -f "$WORK"/bench/*.json "$WORK/bench/variants.tsv"
 # DSV4_DEVCHECK_PROFILE holds one profile name or several, space-separated ("route ring")
 profile() {
     case " ${DSV4_DEVCHECK_PROFILE:-0} " in *" $1 "*) return 0 ;; esac
@@ -398,6 +398,8 @@ bench_variants() {
         [ -f "$WORK/bench/cuda_v4-flash_l5.safetensors" ] || bcap=240
         step "$bprefix-$tag-$bpass" "$bcap" "$BENCH --gemm fp8 --cuda-kernels $kv --tokens $btok --quick $BV_EXTRA \
             --json $WORK/bench/${bprefix}_${tag}_$bpass.json --dir $WORK/bench --threads $JOBS"
+        # the run in the manifest that ci/variant-table.py reads (step "variant-table", at the end)
+        printf '%s\t%s\t%s\t%s\n' "$bprefix" "$v" "$bpass" "${bprefix}_${tag}_$bpass.json" >>"$WORK/bench/variants.tsv"
     done
 }
 DEC_3="route=one,shared_dec=one,quant=fold"
@@ -511,6 +513,22 @@ if profile prefill && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
         --cuda-kernels logits=blas,router=warp --tokens 4096 --quick --json $WORK/bench/prefill_blas_4096.json \
         --dir $WORK/bench --threads $JOBS"
 fi
+# DSV4_DEVCHECK_PROFILE=flip: the variants whose identity tests have passed on a device but which
+# are not the default, timed as whole layers only (no profiler, a few minutes): the decode step at T
+# 1, 8, 32, 128 and 256 with the lean router (group=warp,weights=warp,logits_loop=on) and each of its
+# parts, and the decode launches' deep rings unsplit (dec_ring=deep / bulk / bulk_ef with
+# dec_fill=1); the prefill at T 1024, 4096 and 16384 with logits=blas, gather=quant and
+# logits=blas,router=warp; DSV4_DEVCHECK_PASSES alternating passes (default 2). The step
+# "variant-table" then puts each against the default of its pass (ci/variant-table.py).
+if profile flip && [ -x "$BENCH" ]; then
+    for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-2}"); do
+        bench_variants flipd 1,8,32,128,256 "$p" default $LEAN_ROUTER logits_loop=on weights=warp group=warp \
+            dec_ring=deep,dec_fill=1 dec_ring=bulk,dec_fill=1 dec_ring=bulk_ef,dec_fill=1
+        BV_CAP=120
+        bench_variants flipp 1024,4096,16384 "$p" default logits=blas gather=quant logits=blas,router=warp
+        BV_CAP=
+    done
+fi
 # DSV4_DEVCHECK_PROFILE=direct: the routed fp4 experts' tile groups on k_tile8 (params direct=b128,
 # b64, q64: fp8 wgmma from the fp4 weights, the SwiGLU in its epilogue, with q64 the quantization of
 # h too) against the default's grouped
@@ -589,6 +607,12 @@ else
     absent embed "no build/cuda/libdsv4moe.so and build/cuda/dsv4moe, or no torch with CUDA for $PY"
 fi
 
+# every params variant timed in this call against the default of its pass
+if [ -s "$WORK/bench/variants.tsv" ]; then
+    step variant-table 30 "$PY ci/variant-table.py $WORK/bench/variants.tsv"
+    cp "$WORK/bench/variants.tsv" "$LOGS/variants.tsv"
+fi
+
 # ---- bundle (at most 8 files under $OUT) ----
 [ -f "$WORK/bench/bench_cuda.json" ] && cp "$WORK/bench/bench_cuda.json" "$OUT/bench_cuda.json"
 [ -f "$WORK/bench/bench_cuda_fp8.json" ] && cp "$WORK/bench/bench_cuda_fp8.json" "$OUT/bench_cuda.json"
@@ -611,5 +635,6 @@ done
 T_TOTAL=$(($(date +%s) - T_START))
 $PY ci/device-table.py --steps "$WORK/steps.tsv" --bench "$WORK/bench" --out "$OUT" --seconds "$T_TOTAL" \
     2>&1 | tee "$OUT/summary.txt"
+[ -f "$LOGS/variant-table.log" ] && tee -a "$OUT/summary.txt" <"$LOGS/variant-table.log"
 grep -q "$(printf '\tfail\t')" "$WORK/steps.tsv" && exit 1
 exit 0

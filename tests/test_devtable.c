@@ -318,6 +318,59 @@ START_TEST(scenario_cases_rerun_alone)
 }
 END_TEST
 
+/* ci/variant-table.py: each params variant against the default of the same pass, from the
+   manifest device-check's bench_variants writes; a run whose JSON is missing left out; a faster,
+   a slower and a within-spread verdict; bad input exit 2. */
+static void variant_run(const char *dir, const char *name, double ms1024, double ms4096)
+{
+    char text[600];
+    snprintf(text, sizeof text,
+             "{\"runs\": [{\"io\": \"host\", \"graph\": false, \"tokens\": 1024, \"ok\": true, \"median_ms\": 9.0},"
+             " {\"io\": \"stream\", \"graph\": false, \"tokens\": 1024, \"ok\": true, \"median_ms\": %.4f},"
+             " {\"io\": \"stream\", \"graph\": true, \"tokens\": 1024, \"ok\": true, \"median_ms\": %.4f},"
+             " {\"io\": \"stream\", \"graph\": false, \"tokens\": 4096, \"ok\": true, \"median_ms\": %.4f},"
+             " {\"graph\": true}]}",
+             ms1024 + 0.5, ms1024, ms4096);
+    put(dir, name, text);
+}
+
+START_TEST(variants_against_the_default)
+{
+    char dir[600], args[700];
+    fresh(dir, sizeof dir, "variant_table");
+    variant_run(dir, "bench/flipp_default_1.json", 2.00, 3.40);
+    variant_run(dir, "bench/flipp_default_2.json", 2.02, 3.50);
+    variant_run(dir, "bench/flipp_logits_blas_1.json", 1.80, 3.45);
+    variant_run(dir, "bench/flipp_logits_blas_2.json", 1.81, 3.44);
+    variant_run(dir, "bench/flipp_gather_quant_1.json", 2.50, 3.41);
+    put(dir, "bench/variants.tsv",
+        "flipp\tdefault\t1\tflipp_default_1.json\nflipp\tlogits=blas\t1\tflipp_logits_blas_1.json\n"
+        "flipp\tgather=quant\t1\tflipp_gather_quant_1.json\nflipp\tdefault\t2\tflipp_default_2.json\n"
+        "flipp\tlogits=blas\t2\tflipp_logits_blas_2.json\nflipp\tgather=quant\t2\tflipp_gather_quant_2.json\n"
+        "direct\tdirect=b64\t1\tnone.json\n");
+    snprintf(args, sizeof args, "%s/bench/variants.tsv", dir);
+    ck_assert_msg(ci_script(dir, "variant-table.py", args) == 0, "%s", out_buf);
+    /* T 1024: 2.00/1.80 and 2.02/1.81 (graph on, the best of the pass), faster in both passes */
+    ck_assert_msg(strstr(out_buf, "1.8000 / 1.8100        2.0000 / 2.0200        1.111 / 1.116    faster"), "%s",
+                  out_buf);
+    /* T 4096: 3.40/3.45 and 3.50/3.44: within the default's 2.9 % spread */
+    ck_assert_msg(strstr(out_buf, "3.4500 / 3.4400        3.4000 / 3.5000        0.986 / 1.017    within spread"),
+                  "%s", out_buf);
+    /* gather=quant's second pass has no JSON: the first alone, slower at T 1024 */
+    ck_assert_msg(strstr(out_buf, "2.5000                 2.0000                 0.800            slower"), "%s",
+                  out_buf);
+    ck_assert_ptr_null(strstr(out_buf, "direct")); /* no default of its own */
+    put(dir, "bench/bad.tsv", "flipp\tdefault\tfirst\tflipp_default_1.json\n");
+    snprintf(args, sizeof args, "%s/bench/bad.tsv", dir);
+    ck_assert_int_eq(ci_script(dir, "variant-table.py", args), 2);
+    ck_assert_msg(strstr(out_buf, "bad.tsv:1: not 'profile<TAB>params<TAB>pass<TAB>json'"), "%s", out_buf);
+    put(dir, "bench/flipp_default_1.json", "{\"runs\": 3}");
+    snprintf(args, sizeof args, "%s/bench/variants.tsv", dir);
+    ck_assert_int_eq(ci_script(dir, "variant-table.py", args), 2);
+    ck_assert_msg(strstr(out_buf, "no 'runs' list"), "%s", out_buf);
+}
+END_TEST
+
 Suite *devtable_suite(void)
 {
     Suite *s = suite_create("devtable");
@@ -328,6 +381,7 @@ Suite *devtable_suite(void)
     tcase_add_test(tc, stall_regions_of_a_source_page);
     tcase_add_test(tc, timelines_listed);
     tcase_add_test(tc, scenario_cases_rerun_alone);
+    tcase_add_test(tc, variants_against_the_default);
     suite_add_tcase(s, tc);
     return s;
 }
