@@ -48,6 +48,7 @@
 #include "dsv4moe/safetensors.h"
 #include "dsv4moe/weights.h"
 #include "bench/bench_util.h"
+#include "bench/group_fill.h"
 #include "bench/timeline.h"
 
 #define MAX_T 16
@@ -115,6 +116,14 @@ static bool target_holds(const target *g, double v)
 }
 
 /* dsv4_backend_create with the cuda kernel variants (NULL or "": the defaults). */
+/* params fp8_cut of the kernels string (docs/cuda.md: groups of more than N rows on the grouped
+   GEMM), else its default 32. */
+static int fp8_cut_of(const char *kernels)
+{
+    const char *p = kernels ? strstr(kernels, "fp8_cut=") : NULL;
+    return p ? atoi(p + 8) : 32;
+}
+
 static dsv4_status create(const dsv4_plan *plan, const dsv4_checkpoint *ck, int threads, const char *kernels,
                           dsv4_backend **b, dsv4_error *e)
 {
@@ -298,6 +307,8 @@ typedef struct {
     const char *peer_method;
     int64_t chunks;
     int graph, dev; /* graph replay on; device-resident x / y (dsv4_backend_forward_device) */
+    bool fill_ok;   /* gemm fp8 on the grouped GEMM: fill holds its groups' rows and padded rows */
+    bench_fill fill;
 } result;
 
 #define MAX_ROWS (6 * MAX_T)
@@ -731,8 +742,12 @@ int main(int argc, char **argv)
             dsv4_plan_free(plan);
             continue;
         }
+        /* the routed groups on the grouped FP8 GEMM (gemm fp8 without direct=): their rows in its
+           128-row tiles, from each row's routing (bench/group_fill.h) */
+        bool on_gmm = false;
         {
             dsv4_backend_stats bs = dsv4_backend_get_stats(b);
+            on_gmm = bs.gemm_fp8 && !bs.fp8_direct;
             printf("\nbench_cuda: %s layer %lld, graph %s, backend %s, gemm %s (%s%s; %llu experts on the exact kernels), "
                    "kernels '%s' (created in %.1f s)\n",
                    preset, (long long)cfg.layer, graph ? "on" : "off", dsv4_backend_name(b),
@@ -820,6 +835,8 @@ int main(int argc, char **argv)
                                 r.touched++;
                             }
                         }
+                    r.fill_ok = on_gmm && bench_group_fill(ids, T, (int)K, (int)E, dsv4_plan_chunk_tokens(plan),
+                                                           fp8_cut_of(kernels), 128, &r.fill) == 0;
                     r.touched_bytes = shared_bytes + gate_bytes;
                     for (int64_t x = 0; x < E; x++)
                         r.touched_bytes += touched[x] ? expert_bytes[x] : 0;
@@ -860,6 +877,14 @@ int main(int argc, char **argv)
                            (long long)T, r.ms, r.min_ms, r.touched, r.touched_bytes / 1e6, r.gbs, 100 * r.bw_share,
                            r.tflops, 100 * r.fp8_share, fl, r.floor_mem_ms >= r.floor_fp8_ms ? "mem" : "fp8", r.io_ms,
                            r.peer_ms, r.speedup, tg, r.err[0] ? "  " : "", r.err);
+                    if (r.fill_ok && dev == IO_HOST && r.fill.padded)
+                        printf("%6s grouped GEMM: %llu groups above %d rows, %llu of their %llu padded rows real (%.1f %%), "
+                               "%.1f %% of the %llu slots\n",
+                               "", (unsigned long long)r.fill.groups, fp8_cut_of(kernels),
+                               (unsigned long long)r.fill.rows, (unsigned long long)r.fill.padded,
+                               100.0 * (double)r.fill.rows / (double)r.fill.padded,
+                               100.0 * (double)r.fill.rows / (double)(r.fill.slots ? r.fill.slots : 1),
+                               (unsigned long long)r.fill.slots);
                 }
                 fflush(stdout);
                 fprintf(jf,
@@ -869,12 +894,14 @@ int main(int argc, char **argv)
                         "\"touched_gbs\": %.3f, \"share_of_copy\": %.4f, \"tflops\": %.3f, \"share_of_fp8_gemm\": %.4f, "
                         "\"floor_mem_ms\": %.5f, \"floor_fp8_ms\": %.5f, \"io_ms\": %.5f, \"bw_target_reachable\": %s, "
                         "\"torch_ms\": %.5f, \"torch_method\": \"%s\", \"speedup_vs_torch\": %.4f, \"targets\": \"%s\", "
-                        "\"note\": ",
+                        "\"gemm_groups\": %lld, \"gemm_rows\": %lld, \"gemm_padded_rows\": %lld, \"note\": ",
                         first ? "" : ",\n", graph ? "true" : "false", io_name[dev], (long long)T,
                         r.ok ? "true" : "false", (long long)r.chunks, JN(r.ms), JN(r.min_ms), r.reps, r.touched,
                         (unsigned long long)r.touched_bytes, JN(r.gbs), JN(r.bw_share), JN(r.tflops), JN(r.fp8_share),
                         JN(r.floor_mem_ms), JN(r.floor_fp8_ms), JN(r.io_ms), r.bw_reachable ? "true" : "false",
-                        JN(r.peer_ms), r.peer_method ? r.peer_method : "-", JN(r.speedup), tg);
+                        JN(r.peer_ms), r.peer_method ? r.peer_method : "-", JN(r.speedup), tg,
+                        r.fill_ok ? (long long)r.fill.groups : -1LL, r.fill_ok ? (long long)r.fill.rows : -1LL,
+                        r.fill_ok ? (long long)r.fill.padded : -1LL);
                 json_put_str(jf, r.err);
                 if (tlr.steps > 0) {
                     print_timeline(&tlr, T, graph);

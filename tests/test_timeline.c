@@ -2,12 +2,14 @@
  * kernel names shortened from their mangled forms, graph replays split by correlation id and eager
  * calls by start time, kernels on a forked stream starting in either order, the medians of each
  * kernel's start, duration and the idle before it, the step's span, busy time and sum, and the
- * records that do not make steps refused with a reason. */
+ * records that do not make steps refused with a reason; and bench/group_fill.h's count of the
+ * grouped GEMM's rows and padded rows. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "bench/group_fill.h"
 #include "bench/timeline.h"
 
 Suite *timeline_suite(void);
@@ -125,6 +127,39 @@ START_TEST(uneven_launches)
 }
 END_TEST
 
+/* bench/group_fill.h: the grouped GEMM's groups by chunk (an expert's rows of two chunks are two
+   groups), only those above the cut, padded to whole tiles; pruned slots counted nowhere. */
+START_TEST(group_fill_by_chunk)
+{
+    /* K 2, E 4, chunks of 3 tokens, cut 1, tiles of 4: chunk 0 has expert 0 thrice (a group: 3
+       rows, 4 padded), 1 and 2 once; chunk 1 has expert 3 twice (2 rows, 4 padded) and 2 once,
+       and two pruned slots (ids E and -1) */
+    const int32_t ids[] = {0, 1, 0, 2, 0, 4, 3, 2, 3, -1};
+    bench_fill f;
+    ck_assert_int_eq(bench_group_fill(ids, 5, 2, 4, 3, 1, 4, &f), 0);
+    ck_assert_uint_eq(f.groups, 2);
+    ck_assert_uint_eq(f.rows, 5);
+    ck_assert_uint_eq(f.padded, 8);
+    ck_assert_uint_eq(f.slots, 8);
+    /* one chunk of all five tokens: expert 0 (3), 2 (2), 3 (2) above the cut; 1 not */
+    ck_assert_int_eq(bench_group_fill(ids, 5, 2, 4, 128, 1, 4, &f), 0);
+    ck_assert_uint_eq(f.groups, 3);
+    ck_assert_uint_eq(f.rows, 7);
+    ck_assert_uint_eq(f.padded, 12);
+    /* cut 2: expert 0 alone; tiles of 128 */
+    ck_assert_int_eq(bench_group_fill(ids, 5, 2, 4, 128, 2, 128, &f), 0);
+    ck_assert_uint_eq(f.groups, 1);
+    ck_assert_uint_eq(f.rows, 3);
+    ck_assert_uint_eq(f.padded, 128);
+    ck_assert_int_eq(bench_group_fill(ids, 0, 2, 4, 3, 1, 4, &f), 0);
+    ck_assert_uint_eq(f.slots + f.groups + f.padded, 0);
+    ck_assert_int_eq(bench_group_fill(ids, 5, 2, 4, 0, 1, 4, &f), -1);
+    ck_assert_int_eq(bench_group_fill(ids, 5, 0, 4, 3, 1, 4, &f), -1);
+    ck_assert_int_eq(bench_group_fill(NULL, 5, 2, 4, 3, 1, 4, &f), -1);
+    ck_assert_int_eq(bench_group_fill(ids, 5, 2, 4, 3, 1, 0, &f), -1);
+}
+END_TEST
+
 Suite *timeline_suite(void)
 {
     Suite *s = suite_create("timeline");
@@ -133,6 +168,7 @@ Suite *timeline_suite(void)
     tcase_add_test(tc, graph_steps);
     tcase_add_test(tc, eager_steps);
     tcase_add_test(tc, uneven_launches);
+    tcase_add_test(tc, group_fill_by_chunk);
     suite_add_tcase(s, tc);
     return s;
 }
