@@ -115,7 +115,6 @@ static bool target_holds(const target *g, double v)
     return g->op == '<' ? v <= g->bound : g->op == '>' ? v >= g->bound : v > g->bound;
 }
 
-/* dsv4_backend_create with the cuda kernel variants (NULL or "": the defaults). */
 /* params fp8_cut of the kernels string (docs/cuda.md: groups of more than N rows on the grouped
    GEMM), else its default 32. */
 static int fp8_cut_of(const char *kernels)
@@ -124,6 +123,7 @@ static int fp8_cut_of(const char *kernels)
     return p ? atoi(p + 8) : 32;
 }
 
+/* dsv4_backend_create with the cuda kernel variants (NULL or "": the defaults). */
 static dsv4_status create(const dsv4_plan *plan, const dsv4_checkpoint *ck, int threads, const char *kernels,
                           dsv4_backend **b, dsv4_error *e)
 {

@@ -106,9 +106,10 @@ DSV4_API dsv4_status dsv4_dist_forward(const dsv4_config *cfg, const dsv4_checkp
 
 /*
  * The single-rank counterpart of a step, for checks: the computing backend (opt->compute_backend,
- * or the plan's) on one rank holding the whole layer runs the same stages over the same work the
- * ranks of `topo` do, chunk by chunk (the plan's chunk size): each rank's chunk routed and its
- * shared expert computed as that rank computes them, each expert's group formed from every rank's
+ * or the plan's, with opt->backend_params as the ranks take them; a stand-in takes none) on one
+ * rank holding the whole layer runs the same stages over the same work the ranks of `topo` do,
+ * chunk by chunk (the plan's chunk size): each rank's chunk routed and its shared expert computed
+ * as that rank computes them, each expert's group formed from every rank's
  * slots of the chunk in rank order (ep > 1; else each rank's own groups), each token's outputs
  * combined in ascending expert id. Writes ranks[r].y (and topk_ids / topk_weights when set); no
  * communicator. A correct step with tp = 1 is bit-identical to it on every rank. A backend's
