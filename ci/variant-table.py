@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+
 def fail(msg):
     print(f"variant-table: {msg}", file=sys.stderr)
     sys.exit(2)

@@ -874,13 +874,14 @@ dsv4_status dsv4_dist_single_rank(const dsv4_config *cfg, const dsv4_checkpoint 
     t.role = DSV4_ROLE_MIXED;
     t.max_tokens_per_rank = ct > 0 ? ct : 1;
     t.chunk_tokens = 0;
-    dsv4_config scfg = standin_config(cfg, kind != (int)topo->backend);
+    const bool standin = kind != (int)topo->backend;
+    dsv4_config scfg = standin_config(cfg, standin);
     /* the ranks' own backend parameters (not a stand-in's): a parameter that changes a kernel's
        arithmetic (the cuda backend's direct=) must change the counterpart's too */
     dsv4_backend_options bopt;
     dsv4_backend_options_init(&bopt);
     bopt.threads = 1;
-    bopt.params = opt && kind == (int)topo->backend ? opt->backend_params : NULL;
+    bopt.params = opt && !standin ? opt->backend_params : NULL;
     if ((st = dsv4_plan_create(&scfg, &t, budget, &one, err)) ||
         (st = dsv4_backend_create_with(one, ckpt, &bopt, &be, err)))
         goto done;
