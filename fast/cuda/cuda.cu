@@ -169,7 +169,7 @@ struct CudaBe {
     bool combine_fold = true; /* chunks of decode-sized groups: the combine in the down launch (combine=) */
     bool dec_slab = false; /* dec_b=smem: k_dec's fp4 launches without a K split stage B in shared memory */
     int logits_tg = 4;     /* k_logits_small loads four tokens' x together (logits_tg=1: one) */
-    bool logits_loop = false; /* logits_loop=on: k_logits_small's tokens in a loop, not unrolled */
+    bool logits_loop = true; /* k_logits_small's tokens in a loop, not unrolled (logits_loop=off: unrolled) */
     bool weights_warp = false; /* weights=warp: k_router_count's weights on the selecting warp */
     bool group_warp = false; /* group=warp: k_router_count's grouping by one warp where it fits (count2_warp) */
     LogitsBlas *lb = nullptr; /* logits=blas: the GEMM logits on cuBLASLt, not k_tiles (NULL: off) */

@@ -236,7 +236,7 @@ struct Kernels {
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
     bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma_parts.cuh) */
     int logits_tg = 4;             /* logits_tg=1: k_logits_small loads one token's x at a time (router.cuh) */
-    bool logits_loop = false;      /* logits_loop=on: k_logits_small's tokens in a loop, not unrolled (route_parts.cuh) */
+    bool logits_loop = true;       /* logits_loop=off: k_logits_small's tokens unrolled, not in a loop (route_parts.cuh) */
     bool weights_warp = false;     /* weights=warp: k_router_count's weights on the selecting warp (route_parts.cuh) */
     bool group_warp = false;       /* group=warp: k_router_count groups chunks of up to 32 slots with one warp (group_parts.cuh) */
     bool logits_blas = false;      /* logits=blas: the GEMM logits of large chunks on cuBLASLt (logits_blas.cuh), not k_tiles */
