@@ -526,18 +526,20 @@ fi
 # are not the default, and the former defaults, timed as whole layers only (no profiler, a few
 # minutes): the decode step at T 1, 8, 32, 128 and 256 with k_router_count's grouping and weights
 # by one warp (group=warp,weights=warp) and each alone, the decode launches' deep rings unsplit
-# (dec_ring=deep / bulk / bulk_ef with dec_fill=1) and the small chunks' unrolled logits
-# (logits_loop=off); the prefill at T 1024, 4096 and 16384 with the logits on cuBLASLt
-# (logits=blas), x quantized after the grouping (gather=quant) and the warp router on both
-# (logits=blas,router=warp);
+# (dec_ring=deep / bulk / bulk_ef with dec_fill=1), the small chunks' unrolled logits
+# (logits_loop=off), and the three-launch step's parts alone (route=one, shared_dec=one,
+# quant=fold); the prefill at T 1024, 4096 and 16384 with the logits on cuBLASLt
+# (logits=blas), x quantized after the grouping (gather=quant), the warp router on both
+# (logits=blas,router=warp) and k_quant8's lean instructions (quant8=lean);
 # DSV4_DEVCHECK_PASSES alternating passes (default 2). The step "variant-table" then puts each
 # against the default of its pass (ci/variant-table.py).
 if profile flip && [ -x "$BENCH" ]; then
     for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-2}"); do
         bench_variants flipd 1,8,32,128,256 "$p" default group=warp,weights=warp weights=warp group=warp \
-            dec_ring=deep,dec_fill=1 dec_ring=bulk,dec_fill=1 dec_ring=bulk_ef,dec_fill=1 logits_loop=off
+            dec_ring=deep,dec_fill=1 dec_ring=bulk,dec_fill=1 dec_ring=bulk_ef,dec_fill=1 logits_loop=off \
+            route=one shared_dec=one quant=fold
         BV_CAP=120
-        bench_variants flipp 1024,4096,16384 "$p" default logits=blas gather=quant logits=blas,router=warp
+        bench_variants flipp 1024,4096,16384 "$p" default logits=blas gather=quant logits=blas,router=warp quant8=lean
         BV_CAP=
     done
 fi

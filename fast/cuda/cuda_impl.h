@@ -1,7 +1,7 @@
 /*
  * What the CUDA backend's stages (stages.cu) use of the backend (cuda.cu). Private to fast/cuda,
- * C++ only. No kernels and no kernel argument types: kernels.cuh, mma_parts.cuh and fp8path.cuh define
- * their kernels once, in cuda.cu, so the stages reach them through the functions below.
+ * C++ only. No kernels and no kernel argument types: kernels.cuh and mma_group.cuh define their
+ * kernels once, in cuda.cu, so the stages reach them through the functions below.
  *
  * A stage call runs a chunk of the backend's own pipeline (the forward's kernels, docs/cuda.md)
  * in the backend's workspace, so each row is computed by the kernels, regimes and order of the

@@ -3,11 +3,11 @@
  * the tile constants, number formats bit-identical to core/formats.c (and the activation
  * quantization and f16-code helpers both paths use), and the kernel argument structs. The
  * kernels are in the headers cuda.cu includes after this one, in this order: router.cuh (k_router,
- * k_count, k_place), swiglu_combine.cuh (k_swiglu, k_combine), then the fp8 path's mma_group.cuh
- * and fp8path.cuh; the exact path's k_gemv and k_tiles, and the fp8 path's k_dec, k_tile,
- * k_tileh, k_logits_small, k_router_count, k_route_small and k_dec_mix, are translation units of
- * their own (gemv.cu, tiles.cu, dec.cu, tile.cu, tileh.cu, logits_small.cu, router_count.cu,
- * route_small.cu, dec_mix.cu, each with a launcher header). Inline functions and types only, so
+ * k_count, k_place), swiglu_combine.cuh (k_swiglu, k_combine), then the fp8 path's
+ * mma_group.cuh; the exact path's k_gemv and k_tiles, and the fp8 path's k_dec, k_tile, k_tileh,
+ * k_logits_small, k_router_count, k_route_small, k_dec_mix, k_gather8 and k_quant8, are
+ * translation units of their own (gemv.cu, tiles.cu, dec.cu, tile.cu, tileh.cu, logits_small.cu,
+ * router_count.cu, route_small.cu, dec_mix.cu, gather8.cu, quant8.cu, each with a launcher header). Inline functions and types only, so
  * every unit may include it (the kernels' device code shared between units is in the *_parts.cuh
  * headers and exact_gemm.cuh, likewise).
  * docs/cuda.md describes the design.
@@ -90,6 +90,18 @@ __device__ __forceinline__ float bf16f(uint16_t b) { return __uint_as_float((uin
 __device__ __forceinline__ uint16_t f2bf16(float x) { return dsv4_bf16_bits(x); }
 
 __device__ __forceinline__ float rbf16(float x) { return bf16f(f2bf16(x)); }
+
+/* dsv4_bf16_bits by the hardware conversion (cvt.rn.bf16.f32: to nearest even, subnormals kept),
+   a NaN as the host writes it (its top bits, quiet): the same bits for all 2^32 inputs (test_cuda's
+   bf16_hardware_round compares the two on the device). One conversion and a select where the
+   integer algorithm is five operations and a select. */
+__device__ __forceinline__ uint16_t f2bf16_hw(float x)
+{
+    uint16_t r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    const uint32_t u = __float_as_uint(x);
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)((u >> 16) | 0x0040u) : r;
+}
 
 /* e4m3fn code -> fp32 (0x7F / 0xFF: NaN with the sign), as e4m3_lut. */
 __device__ __forceinline__ float e4m3f(uint32_t c)

@@ -515,8 +515,11 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         Gather8Args g8a;
         g8a.sel = sel, g8a.xq = at<uint8_t>(b, L.xq), g8a.xs = at<float>(b, L.xs);
         g8a.xp = at<uint8_t>(b, L.xp), g8a.xs8 = at<float>(b, L.xs8), g8a.H = H;
-        if (!b->gather_quant)
-            launch_pdl(b, k_gather8, dim3(rows_grid), 128, 0, s, g8a);
+        if (!b->gather_quant) {
+            const cudaError_t ce = launch_gather8(g8a, rows_grid, s, b->pdl);
+            if (ce != cudaSuccess)
+                return ce;
+        }
         p8.cnt = ga.cnt, p8.pad_off = ga.pad_off, p8.ntok = ra.ntok, p8.ok = b->ok8;
         p8.E = E, p8.min_rows = b->fp8_cut, p8.has_shared = shared, p8.sh_row0 = L.rows;
         p8.N = p8.Nsh = 2 * I, p8.K = p8.Ksh = H;
@@ -532,11 +535,9 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         q8.sel = sel, q8.h = h16, q8.gu8 = at<uint16_t>(b, L.gu8), q8.q = hq, q8.s = hs, q8.s8 = at<float>(b, L.hs8);
         q8.slot_w = ga.slot_w, q8.stats = ga.stats, q8.I = I, q8.qmode = (int)c->act_quant, q8.f16_codes = f16_codes_read(b);
         q8.before = fa.before, q8.clamp_r = fa.clamp_r, q8.clamp_s = fa.clamp_s, q8.L = fa.L;
-        const dim3 q8grid(std::min((rows_grid + K8_WARPS - 1) / K8_WARPS, K8_GRID));
-        if (qdirect)
-            launch_pdl(b, k_quant8<true>, q8grid, K8_WARPS * 32, 0, s, q8, (int)rows_grid);
-        else
-            launch_pdl(b, k_quant8<false>, q8grid, K8_WARPS * 32, 0, s, q8, (int)rows_grid);
+        const cudaError_t ce = launch_quant8(q8, rows_grid, qdirect, b->quant8_lean, s, b->pdl);
+        if (ce != cudaSuccess)
+            return ce;
         p8.N = p8.Nsh = H, p8.K = p8.Ksh = I;
         p8.A = hq, p8.Ash = hq + L.rows * I, p8.SFA = q8.s8, p8.SFAsh = q8.s8 + L.rows * ngi;
         fp8_weights(b, p8, 1, 1LL * H * I, 1LL * H / b->sfb_rows * (I / 128));

@@ -5,7 +5,7 @@
  * written to every row that reads them.
  *
  * By default (gather=copy) the router quantizes x (route_block: codes [Tc, H] and scales) and,
- * after the grouping, k_gather8 (fp8path.cuh) copies each large group's rows of codes into
+ * after the grouping, k_gather8 (gather8.cuh) copies each large group's rows of codes into
  * contiguous rows and its scales into the GEMM's M-major layout: it reads the codes again, once
  * per kept slot (Tc K H bytes: 100 MB at T = 4096 on v4-flash). Here the router only routes, and
  * one block per token, after the grouping, quantizes x from bf16 with the router's arithmetic

@@ -243,9 +243,10 @@ struct Kernels {
     bool gather_quant = false;     /* gather=quant: x quantized and gathered in one pass (quant_x8.cuh), not by the router and k_gather8 */
     bool router_warp = false;      /* router=warp: large chunks routed a warp a token (router_warp.cuh); implies gather=quant */
     int direct = TILE8_OFF;        /* direct=b128|b64|q64: gemm fp8's routed fp4 tile groups on k_tile8 (tile8.cuh) */
+    bool quant8_lean = false;      /* quant8=lean: k_quant8's same values by fewer instructions (quant8.cu) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring, logits_loop, weights, logits, gather, router, direct"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring, logits_loop, weights, logits, gather, router, direct, quant8"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -292,6 +293,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("copy") || val("quant"), k->gather_quant = val("quant");
         else if (is("router"))
             ok = val("block") || val("warp"), k->router_warp = val("warp");
+        else if (is("quant8"))
+            ok = val("std") || val("lean"), k->quant8_lean = val("lean");
         else if (is("direct"))
             ok = val("off") || val("b128") || val("b64") || val("q64"),
             k->direct = val("b128") ? TILE8_B128 : val("b64") ? TILE8_B64 : val("q64") ? TILE8_Q64 : TILE8_OFF;
@@ -321,7 +324,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp, direct off|b128|b64|q64",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp, direct off|b128|b64|q64, quant8 std|lean",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -353,6 +356,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->logits_loop = k.logits_loop;
     b->gather_quant = k.gather_quant || k.router_warp; /* k_router_warp does not quantize x: k_quant_x8 does */
     b->router_warp = k.router_warp;
+    b->quant8_lean = k.quant8_lean;
     b->weights_warp = k.weights_warp;
     b->group_warp = k.group_warp;
     b->direct = k.direct;

@@ -5,7 +5,9 @@
  * patterns in both halves of the pair;
  * NaN inputs must give a NaN code (the callers set its sign). Every stride-th input's code (NaN
  * codes with the input's sign, as the callers leave them) is copied out so the test can hold it
- * against the host's dsv4_f32_to_e4m3 too. Test code: linked into build/cuda/test_cuda only.
+ * against the host's dsv4_f32_to_e4m3 too. And of bf16_hardware_round: f2bf16_hw (the hardware
+ * bf16 rounding with the host's NaN) against dsv4_bf16_bits likewise. Test code: linked into
+ * build/cuda/test_cuda only.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -34,7 +36,46 @@ __global__ void k_e4m3_cmp(unsigned long long *bad, unsigned *first, uint8_t *sa
     }
 }
 
+/* f2bf16_hw (kernels.cuh) against dsv4_bf16_bits for every fp32 bit pattern. */
+__global__ void k_bf16_cmp(unsigned long long *bad, unsigned *first)
+{
+    const unsigned long long n = 1ull << 32;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const uint32_t u = (uint32_t)i;
+        const float f = __uint_as_float(u);
+        if (dsv4cuda::f2bf16_hw(f) != dsv4_bf16_bits(f)) {
+            atomicAdd(bad, 1ull);
+            atomicMin(first, u);
+        }
+    }
+}
+
 } // namespace
+
+/* 0, or a CUDA error code. *bad: inputs whose bf16 bits differ; *first: the smallest such input's bits. */
+extern "C" int dsv4_test_bf16_hw(unsigned long long *bad, unsigned *first)
+{
+    unsigned long long *dbad = nullptr;
+    unsigned *dfirst = nullptr;
+    cudaError_t e = cudaMalloc((void **)&dbad, sizeof *dbad);
+    if (e == cudaSuccess)
+        e = cudaMalloc((void **)&dfirst, sizeof *dfirst);
+    if (e == cudaSuccess)
+        e = cudaMemset(dbad, 0, sizeof *dbad);
+    if (e == cudaSuccess)
+        e = cudaMemset(dfirst, 0xFF, sizeof *dfirst);
+    if (e == cudaSuccess) {
+        k_bf16_cmp<<<4096, 256>>>(dbad, dfirst);
+        e = cudaDeviceSynchronize();
+    }
+    if (e == cudaSuccess)
+        e = cudaMemcpy(bad, dbad, sizeof *bad, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(first, dfirst, sizeof *first, cudaMemcpyDeviceToHost);
+    cudaFree(dbad), cudaFree(dfirst);
+    return (int)e;
+}
 
 /* 0, or a CUDA error code. *bad: inputs whose codes differ; *first: the smallest such input's bits. */
 extern "C" int dsv4_test_e4m3_hw(unsigned long long *bad, unsigned *first, uint8_t *sample, unsigned stride,

@@ -46,6 +46,7 @@
 #include "tests/cuda/group_warp_hw.h"
 #include "tests/cuda/logits_hw.h"
 #include "tests/cuda/quant_x8_hw.h"
+#include "tests/cuda/quant8_hw.h"
 #include "tests/cuda/tile8_hw.h"
 #include "fast/cuda/fragment.h"
 #include "fast/cuda/repack.h"
@@ -384,6 +385,17 @@ static void variant_cases(const char *what, const char *kernels, const var_case 
         variants_identical(what, cs[i].preset, cs[i].layer, cs[i].T, cs[i].experts, cs[i].fp8, &v, 1, close);
 }
 
+/* variant_cases against a base named in full (its params, not the defaults): the comparison stays
+   the same whichever of the two becomes the default. */
+static void variant_cases_vs(const char *base_kernels, const char *what, const char *kernels, const var_case *cs,
+                             size_t n, int close)
+{
+    const env_kv base = {"DSV4MOE_CUDA_KERNELS", base_kernels};
+    const env_kv v = {"DSV4MOE_CUDA_KERNELS", kernels};
+    for (size_t i = 0; i < n; i++)
+        variants_vs(&base, what, cs[i].preset, cs[i].layer, cs[i].T, cs[i].experts, cs[i].fp8, &v, 1, close);
+}
+
 /* params direct=b128|b64 (k_tile8, tile8.cuh): the routed fp4 experts' tile groups on fp8 wgmma
    from the fp4 weights, against the reference with the gemm fp8 mode's bounds (SPEC.md section 9):
    large groups (mini and v4-flash T 1100: 128- and 64-token tiles), mid-size ones (T 77 and 100:
@@ -529,9 +541,10 @@ static const var_case logits_cases[] = {{"v4-flash", 5, 1, 32, 1},  {"v4-flash",
                                         {"mini", 1, 40, 0, 0}};
 #define N_LOGITS_CASES (sizeof logits_cases / sizeof logits_cases[0])
 
-/* The large chunks' router logits on cuBLASLt (params logits=blas) against k_tiles (the default):
-   the same GEMM summed in another fixed order, so the logits differ in their last bits; the same
-   routing, DeepGEMM diff below 1e-4, at most 1 % of the outputs different. v4-flash T 33 (the
+/* The large chunks' router logits on cuBLASLt (params logits=blas) against k_tiles (logits=tiles),
+   both on the block router: the same GEMM summed in another fixed order, so the logits differ in
+   their last bits; variants_vs's close rule (the same ids, routing weights within 1e-6, DeepGEMM
+   diff below 1e-5). v4-flash T 33 (the
    first chunk past k_logits_small), 64 and 300 (all 256 experts), the hash layer, mini-fp8 (fp32
    scales), mini-topp (the predictor reads x, not the logits: pruning on the new weights) and
    route=split at T 5 (a small chunk's logits from the GEMM, in one slice instead of split K). */
@@ -539,14 +552,15 @@ START_TEST(logits_blas_close)
 {
     static const var_case cs[] = {{"v4-flash", 5, 33, 32, 1}, {"v4-flash", 5, 64, 0, 1},  {"v4-flash", 5, 300, 0, 1},
                                   {"v4-flash", 0, 77, 32, 1}, {"mini-fp8", 1, 100, 0, 1}, {"mini-topp", 1, 90, 0, 0}};
-    variant_cases("logits", "logits=blas", cs, sizeof cs / sizeof cs[0], 1);
+    variant_cases_vs("logits=tiles,router=block", "logits", "logits=blas,router=block", cs, sizeof cs / sizeof cs[0], 1);
     static const var_case sp[] = {{"mini", 1, 5, 0, 0}};
-    variant_cases("logits", "logits=blas,route=split", sp, 1, 1);
+    variant_cases_vs("logits=tiles,route=split", "logits", "logits=blas,route=split", sp, 1, 1);
 }
 END_TEST
 
 /* x quantized once after the grouping and gathered there (params gather=quant, k_quant_x8)
-   against the router's quantization and k_gather8's copy: the same codes and scales in the same
+   against the router's quantization and k_gather8's copy (gather=copy), both on the block router:
+   the same codes and scales in the same
    places, so the same outputs, ids and clamp counters bit for bit. v4-flash with 32 experts at T
    13 (k_logits_small's chunk: gathered only), 300 and 1100 (groups on the FP8 GEMM), all 256
    experts at T 300, the hash layer, mini-fp8 (fp32 scales, groups past the cut) and mini-topp
@@ -557,10 +571,10 @@ START_TEST(gather_quant_identical)
     static const var_case cs[] = {{"v4-flash", 5, 13, 32, 1},   {"v4-flash", 5, 300, 32, 1}, {"v4-flash", 5, 1100, 32, 1},
                                   {"v4-flash", 5, 300, 0, 1},   {"v4-flash", 0, 77, 32, 1},  {"mini-fp8", 1, 1100, 0, 1},
                                   {"mini-topp", 1, 90, 0, 0}};
-    variant_cases("gather", "gather=quant", cs, sizeof cs / sizeof cs[0], 0);
-    /* route=split's own logits differ from the default's in their last bits (route_fused_close) */
+    variant_cases_vs("gather=copy,router=block", "gather", "gather=quant,router=block", cs, sizeof cs / sizeof cs[0], 0);
+    /* route=split's own logits differ from route=fused's in their last bits (route_fused_close) */
     static const var_case sp[] = {{"v4-flash", 5, 13, 32, 1}};
-    variant_cases("gather", "gather=quant,route=split", sp, 1, 1);
+    variant_cases_vs("gather=copy,router=block", "gather", "gather=quant,router=block,route=split", sp, 1, 1);
 }
 END_TEST
 
@@ -572,12 +586,25 @@ END_TEST
    hash layer, mini-topp at T 300 (the predictor and top-p on one warp) and mini-fp8 at T 1100. */
 START_TEST(router_warp_identical)
 {
-    static const env_kv base = {"DSV4MOE_CUDA_KERNELS", "logits=blas"};
+    static const env_kv base = {"DSV4MOE_CUDA_KERNELS", "logits=blas,router=block"};
     static const env_kv vs[] = {{"DSV4MOE_CUDA_KERNELS", "logits=blas,router=warp"}};
     static const var_case cs[] = {{"v4-flash", 5, 300, 0, 1}, {"v4-flash", 5, 1100, 32, 1}, {"v4-flash", 0, 300, 32, 1},
                                   {"mini-topp", 1, 300, 0, 0}, {"mini-fp8", 1, 1100, 0, 1}};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
         variants_vs(&base, "router", cs[i].preset, cs[i].layer, cs[i].T, cs[i].experts, cs[i].fp8, vs, 1, 0);
+}
+END_TEST
+
+/* k_quant8's values by fewer instructions (params quant8=lean: the hardware bf16 rounding of h, the
+   codes packed as they are encoded, the NaN codes' signs set only in a lane with an Inf or NaN)
+   against the default kernel: the same h, codes and scales, so the same outputs, ids and clamp
+   counters bit for bit. gemm fp8 chunks with large groups: v4-flash with 32 experts at T 300 and
+   1100, all 256 at T 300, the hash layer, mini-fp8 (fp32 scales) and mini-topp (pruned slots). */
+START_TEST(quant8_lean_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 300, 32, 1}, {"v4-flash", 5, 1100, 32, 1}, {"v4-flash", 5, 300, 0, 1},
+                                  {"v4-flash", 0, 77, 32, 1},  {"mini-fp8", 1, 1100, 0, 1},  {"mini-topp", 1, 300, 0, 1}};
+    variant_cases("quant8", "quant8=lean", cs, sizeof cs / sizeof cs[0], 0);
 }
 END_TEST
 
@@ -1422,6 +1449,190 @@ START_TEST(quant_x8_kernel)
 }
 END_TEST
 
+static int bf16_near(uint16_t a, uint16_t b); /* below: within one bf16 step */
+
+/* The f16 bits of an e4m3 value (every finite e4m3 value is a normal f16 or zero). */
+static uint16_t f16_of_e4m3(uint8_t c)
+{
+    const float v = dsv4_e4m3_to_f32(c);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    if ((u & 0x7FFFFFFFu) == 0)
+        return sign;
+    return (uint16_t)(sign | ((((u >> 23) & 0xFFu) - 127u + 15u) << 10) | ((u >> 13) & 0x3FFu));
+}
+
+/* Where store_f16_codes (kernels.cuh) puts element k of a row: k_tileh's K order. */
+static int f16_code_place(int k)
+{
+    const int base = k & ~31, p = k & 31, s2 = p >> 4, t = (p >> 2) & 3, j = k & 3;
+    return base + 16 * s2 + (j < 2 ? 2 * t + j : 8 + 2 * t + j - 2);
+}
+
+/*
+ * One chunk of quant8_kernel: six routed experts of 40, 3, 70, 0, 20 and 33 kept slots (placed per
+ * expert, 5 rows apart), 9 slots past the kept ones, expert 2 off the GEMM (ok 0), and the shared
+ * expert's Tc tokens (ntok live) after the routed rows. Large groups (more than min_rows rows of an
+ * ok expert) get h from the GEMM's g and u: their codes, K-major and M-major scales as the host
+ * quantizes the device's own SwiGLU of those rows (dsv4_act_quant_row of k_swiglu_ref's h, itself
+ * within a bf16 step of the host's SwiGLU), the clamp counts the host's; every other live row is
+ * quantized from its bf16 h (NaN, -NaN and Inf among them), its h replaced by the f16 copies of its
+ * codes when f16_codes; with skip_direct the routed rows of groups above FM_MID_MAX that are not
+ * large are left alone; every byte nobody should write keeps its 0xA5 (h: its input).
+ */
+static void quant8_case(int lean, int I, int qmode, int f16_codes, int before, int clamp_r, int clamp_s, float L,
+                        int has_shared, int Tc, int ntok, int min_rows, int ok_shared, int skip_direct, uint32_t seed)
+{
+    enum { E = 6, EXTRA = 9, MID_MAX = 64 };
+    static const int cnt[E] = {40, 3, 70, 0, 20, 33};
+    const int ng = I / 128;
+    int pad_off[E], kept = 0, R = 2;
+    for (int e = 0; e < E; e++)
+        pad_off[e] = R, R += cnt[e] + 5, kept += cnt[e];
+    const int slots = kept + EXTRA;
+    const long long hrows = R + Tc, nh = hrows * I;
+    uint8_t ok[E + 1] = {1, 1, 0, 1, 1, 1, (uint8_t)ok_shared};
+    int32_t *slot_row = malloc(sizeof(int32_t) * (slots + 1)), *slot_tok = malloc(sizeof(int32_t) * (slots + 1));
+    int32_t *slot_e = malloc(sizeof(int32_t) * (slots + 1));
+    float *slot_w = malloc(sizeof(float) * (slots + 1)), *row_w = malloc(sizeof(float) * hrows);
+    uint8_t *row_clamp = calloc((size_t)hrows, 1), *q = malloc((size_t)nh), *wq = malloc((size_t)I);
+    int *row_kind = malloc(sizeof(int) * hrows); /* 0 nobody's, 1 quantized from h, 2 large, 3 skipped */
+    long long *row_r0 = calloc((size_t)hrows, sizeof(long long));
+    int *row_m = calloc((size_t)hrows, sizeof(int)), *row_idx = calloc((size_t)hrows, sizeof(int));
+    int *row_shared = calloc((size_t)hrows, sizeof(int));
+    uint16_t *gu8 = malloc(sizeof(uint16_t) * 2 * nh), *h_in = malloc(sizeof(uint16_t) * nh);
+    uint16_t *h = malloc(sizeof(uint16_t) * nh), *h_ref = malloc(sizeof(uint16_t) * nh);
+    float *sk = malloc(sizeof(float) * hrows * ng), *s8 = malloc(sizeof(float) * hrows * ng);
+    float *want_s8 = malloc(sizeof(float) * hrows * ng), *row = malloc(sizeof(float) * I);
+    float *out = malloc(sizeof(float) * I), ws[8];
+    ck_assert(slot_row && slot_tok && slot_e && slot_w && row_w && row_clamp && q && wq && row_kind && row_r0 &&
+              row_m && row_idx && row_shared && gu8 && h_in && h && h_ref && sk && s8 && want_s8 && row && out);
+    ck_assert(ng <= 8);
+    uint32_t st = seed;
+    for (long long i = 0; i < 2 * nh; i++)
+        gu8[i] = dsv4_bf16_bits((float)((int)(dm_next(&st) % 2001) - 1000) * (i % 53 == 0 ? 0.014f : 0.004f));
+    for (long long i = 0; i < nh; i++)
+        h_in[i] = dsv4_bf16_bits((float)((int)(dm_next(&st) % 2001) - 1000) * (i % 89 == 0 ? 0.01f : 1e-3f));
+    for (long long r = 0; r < hrows; r++)
+        row_kind[r] = 0, row_w[r] = 1.0f;
+    int b = 0;
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < cnt[e]; j++, b++) {
+            const long long r = pad_off[e] + j;
+            slot_row[b] = (int32_t)r, slot_e[b] = e, slot_tok[b] = (7 * b + 3) % (Tc > 0 ? Tc : 1);
+            slot_w[b] = 0.25f * (float)(2 + b % 5);
+            const int large = ok[e] && cnt[e] > min_rows;
+            row_kind[r] = large ? 2 : skip_direct && cnt[e] > MID_MAX ? 3 : 1;
+            row_w[r] = before ? slot_w[b] : 1.0f;
+            row_clamp[r] = (uint8_t)clamp_r;
+            row_r0[r] = pad_off[e], row_m[r] = cnt[e], row_idx[r] = j;
+        }
+    for (; b < slots; b++) /* past the kept slots: never read */
+        slot_row[b] = -1, slot_e[b] = E + 7, slot_tok[b] = -1, slot_w[b] = 9.0f;
+    for (int t = 0; has_shared && t < ntok; t++) {
+        const long long r = R + t;
+        row_kind[r] = ok[E] && ntok > min_rows ? 2 : 1;
+        row_clamp[r] = (uint8_t)clamp_s, row_shared[r] = 1;
+        row_r0[r] = R, row_m[r] = ntok, row_idx[r] = t;
+    }
+    /* NaN, -NaN and Inf in rows quantized from their h */
+    for (long long r = 0, n = 0; r < hrows && n < 3; r++)
+        if (row_kind[r] == 1)
+            h_in[r * I + 5 + 40 * n] = n == 0 ? 0x7FC1u : n == 1 ? 0xFFC0u : 0x7F80u, n++;
+    const dsv4_test_q8_in in = {I, qmode, f16_codes, before, clamp_r, clamp_s, L, E, slots, kept, Tc, ntok, has_shared,
+                                min_rows, skip_direct, lean, R, hrows, slot_row, slot_tok, slot_e, cnt, pad_off, ok,
+                                slot_w, gu8, h_in};
+    unsigned long long cl[4];
+    const int rc = dsv4_test_quant8(&in, row_w, row_clamp, q, sk, s8, h, h_ref, cl);
+    ck_assert_msg(rc == 0, "dsv4_test_quant8: CUDA error %d (%s)", rc, cudaGetErrorString((cudaError_t)rc));
+    unsigned long long hc[4] = {0, 0, 0, 0};
+    long bad_q = 0, bad_s = 0, bad_h = 0, bad_ref = 0, bad_s8 = 0, large = 0, plain = 0;
+    memset(want_s8, 0xA5, sizeof(float) * hrows * ng);
+    for (long long r = 0; r < hrows; r++) {
+        const int kind = row_kind[r];
+        const uint16_t *src = kind == 2 ? h_ref + r * I : h_in + r * I;
+        if (kind == 2) {
+            large++;
+            for (int k = 0; k < I; k++) { /* k_swiglu_ref against the host's SwiGLU */
+                float gv = dsv4_round_bf16(dsv4_bf16_to_f32(gu8[r * 2 * I + k]));
+                float uv = dsv4_round_bf16(dsv4_bf16_to_f32(gu8[r * 2 * I + I + k]));
+                uint64_t gc = 0, uc = 0;
+                if (row_clamp[r] && L > 0.0f)
+                    dsv4_swiglu_clamp(&gv, &uv, L, &gc, &uc);
+                hc[row_shared[r] ? 2 : 0] += gc, hc[row_shared[r] ? 3 : 1] += uc;
+                float hv = gv / (1.0f + expf(-gv)) * uv;
+                if (row_w[r] != 1.0f)
+                    hv *= row_w[r];
+                bad_ref += !bf16_near(h_ref[r * I + k], dsv4_bf16_bits(hv));
+            }
+        }
+        plain += kind == 1;
+        if (kind == 1 || kind == 2) {
+            for (int k = 0; k < I; k++)
+                row[k] = dsv4_bf16_to_f32(src[k]);
+            dsv4_act_quant_row(row, I, (dsv4_act_quant)qmode, out, wq, ws);
+            bad_q += memcmp(q + r * I, wq, (size_t)I) != 0;
+            bad_s += memcmp(sk + r * ng, ws, sizeof(float) * ng) != 0;
+            if (kind == 2)
+                for (int g = 0; g < ng; g++)
+                    want_s8[row_r0[r] * ng + (long long)g * row_m[r] + row_idx[r]] = ws[g];
+            for (int k = 0; k < I; k++) {
+                const uint16_t want = kind == 1 && f16_codes ? f16_of_e4m3(wq[k]) : h_in[r * I + k];
+                const uint16_t got = h[r * I + (kind == 1 && f16_codes ? f16_code_place(k) : k)];
+                const int nan = (wq[k] & 0x7Fu) == 0x7Fu && (got & 0x7C00u) == 0x7C00u && (got & 0x3FFu);
+                bad_h += got != want && !(kind == 1 && f16_codes && nan);
+            }
+        } else {
+            for (long long i = r * I; i < (r + 1) * I; i++)
+                bad_q += q[i] != 0xA5u, bad_h += h[i] != h_in[i];
+            for (int g = 0; g < ng; g++) {
+                uint32_t u;
+                memcpy(&u, &sk[r * ng + g], 4);
+                bad_s += u != 0xA5A5A5A5u;
+            }
+        }
+    }
+    for (long long i = 0; i < hrows * ng; i++)
+        bad_s8 += memcmp(&s8[i], &want_s8[i], sizeof(float)) != 0;
+    printf("cuda_suite k_quant8%s I %d qmode %d f16 %d before %d clamp %d/%d L %g shared %d (%d of %d) min_rows %d "
+           "ok_shared %d skip %d: %ld large rows, %ld from h; wrong: %ld codes, %ld scales, %ld M-major scales, %ld "
+           "h, %ld reference h; clamps %llu %llu %llu %llu\n",
+           lean ? " lean" : "", I, qmode, f16_codes, before, clamp_r, clamp_s, (double)L, has_shared, ntok, Tc, min_rows, ok_shared,
+           skip_direct, large, plain, bad_q, bad_s, bad_s8, bad_h, bad_ref, cl[0], cl[1], cl[2], cl[3]);
+    ck_assert_int_eq(bad_ref, 0);
+    ck_assert_int_eq(bad_q, 0);
+    ck_assert_int_eq(bad_s, 0);
+    ck_assert_int_eq(bad_s8, 0);
+    ck_assert_int_eq(bad_h, 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_uint_eq(cl[i], hc[i]);
+    ck_assert(large > 0 && plain > 0);
+    free(slot_row), free(slot_tok), free(slot_e), free(slot_w), free(row_w), free(row_clamp), free(q), free(wq);
+    free(row_kind), free(row_r0), free(row_m), free(row_idx), free(row_shared), free(gu8), free(h_in), free(h);
+    free(h_ref), free(sk), free(s8), free(want_s8), free(row), free(out);
+}
+
+/* k_quant8 alone (the gemm fp8 mode's SwiGLU and quantization of h, fast/cuda/quant8.cu): quant8_case
+   with ue8m0 and fp32 scales, I 256 and 384 (half of a 256-wide chunk past the row), the weight
+   before and after w2, the clamp on both sides, on one, and off (L 0), the shared expert large, not
+   large (ok 0; its rows at most min_rows), and absent, rows past the live tokens, f16 copies of the
+   codes, and params direct=q64's launch (routed rows of groups above 64 rows left to k_tile8); each
+   case on the default kernel and on params quant8=lean's, both against the same host values. */
+START_TEST(quant8_kernel)
+{
+    if (!have_gpu())
+        return;
+    for (int lean = 0; lean < 2; lean++) {
+        quant8_case(lean, 256, 1, 0, 1, 1, 1, 10.0f, 1, 48, 45, 32, 1, 0, 51u);
+        quant8_case(lean, 384, 2, 0, 0, 1, 0, 10.0f, 1, 40, 40, 16, 1, 0, 52u);
+        quant8_case(lean, 256, 1, 1, 1, 0, 1, 10.0f, 1, 30, 20, 32, 0, 0, 53u);
+        quant8_case(lean, 384, 1, 1, 1, 1, 1, 0.0f, 0, 8, 8, 32, 1, 0, 54u);
+        quant8_case(lean, 256, 2, 0, 1, 1, 1, 10.0f, 1, 70, 66, 32, 1, 1, 55u);
+    }
+}
+END_TEST
+
 /* k_tile8's weight conversion (params direct=, fast/cuda/mma_tile8.cuh) against the host's
    formats: each lane's e4m3 code of element i of k32 step c is the code of e2m1 v 2^(sc - max s + 6)
    (the 1x128 conversion of dsv4_fp4_to_e4m3_blocks, include/dsv4moe/formats.h: fragment.h's byte
@@ -1743,6 +1954,23 @@ START_TEST(e4m3_hardware_encode)
            "%d sampled against the host's, %lld differ\n", bad, NS, (long long)host_bad);
     ck_assert_int_eq(host_bad, 0);
     free(sample);
+}
+END_TEST
+
+/* tests/cuda/e4m3_hw.cu */
+int dsv4_test_bf16_hw(unsigned long long *bad, unsigned *first);
+
+/* params quant8=lean's bf16 rounding of h (f2bf16_hw: the hardware conversion, the host's NaN) gives
+   dsv4_bf16_bits's bits for all 2^32 inputs, on the device. */
+START_TEST(bf16_hardware_round)
+{
+    if (!have_gpu())
+        return;
+    unsigned long long bad = 0;
+    unsigned first = 0;
+    ck_assert_int_eq(dsv4_test_bf16_hw(&bad, &first), 0);
+    printf("cuda_suite bf16 hardware rounding: 2^32 inputs against dsv4_bf16_bits, %llu differ\n", bad);
+    ck_assert_msg(bad == 0, "%llu inputs round differently, the first 0x%08x", bad, first);
 }
 END_TEST
 
@@ -2086,7 +2314,7 @@ START_TEST(shared_workspace)
                              {"group=thread", "group"},      {"dec_ring=8", "dec_ring"},
                              {"logits_loop=yes", "logits_loop"}, {"weights=lane", "weights"},
                              {"logits=cublas", "logits"}, {"gather=both", "gather"},
-                             {"router=thread", "router"}};
+                             {"router=thread", "router"}, {"quant8=fast", "quant8"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -2524,12 +2752,14 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, bad_input_ids);
     tcase_add_test(sm, fp8_small_t300);
     tcase_add_test(sm, e4m3_hardware_encode);
+    tcase_add_test(sm, bf16_hardware_round);
     tcase_add_test(sm, route_small_kernel);
     tcase_add_test(sm, dec_mix_kernel);
     tcase_add_test(sm, group_warp_kernel);
     tcase_add_test(sm, logits_small_kernel);
     tcase_add_test(sm, logits_blas_call);
     tcase_add_test(sm, quant_x8_kernel);
+    tcase_add_test(sm, quant8_kernel);
     tcase_add_test(sm, tile8_conversion);
     tcase_add_test(sm, tile8_kernel);
     suite_add_tcase(s, sm);
@@ -2637,6 +2867,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(va, quant_fold_identical);
     tcase_add_test(va, dec_pf_identical);
     tcase_add_test(va, dec_sched_identical);
+    tcase_add_test(va, quant8_lean_identical);
     suite_add_tcase(s, va);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);

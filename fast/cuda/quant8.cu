@@ -1,113 +1,15 @@
 /*
- * The `gemm = fp8` mode's own kernels around the grouped FP8 GEMM (gemm_fp8.h), included by
- * cuda.cu after the other kernel headers (kernels.cuh ... mma_group.cuh, whose k_quant it
- * follows):
- *
- *   k_gather8  before gate/up: each large group's activation codes into contiguous rows (the
- *              GEMM reads a group as one [M, H] matrix) and their scales in the GEMM's M-major
- *              layout; the shared expert reads x's codes in place and needs only the scales.
- *   k_quant8   after gate/up, instead of k_quant: for rows of a large fp8 group, the SwiGLU
- *              epilogue of SPEC.md section 4 on the GEMM's bf16 g and u (clamp counted, silu,
- *              router weight before w2, bf16 h) and the e4m3 quantization of h, whose scales
- *              are written twice (K-major as the other kernels read them, M-major for the down
- *              GEMM); every other row is k_quant's work, unchanged.
- *
- * "Large fp8 group": more than FM_MID_MAX rows (the decode and 32-row kernels keep the smaller
- * ones) and an expert whose weights converted exactly (ok[e], repack at creation).
+ * k_quant8: the SwiGLU and the quantization of h after the gemm fp8 mode's gate/up (quant8.cuh).
  */
-#ifndef DSV4MOE_CUDA_FP8PATH_CUH
-#define DSV4MOE_CUDA_FP8PATH_CUH
+#include "fast/cuda/quant8.cuh"
+
+#include <algorithm>
+
+#include "fast/cuda/group_parts.cuh"
 
 namespace dsv4cuda {
 
-/* Where a block's row sits: its group's rows M (0 when the row is not in a large fp8 group),
-   the group's first row r0 and the row's index in the group. */
-struct Row8 {
-    long long row;
-    int m, idx, slot; /* slot: the kept slot (-1 for the shared expert's rows) */
-    long long r0;
-};
-
-struct Sel8 {
-    const int32_t *slot_row, *slot_tok, *slot_e;
-    const int *cnt, *pad_off, *meta, *ntok;
-    const uint8_t *ok; /* [E + 1] */
-    long long sh_row0;
-    int E, slots, has_shared, min_rows;
-};
-
-/* Block b of a grid of slots + Tc blocks: false when it has no row. */
-__device__ __forceinline__ bool row8(const Sel8 &a, int b, Row8 &r)
-{
-    r.m = 0, r.idx = 0, r.r0 = 0;
-    if (b < a.slots) {
-        if (b >= a.meta[2])
-            return false;
-        r.slot = b;
-        r.row = a.slot_row[b];
-        /* the expert of kept slot b, written by the placement (one load, where a search over
-           slot_off was eight dependent ones per row) */
-        const int lo = a.slot_e[b];
-        const int c = a.cnt[lo];
-        if (a.ok[lo] && c > a.min_rows) {
-            r.m = c;
-            r.r0 = a.pad_off[lo];
-            r.idx = (int)(r.row - r.r0);
-        }
-        return true;
-    }
-    const int t = b - a.slots, nt = *a.ntok;
-    if (!a.has_shared || t >= nt)
-        return false;
-    r.slot = -1;
-    r.row = a.sh_row0 + t;
-    if (a.ok[a.E] && nt > a.min_rows) {
-        r.m = nt;
-        r.r0 = a.sh_row0;
-        r.idx = t;
-    }
-    return true;
-}
-
-struct Gather8Args {
-    Sel8 sel;
-    const uint8_t *xq; /* x codes [Tc, H] */
-    const float *xs;   /* [Tc, H / 128] */
-    uint8_t *xp;       /* [rows, H]: routed rows of large fp8 groups */
-    float *xs8;        /* M-major scales, group base r0 H / 128 */
-    int H;
-};
-
-__global__ void k_gather8(Gather8Args a)
-{
-    pdl_enter();
-    Row8 r;
-    if (!row8(a.sel, blockIdx.x, r) || !r.m)
-        return;
-    const int tok = r.slot >= 0 ? a.sel.slot_tok[r.slot] : r.idx;
-    const int ng = a.H >> 7;
-    if (r.slot >= 0) {
-        const uint4 *src = (const uint4 *)(a.xq + (long long)tok * a.H);
-        uint4 *dst = (uint4 *)(a.xp + r.row * a.H);
-        for (int i = threadIdx.x; i < (a.H >> 4); i += blockDim.x)
-            dst[i] = src[i];
-    }
-    float *s8 = a.xs8 + r.r0 * ng + r.idx;
-    for (int kb = threadIdx.x; kb < ng; kb += blockDim.x)
-        s8[(long long)kb * r.m] = a.xs[(long long)tok * ng + kb];
-}
-
-struct Quant8Args {
-    Sel8 sel;
-    uint16_t *h;          /* bf16 h [hrows, I] of the other kernels' rows */
-    const uint16_t *gu8;  /* the fp8 GEMM's bf16 [g | u] [hrows, 2 I] */
-    uint8_t *q;           /* codes [hrows, I] */
-    float *s, *s8;        /* scales K-major [hrows, I / 128]; M-major, group base r0 I / 128 */
-    const float *slot_w;
-    unsigned long long *stats;
-    int I, qmode, f16_codes, before, clamp_r, clamp_s;
-    float L;
-};
+namespace {
 
 /* The block's four clamp counts (routed g, routed u, shared g, shared u; each thread's own) into
    the statistics: one atomic per counter and block. */
@@ -139,9 +41,64 @@ __device__ __forceinline__ void flush_clamp_counts(const unsigned long long cnt[
 constexpr unsigned K8_GRID = 2048;
 constexpr int K8_WARPS = 8, K8_BATCH = 4;
 
+/* quant_groupn<8, 16> (kernels.cuh) for a lane whose eight values are all in the 128-group or all
+   out of it (valid), with the same amax, scale and codes, for params quant8=lean: the codes come
+   packed (value i's in byte i % 4 of q's word i / 4), and the sign of a NaN code (quant_groupn's
+   last loop) is set only in a lane that holds an Inf or a NaN, the only values whose code can be
+   0x7F (a NaN in; Inf / Inf against an fp32 scale of Inf). */
+__device__ __forceinline__ float quant8_lean(const float v[8], bool valid, int mode, uint2 &q)
+{
+    uint32_t mb = 0;
+    bool special = false;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint32_t a = __float_as_uint(v[i]) & 0x7FFFFFFFu;
+        special |= a >= 0x7F800000u;
+        a = (!valid || a > 0x7F800000u) ? 0u : a;
+        mb = a > mb ? a : mb;
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+        const uint32_t w = __shfl_xor_sync(0xFFFFFFFFu, mb, o);
+        mb = w > mb ? w : mb;
+    }
+    float amax = __uint_as_float(mb);
+    amax = amax < 1e-4f ? 1e-4f : amax;
+    float s;
+    uint32_t c2[4];
+    if (mode == 1) {
+        const uint32_t b = ue8m0_scale_448(amax);
+        s = dsv4_ue8m0_decode(b);
+        const float inv = dsv4_ue8m0_inverse(b);
+#pragma unroll
+        for (int p = 0; p < 4; p++)
+            c2[p] = e4m3x2_encode(__fmul_rn(v[2 * p], inv), __fmul_rn(v[2 * p + 1], inv));
+    } else {
+        s = __fdiv_rn(amax, 448.0f);
+#pragma unroll
+        for (int p = 0; p < 4; p++)
+            c2[p] = e4m3x2_encode(__fdiv_rn(v[2 * p], s), __fdiv_rn(v[2 * p + 1], s));
+    }
+    if (special) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int p = i >> 1, sh = 8 * (i & 1);
+            if (((c2[p] >> sh) & 0x7Fu) == 0x7Fu) {
+                const uint32_t sign = (__float_as_uint(v[i]) >> 24) & 0x80u;
+                c2[p] = (c2[p] & ~(0xFFu << sh)) | ((sign | 0x7Fu) << sh);
+            }
+        }
+    }
+    q.x = c2[0] | (c2[1] << 16);
+    q.y = c2[2] | (c2[3] << 16);
+    return s;
+}
+
 /* SKIP (params direct=q64): rows of routed groups of more than FM_MID_MAX rows are left alone:
-   k_tile8's gate/up quantized them in its epilogue. */
-template <bool SKIP = false>
+   k_tile8's gate/up quantized them in its epilogue. LEAN (params quant8=lean): the same values by
+   fewer instructions a value: h's bf16 rounding by the hardware conversion (f2bf16_hw) and the
+   codes by quant8_lean. */
+template <bool SKIP, bool LEAN>
 __global__ void __launch_bounds__(K8_WARPS * 32) k_quant8(Quant8Args a, int nrows)
 {
     pdl_enter();
@@ -184,30 +141,41 @@ __global__ void __launch_bounds__(K8_WARPS * 32) k_quant8(Quant8Args a, int nrow
                     break;
                 const bool in = gq < ng;
                 float v[8];
-                bool ok[8];
                 uint8_t c[8];
                 const uint32_t gw[4] = {g4[j].x, g4[j].y, g4[j].z, g4[j].w};
                 const uint32_t uw[4] = {u4[j].x, u4[j].y, u4[j].z, u4[j].w};
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
-                    ok[i] = in;
                     const float gv = in ? bf16f((uint16_t)(gw[i >> 1] >> (16 * (i & 1)))) : 0.0f;
                     if (r.m && in) {
                         /* SPEC.md section 4 on bf16 g, u: clamp, silu in fp32, router weight before w2, bf16 h */
                         float hv = swiglu_h(gv, bf16f((uint16_t)(uw[i >> 1] >> (16 * (i & 1)))), clamp, a.L, gc, uc);
                         if (w != 1.0f)
                             hv = __fmul_rn(hv, w);
-                        v[i] = rbf16(hv);
+                        v[i] = LEAN ? bf16f(f2bf16_hw(hv)) : rbf16(hv);
                     } else {
                         v[i] = gv; /* the other kernels' bf16 h (or 0 beyond the row) */
                     }
                 }
-                const float s = quant_groupn<8, 16>(v, ok, a.qmode, c);
-                if (!in)
-                    continue;
                 uint2 q;
-                q.x = (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16) | ((uint32_t)c[3] << 24);
-                q.y = (uint32_t)c[4] | ((uint32_t)c[5] << 8) | ((uint32_t)c[6] << 16) | ((uint32_t)c[7] << 24);
+                float s;
+                if constexpr (LEAN) {
+                    s = quant8_lean(v, in, a.qmode, q);
+                    if (!in)
+                        continue;
+                    if (!r.m && a.f16_codes)
+                        for (int i = 0; i < 8; i++)
+                            c[i] = (uint8_t)((i < 4 ? q.x : q.y) >> (8 * (i & 3)));
+                } else {
+                    bool ok[8];
+                    for (int i = 0; i < 8; i++)
+                        ok[i] = in;
+                    s = quant_groupn<8, 16>(v, ok, a.qmode, c);
+                    if (!in)
+                        continue;
+                    q.x = (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16) | ((uint32_t)c[3] << 24);
+                    q.y = (uint32_t)c[4] | ((uint32_t)c[5] << 8) | ((uint32_t)c[6] << 16) | ((uint32_t)c[7] << 24);
+                }
                 *(uint2 *)(a.q + r.row * a.I + k0) = q;
                 if (!r.m && a.f16_codes) {
                     store_f16_codes(hr, k0, c);
@@ -226,6 +194,20 @@ __global__ void __launch_bounds__(K8_WARPS * 32) k_quant8(Quant8Args a, int nrow
     flush_clamp_counts(cnt, a.stats);
 }
 
-} // namespace dsv4cuda
+} // namespace
 
-#endif
+cudaError_t launch_quant8(const Quant8Args &a, unsigned rows, bool skip_direct, bool lean, cudaStream_t s, bool pdl)
+{
+    if (!rows)
+        return cudaSuccess;
+    const dim3 grid(std::min((rows + K8_WARPS - 1) / K8_WARPS, K8_GRID));
+    const unsigned th = K8_WARPS * 32;
+    const int n = (int)rows;
+    if (lean)
+        return skip_direct ? launch_kernel(k_quant8<true, true>, grid, th, 0, s, pdl, a, n)
+                           : launch_kernel(k_quant8<false, true>, grid, th, 0, s, pdl, a, n);
+    return skip_direct ? launch_kernel(k_quant8<true, false>, grid, th, 0, s, pdl, a, n)
+                       : launch_kernel(k_quant8<false, false>, grid, th, 0, s, pdl, a, n);
+}
+
+} // namespace dsv4cuda
