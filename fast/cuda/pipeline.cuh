@@ -678,7 +678,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         return enqueue_fast(b, L, rs.ra, ga, true, true);
     }
     if (b->route_fused) {
-        const bool loop = b->logits_loop && logits_loop_fits(la.H); /* params logits_loop=on, where it reaches */
+        const bool loop = b->logits_loop && logits_loop_fits(la.H); /* logits_loop (the default), where it reaches */
         (void)launch_logits_small(la, b->logits_tg, loop, (unsigned)(la.lblocks + qblocks), s, b->pdl); /* its error: the caller's peek */
         ra.small_max = DSV4C_LOGITS_SMALL;
     }

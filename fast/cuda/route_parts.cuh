@@ -196,7 +196,7 @@ __device__ __forceinline__ void quant_x_group(const float v[4], const bool ok[4]
 #define LS_MAXC 8             /* 16-byte gate pieces a lane holds at once */
 /* A logits warp's share of H: its quarter (LS_KQ), in whole 8-element pieces (H % 8 == 0) */
 __host__ __device__ constexpr int logits_share(int H) { return (H / 8 + LS_KQ - 1) / LS_KQ * 8; }
-/* logits_tokens_loop's reach (params logits_loop=on): that share in one pass of LS_MAXC pieces a lane */
+/* logits_tokens_loop's reach (logits_loop, the default): that share in one pass of LS_MAXC pieces a lane */
 __host__ __device__ constexpr bool logits_loop_fits(int H) { return logits_share(H) <= 256 * LS_MAXC; }
 
 struct LogitsArgs {
@@ -241,7 +241,8 @@ __device__ __forceinline__ float dot8_bf16(const uint4 &x, const uint4 &g, float
 }
 
 /*
- * LOOP (params logits_loop=on): the tokens in a loop the compiler does not unroll, each group of
+ * LOOP (the default; params logits_loop=off clears it): the tokens in a loop the compiler does not
+ * unroll, each group of
  * TG tokens summed to the end and reduced before the next, instead of every token's sum held in
  * registers through a fully unrolled token loop. The unrolled loop is 128 KB of SASS (8016
  * instructions for TPB 32), which each warp runs once per launch through instruction caches that
@@ -310,9 +311,9 @@ __device__ __forceinline__ void logits_small_sum(const LogitsArgs &a, int eb, in
     }
 }
 
-template <int TG, int TPB, bool LOOP = false> /* TG: tokens whose x a lane loads together, 1 (the
-                               default) or 4 (params logits_tg=4); TPB: tokens a block sums, at most
-                               DSV4C_LOGITS_SMALL; LOOP: params logits_loop=on (logits_tokens_loop) */
+template <int TG, int TPB, bool LOOP = false> /* TG: tokens whose x a lane loads together, 4 (the
+                               default) or 1 (params logits_tg=1); TPB: tokens a block sums, at most
+                               DSV4C_LOGITS_SMALL; LOOP: logits_loop, the default (logits_tokens_loop) */
 __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
 {
     constexpr bool one = TPB == DSV4C_LOGITS_SMALL; /* one group of tokens: block b is expert pair b */
@@ -342,7 +343,8 @@ __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
     const int hq = logits_share(H), k0 = q * hq, k1 = min(H, k0 + hq);
     if constexpr (LOOP) {
         logits_tokens_loop<TG>(a, x, e, k0, k1, nb, &part[j][q][0]);
-    } else { /* the default: every token's sum in registers through a fully unrolled token loop */
+    } else { /* logits_loop=off, or H past the loop's reach: every token's sum in registers through a
+                fully unrolled token loop */
         float acc[TPB];
 #pragma unroll
         for (int t = 0; t < TPB; t++)
