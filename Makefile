@@ -326,7 +326,7 @@ $(CUDA_BUILD)/tests/test_backend_ops.o: tests/test_backend_ops.c
 	$(CC) $(CPPFLAGS_ALL) -DDSV4_WITH_CUDA $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 # The device half of test_cuda's e4m3 hardware-conversion test (the library's kernels.cuh).
-$(CUDA_BUILD)/tests/cuda/e4m3_hw.o: tests/cuda/e4m3_hw.cu fast/cuda/kernels.cuh
+$(CUDA_BUILD)/tests/cuda/e4m3_hw.o: tests/cuda/e4m3_hw.cu fast/cuda/kernels.cuh tests/cuda/dev_arena.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 

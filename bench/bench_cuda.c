@@ -745,6 +745,7 @@ int main(int argc, char **argv)
         /* the routed groups on the grouped FP8 GEMM (gemm fp8 without direct=): their rows in its
            128-row tiles, from each row's routing (bench/group_fill.h) */
         bool on_gmm = false;
+        const int cut = fp8_cut_of(kernels);
         {
             dsv4_backend_stats bs = dsv4_backend_get_stats(b);
             on_gmm = bs.gemm_fp8 && !bs.fp8_direct;
@@ -836,7 +837,7 @@ int main(int argc, char **argv)
                             }
                         }
                     r.fill_ok = on_gmm && bench_group_fill(ids, T, (int)K, (int)E, dsv4_plan_chunk_tokens(plan),
-                                                           fp8_cut_of(kernels), 128, &r.fill) == 0;
+                                                           cut, 128, &r.fill) == 0;
                     r.touched_bytes = shared_bytes + gate_bytes;
                     for (int64_t x = 0; x < E; x++)
                         r.touched_bytes += touched[x] ? expert_bytes[x] : 0;
@@ -880,7 +881,7 @@ int main(int argc, char **argv)
                     if (r.fill_ok && dev == IO_HOST && r.fill.padded)
                         printf("%6s grouped GEMM: %llu groups above %d rows, %llu of their %llu padded rows real (%.1f %%), "
                                "%.1f %% of the %llu slots\n",
-                               "", (unsigned long long)r.fill.groups, fp8_cut_of(kernels),
+                               "", (unsigned long long)r.fill.groups, cut,
                                (unsigned long long)r.fill.rows, (unsigned long long)r.fill.padded,
                                100.0 * (double)r.fill.rows / (double)r.fill.padded,
                                100.0 * (double)r.fill.rows / (double)(r.fill.slots ? r.fill.slots : 1),

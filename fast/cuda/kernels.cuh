@@ -7,9 +7,9 @@
  * mma_group.cuh; the exact path's k_gemv and k_tiles, and the fp8 path's k_dec, k_tile, k_tileh,
  * k_logits_small, k_router_count, k_route_small, k_dec_mix, k_gather8 and k_quant8, are
  * translation units of their own (gemv.cu, tiles.cu, dec.cu, tile.cu, tileh.cu, logits_small.cu,
- * router_count.cu, route_small.cu, dec_mix.cu, gather8.cu, quant8.cu, each with a launcher header). Inline functions and types only, so
- * every unit may include it (the kernels' device code shared between units is in the *_parts.cuh
- * headers and exact_gemm.cuh, likewise).
+ * router_count.cu, route_small.cu, dec_mix.cu, gather8.cu, quant8.cu, each with a launcher
+ * header). Inline functions and types only, so every unit may include it (the kernels' device
+ * code shared between units is in the *_parts.cuh headers and exact_gemm.cuh, likewise).
  * docs/cuda.md describes the design.
  */
 #ifndef DSV4MOE_FAST_CUDA_KERNELS_CUH

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "fast/cuda/kernels.cuh"
+#include "tests/cuda/dev_arena.cuh"
 
 namespace {
 
@@ -56,13 +57,10 @@ __global__ void k_bf16_cmp(unsigned long long *bad, unsigned *first)
 /* 0, or a CUDA error code. *bad: inputs whose bf16 bits differ; *first: the smallest such input's bits. */
 extern "C" int dsv4_test_bf16_hw(unsigned long long *bad, unsigned *first)
 {
-    unsigned long long *dbad = nullptr;
-    unsigned *dfirst = nullptr;
-    cudaError_t e = cudaMalloc((void **)&dbad, sizeof *dbad);
-    if (e == cudaSuccess)
-        e = cudaMalloc((void **)&dfirst, sizeof *dfirst);
-    if (e == cudaSuccess)
-        e = cudaMemset(dbad, 0, sizeof *dbad);
+    DevArena ar;
+    unsigned long long *dbad = ar.get<unsigned long long>(1);
+    unsigned *dfirst = ar.get<unsigned>(1);
+    cudaError_t e = ar.err;
     if (e == cudaSuccess)
         e = cudaMemset(dfirst, 0xFF, sizeof *dfirst);
     if (e == cudaSuccess) {
@@ -70,10 +68,9 @@ extern "C" int dsv4_test_bf16_hw(unsigned long long *bad, unsigned *first)
         e = cudaDeviceSynchronize();
     }
     if (e == cudaSuccess)
-        e = cudaMemcpy(bad, dbad, sizeof *bad, cudaMemcpyDeviceToHost);
+        e = dev_take(bad, dbad, 1);
     if (e == cudaSuccess)
-        e = cudaMemcpy(first, dfirst, sizeof *first, cudaMemcpyDeviceToHost);
-    cudaFree(dbad), cudaFree(dfirst);
+        e = dev_take(first, dfirst, 1);
     return (int)e;
 }
 

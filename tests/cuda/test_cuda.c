@@ -378,22 +378,21 @@ typedef struct {
     int fp8;
 } var_case;
 
-static void variant_cases(const char *what, const char *kernels, const var_case *cs, size_t n, int close)
-{
-    const env_kv v = {"DSV4MOE_CUDA_KERNELS", kernels};
-    for (size_t i = 0; i < n; i++)
-        variants_identical(what, cs[i].preset, cs[i].layer, cs[i].T, cs[i].experts, cs[i].fp8, &v, 1, close);
-}
-
-/* variant_cases against a base named in full (its params, not the defaults): the comparison stays
-   the same whichever of the two becomes the default. */
+/* Each case's forward with the params `kernels` against one with `base_kernels` (NULL: the defaults;
+   a base named in full keeps the comparison whichever of the two becomes the default). */
 static void variant_cases_vs(const char *base_kernels, const char *what, const char *kernels, const var_case *cs,
                              size_t n, int close)
 {
     const env_kv base = {"DSV4MOE_CUDA_KERNELS", base_kernels};
     const env_kv v = {"DSV4MOE_CUDA_KERNELS", kernels};
     for (size_t i = 0; i < n; i++)
-        variants_vs(&base, what, cs[i].preset, cs[i].layer, cs[i].T, cs[i].experts, cs[i].fp8, &v, 1, close);
+        variants_vs(base_kernels ? &base : NULL, what, cs[i].preset, cs[i].layer, cs[i].T, cs[i].experts, cs[i].fp8,
+                    &v, 1, close);
+}
+
+static void variant_cases(const char *what, const char *kernels, const var_case *cs, size_t n, int close)
+{
+    variant_cases_vs(NULL, what, kernels, cs, n, close);
 }
 
 /* params direct=b128|b64 (k_tile8, tile8.cuh): the routed fp4 experts' tile groups on fp8 wgmma
