@@ -61,7 +61,9 @@
 # test_cuda runs a step per Tcase (cuda-test-small, cuda-test-fp8, ...: the whole of it no longer
 # fits one call); DSV4_DEVCHECK_CUDA_CASES="variants small" runs only those, and "cuda-test" in
 # DSV4_DEVCHECK_SKIP none. DSV4_DEVCHECK_CUDA_TEST_CAP (default 420) is each one's cap (on an H100:
-# small 13 s, fp8 81 s, routing 242 s, ring 40 s, variants about 180 s).
+# small 13 s, fp8 81 s, routing 381 s, ring 40 s, variants about 180 s). DSV4_DEVCHECK_PAR=1 runs
+# those Tcases and gpu-scenario at once (each a process of its own; most of their time is the host
+# generating and uploading layers, and the machine has 16 cores), then devsim and the sanitizer.
 # DSV4_DEVCHECK_SKIP="cpu-test torch-peer" skips steps by name (local trials); DSV4_BENCH_ARGS adds
 # arguments to bench_cuda (e.g. --quick: fewer repetitions), DSV4_PEER_ARGS to the three peers (--quick).
 # The bench JSONs of an earlier call in $WORK/bench are removed first (so a skipped or failed step
@@ -187,13 +189,19 @@ cuda_tests() {
         *" cuda-test "*) step cuda-test 0 true ;;
         *)
             for ckc in ${DSV4_DEVCHECK_CUDA_CASES:-$CUDA_TCASES}; do
-                step "cuda-test-$ckc" "${DSV4_DEVCHECK_CUDA_TEST_CAP:-420}" "CK_RUN_CASE=$ckc $CUDA_ENV $CUDA_TEST"
+                if [ "${DSV4_DEVCHECK_PAR:-0}" = 1 ]; then
+                    step "cuda-test-$ckc" "${DSV4_DEVCHECK_CUDA_TEST_CAP:-420}" "CK_RUN_CASE=$ckc $CUDA_ENV $CUDA_TEST" &
+                else
+                    step "cuda-test-$ckc" "${DSV4_DEVCHECK_CUDA_TEST_CAP:-420}" "CK_RUN_CASE=$ckc $CUDA_ENV $CUDA_TEST"
+                fi
             done
             ;;
         esac
     else
         absent cuda-test "no build/cuda/test_cuda (make cuda builds it with the CUDA backend)"
     fi
+    [ "${DSV4_DEVCHECK_PAR:-0}" = 1 ] && gpu_scenario &
+    [ "${DSV4_DEVCHECK_PAR:-0}" = 1 ] && wait
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     if [ -x build/cuda/test_devsim ]; then
         step devsim 60 "$CUDA_ENV build/cuda/test_devsim"
@@ -202,6 +210,20 @@ cuda_tests() {
     else
         absent devsim "no build/cuda/test_devsim (make cuda builds it)"
     fi
+    [ "${DSV4_DEVCHECK_PAR:-0}" = 1 ] || gpu_scenario
+    if [ -n "$CUDA_TEST" ] && [ -x "$SAN" ]; then
+        # the test program's "small" Tcase, in one process (CK_FORK=no) so memcheck sees every kernel
+        step sanitizer 150 "$CUDA_ENV CK_FORK=no CK_RUN_CASE=small $SAN --tool memcheck --leak-check full \
+            --error-exitcode 9 $CUDA_TEST ${DSV4_SANITIZER_ARGS:-}"
+    elif [ -z "$CUDA_TEST" ]; then
+        absent sanitizer "no CUDA test binary to run under memcheck"
+    else
+        absent sanitizer "compute-sanitizer not found"
+    fi
+}
+
+# gpu.yaml on the CUDA CLI (and, with DSV4_DEVCHECK_FAULTS=1, its f01 cases under --faults)
+gpu_scenario() {
     if [ -x build/cuda/dsv4moe ] && [ -f scenarios/gpu.yaml ]; then
         SCEN_CMD="build/cuda/dsv4moe run scenarios/gpu.yaml --backend cuda --threads $JOBS --cache $WORK/cuda-tmp/scen-cache"
         # a case that faults on the device fails every later case of the process (the error stays on
@@ -220,15 +242,6 @@ cuda_tests() {
         [ -x build/faults/cuda/dsv4moe ] && step faults-f01 150 "$CUDA_ENV build/faults/cuda/dsv4moe run --faults \
             --filter f01 scenarios/gpu.yaml --backend cuda --threads $JOBS --report $WORK/faults \
             --cache $WORK/cuda-tmp/scen-cache"
-    fi
-    if [ -n "$CUDA_TEST" ] && [ -x "$SAN" ]; then
-        # the test program's "small" Tcase, in one process (CK_FORK=no) so memcheck sees every kernel
-        step sanitizer 150 "$CUDA_ENV CK_FORK=no CK_RUN_CASE=small $SAN --tool memcheck --leak-check full \
-            --error-exitcode 9 $CUDA_TEST ${DSV4_SANITIZER_ARGS:-}"
-    elif [ -z "$CUDA_TEST" ]; then
-        absent sanitizer "no CUDA test binary to run under memcheck"
-    else
-        absent sanitizer "compute-sanitizer not found"
     fi
 }
 [ "${DSV4_DEVCHECK_TESTS_FIRST:-0}" = 1 ] && cuda_tests
@@ -528,9 +541,9 @@ fi
 # by one warp (group=warp,weights=warp) and each alone, the decode launches' deep rings unsplit
 # (dec_ring=deep / bulk / bulk_ef with dec_fill=1), the small chunks' unrolled logits
 # (logits_loop=off), and the three-launch step's parts alone (route=one, shared_dec=one,
-# quant=fold); the prefill at T 1024, 4096 and 16384 with the logits on cuBLASLt
-# (logits=blas), x quantized after the grouping (gather=quant), the warp router on both
-# (logits=blas,router=warp) and k_quant8's lean instructions (quant8=lean);
+# quant=fold); the prefill at T 1024, 4096 and 16384 with the former defaults (the logits on
+# k_tiles, logits=tiles; the block router, router=block; both), x gathered by k_gather8
+# (gather=copy, on the block router) and k_quant8's lean instructions (quant8=lean);
 # DSV4_DEVCHECK_PASSES alternating passes (default 2). The step "variant-table" then puts each
 # against the default of its pass (ci/variant-table.py).
 if profile flip && [ -x "$BENCH" ]; then
@@ -539,7 +552,8 @@ if profile flip && [ -x "$BENCH" ]; then
             dec_ring=deep,dec_fill=1 dec_ring=bulk,dec_fill=1 dec_ring=bulk_ef,dec_fill=1 logits_loop=off \
             route=one shared_dec=one quant=fold
         BV_CAP=120
-        bench_variants flipp 1024,4096,16384 "$p" default logits=blas gather=quant logits=blas,router=warp quant8=lean
+        bench_variants flipp 1024,4096,16384 "$p" default logits=tiles router=block logits=tiles,router=block \
+            gather=copy quant8=lean
         BV_CAP=
     done
 fi

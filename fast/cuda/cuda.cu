@@ -656,10 +656,16 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         }
     }
     if (kv.logits_blas) {
-        /* params logits=blas: the operation is checked here for chunks of 1 .. chunk rows (the
-           route stage's chunks are no larger) */
+        /* logits=blas (the default): the operation is checked here for chunks of 1 .. chunk rows
+           (the route stage's chunks are no larger); a layer cuBLASLt has no algorithm for takes
+           k_tiles unless logits=blas was named */
         char why[256];
-        if ((ce = logits_blas_create(&b->lb, (int)E, (int)H, (int)b->chunk, why, sizeof why)) != cudaSuccess) {
+        ce = logits_blas_create(&b->lb, (int)E, (int)H, (int)b->chunk, why, sizeof why);
+        if (ce == cudaErrorNotSupported && !kv.logits_asked) {
+            b->lb = nullptr;
+            ce = cudaSuccess;
+        }
+        if (ce != cudaSuccess) {
             st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "params logits=blas: %s", why);
             goto fail_rt;
         }

