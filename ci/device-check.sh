@@ -543,7 +543,7 @@ fi
 # (logits_loop=off), and the three-launch step's parts alone (route=one, shared_dec=one,
 # quant=fold); the prefill at T 1024, 4096 and 16384 with the former defaults (the logits on
 # k_tiles, logits=tiles; the block router, router=block; both), x gathered by k_gather8
-# (gather=copy, on the block router) and k_quant8's lean instructions (quant8=lean);
+# (gather=copy, on the block router) and k_quant8's former instructions (quant8=std);
 # DSV4_DEVCHECK_PASSES alternating passes (default 2). The step "variant-table" then puts each
 # against the default of its pass (ci/variant-table.py).
 if profile flip && [ -x "$BENCH" ]; then
@@ -553,7 +553,7 @@ if profile flip && [ -x "$BENCH" ]; then
             route=one shared_dec=one quant=fold
         BV_CAP=120
         bench_variants flipp 1024,4096,16384 "$p" default logits=tiles router=block logits=tiles,router=block \
-            gather=copy quant8=lean
+            gather=copy quant8=std
         BV_CAP=
     done
 fi

@@ -176,7 +176,7 @@ struct CudaBe {
     LogitsBlas *lb = nullptr; /* logits=blas: the GEMM logits on cuBLASLt, not k_tiles (NULL: off) */
     bool gather_quant = false; /* gather=quant: x quantized after the grouping and gathered there (k_quant_x8) */
     bool router_warp = false;  /* router=warp: large chunks' router a warp a token (k_router_warp) */
-    bool quant8_lean = false;  /* quant8=lean: k_quant8's values by fewer instructions (quant8.cu) */
+    bool quant8_lean = true;   /* quant8=lean (the default): k_quant8's values by fewer instructions (quant8.cu) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */
     uint64_t fbuf_bytes[8] = {};

@@ -244,7 +244,7 @@ struct Kernels {
     bool gather_quant = false;     /* gather=quant: x quantized and gathered in one pass (quant_x8.cuh), not by the router and k_gather8 */
     bool router_warp = true;       /* router=block: large chunks routed a block a token (k_router), not a warp a token (router_warp.cuh) */
     int direct = TILE8_OFF;        /* direct=b128|b64|q64: gemm fp8's routed fp4 tile groups on k_tile8 (tile8.cuh) */
-    bool quant8_lean = false;      /* quant8=lean: k_quant8's same values by fewer instructions (quant8.cu) */
+    bool quant8_lean = true;       /* quant8=std: k_quant8's same values by its former instructions (quant8.cu) */
 };
 
 #define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring, logits_loop, weights, logits, gather, router, direct, quant8"
