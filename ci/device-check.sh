@@ -61,7 +61,7 @@
 # test_cuda runs a step per Tcase (cuda-test-small, cuda-test-fp8, ...: the whole of it no longer
 # fits one call); DSV4_DEVCHECK_CUDA_CASES="variants small" runs only those, and "cuda-test" in
 # DSV4_DEVCHECK_SKIP none. DSV4_DEVCHECK_CUDA_TEST_CAP (default 420) is each one's cap (on an H100:
-# small 13 s, fp8 81 s, routing 381 s, ring 40 s, variants about 180 s). DSV4_DEVCHECK_PAR=1 runs
+# small 13 s, fp8 81 s, routing with routing_large 381 s, ring 40 s, variants about 180 s). DSV4_DEVCHECK_PAR=1 runs
 # those Tcases and gpu-scenario at once (each a process of its own; most of their time is the host
 # generating and uploading layers, and the machine has 16 cores), then devsim and the sanitizer.
 # DSV4_DEVCHECK_SKIP="cpu-test torch-peer" skips steps by name (local trials); DSV4_BENCH_ARGS adds
@@ -172,7 +172,7 @@ step cpu-test 150 "make -j$JOBS PYTHON=$PY test"
 # the measurements, so a call cut short by its budget has verified before it measured), else after
 # the measurements and profiles ----
 # test_cuda's Tcases (tests/cuda/test_cuda.c), the order a call without DSV4_DEVCHECK_CUDA_CASES runs them
-CUDA_TCASES="small fp8 graphs flash exact pdl routing ring variants device embed timing host"
+CUDA_TCASES="small fp8 graphs flash exact pdl routing routing_large ring variants device embed timing host"
 cuda_tests() {
     CUDA_TEST=""
     for c in build/cuda/test_cuda build/cuda/tests/test_cuda; do
@@ -541,7 +541,7 @@ fi
 # by one warp (group=warp,weights=warp) and each alone, the decode launches' deep rings unsplit
 # (dec_ring=deep / bulk / bulk_ef with dec_fill=1), the small chunks' unrolled logits
 # (logits_loop=off), and the three-launch step's parts alone (route=one, shared_dec=one,
-# quant=fold); the prefill at T 1024, 4096 and 16384 with the former defaults (the logits on
+# quant=fold; quant=auto, fold but at T = 1); the prefill at T 1024, 4096 and 16384 with the former defaults (the logits on
 # k_tiles, logits=tiles; the block router, router=block; both), x gathered by k_gather8
 # (gather=copy, on the block router) and k_quant8's former instructions (quant8=std);
 # DSV4_DEVCHECK_PASSES alternating passes (default 2). The step "variant-table" then puts each
@@ -550,7 +550,7 @@ if profile flip && [ -x "$BENCH" ]; then
     for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-2}"); do
         bench_variants flipd 1,8,32,128,256 "$p" default group=warp,weights=warp weights=warp group=warp \
             dec_ring=deep,dec_fill=1 dec_ring=bulk,dec_fill=1 dec_ring=bulk_ef,dec_fill=1 logits_loop=off \
-            route=one shared_dec=one quant=fold
+            route=one shared_dec=one quant=fold quant=auto
         BV_CAP=120
         bench_variants flipp 1024,4096,16384 "$p" default logits=tiles router=block logits=tiles,router=block \
             gather=copy quant8=std

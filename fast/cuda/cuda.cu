@@ -165,6 +165,7 @@ struct CudaBe {
     int dec_minb = 3; /* dec_regs=128: k_dec and k_dec_mix bounded for 2 blocks per multiprocessor (128 registers), not 3 */
     int dec_ring = 0; /* dec_ring=deep|bulk: k_dec's deep rings, or bulk copies into them (RING_*, mma_parts.cuh) */
     bool quant_fold = false; /* quant=fold: h quantized in gate/up's decode launch (fold_quant), not by k_quant */
+    bool quant_auto = false; /* quant=auto: as quant_fold but for chunks of one row (those keep k_quant) */
     bool dec_pf = false;     /* dec_pf=l2: each k_dec_mix block prefetches its weight range into L2 (dec_prefetch) */
     bool dec_persist = false; /* dec_sched=persist: k_dec_mix on persistent blocks (k_dec_mix_persist) */
     bool combine_fold = true; /* chunks of decode-sized groups: the combine in the down launch (combine=) */

@@ -231,6 +231,7 @@ struct Kernels {
     int dec_ring = 0;              /* dec_ring=deep|bulk: k_dec's rings 8 (fp4) / 4 (fp8) K blocks deep, not 4 / 3, filled by
                                       per-lane or bulk copies (RING_*, mma_parts.cuh) */
     bool quant_fold = false;       /* quant=fold: k_dec quantizes h (fold_quant, mma_parts.cuh) instead of k_quant */
+    bool quant_auto = false;       /* quant=auto: as fold, but chunks of one row keep k_quant */
     bool dec_pf = false;           /* dec_pf=l2: k_dec_mix's blocks prefetch their weights into L2 (dec_prefetch) */
     bool dec_persist = false;      /* dec_sched=persist: k_dec_mix on persistent blocks (dec_mix.cu) */
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
@@ -306,7 +307,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         else if (is("dec_regs"))
             ok = val("80") || val("128"), k->dec_minb = val("128") ? 2 : 3;
         else if (is("quant"))
-            ok = val("kernel") || val("fold"), k->quant_fold = val("fold");
+            ok = val("kernel") || val("fold") || val("auto"), k->quant_fold = !val("kernel"), k->quant_auto = val("auto");
         else if (is("dec_pf"))
             ok = val("off") || val("l2"), k->dec_pf = val("l2");
         else if (is("dec_sched"))
@@ -326,7 +327,7 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp, direct off|b128|b64|q64, quant8 std|lean",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold|auto, dec_pf off|l2, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp, direct off|b128|b64|q64, quant8 std|lean",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -354,6 +355,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->dec_minb = k.dec_minb;
     b->dec_ring = k.dec_ring;
     b->quant_fold = k.quant_fold;
+    b->quant_auto = k.quant_auto;
     b->dec_pf = k.dec_pf;
     b->dec_persist = k.dec_persist;
     b->combine_fold = k.combine_fold;

@@ -793,6 +793,7 @@ START_TEST(quant_fold_identical)
     variant_cases("quant", "quant=fold,shared_dec=one,route=one", cs, 4, 0);
     variant_cases("quant", "quant=fold,shared_dec=one,route=one,dec_regs=128", cs, 2, 0);
     variant_cases("quant", "quant=fold,combine=kernel", cs + 2, 1, 0);
+    variant_cases("quant", "quant=auto", cs, 4, 0); /* T 1 on k_quant, T 3, 8, 16 folded */
 }
 END_TEST
 
@@ -2838,19 +2839,24 @@ static Suite *cuda_suite(void)
     tcase_add_test(pd, combine_fold_identical);
     tcase_add_test(pd, dec_slab_identical);
     suite_add_tcase(s, pd);
-    /* the routing variants that wait for a device to decide their default, each against it: the
-       small chunks' logits with four tokens' x loaded together, the grouping by one warp (a Tcase
-       of their own, to run alone in a short call) */
+    /* the routing variants, each against the default or its named base: the small chunks' (logits
+       a token or four at a time, unrolled or in a loop; the grouping and weights by one warp), then
+       the large chunks' (logits on k_tiles or cuBLASLt, x gathered by copy or quantized after the
+       grouping, the block or warp router) in a Tcase of their own, so a call running Tcases at once
+       (ci/device-check.sh, DSV4_DEVCHECK_PAR=1) runs the two halves side by side */
     TCase *lg = tcase_create("routing");
     tcase_set_timeout(lg, 300);
     tcase_add_test(lg, logits_tg_identical);
     tcase_add_test(lg, logits_loop_identical);
     tcase_add_test(lg, group_warp_identical);
     tcase_add_test(lg, weights_warp_identical);
-    tcase_add_test(lg, logits_blas_close);
-    tcase_add_test(lg, gather_quant_identical);
-    tcase_add_test(lg, router_warp_identical);
     suite_add_tcase(s, lg);
+    TCase *ll = tcase_create("routing_large");
+    tcase_set_timeout(ll, 300);
+    tcase_add_test(ll, logits_blas_close);
+    tcase_add_test(ll, gather_quant_identical);
+    tcase_add_test(ll, router_warp_identical);
+    suite_add_tcase(s, ll);
     /* the decode launches' deep rings (params dec_ring=deep), in a Tcase of their own so a short
        device call can decide that default */
     TCase *ri = tcase_create("ring");
