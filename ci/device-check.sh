@@ -61,9 +61,10 @@
 # test_cuda runs a step per Tcase (cuda-test-small, cuda-test-fp8, ...: the whole of it no longer
 # fits one call); DSV4_DEVCHECK_CUDA_CASES="variants small" runs only those, and "cuda-test" in
 # DSV4_DEVCHECK_SKIP none. DSV4_DEVCHECK_CUDA_TEST_CAP (default 420) is each one's cap (on an H100:
-# small 13 s, fp8 81 s, routing with routing_large 381 s, ring 40 s, variants about 180 s). DSV4_DEVCHECK_PAR=1 runs
-# those Tcases and gpu-scenario at once (each a process of its own; most of their time is the host
-# generating and uploading layers, and the machine has 16 cores), then devsim and the sanitizer.
+# small 13 s, fp8 81 s, routing with routing_large 381 s, ring 40 s, variants about 180 s).
+# DSV4_DEVCHECK_PAR=1 runs those Tcases and gpu-scenario at once (each a process of its own; most
+# of their time is the host generating and uploading layers, and the machine has 16 cores), then
+# devsim and the sanitizer.
 # DSV4_DEVCHECK_SKIP="cpu-test torch-peer" skips steps by name (local trials); DSV4_BENCH_ARGS adds
 # arguments to bench_cuda (e.g. --quick: fewer repetitions), DSV4_PEER_ARGS to the three peers (--quick).
 # The bench JSONs of an earlier call in $WORK/bench are removed first (so a skipped or failed step
@@ -200,8 +201,10 @@ cuda_tests() {
     else
         absent cuda-test "no build/cuda/test_cuda (make cuda builds it with the CUDA backend)"
     fi
-    [ "${DSV4_DEVCHECK_PAR:-0}" = 1 ] && gpu_scenario &
-    [ "${DSV4_DEVCHECK_PAR:-0}" = 1 ] && wait
+    if [ "${DSV4_DEVCHECK_PAR:-0}" = 1 ]; then
+        gpu_scenario &
+        wait
+    fi
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     if [ -x build/cuda/test_devsim ]; then
         step devsim 60 "$CUDA_ENV build/cuda/test_devsim"
@@ -541,9 +544,10 @@ fi
 # by one warp (group=warp,weights=warp) and each alone, the decode launches' deep rings unsplit
 # (dec_ring=deep / bulk / bulk_ef with dec_fill=1), the small chunks' unrolled logits
 # (logits_loop=off), and the three-launch step's parts alone (route=one, shared_dec=one,
-# quant=fold; quant=auto, fold but at T = 1); the prefill at T 1024, 4096 and 16384 with the former defaults (the logits on
-# k_tiles, logits=tiles; the block router, router=block; both), x gathered by k_gather8
-# (gather=copy, on the block router) and k_quant8's former instructions (quant8=std);
+# quant=fold; quant=auto, fold but at T = 1); the prefill at T 1024, 4096 and 16384 with the
+# former defaults (the logits on k_tiles, logits=tiles; the block router, router=block; both), x
+# gathered by k_gather8 (gather=copy, on the block router) and k_quant8's former instructions
+# (quant8=std);
 # DSV4_DEVCHECK_PASSES alternating passes (default 2). The step "variant-table" then puts each
 # against the default of its pass (ci/variant-table.py).
 if profile flip && [ -x "$BENCH" ]; then

@@ -174,9 +174,9 @@ struct CudaBe {
     bool logits_loop = true; /* k_logits_small's tokens in a loop, not unrolled (logits_loop=off: unrolled) */
     bool weights_warp = false; /* weights=warp: k_router_count's weights on the selecting warp */
     bool group_warp = false; /* group=warp: k_router_count's grouping by one warp where it fits (count2_warp) */
-    LogitsBlas *lb = nullptr; /* logits=blas: the GEMM logits on cuBLASLt, not k_tiles (NULL: off) */
-    bool gather_quant = false; /* gather=quant: x quantized after the grouping and gathered there (k_quant_x8) */
-    bool router_warp = false;  /* router=warp: large chunks' router a warp a token (k_router_warp) */
+    LogitsBlas *lb = nullptr; /* the GEMM logits on cuBLASLt (NULL: on k_tiles, logits=tiles or no algorithm) */
+    bool gather_quant = true; /* x quantized after the grouping and gathered there (k_quant_x8; gather=copy: not) */
+    bool router_warp = true;  /* large chunks' router a warp a token (k_router_warp; router=block: k_router) */
     bool quant8_lean = true;   /* quant8=lean (the default): k_quant8's values by fewer instructions (quant8.cu) */
     FProj fp[4];          /* routed gate/up, routed down, shared gate/up, shared down */
     uint8_t *fbuf[8] = {}; /* their allocations (data, scales) */

@@ -13,8 +13,8 @@ namespace dsv4cuda {
 /* Enqueues k_logits_small on s: `blocks` blocks of 256 threads (la.lblocks for the logits, then
    the quantizing ones); tg: tokens whose x a lane loads together, 1 or 4 (params logits_tg); loop:
    the tokens in a loop, not unrolled (the default; params logits_loop=off unrolls it; the same
-   logits); pdl: with programmatic dependent launch. Block 0 zeroes la.ticket when set (the fused router's). Returns
-   the launch's error, which is also the runtime's last error. */
+   logits); pdl: with programmatic dependent launch. Block 0 zeroes la.ticket when set (the fused
+   router's). Returns the launch's error, which is also the runtime's last error. */
 cudaError_t launch_logits_small(const LogitsArgs &la, int tg, bool loop, unsigned blocks, cudaStream_t s, bool pdl);
 
 } // namespace dsv4cuda

@@ -42,10 +42,10 @@ constexpr unsigned K8_GRID = 2048;
 constexpr int K8_WARPS = 8, K8_BATCH = 4;
 
 /* quant_groupn<8, 16> (kernels.cuh) for a lane whose eight values are all in the 128-group or all
-   out of it (valid), with the same amax, scale and codes, for params quant8=lean (the default): the codes come
-   packed (value i's in byte i % 4 of q's word i / 4), and the sign of a NaN code (quant_groupn's
-   last loop) is set only in a lane that holds an Inf or a NaN, the only values whose code can be
-   0x7F (a NaN in; Inf / Inf against an fp32 scale of Inf). */
+   out of it (valid), with the same amax, scale and codes, for params quant8=lean (the default):
+   the codes come packed (value i's in byte i % 4 of q's word i / 4), and the sign of a NaN code
+   (quant_groupn's last loop) is set only in a lane that holds an Inf or a NaN, the only values
+   whose code can be 0x7F (a NaN in; Inf / Inf against an fp32 scale of Inf). */
 __device__ __forceinline__ float quant8_lean(const float v[8], bool valid, int mode, uint2 &q)
 {
     uint32_t mb = 0;
@@ -95,10 +95,9 @@ __device__ __forceinline__ float quant8_lean(const float v[8], bool valid, int m
 }
 
 /* SKIP (params direct=q64): rows of routed groups of more than FM_MID_MAX rows are left alone:
-   k_tile8's gate/up quantized them in its epilogue. LEAN (params quant8=lean, the default; quant8=std
-   takes the former instructions): the same values by
-   fewer instructions a value: h's bf16 rounding by the hardware conversion (f2bf16_hw) and the
-   codes by quant8_lean. */
+   k_tile8's gate/up quantized them in its epilogue. LEAN (params quant8=lean, the default;
+   quant8=std takes the former instructions): the same values by fewer instructions a value: h's
+   bf16 rounding by the hardware conversion (f2bf16_hw) and the codes by quant8_lean. */
 template <bool SKIP, bool LEAN>
 __global__ void __launch_bounds__(K8_WARPS * 32) k_quant8(Quant8Args a, int nrows)
 {

@@ -28,8 +28,9 @@ struct Quant8Args {
 /* Enqueues k_quant8 on s over the chunk's rows (its kept slots, then Tc with a shared expert):
    eight warps a block, a warp a row at a time, at most 2048 blocks (a grid-stride loop); with
    skip_direct (params direct=q64) rows of routed groups of more than FM_MID_MAX rows are left to
-   k_tile8's epilogue; lean (params quant8=lean, the default): the same outputs by fewer instructions a value
-   (quant8.cu). Programmatic dependent launch when pdl. Returns the launch's error. */
+   k_tile8's epilogue; lean (params quant8=lean, the default): the same outputs by fewer
+   instructions a value (quant8.cu). Programmatic dependent launch when pdl. Returns the launch's
+   error. */
 cudaError_t launch_quant8(const Quant8Args &a, unsigned rows, bool skip_direct, bool lean, cudaStream_t s, bool pdl);
 
 } // namespace dsv4cuda

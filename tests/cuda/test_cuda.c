@@ -598,8 +598,9 @@ END_TEST
 /* k_quant8's values by fewer instructions (params quant8=lean, the default: the hardware bf16
    rounding of h, the codes packed as they are encoded, the NaN codes' signs set only in a lane with
    an Inf or NaN) against its former instructions (quant8=std): the same h, codes and scales, so
-   the same outputs, ids and clamp counters bit for bit. gemm fp8 chunks with large groups: v4-flash with 32 experts at T 300 and
-   1100, all 256 at T 300, the hash layer, mini-fp8 (fp32 scales) and mini-topp (pruned slots). */
+   the same outputs, ids and clamp counters bit for bit. gemm fp8 chunks with large groups:
+   v4-flash with 32 experts at T 300 and 1100, all 256 at T 300, the hash layer, mini-fp8 (fp32
+   scales) and mini-topp (pruned slots). */
 START_TEST(quant8_lean_identical)
 {
     static const var_case cs[] = {{"v4-flash", 5, 300, 32, 1}, {"v4-flash", 5, 1100, 32, 1}, {"v4-flash", 5, 300, 0, 1},
@@ -1619,7 +1620,8 @@ static void quant8_case(int lean, int I, int qmode, int f16_codes, int before, i
    before and after w2, the clamp on both sides, on one, and off (L 0), the shared expert large, not
    large (ok 0; its rows at most min_rows), and absent, rows past the live tokens, f16 copies of the
    codes, and params direct=q64's launch (routed rows of groups above 64 rows left to k_tile8); each
-   case on params quant8=lean's kernel (the default) and on quant8=std's, both against the same host values. */
+   case on params quant8=lean's kernel (the default) and on quant8=std's, both against the same
+   host values. */
 START_TEST(quant8_kernel)
 {
     if (!have_gpu())
