@@ -167,6 +167,7 @@ struct CudaBe {
     bool quant_fold = false; /* quant=fold: h quantized in gate/up's decode launch (fold_quant), not by k_quant */
     bool quant_auto = false; /* quant=auto: as quant_fold but for chunks of one row (those keep k_quant) */
     bool dec_pf = false;     /* dec_pf=l2: each k_dec_mix block prefetches its weight range into L2 (dec_prefetch) */
+    bool dec_early = false;  /* dec_pf=early: k_dec's first-wave routed blocks prefetch theirs during the routing chain (dec_early) */
     bool dec_persist = false; /* dec_sched=persist: k_dec_mix on persistent blocks (k_dec_mix_persist) */
     bool combine_fold = true; /* chunks of decode-sized groups: the combine in the down launch (combine=) */
     bool dec_slab = false; /* dec_b=smem: k_dec's fp4 launches without a K split stage B in shared memory */

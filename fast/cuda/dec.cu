@@ -3,6 +3,7 @@
  * device code it shares with k_dec_mix).
  */
 #include "fast/cuda/dec.cuh"
+#include "fast/cuda/dec_early.cuh"
 
 namespace dsv4cuda {
 
@@ -21,10 +22,12 @@ namespace {
 template <int FMT, int EPI, bool SB, int MINB = 3, int RING = RING_STD>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
 {
-    pdl_enter();
     extern __shared__ __align__(16) uint8_t fsm[];
-    FGrp g;
     const int y = blockIdx.y;
+    if (a.early && y < a.act_max) /* params dec_pf=early: a prefetch before the programmatic wait */
+        dec_early<FMT>(a, y, (int)blockIdx.x, fsm);
+    pdl_enter();
+    FGrp g;
     if (y < a.act_max) {
         if (!dec_routed_group(a, y, g))
             return;

@@ -103,6 +103,8 @@ struct FastArgs {
     float *qf_s;
     long long qf_sh_row0; /* the shared expert's first row of h (its out_sh is h + qf_sh_row0 I) */
     int qmode;            /* the activation quantization (SPEC.md 5) */
+    int early, early_need, early_K, early_blocks; /* params dec_pf=early (dec_early.cuh): 0 off, 1 gate/up, 2 down */
+    const int *early_ticket, *early_ids; /* the router's ticket (early_need blocks take it), its ids */
 };
 
 /* One group as a block sees it. */

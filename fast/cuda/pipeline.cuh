@@ -426,8 +426,11 @@ void fp8_weights(const CudaBe *b, Fp8Proj &p, int slot, long long b_stride, long
 }
 
 /* The fp8 path after the router: grouping (unless the router did it: counted), gate/up + SwiGLU,
-   quantization of h, down, combine (folded into the down projection only in a full chunk: full). */
-cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra, GroupArgs ga, bool counted, bool full)
+   quantization of h, down, combine (folded into the down projection only in a full chunk: full).
+   early_ticket: k_router_count's ticket, which it takes after each token's ids (params
+   dec_pf=early), or NULL. */
+cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra, GroupArgs ga, bool counted, bool full,
+                         int *early_ticket = nullptr)
 {
     const dsv4_config *c = &b->cfg;
     const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
@@ -489,6 +492,15 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         gu.qf_q = hq, gu.qf_s = hs, gu.qf_sh_row0 = L.rows, gu.qmode = (int)c->act_quant;
     if (qfold)
         gu.qf_cnt = at<int>(b, L.fcnt) + H / 16;
+    /* params dec_pf=early (dec_early): gate/up's first-wave blocks prefetch while k_router_count
+       routes, where the chunk's ids fit one block's threads; down's while k_quant runs (with
+       quant=fold no kernel runs between the two decode launches, and gate/up's streaming keeps
+       the DRAM busy) */
+    const bool early = early_ticket && L.tc * K <= FM_THREADS;
+    if (early) {
+        gu.early = 1, gu.early_ticket = early_ticket, gu.early_need = (int)L.tc;
+        gu.early_ids = ra.ids, gu.early_K = K;
+    }
     Sel8 sel;
     sel.slot_row = ga.slot_row, sel.slot_tok = ga.slot_tok, sel.slot_e = ga.slot_e, sel.cnt = ga.cnt;
     sel.pad_off = ga.pad_off, sel.meta = ga.meta, sel.ntok = ra.ntok, sel.ok = b->ok8;
@@ -568,6 +580,8 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
     if (fold)
         dn.fc_cnt = at<int>(b, L.fcnt), dn.fc = ca;
+    if (early && !qfold && !fp8)
+        dn.early = 2, dn.early_blocks = b->nsm * b->dec_minb;
     if ((e = launch_regimes(b, L, dn, fp8 ? &p8 : nullptr, b->g8[1])) != cudaSuccess)
         return e;
     if (!fold)
@@ -711,7 +725,8 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     }
     if (fused)
         /* its error: the caller's peek */
-        (void)launch_router_count(ra, group2_args(b, L, ra, ga), ticket, (unsigned)L.tc, rsm, s, b->pdl, b->weights_warp);
+        (void)launch_router_count(ra, group2_args(b, L, ra, ga), ticket, (unsigned)L.tc, rsm, s, b->pdl, b->weights_warp,
+                                  b->dec_early);
     else if (b->router_warp && b->fast && ra.lslices == 1 && router_warp_fits(E, K))
         /* params router=warp: a warp a token; x is quantized after the grouping (gather=quant) */
         (void)launch_router_warp(ra, (unsigned)L.tc, s, b->pdl); /* its error: the caller's peek */
@@ -726,7 +741,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
             return ce;
     }
     if (b->fast)
-        return enqueue_fast(b, L, ra, ga, fused, mode == CHUNK_FULL);
+        return enqueue_fast(b, L, ra, ga, fused, mode == CHUNK_FULL, fused && b->dec_early && b->pdl ? ticket : nullptr);
     k_count<<<1, 1024, (size_t)E * 4, s>>>(ga);
     k_place<<<(unsigned)E, 256, 0, s>>>(ga);
 

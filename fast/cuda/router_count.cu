@@ -29,13 +29,17 @@ template <bool WG> __device__ __forceinline__ void group_chunk(const Group2Args 
 
 /* WG: params group=warp, WW: weights=warp, each a kernel of its own, so the default's code is the
    same without them. */
-template <bool WG, bool WW> __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket)
+template <bool WG, bool WW> __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket, int signal)
 {
     pdl_enter();
     route_block<WW>(ra, blockIdx.x);
     __shared__ int s_last;
     __syncthreads(); /* the block's ids, weights and kept count are written (thread 0 wrote them) */
     if (gridDim.x == 1) { /* a chunk of one token: nothing to wait for (saves the fences and the atomic's round trip) */
+        if (signal && threadIdx.x == 0) { /* params dec_pf=early: the ticket tells the gate/up launch the ids are out */
+            __threadfence();
+            atomicAdd(ticket, 1);
+        }
         group_chunk<WG>(g);
         return;
     }
@@ -53,11 +57,11 @@ template <bool WG, bool WW> __global__ void k_router_count(RouterArgs ra, Group2
 } // namespace
 
 cudaError_t launch_router_count(const RouterArgs &ra, const Group2Args &g, int *ticket, unsigned blocks, size_t smem,
-                                cudaStream_t s, bool pdl, bool ww)
+                                cudaStream_t s, bool pdl, bool ww, bool signal)
 {
     auto k = g.warp ? (ww ? k_router_count<true, true> : k_router_count<true, false>)
                     : (ww ? k_router_count<false, true> : k_router_count<false, false>);
-    return launch_kernel(k, dim3(blocks), 256, smem, s, pdl, ra, g, ticket);
+    return launch_kernel(k, dim3(blocks), 256, smem, s, pdl, ra, g, ticket, signal ? 1 : 0);
 }
 
 } // namespace dsv4cuda

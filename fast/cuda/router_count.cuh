@@ -17,9 +17,11 @@ namespace dsv4cuda {
    bytes of dynamic shared memory (the router's (H + 2 E + 4 K) floats, at least count2_block's
    2 E ints); ticket: the chunk's block counter, zeroed before (k_logits_small); pdl: with
    programmatic dependent launch; ww: the weights on the selecting warp (params weights=warp,
-   route_block). Returns the launch's error, which is also the runtime's last error. */
+   route_block); signal: a chunk of one token takes the ticket too, after its ids (params
+   dec_pf=early: k_dec's gate/up blocks poll it, dec_early; a larger chunk's blocks always take
+   it). Returns the launch's error, which is also the runtime's last error. */
 cudaError_t launch_router_count(const RouterArgs &ra, const Group2Args &g, int *ticket, unsigned blocks, size_t smem,
-                                cudaStream_t s, bool pdl, bool ww);
+                                cudaStream_t s, bool pdl, bool ww, bool signal);
 
 } // namespace dsv4cuda
 

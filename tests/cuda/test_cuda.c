@@ -801,13 +801,22 @@ END_TEST
 /* k_dec_mix's blocks with their weight ranges prefetched into L2 (params dec_pf=l2, a hint) against
    none (off, the default): the same outputs, ids and clamp counters bit for bit; v4-flash T 1, 8 and
    16 in both numerics modes (the shared expert's prefetch before the programmatic wait), the hash
-   layer, and with the three-launch step (route=one, quant=fold). */
+   layer, and with the three-launch step (route=one, quant=fold). Then k_dec's first-wave blocks
+   prefetching during the routing chain (dec_pf=early, dec_early: gate/up polling the router's
+   ticket, down reading the grouping), the same bits: those cases, T 40 (groups past the decode
+   regime, whose blocks ask for nothing), T 43 (more slots than a block's threads: off), with the
+   folded quantization (gate/up only), the one-block grouping by a warp and without programmatic
+   launches (no block is early). */
 START_TEST(dec_pf_identical)
 {
     static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 8, 32, 0}, {"v4-flash", 5, 16, 32, 1},
-                                  {"v4-flash", 0, 5, 32, 1}};
-    variant_cases("dec_pf", "shared_dec=one,dec_pf=l2", cs, sizeof cs / sizeof cs[0], 0);
+                                  {"v4-flash", 0, 5, 32, 1}, {"v4-flash", 5, 40, 32, 1}, {"v4-flash", 5, 43, 32, 0}};
+    variant_cases("dec_pf", "shared_dec=one,dec_pf=l2", cs, 4, 0);
     variant_cases("dec_pf", "dec_pf=l2,route=one,shared_dec=one,quant=fold", cs, 3, 0);
+    variant_cases("dec_pf", "dec_pf=early", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("dec_pf", "dec_pf=early,quant=fold", cs, 3, 0);
+    variant_cases("dec_pf", "dec_pf=early,group=warp,weights=warp", cs, 2, 0);
+    variant_cases("dec_pf", "dec_pf=early,pdl=off", cs, 1, 0);
 }
 END_TEST
 
