@@ -545,7 +545,8 @@ fi
 # (dec_ring=deep / bulk / bulk_ef with dec_fill=1), the small chunks' unrolled logits
 # (logits_loop=off), and the three-launch step's parts alone (route=one, shared_dec=one,
 # quant=fold; quant=auto, fold but at T = 1), the decode launches' first-wave prefetch during the
-# routing chain (dec_pf=early) alone and with quant=auto; the prefill at T 1024, 4096 and 16384 with the
+# routing chain (dec_pf=early) alone and with quant=auto, the shared gate/up forked beside the
+# router (shared_gu=early) alone and with dec_pf=early; the prefill at T 1024, 4096 and 16384 with the
 # former defaults (the logits on k_tiles, logits=tiles; the block router, router=block; both), x
 # gathered by k_gather8 (gather=copy, on the block router) and k_quant8's former instructions
 # (quant8=std);
@@ -555,7 +556,8 @@ if profile flip && [ -x "$BENCH" ]; then
     for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-2}"); do
         bench_variants flipd 1,8,32,128,256 "$p" default group=warp,weights=warp weights=warp group=warp \
             dec_ring=deep,dec_fill=1 dec_ring=bulk,dec_fill=1 dec_ring=bulk_ef,dec_fill=1 logits_loop=off \
-            route=one shared_dec=one quant=fold quant=auto dec_pf=early dec_pf=early,quant=auto
+            route=one shared_dec=one quant=fold quant=auto dec_pf=early dec_pf=early,quant=auto \
+            shared_gu=early shared_gu=early,dec_pf=early
         BV_CAP=120
         bench_variants flipp 1024,4096,16384 "$p" default logits=tiles router=block logits=tiles,router=block \
             gather=copy quant8=std

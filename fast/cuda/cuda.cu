@@ -168,6 +168,7 @@ struct CudaBe {
     bool quant_auto = false; /* quant=auto: as quant_fold but for chunks of one row (those keep k_quant) */
     bool dec_pf = false;     /* dec_pf=l2: each k_dec_mix block prefetches its weight range into L2 (dec_prefetch) */
     bool dec_early = false;  /* dec_pf=early: k_dec's first-wave routed blocks prefetch theirs during the routing chain (dec_early) */
+    bool shared_early = false; /* shared_gu=early: the forked shared expert's gate/up decode after k_logits_small (ev_early) */
     bool dec_persist = false; /* dec_sched=persist: k_dec_mix on persistent blocks (k_dec_mix_persist) */
     bool combine_fold = true; /* chunks of decode-sized groups: the combine in the down launch (combine=) */
     bool dec_slab = false; /* dec_b=smem: k_dec's fp4 launches without a K split stage B in shared memory */
@@ -201,6 +202,7 @@ struct CudaBe {
     bool direct_on = false;
     Fp8Gemm *g8[2] = {};  /* gate/up, down */
     cudaEvent_t ev_fork = nullptr, ev_j2 = nullptr, ev_j3 = nullptr, ev_j4 = nullptr;
+    cudaEvent_t ev_early = nullptr; /* shared_gu=early: recorded after k_logits_small, the shared gate/up's fork */
     int nsm = 132;
 };
 
@@ -539,7 +541,7 @@ void cuda_free(void *p)
     for (cudaStream_t st : streams)
         if (st)
             cudaStreamDestroy(st);
-    cudaEvent_t evs[4] = {b->ev_fork, b->ev_j2, b->ev_j3, b->ev_j4};
+    cudaEvent_t evs[5] = {b->ev_fork, b->ev_j2, b->ev_j3, b->ev_j4, b->ev_early};
     for (cudaEvent_t ev : evs)
         if (ev)
             cudaEventDestroy(ev);
@@ -627,6 +629,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         (ce = cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaEventCreateWithFlags(&b->ev_j2, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaEventCreateWithFlags(&b->ev_j3, cudaEventDisableTiming)) != cudaSuccess ||
+        (ce = cudaEventCreateWithFlags(&b->ev_early, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaDeviceGetAttribute(&b->nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (ce = dec_attrs(kv.dec_minb == 2, kv.quant_fold, kv.shared_dec_one, kv.dec_ring)) != cudaSuccess ||
         (ce = tileh_attrs()) != cudaSuccess ||

@@ -267,6 +267,27 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
     (void)launch_dec_kernel(fa, fmt, epi, sb, b->dec_minb, b->dec_ring, grid, smem, s, b->pdl);
 }
 
+/* A layer's shared expert in the routed experts' decode launches (params shared_dec=one: fp4
+   routed, fp8 shared; k_dec_mix) ... */
+bool shared_mix(const CudaBe *b, const FastArgs &fa)
+{
+    return b->cfg.n_shared_experts > 0 && b->shared_dec_one && fa.r.fmt == WF_FP4 && fa.sh.fmt == WF_FP8;
+}
+
+/* ... or in a decode launch of its own on the forked stream s4 (formats that differ otherwise) */
+bool shared_split(const CudaBe *b, const FastArgs &fa)
+{
+    return b->cfg.n_shared_experts > 0 && fa.sh.fmt != fa.r.fmt && !shared_mix(b, fa);
+}
+
+/* That launch: the shared expert's group alone, on s4. */
+void launch_dec_shared(const CudaBe *b, const FastArgs &fa)
+{
+    FastArgs sh = fa;
+    sh.act_max = 0;
+    launch_dec(b, fa.sh.fmt, sh, 1, b->s4);
+}
+
 /* k_dec_mix (params shared_dec=one): fp4 routed groups and the fp8 shared expert in one launch,
    each group with the K split its own launch_dec would give it (so the same sums). */
 void enqueue_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
@@ -315,17 +336,14 @@ int64_t group_rows_max(const CudaBe *b, const Layout &L)
  * 128-row tiles' stream instead (k_count2 left them off the big tile list).
  */
 cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const Fp8Proj *p8 = nullptr,
-                           Fp8Gemm *g8 = nullptr)
+                           Fp8Gemm *g8 = nullptr, bool sh_done = false)
 {
-    const dsv4_config *c = &b->cfg;
     cudaStream_t s = b->stream;
-    const bool shared = c->n_shared_experts > 0;
     const int64_t nmax = group_rows_max(b, L);
     const bool mid = nmax > FM_DEC_MAX, big = nmax > FM_MID_MAX;
     /* the shared expert in another format: its own k_dec on s4, or with params shared_dec=one (fp4
        routed, fp8 shared) one launch with the routed groups (k_dec_mix) */
-    const bool mix = shared && b->shared_dec_one && fa.r.fmt == WF_FP4 && fa.sh.fmt == WF_FP8;
-    const bool split = shared && fa.sh.fmt != fa.r.fmt && !mix;
+    const bool mix = shared_mix(b, fa), split = shared_split(b, fa);
     const bool cut = p8 && nmax > p8->min_rows; /* a group can be on the grouped FP8 GEMM (s3) */
     cudaError_t e = cudaSuccess;
     if ((mid || big || split || cut) && (e = cudaEventRecord(b->ev_fork, s)) != cudaSuccess)
@@ -342,9 +360,8 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
         enqueue_dec_mix(b, fa, s);
     } else if (split) {
         launch_dec(b, fa.r.fmt, fa, fa.act_max, s); /* routed slots only */
-        FastArgs sh = fa;
-        sh.act_max = 0;
-        launch_dec(b, fa.sh.fmt, sh, 1, b->s4);
+        if (!sh_done) /* shared_gu=early: on s4 already (enqueue_fast); joined below all the same */
+            launch_dec_shared(b, fa);
     } else {
         launch_dec(b, fa.r.fmt, fa, fa.act_max + 1, s);
     }
@@ -428,9 +445,10 @@ void fp8_weights(const CudaBe *b, Fp8Proj &p, int slot, long long b_stride, long
 /* The fp8 path after the router: grouping (unless the router did it: counted), gate/up + SwiGLU,
    quantization of h, down, combine (folded into the down projection only in a full chunk: full).
    early_ticket: k_router_count's ticket, which it takes after each token's ids (params
-   dec_pf=early), or NULL. */
+   dec_pf=early), or NULL; sh_forked: ev_early was recorded after k_logits_small, which quantized
+   x (params shared_gu=early). */
 cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra, GroupArgs ga, bool counted, bool full,
-                         int *early_ticket = nullptr)
+                         int *early_ticket = nullptr, bool sh_forked = false)
 {
     const dsv4_config *c = &b->cfg;
     const int H = (int)c->dim, I = (int)c->moe_inter_dim, E = (int)c->n_routed_experts, K = (int)c->n_activated;
@@ -493,9 +511,8 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     if (qfold)
         gu.qf_cnt = at<int>(b, L.fcnt) + H / 16;
     /* params dec_pf=early (dec_early): gate/up's first-wave blocks prefetch while k_router_count
-       routes, where the chunk's ids fit one block's threads; down's while k_quant runs (with
-       quant=fold no kernel runs between the two decode launches, and gate/up's streaming keeps
-       the DRAM busy) */
+       routes, where the chunk's ids fit one block's threads; down's while the kernel before it
+       runs (k_quant, or with quant=fold gate/up's last wave, whose tail leaves the DRAM idle) */
     const bool early = early_ticket && L.tc * K <= FM_THREADS;
     if (early) {
         gu.early = 1, gu.early_ticket = early_ticket, gu.early_need = (int)L.tc;
@@ -540,7 +557,17 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         fp8_weights(b, p8, 0, 2LL * I * H, 2LL * I / b->sfb_rows * (H / 128));
         p8.D = at<uint16_t>(b, L.gu8), p8.Dsh = p8.D + L.rows * 2 * I;
     }
-    cudaError_t e = launch_regimes(b, L, gu, fp8 ? &p8 : nullptr, b->g8[0]);
+    /* params shared_gu=early: the shared expert's gate/up decode (its own launch on s4) depends on x's
+       codes only, so it forks after k_logits_small and streams its weights while the router runs;
+       not with quant=fold, whose counts the grouping zeroes */
+    const bool sh_early = sh_forked && shared_split(b, gu) && !qfold;
+    if (sh_early) {
+        cudaError_t ce = cudaStreamWaitEvent(b->s4, b->ev_early, 0);
+        if (ce != cudaSuccess)
+            return ce;
+        launch_dec_shared(b, gu);
+    }
+    cudaError_t e = launch_regimes(b, L, gu, fp8 ? &p8 : nullptr, b->g8[0], sh_early);
     if (e != cudaSuccess)
         return e;
     if (fp8) {
@@ -580,7 +607,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
     ca.H = H, ca.E = E, ca.K = K, ca.after = c->weight_point == DSV4_WEIGHT_AFTER_W2;
     if (fold)
         dn.fc_cnt = at<int>(b, L.fcnt), dn.fc = ca;
-    if (early && !qfold && !fp8)
+    if (early && !fp8)
         dn.early = 2, dn.early_blocks = b->nsm * b->dec_minb;
     if ((e = launch_regimes(b, L, dn, fp8 ? &p8 : nullptr, b->g8[1])) != cudaSuccess)
         return e;
@@ -665,6 +692,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     const size_t rsm = (size_t)(H + 2 * E + 4 * K) * 4;
     const bool fused = b->route_fused && b->fast && mode == CHUNK_FULL && L.slots <= 1024 && rsm + 9 * 1024 <= 48 * 1024;
     int *ticket = at<int>(b, L.meta) + 4; /* meta[4]: k_router_count's ticket (k_count2 writes meta[0..3]) */
+    bool sh_forked = false; /* shared_gu=early: ev_early recorded after k_logits_small */
     /* the small chunks' logits (k_logits_small, k_route_small): one slice, x quantized there too */
     LogitsArgs la;
     la.x = ra.x, la.gate = b->gate16, la.ntok = ntok, la.logits = at<float>(b, L.logits);
@@ -696,6 +724,13 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         const bool loop = b->logits_loop && logits_loop_fits(la.H); /* logits_loop (the default), where it reaches */
         (void)launch_logits_small(la, b->logits_tg, loop, (unsigned)(la.lblocks + qblocks), s, b->pdl); /* its error: the caller's peek */
         ra.small_max = DSV4C_LOGITS_SMALL;
+        /* params shared_gu=early: the shared gate/up's fork (enqueue_fast), x's codes being written */
+        if (fused && b->shared_early && la.xq) {
+            const cudaError_t ce = cudaEventRecord(b->ev_early, s);
+            if (ce != cudaSuccess)
+                return ce;
+            sh_forked = true;
+        }
     }
     ra.logits = at<float>(b, L.logits);
     ra.lslices = L.lslices;
@@ -741,7 +776,8 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
             return ce;
     }
     if (b->fast)
-        return enqueue_fast(b, L, ra, ga, fused, mode == CHUNK_FULL, fused && b->dec_early && b->pdl ? ticket : nullptr);
+        return enqueue_fast(b, L, ra, ga, fused, mode == CHUNK_FULL, fused && b->dec_early && b->pdl ? ticket : nullptr,
+                            sh_forked);
     k_count<<<1, 1024, (size_t)E * 4, s>>>(ga);
     k_place<<<(unsigned)E, 256, 0, s>>>(ga);
 

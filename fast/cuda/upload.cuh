@@ -234,6 +234,7 @@ struct Kernels {
     bool quant_auto = false;       /* quant=auto: as fold, but chunks of one row keep k_quant */
     bool dec_pf = false;           /* dec_pf=l2: k_dec_mix's blocks prefetch their weights into L2 (dec_prefetch) */
     bool dec_early = false;        /* dec_pf=early: k_dec's first-wave blocks prefetch theirs before the wait (dec_early) */
+    bool shared_early = false;     /* shared_gu=early: the forked shared gate/up launched after k_logits_small, not the router */
     bool dec_persist = false;      /* dec_sched=persist: k_dec_mix on persistent blocks (dec_mix.cu) */
     bool combine_fold = true;      /* combine=kernel: k_combine after the down projection at every chunk size */
     bool dec_slab = false;         /* dec_b=smem: k_dec stages B in shared memory where K is not split (mma_parts.cuh) */
@@ -249,7 +250,7 @@ struct Kernels {
     bool quant8_lean = true;       /* quant8=std: k_quant8's same values by its former instructions (quant8.cu) */
 };
 
-#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, dec_sched, group, dec_ring, logits_loop, weights, logits, gather, router, direct, quant8"
+#define KERNEL_KEYS "path, tile, tileh, mid, fp8_cut, fp8_scales, dec_fill, pdl, route, combine, dec_b, logits_tg, shared_dec, dec_regs, quant, dec_pf, shared_gu, dec_sched, group, dec_ring, logits_loop, weights, logits, gather, router, direct, quant8"
 
 dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
 {
@@ -311,6 +312,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("kernel") || val("fold") || val("auto"), k->quant_fold = !val("kernel"), k->quant_auto = val("auto");
         else if (is("dec_pf"))
             ok = val("off") || val("l2") || val("early"), k->dec_pf = val("l2"), k->dec_early = val("early");
+        else if (is("shared_gu"))
+            ok = val("late") || val("early"), k->shared_early = val("early");
         else if (is("dec_sched"))
             ok = val("grid") || val("persist"), k->dec_persist = val("persist");
         else if (is("fp8_cut") || is("dec_fill")) {
@@ -324,11 +327,11 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         } else
             return dsv4_param_unknown_key(&it, "cuda", KERNEL_KEYS, err);
         if (!ok) {
-            char allowed[640];
+            char allowed[768];
             snprintf(allowed, sizeof allowed,
                      "path auto|exact, tile wgmma|mma, tileh s128|s64x2|p64|s64|p128, mid mma|p32|s32, fp8_cut %d..%d, "
                      "fp8_scales auto|rows, dec_fill 1..8, pdl on|off, route fused|split|one, combine fold|kernel, dec_b "
-                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold|auto, dec_pf off|l2|early, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp, direct off|b128|b64|q64, quant8 std|lean",
+                     "l1|smem, logits_tg 1|4, shared_dec fork|one, dec_regs 80|128, quant kernel|fold|auto, dec_pf off|l2|early, shared_gu late|early, dec_sched grid|persist, group block|warp, dec_ring std|deep|bulk|bulk_ef, logits_loop off|on, weights thread|warp, logits tiles|blas, gather copy|quant, router block|warp, direct off|b128|b64|q64, quant8 std|lean",
                      FM_DEC_MAX, FM_MID_MAX);
             return dsv4_param_bad_value(&it, "cuda", allowed, err);
         }
@@ -359,6 +362,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->quant_auto = k.quant_auto;
     b->dec_pf = k.dec_pf;
     b->dec_early = k.dec_early;
+    b->shared_early = k.shared_early;
     b->dec_persist = k.dec_persist;
     b->combine_fold = k.combine_fold;
     b->dec_slab = k.dec_slab;

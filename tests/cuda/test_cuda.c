@@ -820,6 +820,21 @@ START_TEST(dec_pf_identical)
 }
 END_TEST
 
+/* The fp8 shared expert's gate/up decode forked after k_logits_small, beside the router (params
+   shared_gu=early), against after the router (late, the default): the same launch on the same
+   inputs, so the same outputs, ids and clamp counters bit for bit; v4-flash T 1, 8 and 16 in both
+   numerics modes, the hash layer, T 20 (the shared expert on the 32-row tiles: its decode launch
+   returns), with dec_pf=early, and with quant=auto (folded from T 2: not early there). */
+START_TEST(shared_gu_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 8, 32, 0}, {"v4-flash", 5, 16, 32, 1},
+                                  {"v4-flash", 0, 5, 32, 1}, {"v4-flash", 5, 20, 32, 0}};
+    variant_cases("shared_gu", "shared_gu=early", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("shared_gu", "shared_gu=early,dec_pf=early", cs, 3, 0);
+    variant_cases("shared_gu", "shared_gu=early,quant=auto", cs, 3, 0);
+}
+END_TEST
+
 /* k_dec_mix on persistent blocks (params dec_sched=persist: at most the resident blocks, each over
    every gridDim-th unit, its next unit's weights into L2 first with dec_pf=l2) against the grid
    (the default): the same units computed the same way, so the same outputs, ids and clamp counters
@@ -2326,7 +2341,8 @@ START_TEST(shared_workspace)
                              {"group=thread", "group"},      {"dec_ring=8", "dec_ring"},
                              {"logits_loop=yes", "logits_loop"}, {"weights=lane", "weights"},
                              {"logits=cublas", "logits"}, {"gather=both", "gather"},
-                             {"router=thread", "router"}, {"quant8=fast", "quant8"}};
+                             {"router=thread", "router"}, {"quant8=fast", "quant8"},
+                             {"shared_gu=soon", "shared_gu"}, {"dec_pf=earlier", "dec_pf"}};
     for (size_t i = 0; i < sizeof badk / sizeof badk[0]; i++) {
         ko.params = badk[i][0];
         ck_assert_int_eq(dsv4_backend_create_with(pa, cka, &ko, &bad, &e), DSV4_ERR_INVALID_ARG);
@@ -2883,6 +2899,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(va, dec_regs_identical);
     tcase_add_test(va, quant_fold_identical);
     tcase_add_test(va, dec_pf_identical);
+    tcase_add_test(va, shared_gu_identical);
     tcase_add_test(va, dec_sched_identical);
     tcase_add_test(va, quant8_lean_identical);
     suite_add_tcase(s, va);
