@@ -497,6 +497,23 @@ if profile ring && [ -x "$BENCH" ] && [ -x "$NCU" ]; then
         done
     done
 fi
+# DSV4_DEVCHECK_PROFILE=early: the decode step's overlaps of DRAM streaming with its
+# latency-bound kernels, which Nsight Compute's one-kernel replays cannot show: the routed decode
+# launches' first-wave blocks prefetching their weights during the routing chain and k_quant
+# (dec_pf=early), the shared expert's gate/up forked beside the router (shared_gu=early), both,
+# and both with quant=auto: the whole layer at T 1, 4, 8, 32 and 128 (bench_cuda --quick, fp8
+# mode, DSV4_DEVCHECK_PASSES alternating passes, default 2), then a replayed step's kernels as
+# the GPU ran them (bench_cuda --timeline 20) at T 1 and 8 for the default and both.
+if profile early && [ -x "$BENCH" ]; then
+    EARLY_BOTH="dec_pf=early,shared_gu=early"
+    for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-2}"); do
+        bench_variants early 1,4,8,32,128 "$p" default dec_pf=early shared_gu=early $EARLY_BOTH \
+            $EARLY_BOTH,quant=auto
+    done
+    BV_EXTRA="--timeline 20"
+    bench_variants early-tl 1,8 1 default $EARLY_BOTH
+    BV_EXTRA=
+fi
 # DSV4_DEVCHECK_PROFILE=timeline: the decode step's kernels as a replayed graph runs them
 # (bench_cuda --timeline 20: CUPTI's kernel records of 20 more calls after the timed ones; per
 # kernel the medians of its start, duration and the GPU's idle before it, and the step's span and

@@ -345,16 +345,19 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
        routed, fp8 shared) one launch with the routed groups (k_dec_mix) */
     const bool mix = shared_mix(b, fa), split = shared_split(b, fa);
     const bool cut = p8 && nmax > p8->min_rows; /* a group can be on the grouped FP8 GEMM (s3) */
+    /* shared_gu=early forked s4 before the router (enqueue_fast): it only joins here, so no event is
+       recorded between the router and this launch when nothing else forks (a decode step) */
+    const bool fork4 = split && !sh_done;
     cudaError_t e = cudaSuccess;
-    if ((mid || big || split || cut) && (e = cudaEventRecord(b->ev_fork, s)) != cudaSuccess)
+    if ((mid || big || fork4 || cut) && (e = cudaEventRecord(b->ev_fork, s)) != cudaSuccess)
         return e;
     struct Side {
-        bool on;
+        bool on, fork;
         cudaStream_t st;
         cudaEvent_t ev;
-    } side[3] = {{split, b->s4, b->ev_j4}, {mid, b->s2, b->ev_j2}, {big || cut, b->s3, b->ev_j3}};
+    } side[3] = {{split, fork4, b->s4, b->ev_j4}, {mid, mid, b->s2, b->ev_j2}, {big || cut, big || cut, b->s3, b->ev_j3}};
     for (const Side &sd : side)
-        if (sd.on && (e = cudaStreamWaitEvent(sd.st, b->ev_fork, 0)) != cudaSuccess)
+        if (sd.fork && (e = cudaStreamWaitEvent(sd.st, b->ev_fork, 0)) != cudaSuccess)
             return e;
     if (mix) {
         enqueue_dec_mix(b, fa, s);
