@@ -173,7 +173,7 @@ step cpu-test 150 "make -j$JOBS PYTHON=$PY test"
 # the measurements, so a call cut short by its budget has verified before it measured), else after
 # the measurements and profiles ----
 # test_cuda's Tcases (tests/cuda/test_cuda.c), the order a call without DSV4_DEVCHECK_CUDA_CASES runs them
-CUDA_TCASES="small fp8 graphs flash exact pdl routing routing_large ring variants device embed timing host"
+CUDA_TCASES="small fp8 graphs flash exact pdl routing routing_large ring variants early device embed timing host"
 cuda_tests() {
     CUDA_TEST=""
     for c in build/cuda/test_cuda build/cuda/tests/test_cuda; do

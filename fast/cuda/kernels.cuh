@@ -53,7 +53,8 @@ enum { ST_NONFINITE = 0, ST_RG, ST_RU, ST_SG, ST_SU, ST_ACTIVE, ST_EMPTY, ST_BAD
  * predecessors. launch_dependents then lets the next PDL kernel be scheduled as soon as every
  * block of this one has started (never earlier, so the next one's waiting blocks never take a
  * multiprocessor a block of this one still needs). Both are no-ops in a kernel launched plainly.
- * Only work that reads nothing an earlier kernel writes (a prefetch of weights) may precede it.
+ * Only work that reads nothing an earlier kernel writes (a prefetch of weights) may precede it,
+ * or work that orders its reads itself (dec_early.cuh polls the router's ticket with acquire loads).
  */
 __device__ __forceinline__ void pdl_enter()
 {
