@@ -37,8 +37,9 @@ __device__ __forceinline__ int ld_acquire_gpu(const int *p)
  * last wave); the grouping is complete by then (the gate/up launch waited for the router), so a
  * block of the first wave (linear index below a.early_blocks) reads slot y's expert from it. L2
  * reads throughout (__ldcg): the values come from other kernels of the step. A hint: it changes
- * no value, and the DRAM reads it starts overlap latency-bound kernels. Every thread calls it; it ends with a barrier, so the caller may reuse fsm (at least
- * 4 (2 + 2 n) bytes; n = ntok early_K <= blockDim.x, which the host ensures).
+ * no value, and the DRAM reads it starts overlap latency-bound kernels. Every thread calls it; it
+ * ends with a barrier, so the caller may reuse fsm (at least 4 (2 + 2 n) bytes; n = ntok early_K
+ * <= blockDim.x, which the host ensures).
  */
 template <int FMT> __device__ __forceinline__ void dec_early(const FastArgs &a, int y, int bx, uint8_t *fsm)
 {
