@@ -332,7 +332,7 @@ $(CUDA_BUILD)/tests/cuda/e4m3_hw.o: tests/cuda/e4m3_hw.cu fast/cuda/kernels.cuh 
 
 # and of its per-kernel tests, each tests/cuda/NAME_hw.cu with its header NAME_hw.h: k_route_small
 # and k_dec_mix through their launchers, count2_warp against count2_block (group_parts.cuh).
-CUDA_TEST_HW := route_small dec_mix group_warp logits quant_x8 quant8 tile8
+CUDA_TEST_HW := route_small dec_mix group_warp logits quant_x8 quant8 tile8 dec_qin
 $(CUDA_BUILD)/tests/cuda/%_hw.o: tests/cuda/%_hw.cu tests/cuda/%_hw.h tests/cuda/dev_arena.cuh $(wildcard fast/cuda/*.cuh)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@

@@ -501,17 +501,18 @@ fi
 # latency-bound kernels, which Nsight Compute's one-kernel replays cannot show: the routed decode
 # launches' first-wave blocks prefetching their weights during the routing chain and k_quant
 # (dec_pf=early), the shared expert's gate/up forked beside the router (shared_gu=early), both,
-# and both with quant=auto: the whole layer at T 1, 4, 8, 32 and 128 (bench_cuda --quick, fp8
+# both with quant=auto, h quantized in the down projection without k_quant (quant=down) alone,
+# with both and in the three-launch step (route=one,shared_dec=one): the whole layer at T 1, 4, 8, 32 and 128 (bench_cuda --quick, fp8
 # mode, DSV4_DEVCHECK_PASSES alternating passes, default 2), then a replayed step's kernels as
 # the GPU ran them (bench_cuda --timeline 20) at T 1 and 8 for the default and both.
 if profile early && [ -x "$BENCH" ]; then
     EARLY_BOTH="dec_pf=early,shared_gu=early"
     for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-2}"); do
         bench_variants early 1,4,8,32,128 "$p" default dec_pf=early shared_gu=early $EARLY_BOTH \
-            $EARLY_BOTH,quant=auto
+            $EARLY_BOTH,quant=auto quant=down $EARLY_BOTH,quant=down route=one,shared_dec=one,quant=down
     done
     BV_EXTRA="--timeline 20"
-    bench_variants early-tl 1,8 1 default $EARLY_BOTH
+    bench_variants early-tl 1,8 1 default $EARLY_BOTH $EARLY_BOTH,quant=down
     BV_EXTRA=
 fi
 # DSV4_DEVCHECK_PROFILE=timeline: the decode step's kernels as a replayed graph runs them

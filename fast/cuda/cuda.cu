@@ -166,6 +166,8 @@ struct CudaBe {
     int dec_ring = 0; /* dec_ring=deep|bulk: k_dec's deep rings, or bulk copies into them (RING_*, mma_parts.cuh) */
     bool quant_fold = false; /* quant=fold: h quantized in gate/up's decode launch (fold_quant), not by k_quant */
     bool quant_auto = false; /* quant=auto: as quant_fold but for chunks of one row (those keep k_quant) */
+    bool quant_down = false; /* quant=down: the down projection's k_dec quantizes h itself, no k_quant (dec_qin.cuh) */
+    int qin_smem = 0;        /* quant=down: the shared-memory limit its k_dec variants were given (0: not set) */
     bool dec_pf = false;     /* dec_pf=l2: each k_dec_mix block prefetches its weight range into L2 (dec_prefetch) */
     bool dec_early = false;  /* dec_pf=early: k_dec's first-wave routed blocks prefetch theirs during the routing chain (dec_early) */
     bool shared_early = false; /* shared_gu=early: the forked shared expert's gate/up decode after k_logits_small (ev_early) */
@@ -631,7 +633,7 @@ extern "C" dsv4_status dsv4_cuda_backend_create(const dsv4_plan *plan, const dsv
         (ce = cudaEventCreateWithFlags(&b->ev_j3, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaEventCreateWithFlags(&b->ev_early, cudaEventDisableTiming)) != cudaSuccess ||
         (ce = cudaDeviceGetAttribute(&b->nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
-        (ce = dec_attrs(kv.dec_minb == 2, kv.quant_fold, kv.shared_dec_one, kv.dec_ring)) != cudaSuccess ||
+        (ce = dec_attrs(b, kv.dec_minb == 2, kv.quant_fold, kv.shared_dec_one, kv.dec_ring, kv.quant_down)) != cudaSuccess ||
         (ce = tileh_attrs()) != cudaSuccess ||
         (ce = tile_attrs()) != cudaSuccess || (ce = tile8_attrs()) != cudaSuccess) {
         st = dsv4_seterr(err, DSV4_ERR_DEVICE, WHERE, "device setup failed: %s", cudaGetErrorString(ce));

@@ -17,9 +17,10 @@ namespace {
  * block's slabs (dec_stage_slab). MINB: the blocks per multiprocessor its registers are bounded
  * for, 3 (80 registers a thread, the default) or 2 (params dec_regs=128: no spills; the same
  * arithmetic). RING: the rings of params dec_ring (RING_DEEP, RING_BULK only with MINB 2: two
- * blocks' rings fill a multiprocessor's shared memory; the same arithmetic).
+ * blocks' rings fill a multiprocessor's shared memory; the same arithmetic). QI: params quant=down,
+ * the down projection's blocks quantize their group's h rows (a.qin; dec_qin.cuh).
  */
-template <int FMT, int EPI, bool SB, int MINB = 3, int RING = RING_STD>
+template <int FMT, int EPI, bool SB, int MINB = 3, int RING = RING_STD, bool QI = false>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
 {
     extern __shared__ __align__(16) uint8_t fsm[];
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec(FastArgs a)
             return;
         fgrp_shared(a, g);
     }
-    dec_group<FMT, EPI, SB, RING>(a, g, a.ks, (int)blockIdx.x, fsm);
+    dec_group<FMT, EPI, SB, RING, QI>(a, g, a.ks, (int)blockIdx.x, fsm);
 }
 
 typedef void (*dec_kernel_t)(FastArgs);
@@ -74,8 +75,22 @@ dec_kernel_t ring_kernel_of(int ring, int fmt, int epi)
                                : ring_kernel<RING_BULK_EF>(fmt, epi);
 }
 
-dec_kernel_t pick(int fmt, int epi, bool sb, int minb, int ring)
+/* k_dec with params quant=down (QI) for format fmt, epilogue epi (EPI_NONE or EPI_COMBINE: the down
+   projection), registers bounded for minb blocks per multiprocessor; the standard rings, no slabs. */
+dec_kernel_t qin_kernel(int fmt, int epi, int minb)
 {
+    const dec_kernel_t k[2][2][2] = {
+        {{k_dec<WF_FP4, EPI_NONE, false, 3, RING_STD, true>, k_dec<WF_FP4, EPI_COMBINE, false, 3, RING_STD, true>},
+         {k_dec<WF_FP4, EPI_NONE, false, 2, RING_STD, true>, k_dec<WF_FP4, EPI_COMBINE, false, 2, RING_STD, true>}},
+        {{k_dec<WF_FP8, EPI_NONE, false, 3, RING_STD, true>, k_dec<WF_FP8, EPI_COMBINE, false, 3, RING_STD, true>},
+         {k_dec<WF_FP8, EPI_NONE, false, 2, RING_STD, true>, k_dec<WF_FP8, EPI_COMBINE, false, 2, RING_STD, true>}}};
+    return k[fmt == WF_FP4 ? 0 : 1][minb == 2 ? 1 : 0][epi == EPI_COMBINE ? 1 : 0];
+}
+
+dec_kernel_t pick(int fmt, int epi, bool sb, int minb, int ring, bool qi)
+{
+    if (qi)
+        return qin_kernel(fmt, epi, minb);
     if (ring != RING_STD)
         return ring_kernel_of(ring, fmt, epi);
     return minb == 2 ? dec_kernel<2>(fmt, epi, sb) : dec_kernel<3>(fmt, epi, sb);
@@ -86,10 +101,12 @@ dec_kernel_t pick(int fmt, int epi, bool sb, int minb, int ring)
 cudaError_t launch_dec_kernel(const FastArgs &fa, int fmt, int epi, bool sb, int minb, int ring, dim3 grid,
                               size_t smem, cudaStream_t s, bool pdl)
 {
-    return launch_kernel(pick(fmt, epi, sb && ring == RING_STD, minb, ring), grid, FM_THREADS, smem, s, pdl, fa);
+    const bool qi = fa.qin && ring == RING_STD && epi != EPI_QUANT;
+    return launch_kernel(pick(fmt, epi, sb && ring == RING_STD && !qi, minb, ring, qi), grid, FM_THREADS, smem, s, pdl,
+                         fa);
 }
 
-cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int ring, int d4, int d8)
+cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int ring, int d4, int d8, int q4, int q8)
 {
     cudaError_t ce = cudaSuccess;
     auto set = [&](dec_kernel_t k, int smem) {
@@ -113,6 +130,8 @@ cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int ring, i
         set(ring_kernel_of(ring, WF_FP4, epi), d4);
         set(ring_kernel_of(ring, WF_FP8, epi), d8);
     }
+    for (int i = 0; i < 8 && q4 > 0; i++) /* params quant=down */
+        set(qin_kernel(i & 1 ? WF_FP8 : WF_FP4, i & 2 ? EPI_COMBINE : EPI_NONE, i & 4 ? 2 : 3), i & 1 ? q8 : q4);
     return ce;
 }
 

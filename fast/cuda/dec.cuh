@@ -18,15 +18,18 @@ namespace dsv4cuda {
    (only with fa.ks 1; ignored for fp8 and the folded epilogues); registers bounded for minb (2 or 3) blocks per
    multiprocessor; ring: the rings of params dec_ring (RING_STD, or RING_DEEP / RING_BULK: then
    two blocks per multiprocessor, no slabs, and smem dec_smem_bytes(.., deep)); pdl: with
-   programmatic dependent launch. Returns the launch's error, which is also the runtime's last
-   error. */
+   programmatic dependent launch. fa.qin (params quant=down, epi EPI_NONE or EPI_COMBINE, the
+   standard rings): the variant that quantizes the group's bf16 h rows itself, smem
+   dec_smem_bytes(fmt, fa.ks, 2) + dec_qin_bytes(rows, fa.K) (no slabs). Returns the launch's error,
+   which is also the runtime's last error. */
 cudaError_t launch_dec_kernel(const FastArgs &fa, int fmt, int epi, bool sb, int minb, int ring, dim3 grid,
                               size_t smem, cudaStream_t s, bool pdl);
 
 /* Sets the dynamic shared-memory limit of k_dec's variants to m4 bytes (fp4) and m8 (fp8): those of
    params dec_regs=128 (minb2) and quant=fold (qfold) only when chosen; the variants of dec_ring
-   (ring RING_DEEP or RING_BULK) to d4 and d8 when chosen. */
-cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int ring, int d4, int d8);
+   (ring RING_DEEP or RING_BULK) to d4 and d8 when chosen; those of params quant=down to q4 and q8
+   when q4 > 0. */
+cudaError_t dec_kernel_attrs(int m4, int m8, bool minb2, bool qfold, int ring, int d4, int d8, int q4 = 0, int q8 = 0);
 
 } // namespace dsv4cuda
 

@@ -25,9 +25,10 @@ __device__ __forceinline__ MixUnits mix_units(const FastArgs &a)
     return m;
 }
 
-/* Runs unit u (after the programmatic wait); pf: its weights asked into L2 first. False when the
-   unit has no work (an inactive slot, a group past the decode regime, no shared expert here). */
-template <int FMT, int FMS, int EPI>
+/* Runs unit u (after the programmatic wait); pf: its weights asked into L2 first; QI: params
+   quant=down (dec_qin.cuh). False when the unit has no work (an inactive slot, a group past the
+   decode regime, no shared expert here). */
+template <int FMT, int FMS, int EPI, bool QI>
 __device__ __forceinline__ bool mix_unit(const FastArgs &a, const MixUnits &m, int u, bool pf, uint8_t *fsm)
 {
     FGrp g;
@@ -37,13 +38,13 @@ __device__ __forceinline__ bool mix_unit(const FastArgs &a, const MixUnits &m, i
             return false;
         if (pf && threadIdx.x == 0)
             dec_prefetch(g.w, g.s, FMT, a.K, a.ks, bx);
-        dec_group<FMT, EPI, false>(a, g, a.ks, bx, fsm);
+        dec_group<FMT, EPI, false, RING_STD, QI>(a, g, a.ks, bx, fsm);
         return true;
     }
     if (!dec_shared_runs(a, *a.ntok))
         return false;
     fgrp_shared(a, g);
-    dec_group<FMS, EPI, false>(a, g, a.ks_sh, u - m.ur, fsm);
+    dec_group<FMS, EPI, false, RING_STD, QI>(a, g, a.ks_sh, u - m.ur, fsm);
     return true;
 }
 
@@ -66,9 +67,10 @@ __device__ __forceinline__ void mix_unit_prefetch(const FastArgs &a, const MixUn
  * as k_dec<FMS> with a.ks_sh, each exactly as in its own launch (the same products and sums), grid
  * (the larger of the two splits' places, act_max + 1): block (x, y) is unit y gxr + x, or the
  * shared unit x, and a block past its group's places returns. One launch instead of two on two
- * streams with their fork and join. FM_THREADS threads, the larger of the two dec_smem_bytes.
+ * streams with their fork and join. FM_THREADS threads, the larger of the two dec_smem_bytes (with
+ * QI, params quant=down, and dec_qin_bytes more).
  */
-template <int FMT, int FMS, int EPI, int MINB = 3>
+template <int FMT, int FMS, int EPI, int MINB = 3, bool QI = false>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix(FastArgs a)
 {
     const MixUnits m = mix_units(a);
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix(FastArgs a)
     extern __shared__ __align__(16) uint8_t fsm[];
     if (x >= (sh ? m.gxs : m.gxr))
         return;
-    (void)mix_unit<FMT, FMS, EPI>(a, m, sh ? m.ur + x : y * m.gxr + x, a.pf && !sh, fsm);
+    (void)mix_unit<FMT, FMS, EPI, QI>(a, m, sh ? m.ur + x : y * m.gxr + x, a.pf && !sh, fsm);
 }
 
 /*
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix(FastArgs a)
  * one, so the weight stream does not stop between a block's units. The shared expert's units come
  * after every routed one.
  */
-template <int FMT, int FMS, int EPI, int MINB = 3>
+template <int FMT, int FMS, int EPI, int MINB = 3, bool QI = false>
 __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix_persist(FastArgs a)
 {
     const MixUnits m = mix_units(a);
@@ -102,8 +104,8 @@ __global__ void __launch_bounds__(FM_THREADS, MINB) k_dec_mix_persist(FastArgs a
     for (int u = blockIdx.x; u < m.n; u += stride) {
         if (a.pf && threadIdx.x == 0 && u + stride < m.n)
             mix_unit_prefetch<FMT, FMS>(a, m, u + stride);
-        if (mix_unit<FMT, FMS, EPI>(a, m, u, false, fsm))
-            __syncthreads(); /* every warp is done with the ring and the partial sums */
+        if (mix_unit<FMT, FMS, EPI, QI>(a, m, u, false, fsm))
+            __syncthreads(); /* every warp is done with the ring, the partial sums and (QI) the rows */
     }
 }
 
@@ -119,21 +121,38 @@ template <int MB> mix_kernel pick(int epi, bool persist)
     return k[persist][epi];
 }
 
+/* With params quant=down (QI): the down projection's, epilogue epi EPI_NONE or EPI_COMBINE. */
+template <int MB> mix_kernel pick_qi(int epi, bool persist)
+{
+    const mix_kernel k[2][2] = {{k_dec_mix<WF_FP4, WF_FP8, EPI_NONE, MB, true>,
+                                 k_dec_mix<WF_FP4, WF_FP8, EPI_COMBINE, MB, true>},
+                                {k_dec_mix_persist<WF_FP4, WF_FP8, EPI_NONE, MB, true>,
+                                 k_dec_mix_persist<WF_FP4, WF_FP8, EPI_COMBINE, MB, true>}};
+    return k[persist][epi == EPI_COMBINE ? 1 : 0];
+}
+
+mix_kernel pick_any(const FastArgs &fa, int epi, int minb, bool persist)
+{
+    if (fa.qin && epi != EPI_QUANT)
+        return minb == 2 ? pick_qi<2>(epi, persist) : pick_qi<3>(epi, persist);
+    return minb == 2 ? pick<2>(epi, persist) : pick<3>(epi, persist);
+}
+
 } // namespace
 
 cudaError_t launch_dec_mix(const FastArgs &fa, int epi, int minb, unsigned gx, size_t smem, cudaStream_t s, bool pdl)
 {
-    return launch_kernel(minb == 2 ? pick<2>(epi, false) : pick<3>(epi, false), dim3(gx, (unsigned)fa.act_max + 1),
-                         FM_THREADS, smem, s, pdl, fa);
+    return launch_kernel(pick_any(fa, epi, minb, false), dim3(gx, (unsigned)fa.act_max + 1), FM_THREADS, smem, s, pdl,
+                         fa);
 }
 
 cudaError_t launch_dec_mix_persist(const FastArgs &fa, int epi, int minb, unsigned blocks, size_t smem, cudaStream_t s,
                                    bool pdl)
 {
-    return launch_kernel(minb == 2 ? pick<2>(epi, true) : pick<3>(epi, true), dim3(blocks), FM_THREADS, smem, s, pdl, fa);
+    return launch_kernel(pick_any(fa, epi, minb, true), dim3(blocks), FM_THREADS, smem, s, pdl, fa);
 }
 
-cudaError_t dec_mix_attrs(int smem)
+cudaError_t dec_mix_attrs(int smem, int qsmem)
 {
     cudaError_t ce = cudaSuccess;
     for (int epi = 0; epi < 3 && ce == cudaSuccess; epi++)
@@ -141,6 +160,10 @@ cudaError_t dec_mix_attrs(int smem)
             for (int p = 0; p < 2 && ce == cudaSuccess; p++)
                 ce = cudaFuncSetAttribute(mb == 2 ? pick<2>(epi, p) : pick<3>(epi, p),
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    for (int i = 0; i < 8 && qsmem > 0 && ce == cudaSuccess; i++) /* params quant=down */
+        ce = cudaFuncSetAttribute(i & 4 ? pick_qi<2>(i & 1 ? EPI_COMBINE : EPI_NONE, (i & 2) != 0)
+                                        : pick_qi<3>(i & 1 ? EPI_COMBINE : EPI_NONE, (i & 2) != 0),
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, qsmem);
     return ce;
 }
 

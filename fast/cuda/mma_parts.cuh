@@ -36,6 +36,8 @@
 #include "fast/cuda/combine_parts.cuh"
 #include "fast/cuda/fragment.h"
 #include "fast/cuda/group_parts.cuh"
+#include "fast/cuda/bulk_copy.cuh"
+#include "fast/cuda/dec_qin.cuh"
 
 namespace dsv4cuda {
 
@@ -93,7 +95,7 @@ struct FastArgs {
     int pf;      /* k_dec_mix: each block's weight range into L2 first (params dec_pf=l2) */
     int *fc_cnt; /* down of a chunk whose groups all run in k_dec, combine folded in (cuda_kernels
                     combine=fold): per 16-row tile of o, the blocks that have written it (zeroed by
-                    k_quant); NULL: k_combine runs after */
+                    k_quant, or by the grouping with quant=fold or down); NULL: k_combine runs after */
     CombineArgs fc; /* that combine */
     int *qf_cnt;    /* gate/up of a chunk whose groups all run in k_dec, the quantization of h folded in
                        (params quant=fold): per group (routed expert e at e, the shared expert at E)
@@ -103,6 +105,9 @@ struct FastArgs {
     float *qf_s;
     long long qf_sh_row0; /* the shared expert's first row of h (its out_sh is h + qf_sh_row0 I) */
     int qmode;            /* the activation quantization (SPEC.md 5) */
+    int qin; /* down of a chunk whose groups all run in k_dec (params quant=down): the most rows a group
+                holds (at most FM_DEC_QIN_MAX; 0: off); A and Ash are bf16 h, each block quantizes
+                its group's rows (dec_qin.cuh) into the shared memory after its partial sums */
     int early, early_need, early_K, early_blocks; /* params dec_pf=early (dec_early.cuh): 0 off, 1 gate/up, 2 down */
     const int *early_ticket, *early_ids; /* the router's ticket (early_need blocks take it), its ids */
 };
@@ -312,55 +317,14 @@ __device__ __forceinline__ void dec_stage_slab(const FGrp &g, int K, int sl, uin
     }
 }
 
-/* A shared-memory mbarrier (dec_ring=bulk's stages): init with `count` arrivals; the init made
-   visible to the copy engine; lane 0's arrival announcing `bytes` of bulk copies; the bulk copy
-   of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global into shared memory,
-   counted on the barrier; the wait for phase `parity` to complete. fence_async_smem: this thread's
-   (and, after a barrier, the block's or warp's) shared-memory accesses ordered before the async
-   proxy's (a bulk copy's or wgmma's). */
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count)
+/* Bytes of k_dec<FMT>'s dynamic shared memory: the warps' rings (deep: dec_ring=deep's or bulk's,
+   the same size), then the K-split partial sums or (sb) the B slabs; with params quant=down the
+   quantized rows follow (dec_qin_bytes, at this offset). */
+__host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt, bool sb = false, bool deep = false)
 {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *b)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(b))
-                 : "memory");
-}
-/* bulk_g2s with an L2 cache-hint policy (l2_evict_first's) */
-__device__ __forceinline__ void bulk_g2s_hint(void *dst, const void *src, unsigned bytes, uint64_t *b, uint64_t pol)
-{
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-            smem_u32(dst)),
-        "l"(src), "r"(bytes), "r"(smem_u32(b)), "l"(pol)
-        : "memory");
-}
-/* An L2 policy: every access it marks is evicted first. */
-__device__ __forceinline__ uint64_t l2_evict_first()
-{
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-    return pol;
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity)
-{
-    asm volatile("{\n"
-                 ".reg .pred p_done;\n"
-                 "MBAR_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p_done, [%0], %1;\n"
-                 "@!p_done bra MBAR_WAIT;\n"
-                 "}\n" ::"r"(smem_u32(b)),
-                 "r"(parity)
-                 : "memory");
+    return (fmt == WF_FP4 ? (deep ? (size_t)DecCfg<WF_FP4, RING_DEEP>::RING : (size_t)DecCfg<WF_FP4>::RING)
+                          : (deep ? (size_t)DecCfg<WF_FP8, RING_DEEP>::RING : (size_t)DecCfg<WF_FP8>::RING)) +
+           (sb ? (size_t)FM_DEC_SLABS_BYTES : ks > 1 ? (size_t)FM_THREADS * (size_t)nt * 16 : 0);
 }
 
 /*
@@ -368,15 +332,18 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity)
  * Weights (and the lane's scale bytes) stream through the warp's cp.async ring, DEPTH - 1
  * blocks ahead; each lane copies and later reads only its own bytes, so no barrier is needed.
  * The group's activations (a few rows) are read through L1, or with SB (KS 1, every warp of the
- * block here) from the block's slabs. Returns the fp32 sums.
+ * block here) from the block's slabs, or with QI (params quant=down: g.A is bf16 h, rows g.arow0 ..)
+ * from the buffer `slabs` the block quantizes them into (dec_qin.cuh) once the warps' first ring
+ * stages are in flight. Returns the fp32 sums.
  */
-template <int FMT, int NT, bool SB, int RING = RING_STD>
+template <int FMT, int NT, bool SB, int RING = RING_STD, bool QI = false>
 __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, int K, uint8_t *ring, uint8_t *slabs,
-                                         float acc[NT][4])
+                                         float acc[NT][4], int qmode = 0)
 {
     typedef DecCfg<FMT, RING> D;
     constexpr bool BULK = RING == RING_BULK || RING == RING_BULK_EF, EF = RING == RING_BULK_EF;
     static_assert(!(BULK && SB), "the bulk rings without B slabs");
+    static_assert(!(QI && (SB || RING != RING_STD)), "quant=down on the standard rings without slabs");
     const int KB = K >> 7;
     const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     const uint8_t *wt = g.w + (size_t)mt * KB * D::CH + lane * 16;
@@ -392,11 +359,18 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
         const int tb = min(8 * j + gid, g.n - 1);
         if constexpr (SB)
             brow[j] = slabs + tb * FM_DEC_SLAB_LD + 4 * tig; /* + the slab buffer and K block, per step */
+        else if constexpr (QI)
+            brow[j] = slabs + (size_t)tb * dec_qin_ld(K) + (size_t)ks * 128 + 4 * tig;
         else
             brow[j] = g.A + fgrp_arow(g, tb) * K + (size_t)ks * 128 + 4 * tig;
 #pragma unroll
-        for (int q = 0; q < 2; q++)
-            srow[j][q] = g.As + fgrp_arow(g, min(8 * j + 2 * tig + q, g.n - 1)) * KB + ks;
+        for (int q = 0; q < 2; q++) {
+            const int tq = min(8 * j + 2 * tig + q, g.n - 1);
+            if constexpr (QI)
+                srow[j][q] = dec_qin_scales(slabs, g.n, K) + tq * KB + ks;
+            else
+                srow[j][q] = g.As + fgrp_arow(g, tq) * KB + ks;
+        }
     }
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -462,6 +436,10 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
 #pragma unroll
     for (int i = 0; i < D::DEPTH - 1; i++)
         issue(i);
+    if constexpr (QI) { /* the weights' first stages are on their way; every warp of the block is here */
+        dec_quant_rows((const uint16_t *)g.A + g.arow0 * K, g.n, K, slabs, qmode);
+        __syncthreads();
+    }
     for (int i = 0; i < nkb; i++) {
         cp_async_wait<D::DEPTH - 2>();
         if constexpr (BULK) /* the stage's weights (the scale bytes: the wait above) */
@@ -506,7 +484,7 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
             for (int j = 0; j < NT; j++) {
                 float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 uint32_t b0, b1;
-                if constexpr (SB) {
+                if constexpr (SB || QI) {
                     b0 = *(const uint32_t *)(bb[j] + c * 32);
                     b1 = *(const uint32_t *)(bb[j] + c * 32 + 16);
                 } else {
@@ -530,7 +508,7 @@ __device__ __forceinline__ void dec_warp(const FGrp &g, int mt, int ks, int KS, 
         }
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            const float x0 = __ldg(srow[j][0]), x1 = __ldg(srow[j][1]);
+            const float x0 = QI ? *srow[j][0] : __ldg(srow[j][0]), x1 = QI ? *srow[j][1] : __ldg(srow[j][1]);
             acc[j][0] = fmaf(blk[j][0], block_scale<FMT>(w0, x0), acc[j][0]);
             acc[j][1] = fmaf(blk[j][1], block_scale<FMT>(w0, x1), acc[j][1]);
             acc[j][2] = fmaf(blk[j][2], block_scale<FMT>(w1, x0), acc[j][2]);
@@ -625,7 +603,7 @@ static __device__ __noinline__ void fold_quant(int *cnt, int need, const uint16_
     }
 }
 
-template <int FMT, int NT, int EPI, bool SB, int RING = RING_STD>
+template <int FMT, int NT, int EPI, bool SB, int RING = RING_STD, bool QI = false>
 __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int KS, int bx, uint8_t *ring, float *sRed)
 {
     typedef DecCfg<FMT, RING> D;
@@ -633,7 +611,9 @@ __device__ __forceinline__ void dec_block(const FastArgs &a, const FGrp &g, int 
     const int mt = bx * (8 / KS) + warp / KS, ks = warp % KS; /* bx: the block's place along N */
     float acc[NT][4];
     /* the slabs sit where a K split's partial sums would (SB: no split) */
-    dec_warp<FMT, NT, SB, RING>(g, mt, ks, KS, a.K, ring + (size_t)warp * D::DEPTH * D::STG, (uint8_t *)sRed, acc);
+    /* QI: the quantized rows after the rings and the partial sums (dec_smem_bytes) */
+    uint8_t *const slabs = QI ? ring + dec_smem_bytes(FMT, KS, 2) : (uint8_t *)sRed;
+    dec_warp<FMT, NT, SB, RING, QI>(g, mt, ks, KS, a.K, ring + (size_t)warp * D::DEPTH * D::STG, slabs, acc, a.qmode);
     if (KS > 1) {
         float *mine = sRed + ((size_t)warp * 32 + lane) * (NT * 4);
         if (ks > 0) {
@@ -718,25 +698,17 @@ __device__ __forceinline__ bool dec_routed_group(const FastArgs &a, int y, FGrp 
 }
 
 /* One decode block's group (format FMT, K split KS) at place bx along N: one or two 8-token
-   tiles by its rows; RING: the rings of params dec_ring (RING_*). */
-template <int FMT, int EPI, bool SB, int RING = RING_STD>
+   tiles by its rows; RING: the rings of params dec_ring (RING_*); QI: params quant=down (dec_warp). */
+template <int FMT, int EPI, bool SB, int RING = RING_STD, bool QI = false>
 __device__ __forceinline__ void dec_group(const FastArgs &a, const FGrp &g, int KS, int bx, uint8_t *fsm)
 {
     float *sRed = (float *)(fsm + DecCfg<FMT, RING>::RING);
     if (g.n <= 8)
-        dec_block<FMT, 1, EPI, SB, RING>(a, g, KS, bx, fsm, sRed);
+        dec_block<FMT, 1, EPI, SB, RING, QI>(a, g, KS, bx, fsm, sRed);
     else
-        dec_block<FMT, 2, EPI, SB, RING>(a, g, KS, bx, fsm, sRed);
+        dec_block<FMT, 2, EPI, SB, RING, QI>(a, g, KS, bx, fsm, sRed);
 }
 
-/* Bytes of k_dec<FMT>'s dynamic shared memory: the warps' rings (deep: dec_ring=deep's or bulk's,
-   the same size), then the K-split partial sums or (sb) the B slabs. */
-__host__ __device__ constexpr size_t dec_smem_bytes(int fmt, int ks, int nt, bool sb = false, bool deep = false)
-{
-    return (fmt == WF_FP4 ? (deep ? (size_t)DecCfg<WF_FP4, RING_DEEP>::RING : (size_t)DecCfg<WF_FP4>::RING)
-                          : (deep ? (size_t)DecCfg<WF_FP8, RING_DEEP>::RING : (size_t)DecCfg<WF_FP8>::RING)) +
-           (sb ? (size_t)FM_DEC_SLABS_BYTES : ks > 1 ? (size_t)FM_THREADS * (size_t)nt * 16 : 0);
-}
 
 
 

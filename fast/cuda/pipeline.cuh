@@ -261,8 +261,10 @@ void launch_dec(const CudaBe *b, int fmt, FastArgs fa, int groups, cudaStream_t 
        2026-12-04, bench_cuda --quick, two passes each; T = 256, where nothing folds, 1.40-1.42
        against 1.49-1.53; docs/cuda.md) */
     const int epi = dec_epi(fa);
-    const bool sb = b->dec_slab && b->dec_ring == RING_STD && ks == 1 && fmt == WF_FP4 && epi == EPI_NONE;
-    const size_t smem = dec_smem_bytes(fmt, ks, 2, sb, b->dec_ring != RING_STD);
+    const bool sb = b->dec_slab && b->dec_ring == RING_STD && ks == 1 && fmt == WF_FP4 && epi == EPI_NONE && !fa.qin;
+    size_t smem = dec_smem_bytes(fmt, ks, 2, sb, b->dec_ring != RING_STD);
+    if (fa.qin) /* params quant=down: the rows the block quantizes after its rings and partial sums */
+        smem = dec_smem_bytes(fmt, ks, 2) + dec_qin_bytes(fa.qin, fa.K);
     /* its error: the caller's peek */
     (void)launch_dec_kernel(fa, fmt, epi, sb, b->dec_minb, b->dec_ring, grid, smem, s, b->pdl);
 }
@@ -296,7 +298,9 @@ void enqueue_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
     fa.ks = dec_ks(b, fa.N, fa.act_max);
     fa.ks_sh = dec_ks(b, fa.N, 1);
     const int gxr = tiles16 / (8 / fa.ks), gxs = tiles16 / (8 / fa.ks_sh); /* places along N */
-    const size_t smem = std::max(dec_smem_bytes(WF_FP4, fa.ks, 2), dec_smem_bytes(WF_FP8, fa.ks_sh, 2));
+    size_t smem = std::max(dec_smem_bytes(WF_FP4, fa.ks, 2), dec_smem_bytes(WF_FP8, fa.ks_sh, 2));
+    if (fa.qin) /* params quant=down: each group's rows after its format's rings and partial sums */
+        smem += dec_qin_bytes(fa.qin, fa.K);
     /* its error: the caller's peek */
     if (b->dec_persist) { /* params dec_sched=persist: at most the resident blocks, each over units */
         const int64_t units = (int64_t)fa.act_max * gxr + gxs;
@@ -308,15 +312,20 @@ void enqueue_dec_mix(const CudaBe *b, FastArgs fa, cudaStream_t s)
 }
 
 /* The decode kernels' shared-memory limit: their largest K split, or the B slabs; the variants
-   of params dec_regs=128 (minb2), quant=fold (qfold), shared_dec=one (mix) and dec_ring (ring)
-   only when chosen, so a creation with the defaults sets what it always did. */
-cudaError_t dec_attrs(bool minb2, bool qfold, bool mix_on, int ring)
+   of params dec_regs=128 (minb2), quant=fold (qfold), shared_dec=one (mix), dec_ring (ring) and
+   quant=down (qdown: FM_DEC_QIN_MAX rows of the layer's I more, where that fits a block; b->qin_smem
+   gets the limit, 0 where it does not fit) only when chosen, so a creation with the defaults sets
+   what it always did. */
+cudaError_t dec_attrs(CudaBe *b, bool minb2, bool qfold, bool mix_on, int ring, bool qdown)
 {
     const int m4 = (int)std::max(dec_smem_bytes(WF_FP4, 8, 2), dec_smem_bytes(WF_FP4, 1, 2, true));
     const int m8 = (int)dec_smem_bytes(WF_FP8, 8, 2), mix = std::max(m4, m8);
     const int d4 = (int)dec_smem_bytes(WF_FP4, 8, 2, false, true), d8 = (int)dec_smem_bytes(WF_FP8, 8, 2, false, true);
-    cudaError_t ce = mix_on ? dec_mix_attrs(mix) : cudaSuccess;
-    return ce == cudaSuccess ? dec_kernel_attrs(m4, m8, minb2, qfold, ring, d4, d8) : ce;
+    const size_t qb = dec_qin_bytes(FM_DEC_QIN_MAX, (int)b->cfg.moe_inter_dim);
+    const int q4 = (int)(dec_smem_bytes(WF_FP4, 8, 2) + qb), q8 = (int)(dec_smem_bytes(WF_FP8, 8, 2) + qb);
+    b->qin_smem = qdown && b->cfg.moe_inter_dim % 128 == 0 && q8 <= 200 * 1024 ? std::max(q4, q8) : 0;
+    cudaError_t ce = mix_on ? dec_mix_attrs(mix, b->qin_smem ? mix + (int)qb : 0) : cudaSuccess;
+    return ce == cudaSuccess ? dec_kernel_attrs(m4, m8, minb2, qfold, ring, d4, d8, b->qin_smem ? q4 : 0, q8) : ce;
 }
 
 /* The most rows a group of the chunk can hold: a routed group holds at most Tc rows (every slot
@@ -330,13 +339,14 @@ int64_t group_rows_max(const CudaBe *b, const Layout &L)
 /*
  * The regimes of one projection: k_dec on the main stream (and, when the shared expert's format
  * differs from the routed experts', its own k_dec on a forked stream), the 32-row and 128-row
- * tile kernels on two more forked streams, all joined back before returning; each is launched
+ * tile kernels on two more forked streams, all joined back before returning (s4 not when !sh_join:
+ * the caller's next launch_regimes joins it); each is launched
  * only when the chunk's bounds allow it a group. Every block reads its group from the device.
  * With p8 (gemm fp8), large groups of convertible experts run on the grouped FP8 GEMM on the
  * 128-row tiles' stream instead (k_count2 left them off the big tile list).
  */
 cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const Fp8Proj *p8 = nullptr,
-                           Fp8Gemm *g8 = nullptr, bool sh_done = false)
+                           Fp8Gemm *g8 = nullptr, bool sh_done = false, bool sh_join = true)
 {
     cudaStream_t s = b->stream;
     const int64_t nmax = group_rows_max(b, L);
@@ -355,7 +365,8 @@ cudaError_t launch_regimes(const CudaBe *b, const Layout &L, FastArgs fa, const 
         bool on, fork;
         cudaStream_t st;
         cudaEvent_t ev;
-    } side[3] = {{split, fork4, b->s4, b->ev_j4}, {mid, mid, b->s2, b->ev_j2}, {big || cut, big || cut, b->s3, b->ev_j3}};
+    } side[3] = {{split && sh_join, fork4, b->s4, b->ev_j4}, {mid, mid, b->s2, b->ev_j2},
+                 {big || cut, big || cut, b->s3, b->ev_j3}};
     for (const Side &sd : side)
         if (sd.fork && (e = cudaStreamWaitEvent(sd.st, b->ev_fork, 0)) != cudaSuccess)
             return e;
@@ -426,8 +437,9 @@ Group2Args group2_args(const CudaBe *b, const Layout &L, const RouterArgs &ra, c
        where the slices' per-warp counts would not fit in shared memory */
     const bool sliced = !g2.place && E * 4 * place_warps(E) <= 48 * 1024;
     g2.hist = sliced ? at<int>(b, L.hist) : nullptr;
-    g2.zero = b->quant_fold ? at<int>(b, L.fcnt) : nullptr;
-    g2.nzero = b->quant_fold ? (int)fold_counts(b) : 0;
+    /* quant=fold's counts, and with it or quant=down (no k_quant to zero them) the folded combine's */
+    g2.zero = b->quant_fold || b->quant_down ? at<int>(b, L.fcnt) : nullptr;
+    g2.nzero = b->quant_fold || b->quant_down ? (int)fold_counts(b) : 0;
     g2.warp = b->group_warp ? 1 : 0;
     return g2;
 }
@@ -506,6 +518,10 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
        the grouping zeroed the counts (group2_args); quant=auto leaves chunks of one row to k_quant
        (an H100 timed fold 7 % slower than k_quant at T = 1 and 5-8 % faster at T = 8) */
     const bool qfold = b->quant_fold && !fp8 && nmax <= FM_DEC_MAX && !(b->quant_auto && L.tc < 2);
+    /* params quant=down: a chunk whose every group runs in k_dec with at most FM_DEC_QIN_MAX rows has
+       no k_quant: the down projection's blocks quantize their group's h rows (dec_qin.cuh; k_dec and
+       k_dec_mix); the grouping zeroed the folded combine's counts (group2_args) */
+    const bool qdown = b->quant_down && b->qin_smem && !fp8 && nmax <= FM_DEC_QIN_MAX;
     /* params direct=q64: k_tile8's gate/up of the large groups quantizes h (tile8.cuh); k_quant8 skips
        those rows (only chunks with a large group: fp8 below) */
     const bool qdirect = b->direct_on && b->direct == TILE8_Q64;
@@ -570,7 +586,11 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
             return ce;
         launch_dec_shared(b, gu);
     }
-    cudaError_t e = launch_regimes(b, L, gu, fp8 ? &p8 : nullptr, b->g8[0], sh_early);
+    /* quant=down: nothing on the main stream reads the shared expert's h before the down projection,
+       so s4 is not joined here: the routed down does not wait for the shared gate/up, and the shared
+       down (forked after the routed gate/up, which follows the grouping that zeroed the combine's
+       counts) follows the shared gate/up on s4; the down projection's launch_regimes joins s4 */
+    cudaError_t e = launch_regimes(b, L, gu, fp8 ? &p8 : nullptr, b->g8[0], sh_early, !qdown);
     if (e != cudaSuccess)
         return e;
     if (fp8) {
@@ -585,7 +605,7 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         p8.A = hq, p8.Ash = hq + L.rows * I, p8.SFA = q8.s8, p8.SFAsh = q8.s8 + L.rows * ngi;
         fp8_weights(b, p8, 1, 1LL * H * I, 1LL * H / b->sfb_rows * (I / 128));
         p8.D = at<uint16_t>(b, L.o), p8.Dsh = shared ? at<uint16_t>(b, L.osh) : nullptr;
-    } else if (!qfold) {
+    } else if (!qfold && !qdown) {
     QuantArgs qa;
     qa.h = h16, qa.q = hq, qa.s = hs, qa.slot_row = ga.slot_row, qa.meta = ga.meta, qa.ntok = ra.ntok;
     qa.sh_row0 = L.rows, qa.I = I, qa.qmode = (int)c->act_quant, qa.slots = (int)L.slots, qa.has_shared = shared;
@@ -612,6 +632,11 @@ cudaError_t enqueue_fast(const CudaBe *b, const Layout &L, const RouterArgs &ra,
         dn.fc_cnt = at<int>(b, L.fcnt), dn.fc = ca;
     if (early && !fp8)
         dn.early = 2, dn.early_blocks = b->nsm * b->dec_minb;
+    if (qdown) {
+        dn.qin = (int)nmax, dn.qmode = (int)c->act_quant;
+        dn.A = (const uint8_t *)h16, dn.Ash = (const uint8_t *)(h16 + L.rows * I);
+        dn.As = dn.Assh = nullptr;
+    }
     if ((e = launch_regimes(b, L, dn, fp8 ? &p8 : nullptr, b->g8[1])) != cudaSuccess)
         return e;
     if (!fold)

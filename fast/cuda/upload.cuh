@@ -232,6 +232,7 @@ struct Kernels {
                                       per-lane or bulk copies (RING_*, mma_parts.cuh) */
     bool quant_fold = false;       /* quant=fold: k_dec quantizes h (fold_quant, mma_parts.cuh) instead of k_quant */
     bool quant_auto = false;       /* quant=auto: as fold, but chunks of one row keep k_quant */
+    bool quant_down = false;       /* quant=down: the down projection's k_dec quantizes h as it reads it (dec_qin.cuh) */
     bool dec_pf = false;           /* dec_pf=l2: k_dec_mix's blocks prefetch their weights into L2 (dec_prefetch) */
     bool dec_early = false;        /* dec_pf=early: k_dec's first-wave blocks prefetch theirs before the wait (dec_early) */
     bool shared_early = false;     /* shared_gu=early: the forked shared gate/up launched after k_logits_small, not the router */
@@ -309,7 +310,8 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
         else if (is("dec_regs"))
             ok = val("80") || val("128"), k->dec_minb = val("128") ? 2 : 3;
         else if (is("quant"))
-            ok = val("kernel") || val("fold") || val("auto"), k->quant_fold = !val("kernel"), k->quant_auto = val("auto");
+            ok = val("kernel") || val("fold") || val("auto") || val("down"), k->quant_fold = val("fold") || val("auto"),
+            k->quant_auto = val("auto"), k->quant_down = val("down");
         else if (is("dec_pf"))
             ok = val("off") || val("l2") || val("early"), k->dec_pf = val("l2"), k->dec_early = val("early");
         else if (is("shared_gu"))
@@ -360,6 +362,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->dec_ring = k.dec_ring;
     b->quant_fold = k.quant_fold;
     b->quant_auto = k.quant_auto;
+    b->quant_down = k.quant_down;
     b->dec_pf = k.dec_pf;
     b->dec_early = k.dec_early;
     b->shared_early = k.shared_early;

@@ -46,6 +46,7 @@
 #include "tests/cuda/group_warp_hw.h"
 #include "tests/cuda/logits_hw.h"
 #include "tests/cuda/quant_x8_hw.h"
+#include "tests/cuda/dec_qin_hw.h"
 #include "tests/cuda/quant8_hw.h"
 #include "tests/cuda/tile8_hw.h"
 #include "fast/cuda/fragment.h"
@@ -840,6 +841,32 @@ START_TEST(shared_gu_identical)
     variant_cases("shared_gu", "shared_gu=early", cs, sizeof cs / sizeof cs[0], 0);
     variant_cases("shared_gu", "shared_gu=early,dec_pf=early", cs, 2, 0);
     variant_cases("shared_gu", "shared_gu=early,quant=auto", cs + 1, 1, 0); /* T 8: folded, so not early */
+}
+END_TEST
+
+/* h quantized by the down projection's decode blocks as they read it (params quant=down,
+   dec_qin.cuh: each block quantizes its group's rows into shared memory with k_quant's quantizer)
+   against k_quant (quant=kernel, the default): the same codes and scales, so the same outputs, ids
+   and clamp counters bit for bit. v4-flash T 1, 3 and 8 in both numerics modes (the K splits, the
+   folded combine, the forked fp8 shared expert's own launch), T 9 and 16 (groups past
+   FM_DEC_QIN_MAX rows: k_quant), the hash layer, mini-fp8 and mini-topp (fp32 scales, pruned
+   slots), then with two blocks a multiprocessor, the combine in its own kernel (k_dec without an
+   epilogue), the early prefetch, the shared expert in the routed launch (k_dec_mix), the
+   three-launch step on it (route=one, shared_dec=one), on persistent blocks, and plain launches. */
+START_TEST(quant_down_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 8, 32, 0}, {"v4-flash", 5, 3, 32, 1},
+                                  {"v4-flash", 5, 8, 32, 1}, {"v4-flash", 5, 1, 32, 0}, {"v4-flash", 5, 9, 32, 1},
+                                  {"v4-flash", 5, 16, 32, 0}, {"v4-flash", 0, 5, 32, 1}, {"mini-fp8", 1, 5, 0, 1},
+                                  {"mini-topp", 1, 7, 0, 0}};
+    variant_cases("quant_down", "quant=down", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("quant_down", "quant=down,dec_regs=128", cs, 2, 0);
+    variant_cases("quant_down", "quant=down,combine=kernel", cs, 2, 0);
+    variant_cases("quant_down", "quant=down,dec_pf=early,shared_gu=early", cs, 2, 0);
+    variant_cases("quant_down", "quant=down,shared_dec=one", cs, 2, 0);
+    variant_cases("quant_down", "quant=down,shared_dec=one,route=one", cs, 4, 0);
+    variant_cases("quant_down", "quant=down,shared_dec=one,dec_sched=persist,combine=kernel", cs, 2, 0);
+    variant_cases("quant_down", "quant=down,pdl=off", cs, 1, 0);
 }
 END_TEST
 
@@ -1756,6 +1783,48 @@ START_TEST(tile8_conversion)
                 bad += memcmp(&w[((size_t)n * 32 + lane) * 2 + h], (uint8_t *)sc8 + n * DSV4_FN_FP8_SCHUNK + h * 4, 4) != 0;
     ck_assert_int_eq(bad, 0);
     free(ch), free(sc), free(sc8), free(af), free(w);
+}
+END_TEST
+
+/* params quant=down's quantization of a decode group's h rows in a block's shared memory
+   (dec_qin.cuh, dec_quant_rows; dec_qin_hw.cu runs it in one block) against the host's quantizer
+   (dsv4_act_quant_row): every code and scale bit for bit, on 1 to 8 rows of 128 to 2048 features,
+   both scale modes, with a NaN, -NaN, Inf and -Inf, a group of zeros and a group of tiny values. */
+START_TEST(dec_qin_kernel)
+{
+    static const int cs[][3] = {{1, 2048, 1}, {8, 2048, 1}, {3, 256, 2}, {8, 384, 2}, {5, 128, 1}, {2, 1024, 2}};
+    uint32_t st = 71u;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const int n = cs[ci][0], K = cs[ci][1], qmode = cs[ci][2], ng = K / 128;
+        uint16_t *h = malloc(sizeof(uint16_t) * n * K);
+        uint8_t *codes = malloc((size_t)n * K), *want = malloc((size_t)K);
+        float *sc = malloc(sizeof(float) * n * ng), *row = malloc(sizeof(float) * K), *out = malloc(sizeof(float) * K);
+        float *ws = malloc(sizeof(float) * ng);
+        ck_assert(h && codes && want && sc && row && out && ws);
+        for (int i = 0; i < n * K; i++)
+            h[i] = dsv4_bf16_bits((float)((int)(dm_next(&st) % 2001) - 1000) * (i % 61 == 0 ? 0.5f : 2e-3f));
+        for (int k = 0; k < 128; k++) /* the last row's first group: zeros; its last group: tiny values */
+            h[(size_t)(n - 1) * K + k] = 0, h[(size_t)(n - 1) * K + K - 128 + k] = dsv4_bf16_bits(1e-7f * (float)(k - 64));
+        if (K >= 256) { /* specials in the first row's second group */
+            h[130] = 0x7FC0u, h[131] = 0xFFC0u, h[140] = 0x7F80u, h[141] = 0xFF80u;
+        }
+        const int rc = dsv4_test_dec_qin(h, n, K, qmode, codes, sc);
+        ck_assert_msg(rc == 0, "dsv4_test_dec_qin: CUDA error %d (%s)", rc, cudaGetErrorString((cudaError_t)rc));
+        int bad_c = 0, bad_s = 0;
+        for (int r = 0; r < n; r++) {
+            for (int k = 0; k < K; k++)
+                row[k] = dsv4_bf16_to_f32(h[(size_t)r * K + k]);
+            dsv4_act_quant_row(row, K, (dsv4_act_quant)qmode, out, want, ws);
+            for (int k = 0; k < K; k++)
+                bad_c += codes[(size_t)r * K + k] != want[k];
+            for (int g = 0; g < ng; g++)
+                bad_s += memcmp(&sc[r * ng + g], &ws[g], 4) != 0;
+        }
+        printf("cuda_suite dec_quant_rows n %d K %d qmode %d: %d codes, %d scales differ\n", n, K, qmode, bad_c, bad_s);
+        ck_assert_int_eq(bad_c, 0);
+        ck_assert_int_eq(bad_s, 0);
+        free(h), free(codes), free(want), free(sc), free(row), free(out), free(ws);
+    }
 }
 END_TEST
 
@@ -2796,6 +2865,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(sm, logits_blas_call);
     tcase_add_test(sm, quant_x8_kernel);
     tcase_add_test(sm, quant8_kernel);
+    tcase_add_test(sm, dec_qin_kernel);
     tcase_add_test(sm, tile8_conversion);
     tcase_add_test(sm, tile8_kernel);
     suite_add_tcase(s, sm);
@@ -2916,6 +2986,7 @@ static Suite *cuda_suite(void)
     tcase_set_timeout(ea, 600);
     tcase_add_test(ea, dec_early_identical);
     tcase_add_test(ea, shared_gu_identical);
+    tcase_add_test(ea, quant_down_identical);
     suite_add_tcase(s, ea);
     TCase *dv = tcase_create("device");
     tcase_set_timeout(dv, 600);
