@@ -501,18 +501,34 @@ fi
 # latency-bound kernels, which Nsight Compute's one-kernel replays cannot show: the routed decode
 # launches' first-wave blocks prefetching their weights during the routing chain and k_quant
 # (dec_pf=early), the shared expert's gate/up forked beside the router (shared_gu=early), both,
-# both with quant=auto, h quantized in the down projection without k_quant (quant=down) alone,
-# with both and in the three-launch step (route=one,shared_dec=one): the whole layer at T 1, 4, 8, 32 and 128 (bench_cuda --quick, fp8
+# and both with quant=auto: the whole layer at T 1, 4, 8, 32 and 128 (bench_cuda --quick, fp8
 # mode, DSV4_DEVCHECK_PASSES alternating passes, default 2), then a replayed step's kernels as
 # the GPU ran them (bench_cuda --timeline 20) at T 1 and 8 for the default and both.
 if profile early && [ -x "$BENCH" ]; then
     EARLY_BOTH="dec_pf=early,shared_gu=early"
     for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-2}"); do
         bench_variants early 1,4,8,32,128 "$p" default dec_pf=early shared_gu=early $EARLY_BOTH \
-            $EARLY_BOTH,quant=auto quant=down $EARLY_BOTH,quant=down route=one,shared_dec=one,quant=down
+            $EARLY_BOTH,quant=auto
     done
     BV_EXTRA="--timeline 20"
-    bench_variants early-tl 1,8 1 default $EARLY_BOTH $EARLY_BOTH,quant=down
+    bench_variants early-tl 1,8 1 default $EARLY_BOTH
+    BV_EXTRA=
+fi
+# DSV4_DEVCHECK_PROFILE=latency: the decode step's launch and code-fetch latencies: h quantized in
+# the down projection, no k_quant (quant=down), alone, with dec_pf=early,shared_gu=early and in the
+# three-launch step (route=one,shared_dec=one); k_router_count compiled for the decode configuration
+# (route_code=lean) and with its dry pass before the wait (route_code=warm), alone and with
+# quant=down; every one of them at once: the whole layer at T 1, 4, 8, 32 and 128 (bench_cuda
+# --quick, fp8 mode, DSV4_DEVCHECK_PASSES alternating passes, default 2), then a replayed step's
+# kernels as the GPU ran them (bench_cuda --timeline 20) at T 1 and 8 for the default and all at once.
+if profile latency && [ -x "$BENCH" ]; then
+    LAT_ALL="dec_pf=early,shared_gu=early,quant=down,route_code=warm"
+    for p in $(seq 1 "${DSV4_DEVCHECK_PASSES:-2}"); do
+        bench_variants latency 1,4,8,32,128 "$p" default quant=down dec_pf=early,shared_gu=early,quant=down \
+            route=one,shared_dec=one,quant=down route_code=lean route_code=warm route_code=warm,quant=down $LAT_ALL
+    done
+    BV_EXTRA="--timeline 20"
+    bench_variants latency-tl 1,8 1 default $LAT_ALL
     BV_EXTRA=
 fi
 # DSV4_DEVCHECK_PROFILE=timeline: the decode step's kernels as a replayed graph runs them

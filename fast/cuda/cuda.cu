@@ -168,6 +168,7 @@ struct CudaBe {
     bool quant_auto = false; /* quant=auto: as quant_fold but for chunks of one row (those keep k_quant) */
     bool quant_down = false; /* quant=down: the down projection's k_dec quantizes h itself, no k_quant (dec_qin.cuh) */
     int qin_smem = 0;        /* quant=down: the shared-memory limit its k_dec variants were given (0: not set) */
+    int route_code = 0;      /* route_code=lean|warm: k_router_count's decode-only variants (ROUTE_CODE_*) */
     bool dec_pf = false;     /* dec_pf=l2: each k_dec_mix block prefetches its weight range into L2 (dec_prefetch) */
     bool dec_early = false;  /* dec_pf=early: k_dec's first-wave routed blocks prefetch theirs during the routing chain (dec_early) */
     bool shared_early = false; /* shared_gu=early: the forked shared expert's gate/up decode after k_logits_small (ev_early) */

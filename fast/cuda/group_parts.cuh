@@ -103,7 +103,8 @@ __device__ __forceinline__ void place_at(const Group2Args &a, int i, int e, int 
  * expert's tiles, the layout's bounds (past them: a bad-id count and nothing active), meta and the
  * statistics. Returns the active experts (0: nothing to place).
  */
-__device__ __forceinline__ int count2_finish(const Group2Args &a, int nt, int so, int po, int na, int nm, int nb)
+__device__ __forceinline__ int count2_finish(const Group2Args &a, int nt, int so, int po, int na, int nm, int nb,
+                                             bool dry = false)
 {
     const int E = a.E;
     a.slot_off[E] = so;
@@ -122,7 +123,8 @@ __device__ __forceinline__ int count2_finish(const Group2Args &a, int nt, int so
     }
     if (po > a.rows || nm > a.cap_mid || nb > a.cap_big) {
         /* cannot happen with the layout's bounds; never read or write past them */
-        atomicAdd(&a.stats[ST_BADID], 1ull);
+        if (!dry)
+            atomicAdd(&a.stats[ST_BADID], 1ull);
         na = nm = nb = so = 0;
         for (int e = 0; e < E; e++)
             a.cnt[e] = 0;
@@ -132,8 +134,10 @@ __device__ __forceinline__ int count2_finish(const Group2Args &a, int nt, int so
     a.meta[2] = so;
     a.meta[3] = nb;
     /* integer adds that return nothing: no load-modify-store round trip on the chain */
-    atomicAdd(&a.stats[ST_ACTIVE], (unsigned long long)na);
-    atomicAdd(&a.stats[ST_EMPTY], (unsigned long long)(E - na));
+    if (!dry) {
+        atomicAdd(&a.stats[ST_ACTIVE], (unsigned long long)na);
+        atomicAdd(&a.stats[ST_EMPTY], (unsigned long long)(E - na));
+    }
     return na;
 }
 
@@ -142,10 +146,10 @@ __device__ __forceinline__ int count2_finish(const Group2Args &a, int nt, int so
  * counts, the compact and 128-aligned offsets, the active list, the mid / big tile lists (the
  * shared expert's last, for a chunk of nt tokens) and meta; with a.place, c2cnt[e] and c2cnt[E + e]
  * become expert e's first slot and row. *s_ok: some expert is active (thread 0 writes it; the
- * caller synchronizes before reading it).
+ * caller synchronizes before reading it). dry: no statistic counted (route_block's dry pass).
  */
 __device__ __forceinline__ void count2_offsets(const Group2Args &a, int *c2cnt, int (*tmp)[32], int *carry, int *s_ok,
-                                               int nt)
+                                               int nt, bool dry = false)
 {
     const int E = a.E;
     for (int i = threadIdx.x; i < a.nzero; i += blockDim.x)
@@ -191,7 +195,7 @@ __device__ __forceinline__ void count2_offsets(const Group2Args &a, int *c2cnt, 
         __syncthreads();
     }
     if (threadIdx.x == 0)
-        *s_ok = count2_finish(a, nt, carry[0], carry[1], carry[2], carry[3], carry[4]) > 0;
+        *s_ok = count2_finish(a, nt, carry[0], carry[1], carry[2], carry[3], carry[4], dry) > 0;
 }
 
 /* The slice of slots one warp of the large chunks' grouping counts and places (mma_group.cuh:
@@ -201,9 +205,10 @@ constexpr int PLACE_SLICE = 256;
 /*
  * One block: counts, offsets, the active list and the mid / big tile lists (shared expert last);
  * with `place`, also the stable placement of k_place (slot q of expert e: its rank among the
- * chunk's slots of e in slot order).
+ * chunk's slots of e in slot order). LEAN (route_block's, params route_code=lean): a placed chunk
+ * without slice counts (a.place, no a.hist), the other paths' code left out; dry: route_block's.
  */
-__device__ __forceinline__ void count2_block(const Group2Args &a)
+template <bool LEAN = false> __device__ __forceinline__ void count2_block(const Group2Args &a, bool dry = false)
 {
     extern __shared__ int c2cnt[]; /* 2 E: the counts, then (placement) each expert's slot and row offsets */
     __shared__ int tmp[5][32];
@@ -219,7 +224,8 @@ __device__ __forceinline__ void count2_block(const Group2Args &a)
     if (threadIdx.x < 5)
         carry[threadIdx.x] = 0;
     __syncthreads();
-    if (a.hist) {
+    const bool place = LEAN || a.place;
+    if (!LEAN && a.hist) {
         /* k_hist's slices in slice order: the expert's total, and each slice's first rank in it */
         const int nsl = (n + PLACE_SLICE - 1) / PLACE_SLICE;
         for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -243,19 +249,21 @@ __device__ __forceinline__ void count2_block(const Group2Args &a)
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             const int e = __ldcg(a.ids + i); /* L2: k_router_count's other blocks wrote them in this launch */
-            if (a.place) { /* n <= 1024 */
+            if (place) { /* n <= 1024 */
                 sid[i] = e;
                 sw[i] = __ldcg(a.w + i);
             }
-            if (e < 0 || e > E)
-                atomicAdd(&a.stats[ST_BADID], 1ull);
-            else if (e < E)
+            if (e < 0 || e > E) {
+                if (!dry)
+                    atomicAdd(&a.stats[ST_BADID], 1ull);
+            } else if (e < E) {
                 atomicAdd(&c2cnt[e], 1);
+            }
         }
     }
     __syncthreads();
-    count2_offsets(a, c2cnt, tmp, carry, &s_ok, nt);
-    if (!a.place)
+    count2_offsets(a, c2cnt, tmp, carry, &s_ok, nt, dry);
+    if (!place)
         return;
     __syncthreads(); /* s_ok, and the offsets in c2cnt */
     if (!s_ok)
@@ -292,7 +300,7 @@ __device__ __forceinline__ bool group_warp_fits(const Group2Args &a, int nt)
 {
     return a.warp && a.place && !a.hist && nt * a.K <= GROUP_WARP_SLOTS && a.E <= 32 * GROUP_WARP_EPL;
 }
-__device__ __forceinline__ void count2_warp(const Group2Args &a)
+__device__ __forceinline__ void count2_warp(const Group2Args &a, bool dry = false)
 {
     const unsigned FULL = 0xFFFFFFFFu;
     const int lane = threadIdx.x & 31, E = a.E, nt = *a.ntok, n = nt * a.K;
@@ -301,7 +309,7 @@ __device__ __forceinline__ void count2_warp(const Group2Args &a)
     /* lane i: slot i (e == E: a pruned slot, placed nowhere; outside [0, E]: counted bad) */
     const int e = lane < n ? __ldcg(a.ids + lane) : -1;
     const float w = lane < n ? __ldcg(a.w + lane) : 0.0f;
-    if (lane < n && (e < 0 || e > E))
+    if (lane < n && (e < 0 || e > E) && !dry)
         atomicAdd(&a.stats[ST_BADID], 1ull);
     const bool valid = lane < n && e >= 0 && e < E;
     const unsigned grp = __match_any_sync(FULL, valid ? e : -1 - lane); /* invalid slots: alone */
@@ -364,7 +372,7 @@ __device__ __forceinline__ void count2_warp(const Group2Args &a)
     int nz = 0;
     __syncwarp(); /* every lane's cnt before lane 0 may zero them */
     if (lane == 0) /* count2_offsets' tail: the shared expert's tiles, the bounds, meta, statistics */
-        nz = count2_finish(a, nt, so, 128 * na, na, nm, 0);
+        nz = count2_finish(a, nt, so, 128 * na, na, nm, 0, dry);
     /* the placement: count2_block's, rank = the slots of e before this one; none when no expert is
        active or the bounds failed (count2_block returns before it then) */
     nz = __shfl_sync(FULL, nz, 0);

@@ -9,10 +9,13 @@ namespace {
 
 /* The small chunks' router logits as their own launch (params route=fused); block 0 zeroes the
    fused router's ticket (its blocks wait for this kernel to finish: pdl_enter). TG, LOOP:
-   logits_small_block's (params logits_tg, logits_loop). */
+   logits_small_block's (params logits_tg, logits_loop). a.dep_first: the router may start before
+   this kernel's wait (its real pass waits for this grid, which completes after that wait). */
 template <int TG, bool LOOP>
 __global__ void __launch_bounds__(256) k_logits_small(LogitsArgs a)
 {
+    if (a.dep_first)
+        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     pdl_enter();
     const int nt = *a.ntok;
     if (a.ticket && blockIdx.x == 0 && threadIdx.x == 0)

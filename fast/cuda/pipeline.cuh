@@ -722,9 +722,18 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     int *ticket = at<int>(b, L.meta) + 4; /* meta[4]: k_router_count's ticket (k_count2 writes meta[0..3]) */
     bool sh_forked = false; /* shared_gu=early: ev_early recorded after k_logits_small */
     /* the small chunks' logits (k_logits_small, k_route_small): one slice, x quantized there too */
+    /* params route_code=lean|warm: k_router_count compiled for the decode configuration, where it
+       fits (the chunk takes k_logits_small: small_max is set below), with warm a dry pass first */
+    RouterArgs rchk = ra;
+    rchk.small_max = DSV4C_LOGITS_SMALL;
+    int rcode = fused && b->route_fused && route_lean_fits(rchk, group2_args(b, L, ra, ga), L.tc) ? b->route_code
+                                                                                               : ROUTE_CODE_FULL;
+    if (rcode == ROUTE_CODE_WARM && !b->pdl) /* plain launches: nothing to overlap the dry pass with */
+        rcode = ROUTE_CODE_LEAN;
     LogitsArgs la;
     la.x = ra.x, la.gate = b->gate16, la.ntok = ntok, la.logits = at<float>(b, L.logits);
     la.xq = ra.xq, la.xs = ra.xs, la.x16 = ra.x16, la.ticket = fused ? ticket : nullptr;
+    la.dep_first = rcode == ROUTE_CODE_WARM && b->pdl;
     la.qmode = ra.qmode, la.H = H, la.E = E, la.lblocks = (int)cdiv(E, LS_EPB), la.tgroups = 1;
     const int qblocks = ra.xq ? (int)cdiv(std::min<int64_t>(L.tc, DSV4C_LOGITS_SMALL) * cdiv(H, 128), 8) : 0;
     /* params gather=quant: the router does not quantize x; k_quant_x8 does after the grouping
@@ -737,6 +746,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         RouteSmallArgs rs;
         rs.la = la;
         rs.la.ticket = nullptr; /* its ticket is the chunk counter ST_TICKET */
+        rs.la.dep_first = 0;
         rs.ra = ra;
         rs.ra.xq = nullptr, rs.ra.small_max = DSV4C_LOGITS_SMALL;
         rs.ra.logits = rs.la.logits, rs.ra.lslices = 1, rs.ra.lslice_stride = L.tc * E;
@@ -789,7 +799,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     if (fused)
         /* its error: the caller's peek */
         (void)launch_router_count(ra, group2_args(b, L, ra, ga), ticket, (unsigned)L.tc, rsm, s, b->pdl, b->weights_warp,
-                                  b->dec_early);
+                                  b->dec_early, rcode);
     else if (b->router_warp && b->fast && ra.lslices == 1 && router_warp_fits(E, K))
         /* params router=warp: a warp a token; x is quantized after the grouping (gather=quant) */
         (void)launch_router_warp(ra, (unsigned)L.tc, s, b->pdl); /* its error: the caller's peek */

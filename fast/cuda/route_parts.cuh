@@ -93,6 +93,12 @@ __device__ __forceinline__ void topk_serial(const float *bk, int E, int K, float
     }
 }
 
+/* topk_serial as a call: route_block<LEAN>'s only rare path that stays, kept out of its code's line */
+static __device__ __noinline__ void topk_serial_cold(const float *bk, int E, int K, float *key, int *idk)
+{
+    topk_serial(bk, E, K, key, idk);
+}
+
 /* A hash layer's K experts of token t (tid2eid), by one warp, into idk[0 .. K): the table's entries
    loaded at once by the warp, not one after another. An input id outside [0, V) or an entry
    outside [0, E) routes the token to experts 0 .. K-1 and is counted (ST_BADIN, ST_BADIN_AT): the
@@ -208,6 +214,8 @@ struct LogitsArgs {
     float *xs;            /* [tc, ceil(H / 128)] */
     uint16_t *x16;        /* the codes as f16 (f16_codes), or NULL */
     int *ticket;          /* k_logits_small zeroes it for k_router_count (router_count.cu), or NULL */
+    int dep_first;        /* params route_code=warm: the dependents released before the programmatic wait,
+                             so k_router_count's dry pass overlaps this kernel's wait too */
     int qmode, H, E;
     int lblocks;          /* blocks per group of tokens: LS_EPB experts each */
     int tgroups;          /* groups of TPB tokens (logits_small_block): blocks [0, lblocks tgroups)
@@ -415,9 +423,19 @@ __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
  * predictor), reads its logits (a.lslices partial sums), scores, selects, weights and prunes, and
  * writes ids, w and kept. Returns at the same point on every thread of the block (the callers may
  * synchronize after it).
+ *
+ * LEAN (params route_code=lean, k_router_count): compiled for the decode configuration only, which
+ * the caller has checked (route_lean_fits): a chunk of k_logits_small (its logits one slice, x
+ * quantized there), no hash table, no top-p, scores other than the softmax, E <= 256. The code of
+ * every other configuration is left out, the same operations in the same order for this one: the
+ * block runs its code once per step through instruction caches that hold none of it, so its time
+ * is the number of distinct instructions on its path (docs/cuda.md). dry (params route_code=warm,
+ * before the programmatic wait): the same path on whatever the buffers hold, to bring its code
+ * into the multiprocessor's instruction caches; it counts no statistic, and what it writes the
+ * real pass writes again.
  */
-template <bool WW = false> /* WW: params weights=warp (the weights on warp 0, below) */
-__device__ __forceinline__ void route_block(const RouterArgs &a, int t)
+template <bool WW = false, bool LEAN = false> /* WW: params weights=warp (the weights on warp 0, below) */
+__device__ __forceinline__ void route_block(const RouterArgs &a, int t, bool dry = false)
 {
     if (t >= *a.ntok)
         return;
@@ -433,10 +451,11 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
     __shared__ int s_finite;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const uint16_t *x = a.x + (long long)t * H;
-    const bool small = a.small_max > 0 && *a.ntok <= a.small_max; /* k_logits_small's chunk */
+    const bool small = LEAN || (a.small_max > 0 && *a.ntok <= a.small_max); /* k_logits_small's chunk */
     const int lslices = small ? 1 : a.lslices;
     uint8_t *const xq = small ? nullptr : a.xq;
-    const bool need_x = xq || (a.top_p_on && !a.hash && a.predictor == 2);
+    const bool need_x = !LEAN && (xq || (a.top_p_on && !a.hash && a.predictor == 2));
+    const bool hash = !LEAN && a.hash, softmax = !LEAN && a.score == 2;
     for (int i = tid * 8; need_x && i < H; i += blockDim.x * 8) { /* H % 8 == 0 */
         const uint4 v = __ldg((const uint4 *)(x + i));
         const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
@@ -476,7 +495,7 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
                     s = __fadd_rn(s, v[q]);
         }
         lg[e] = a.gate_bf16 ? rbf16(s) : s;
-        if (!a.hash) /* the bias now, beside the logits: its load is not one more round trip later */
+        if (!hash) /* the bias now, beside the logits: its load is not one more round trip later */
             bk[e] = a.bias ? __ldg(a.bias + e) : 0.0f;
     }
     __syncthreads();
@@ -485,7 +504,7 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
         fin &= isfinite(lg[e]) ? 1 : 0;
     const int finite = __syncthreads_and(fin);
     /* elementwise scores in parallel (softmax needs the whole row: thread 0 below) */
-    if (finite && a.score != 2) {
+    if (finite && !softmax) {
         for (int e = tid; e < E; e += blockDim.x)
             lg[e] = score_of(lg[e], a.score);
     }
@@ -493,13 +512,14 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
     if (tid == 0) {
         s_finite = finite;
         if (!finite) {
-            atomicAdd(&a.stats[ST_NONFINITE], 1ull);
+            if (!dry)
+                atomicAdd(&a.stats[ST_NONFINITE], 1ull);
             for (int k = 0; k < K; k++) {
                 a.ids[(long long)t * K + k] = k;
                 a.w[(long long)t * K + k] = __fdiv_rn(a.route_scale, (float)K);
             }
             a.kept[t] = K;
-        } else if (a.score == 2) {
+        } else if (softmax) {
             softmax_serial(lg, E);
         }
     }
@@ -507,13 +527,13 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
     if (!s_finite)
         return;
     /* the keys once into shared memory: the selection below reads each many times */
-    if (!a.hash)
+    if (!hash)
         for (int e = tid; e < E; e += blockDim.x)
             bk[e] = a.bias ? __fadd_rn(lg[e], bk[e]) : lg[e];
     __syncthreads();
     /* selection: the hash table (ids checked here too: the device-pointer forward has not seen them
        on the host), or the top K of score + bias by (value descending, id ascending) */
-    if (a.hash) {
+    if (hash) {
         if (warp == 0)
             hash_select_warp(a, t, lane, idk);
     } else if (warp == 0) {
@@ -527,7 +547,7 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
         bool nan = false;
         for (int e = lane; e < E; e += 32)
             nan |= bk[e] != bk[e];
-        nan = __any_sync(0xFFFFFFFFu, nan) || E > 1024;
+        nan = __any_sync(0xFFFFFFFFu, nan) || (!LEAN && E > 1024);
         if (!nan) {
             unsigned taken = 0u, bu = 0u;
             int be = -1;
@@ -538,9 +558,9 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
                 ku[i] = E <= 256 && lane + 32 * i < E ? ord_key(bk[lane + 32 * i]) : 0u;
 #pragma unroll 1
             for (int k = 0; k < K; k++) {
-                if (scan && E <= 256)
+                if (scan && (LEAN || E <= 256))
                     lane_best_reg(ku, lane, taken, bu, be);
-                else if (scan)
+                else if (!LEAN && scan)
                     lane_best(bk, E, lane, taken, bu, be);
                 scan = false;
                 const unsigned m = __reduce_max_sync(0xFFFFFFFFu, bu);
@@ -556,7 +576,10 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
                 }
             }
         } else if (lane == 0) {
-            topk_serial(bk, E, K, key, idk);
+            if constexpr (LEAN)
+                topk_serial_cold(bk, E, K, key, idk); /* out of the path's line */
+            else
+                topk_serial(bk, E, K, key, idk);
         }
     }
     if constexpr (WW) {
@@ -572,7 +595,7 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
             for (int k = 0; k < K; k++)
                 sum = __fadd_rn(sum, __shfl_sync(0xFFFFFFFFu, v, k));
             float w = v;
-            if (a.score != 2)
+            if (!softmax)
                 w = __fdiv_rn(w, __fadd_rn(sum, a.norm_eps));
             w = __fmul_rn(w, a.route_scale);
             if (lane < K)
@@ -586,7 +609,7 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
             wk[k] = lg[idk[k]];
             sum = __fadd_rn(sum, wk[k]);
         }
-        if (a.score != 2) {
+        if (!softmax) {
             float den = __fadd_rn(sum, a.norm_eps);
             for (int k = 0; k < K; k++)
                 wk[k] = __fdiv_rn(wk[k], den);
@@ -595,7 +618,7 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t)
             wk[k] = __fmul_rn(wk[k], a.route_scale);
     }
 
-    const bool topp = a.top_p_on && !a.hash;
+    const bool topp = !LEAN && a.top_p_on && !a.hash;
     if (topp) {
         /* predictor norms, one warp per slot (4 interleaved partial sums like the CPU's loop) */
         for (int k = warp; k < K; k += nw) {

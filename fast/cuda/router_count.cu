@@ -18,21 +18,22 @@ namespace {
  * the ids' round trip between the two kernels of a decode step.
  */
 /* The chunk's grouping by the whole block, or with WG (params group=warp) by its first warp where
-   it fits. */
-template <bool WG> __device__ __forceinline__ void group_chunk(const Group2Args &g)
+   it fits; LEAN: count2_block's placed-chunk code only (params route_code=lean). */
+template <bool WG, bool LEAN> __device__ __forceinline__ void group_chunk(const Group2Args &g, bool dry = false)
 {
     if (!WG || !group_warp_fits(g, *g.ntok))
-        count2_block(g);
+        count2_block<LEAN>(g, dry);
     else if (threadIdx.x < 32)
-        count2_warp(g);
+        count2_warp(g, dry);
 }
 
-/* WG: params group=warp, WW: weights=warp, each a kernel of its own, so the default's code is the
-   same without them. */
-template <bool WG, bool WW> __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket, int signal)
+/* WG: params group=warp, WW: weights=warp, LEAN: route_code=lean (route_block, count2_block), each
+   a kernel of its own, so the default's code is the same without them. */
+template <bool WG, bool WW, bool LEAN>
+__global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket, int signal)
 {
     pdl_enter();
-    route_block<WW>(ra, blockIdx.x);
+    route_block<WW, LEAN>(ra, blockIdx.x);
     __shared__ int s_last;
     __syncthreads(); /* the block's ids, weights and kept count are written (thread 0 wrote them) */
     if (gridDim.x == 1) { /* a chunk of one token: nothing to wait for (saves the fences and the atomic's round trip) */
@@ -40,7 +41,7 @@ template <bool WG, bool WW> __global__ void k_router_count(RouterArgs ra, Group2
             __threadfence();
             atomicAdd(ticket, 1);
         }
-        group_chunk<WG>(g);
+        group_chunk<WG, LEAN>(g);
         return;
     }
     if (threadIdx.x == 0) {
@@ -51,16 +52,74 @@ template <bool WG, bool WW> __global__ void k_router_count(RouterArgs ra, Group2
     if (!s_last)
         return;
     __threadfence();
-    group_chunk<WG>(g);
+    group_chunk<WG, LEAN>(g);
+}
+
+/*
+ * k_router_count's lean kernel run twice (params route_code=warm): a dry pass before the programmatic
+ * wait, while k_logits_small (which with this code releases its dependents before its own wait)
+ * and the x upload run, then the real pass. The block runs its code once per step, and its time
+ * is mostly instruction fetch from L2 for each line of its path (docs/cuda.md, "The block that
+ * routes"); the dry pass is that path on whatever the buffers hold, which brings the lines into
+ * the multiprocessor's instruction caches, so the real pass runs from them. Both passes are one
+ * copy of the code (a loop that is not unrolled). The dry pass counts no statistic, takes no
+ * ticket and groups in every block; whatever it writes (ids, weights, the grouping), each block's
+ * real pass writes again before its ticket, and nothing reads those before the last ticket (the
+ * next kernels wait for this grid; dec_pf=early's blocks for the ticket).
+ */
+template <bool WG, bool WW> __global__ void k_router_count_warm(RouterArgs ra, Group2Args g, int *ticket, int signal)
+{
+    __shared__ int s_last;
+#pragma unroll 1
+    for (int pass = 0; pass < 2; pass++) {
+        const bool dry = pass == 0;
+        if (!dry)
+            pdl_enter();
+        route_block<WW, true>(ra, blockIdx.x, dry);
+        __syncthreads(); /* the block's ids, weights and kept count are written (thread 0 wrote them) */
+        bool group = true;
+        if (!dry && gridDim.x > 1) {
+            if (threadIdx.x == 0) {
+                __threadfence();
+                s_last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+            }
+            __syncthreads();
+            group = s_last;
+            if (group)
+                __threadfence();
+        } else if (!dry && signal && threadIdx.x == 0) { /* params dec_pf=early, a chunk of one token */
+            __threadfence();
+            atomicAdd(ticket, 1);
+        }
+        if (group)
+            group_chunk<WG, true>(g, dry);
+        __syncthreads(); /* the dry pass's shared memory, before the real pass fills it again */
+    }
+}
+
+typedef void (*router_count_kernel)(RouterArgs, Group2Args, int *, int);
+
+template <bool LEAN> router_count_kernel pick(bool wg, bool ww)
+{
+    return wg ? (ww ? k_router_count<true, true, LEAN> : k_router_count<true, false, LEAN>)
+              : (ww ? k_router_count<false, true, LEAN> : k_router_count<false, false, LEAN>);
+}
+
+router_count_kernel pick_warm(bool wg, bool ww)
+{
+    return wg ? (ww ? k_router_count_warm<true, true> : k_router_count_warm<true, false>)
+              : (ww ? k_router_count_warm<false, true> : k_router_count_warm<false, false>);
 }
 
 } // namespace
 
 cudaError_t launch_router_count(const RouterArgs &ra, const Group2Args &g, int *ticket, unsigned blocks, size_t smem,
-                                cudaStream_t s, bool pdl, bool ww, bool signal)
+                                cudaStream_t s, bool pdl, bool ww, bool signal, int code)
 {
-    auto k = g.warp ? (ww ? k_router_count<true, true> : k_router_count<true, false>)
-                    : (ww ? k_router_count<false, true> : k_router_count<false, false>);
+    const bool wg = g.warp != 0;
+    const router_count_kernel k = code == ROUTE_CODE_WARM ? pick_warm(wg, ww)
+                                  : code == ROUTE_CODE_LEAN ? pick<true>(wg, ww)
+                                                            : pick<false>(wg, ww);
     return launch_kernel(k, dim3(blocks), 256, smem, s, pdl, ra, g, ticket, signal ? 1 : 0);
 }
 

@@ -233,6 +233,8 @@ struct Kernels {
     bool quant_fold = false;       /* quant=fold: k_dec quantizes h (fold_quant, mma_parts.cuh) instead of k_quant */
     bool quant_auto = false;       /* quant=auto: as fold, but chunks of one row keep k_quant */
     bool quant_down = false;       /* quant=down: the down projection's k_dec quantizes h as it reads it (dec_qin.cuh) */
+    int route_code = 0;            /* route_code=lean|warm: k_router_count compiled for the decode configuration, with a
+                                      dry pass before its wait (ROUTE_CODE_*, router_count.cuh) */
     bool dec_pf = false;           /* dec_pf=l2: k_dec_mix's blocks prefetch their weights into L2 (dec_prefetch) */
     bool dec_early = false;        /* dec_pf=early: k_dec's first-wave blocks prefetch theirs before the wait (dec_early) */
     bool shared_early = false;     /* shared_gu=early: the forked shared gate/up launched after k_logits_small, not the router */
@@ -316,6 +318,9 @@ dsv4_status parse_kernels(const char *spec, Kernels *k, dsv4_error *err)
             ok = val("off") || val("l2") || val("early"), k->dec_pf = val("l2"), k->dec_early = val("early");
         else if (is("shared_gu"))
             ok = val("late") || val("early"), k->shared_early = val("early");
+        else if (is("route_code"))
+            ok = val("full") || val("lean") || val("warm"),
+            k->route_code = val("warm") ? ROUTE_CODE_WARM : val("lean") ? ROUTE_CODE_LEAN : ROUTE_CODE_FULL;
         else if (is("dec_sched"))
             ok = val("grid") || val("persist"), k->dec_persist = val("persist");
         else if (is("fp8_cut") || is("dec_fill")) {
@@ -363,6 +368,7 @@ void set_kernels(CudaBe *b, const Kernels &k = Kernels())
     b->quant_fold = k.quant_fold;
     b->quant_auto = k.quant_auto;
     b->quant_down = k.quant_down;
+    b->route_code = k.route_code;
     b->dec_pf = k.dec_pf;
     b->dec_early = k.dec_early;
     b->shared_early = k.shared_early;

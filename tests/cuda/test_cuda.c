@@ -236,6 +236,10 @@ typedef struct {
  * and each flip moves the bf16 rounding of up to a whole row of y (logits=blas on an H100:
  * v4-flash T 33 381 of 135168 outputs, T 77 4870 of 315392).
  */
+/* Set by a test whose variant must also count the same routing statistics (launches, empty skips,
+   non-finite rows) as the base: variants_vs compares them too. */
+static int g_cmp_route_stats;
+
 static void variants_vs(const env_kv *base, const char *what, const char *preset, int64_t layer, int64_t T,
                         int64_t experts, int fp8, const env_kv *vs, size_t nv, int close)
 {
@@ -280,6 +284,14 @@ static void variants_vs(const env_kv *base, const char *what, const char *preset
                       (unsigned long long)a->shared_g_clamped, (unsigned long long)a->shared_u_clamped,
                       (unsigned long long)z->routed_g_clamped, (unsigned long long)z->routed_u_clamped,
                       (unsigned long long)z->shared_g_clamped, (unsigned long long)z->shared_u_clamped);
+        if (g_cmp_route_stats)
+            ck_assert_msg(a->launches == z->launches && a->empty_skips == z->empty_skips &&
+                              a->nonfinite_rows == z->nonfinite_rows,
+                          "%s=%s on %s T=%lld: launches %llu empty %llu non-finite %llu, default %llu %llu %llu", var,
+                          val, preset, (long long)T, (unsigned long long)a->launches,
+                          (unsigned long long)a->empty_skips, (unsigned long long)a->nonfinite_rows,
+                          (unsigned long long)z->launches, (unsigned long long)z->empty_skips,
+                          (unsigned long long)z->nonfinite_rows);
         bo_free(&o);
     }
     bo_free(&d);
@@ -661,6 +673,33 @@ START_TEST(weights_warp_identical)
                                   {"mini", 1, 40, 0, 0}};
     variant_cases("weights", "weights=warp", cs, sizeof cs / sizeof cs[0], 0);
     variant_cases("weights", "weights=warp,group=warp", cs, 1, 0);
+}
+END_TEST
+
+/* k_router_count compiled for the decode configuration only (params route_code=lean: route_block's
+   and count2_block's other configurations' code left out), and that kernel with a dry pass before
+   the programmatic wait (warm: the router's code brought into the instruction caches while
+   k_logits_small runs; its writes written again, no statistic counted), against the whole kernel
+   (full, the default): the same operations in the same order, so the same outputs, ids and clamp
+   counters (and the statistics they carry) bit for bit. v4-flash T 1, 3, 8, 17 (mid tiles) and 32
+   in both numerics modes, 256 experts, the hash layer and mini-topp (both outside the lean
+   kernel's configuration: the full one), mini-fp8, with group=warp,weights=warp, with dec_pf=early
+   (the ticket's signal), with quant=down, and the plain launches (warm runs lean then). */
+START_TEST(route_code_identical)
+{
+    static const var_case cs[] = {{"v4-flash", 5, 1, 32, 1}, {"v4-flash", 5, 8, 32, 0},   {"v4-flash", 5, 3, 32, 1},
+                                  {"v4-flash", 5, 17, 32, 1}, {"v4-flash", 5, 32, 32, 0}, {"v4-flash", 5, 4, 0, 1},
+                                  {"v4-flash", 0, 5, 32, 1},  {"mini-topp", 1, 9, 0, 0},  {"mini-fp8", 1, 5, 0, 1}};
+    g_cmp_route_stats = 1; /* warm's dry pass must count nothing */
+    variant_cases("route_code", "route_code=lean", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("route_code", "route_code=lean,group=warp,weights=warp", cs, 2, 0);
+    variant_cases("route_code", "route_code=lean,dec_pf=early", cs, 2, 0);
+    variant_cases("route_code", "route_code=lean,pdl=off", cs, 1, 0);
+    variant_cases("route_code", "route_code=warm", cs, sizeof cs / sizeof cs[0], 0);
+    variant_cases("route_code", "route_code=warm,group=warp,weights=warp", cs, 2, 0);
+    variant_cases("route_code", "route_code=warm,dec_pf=early,quant=down", cs, 4, 0);
+    variant_cases("route_code", "route_code=warm,pdl=off", cs, 1, 0);
+    g_cmp_route_stats = 0;
 }
 END_TEST
 
@@ -2950,11 +2989,12 @@ static Suite *cuda_suite(void)
        grouping, the block or warp router) in a Tcase of their own, so a call running Tcases at once
        (ci/device-check.sh, DSV4_DEVCHECK_PAR=1) runs the two halves side by side */
     TCase *lg = tcase_create("routing");
-    tcase_set_timeout(lg, 300);
+    tcase_set_timeout(lg, 600);
     tcase_add_test(lg, logits_tg_identical);
     tcase_add_test(lg, logits_loop_identical);
     tcase_add_test(lg, group_warp_identical);
     tcase_add_test(lg, weights_warp_identical);
+    tcase_add_test(lg, route_code_identical);
     suite_add_tcase(s, lg);
     TCase *ll = tcase_create("routing_large");
     tcase_set_timeout(ll, 300);
