@@ -60,6 +60,60 @@ __device__ __forceinline__ void block_excl_scan(const int v[NV], int (*tmp)[32],
     __syncthreads();
 }
 
+/* block_excl_scan of one 64-bit value a thread (the same three barriers): its exclusive prefix,
+   and the block's sum in *total. tmp: 2 x 32 ints (the warps' sums, low and high halves). */
+__device__ __forceinline__ unsigned long long block_excl_scan_u64(unsigned long long v, int (*tmp)[32],
+                                                                  unsigned long long *total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    unsigned long long x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_up_sync(0xFFFFFFFFu, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    if (lane == 31)
+        tmp[0][warp] = (int)(unsigned)x, tmp[1][warp] = (int)(unsigned)(x >> 32);
+    __syncthreads();
+    if (warp == 0) {
+        unsigned long long w =
+            lane < nw ? ((unsigned long long)(unsigned)tmp[1][lane] << 32) | (unsigned)tmp[0][lane] : 0ull;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned long long y = __shfl_up_sync(0xFFFFFFFFu, w, o);
+            if (lane >= o)
+                w += y;
+        }
+        if (lane < nw)
+            tmp[0][lane] = (int)(unsigned)w, tmp[1][lane] = (int)(unsigned)(w >> 32);
+    }
+    __syncthreads();
+    auto at = [&](int i) { return ((unsigned long long)(unsigned)tmp[1][i] << 32) | (unsigned)tmp[0][i]; };
+    const unsigned long long before = (warp ? at(warp - 1) : 0ull) + x - v;
+    *total = at(nw - 1);
+    __syncthreads();
+    return before;
+}
+
+/* count2_offsets' five values of an expert packed in one 64-bit word for block_excl_scan_u64
+   (route_block's LEAN, a placed chunk: at most 1024 slots and 256 experts, so no field's block sum
+   reaches the next field): count [0, 11), padded rows / 128 [11, 20), active [20, 29), mid tiles
+   [29, 40), big tiles [40, 51). The same integers as block_excl_scan<5>'s. */
+__device__ __forceinline__ unsigned long long pack5(const int v[5])
+{
+    return (unsigned long long)v[0] | (unsigned long long)(v[1] >> 7) << 11 | (unsigned long long)v[2] << 20 |
+           (unsigned long long)v[3] << 29 | (unsigned long long)v[4] << 40;
+}
+__device__ __forceinline__ void unpack5(unsigned long long p, int v[5])
+{
+    v[0] = (int)(p & 0x7FFu);
+    v[1] = (int)(p >> 11 & 0x1FFu) << 7;
+    v[2] = (int)(p >> 20 & 0x1FFu);
+    v[3] = (int)(p >> 29 & 0x7FFu);
+    v[4] = (int)(p >> 40 & 0x7FFu);
+}
+
 struct Group2Args {
     const int32_t *ids;
     const float *w; /* router weights [Tc, K] (placement) */
@@ -146,8 +200,10 @@ __device__ __forceinline__ int count2_finish(const Group2Args &a, int nt, int so
  * counts, the compact and 128-aligned offsets, the active list, the mid / big tile lists (the
  * shared expert's last, for a chunk of nt tokens) and meta; with a.place, c2cnt[e] and c2cnt[E + e]
  * become expert e's first slot and row. *s_ok: some expert is active (thread 0 writes it; the
- * caller synchronizes before reading it). dry: no statistic counted (route_block's dry pass).
+ * caller synchronizes before reading it). dry: no statistic counted (route_block's dry pass). LEAN
+ * (count2_block's): the five values scanned as one packed word (pack5), a placed chunk's bounds.
  */
+template <bool LEAN = false>
 __device__ __forceinline__ void count2_offsets(const Group2Args &a, int *c2cnt, int (*tmp)[32], int *carry, int *s_ok,
                                                int nt, bool dry = false)
 {
@@ -164,7 +220,13 @@ __device__ __forceinline__ void count2_offsets(const Group2Args &a, int *c2cnt, 
         const int big = c > FM_MID_MAX && !cut ? (c + a.big_rows - 1) / a.big_rows : 0;
         const int v[5] = {c, pad, act, mid, big};
         int pre[5], tot[5];
-        block_excl_scan<5>(v, tmp, pre, tot);
+        if constexpr (LEAN) {
+            unsigned long long ptot;
+            unpack5(block_excl_scan_u64(pack5(v), tmp, &ptot), pre);
+            unpack5(ptot, tot);
+        } else {
+            block_excl_scan<5>(v, tmp, pre, tot);
+        }
         const int so = pre[0] + carry[0], po = pre[1] + carry[1], ao = pre[2] + carry[2], mo = pre[3] + carry[3],
                   bo = pre[4] + carry[4];
         if (e < E) {
@@ -218,7 +280,8 @@ template <bool LEAN = false> __device__ __forceinline__ void count2_block(const 
        again, and a second round trip to L2 is one more latency on the one-block decode path */
     __shared__ int sid[1024];
     __shared__ float sw[1024];
-    const int E = a.E, nt = *a.ntok, n = nt * a.K;
+    /* LEAN: the token count past L1 (route_block's reason) */
+    const int E = a.E, nt = LEAN ? __ldcg(a.ntok) : *a.ntok, n = nt * a.K;
     for (int e = threadIdx.x; e < E; e += blockDim.x)
         c2cnt[e] = 0;
     if (threadIdx.x < 5)
@@ -262,7 +325,7 @@ template <bool LEAN = false> __device__ __forceinline__ void count2_block(const 
         }
     }
     __syncthreads();
-    count2_offsets(a, c2cnt, tmp, carry, &s_ok, nt, dry);
+    count2_offsets<LEAN>(a, c2cnt, tmp, carry, &s_ok, nt, dry);
     if (!place)
         return;
     __syncthreads(); /* s_ok, and the offsets in c2cnt */
@@ -303,7 +366,8 @@ __device__ __forceinline__ bool group_warp_fits(const Group2Args &a, int nt)
 __device__ __forceinline__ void count2_warp(const Group2Args &a, bool dry = false)
 {
     const unsigned FULL = 0xFFFFFFFFu;
-    const int lane = threadIdx.x & 31, E = a.E, nt = *a.ntok, n = nt * a.K;
+    /* the token count past L1: route_code=warm's dry pass may have left an old line there */
+    const int lane = threadIdx.x & 31, E = a.E, nt = __ldcg(a.ntok), n = nt * a.K;
     for (int i = lane; i < a.nzero; i += 32)
         a.zero[i] = 0;
     /* lane i: slot i (e == E: a pruned slot, placed nowhere; outside [0, E]: counted bad) */

@@ -432,12 +432,15 @@ __device__ __forceinline__ void logits_small_block(const LogitsArgs &a, int nt)
  * is the number of distinct instructions on its path (docs/cuda.md). dry (params route_code=warm,
  * before the programmatic wait): the same path on whatever the buffers hold, to bring its code
  * into the multiprocessor's instruction caches; it counts no statistic, and what it writes the
- * real pass writes again.
+ * real pass writes again. LEAN reads the other kernels' outputs past L1 (the dry pass's loads may
+ * have left old lines there).
  */
 template <bool WW = false, bool LEAN = false> /* WW: params weights=warp (the weights on warp 0, below) */
 __device__ __forceinline__ void route_block(const RouterArgs &a, int t, bool dry = false)
 {
-    if (t >= *a.ntok)
+    /* LEAN: what the kernels before this one wrote (the token count, the logits) is read past L1 (L2
+       only): route_code=warm's dry pass may have brought its old lines into L1 before the wait */
+    if (t >= (LEAN ? __ldcg(a.ntok) : *a.ntok))
         return;
     extern __shared__ float sm[];
     const int H = a.H, E = a.E, K = a.K;
@@ -483,7 +486,7 @@ __device__ __forceinline__ void route_block(const RouterArgs &a, int t, bool dry
     for (int e = tid; e < E; e += blockDim.x) {
         /* split-K partial sums, added in slice order; loaded 8 at a time so the loads overlap */
         const float *src = a.logits + (long long)t * E + e;
-        float s = src[0];
+        float s = LEAN ? __ldcg(src) : src[0];
         for (int z0 = 1; z0 < lslices; z0 += 8) {
             float v[8];
 #pragma unroll

@@ -21,7 +21,7 @@ namespace {
    it fits; LEAN: count2_block's placed-chunk code only (params route_code=lean). */
 template <bool WG, bool LEAN> __device__ __forceinline__ void group_chunk(const Group2Args &g, bool dry = false)
 {
-    if (!WG || !group_warp_fits(g, *g.ntok))
+    if (!WG || !group_warp_fits(g, LEAN ? __ldcg(g.ntok) : *g.ntok)) /* LEAN: past L1 (route_block) */
         count2_block<LEAN>(g, dry);
     else if (threadIdx.x < 32)
         count2_warp(g, dry);
