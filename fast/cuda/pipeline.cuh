@@ -723,11 +723,9 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     bool sh_forked = false; /* shared_gu=early: ev_early recorded after k_logits_small */
     /* the small chunks' logits (k_logits_small, k_route_small): one slice, x quantized there too */
     /* params route_code=lean|warm: k_router_count compiled for the decode configuration, where it
-       fits (the chunk takes k_logits_small: small_max is set below), with warm a dry pass first */
-    RouterArgs rchk = ra;
-    rchk.small_max = DSV4C_LOGITS_SMALL;
-    int rcode = fused && b->route_fused && route_lean_fits(rchk, group2_args(b, L, ra, ga), L.tc) ? b->route_code
-                                                                                               : ROUTE_CODE_FULL;
+       fits (a fused chunk takes k_logits_small), with warm a dry pass first */
+    const Group2Args g2 = group2_args(b, L, ra, ga); /* ra's ids, weights and token count only */
+    int rcode = fused && route_lean_fits(ra, g2, L.tc) ? b->route_code : ROUTE_CODE_FULL;
     if (rcode == ROUTE_CODE_WARM && !b->pdl) /* plain launches: nothing to overlap the dry pass with */
         rcode = ROUTE_CODE_LEAN;
     LogitsArgs la;
@@ -750,7 +748,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
         rs.ra = ra;
         rs.ra.xq = nullptr, rs.ra.small_max = DSV4C_LOGITS_SMALL;
         rs.ra.logits = rs.la.logits, rs.ra.lslices = 1, rs.ra.lslice_stride = L.tc * E;
-        rs.g = group2_args(b, L, rs.ra, ga);
+        rs.g = g2;
         rs.g.hist = nullptr; /* place is set: L.slots <= 1024 */
         rs.ncap = (int)(L.tc * K);
         cudaError_t ce = launch_route_small(rs, qblocks, b->logits_tg, s, b->pdl);
@@ -798,8 +796,7 @@ cudaError_t enqueue_chunk(const CudaBe *b, const Layout &L, int64_t t0, ChunkMod
     }
     if (fused)
         /* its error: the caller's peek */
-        (void)launch_router_count(ra, group2_args(b, L, ra, ga), ticket, (unsigned)L.tc, rsm, s, b->pdl, b->weights_warp,
-                                  b->dec_early, rcode);
+        (void)launch_router_count(ra, g2, ticket, (unsigned)L.tc, rsm, s, b->pdl, b->weights_warp, b->dec_early, rcode);
     else if (b->router_warp && b->fast && ra.lslices == 1 && router_warp_fits(E, K))
         /* params router=warp: a warp a token; x is quantized after the grouping (gather=quant) */
         (void)launch_router_warp(ra, (unsigned)L.tc, s, b->pdl); /* its error: the caller's peek */

@@ -18,7 +18,7 @@ namespace {
  * the ids' round trip between the two kernels of a decode step.
  */
 /* The chunk's grouping by the whole block, or with WG (params group=warp) by its first warp where
-   it fits; LEAN: count2_block's placed-chunk code only (params route_code=lean). */
+   it fits; LEAN: count2_block's placed-chunk code only (params route_code=lean); dry: route_block's. */
 template <bool WG, bool LEAN> __device__ __forceinline__ void group_chunk(const Group2Args &g, bool dry = false)
 {
     if (!WG || !group_warp_fits(g, LEAN ? __ldcg(g.ntok) : *g.ntok)) /* LEAN: past L1 (route_block) */
@@ -27,13 +27,12 @@ template <bool WG, bool LEAN> __device__ __forceinline__ void group_chunk(const 
         count2_warp(g, dry);
 }
 
-/* WG: params group=warp, WW: weights=warp, LEAN: route_code=lean (route_block, count2_block), each
-   a kernel of its own, so the default's code is the same without them. */
-template <bool WG, bool WW, bool LEAN>
-__global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket, int signal)
+/* WG: params group=warp, WW: weights=warp, each a kernel of its own, so the default's code is the
+   same without them. */
+template <bool WG, bool WW> __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket, int signal)
 {
     pdl_enter();
-    route_block<WW, LEAN>(ra, blockIdx.x);
+    route_block<WW>(ra, blockIdx.x);
     __shared__ int s_last;
     __syncthreads(); /* the block's ids, weights and kept count are written (thread 0 wrote them) */
     if (gridDim.x == 1) { /* a chunk of one token: nothing to wait for (saves the fences and the atomic's round trip) */
@@ -41,7 +40,7 @@ __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket, int sig
             __threadfence();
             atomicAdd(ticket, 1);
         }
-        group_chunk<WG, LEAN>(g);
+        group_chunk<WG, false>(g);
         return;
     }
     if (threadIdx.x == 0) {
@@ -52,26 +51,29 @@ __global__ void k_router_count(RouterArgs ra, Group2Args g, int *ticket, int sig
     if (!s_last)
         return;
     __threadfence();
-    group_chunk<WG, LEAN>(g);
+    group_chunk<WG, false>(g);
 }
 
 /*
- * k_router_count's lean kernel run twice (params route_code=warm): a dry pass before the programmatic
- * wait, while k_logits_small (which with this code releases its dependents before its own wait)
- * and the x upload run, then the real pass. The block runs its code once per step, and its time
- * is mostly instruction fetch from L2 for each line of its path (docs/cuda.md, "The block that
- * routes"); the dry pass is that path on whatever the buffers hold, which brings the lines into
- * the multiprocessor's instruction caches, so the real pass runs from them. Both passes are one
- * copy of the code (a loop that is not unrolled). The dry pass counts no statistic, takes no
- * ticket and groups in every block; whatever it writes (ids, weights, the grouping), each block's
- * real pass writes again before its ticket, and nothing reads those before the last ticket (the
- * next kernels wait for this grid; dec_pf=early's blocks for the ticket).
+ * k_router_count compiled for the decode configuration only (params route_code=lean: route_block's
+ * and count2_block's LEAN code; the caller checked route_lean_fits), the same steps as k_router_count
+ * with one grouping call site. WARM (route_code=warm): the same code run twice, a dry pass before
+ * the programmatic wait, while k_logits_small (which with this code releases its dependents
+ * before its own wait) and the x upload run, then the real pass. The block runs its code once per
+ * step, and its time is mostly instruction fetch from L2 for each line of its path (docs/cuda.md,
+ * "The block that routes"); the dry pass is that path on whatever the buffers hold, which brings
+ * the lines into the multiprocessor's instruction caches, so the real pass runs from them. Both
+ * passes are one copy of the code (a loop that is not unrolled). The dry pass counts no statistic,
+ * takes no ticket and groups in every block; whatever it writes (ids, weights, the grouping),
+ * each block's real pass writes again before its ticket, and nothing reads those before the last
+ * ticket (the next kernels wait for this grid; dec_pf=early's blocks for the ticket).
  */
-template <bool WG, bool WW> __global__ void k_router_count_warm(RouterArgs ra, Group2Args g, int *ticket, int signal)
+template <bool WG, bool WW, bool WARM>
+__global__ void k_router_count_lean(RouterArgs ra, Group2Args g, int *ticket, int signal)
 {
     __shared__ int s_last;
 #pragma unroll 1
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = WARM ? 0 : 1; pass < 2; pass++) {
         const bool dry = pass == 0;
         if (!dry)
             pdl_enter();
@@ -99,16 +101,16 @@ template <bool WG, bool WW> __global__ void k_router_count_warm(RouterArgs ra, G
 
 typedef void (*router_count_kernel)(RouterArgs, Group2Args, int *, int);
 
-template <bool LEAN> router_count_kernel pick(bool wg, bool ww)
+router_count_kernel pick_full(bool wg, bool ww)
 {
-    return wg ? (ww ? k_router_count<true, true, LEAN> : k_router_count<true, false, LEAN>)
-              : (ww ? k_router_count<false, true, LEAN> : k_router_count<false, false, LEAN>);
+    return wg ? (ww ? k_router_count<true, true> : k_router_count<true, false>)
+              : (ww ? k_router_count<false, true> : k_router_count<false, false>);
 }
 
-router_count_kernel pick_warm(bool wg, bool ww)
+template <bool WARM> router_count_kernel pick_lean(bool wg, bool ww)
 {
-    return wg ? (ww ? k_router_count_warm<true, true> : k_router_count_warm<true, false>)
-              : (ww ? k_router_count_warm<false, true> : k_router_count_warm<false, false>);
+    return wg ? (ww ? k_router_count_lean<true, true, WARM> : k_router_count_lean<true, false, WARM>)
+              : (ww ? k_router_count_lean<false, true, WARM> : k_router_count_lean<false, false, WARM>);
 }
 
 } // namespace
@@ -117,9 +119,9 @@ cudaError_t launch_router_count(const RouterArgs &ra, const Group2Args &g, int *
                                 cudaStream_t s, bool pdl, bool ww, bool signal, int code)
 {
     const bool wg = g.warp != 0;
-    const router_count_kernel k = code == ROUTE_CODE_WARM ? pick_warm(wg, ww)
-                                  : code == ROUTE_CODE_LEAN ? pick<true>(wg, ww)
-                                                            : pick<false>(wg, ww);
+    const router_count_kernel k = code == ROUTE_CODE_WARM   ? pick_lean<true>(wg, ww)
+                                  : code == ROUTE_CODE_LEAN ? pick_lean<false>(wg, ww)
+                                                            : pick_full(wg, ww);
     return launch_kernel(k, dim3(blocks), 256, smem, s, pdl, ra, g, ticket, signal ? 1 : 0);
 }
 

@@ -29,13 +29,12 @@ cudaError_t launch_router_count(const RouterArgs &ra, const Group2Args &g, int *
                                 cudaStream_t s, bool pdl, bool ww, bool signal, int code = ROUTE_CODE_FULL);
 
 /* Whether route_block<LEAN> and count2_block<LEAN> (params route_code=lean) route and group a chunk
-   of at most tc rows: k_logits_small's chunk (small_max > 0, tc <= small_max: its logits one slice,
-   x quantized there), no hash table, no top-p, scores other than the softmax (score 2), at most
-   256 experts, a placed chunk without slice counts. */
+   of at most tc rows whose logits k_logits_small computes (params route=fused: tc at most
+   DSV4C_LOGITS_SMALL, its logits one slice, x quantized there): no hash table, no top-p, scores
+   other than the softmax (score 2), at most 256 experts, a placed chunk without slice counts. */
 inline bool route_lean_fits(const RouterArgs &ra, const Group2Args &g, long long tc)
 {
-    return ra.small_max > 0 && tc <= ra.small_max && !ra.hash && !ra.top_p_on && ra.score != 2 && ra.E <= 256 &&
-           g.place && !g.hist;
+    return tc <= DSV4C_LOGITS_SMALL && !ra.hash && !ra.top_p_on && ra.score != 2 && ra.E <= 256 && g.place && !g.hist;
 }
 
 } // namespace dsv4cuda
